@@ -1,0 +1,45 @@
+# The README's commands. `make demo` runs the main job on the embedded default, `make test` runs the
+# whole check (install if needed, ruff, mypy, pytest). Both install into .venv/ from requirements.lock.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint typecheck pytest demo bench lock clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml setup.py tiering/kafka/_walker.c
+	@bash scripts/check-prereqs.sh
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check tiering tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+demo: $(STAMP)
+	$(BIN)/python -m tiering demo $(DEMO_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench_rewrite.py $(BENCH_ARGS)
+
+lock:
+	rm -rf /tmp/tiering-lock && $(PYTHON) -m venv /tmp/tiering-lock
+	/tmp/tiering-lock/bin/pip install --quiet --upgrade pip setuptools wheel
+	/tmp/tiering-lock/bin/pip install --quiet ".[test]"
+	{ echo "# Pinned versions of every package the project installs into .venv (Python 3.11, Linux)."; \
+	  echo "# Regenerate: make lock (a fresh venv, the top-level requirements of pyproject.toml, pip freeze)."; \
+	  /tmp/tiering-lock/bin/pip freeze --all | grep -v -iE '^(kafka-s3-tiering|-e )'; } > requirements.lock
+
+clean:
+	rm -rf $(VENV) build *.egg-info tiering/kafka/_walker*.so

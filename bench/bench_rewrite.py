@@ -1,0 +1,174 @@
+"""Rewrite throughput as a ratio to the bare codec loop, and peak RSS of the CLI, measured in one run.
+
+    make bench                       # 256 MiB segment, RSS at 256 MiB and 1 GiB
+    .venv/bin/python bench/bench_rewrite.py --size-mib 256 --rss-sizes-mib 256,1024 --repeat 3
+
+The segment: JSON-like event values in ~16 KiB (uncompressed) batches compressed with snappy, as a
+Java producer with ``compression.type=snappy`` writes them. Each configuration rewrites it to zstd
+level 3; the baseline is the bare loop over the same batches in the same process: read, CRC-32C,
+decompress, compress, nothing else. Throughput counts uncompressed record bytes. Then the whole
+``tiering segment rewrite`` command runs as users run it (a new process: imports and start-up
+included), and its peak RSS is read from the kernel (``wait4``) for each segment size.
+
+Prints a table and writes ``bench/out/bench_rewrite.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import crc32c
+
+from tiering.kafka.codecs import Codec, compress, decompress
+from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
+from tiering.sample import write_segment
+
+MIB = 1024 * 1024
+OUT_DIR = Path(__file__).parent / "out"
+_PREFIX = struct.Struct(">qi")
+
+
+def make_segment(path: Path, size_mib: int) -> None:
+    with path.open("wb") as f:
+        write_segment(f, base_offset=0, kind="json", codec=Codec.SNAPPY, target_bytes=size_mib * MIB,
+                      batch_bytes=16 * 1024, seed=7)
+
+
+def bare_loop(data: bytes) -> int:
+    """The floor: per batch only CRC-32C, decompress, compress. Returns uncompressed bytes."""
+    view = memoryview(data)
+    pos = total = 0
+    while pos < len(view):
+        _, length = _PREFIX.unpack_from(view, pos)
+        batch = view[pos : pos + 12 + length]
+        if crc32c.crc32c(batch[21:]) != struct.unpack_from(">I", batch, 17)[0]:
+            raise ValueError(f"bad CRC at {pos}")
+        records = decompress(Codec.SNAPPY, batch[61:])
+        compress(Codec.ZSTD, records, level=3)
+        total += len(records)
+        pos += 12 + length
+    return total
+
+
+def rewrite_loop(data: bytes, options: RewriteOptions) -> int:
+    result = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=0, options=options)
+    return result.stats.uncompressed_bytes
+
+
+def best_of(repeat: int, fn: Callable[[], int]) -> tuple[float, int]:
+    best = float("inf")
+    produced = 0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        produced = fn()
+        best = min(best, time.perf_counter() - started)
+    return best, produced
+
+
+def cli_run(segment: Path, out: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "tiering", "segment", "rewrite", str(segment), "--out", str(out),
+           "--codec", "zstd", "--level", "3", "--json"]
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    stdout = proc.stdout.read()
+    stderr = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"rewrite failed ({proc.returncode}): {stderr.decode()}")
+    stats = json.loads(stdout)
+    return {"seconds": seconds, "peak_rss_mib": usage.ru_maxrss / 1024,
+            "uncompressed_bytes": stats["uncompressed_bytes"], "bytes_in": stats["bytes_in"],
+            "bytes_out": stats["bytes_out"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mib", type=int, default=256, help="segment size for the throughput ratios")
+    parser.add_argument("--rss-sizes-mib", default="256,1024", help="segment sizes for the CLI RSS runs")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per configuration; the best one counts")
+    parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_rewrite.json")
+    args = parser.parse_args(argv)
+    rss_sizes = [int(s) for s in args.rss_sizes_mib.split(",") if s]
+
+    with tempfile.TemporaryDirectory(prefix="tiering-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        segment = tmp / "00000000000000000000.log"
+        make_segment(segment, args.size_mib)
+        data = segment.read_bytes()
+        print(f"segment: {len(data) / MIB:.0f} MiB of snappy batches (JSON-like values, ~16 KiB batches)",
+              file=sys.stderr)
+        configs: list[tuple[str, Callable[[], int]]] = [
+            ("bare loop (CRC + decompress + compress)", lambda: bare_loop(data)),
+            ("rewrite, no deep validation, no proof",
+             lambda: rewrite_loop(data, RewriteOptions(Codec.ZSTD, 3, deep_validation=False, proof=False))),
+            ("rewrite, deep validation, no proof",
+             lambda: rewrite_loop(data, RewriteOptions(Codec.ZSTD, 3, proof=False))),
+            ("rewrite, default (deep validation + proof)", lambda: rewrite_loop(data, RewriteOptions(Codec.ZSTD, 3))),
+        ]
+        rows: list[dict[str, Any]] = []
+        for name, fn in configs:
+            seconds, produced = best_of(args.repeat, fn)
+            rows.append({"name": name, "seconds": seconds, "uncompressed_bytes": produced,
+                         "mib_per_s": produced / MIB / seconds})
+            print(f"  {name}: {produced / MIB / seconds:.1f} MiB/s", file=sys.stderr)
+        bare = rows[0]["mib_per_s"]
+        for row in rows:
+            row["ratio_to_bare"] = row["mib_per_s"] / bare
+
+        cli_rows = []
+        for size in rss_sizes:
+            seg = tmp / f"rss-{size}" / "00000000000000000000.log"
+            seg.parent.mkdir()
+            make_segment(seg, size)
+            run = cli_run(seg, tmp / f"rss-{size}-out")
+            run["segment_mib"] = seg.stat().st_size / MIB
+            run["mib_per_s"] = run["uncompressed_bytes"] / MIB / run["seconds"]
+            run["ratio_to_bare"] = run["mib_per_s"] / bare
+            cli_rows.append(run)
+            seg.unlink()
+            print(f"  CLI on {size} MiB: {run['seconds']:.1f} s, peak RSS {run['peak_rss_mib']:.0f} MiB",
+                  file=sys.stderr)
+
+    targets = {"deep_validation_ratio": 0.90, "default_ratio": 0.80, "peak_rss_mib_1gib": 256}
+    doc = {
+        "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "segment_mib": args.size_mib, "repeat": args.repeat, "in_process": rows, "cli": cli_rows, "targets": targets,
+        "results": {
+            "deep_validation_ratio": rows[2]["ratio_to_bare"],
+            "default_ratio": rows[3]["ratio_to_bare"],
+            "peak_rss_mib_by_size": {f"{r['segment_mib']:.0f}": r["peak_rss_mib"] for r in cli_rows},
+        },
+    }
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
+
+    print(f"\n{'configuration':<50} {'MiB/s':>8} {'ratio':>6}")
+    for row in rows:
+        print(f"{row['name']:<50} {row['mib_per_s']:>8.1f} {row['ratio_to_bare']:>6.2f}")
+    for run in cli_rows:
+        name = f"CLI process on {run['segment_mib']:.0f} MiB (start-up included)"
+        print(f"{name:<50} {run['mib_per_s']:>8.1f} {run['ratio_to_bare']:>6.2f}   "
+              f"peak RSS {run['peak_rss_mib']:.0f} MiB")
+    print(f"\ntargets: deep validation >= {targets['deep_validation_ratio']}, default >= {targets['default_ratio']}, "
+          f"peak RSS <= {targets['peak_rss_mib_1gib']} MiB for 1 GiB; JSON: {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+"""Type stub of the compiled record walker (see _walker.c)."""
+
+def walk_v2(records: bytes | bytearray | memoryview, expected_count: int, last_offset_delta: int) -> int: ...

@@ -1,0 +1,176 @@
+"""Segment files on a local disk: verify, rewrite and re-index them (what the CLI's ``segment`` verbs run).
+
+Outputs are published the way a broker would want to find them: every new file is written to a hidden
+temporary name in the output directory and flushed first; then any index of an older generation is
+removed, the new ``.log`` is renamed into place, and the new indexes last. A crash at any step leaves
+either no ``.log`` of ours, or a new ``.log`` with no index (a broker rebuilds a MISSING index), never a
+new ``.log`` beside an old index (a broker trusts a present one). A failed rewrite leaves nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from tiering.errors import ConfigError
+from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_name, segment_name
+from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, Indexes, build_indexes
+from tiering.kafka.rewrite import RewriteOptions, RewriteResult, rewrite_segment
+from tiering.kafka.segment import SegmentSummary, check_indexes, verify_segment
+
+READ_BUFFER_BYTES = 1 << 20
+
+
+def base_offset_of(path: Path, override: int | None = None) -> int:
+    """The segment's base offset: ``override`` if given, else the 20-digit number of its file name."""
+    if override is not None:
+        if override < 0:
+            raise ConfigError("base offset must not be negative", path=str(path), expected=">= 0", found=override)
+        return override
+    parsed = parse_segment_name(path.name)
+    if parsed is None or parsed[1] != LOG_SUFFIX:
+        raise ConfigError("cannot tell the segment's base offset from its file name (pass --base-offset)",
+                          path=str(path), expected="<20-digit base offset>.log", found=path.name)
+    return parsed[0]
+
+
+@contextlib.contextmanager
+def open_segment(path: Path) -> Iterator[BinaryIO]:
+    """Open a segment for buffered reading, turning a missing or unreadable file into a usage error."""
+    try:
+        f = path.open("rb", buffering=READ_BUFFER_BYTES)
+    except OSError as e:
+        raise ConfigError(f"cannot open the segment: {e.strerror}", path=str(path)) from None
+    with f:
+        yield f
+
+
+def _read_optional(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def verify_file(path: Path, *, indexes: bool = False, base_offset: int | None = None,
+                index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES) -> SegmentSummary:
+    """Verify a ``.log`` (headers, CRCs, every record, offsets, digests) and optionally its indexes.
+
+    Raises an :class:`~tiering.errors.InvalidDataError` at the first problem of the log. Index problems
+    are collected in the summary (``valid`` is false when there is any).
+    """
+    base = base_offset_of(path, base_offset)
+    with open_segment(path) as f:
+        summary = verify_segment(f, path=str(path), segment_base=base)
+    if indexes:
+        check_indexes(summary, base, _read_optional(path.with_suffix(INDEX_SUFFIX)),
+                      _read_optional(path.with_suffix(TIME_INDEX_SUFFIX)), index_interval_bytes)
+    return summary
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """Where a command put its outputs."""
+
+    log: Path | None
+    index: Path
+    time_index: Path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and a.samefile(b)
+    except OSError:
+        return False
+
+
+def _temp_in(directory: Path, name: str) -> tuple[BinaryIO, Path]:
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+    return os.fdopen(fd, "wb"), Path(tmp)
+
+
+def _write_temp(directory: Path, name: str, data: bytes) -> Path:
+    f, tmp = _temp_in(directory, name)
+    try:
+        with f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _publish(out_dir: Path, base: int, log_tmp: Path | None, indexes: Indexes) -> Written:
+    """Rename the new generation into place in the order the module docstring explains."""
+    index = out_dir / segment_name(base, INDEX_SUFFIX)
+    time_index = out_dir / segment_name(base, TIME_INDEX_SUFFIX)
+    index_tmp = _write_temp(out_dir, index.name, indexes.offset_index)
+    try:
+        time_tmp = _write_temp(out_dir, time_index.name, indexes.time_index)
+    except BaseException:
+        index_tmp.unlink(missing_ok=True)
+        raise
+    log = None
+    if log_tmp is not None:
+        log = out_dir / segment_name(base, LOG_SUFFIX)
+        index.unlink(missing_ok=True)
+        time_index.unlink(missing_ok=True)
+        log_tmp.replace(log)
+    index_tmp.replace(index)
+    time_tmp.replace(time_index)
+    return Written(log, index, time_index)
+
+
+def _prepare_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create the output directory: {e.strerror}", path=str(out_dir)) from None
+
+
+def rewrite_file(path: Path, out_dir: Path, options: RewriteOptions, *, base_offset: int | None = None,
+                 progress: Callable[[int], None] | None = None) -> tuple[RewriteResult, Written]:
+    """Rewrite ``path`` into ``out_dir/<base>.log`` with rebuilt ``.index`` and ``.timeindex``.
+
+    On any error nothing is left in ``out_dir`` (the partial output was a temporary file).
+    """
+    base = base_offset_of(path, base_offset)
+    target = out_dir / segment_name(base, LOG_SUFFIX)
+    if _same_file(path, target):
+        raise ConfigError("the output would overwrite the input segment; choose another --out directory",
+                          path=str(path), expected="a different directory", found=str(out_dir))
+    _prepare_out_dir(out_dir)
+    with open_segment(path) as src:
+        size = os.fstat(src.fileno()).st_size
+        dst, tmp = _temp_in(out_dir, target.name)
+        try:
+            with dst:
+                result = rewrite_segment(src, dst, base_offset=base, options=options, path=str(path), size=size,
+                                         progress=progress)
+                dst.flush()
+                os.fsync(dst.fileno())
+            written = _publish(out_dir, base, tmp, result.indexes)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    return result, written
+
+
+def reindex_file(path: Path, out_dir: Path, *, base_offset: int | None = None,
+                 index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES) -> tuple[SegmentSummary, Written]:
+    """Rebuild ``.index`` and ``.timeindex`` of a valid ``.log`` into ``out_dir`` (as ``LogSegment.recover``)."""
+    base = base_offset_of(path, base_offset)
+    if index_interval_bytes < 0:
+        raise ConfigError("index interval must not be negative", expected=">= 0", found=index_interval_bytes)
+    with open_segment(path) as f:
+        summary = verify_segment(f, path=str(path), segment_base=base, digests=False)
+    _prepare_out_dir(out_dir)
+    indexes = build_indexes(base, summary.batches, index_interval_bytes)
+    return summary, _publish(out_dir, base, None, indexes)
