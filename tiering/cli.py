@@ -11,7 +11,7 @@ import base64
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,7 +25,7 @@ from tiering.errors import ConfigError, InvalidDataError, TieringError
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES
 from tiering.kafka.records import Record
-from tiering.kafka.rewrite import RewriteOptions
+from tiering.kafka.rewrite import DEFAULT_THREADS, RewriteOptions
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import open_segment, reindex_file, rewrite_file, verify_file
 
@@ -40,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors raise instead of exiting, so ``main`` keeps one exit-code mapping."""
 
     def error(self, message: str) -> Any:  # argparse's signature says NoReturn
-        raise ConfigError(f"{self.prog}: {message}")
+        raise ConfigError(f"{message} (see: {self.prog} --help)")
 
 
 def _out(args: argparse.Namespace) -> TextIO:
@@ -55,7 +55,9 @@ def _print_json(args: argparse.Namespace, doc: object) -> None:
 
 
 def _console(args: argparse.Namespace) -> Console:
-    return Console(file=_out(args), highlight=False, soft_wrap=True)
+    out = _out(args)
+    # A pipe or a file gets full lines (rich would wrap tables at 80 columns); a terminal its own width.
+    return Console(file=out, highlight=False, width=None if out.isatty() else 160)
 
 
 @contextmanager
@@ -151,7 +153,8 @@ def _summary_table(summary: SegmentSummary, title: str) -> Table:
 def _cmd_verify(args: argparse.Namespace) -> int:
     try:
         summary = verify_file(args.path, indexes=args.indexes, base_offset=args.base_offset,
-                              index_interval_bytes=args.index_interval_bytes)
+                              index_interval_bytes=args.index_interval_bytes,
+                              decompression_limit=args.decompression_limit)
     except InvalidDataError as e:
         if args.json:
             _print_json(args, {"path": str(args.path), "valid": False, "error": e.to_dict()})
@@ -165,9 +168,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         console.print(_summary_table(summary, str(args.path)))
         for name in summary.index_missing:
             console.print(f"note: no .{name} beside the log (a broker rebuilds a missing index)")
+        broken = {p.file for p in summary.index_problems}
         for name, same in summary.index_equals_rebuild.items():
-            console.print(f".{name}: {'equals' if same else 'valid but differs from'} a rebuild "
-                          f"(index.interval.bytes={args.index_interval_bytes})")
+            if name in broken:
+                continue
+            console.print(f".{name}: valid, {'equal to' if same else 'differs from'} a rebuild "
+                          f"(index.interval.bytes={args.index_interval_bytes}; a broker's own index may differ "
+                          "and still be valid)")
         for problem in summary.index_problems:
             console.print(f"invalid: {problem}")
         console.print("valid" if valid else "INVALID")
@@ -198,7 +205,8 @@ def _cmd_rewrite(args: argparse.Namespace) -> int:
     options = RewriteOptions(
         codec=Codec.parse(args.codec), level=args.level, force=args.force,
         deep_validation=not args.no_deep_validation, proof=not args.no_proof,
-        index_interval_bytes=args.index_interval_bytes, decompression_limit=args.decompression_limit)
+        index_interval_bytes=args.index_interval_bytes, decompression_limit=args.decompression_limit,
+        threads=args.threads)
     size = args.path.stat().st_size if args.path.exists() else 0
     with _progress(f"rewrite {args.path.name}", size, not args.json) as progress:
         result, written = rewrite_file(args.path, args.out, options, base_offset=args.base_offset,
@@ -214,7 +222,8 @@ def _cmd_rewrite(args: argparse.Namespace) -> int:
 
 def _cmd_reindex(args: argparse.Namespace) -> int:
     summary, written = reindex_file(args.path, args.out, base_offset=args.base_offset,
-                                    index_interval_bytes=args.index_interval_bytes)
+                                    index_interval_bytes=args.index_interval_bytes,
+                                    decompression_limit=args.decompression_limit)
     doc = {"path": str(args.path), "batches": summary.batch_count, "index_interval_bytes": args.index_interval_bytes,
            "index": str(written.index), "index_bytes": written.index.stat().st_size,
            "timeindex": str(written.time_index), "timeindex_bytes": written.time_index.stat().st_size}
@@ -320,6 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the per-record walk (CRC and decompression are still checked)")
     p.add_argument("--no-proof", action="store_true",
                    help="skip decoding each rewritten batch again and comparing it with the original")
+    p.add_argument("--threads", type=_nonneg_int, default=DEFAULT_THREADS,
+                   help="worker threads for the codec work, which overlaps reading and writing (default "
+                        "%(default)s; 0 = everything in one thread)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_rewrite)
 
@@ -348,10 +360,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     err = stderr if stderr is not None else sys.stderr
+    out = stdout if stdout is not None else sys.stdout
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        args.stdout = stdout if stdout is not None else sys.stdout
+        try:
+            with redirect_stdout(out):  # --help and --version print to stdout and exit
+                args = parser.parse_args(argv)
+        except SystemExit as e:
+            return e.code if isinstance(e.code, int) else EXIT_OK
+        args.stdout = out
         func = getattr(args, "func", None)
         if func is None:
             parser.print_help(err)

@@ -48,7 +48,7 @@ DEMO_TOPICS: Final = (
     DemoTopic("app.events-1", "json", Codec.LZ4, 3, 4),
     DemoTopic("service_logs-0", "logs", Codec.NONE, 2, 4),
     DemoTopic("metrics.raw-0", "json", Codec.GZIP, 2, 4),
-    DemoTopic("media_blobs-0", "random", Codec.SNAPPY, 2, 2),
+    DemoTopic("media_blobs-0", "random", Codec.NONE, 2, 2),  # incompressible: every batch kept
     DemoTopic("audit.zstd-0", "json", Codec.ZSTD, 2, 2),
 )
 CORRUPT_SEGMENT: Final = ("app.events-1", 1)  # (partition dir, index of the sealed segment to damage)

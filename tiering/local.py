@@ -5,20 +5,29 @@ temporary name in the output directory and flushed first; then any index of an o
 removed, the new ``.log`` is renamed into place, and the new indexes last. A crash at any step leaves
 either no ``.log`` of ours, or a new ``.log`` with no index (a broker rebuilds a MISSING index), never a
 new ``.log`` beside an old index (a broker trusts a present one). A failed rewrite leaves nothing.
+A ``.txnindex`` beside the source is copied as it is (recompression keeps every offset), before the log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from tiering.errors import ConfigError
-from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, parse_segment_name, segment_name
+from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT
+from tiering.kafka.files import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    parse_segment_name,
+    segment_name,
+)
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, Indexes, build_indexes
 from tiering.kafka.rewrite import RewriteOptions, RewriteResult, rewrite_segment
 from tiering.kafka.segment import SegmentSummary, check_indexes, verify_segment
@@ -58,7 +67,8 @@ def _read_optional(path: Path) -> bytes | None:
 
 
 def verify_file(path: Path, *, indexes: bool = False, base_offset: int | None = None,
-                index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES) -> SegmentSummary:
+                index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+                decompression_limit: int = DEFAULT_DECOMPRESSION_LIMIT) -> SegmentSummary:
     """Verify a ``.log`` (headers, CRCs, every record, offsets, digests) and optionally its indexes.
 
     Raises an :class:`~tiering.errors.InvalidDataError` at the first problem of the log. Index problems
@@ -66,7 +76,7 @@ def verify_file(path: Path, *, indexes: bool = False, base_offset: int | None = 
     """
     base = base_offset_of(path, base_offset)
     with open_segment(path) as f:
-        summary = verify_segment(f, path=str(path), segment_base=base)
+        summary = verify_segment(f, path=str(path), segment_base=base, limit=decompression_limit)
     if indexes:
         check_indexes(summary, base, _read_optional(path.with_suffix(INDEX_SUFFIX)),
                       _read_optional(path.with_suffix(TIME_INDEX_SUFFIX)), index_interval_bytes)
@@ -90,8 +100,10 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def _temp_in(directory: Path, name: str) -> tuple[BinaryIO, Path]:
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-    return os.fdopen(fd, "wb"), Path(tmp)
+    """A new hidden file beside its final name, created with the usual 0666 & ~umask permissions."""
+    tmp = directory / f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    return os.fdopen(fd, "wb"), tmp
 
 
 def _write_temp(directory: Path, name: str, data: bytes) -> Path:
@@ -111,20 +123,21 @@ def _publish(out_dir: Path, base: int, log_tmp: Path | None, indexes: Indexes) -
     """Rename the new generation into place in the order the module docstring explains."""
     index = out_dir / segment_name(base, INDEX_SUFFIX)
     time_index = out_dir / segment_name(base, TIME_INDEX_SUFFIX)
-    index_tmp = _write_temp(out_dir, index.name, indexes.offset_index)
+    temps: list[Path] = []
     try:
-        time_tmp = _write_temp(out_dir, time_index.name, indexes.time_index)
-    except BaseException:
-        index_tmp.unlink(missing_ok=True)
-        raise
-    log = None
-    if log_tmp is not None:
-        log = out_dir / segment_name(base, LOG_SUFFIX)
-        index.unlink(missing_ok=True)
-        time_index.unlink(missing_ok=True)
-        log_tmp.replace(log)
-    index_tmp.replace(index)
-    time_tmp.replace(time_index)
+        temps.append(_write_temp(out_dir, index.name, indexes.offset_index))
+        temps.append(_write_temp(out_dir, time_index.name, indexes.time_index))
+        log = None
+        if log_tmp is not None:
+            log = out_dir / segment_name(base, LOG_SUFFIX)
+            index.unlink(missing_ok=True)
+            time_index.unlink(missing_ok=True)
+            log_tmp.replace(log)
+        temps[0].replace(index)
+        temps[1].replace(time_index)
+    finally:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
     return Written(log, index, time_index)
 
 
@@ -146,8 +159,8 @@ def rewrite_file(path: Path, out_dir: Path, options: RewriteOptions, *, base_off
     if _same_file(path, target):
         raise ConfigError("the output would overwrite the input segment; choose another --out directory",
                           path=str(path), expected="a different directory", found=str(out_dir))
-    _prepare_out_dir(out_dir)
     with open_segment(path) as src:
+        _prepare_out_dir(out_dir)
         size = os.fstat(src.fileno()).st_size
         dst, tmp = _temp_in(out_dir, target.name)
         try:
@@ -156,6 +169,8 @@ def rewrite_file(path: Path, out_dir: Path, options: RewriteOptions, *, base_off
                                          progress=progress)
                 dst.flush()
                 os.fsync(dst.fileno())
+            # The .txnindex is valid for both generations (same offsets), so it goes first.
+            _copy_txn_index(path, out_dir / segment_name(base, TXN_INDEX_SUFFIX))
             written = _publish(out_dir, base, tmp, result.indexes)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -163,14 +178,23 @@ def rewrite_file(path: Path, out_dir: Path, options: RewriteOptions, *, base_off
     return result, written
 
 
+def _copy_txn_index(log: Path, target: Path) -> None:
+    """Recompression keeps every offset, so the aborted-transaction index stays valid: carry it along."""
+    source = log.with_suffix(TXN_INDEX_SUFFIX)
+    if source.exists():
+        tmp = _write_temp(target.parent, target.name, source.read_bytes())
+        tmp.replace(target)
+
+
 def reindex_file(path: Path, out_dir: Path, *, base_offset: int | None = None,
-                 index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES) -> tuple[SegmentSummary, Written]:
+                 index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+                 decompression_limit: int = DEFAULT_DECOMPRESSION_LIMIT) -> tuple[SegmentSummary, Written]:
     """Rebuild ``.index`` and ``.timeindex`` of a valid ``.log`` into ``out_dir`` (as ``LogSegment.recover``)."""
     base = base_offset_of(path, base_offset)
     if index_interval_bytes < 0:
         raise ConfigError("index interval must not be negative", expected=">= 0", found=index_interval_bytes)
     with open_segment(path) as f:
-        summary = verify_segment(f, path=str(path), segment_base=base, digests=False)
+        summary = verify_segment(f, path=str(path), segment_base=base, digests=False, limit=decompression_limit)
     _prepare_out_dir(out_dir)
     indexes = build_indexes(base, summary.batches, index_interval_bytes)
     return summary, _publish(out_dir, base, None, indexes)

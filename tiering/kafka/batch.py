@@ -46,7 +46,7 @@ from typing import Final
 import crc32c
 
 from tiering.errors import CorruptBatchError, UnsupportedError
-from tiering.kafka.codecs import CODEC_MASK, Codec
+from tiering.kafka.codecs import CODEC_MASK, CODECS, Codec
 
 # --- shared prefix -----------------------------------------------------------------------------
 LOG_OVERHEAD: Final = 12  # offset int64 + length int32, before every batch or legacy message
@@ -102,6 +102,13 @@ class Attr(IntFlag):
     DELETE_HORIZON = 0x40
 
 
+# The same bits as plain ints for the per-batch hot path (an IntFlag operation costs a microsecond or two).
+_LOG_APPEND_TIME_BIT: Final = int(Attr.LOG_APPEND_TIME)
+_TRANSACTIONAL_BIT: Final = int(Attr.TRANSACTIONAL)
+_CONTROL_BIT: Final = int(Attr.CONTROL)
+_DELETE_HORIZON_BIT: Final = int(Attr.DELETE_HORIZON)
+
+
 class TimestampType(IntEnum):
     NO_TIMESTAMP_TYPE = -1
     CREATE_TIME = 0
@@ -110,7 +117,7 @@ class TimestampType(IntEnum):
     @classmethod
     def from_attributes(cls, attributes: int) -> TimestampType:
         """The timestamp type of a v1/v2 entry from its attributes (bit 3)."""
-        return cls.LOG_APPEND_TIME if attributes & Attr.LOG_APPEND_TIME else cls.CREATE_TIME
+        return cls.LOG_APPEND_TIME if attributes & _LOG_APPEND_TIME_BIT else cls.CREATE_TIME
 
     @property
     def label(self) -> str:
@@ -144,15 +151,15 @@ class BatchHeader:
 
     @property
     def is_transactional(self) -> bool:
-        return self.magic >= 2 and bool(self.attributes & Attr.TRANSACTIONAL)
+        return self.magic >= 2 and bool(self.attributes & _TRANSACTIONAL_BIT)
 
     @property
     def is_control(self) -> bool:
-        return self.magic >= 2 and bool(self.attributes & Attr.CONTROL)
+        return self.magic >= 2 and bool(self.attributes & _CONTROL_BIT)
 
     @property
     def delete_horizon_ms(self) -> int | None:
-        if self.magic >= 2 and self.attributes & Attr.DELETE_HORIZON:
+        if self.magic >= 2 and self.attributes & _DELETE_HORIZON_BIT:
             return self.base_timestamp
         return None
 
@@ -191,9 +198,9 @@ def parse_v2_header(data: bytes | memoryview, position: int) -> BatchHeader:
     if count > 0 and count - 1 > last_delta:
         raise CorruptBatchError("more records than offsets", position=position, base_offset=base_offset,
                                 expected=f"recordsCount <= lastOffsetDelta + 1 = {last_delta + 1}", found=count)
-    if attributes & Attr.CONTROL and codec_id != Codec.NONE:
+    if attributes & _CONTROL_BIT and codec_id != Codec.NONE:
         raise CorruptBatchError("compressed control batch", position=position, base_offset=base_offset,
-                                expected="codec none", found=Codec(codec_id).label)
+                                expected="codec none", found=CODECS[codec_id].label)
     return BatchHeader(
         position=position,
         size=length + LOG_OVERHEAD,
@@ -202,7 +209,7 @@ def parse_v2_header(data: bytes | memoryview, position: int) -> BatchHeader:
         last_offset=base_offset + last_delta,
         crc=crc,
         attributes=attributes,
-        codec=Codec(codec_id),
+        codec=CODECS[codec_id],
         timestamp_type=TimestampType.from_attributes(attributes),
         base_timestamp=base_ts,
         max_timestamp=max_ts,
@@ -235,7 +242,7 @@ def parse_legacy_header(data: bytes | memoryview, position: int) -> BatchHeader:
         last_offset=offset,
         crc=crc,
         attributes=attributes & 0xFF,
-        codec=Codec(codec_id),
+        codec=CODECS[codec_id],
         timestamp_type=ts_type,
         base_timestamp=timestamp,
         max_timestamp=timestamp,

@@ -188,6 +188,16 @@ def iter_message_set(data: bytes | memoryview) -> Iterator[tuple[BatchHeader, me
         pos += LOG_OVERHEAD + size
 
 
+def wrapper_inner(header: BatchHeader, entry: bytes | memoryview, *,
+                  limit: int = DEFAULT_DECOMPRESSION_LIMIT) -> tuple[LegacyMessage, bytes]:
+    """A compressed legacy wrapper's message and its decompressed value (the inner message set)."""
+    message = parse_legacy_message(entry, header)
+    if message.value is None:
+        raise CorruptBatchError("compressed wrapper without a value", position=header.position,
+                                base_offset=header.offset)
+    return message, decompress(header.codec, message.value, magic=header.magic, limit=limit)
+
+
 def decode_legacy(header: BatchHeader, entry: bytes | memoryview, *,
                   limit: int = DEFAULT_DECOMPRESSION_LIMIT, inner: bytes | None = None) -> list[Record]:
     """Records of a legacy entry: itself, or a compressed wrapper's inner messages with absolute offsets.
@@ -198,10 +208,7 @@ def decode_legacy(header: BatchHeader, entry: bytes | memoryview, *,
     if header.codec is Codec.NONE:
         return [Record(header.offset, header.max_timestamp, message.key, message.value)]
     if inner is None:
-        if message.value is None:
-            raise CorruptBatchError("compressed wrapper without a value", position=header.position,
-                                    base_offset=header.offset)
-        inner = decompress(header.codec, message.value, magic=header.magic, limit=limit)
+        _, inner = wrapper_inner(header, entry, limit=limit)
     entries = list(iter_message_set(inner))
     if not entries:
         raise CorruptBatchError("compressed wrapper holds no message", position=header.position,

@@ -1,14 +1,18 @@
 """The segment rewriter: recompress every batch, keep every offset and header field, prove it, re-index.
 
-Per batch, in file order (one batch in memory at a time, plus the one whose proof is still running):
+Per batch, in file order:
 
-1. read and check the header and CRC (reader.py);
-2. decompress and deep-validate the records (compiled walker), check offsets move forward;
-3. decide: copy as it is (control batch, already in the target codec, legacy zstd / legacy none, or a
-   recompression that would not shrink it) or recompress with the target codec and level;
-4. proof: a rewritten batch is decompressed again, on a second thread while the next batch is being
-   prepared, and must equal the original records byte for byte before it is written;
-5. write it and feed its NEW position to the index builder.
+1. read and check the header and CRC (reader.py), in the calling thread;
+2. on a worker thread: decompress and deep-validate the records (compiled walker); decide to copy the
+   batch as it is (control batch, already in the target codec, legacy zstd / legacy none, or a
+   recompression that would not shrink it) or to recompress it with the target codec and level;
+   proof: decompress the new bytes again and compare them with the original records byte for byte;
+3. back in the calling thread, in file order: check offsets move forward, write the batch and feed its
+   NEW position to the index builder.
+
+The codec calls release the GIL, so with two workers the codec work of one batch overlaps the Python
+work (reading, header parsing, writing) of its neighbours. At most ``2 * threads + 1`` batches are in
+flight, so memory stays bounded by the batch size, never by the segment size.
 
 Only codec bits, lengths, CRCs and the compressed bytes change; offsets, timestamps, producer fields,
 leader epochs and control markers come out as they went in.
@@ -16,22 +20,31 @@ leader epochs and control markers come out as they went in.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import BinaryIO, Final
 
 import xxhash
 
-from tiering.errors import ConfigError, CorruptBatchError, ProofError, TieringError
+from tiering.errors import ConfigError, DecompressionError, ProofError, TieringError
 from tiering.kafka.batch import V2_HEADER_SIZE, BatchHeader, build_legacy_wrapper, build_v2
-from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec, check_level, compress, decompress
+from tiering.kafka.codecs import (
+    DEFAULT_DECOMPRESSION_LIMIT,
+    Codec,
+    check_level,
+    compress,
+    decompress_known_size,
+)
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, IndexBuilder, Indexes
 from tiering.kafka.reader import DEFAULT_MAX_BATCH_BYTES, RawBatch, iter_batches
-from tiering.kafka.records import decode_legacy, parse_legacy_message, validate_v2
+from tiering.kafka.records import decode_legacy, validate_v2, wrapper_inner
 from tiering.kafka.segment import OffsetOrder, payload_of
+
+DEFAULT_THREADS: Final = min(2, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +57,16 @@ class RewriteOptions:
     index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
     decompression_limit: int = DEFAULT_DECOMPRESSION_LIMIT
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
+    threads: int = DEFAULT_THREADS
+    """Worker threads for the codec work; 0 does everything in the calling thread."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "level", check_level(self.codec, self.level))
         if self.index_interval_bytes < 0:
             raise ConfigError("index interval must not be negative", expected=">= 0",
                               found=self.index_interval_bytes)
+        if self.threads < 0:
+            raise ConfigError("threads must not be negative", expected=">= 0", found=self.threads)
 
 
 # Why a batch was copied rather than recompressed (keys of RewriteStats.kept).
@@ -109,84 +126,96 @@ class RewriteResult:
     indexes: Indexes
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Out:
-    """A batch ready to write once its proof (if any) has passed."""
+    """One batch, processed and proven, ready to be written in file order."""
 
     header: BatchHeader
     parts: tuple[bytes | memoryview, ...]
     codec: Codec
-    payload: bytes | memoryview  # the uncompressed records, digested on both sides
+    base_offset: int  # Kafka's baseOffset(): a legacy wrapper's is its first inner message's offset
     records: int
-    proof: Future[bytes] | None = None
+    uncompressed_bytes: int
+    digest_in: bytes  # xxh3-128 of the original uncompressed records
+    digest_out: bytes  # xxh3-128 of what the written bytes decode to
+    kept: str | None  # why the batch was copied as it was, or None when it was recompressed
 
 
-def _prove(codec: Codec, compressed: bytes | memoryview, magic: int, limit: int) -> bytes:
-    return decompress(codec, compressed, magic=magic, limit=limit)
+def _proven(original: bytes | memoryview, codec: Codec, compressed: bytes, magic: int,
+            options: RewriteOptions) -> tuple[bytes, bytes]:
+    """Decode ``compressed`` again and demand the original bytes (unless the proof is off).
+
+    Returns the xxh3-128 digests of the original records and of what the new bytes decode to.
+    """
+    digest_in = xxhash.xxh3_128_digest(original)
+    if not options.proof:
+        return digest_in, digest_in
+    try:
+        decoded = decompress_known_size(codec, compressed, len(original), magic=magic)
+    except DecompressionError as e:
+        raise ProofError(f"rewritten batch does not decode: {e.message}",
+                         expected=f"{len(original)} bytes, xxh3 {digest_in.hex()}", found=e.found) from None
+    digest_out = xxhash.xxh3_128_digest(decoded)
+    if decoded != original:
+        raise ProofError("rewritten batch does not decode to the original records",
+                         expected=f"{len(original)} bytes, xxh3 {digest_in.hex()}",
+                         found=f"{len(decoded)} bytes, xxh3 {digest_out.hex()}")
+    return digest_in, digest_out
 
 
-class _Rewriter:
-    def __init__(self, options: RewriteOptions, stats: RewriteStats, path: str | None,
-                 submit: Callable[..., Future[bytes]] | None) -> None:
-        self.o = options
-        self.stats = stats
-        self.path = path
-        self.submit = submit
-        self.order = OffsetOrder(stats.base_offset, path)
+def _keep(raw: RawBatch, reason: str, payload: bytes | memoryview, base_offset: int, records: int) -> _Out:
+    digest = xxhash.xxh3_128_digest(payload)
+    return _Out(raw.header, (raw.data,), raw.header.codec, base_offset, records, len(payload), digest, digest, reason)
 
-    def _proof(self, codec: Codec, compressed: bytes, magic: int) -> Future[bytes] | None:
-        if self.submit is None:
-            return None
-        return self.submit(_prove, codec, compressed, magic, self.o.decompression_limit)
 
-    def v2(self, raw: RawBatch) -> _Out:
-        h = raw.header
-        o = self.o
-        self.order.check(h, h.offset)
-        payload = payload_of(raw, o.decompression_limit)
-        count = validate_v2(h, payload) if o.deep_validation else h.records_count or 0
-        if h.is_control:
-            return self._keep(raw, KEPT_CONTROL, payload, count)
-        if h.codec is o.codec and not o.force:
-            return self._keep(raw, KEPT_SAME_CODEC, payload, count)
-        new = compress(o.codec, payload, level=o.level) if o.codec is not Codec.NONE else bytes(payload)
-        if o.codec is not Codec.NONE and len(new) >= len(raw.data) - V2_HEADER_SIZE:
-            return self._keep(raw, KEPT_WOULD_GROW, payload, count)
-        self.stats.batches_rewritten += 1
-        return _Out(h, build_v2(raw.data, o.codec, new), o.codec, payload, count, self._proof(o.codec, new, 2))
+def _process_v2(raw: RawBatch, o: RewriteOptions) -> _Out:
+    h = raw.header
+    payload = payload_of(raw, o.decompression_limit)
+    count = validate_v2(h, payload) if o.deep_validation else h.records_count or 0
+    if h.is_control:
+        return _keep(raw, KEPT_CONTROL, payload, h.offset, count)
+    if h.codec is o.codec and not o.force:
+        return _keep(raw, KEPT_SAME_CODEC, payload, h.offset, count)
+    new = compress(o.codec, payload, level=o.level) if o.codec is not Codec.NONE else bytes(payload)
+    if o.codec is not Codec.NONE and len(new) >= len(raw.data) - V2_HEADER_SIZE:
+        return _keep(raw, KEPT_WOULD_GROW, payload, h.offset, count)
+    digests = _proven(payload, o.codec, new, 2, o)
+    return _Out(h, build_v2(raw.data, o.codec, new), o.codec, h.offset, count, len(payload), *digests, None)
 
-    def legacy(self, raw: RawBatch) -> _Out:
-        h = raw.header
-        o = self.o
-        if h.codec is Codec.NONE:
-            decode_legacy(h, raw.data)
-            self.order.check(h, h.offset)
-            return self._keep(raw, KEPT_LEGACY_PLAIN, raw.data, 1)
-        message = parse_legacy_message(raw.data, h)
-        if message.value is None:
-            raise CorruptBatchError("compressed wrapper without a value")
-        inner = decompress(h.codec, message.value, magic=h.magic, limit=o.decompression_limit)
-        records = decode_legacy(h, raw.data, inner=inner)  # always: it yields the base offset
-        self.order.check(h, records[0].offset)
-        reason = None
-        if o.codec is Codec.ZSTD:
-            reason = KEPT_LEGACY_ZSTD
-        elif o.codec is Codec.NONE:
-            reason = KEPT_LEGACY_NONE
-        elif h.codec is o.codec and not o.force:
-            reason = KEPT_SAME_CODEC
-        if reason is not None:
-            return self._keep(raw, reason, inner, len(records))
-        new = compress(o.codec, inner, level=o.level, magic=h.magic)
-        if len(new) >= len(message.value):
-            return self._keep(raw, KEPT_WOULD_GROW, inner, len(records))
-        self.stats.batches_rewritten += 1
-        return _Out(h, (build_legacy_wrapper(raw.data, h, o.codec, new),), o.codec, inner, len(records),
-                    self._proof(o.codec, new, h.magic))
 
-    def _keep(self, raw: RawBatch, reason: str, payload: bytes | memoryview, records: int) -> _Out:
-        self.stats.kept[reason] += 1
-        return _Out(raw.header, (raw.data,), raw.header.codec, payload, records)
+def _process_legacy(raw: RawBatch, o: RewriteOptions) -> _Out:
+    h = raw.header
+    if h.codec is Codec.NONE:
+        decode_legacy(h, raw.data)  # validates the message's fields
+        return _keep(raw, KEPT_LEGACY_PLAIN, raw.data, h.offset, 1)
+    message, inner = wrapper_inner(h, raw.data, limit=o.decompression_limit)
+    assert message.value is not None
+    records = decode_legacy(h, raw.data, inner=inner)  # always: it yields the base offset
+    base = records[0].offset
+    reason = None
+    if o.codec is Codec.ZSTD:
+        reason = KEPT_LEGACY_ZSTD
+    elif o.codec is Codec.NONE:
+        reason = KEPT_LEGACY_NONE
+    elif h.codec is o.codec and not o.force:
+        reason = KEPT_SAME_CODEC
+    if reason is not None:
+        return _keep(raw, reason, inner, base, len(records))
+    new = compress(o.codec, inner, level=o.level, magic=h.magic)
+    if len(new) >= len(message.value):
+        return _keep(raw, KEPT_WOULD_GROW, inner, base, len(records))
+    digests = _proven(inner, o.codec, new, h.magic, o)
+    return _Out(h, (build_legacy_wrapper(raw.data, h, o.codec, new),), o.codec, base, len(records), len(inner),
+                *digests, None)
+
+
+def process_batch(raw: RawBatch, options: RewriteOptions) -> _Out:
+    """Everything one batch needs that does not depend on its neighbours (safe to run on any thread)."""
+    h = raw.header
+    try:
+        return _process_v2(raw, options) if h.magic >= 2 else _process_legacy(raw, options)
+    except TieringError as e:
+        raise e.located(position=h.position, base_offset=h.offset) from None
 
 
 def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: RewriteOptions,
@@ -195,60 +224,60 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     """Rewrite the segment read from ``src`` into ``dst``; returns its stats and its rebuilt indexes.
 
     Raises an :class:`~tiering.errors.InvalidDataError` naming the file, byte and batch at the first
-    problem; the caller discards ``dst`` then (the CLI writes to a temporary file and renames).
+    problem (in file order); the caller discards ``dst`` then (the CLI writes to a temporary file).
+    ``payload_xxh3_in``/``_out`` are xxh3-128 over the per-batch xxh3-128 digests of the records.
     """
     started = time.perf_counter()
     stats = RewriteStats(path, base_offset, options.codec.label, options.level)
     builder = IndexBuilder(base_offset, options.index_interval_bytes)
+    order = OffsetOrder(base_offset, path)
     digest_in = xxhash.xxh3_128()
     digest_out = xxhash.xxh3_128()
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="proof") if options.proof else None
-    rewriter = _Rewriter(options, stats, path, pool.submit if pool else None)
-    pending: deque[_Out] = deque()
     position = 0
 
     def emit(out: _Out) -> None:
         nonlocal position
         h = out.header
-        digest_in.update(out.payload)
-        if out.proof is not None:
-            decoded = out.proof.result()
-            if decoded != out.payload:
-                raise ProofError("rewritten batch does not decode to the original records", path=path,
-                                 position=h.position, base_offset=h.offset,
-                                 expected=f"{len(out.payload)} bytes, xxh3 {xxhash.xxh3_64_hexdigest(out.payload)}",
-                                 found=f"{len(decoded)} bytes, xxh3 {xxhash.xxh3_64_hexdigest(decoded)}")
-            digest_out.update(decoded)
-        else:
-            digest_out.update(out.payload)
+        order.check(h, out.base_offset)
         builder.add(position, h.last_offset, h.max_timestamp)
         for part in out.parts:
             dst.write(part)
             position += len(part)
+        digest_in.update(out.digest_in)
+        digest_out.update(out.digest_out)
+        stats.batches += 1
+        stats.bytes_in += h.size
+        stats.records += out.records
+        stats.uncompressed_bytes += out.uncompressed_bytes
+        stats.codecs_before[h.codec.label] += 1
         stats.codecs_after[out.codec.label] += 1
+        if out.kept is None:
+            stats.batches_rewritten += 1
+        else:
+            stats.kept[out.kept] += 1
+        if progress is not None:
+            progress(stats.bytes_in)
 
+    batches = iter_batches(src, path=path, size=size, max_batch_bytes=options.max_batch_bytes)
     try:
-        for raw in iter_batches(src, path=path, size=size, max_batch_bytes=options.max_batch_bytes):
-            h = raw.header
-            try:
-                out = rewriter.v2(raw) if h.magic >= 2 else rewriter.legacy(raw)
-            except TieringError as e:
-                raise e.located(path=path, position=h.position, base_offset=h.offset) from None
-            stats.batches += 1
-            stats.bytes_in += h.size
-            stats.records += out.records
-            stats.uncompressed_bytes += len(out.payload)
-            stats.codecs_before[h.codec.label] += 1
-            pending.append(out)
-            if progress is not None:
-                progress(stats.bytes_in)
-            if len(pending) > 1:
-                emit(pending.popleft())
-        while pending:
-            emit(pending.popleft())
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if options.threads == 0:
+            for raw in batches:
+                emit(process_batch(raw, options))
+        else:
+            with ThreadPoolExecutor(max_workers=options.threads, thread_name_prefix="rewrite") as pool:
+                window: deque[Future[_Out]] = deque()
+                try:
+                    for raw in batches:
+                        window.append(pool.submit(process_batch, raw, options))
+                        if len(window) > 2 * options.threads:
+                            emit(window.popleft().result())
+                    while window:
+                        emit(window.popleft().result())
+                finally:
+                    for pending in window:
+                        pending.cancel()
+    except TieringError as e:
+        raise e.located(path=path) from None
     stats.bytes_out = position
     stats.payload_xxh3_in = digest_in.hexdigest()
     stats.payload_xxh3_out = digest_out.hexdigest()

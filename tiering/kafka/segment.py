@@ -35,7 +35,7 @@ from tiering.kafka.index import (
     verify_time_index,
 )
 from tiering.kafka.reader import RawBatch, iter_batches
-from tiering.kafka.records import Record, decode_legacy, decode_v2, records_section, validate_v2
+from tiering.kafka.records import Record, decode_legacy, decode_v2, records_section, validate_v2, wrapper_inner
 
 _Q: Final = struct.Struct(">q")
 _I: Final = struct.Struct(">i")
@@ -47,6 +47,7 @@ CONTROL_TYPES: Final = {0: "ABORT", 1: "COMMIT"}
 class DecodedBatch:
     raw: RawBatch
     records: list[Record]
+    uncompressed_bytes: int  # the records section after decompression (legacy: the inner set, or the entry)
 
     @property
     def header(self) -> BatchHeader:
@@ -114,10 +115,15 @@ def payload_of(raw: RawBatch, limit: int = DEFAULT_DECOMPRESSION_LIMIT) -> bytes
 def decode_batch(raw: RawBatch, *, limit: int = DEFAULT_DECOMPRESSION_LIMIT) -> DecodedBatch:
     h = raw.header
     try:
-        records = decode_v2(h, payload_of(raw, limit)) if h.magic >= 2 else decode_legacy(h, raw.data, limit=limit)
+        if h.magic >= 2:
+            payload = payload_of(raw, limit)
+            return DecodedBatch(raw, decode_v2(h, payload), len(payload))
+        if h.codec is Codec.NONE:
+            return DecodedBatch(raw, decode_legacy(h, raw.data), len(raw.data))
+        _, inner = wrapper_inner(h, raw.data, limit=limit)
+        return DecodedBatch(raw, decode_legacy(h, raw.data, inner=inner), len(inner))
     except TieringError as e:
         raise e.located(position=h.position, base_offset=h.offset) from None
-    return DecodedBatch(raw, records)
 
 
 @dataclass
@@ -261,6 +267,7 @@ def verify_segment(
                 decoded = decode_batch(raw, limit=limit)
                 count = len(decoded.records)
                 base = decoded.base_offset
+                summary.uncompressed_record_bytes += decoded.uncompressed_bytes
                 if digest is not None:
                     digest.update(decoded)
             order.check(h, base)
