@@ -57,6 +57,13 @@ class TieringError(Exception):
             found=self.found,
         )
 
+    def inside(self, what: str, *, position: int | None, base_offset: int | None) -> TieringError:
+        """This error, raised while reading something nested (a legacy wrapper's inner message set), moved
+        to the outer entry's position and offset; its own position becomes part of the message."""
+        inner = f" at byte {self.position}" if self.position is not None else ""
+        return type(self)(f"{what}{inner}: {self.message}", path=self.path, position=position,
+                          base_offset=base_offset, expected=self.expected, found=self.found)
+
     def to_dict(self) -> dict[str, object]:
         return {
             "error": type(self).__name__,

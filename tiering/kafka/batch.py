@@ -263,7 +263,7 @@ def check_crc(header: BatchHeader, data: bytes | memoryview, path: str | None = 
 
 def entry_size_bounds(magic: int) -> int:
     """Smallest valid whole entry for ``magic`` (log overhead included)."""
-    if magic >= 2:
+    if magic == 2:
         return V2_HEADER_SIZE
     if magic in LEGACY_MIN_MESSAGE_SIZE:
         return LOG_OVERHEAD + LEGACY_MIN_MESSAGE_SIZE[magic]

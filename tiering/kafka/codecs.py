@@ -142,21 +142,25 @@ def _snappy_raw_length(block: bytes | memoryview) -> int:
     raise DecompressionError("snappy block has a malformed length prefix")
 
 
-def _snappy_raw(block: bytes | memoryview, budget: int) -> bytes:
+def _snappy_raw(block: bytes | memoryview, done: int, limit: int) -> bytes:
+    """One raw snappy block, refused before decoding when ``done`` bytes plus its declared length pass ``limit``."""
     declared = _snappy_raw_length(block)
-    if declared > budget:
-        raise DecompressionError("snappy output exceeds the decompression limit", expected=f"<= {budget} bytes",
-                                 found=f"{declared} declared")
+    if done + declared > limit:
+        raise DecompressionError("snappy output exceeds the decompression limit", expected=f"<= {limit} bytes",
+                                 found=f"{done + declared} bytes declared")
     try:
-        return bytes(snappy.uncompress(block))
-    except Exception as e:  # the binding raises several types, none documented
-        raise DecompressionError(f"snappy: {e}") from e
+        out = bytes(snappy.uncompress(block))
+    except Exception as e:  # python-snappy raises an empty UncompressError; its cause has the detail
+        raise DecompressionError(f"snappy: {e.__cause__ or e or type(e).__name__}") from e
+    if len(out) != declared:
+        raise DecompressionError("snappy block length differs from its prefix", expected=declared, found=len(out))
+    return out
 
 
 def _snappy_decompress(data: bytes | memoryview, limit: int) -> bytes:
     view = memoryview(data)
     if bytes(view[:8]) != XERIAL_MAGIC:
-        return _snappy_raw(view, limit)
+        return _snappy_raw(view, 0, limit)
     if len(view) < _XERIAL_HEADER.size:
         raise DecompressionError("xerial snappy header is truncated", expected=f"{_XERIAL_HEADER.size} bytes",
                                  found=len(view))
@@ -165,13 +169,13 @@ def _snappy_decompress(data: bytes | memoryview, limit: int) -> bytes:
     pos = _XERIAL_HEADER.size
     while pos < len(view):
         if pos + 4 > len(view):
-            raise DecompressionError("xerial snappy block length is truncated", position=pos)
+            raise DecompressionError(f"xerial snappy block length is truncated (at compressed byte {pos})")
         (n,) = _INT32.unpack_from(view, pos)
         pos += 4
         if n < 0 or pos + n > len(view):
             raise DecompressionError("xerial snappy block overruns the payload", expected=f"<= {len(view) - pos}",
                                      found=n)
-        chunk = _snappy_raw(view[pos : pos + n], limit - total)
+        chunk = _snappy_raw(view[pos : pos + n], total, limit)
         total += len(chunk)
         out.append(chunk)
         pos += n
@@ -202,6 +206,51 @@ def _lz4_header_checksum_position(data: bytes | memoryview) -> int:
     return 6 + (8 if flg & _LZ4_FLG_CONTENT_SIZE else 0) + (4 if flg & _LZ4_FLG_DICT_ID else 0)
 
 
+_LZ4_FLG_BLOCK_CHECKSUM: Final = 0x10
+_LZ4_FLG_CONTENT_CHECKSUM: Final = 0x04
+_LZ4_BLOCK_MAX: Final = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}  # BD bits 4-6
+_UINT32_LE: Final = struct.Struct("<I")
+_LZ4_UNCOMPRESSED_BIT: Final = 0x80000000
+
+
+def _lz4_bound(data: bytes | memoryview) -> int:
+    """Walk an LZ4 frame's block headers: an upper bound of its output, and a clear error if it is cut short.
+
+    | bytes   | field                                                            |
+    |---------|------------------------------------------------------------------|
+    | 4       | magic 0x184D2204                                                 |
+    | 1, 1    | FLG (content size 0x08, block checksum 0x10, content checksum 0x04), BD (block max size) |
+    | 0/8, 0/4 | content size, dictionary id                                     |
+    | 1       | header checksum                                                  |
+    | blocks  | uint32 LE size (high bit: stored uncompressed), data, [checksum 4] |
+    | 4       | end mark 0, then [content checksum 4]                            |
+    """
+    pos = _lz4_header_checksum_position(data) + 1
+    flg, bd = data[4], data[5]
+    block_max = _LZ4_BLOCK_MAX.get((bd >> 4) & 0x07)
+    if block_max is None:
+        raise DecompressionError("lz4 frame has an invalid block size descriptor", expected="4..7",
+                                 found=(bd >> 4) & 0x07)
+    extra = 4 if flg & _LZ4_FLG_BLOCK_CHECKSUM else 0
+    bound = 0
+    while True:
+        if pos + 4 > len(data):
+            raise DecompressionError("lz4 frame is truncated", expected="a block header or the end mark",
+                                     found=f"{len(data) - pos} bytes")
+        (word,) = _UINT32_LE.unpack_from(data, pos)
+        pos += 4
+        if word == 0:
+            break
+        size = word & ~_LZ4_UNCOMPRESSED_BIT
+        bound += size if word & _LZ4_UNCOMPRESSED_BIT else block_max
+        pos += size + extra
+    pos += 4 if flg & _LZ4_FLG_CONTENT_CHECKSUM else 0
+    if pos != len(data):
+        raise DecompressionError("lz4 frame length differs from the payload", expected=f"{pos} bytes",
+                                 found=f"{len(data)} bytes")
+    return bound
+
+
 def _lz4_checksum(descriptor: bytes) -> int:
     return (xxhash.xxh32_intdigest(descriptor) >> 8) & 0xFF
 
@@ -215,9 +264,11 @@ def _lz4_decompress(data: bytes | memoryview, limit: int, magic: int) -> bytes:
             fixed = bytearray(data)
             fixed[hc] = _lz4_checksum(bytes(fixed[4:hc]))
             data = bytes(fixed)
+    bound = _lz4_bound(data)
     d = lz4.frame.LZ4FrameDecompressor()
     try:
-        out = d.decompress(data, max_length=limit + 1)
+        # The binding allocates max_length up front: only pass the limit when the frame could exceed it.
+        out = d.decompress(data) if bound <= limit else d.decompress(data, max_length=limit + 1)
     except RuntimeError as e:
         raise DecompressionError(f"lz4: {e}") from e
     if len(out) > limit or (d.needs_input is False and not d.eof):
@@ -273,7 +324,101 @@ def _zstd_decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
+ZSTD_MAGIC: Final = 0xFD2FB528
+_ZSTD_SKIPPABLE_MASK: Final = 0xFFFFFFF0
+_ZSTD_SKIPPABLE_MAGIC: Final = 0x184D2A50
+_ZSTD_BLOCK_MAX: Final = 128 << 10
+_ZSTD_DID_SIZE: Final = (0, 1, 2, 4)
+_ZSTD_FCS_SIZE: Final = (0, 2, 4, 8)  # by Frame_Content_Size_flag; flag 0 with Single_Segment means 1 byte
+
+
+def _zstd_frames(data: bytes | memoryview) -> list[tuple[int, int, int]]:
+    """(start, end, output bound) of every frame (skippable frames left out): RFC 8878's frame walk.
+
+    | bytes      | field                                                              |
+    |------------|--------------------------------------------------------------------|
+    | 4          | magic 0xFD2FB528 (LE)                                              |
+    | 1          | Frame_Header_Descriptor: FCS flag bits 7-6, Single_Segment bit 5,  |
+    |            | reserved bit 3, Content_Checksum bit 2, Dictionary_ID flag bits 1-0 |
+    | 0/1        | Window_Descriptor (absent with Single_Segment)                     |
+    | 0/1/2/4    | Dictionary_ID                                                      |
+    | 0/1/2/4/8  | Frame_Content_Size (LE; the 2-byte form adds 256)                  |
+    | blocks     | 3-byte LE header: Last_Block bit 0, Block_Type bits 1-2 (raw, RLE, |
+    |            | compressed, reserved), Block_Size bits 3-23; then its content      |
+    | 0/4        | Content_Checksum                                                   |
+    """
+    view = memoryview(data)
+    frames = []
+    pos = 0
+    while pos < len(view):
+        start = pos
+        if pos + 4 > len(view):
+            raise DecompressionError(f"zstd frame magic is truncated (at compressed byte {pos})")
+        (magic,) = _UINT32_LE.unpack_from(view, pos)
+        if magic & _ZSTD_SKIPPABLE_MASK == _ZSTD_SKIPPABLE_MAGIC:
+            if pos + 8 > len(view):
+                raise DecompressionError(f"zstd skippable frame is truncated (at compressed byte {pos})")
+            pos += 8 + _UINT32_LE.unpack_from(view, pos + 4)[0]
+            if pos > len(view):
+                raise DecompressionError(f"zstd skippable frame is truncated (at compressed byte {start})")
+            continue
+        if magic != ZSTD_MAGIC:
+            raise DecompressionError(f"not a zstd frame (at compressed byte {pos})", expected=f"magic {ZSTD_MAGIC:#x}",
+                                     found=f"{magic:#x}")
+        if pos + 5 > len(view):
+            raise DecompressionError(f"zstd frame header is truncated (at compressed byte {pos})")
+        fhd = view[pos + 4]
+        if fhd & 0x08:
+            raise DecompressionError(f"zstd frame header has its reserved bit set (at compressed byte {pos})")
+        single_segment = bool(fhd & 0x20)
+        fcs_size = _ZSTD_FCS_SIZE[fhd >> 6] or (1 if single_segment else 0)
+        fcs_at = pos + 5 + (0 if single_segment else 1) + _ZSTD_DID_SIZE[fhd & 0x03]
+        pos = fcs_at + fcs_size
+        if pos > len(view):
+            raise DecompressionError(f"zstd frame header is truncated (at compressed byte {start})")
+        content_size = None
+        if fcs_size:
+            content_size = int.from_bytes(view[fcs_at:pos], "little") + (256 if fcs_size == 2 else 0)
+        bound = 0
+        while True:
+            if pos + 3 > len(view):
+                raise DecompressionError(f"zstd frame is truncated (at compressed byte {start})",
+                                         expected="a block header", found=f"{len(view) - pos} bytes")
+            header = int.from_bytes(view[pos : pos + 3], "little")
+            pos += 3
+            block_type, size = (header >> 1) & 0x03, header >> 3
+            if block_type == 3:
+                raise DecompressionError(f"zstd block of the reserved type (at compressed byte {start})")
+            pos += 1 if block_type == 1 else size
+            bound += _ZSTD_BLOCK_MAX if block_type == 2 else size
+            if header & 0x01:
+                break
+        pos += 4 if fhd & 0x04 else 0
+        if pos > len(view):
+            raise DecompressionError(f"zstd frame is truncated (at compressed byte {start})",
+                                     expected=f"{pos - start} bytes",
+                                     found=f"{len(view) - start} bytes")
+        frames.append((start, pos, bound if content_size is None else content_size))
+    return frames
+
+
 def _zstd_decompress(data: bytes | memoryview, limit: int) -> bytes:
+    """Frame by frame: one-shot when the walk bounds the output within the limit, else a bounded stream."""
+    if len(data) == 0:
+        raise DecompressionError("empty zstd payload", expected="a zstd frame", found="0 bytes")
+    view = memoryview(data)
+    frames = _zstd_frames(view)
+    if sum(bound for _, _, bound in frames) <= limit:
+        d = _zstd_decompressor()
+        try:
+            out = [d.decompress(view[start:end], max_output_size=bound) for start, end, bound in frames if bound]
+        except zstandard.ZstdError as e:
+            raise DecompressionError(f"zstd: {e}") from e
+        return out[0] if len(out) == 1 else b"".join(out)
+    return _zstd_stream(view, limit)
+
+
+def _zstd_stream(data: memoryview, limit: int) -> bytes:
     out: list[bytes] = []
     total = 0
     try:
@@ -289,8 +434,6 @@ def _zstd_decompress(data: bytes | memoryview, limit: int) -> bytes:
                 out.append(chunk)
     except zstandard.ZstdError as e:
         raise DecompressionError(f"zstd: {e}") from e
-    if not out and len(data) == 0:
-        raise DecompressionError("empty zstd payload", expected="a zstd frame", found="0 bytes")
     return out[0] if len(out) == 1 else b"".join(out)
 
 
@@ -320,7 +463,7 @@ def decompress_known_size(codec: Codec, data: bytes | memoryview, size: int, *, 
     one-shot decoder, which reads only the FIRST frame: fine for a proof, which compares the output
     with the original anyway, never for reading foreign data (use :func:`decompress`).
     """
-    if codec is Codec.ZSTD:
+    if codec is Codec.ZSTD and size > 0:  # max_output_size=0 would mean "unknown" to the binding
         try:
             out: bytes = _zstd_decompressor().decompress(data, max_output_size=size)
         except zstandard.ZstdError as e:

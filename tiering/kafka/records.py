@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from tiering.errors import CorruptBatchError
+from tiering.errors import CorruptBatchError, TieringError
 from tiering.kafka import _walker
 from tiering.kafka.batch import (
     LEGACY_ENTRY_PREFIX,
@@ -209,36 +209,41 @@ def decode_legacy(header: BatchHeader, entry: bytes | memoryview, *,
         return [Record(header.offset, header.max_timestamp, message.key, message.value)]
     if inner is None:
         _, inner = wrapper_inner(header, entry, limit=limit)
+    try:
+        return _inner_records(header, inner)
+    except TieringError as e:
+        raise e.inside("inner message set", position=header.position, base_offset=header.offset) from None
+
+
+def _inner_records(header: BatchHeader, inner: bytes) -> list[Record]:
+    """Records of a wrapper's inner message set; errors name the inner byte (the caller adds the wrapper)."""
     entries = list(iter_message_set(inner))
     if not entries:
-        raise CorruptBatchError("compressed wrapper holds no message", position=header.position,
-                                base_offset=header.offset, expected=">= 1 inner message", found=0)
+        raise CorruptBatchError("compressed wrapper holds no message", expected=">= 1 inner message", found=0)
     last_inner = entries[-1][0].offset
     out: list[Record] = []
     prev = None
     for ih, ientry in entries:
-        where = f"inner message at wrapper byte {ih.position}"
+        at = ih.position
         if ih.magic != header.magic:
-            raise CorruptBatchError(f"{where}: magic differs from the wrapper's", position=header.position,
-                                    base_offset=header.offset, expected=header.magic, found=ih.magic)
+            raise CorruptBatchError("inner magic differs from the wrapper's", position=at, expected=header.magic,
+                                    found=ih.magic)
         if ih.codec is not Codec.NONE:
-            raise CorruptBatchError(f"{where}: nested compression", position=header.position,
-                                    base_offset=header.offset, expected="none", found=ih.codec.label)
+            raise CorruptBatchError("nested compression", position=at, expected="none", found=ih.codec.label)
         computed = crc_legacy(ientry)
         if computed != ih.crc:
-            raise CorruptBatchError(f"{where}: CRC mismatch", position=header.position, base_offset=header.offset,
-                                    expected=ih.crc, found=computed)
+            raise CorruptBatchError("CRC mismatch", position=at, expected=f"stored crc {ih.crc}",
+                                    found=f"computed {computed}")
         offset = ih.offset if header.magic == 0 else header.offset - last_inner + ih.offset
         if prev is not None and offset <= prev:
-            raise CorruptBatchError(f"{where}: offsets not increasing", position=header.position,
-                                    base_offset=header.offset, expected=f"> {prev}", found=offset)
+            raise CorruptBatchError("offsets not increasing", position=at, expected=f"> {prev}", found=offset)
         prev = offset
         msg = parse_legacy_message(ientry, ih)
         ts = header.max_timestamp if header.timestamp_type is TimestampType.LOG_APPEND_TIME else ih.max_timestamp
         out.append(Record(offset, ts, msg.key, msg.value))
     if out[-1].offset != header.offset:
-        raise CorruptBatchError("wrapper offset is not its last inner message's offset", position=header.position,
-                                base_offset=header.offset, expected=header.offset, found=out[-1].offset)
+        raise CorruptBatchError("wrapper offset is not its last inner message's offset", expected=header.offset,
+                                found=out[-1].offset)
     return out
 
 

@@ -41,6 +41,7 @@ _Q: Final = struct.Struct(">q")
 _I: Final = struct.Struct(">i")
 _BATCH_DIGEST: Final = struct.Struct(">qqbbqqhibbibqi")
 CONTROL_TYPES: Final = {0: "ABORT", 1: "COMMIT"}
+MAX_RELATIVE_OFFSET: Final = 0x7FFFFFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,11 @@ class OffsetOrder:
         if self.prev_last is not None and base_offset <= self.prev_last:
             raise CorruptBatchError("batch offsets do not increase", path=self.path, position=header.position,
                                     base_offset=base_offset, expected=f"> {self.prev_last}", found=base_offset)
+        if self.segment_base is not None and header.last_offset - self.segment_base > MAX_RELATIVE_OFFSET:
+            # Kafka's indexes hold int32 offsets relative to the segment's base (IndexOffsetOverflowException).
+            raise CorruptBatchError("batch offset too far above the segment's base offset", path=self.path,
+                                    position=header.position, base_offset=base_offset,
+                                    expected=f"<= {self.segment_base + MAX_RELATIVE_OFFSET}", found=header.last_offset)
         self.prev_last = header.last_offset
 
 
