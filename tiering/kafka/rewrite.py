@@ -2,18 +2,18 @@
 
 Per batch, in file order:
 
-1. read and check the header and CRC (reader.py), in the calling thread;
-2. on a worker thread: decompress and deep-validate the records (compiled walker); decide to copy the
-   batch as it is (control batch, already in the target codec, legacy zstd / legacy none, or a
-   recompression that would not shrink it) or to recompress it with the target codec and level;
-   proof: decompress the new bytes again and compare them with the original records byte for byte;
-3. back in the calling thread, in file order: check offsets move forward, write the batch and feed its
-   NEW position to the index builder.
+1. read and check the header and CRC (reader.py);
+2. decompress and deep-validate the records (compiled walker); decide to copy the batch as it is
+   (control batch, already in the target codec, legacy zstd / legacy none, or a recompression that
+   would not shrink it) or to recompress it with the target codec and level;
+3. proof: decompress the new bytes again and compare them with the original records byte for byte;
+4. check offsets move forward, write the batch and feed its NEW position to the index builder.
 
-The codec calls release the GIL, so with two workers the codec work of one batch overlaps the Python
-work (reading, header parsing, writing) of its neighbours. Batches travel in groups of about
-``GROUP_BYTES``, and at most ``2 * threads + 1`` groups are in flight, so memory stays bounded by a few
-megabytes plus the largest batch, never by the segment size.
+With ``threads > 0`` the proofs run on worker threads, a group of about ``GROUP_BYTES`` at a time,
+while the calling thread goes on with the next batches (the codec calls release the GIL). At most
+``2 * threads + 1`` groups are in flight, so memory stays bounded by a few megabytes plus the largest
+batch, never by the segment size. Measured on the 2-vCPU machine this was built on, the hand-offs
+between threads cost more than they save (see the benchmark), so the default is 0.
 
 Only codec bits, lengths, CRCs and the compressed bytes change; offsets, timestamps, producer fields,
 leader epochs and control markers come out as they went in.
@@ -21,7 +21,6 @@ leader epochs and control markers come out as they went in.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -45,7 +44,8 @@ from tiering.kafka.reader import DEFAULT_MAX_BATCH_BYTES, RawBatch, iter_batches
 from tiering.kafka.records import decode_legacy, validate_v2, wrapper_inner
 from tiering.kafka.segment import OffsetOrder, payload_of
 
-DEFAULT_THREADS: Final = min(2, os.cpu_count() or 1)
+DEFAULT_THREADS: Final = 0
+PROGRESS_BYTES: Final = 1 << 20  # report progress about once a MiB of input
 GROUP_BYTES: Final = 256 * 1024
 """Batches are handed to a worker in groups of about this many bytes: a hand-off costs tens of microseconds."""
 
@@ -61,7 +61,7 @@ class RewriteOptions:
     decompression_limit: int = DEFAULT_DECOMPRESSION_LIMIT
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
     threads: int = DEFAULT_THREADS
-    """Worker threads for the codec work; 0 does everything in the calling thread."""
+    """Worker threads for the proofs; 0 does everything in the calling thread."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "level", check_level(self.codec, self.level))
@@ -130,8 +130,18 @@ class RewriteResult:
 
 
 @dataclass(frozen=True, slots=True)
+class _Proof:
+    """A recompressed batch to decode again and compare with its original records."""
+
+    original: bytes | memoryview
+    codec: Codec
+    compressed: bytes
+    magic: int
+
+
+@dataclass(slots=True)  # not frozen: built once per batch, and a frozen __init__ costs microseconds
 class _Out:
-    """One batch, processed and proven, ready to be written in file order."""
+    """One processed batch, ready to be written in file order once its proof (if any) has passed."""
 
     header: BatchHeader
     parts: tuple[bytes | memoryview, ...]
@@ -140,35 +150,48 @@ class _Out:
     records: int
     uncompressed_bytes: int
     digest_in: bytes  # xxh3-128 of the original uncompressed records
-    digest_out: bytes  # xxh3-128 of what the written bytes decode to
+    digest_out: bytes  # xxh3-128 of what the written bytes decode to (set by the proof)
     kept: str | None  # why the batch was copied as it was, or None when it was recompressed
+    proof: _Proof | None = None  # still to run
 
 
-def _proven(original: bytes | memoryview, codec: Codec, compressed: bytes, magic: int,
-            options: RewriteOptions) -> tuple[bytes, bytes]:
-    """Decode ``compressed`` again and demand the original bytes (unless the proof is off).
-
-    Returns the xxh3-128 digests of the original records and of what the new bytes decode to.
-    """
-    digest_in = xxhash.xxh3_128_digest(original)
-    if not options.proof:
-        return digest_in, digest_in
+def _prove(out: _Out) -> None:
+    """Decode the new bytes again and demand the original records; records the digest of what they decode to."""
+    p = out.proof
+    if p is None:
+        return
+    h = out.header
+    expected = f"{len(p.original)} bytes, xxh3 {out.digest_in.hex()}"
     try:
-        decoded = decompress_known_size(codec, compressed, len(original), magic=magic)
+        decoded = decompress_known_size(p.codec, p.compressed, len(p.original), magic=p.magic)
     except DecompressionError as e:
-        raise ProofError(f"rewritten batch does not decode: {e.message}",
-                         expected=f"{len(original)} bytes, xxh3 {digest_in.hex()}", found=e.found) from None
+        raise ProofError(f"rewritten batch does not decode: {e.message}", position=h.position,
+                         base_offset=h.offset, expected=expected, found=e.found) from None
     digest_out = xxhash.xxh3_128_digest(decoded)
-    if decoded != original:
-        raise ProofError("rewritten batch does not decode to the original records",
-                         expected=f"{len(original)} bytes, xxh3 {digest_in.hex()}",
+    if decoded != p.original:
+        raise ProofError("rewritten batch does not decode to the original records", position=h.position,
+                         base_offset=h.offset, expected=expected,
                          found=f"{len(decoded)} bytes, xxh3 {digest_out.hex()}")
-    return digest_in, digest_out
+    out.digest_out = digest_out
+    out.proof = None
+
+
+def _prove_all(outs: list[_Out]) -> list[_Out]:
+    for out in outs:
+        _prove(out)
+    return outs
 
 
 def _keep(raw: RawBatch, reason: str, payload: bytes | memoryview, base_offset: int, records: int) -> _Out:
     digest = xxhash.xxh3_128_digest(payload)
     return _Out(raw.header, (raw.data,), raw.header.codec, base_offset, records, len(payload), digest, digest, reason)
+
+
+def _recompressed(raw: RawBatch, parts: tuple[bytes | memoryview, ...], o: RewriteOptions, base_offset: int,
+                  records: int, original: bytes | memoryview, new: bytes) -> _Out:
+    digest = xxhash.xxh3_128_digest(original)
+    proof = _Proof(original, o.codec, new, raw.header.magic) if o.proof else None
+    return _Out(raw.header, parts, o.codec, base_offset, records, len(original), digest, digest, None, proof)
 
 
 def _process_v2(raw: RawBatch, o: RewriteOptions) -> _Out:
@@ -182,8 +205,7 @@ def _process_v2(raw: RawBatch, o: RewriteOptions) -> _Out:
     new = compress(o.codec, payload, level=o.level) if o.codec is not Codec.NONE else bytes(payload)
     if o.codec is not Codec.NONE and len(new) >= len(raw.data) - V2_HEADER_SIZE:
         return _keep(raw, KEPT_WOULD_GROW, payload, h.offset, count)
-    digests = _proven(payload, o.codec, new, 2, o)
-    return _Out(h, build_v2(raw.data, o.codec, new), o.codec, h.offset, count, len(payload), *digests, None)
+    return _recompressed(raw, build_v2(raw.data, o.codec, new), o, h.offset, count, payload, new)
 
 
 def _process_legacy(raw: RawBatch, o: RewriteOptions) -> _Out:
@@ -207,9 +229,7 @@ def _process_legacy(raw: RawBatch, o: RewriteOptions) -> _Out:
     new = compress(o.codec, inner, level=o.level, magic=h.magic)
     if len(new) >= len(message.value):
         return _keep(raw, KEPT_WOULD_GROW, inner, base, len(records))
-    digests = _proven(inner, o.codec, new, h.magic, o)
-    return _Out(h, (build_legacy_wrapper(raw.data, h, o.codec, new),), o.codec, base, len(records), len(inner),
-                *digests, None)
+    return _recompressed(raw, (build_legacy_wrapper(raw.data, h, o.codec, new),), o, base, len(records), inner, new)
 
 
 def process_batch(raw: RawBatch, options: RewriteOptions) -> _Out:
@@ -221,36 +241,34 @@ def process_batch(raw: RawBatch, options: RewriteOptions) -> _Out:
         raise e.located(position=h.position, base_offset=h.offset) from None
 
 
-def process_batches(raws: list[RawBatch], options: RewriteOptions) -> list[_Out]:
-    """:func:`process_batch` over a group: one thread hand-off per group rather than per batch."""
-    return [process_batch(raw, options) for raw in raws]
-
-
-def _groups(batches: Iterator[RawBatch], group_bytes: int) -> Iterator[list[RawBatch] | TieringError]:
-    """Batches in groups of about ``group_bytes``; a reading error comes last, after the batches before it,
-    so that problems are still reported in file order."""
-    group: list[RawBatch] = []
+def _pipeline(batches: Iterator[RawBatch], options: RewriteOptions, pool: ThreadPoolExecutor,
+              emit: Callable[[_Out], None]) -> None:
+    """Process batches here and prove them, a group of about ``GROUP_BYTES`` at a time, on the pool."""
+    window: deque[Future[list[_Out]]] = deque()
+    group: list[_Out] = []
     size = 0
+
+    def drain(keep: int) -> None:
+        while len(window) > keep:
+            for out in window.popleft().result():
+                emit(out)
+
     try:
         for raw in batches:
-            group.append(raw)
+            group.append(process_batch(raw, options))
             size += raw.header.size
-            if size >= group_bytes:
-                yield group
+            if size >= GROUP_BYTES:
+                window.append(pool.submit(_prove_all, group))
                 group, size = [], 0
-    except TieringError as e:
-        if group:
-            yield group
-        yield e
-        return
-    if group:
-        yield group
-
-
-def _failed(error: TieringError) -> Future[list[_Out]]:
-    future: Future[list[_Out]] = Future()
-    future.set_exception(error)
-    return future
+                drain(2 * options.threads)
+    except TieringError:
+        # A later batch failed: the batches before it go first, so the first problem in file order wins.
+        drain(0)
+        for out in _prove_all(group):
+            emit(out)
+        raise
+    window.append(pool.submit(_prove_all, group))
+    drain(0)
 
 
 def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: RewriteOptions,
@@ -269,6 +287,8 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     digest_in = xxhash.xxh3_128()
     digest_out = xxhash.xxh3_128()
     position = 0
+    transitions: Counter[tuple[Codec, Codec]] = Counter()
+    reported = [0]
 
     def emit(out: _Out) -> None:
         nonlocal position
@@ -284,40 +304,32 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
         stats.bytes_in += h.size
         stats.records += out.records
         stats.uncompressed_bytes += out.uncompressed_bytes
-        stats.codecs_before[h.codec.label] += 1
-        stats.codecs_after[out.codec.label] += 1
+        transitions[h.codec, out.codec] += 1
         if out.kept is None:
             stats.batches_rewritten += 1
         else:
             stats.kept[out.kept] += 1
-        if progress is not None:
+        if progress is not None and stats.bytes_in >= reported[0] + PROGRESS_BYTES:
+            reported[0] = stats.bytes_in
             progress(stats.bytes_in)
 
     batches = iter_batches(src, path=path, size=size, max_batch_bytes=options.max_batch_bytes)
     try:
         if options.threads == 0:
             for raw in batches:
-                emit(process_batch(raw, options))
+                out = process_batch(raw, options)
+                _prove(out)
+                emit(out)
         else:
-            with ThreadPoolExecutor(max_workers=options.threads, thread_name_prefix="rewrite") as pool:
-                window: deque[Future[list[_Out]]] = deque()
-                try:
-                    for group in _groups(batches, GROUP_BYTES):
-                        if isinstance(group, TieringError):
-                            window.append(_failed(group))
-                            break
-                        window.append(pool.submit(process_batches, group, options))
-                        if len(window) > 2 * options.threads:
-                            for out in window.popleft().result():
-                                emit(out)
-                    while window:
-                        for out in window.popleft().result():
-                            emit(out)
-                finally:
-                    for pending in window:
-                        pending.cancel()
+            with ThreadPoolExecutor(max_workers=options.threads, thread_name_prefix="proof") as pool:
+                _pipeline(batches, options, pool, emit)
     except TieringError as e:
         raise e.located(path=path) from None
+    for (before, after), n in transitions.items():
+        stats.codecs_before[before.label] += n
+        stats.codecs_after[after.label] += n
+    if progress is not None:
+        progress(stats.bytes_in)
     stats.bytes_out = position
     stats.payload_xxh3_in = digest_in.hexdigest()
     stats.payload_xxh3_out = digest_out.hexdigest()
