@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         best = [float("inf")] * len(configs)
         produced = [0] * len(configs)
         for round_no in range(args.repeat):
-            for i, (name, fn) in enumerate(configs):
+            for i, (_, fn) in enumerate(configs):
                 seconds, produced[i] = best_of(1, fn)
                 best[i] = min(best[i], seconds)
             print(f"  round {round_no + 1}/{args.repeat} done", file=sys.stderr)
