@@ -77,22 +77,36 @@ def best_of(repeat: int, fn: Callable[[], int]) -> tuple[float, int]:
     return best, produced
 
 
+def _vm_hwm_kib(pid: int) -> int | None:
+    """The process's resident high-water mark (VmHWM): per address space, so exec starts it afresh
+    (unlike ru_maxrss, which keeps the forking parent's size)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def cli_run(segment: Path, out: Path) -> dict[str, Any]:
+    """The whole ``tiering segment rewrite`` process: wall seconds and its peak RSS (VmHWM, polled)."""
     cmd = [sys.executable, "-m", "tiering", "segment", "rewrite", str(segment), "--out", str(out),
            "--codec", "zstd", "--level", "3", "--json"]
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    stdout = proc.stdout.read()
-    stderr = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"rewrite failed ({proc.returncode}): {stderr.decode()}")
-    stats = json.loads(stdout)
-    return {"seconds": seconds, "peak_rss_mib": usage.ru_maxrss / 1024,
+    peak_kib = 0
+    with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr)
+        while proc.poll() is None:
+            peak_kib = max(peak_kib, _vm_hwm_kib(proc.pid) or 0)
+            time.sleep(0.02)
+        seconds = time.perf_counter() - started
+        stdout.seek(0)
+        stderr.seek(0)
+        if proc.returncode != 0:
+            raise RuntimeError(f"rewrite failed ({proc.returncode}): {stderr.read().decode()}")
+        stats = json.loads(stdout.read())
+    return {"seconds": seconds, "peak_rss_mib": peak_kib / 1024,
             "uncompressed_bytes": stats["uncompressed_bytes"], "bytes_in": stats["bytes_in"],
             "bytes_out": stats["bytes_out"]}
 
