@@ -134,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             ("rewrite, deep validation, no proof",
              lambda: rewrite_loop(data, RewriteOptions(Codec.ZSTD, 3, proof=False))),
             ("rewrite, default (deep validation + proof)",
-             lambda: rewrite_loop(data, RewriteOptions(Codec.ZSTD, 3, threads=0))),
-            ("rewrite, default, proofs on 1 worker thread",
-             lambda: rewrite_loop(data, RewriteOptions(Codec.ZSTD, 3, threads=1))),
+             lambda: rewrite_loop(data, RewriteOptions(Codec.ZSTD, 3))),
         ]
         # Interleaved rounds, best of each: this machine's speed drifts (shared vCPUs), so every configuration
         # sees the same conditions as the bare loop it is compared with.

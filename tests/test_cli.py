@@ -776,13 +776,3 @@ def test_module_rewrite_and_dump_subprocess(tmp_path: Path) -> None:
                 cwd=tmp_path)
     assert proc.returncode == 2
     _assert_one_error_line(proc.stderr, "level")
-
-
-@pytest.mark.parametrize("seg", [by_topic("mixed"), by_topic("legacy-v1")], ids=segment_id)
-def test_rewrite_output_does_not_depend_on_threads(seg: dict[str, Any], tmp_path: Path) -> None:
-    docs = {}
-    for threads in ("0", "1", "3"):
-        doc = _rewrite_json(log_path(seg), tmp_path / threads, "--codec", "gzip", "--threads", threads)
-        docs[threads] = {k: v for k, v in doc.items() if k not in ("seconds", "outputs")}
-        docs[threads]["files"] = {kind: Path(p).read_bytes() for kind, p in doc["outputs"].items()}
-    assert docs["0"] == docs["1"] == docs["3"]

@@ -25,7 +25,7 @@ from tiering.errors import ConfigError, InvalidDataError, TieringError
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES
 from tiering.kafka.records import Record
-from tiering.kafka.rewrite import DEFAULT_THREADS, RewriteOptions
+from tiering.kafka.rewrite import RewriteOptions
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import open_segment, reindex_file, rewrite_file, verify_file
 
@@ -205,8 +205,7 @@ def _cmd_rewrite(args: argparse.Namespace) -> int:
     options = RewriteOptions(
         codec=Codec.parse(args.codec), level=args.level, force=args.force,
         deep_validation=not args.no_deep_validation, proof=not args.no_proof,
-        index_interval_bytes=args.index_interval_bytes, decompression_limit=args.decompression_limit,
-        threads=args.threads)
+        index_interval_bytes=args.index_interval_bytes, decompression_limit=args.decompression_limit)
     size = args.path.stat().st_size if args.path.exists() else 0
     with _progress(f"rewrite {args.path.name}", size, not args.json) as progress:
         result, written = rewrite_file(args.path, args.out, options, base_offset=args.base_offset,
@@ -329,9 +328,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the per-record walk (CRC and decompression are still checked)")
     p.add_argument("--no-proof", action="store_true",
                    help="skip decoding each rewritten batch again and comparing it with the original")
-    p.add_argument("--threads", type=_nonneg_int, default=DEFAULT_THREADS,
-                   help="worker threads that run the proofs while the next batches are recompressed (default "
-                        "%(default)s: everything in one thread, faster on the 2-core machine it was measured on)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_rewrite)
 

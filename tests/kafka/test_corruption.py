@@ -140,17 +140,12 @@ def _flip(data: bytes, position: int, mask: int = 0xFF) -> bytes:
 
 
 _REWRITE_CODECS = [Codec.ZSTD, Codec.GZIP, Codec.NONE, Codec.LZ4, Codec.SNAPPY]
-# Thousands of rewrites of a 2 KB segment: when the rewriter can run in the calling thread, do that (starting
-# its worker threads costs more than the work here), and keep its default threading for every 16th variant.
-_SINGLE_THREAD = {"threads": 0} if "threads" in {f.name for f in dataclasses.fields(RewriteOptions)} else {}
 
 
 def _rewrite(data: bytes, variant: int = 0, **options: object) -> bytes:
     """Rewrite ``data`` (forced) to one of the codecs, chosen by ``variant``; returns the new segment."""
     out = io.BytesIO()
     codec = _REWRITE_CODECS[variant % len(_REWRITE_CODECS)]
-    if variant % 16:
-        options = _SINGLE_THREAD | options
     rewrite_segment(io.BytesIO(data), out, base_offset=SEGMENT_BASE,
                     options=RewriteOptions(codec=codec, force=True, **options))  # type: ignore[arg-type]
     return out.getvalue()

@@ -491,3 +491,4 @@ def compress(codec: Codec, data: bytes | memoryview, *, level: int | None = None
         assert lvl is not None
         return _zstd_compressor(lvl).compress(data)
     raise ConfigError("unknown codec", expected="0..4", found=int(codec))
+

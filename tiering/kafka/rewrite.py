@@ -1,19 +1,17 @@
 """The segment rewriter: recompress every batch, keep every offset and header field, prove it, re-index.
 
-Per batch, in file order:
+Per batch, in file order, one batch in memory at a time (memory never grows with the segment's size):
 
 1. read and check the header and CRC (reader.py);
 2. decompress and deep-validate the records (compiled walker); decide to copy the batch as it is
-   (control batch, already in the target codec, legacy zstd / legacy none, or a recompression that
-   would not shrink it) or to recompress it with the target codec and level;
-3. proof: decompress the new bytes again and compare them with the original records byte for byte;
-4. check offsets move forward, write the batch and feed its NEW position to the index builder.
+   (control batch, already in the target codec, legacy zstd / legacy none) or to recompress it;
+3. recompress; a batch that would not shrink is kept as it was (except with codec none);
+4. proof: decompress the new bytes again and compare them with the original records byte for byte;
+5. check offsets move forward, write the batch and feed its NEW position to the index builder.
 
-With ``threads > 0`` the proofs run on worker threads, a group of about ``GROUP_BYTES`` at a time,
-while the calling thread goes on with the next batches (the codec calls release the GIL). At most
-``2 * threads + 1`` groups are in flight, so memory stays bounded by a few megabytes plus the largest
-batch, never by the segment size. Measured on the 2-vCPU machine this was built on, the hand-offs
-between threads cost more than they save (see the benchmark), so the default is 0.
+Everything runs in the calling thread. Overlapping the proof on worker threads (Python threads, and
+the zstd library's own multi-threaded batch calls) was measured slower on the 2-vCPU machine this was
+built on: the hand-offs cost more than the work they moved (see README, "Benchmark").
 
 Only codec bits, lengths, CRCs and the compressed bytes change; offsets, timestamps, producer fields,
 leader epochs and control markers come out as they went in.
@@ -22,9 +20,8 @@ leader epochs and control markers come out as they went in.
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Final
 
@@ -44,10 +41,7 @@ from tiering.kafka.reader import DEFAULT_MAX_BATCH_BYTES, RawBatch, iter_batches
 from tiering.kafka.records import decode_legacy, validate_v2, wrapper_inner
 from tiering.kafka.segment import OffsetOrder, payload_of
 
-DEFAULT_THREADS: Final = 0
 PROGRESS_BYTES: Final = 1 << 20  # report progress about once a MiB of input
-GROUP_BYTES: Final = 256 * 1024
-"""Batches are handed to a worker in groups of about this many bytes: a hand-off costs tens of microseconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,16 +54,12 @@ class RewriteOptions:
     index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
     decompression_limit: int = DEFAULT_DECOMPRESSION_LIMIT
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
-    threads: int = DEFAULT_THREADS
-    """Worker threads for the proofs; 0 does everything in the calling thread."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "level", check_level(self.codec, self.level))
         if self.index_interval_bytes < 0:
             raise ConfigError("index interval must not be negative", expected=">= 0",
                               found=self.index_interval_bytes)
-        if self.threads < 0:
-            raise ConfigError("threads must not be negative", expected=">= 0", found=self.threads)
 
 
 # Why a batch was copied rather than recompressed (keys of RewriteStats.kept).
@@ -129,19 +119,9 @@ class RewriteResult:
     indexes: Indexes
 
 
-@dataclass(frozen=True, slots=True)
-class _Proof:
-    """A recompressed batch to decode again and compare with its original records."""
-
-    original: bytes | memoryview
-    codec: Codec
-    compressed: bytes
-    magic: int
-
-
 @dataclass(slots=True)  # not frozen: built once per batch, and a frozen __init__ costs microseconds
 class _Out:
-    """One processed batch, ready to be written in file order once its proof (if any) has passed."""
+    """One processed batch, ready to be written in file order."""
 
     header: BatchHeader
     parts: tuple[bytes | memoryview, ...]
@@ -150,36 +130,19 @@ class _Out:
     records: int
     uncompressed_bytes: int
     digest_in: bytes  # xxh3-128 of the original uncompressed records
-    digest_out: bytes  # xxh3-128 of what the written bytes decode to (set by the proof)
+    digest_out: bytes  # xxh3-128 of what the written bytes decode to
     kept: str | None  # why the batch was copied as it was, or None when it was recompressed
-    proof: _Proof | None = None  # still to run
 
 
-def _prove(out: _Out) -> None:
-    """Decode the new bytes again and demand the original records; records the digest of what they decode to."""
-    p = out.proof
-    if p is None:
-        return
-    h = out.header
-    expected = f"{len(p.original)} bytes, xxh3 {out.digest_in.hex()}"
-    try:
-        decoded = decompress_known_size(p.codec, p.compressed, len(p.original), magic=p.magic)
-    except DecompressionError as e:
-        raise ProofError(f"rewritten batch does not decode: {e.message}", position=h.position,
-                         base_offset=h.offset, expected=expected, found=e.found) from None
-    digest_out = xxhash.xxh3_128_digest(decoded)
-    if decoded != p.original:
-        raise ProofError("rewritten batch does not decode to the original records", position=h.position,
-                         base_offset=h.offset, expected=expected,
-                         found=f"{len(decoded)} bytes, xxh3 {digest_out.hex()}")
-    out.digest_out = digest_out
-    out.proof = None
+@dataclass(frozen=True, slots=True)
+class _ToRecompress:
+    """A valid batch whose records are to be recompressed."""
 
-
-def _prove_all(outs: list[_Out]) -> list[_Out]:
-    for out in outs:
-        _prove(out)
-    return outs
+    raw: RawBatch
+    base_offset: int
+    records: int
+    original: bytes | memoryview  # the uncompressed records section (legacy: the inner message set)
+    old_size: int  # bytes the new compressed section must stay under, or the batch is kept
 
 
 def _keep(raw: RawBatch, reason: str, payload: bytes | memoryview, base_offset: int, records: int) -> _Out:
@@ -187,14 +150,7 @@ def _keep(raw: RawBatch, reason: str, payload: bytes | memoryview, base_offset: 
     return _Out(raw.header, (raw.data,), raw.header.codec, base_offset, records, len(payload), digest, digest, reason)
 
 
-def _recompressed(raw: RawBatch, parts: tuple[bytes | memoryview, ...], o: RewriteOptions, base_offset: int,
-                  records: int, original: bytes | memoryview, new: bytes) -> _Out:
-    digest = xxhash.xxh3_128_digest(original)
-    proof = _Proof(original, o.codec, new, raw.header.magic) if o.proof else None
-    return _Out(raw.header, parts, o.codec, base_offset, records, len(original), digest, digest, None, proof)
-
-
-def _process_v2(raw: RawBatch, o: RewriteOptions) -> _Out:
+def _prepare_v2(raw: RawBatch, o: RewriteOptions) -> _Out | _ToRecompress:
     h = raw.header
     payload = payload_of(raw, o.decompression_limit)
     count = validate_v2(h, payload) if o.deep_validation else h.records_count or 0
@@ -202,13 +158,10 @@ def _process_v2(raw: RawBatch, o: RewriteOptions) -> _Out:
         return _keep(raw, KEPT_CONTROL, payload, h.offset, count)
     if h.codec is o.codec and not o.force:
         return _keep(raw, KEPT_SAME_CODEC, payload, h.offset, count)
-    new = compress(o.codec, payload, level=o.level) if o.codec is not Codec.NONE else bytes(payload)
-    if o.codec is not Codec.NONE and len(new) >= len(raw.data) - V2_HEADER_SIZE:
-        return _keep(raw, KEPT_WOULD_GROW, payload, h.offset, count)
-    return _recompressed(raw, build_v2(raw.data, o.codec, new), o, h.offset, count, payload, new)
+    return _ToRecompress(raw, h.offset, count, payload, len(raw.data) - V2_HEADER_SIZE)
 
 
-def _process_legacy(raw: RawBatch, o: RewriteOptions) -> _Out:
+def _prepare_legacy(raw: RawBatch, o: RewriteOptions) -> _Out | _ToRecompress:
     h = raw.header
     if h.codec is Codec.NONE:
         decode_legacy(h, raw.data)  # validates the message's fields
@@ -226,49 +179,40 @@ def _process_legacy(raw: RawBatch, o: RewriteOptions) -> _Out:
         reason = KEPT_SAME_CODEC
     if reason is not None:
         return _keep(raw, reason, inner, base, len(records))
-    new = compress(o.codec, inner, level=o.level, magic=h.magic)
-    if len(new) >= len(message.value):
-        return _keep(raw, KEPT_WOULD_GROW, inner, base, len(records))
-    return _recompressed(raw, (build_legacy_wrapper(raw.data, h, o.codec, new),), o, base, len(records), inner, new)
+    return _ToRecompress(raw, base, len(records), inner, len(message.value))
+
+
+def _recompress(item: _ToRecompress, o: RewriteOptions) -> _Out:
+    """Recompress a batch (or keep it when that would not shrink it), then prove the new bytes."""
+    raw, original = item.raw, item.original
+    h = raw.header
+    new = compress(o.codec, original, level=o.level, magic=h.magic)
+    if o.codec is not Codec.NONE and len(new) >= item.old_size:
+        return _keep(raw, KEPT_WOULD_GROW, original, item.base_offset, item.records)
+    digest_in = digest_out = xxhash.xxh3_128_digest(original)
+    if o.proof:
+        expected = f"{len(original)} bytes, xxh3 {digest_in.hex()}"
+        try:
+            back = decompress_known_size(o.codec, new, len(original), magic=h.magic)
+        except DecompressionError as e:
+            raise ProofError(f"rewritten batch does not decode: {e.message}", expected=expected,
+                             found=e.found) from None
+        digest_out = xxhash.xxh3_128_digest(back)
+        if back != original:
+            raise ProofError("rewritten batch does not decode to the original records", expected=expected,
+                             found=f"{len(back)} bytes, xxh3 {digest_out.hex()}")
+    parts = build_v2(raw.data, o.codec, new) if h.magic >= 2 else (build_legacy_wrapper(raw.data, h, o.codec, new),)
+    return _Out(h, parts, o.codec, item.base_offset, item.records, len(original), digest_in, digest_out, None)
 
 
 def process_batch(raw: RawBatch, options: RewriteOptions) -> _Out:
-    """Everything one batch needs that does not depend on its neighbours (safe to run on any thread)."""
+    """Validate one batch, then keep it or recompress and prove it."""
     h = raw.header
     try:
-        return _process_v2(raw, options) if h.magic >= 2 else _process_legacy(raw, options)
+        item = _prepare_v2(raw, options) if h.magic >= 2 else _prepare_legacy(raw, options)
+        return item if isinstance(item, _Out) else _recompress(item, options)
     except TieringError as e:
         raise e.located(position=h.position, base_offset=h.offset) from None
-
-
-def _pipeline(batches: Iterator[RawBatch], options: RewriteOptions, pool: ThreadPoolExecutor,
-              emit: Callable[[_Out], None]) -> None:
-    """Process batches here and prove them, a group of about ``GROUP_BYTES`` at a time, on the pool."""
-    window: deque[Future[list[_Out]]] = deque()
-    group: list[_Out] = []
-    size = 0
-
-    def drain(keep: int) -> None:
-        while len(window) > keep:
-            for out in window.popleft().result():
-                emit(out)
-
-    try:
-        for raw in batches:
-            group.append(process_batch(raw, options))
-            size += raw.header.size
-            if size >= GROUP_BYTES:
-                window.append(pool.submit(_prove_all, group))
-                group, size = [], 0
-                drain(2 * options.threads)
-    except TieringError:
-        # A later batch failed: the batches before it go first, so the first problem in file order wins.
-        drain(0)
-        for out in _prove_all(group):
-            emit(out)
-        raise
-    window.append(pool.submit(_prove_all, group))
-    drain(0)
 
 
 def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: RewriteOptions,
@@ -313,16 +257,9 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
             reported[0] = stats.bytes_in
             progress(stats.bytes_in)
 
-    batches = iter_batches(src, path=path, size=size, max_batch_bytes=options.max_batch_bytes)
     try:
-        if options.threads == 0:
-            for raw in batches:
-                out = process_batch(raw, options)
-                _prove(out)
-                emit(out)
-        else:
-            with ThreadPoolExecutor(max_workers=options.threads, thread_name_prefix="proof") as pool:
-                _pipeline(batches, options, pool, emit)
+        for raw in iter_batches(src, path=path, size=size, max_batch_bytes=options.max_batch_bytes):
+            emit(process_batch(raw, options))
     except TieringError as e:
         raise e.located(path=path) from None
     for (before, after), n in transitions.items():
