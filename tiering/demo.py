@@ -120,6 +120,7 @@ def run_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | None = No
             "codecs_before": dict(stats.codecs_before),
             "codecs_after": dict(stats.codecs_after),
             "batches_kept": dict(stats.kept),
+            "batches_rewritten": stats.batches_rewritten,
             "records": stats.records,
             "seconds": round(stats.seconds, 3),
             "records_sha256": check.records_sha256,
@@ -170,7 +171,10 @@ def render_table(report: dict[str, Any]) -> Table:
         if r["status"] == "rewritten":
             codecs = f"{'/'.join(r['codecs_before'])} → {'/'.join(r['codecs_after'])}"
             kept = sum(r["batches_kept"].values())
-            status = "rewritten, digests equal" + (f" ({kept} batches kept)" if kept else "")
+            if r["batches_rewritten"] == 0:
+                status = "unchanged, every batch kept: " + "; ".join(r["batches_kept"])
+            else:
+                status = "rewritten, digests equal" + (f" ({kept} batches kept)" if kept else "")
             t.add_row(r["partition"], r["segment"], codecs, f"{r['bytes_before'] / MIB:,.2f} MiB",
                       f"{r['bytes_after'] / MIB:,.2f} MiB", f"{1 - r['bytes_after'] / r['bytes_before']:.1%}", status)
         else:
