@@ -210,7 +210,12 @@ def test_dump_corrupt_copy_exits_1(tmp_path: Path) -> None:
     code, out, err = _cli("segment", "dump", "--json", path)
     assert code == 1
     _assert_one_error_line(err, str(path), f"byte {position}", f"batch base offset {base}")
-    assert [d["position"] for d in _json_lines(out)] == [b["position"] for b in _jsonl(seg) if b["position"] < position]
+    lines = _json_lines(out)
+    assert [d["position"] for d in lines[:-1]] == [b["position"] for b in _jsonl(seg) if b["position"] < position]
+    # The error closes the JSON Lines stream, for machines.
+    assert lines[-1]["type"] == "error"
+    assert lines[-1]["exit_code"] == 1
+    assert (lines[-1]["error"]["position"], lines[-1]["error"]["base_offset"]) == (position, base)
 
 
 def test_dump_decompression_limit_is_enforced() -> None:
@@ -776,3 +781,16 @@ def test_module_rewrite_and_dump_subprocess(tmp_path: Path) -> None:
                 cwd=tmp_path)
     assert proc.returncode == 2
     _assert_one_error_line(proc.stderr, "level")
+
+
+def test_file_system_errors_exit_2_with_one_line(tmp_path: Path) -> None:
+    """The machine's side (a directory where a file was expected) is a clear line and exit 2, not a traceback."""
+    seg = by_topic("edge")
+    path = _copy_segment(seg, tmp_path)
+    index = path.with_suffix(".index")
+    index.mkdir()
+    code, out, err = _cli("segment", "verify", "--indexes", "--json", path)
+    assert code == 2
+    assert err.count("\n") == 1
+    assert str(index) in err
+    assert json.loads(out.splitlines()[-1])["error"]["error"] == "IsADirectoryError"

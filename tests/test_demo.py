@@ -166,6 +166,7 @@ def test_summary_json_equals_returned_document(demo: tuple[Path, dict[str, Any]]
 def test_cli_demo_json(tmp_path: Path) -> None:
     out_dir = tmp_path / "demo-cli"
     out_dir.mkdir()
+    (out_dir / ".tiering-demo").write_text("an earlier demo run made this directory")
     (out_dir / "leftover-from-an-earlier-run").write_text("replaced on each run")
     stdout, stderr = io.StringIO(), io.StringIO()
     code = main(["demo", "--out", str(out_dir), "--scale", str(SCALE), "--json"], stdout=stdout, stderr=stderr)
@@ -175,3 +176,23 @@ def test_cli_demo_json(tmp_path: Path) -> None:
     assert doc["totals"]["failed"] == 1
     assert doc["expected_failures_only"] is True
     assert not (out_dir / "leftover-from-an-earlier-run").exists()
+
+
+def test_demo_refuses_to_replace_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    precious = tmp_path / "home"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = main(["demo", "--out", str(precious), "--scale", str(SCALE)], stdout=stdout, stderr=stderr)
+    assert code == 2
+    assert "refusing to replace a directory the demo did not create" in stderr.getvalue()
+    assert (precious / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in precious.iterdir()) == ["thesis.tex"]
+
+
+@pytest.mark.parametrize("scale", ["nan", "inf", "0", "-1"])
+def test_demo_scale_must_be_a_positive_finite_number(tmp_path: Path, scale: str) -> None:
+    stderr = io.StringIO()
+    code = main(["demo", "--out", str(tmp_path / "d"), "--scale", scale], stdout=io.StringIO(), stderr=stderr)
+    assert code == 2
+    assert "demo scale out of range" in stderr.getvalue()

@@ -299,6 +299,8 @@ def test_rewrite_file_indexes_equal_a_rebuild_of_the_output(tmp_path: Path) -> N
     seg = by_topic("mixed")
     result, written = rewrite_file(log_path(seg), tmp_path, RewriteOptions(codec=Codec.GZIP, index_interval_bytes=0))
     assert written.log is not None
-    summary = verify_file(written.log)
+    summary = verify_file(written.log, indexes=True, index_interval_bytes=0)
     assert result.indexes == build_indexes(seg["base_offset"], summary.batches, 0)
+    assert summary.index_equals_rebuild == {"index": True, "timeindex": True}
+    assert verify_file(written.log).batches == []  # without index checks nothing is kept per batch
     assert written.log.name == "00000000000001000000.log"

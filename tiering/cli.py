@@ -358,6 +358,14 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     err = stderr if stderr is not None else sys.stderr
     out = stdout if stdout is not None else sys.stdout
     parser = build_parser()
+    args: argparse.Namespace | None = None
+
+    def fail(code: int, line: str, doc: dict[str, object]) -> int:
+        print(f"tiering: {line}", file=err)
+        if args is not None and getattr(args, "json", False):  # machines get the error as JSON too
+            print(json.dumps({"type": "error", "exit_code": code, "error": doc}), file=out)
+        return code
+
     try:
         try:
             with redirect_stdout(out):  # --help and --version print to stdout and exit
@@ -372,16 +380,17 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         code: int = func(args)
         return code
     except InvalidDataError as e:
-        print(f"tiering: invalid: {e}", file=err)
-        return EXIT_INVALID
+        return fail(EXIT_INVALID, f"invalid: {e}", e.to_dict())
     except ConfigError as e:
-        print(f"tiering: {e}", file=err)
-        return EXIT_USAGE
+        return fail(EXIT_USAGE, str(e), e.to_dict())
     except TieringError as e:
-        print(f"tiering: {e}", file=err)
-        return EXIT_INVALID
+        return fail(EXIT_INVALID, str(e), e.to_dict())
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as e:  # the machine's side: permissions, a full disk, a directory where a file was expected
+        where = f"{e.filename}: " if e.filename else ""
+        return fail(EXIT_USAGE, f"{where}{e.strerror or e}",
+                    {"error": type(e).__name__, "message": e.strerror or str(e), "path": e.filename})
     except KeyboardInterrupt:
         print("tiering: interrupted", file=err)
         return 130

@@ -14,6 +14,7 @@ a rebuild. One segment is corrupted on purpose: it must fail with a clear error 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any, Final
 
 from rich.table import Table
 
-from tiering.errors import TieringError
+from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import LOG_SUFFIX, segment_name
 from tiering.kafka.rewrite import RewriteOptions
@@ -30,6 +31,8 @@ from tiering.local import reindex_file, rewrite_file, verify_file
 from tiering.sample import write_segment
 
 MIB: Final = 1024 * 1024
+MARKER: Final = ".tiering-demo"
+MAX_SCALE: Final = 100.0
 # The S3 Standard price used for the headline only (us-east-1, first 50 TB tier, USD per GiB-month).
 HEADLINE_PRICE_PER_GIB_MONTH: Final = 0.023
 
@@ -84,13 +87,27 @@ def _generate(root: Path, scale: float, log: Callable[[str], None]) -> list[tupl
     return segments
 
 
+def _clear_workdir(workdir: Path) -> None:
+    """Empty the demo's working directory, but only one this demo made (it holds our marker file)."""
+    marker = workdir / MARKER
+    if workdir.exists():
+        if not workdir.is_dir() or (any(workdir.iterdir()) and not marker.exists()):
+            raise ConfigError("refusing to replace a directory the demo did not create; choose an empty or new --out",
+                              path=str(workdir), expected=f"no such directory, an empty one, or one with {MARKER}",
+                              found="other files")
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    marker.write_text("created by `tiering demo`; the next run replaces this directory\n")
+
+
 def run_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | None = None, scale: float = 1.0,
              log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the whole demo in ``workdir``; returns the summary document (also written to summary.json)."""
     say = log or (lambda _line: None)
     options = RewriteOptions(codec=codec, level=level)
-    if workdir.exists():
-        shutil.rmtree(workdir)
+    if not (math.isfinite(scale) and 0 < scale <= MAX_SCALE):
+        raise ConfigError("demo scale out of range", expected=f"a number in (0, {MAX_SCALE}]", found=scale)
+    _clear_workdir(workdir)
     logdir, outdir = workdir / "logdir", workdir / "rewritten"
     segments = _generate(logdir, scale, say)
     corrupt_part, corrupt_index = CORRUPT_SEGMENT

@@ -76,7 +76,8 @@ def verify_file(path: Path, *, indexes: bool = False, base_offset: int | None = 
     """
     base = base_offset_of(path, base_offset)
     with open_segment(path) as f:
-        summary = verify_segment(f, path=str(path), segment_base=base, limit=decompression_limit)
+        summary = verify_segment(f, path=str(path), segment_base=base, limit=decompression_limit,
+                                 keep_batches=indexes)
     if indexes:
         check_indexes(summary, base, _read_optional(path.with_suffix(INDEX_SUFFIX)),
                       _read_optional(path.with_suffix(TIME_INDEX_SUFFIX)), index_interval_bytes)
@@ -135,10 +136,20 @@ def _publish(out_dir: Path, base: int, log_tmp: Path | None, indexes: Indexes) -
             log_tmp.replace(log)
         temps[0].replace(index)
         temps[1].replace(time_index)
+        _fsync_dir(out_dir)
     finally:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
     return Written(log, index, time_index)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the renames durable (a directory's entries are flushed with the directory)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _prepare_out_dir(out_dir: Path) -> None:

@@ -588,3 +588,30 @@ def test_codec_parse() -> None:
     assert [Codec.parse(c.label) for c in Codec] == list(Codec)
     with pytest.raises(ConfigError, match="unknown codec"):
         Codec.parse("brotli")
+
+
+# --- found in review: work bounded on junk that Kafka's writer never produces ---------------------
+
+
+def test_many_gzip_members_decode_in_linear_time() -> None:
+    """Thousands of tiny members: zlib's leftover copies must stay small (was quadratic)."""
+    payload = gzip.compress(b"x") * 40_000
+    assert decompress(Codec.GZIP, payload) == b"x" * 40_000
+
+
+def test_too_many_zstd_frames_are_refused() -> None:
+    empty_frame = zstandard.ZstdCompressor(write_content_size=False).compress(b"")
+    with pytest.raises(DecompressionError, match="too many zstd frames"):
+        decompress(Codec.ZSTD, empty_frame * 5000)
+    assert decompress(Codec.ZSTD, empty_frame * 100) == b""
+
+
+def test_zstd_frame_declaring_size_zero_but_holding_data_is_refused() -> None:
+    """A frame whose walk bounds its output at 0 is still decoded (and must really be empty)."""
+    frame = bytearray(zstandard.ZstdCompressor(write_content_size=True).compress(b""))
+    # Turn its empty raw block (3-byte header: last=1, type raw, size 0) into an RLE block of size 5.
+    header_at = len(frame) - 3
+    frame[header_at : header_at + 3] = ((5 << 3) | (1 << 1) | 1).to_bytes(3, "little")
+    frame.append(0x41)
+    with pytest.raises(DecompressionError):
+        decompress(Codec.ZSTD, bytes(frame))

@@ -31,8 +31,16 @@ import pytest
 
 from tests.golden import GOLDEN
 from tiering.errors import DecompressionError, InvalidDataError, TieringError
-from tiering.kafka.batch import build_legacy_wrapper, build_v2, crc_legacy, crc_v2, parse_legacy_header
-from tiering.kafka.builder import BatchSpec, build_batch, rebase_batch
+from tiering.kafka.batch import (
+    V2_HEADER,
+    V2_HEADER_SIZE,
+    build_legacy_wrapper,
+    build_v2,
+    crc_legacy,
+    crc_v2,
+    parse_legacy_header,
+)
+from tiering.kafka.builder import BatchSpec, build_batch, encode_record, rebase_batch
 from tiering.kafka.codecs import Codec, compress, decompress
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.records import Record, parse_legacy_message
@@ -606,3 +614,29 @@ def test_the_first_problem_in_file_order_is_reported() -> None:
               _error(_rewrite, corrupt, decompression_limit=MIB)):
         assert isinstance(e, DecompressionError), repr(e)
         assert e.position == bomb_entry.position
+
+
+# --- found in review: CRC-valid values at the edges of int64 ---------------------------------------
+
+
+def test_last_offset_overflowing_int64_is_invalid_data() -> None:
+    top = (1 << 63) - 1
+    batch = bytearray(build_batch(BatchSpec(top, last_offset_delta=1), [Record(top, 1000, b"k", b"v")]))
+    struct.pack_into(">I", batch, 17, crc_v2(batch))
+    for digests in (True, False):
+        with pytest.raises(InvalidDataError, match="overflows int64"):
+            verify_segment(io.BytesIO(bytes(batch)), digests=digests)
+
+
+def test_record_timestamps_wrap_around_like_java() -> None:
+    """Java adds baseTimestamp and the delta in int64 arithmetic; a CRC-valid batch may wrap."""
+    base_ts = 1 << 62
+    records = encode_record(Record(0, base_ts, None, b"a"), 0, base_ts) + encode_record(
+        Record(1, base_ts + (1 << 62), None, b"b"), 0, base_ts)  # the second delta is 2^62: base + delta wraps
+    header = bytearray(V2_HEADER.pack(0, V2_HEADER_SIZE - 12 + len(records), 0, 2, 0, 0, 1, base_ts, base_ts,
+                                      -1, -1, -1, 2))
+    batch = header + records
+    struct.pack_into(">I", batch, 17, crc_v2(batch))
+    decoded = next(iter_decoded(io.BytesIO(bytes(batch))))
+    assert [r.timestamp for r in decoded.records] == [base_ts, -(1 << 63)]
+    assert verify_segment(io.BytesIO(bytes(batch))).record_count == 2

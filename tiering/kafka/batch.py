@@ -91,6 +91,7 @@ LEGACY_MIN_MESSAGE_SIZE: Final = {0: 4 + 1 + 1 + 4 + 4, 1: 4 + 1 + 1 + 8 + 4 + 4
 
 NO_TIMESTAMP: Final = -1
 NO_PRODUCER_ID: Final = -1
+INT64_MAX: Final = (1 << 63) - 1
 
 
 class Attr(IntFlag):
@@ -195,6 +196,9 @@ def parse_v2_header(data: bytes | memoryview, position: int) -> BatchHeader:
     if last_delta < 0:
         raise CorruptBatchError("negative lastOffsetDelta", position=position, base_offset=base_offset,
                                 expected=">= 0", found=last_delta)
+    if base_offset + last_delta > INT64_MAX:
+        raise CorruptBatchError("last offset overflows int64", position=position, base_offset=base_offset,
+                                expected=f"baseOffset + lastOffsetDelta <= {INT64_MAX}", found=base_offset + last_delta)
     if count > 0 and count - 1 > last_delta:
         raise CorruptBatchError("more records than offsets", position=position, base_offset=base_offset,
                                 expected=f"recordsCount <= lastOffsetDelta + 1 = {last_delta + 1}", found=count)

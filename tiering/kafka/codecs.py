@@ -95,26 +95,36 @@ def _gzip_compress(data: bytes | memoryview, level: int) -> bytes:
     return c.compress(data) + c.flush()
 
 
+_GZIP_FEED_FIRST: Final = 256
+_GZIP_FEED_MAX: Final = 1 << 20
+
+
 def _gzip_decompress(data: bytes | memoryview, limit: int) -> bytes:
+    """Member after member. Input is fed in growing slices, so what zlib hands back after a member's end
+    (``unused_data``, a copy) stays small: linear time even for thousands of tiny members."""
+    view = memoryview(data)
     out: list[bytes] = []
-    total = 0
-    rest = bytes(data)
-    members = 0
-    while rest:
+    total = pos = members = 0
+    while pos < len(view):
         d = zlib.decompressobj(_GZIP_WBITS)
-        try:
-            chunk = d.decompress(rest, limit - total + 1)
-        except zlib.error as e:
-            raise DecompressionError(f"gzip member {members}: {e}") from e
-        total += len(chunk)
-        if total > limit or d.unconsumed_tail:
-            raise DecompressionError("gzip output exceeds the decompression limit", expected=f"<= {limit} bytes",
-                                     found="more")
-        if not d.eof:
-            raise DecompressionError(f"gzip member {members} is truncated", expected="end of stream",
-                                     found="end of data")
-        out.append(chunk)
-        rest = d.unused_data
+        feed = _GZIP_FEED_FIRST
+        while not d.eof:
+            if pos >= len(view):
+                raise DecompressionError(f"gzip member {members} is truncated", expected="end of stream",
+                                         found="end of data")
+            piece = view[pos : pos + feed]
+            pos += len(piece)
+            feed = min(feed * 2, _GZIP_FEED_MAX)
+            try:
+                chunk = d.decompress(piece, limit - total + 1)
+            except zlib.error as e:
+                raise DecompressionError(f"gzip member {members}: {e}") from e
+            total += len(chunk)
+            if total > limit or d.unconsumed_tail:
+                raise DecompressionError("gzip output exceeds the decompression limit",
+                                         expected=f"<= {limit} bytes", found="more")
+            out.append(chunk)
+        pos -= len(d.unused_data)  # those bytes start the next member
         members += 1
     if members == 0:
         raise DecompressionError("empty gzip payload", expected="a gzip member", found="0 bytes")
@@ -325,6 +335,7 @@ def _zstd_decompressor() -> zstandard.ZstdDecompressor:
 
 
 ZSTD_MAGIC: Final = 0xFD2FB528
+MAX_ZSTD_FRAMES: Final = 4096  # Kafka's writer makes one frame per batch; this bounds the work on junk
 _ZSTD_SKIPPABLE_MASK: Final = 0xFFFFFFF0
 _ZSTD_SKIPPABLE_MAGIC: Final = 0x184D2A50
 _ZSTD_BLOCK_MAX: Final = 128 << 10
@@ -348,9 +359,12 @@ def _zstd_frames(data: bytes | memoryview) -> list[tuple[int, int, int]]:
     | 0/4        | Content_Checksum                                                   |
     """
     view = memoryview(data)
-    frames = []
+    frames: list[tuple[int, int, int]] = []
     pos = 0
     while pos < len(view):
+        if len(frames) >= MAX_ZSTD_FRAMES:
+            raise DecompressionError("too many zstd frames in one payload", expected=f"<= {MAX_ZSTD_FRAMES}",
+                                     found="more")
         start = pos
         if pos + 4 > len(view):
             raise DecompressionError(f"zstd frame magic is truncated (at compressed byte {pos})")
@@ -410,10 +424,15 @@ def _zstd_decompress(data: bytes | memoryview, limit: int) -> bytes:
     frames = _zstd_frames(view)
     if sum(bound for _, _, bound in frames) <= limit:
         d = _zstd_decompressor()
-        try:
-            out = [d.decompress(view[start:end], max_output_size=bound) for start, end, bound in frames if bound]
-        except zstandard.ZstdError as e:
-            raise DecompressionError(f"zstd: {e}") from e
+        out = []
+        for start, end, bound in frames:
+            if bound == 0:  # the one-shot call takes 0 for "unknown": stream it, and it must be empty
+                _zstd_stream(view[start:end], 0)  # raises if the frame holds anything after all
+                continue
+            try:
+                out.append(d.decompress(view[start:end], max_output_size=bound))
+            except zstandard.ZstdError as e:
+                raise DecompressionError(f"zstd: {e}") from e
         return out[0] if len(out) == 1 else b"".join(out)
     return _zstd_stream(view, limit)
 

@@ -34,6 +34,7 @@ from typing import Final
 from tiering.errors import CorruptBatchError, TieringError
 from tiering.kafka import _walker
 from tiering.kafka.batch import (
+    INT64_MAX,
     LEGACY_ENTRY_PREFIX,
     LEGACY_MIN_MESSAGE_SIZE,
     LOG_OVERHEAD,
@@ -68,6 +69,10 @@ def _varint(buf: bytes | memoryview, pos: int, end: int, max_bytes: int, what: s
             return (value >> 1) ^ -(value & 1), pos + i + 1
         shift += 7
     raise CorruptBatchError(f"record {index}: overlong {what} varint")
+
+
+def _int64(value: int) -> int:
+    return (value + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
 def decode_v2(header: BatchHeader, records: bytes | memoryview) -> list[Record]:
@@ -119,7 +124,8 @@ def decode_v2(header: BatchHeader, records: bytes | memoryview) -> list[Record]:
             pos += max(n, 0)
         if pos != rend:
             raise CorruptBatchError(f"record {i}: bytes left after the last header", expected=0, found=rend - pos)
-        timestamp = header.max_timestamp if log_append else header.base_timestamp + ts_delta
+        # Java adds in int64 and wraps around; so do we (a CRC-valid batch can hold any delta).
+        timestamp = header.max_timestamp if log_append else _int64(header.base_timestamp + ts_delta)
         out.append(Record(header.offset + off_delta, timestamp, fields[0], fields[1], tuple(headers)))
     if header.records_count is not None and len(out) != header.records_count:
         raise CorruptBatchError("record count differs from the header", expected=header.records_count,
@@ -235,6 +241,8 @@ def _inner_records(header: BatchHeader, inner: bytes) -> list[Record]:
             raise CorruptBatchError("CRC mismatch", position=at, expected=f"stored crc {ih.crc}",
                                     found=f"computed {computed}")
         offset = ih.offset if header.magic == 0 else header.offset - last_inner + ih.offset
+        if not 0 <= offset <= INT64_MAX:
+            raise CorruptBatchError("inner offset outside 0..2^63-1", position=at, found=offset)
         if prev is not None and offset <= prev:
             raise CorruptBatchError("offsets not increasing", position=at, expected=f"> {prev}", found=offset)
         prev = offset

@@ -42,6 +42,7 @@ from tiering.kafka.records import decode_legacy, validate_v2, wrapper_inner
 from tiering.kafka.segment import OffsetOrder, payload_of
 
 PROGRESS_BYTES: Final = 1 << 20  # report progress about once a MiB of input
+MAX_SEGMENT_BYTES: Final = (1 << 31) - 1  # Kafka's positions and batch lengths are int32
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,9 @@ class RewriteOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "level", check_level(self.codec, self.level))
+        if not 0 <= self.decompression_limit <= MAX_SEGMENT_BYTES - V2_HEADER_SIZE:
+            raise ConfigError("decompression limit out of range (a batch's length is an int32)",
+                              expected=f"0..{MAX_SEGMENT_BYTES - V2_HEADER_SIZE}", found=self.decompression_limit)
         if self.index_interval_bytes < 0:
             raise ConfigError("index interval must not be negative", expected=">= 0",
                               found=self.index_interval_bytes)
@@ -238,6 +242,11 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
         nonlocal position
         h = out.header
         order.check(h, out.base_offset)
+        size = sum(len(part) for part in out.parts)
+        if position + size > MAX_SEGMENT_BYTES:
+            raise ConfigError("the rewritten segment would pass Kafka's 2 GiB segment size (int32 positions); "
+                              "choose a codec that compresses", position=h.position, base_offset=h.offset,
+                              expected=f"<= {MAX_SEGMENT_BYTES} bytes", found=f"{position + size} bytes")
         builder.add(position, h.last_offset, h.max_timestamp)
         for part in out.parts:
             dst.write(part)

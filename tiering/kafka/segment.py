@@ -255,9 +255,13 @@ def verify_segment(
     segment_base: int | None = None,
     digests: bool = True,
     limit: int = DEFAULT_DECOMPRESSION_LIMIT,
+    keep_batches: bool = True,
 ) -> SegmentSummary:
     """Read every batch: header sanity, CRC, decompression, deep validation of every record, offsets
-    increasing across batches; optionally the canonical digests. Raises on the first problem."""
+    increasing across batches; optionally the canonical digests. Raises on the first problem.
+
+    ``keep_batches`` keeps one small :class:`BatchPosition` per batch in the summary (what index checks
+    and rebuilds need); without it memory does not grow with the segment."""
     summary = SegmentSummary(path)
     order = OffsetOrder(segment_base, path)
     digest = Digests() if digests else None
@@ -274,9 +278,9 @@ def verify_segment(
                 count = len(decoded.records)
                 base = decoded.base_offset
                 summary.uncompressed_record_bytes += decoded.uncompressed_bytes
-                if digest is not None:
-                    digest.update(decoded)
             order.check(h, base)
+            if digest is not None:
+                digest.update(decoded)
         except TieringError as e:
             raise e.located(path=path, position=h.position, base_offset=h.offset) from None
         summary.batch_count += 1
@@ -290,7 +294,8 @@ def verify_segment(
             summary.first_offset = base
         summary.last_offset = h.last_offset
         summary.max_timestamp = max(summary.max_timestamp, h.max_timestamp)
-        summary.batches.append(BatchPosition(h.position, h.last_offset, h.max_timestamp))
+        if keep_batches:
+            summary.batches.append(BatchPosition(h.position, h.last_offset, h.max_timestamp))
     if digest is not None:
         summary.records_sha256 = digest.records_sha256
         summary.batches_sha256 = digest.batches_sha256
