@@ -1,0 +1,27 @@
+"""The benchmark script still runs end to end (tiny sizes: its figures are measured by `make bench`, not here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).parents[2] / "bench" / "bench_rewrite.py"
+
+
+@pytest.mark.slow
+def test_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--size-mib", "2", "--rss-sizes-mib", "2", "--repeat", "1",
+                           "--json-out", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    names = [row["name"] for row in doc["in_process"]]
+    assert names[0].startswith("bare loop")
+    assert doc["in_process"][0]["ratio_to_bare"] == 1.0
+    assert all(row["uncompressed_bytes"] == doc["in_process"][0]["uncompressed_bytes"] for row in doc["in_process"])
+    assert doc["cli"][0]["peak_rss_mib"] > 0
+    assert "ratio" in proc.stdout
