@@ -138,7 +138,7 @@ class _Out:
     kept: str | None  # why the batch was copied as it was, or None when it was recompressed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, like _Out: one per batch
 class _ToRecompress:
     """A valid batch whose records are to be recompressed."""
 
@@ -242,7 +242,9 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
         nonlocal position
         h = out.header
         order.check(h, out.base_offset)
-        size = sum(len(part) for part in out.parts)
+        size = 0
+        for part in out.parts:
+            size += len(part)
         if position + size > MAX_SEGMENT_BYTES:
             raise ConfigError("the rewritten segment would pass Kafka's 2 GiB segment size (int32 positions); "
                               "choose a codec that compresses", position=h.position, base_offset=h.offset,
