@@ -52,7 +52,6 @@ from tiering.kafka.codecs import CODEC_MASK, CODECS, Codec
 LOG_OVERHEAD: Final = 12  # offset int64 + length int32, before every batch or legacy message
 HEADER_SIZE_UP_TO_MAGIC: Final = 17
 MAGIC_OFFSET: Final = 16
-_PREFIX: Final = struct.Struct(">qi")
 
 # --- magic v2 ----------------------------------------------------------------------------------
 BASE_OFFSET_OFFSET: Final = 0
@@ -272,12 +271,6 @@ def entry_size_bounds(magic: int) -> int:
     if magic in LEGACY_MIN_MESSAGE_SIZE:
         return LOG_OVERHEAD + LEGACY_MIN_MESSAGE_SIZE[magic]
     raise UnsupportedError("unknown magic", expected="0, 1 or 2", found=magic)
-
-
-def read_prefix(data: bytes | bytearray | memoryview) -> tuple[int, int, int]:
-    """(offset, length field, magic) from the first 17 bytes of an entry."""
-    offset, length = _PREFIX.unpack_from(data, 0)
-    return offset, length, data[MAGIC_OFFSET]
 
 
 def build_v2(original: bytes | memoryview, codec: Codec, payload: bytes) -> tuple[bytes, bytes]:

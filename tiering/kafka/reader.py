@@ -1,13 +1,15 @@
-"""Streaming reader of a segment's batches: one batch in memory at a time, whatever the segment's size.
+"""Streaming reader of a segment's batches: memory bounded by a read chunk and a batch, never the segment.
 
 Each entry starts with ``offset int64 | length int32`` and has its magic byte at offset 16, so the
-reader reads 17 bytes, checks the length against the magic's minimum, the bytes left in the stream and
-a ceiling, then reads the rest of the batch and checks its header and CRC.
+reader looks at 17 bytes, checks the length against the magic's minimum, the bytes left in the stream
+and a ceiling (before reading anything more), then takes the rest of the batch and checks its header
+and CRC. The stream is read in chunks of ``READ_CHUNK_BYTES``; batches are zero-copy views into them.
 """
 
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
@@ -16,14 +18,16 @@ from tiering.errors import CorruptBatchError, TieringError, UnsupportedError
 from tiering.kafka.batch import (
     HEADER_SIZE_UP_TO_MAGIC,
     LOG_OVERHEAD,
+    MAGIC_OFFSET,
     BatchHeader,
     check_crc,
     entry_size_bounds,
     parse_legacy_header,
     parse_v2_header,
-    read_prefix,
 )
 
+READ_CHUNK_BYTES: Final = 1 << 20
+_PREFIX: Final = struct.Struct(">qi")  # offset, length: the 12 bytes before every batch or legacy entry
 DEFAULT_MAX_BATCH_BYTES: Final = 128 * 1024 * 1024
 """Largest batch accepted when the stream's size is unknown (Kafka's message.max.bytes is 1 MiB by default)."""
 
@@ -36,14 +40,40 @@ class RawBatch:
     data: memoryview
 
 
-def _read_exact(stream: BinaryIO, buf: memoryview) -> int:
-    got = 0
-    while got < len(buf):
-        n = stream.readinto(buf[got:])  # type: ignore[attr-defined]
-        if not n:
-            break
-        got += n
-    return got
+class _Chunks:
+    """A stream read in large chunks and handed out as zero-copy read-only views.
+
+    A view keeps its chunk alive, so memory holds the chunk being read plus the batches still in use:
+    bounded by ``READ_CHUNK_BYTES`` and the batch size, never by the segment size.
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self.buf = b""
+        self.view = memoryview(self.buf)
+        self.off = 0
+
+    def available(self, n: int) -> int:
+        """Buffer up to ``n`` bytes from the current position; returns how many there are (fewer at the end)."""
+        have = len(self.buf) - self.off
+        if have >= n:
+            return n
+        parts = [self.buf[self.off :]] if have else []
+        while have < n:
+            more = self.stream.read(max(READ_CHUNK_BYTES, n - have))
+            if not more:
+                break
+            parts.append(more)
+            have += len(more)
+        self.buf = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.view = memoryview(self.buf)
+        self.off = 0
+        return min(have, n)
+
+    def take(self, n: int) -> memoryview:
+        view = self.view[self.off : self.off + n]
+        self.off += n
+        return view
 
 
 def stream_size(stream: BinaryIO) -> int | None:
@@ -71,15 +101,16 @@ def iter_batches(
     if size is None:
         size = stream_size(stream)
     position = 0
-    prefix = bytearray(HEADER_SIZE_UP_TO_MAGIC)
+    chunks = _Chunks(stream)
     while True:
-        got = _read_exact(stream, memoryview(prefix))
+        got = chunks.available(HEADER_SIZE_UP_TO_MAGIC)
         if got == 0:
             return
         if got < HEADER_SIZE_UP_TO_MAGIC:
             raise CorruptBatchError("truncated batch header at the end of the segment", path=path, position=position,
                                     expected=f"{HEADER_SIZE_UP_TO_MAGIC} bytes", found=f"{got} bytes")
-        offset, length, magic = read_prefix(prefix)
+        offset, length = _PREFIX.unpack_from(chunks.buf, chunks.off)
+        magic = chunks.buf[chunks.off + MAGIC_OFFSET]
         try:
             minimum = entry_size_bounds(magic)
         except UnsupportedError as e:
@@ -96,14 +127,11 @@ def iter_batches(
         if total > max_batch_bytes:
             raise CorruptBatchError("batch larger than the configured maximum", path=path, position=position,
                                     base_offset=offset, expected=f"<= {max_batch_bytes} bytes", found=total)
-        buf = bytearray(total)
-        buf[:HEADER_SIZE_UP_TO_MAGIC] = prefix
-        view = memoryview(buf)
-        got = _read_exact(stream, view[HEADER_SIZE_UP_TO_MAGIC:])
-        if got < total - HEADER_SIZE_UP_TO_MAGIC:
+        got = chunks.available(total)
+        if got < total:
             raise CorruptBatchError("batch is truncated", path=path, position=position, base_offset=offset,
-                                    expected=f"{total} bytes", found=f"{got + HEADER_SIZE_UP_TO_MAGIC} bytes")
-        data = view.toreadonly()
+                                    expected=f"{total} bytes", found=f"{got} bytes")
+        data = chunks.take(total)
         try:
             header = parse_v2_header(data, position) if magic >= 2 else parse_legacy_header(data, position)
             if verify_crc:
