@@ -1,0 +1,34 @@
+"""The house rules that keep the package's layers apart, checked on the source."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parents[1] / "tiering"
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_only_the_store_module_imports_boto3() -> None:
+    users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if _imports(p) & {"boto3", "botocore"})
+    assert users == ["s3/store.py"]
+
+
+def test_the_format_package_is_pure() -> None:
+    """tiering.kafka: bytes and streams in, bytes and dataclasses out; no S3, Spark, Airflow or other layers."""
+    for path in (PACKAGE / "kafka").rglob("*.py"):
+        imports = _imports(path)
+        assert not imports & {"boto3", "botocore", "pyspark", "airflow", "rich"}, path
+        assert "tiering" not in imports or all(
+            m.startswith(("tiering.kafka", "tiering.errors"))
+            for m in (n.module or "" for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom))
+            if m.startswith("tiering")), path
