@@ -1,0 +1,98 @@
+"""Key naming of the logdir layout (pure functions)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tiering.errors import ConfigError
+from tiering.s3.layout import (
+    DirKind,
+    normalize_prefix,
+    parse_dir,
+    parse_key,
+    partition_key,
+    reserved_key,
+    segment_key,
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "topic", "partition"),
+    [
+        ("orders-0", DirKind.PARTITION, "orders", 0),
+        ("app.events-12", DirKind.PARTITION, "app.events", 12),
+        ("my-topic-with-dashes-3", DirKind.PARTITION, "my-topic-with-dashes", 3),
+        ("under_score-7", DirKind.PARTITION, "under_score", 7),
+        ("_schemas-0", DirKind.PARTITION, "_schemas", 0),  # a topic may start with "_" (not "_tiering" itself)
+        ("__consumer_offsets-49", DirKind.PARTITION, "__consumer_offsets", 49),
+        ("orders-0.5c0bd1a0e7c84a0fa3d9b2c1e4f6a7b8-delete", DirKind.DELETE, "orders", 0),
+        ("orders-1.0a1b2c3d-future", DirKind.FUTURE, "orders", 1),
+        ("orders-2.0a1b2c3d-stray", DirKind.STRAY, "orders", 2),
+        ("_tiering", DirKind.RESERVED, None, None),
+        ("orders", DirKind.OTHER, None, None),
+        ("orders-", DirKind.OTHER, None, None),
+        ("-3", DirKind.OTHER, None, None),
+        ("orders-x", DirKind.OTHER, None, None),
+        ("bad topic-0", DirKind.OTHER, None, None),
+    ],
+)
+def test_parse_dir(name: str, kind: DirKind, topic: str | None, partition: int | None) -> None:
+    info = parse_dir(name)
+    assert (info.kind, info.topic, info.partition) == (kind, topic, partition)
+
+
+def test_internal_topics() -> None:
+    assert parse_dir("__cluster_metadata-0").internal
+    assert not parse_dir("_schemas-0").internal
+
+
+def test_keys_round_trip_through_parse_key() -> None:
+    key = segment_key("/backups/kafka/", "app.events", 3, 1_000_000, ".timeindex")
+    assert key == "backups/kafka/app.events-3/00000000000001000000.timeindex"
+    info = parse_key("backups/kafka", key)
+    assert info is not None
+    assert info.directory.kind is DirKind.PARTITION
+    assert (info.directory.topic, info.directory.partition, info.base_offset, info.suffix) == (
+        "app.events", 3, 1_000_000, ".timeindex")
+    assert partition_key("", "t", 0) == "t-0/"
+
+
+def test_parse_key_classifies_everything_under_prefix() -> None:
+    p = "kafka"
+    checkpoint = parse_key(p, "kafka/orders-0/leader-epoch-checkpoint")
+    assert checkpoint is not None
+    assert checkpoint.is_partition_file
+    assert not checkpoint.is_segment_file
+    ours = parse_key(p, reserved_key(p, "leases", "orders-0"))
+    assert ours is not None
+    assert ours.directory.kind is DirKind.RESERVED
+    assert not ours.is_segment_file
+    assert parse_key(p, "kafka/orders-0/00000000000000000000.log.tmp") is not None  # odd file: classified as such
+    assert parse_key(p, "elsewhere/orders-0/00000000000000000000.log") is None
+    assert parse_key(p, "kafka/orders-0/nested/00000000000000000000.log") is None
+    assert parse_key(p, "kafka/top-level-object") is None
+    assert parse_key("", "orders-0/00000000000000000005.index") is not None
+
+
+def test_reserved_prefix_is_never_a_partition() -> None:
+    assert reserved_key("a/b", "journal", "x.json") == "a/b/_tiering/journal/x.json"
+    info = parse_key("a/b", "a/b/_tiering/staging/orders-0/00000000000000000000.log")
+    assert info is not None
+    assert info.directory.kind is DirKind.RESERVED
+    assert info.base_offset is None
+
+
+def test_prefix_validation() -> None:
+    assert normalize_prefix("/a/b/") == "a/b"
+    with pytest.raises(ConfigError):
+        normalize_prefix("a//b")
+
+
+@given(topic=st.from_regex(r"\A[A-Za-z0-9._-]{1,60}\Z"), partition=st.integers(0, 100_000),
+       base=st.integers(0, 2**63 - 1))
+def test_any_topic_name_round_trips(topic: str, partition: int, base: int) -> None:
+    info = parse_key("p", segment_key("p", topic, partition, base, ".log"))
+    assert info is not None
+    assert (info.directory.topic, info.directory.partition, info.base_offset) == (topic, partition, base)
