@@ -57,8 +57,8 @@ DEMO_TOPICS: Final = (
 CORRUPT_SEGMENT: Final = ("app.events-1", 1)  # (partition dir, index of the sealed segment to damage)
 
 
-def _generate(root: Path, scale: float, log: Callable[[str], None]) -> list[tuple[str, Path, bool]]:
-    """Write the sample logdir; returns (partition, .log path, sealed) for every segment."""
+def _generate(root: Path, scale: float, log: Callable[[str], None]) -> tuple[list[tuple[str, Path, bool]], Path]:
+    """Write the sample logdir; returns (partition, .log path, sealed) for every segment, and the damaged one."""
     segments = []
     for n, topic in enumerate(DEMO_TOPICS):
         part = root / topic.partition_dir
@@ -84,7 +84,7 @@ def _generate(root: Path, scale: float, log: Callable[[str], None]) -> list[tupl
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0xFF]))
     log(f"corrupted one byte in the middle of {victim} (the demo expects it to be reported and skipped)")
-    return segments
+    return segments, victim
 
 
 def _clear_workdir(workdir: Path) -> None:
@@ -109,9 +109,7 @@ def run_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | None = No
         raise ConfigError("demo scale out of range", expected=f"a number in (0, {MAX_SCALE}]", found=scale)
     _clear_workdir(workdir)
     logdir, outdir = workdir / "logdir", workdir / "rewritten"
-    segments = _generate(logdir, scale, say)
-    corrupt_part, corrupt_index = CORRUPT_SEGMENT
-    corrupt_path = [p for d, p, sealed in segments if d == corrupt_part and sealed][corrupt_index]
+    segments, corrupt_path = _generate(logdir, scale, say)
     rows: list[dict[str, Any]] = []
     for part, path, sealed in segments:
         row: dict[str, Any] = {"partition": part, "segment": path.name, "bytes_before": path.stat().st_size}

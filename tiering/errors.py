@@ -103,7 +103,3 @@ class ProofError(InvalidDataError):
 
 class ConfigError(TieringError):
     """Bad usage or configuration (CLI exit code 2)."""
-
-
-class PrerequisiteError(ConfigError):
-    """A program or library the command needs is missing (Java, a codec library)."""
