@@ -20,6 +20,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from tiering import __version__
+from tiering.cli_s3 import add_s3_commands
 from tiering.demo import render_table, run_demo
 from tiering.errors import ConfigError, InvalidDataError, TieringError
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
@@ -28,6 +29,7 @@ from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import open_segment, reindex_file, rewrite_file, verify_file
+from tiering.s3.store import StorageError
 
 EXIT_OK = 0
 EXIT_INVALID = 1
@@ -351,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=1.0, help="multiply the sample's size (default %(default)s)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_demo)
+    add_s3_commands(verbs, _Parser)
     return parser
 
 
@@ -381,7 +384,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         return code
     except InvalidDataError as e:
         return fail(EXIT_INVALID, f"invalid: {e}", e.to_dict())
-    except ConfigError as e:
+    except (ConfigError, StorageError) as e:  # S3 refusing a request is the setup's problem, not the data's
         return fail(EXIT_USAGE, str(e), e.to_dict())
     except TieringError as e:
         return fail(EXIT_INVALID, str(e), e.to_dict())

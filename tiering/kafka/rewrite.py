@@ -283,3 +283,47 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     stats.payload_xxh3_out = digest_out.hexdigest()
     stats.seconds = time.perf_counter() - started
     return RewriteResult(stats, builder.finish())
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBack:
+    """What a rewritten segment holds, as read back from wherever it was written."""
+
+    size: int
+    batches: int
+    records: int
+    payload_xxh3: str  # comparable with RewriteStats.payload_xxh3_in of the rewrite that produced it
+    indexes: Indexes  # rebuilt from the bytes read back
+
+
+def read_back(src: BinaryIO, *, base_offset: int, path: str | None = None, size: int | None = None,
+              index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES,
+              decompression_limit: int = DEFAULT_DECOMPRESSION_LIMIT) -> ReadBack:
+    """Re-read a segment end to end (header sanity, CRC, every record, offset order) and compute the same
+    records digest the rewriter computes, so that a copy read back from storage can be compared with the
+    source it was made from, whatever codec each one uses."""
+    builder = IndexBuilder(base_offset, index_interval_bytes)
+    order = OffsetOrder(base_offset, path)
+    digest = xxhash.xxh3_128()
+    batches = records = position = 0
+    for raw in iter_batches(src, path=path, size=size):
+        h = raw.header
+        try:
+            if h.magic >= 2:
+                payload = payload_of(raw, decompression_limit)
+                count, base = validate_v2(h, payload), h.offset
+            elif h.codec is Codec.NONE:
+                payload, count, base = raw.data, len(decode_legacy(h, raw.data)), h.offset
+            else:
+                _, payload = wrapper_inner(h, raw.data, limit=decompression_limit)
+                inner = decode_legacy(h, raw.data, inner=payload)
+                count, base = len(inner), inner[0].offset
+            order.check(h, base)
+        except TieringError as e:
+            raise e.located(path=path, position=h.position, base_offset=h.offset) from None
+        builder.add(h.position, h.last_offset, h.max_timestamp)
+        digest.update(xxhash.xxh3_128_digest(payload))
+        batches += 1
+        records += count
+        position = h.position + h.size
+    return ReadBack(position, batches, records, digest.hexdigest(), builder.finish())

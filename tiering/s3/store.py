@@ -14,11 +14,14 @@ Nothing here logs or returns credentials or presigned URLs.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import IO, Any, Final
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, BinaryIO, Final
+from urllib.parse import urlencode
 
 import boto3
 from botocore.config import Config
@@ -104,6 +107,52 @@ class ObjectInfo:
     metadata: dict[str, str] = field(default_factory=dict)
 
 
+# Object settings a rewrite must carry over (invariant 6), as PutObject/CopyObject parameter names.
+_CONTENT_HEADERS: Final = ("ContentType", "CacheControl", "ContentDisposition", "ContentEncoding", "ContentLanguage")
+_ENCRYPTION: Final = ("ServerSideEncryption", "SSEKMSKeyId", "BucketKeyEnabled")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectAttrs:
+    """What makes an object more than its bytes: user metadata, content headers, tags, encryption and
+    storage class. Read from an original with :meth:`S3Store.attrs`, given to the objects that replace it."""
+
+    metadata: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, Any] = field(default_factory=dict)  # content headers and encryption settings
+    tags: dict[str, str] = field(default_factory=dict)
+    storage_class: str = "STANDARD"
+
+    def with_metadata(self, extra: Mapping[str, str]) -> ObjectAttrs:
+        return replace(self, metadata={**self.metadata, **extra})
+
+    def to_json(self) -> dict[str, object]:
+        return {"metadata": self.metadata, "headers": self.headers, "tags": self.tags,
+                "storage_class": self.storage_class}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ObjectAttrs:
+        return cls(dict(doc["metadata"]), dict(doc["headers"]), dict(doc["tags"]), str(doc["storage_class"]))
+
+    def put_args(self) -> dict[str, Any]:
+        args: dict[str, Any] = {"Metadata": self.metadata, **self.headers}
+        if self.storage_class != "STANDARD":
+            args["StorageClass"] = self.storage_class
+        if self.tags:
+            args["Tagging"] = urlencode(self.tags)
+        return args
+
+
+def server_time(response: Mapping[str, Any]) -> datetime | None:
+    """S3's clock: the ``Date`` header of a response, else the ``Last-Modified`` of the object it wrote.
+    Leases and grace periods never use a local clock."""
+    headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    value = headers.get("date") or headers.get("last-modified")
+    return parsedate_to_datetime(value) if value else None
+
+
+_JSON_ATTRS: Final = ObjectAttrs(headers={"ContentType": "application/json"})
+
+
 @dataclass(slots=True)
 class S3Store:
     """S3 operations on one bucket, errors translated (see the module docstring)."""
@@ -123,10 +172,13 @@ class S3Store:
         return ObjectInfo(key, int(r["ContentLength"]), str(r["ETag"]), r["LastModified"],
                           str(r.get("StorageClass", "STANDARD")), dict(r.get("Metadata", {})))
 
-    def open(self, key: str, *, if_match: str | None = None) -> IO[bytes]:
-        """A streaming body (read it in pieces; it is never loaded whole). ``if_match`` pins the version read."""
+    def open(self, key: str, *, if_match: str | None = None, first_bytes: int | None = None) -> BinaryIO:
+        """A streaming body (read it in pieces; it is never loaded whole). ``if_match`` pins the version read;
+        ``first_bytes`` reads only the object's beginning (a ranged GET)."""
         kwargs = {"IfMatch": if_match} if if_match else {}
-        body: IO[bytes] = self._call("get_object", key, **kwargs)["Body"]
+        if first_bytes is not None:
+            kwargs["Range"] = f"bytes=0-{max(0, first_bytes - 1)}"
+        body: BinaryIO = self._call("get_object", key, **kwargs)["Body"]
         return body
 
     def get(self, key: str) -> bytes:
@@ -146,8 +198,95 @@ class S3Store:
             kwargs["IfMatch"] = if_match
         return str(self._call("put_object", key, **kwargs)["ETag"])
 
-    def delete(self, key: str, *, if_match: str | None = None) -> None:
-        self._call("delete_object", key, **({"IfMatch": if_match} if if_match else {}))
+    def delete(self, key: str, *, if_match: str | None = None, missing_ok: bool = False) -> None:
+        """Delete ``key``; with ``if_match`` only if its ETag is still that one. ``missing_ok``: an absent key
+        counts as deleted (what a re-run after a crash needs)."""
+        try:
+            self._call("delete_object", key, **({"IfMatch": if_match} if if_match else {}))
+        except ObjectNotFound:
+            if not missing_ok:
+                raise
+
+    def now(self, clock_key: str) -> datetime:
+        """S3's current time: the ``Date`` of a HEAD of the bucket; where an endpoint sends no ``Date`` (moto
+        in-process), the ``Last-Modified`` of an empty object written to ``clock_key``."""
+        when = server_time(self._call("head_bucket", None))
+        if when is None:
+            when = server_time(self._call("put_object", clock_key, Body=b""))
+        if when is None:
+            raise StorageError("S3 sent neither Date nor Last-Modified: cannot read its clock",
+                               path=f"s3://{self.bucket}")
+        return when
+
+    def describe(self, key: str) -> tuple[ObjectInfo, ObjectAttrs]:
+        """An object's size and ETag, with its metadata, content headers, encryption, tags and storage class."""
+        r = self._call("head_object", key)
+        headers = {name: r[name] for name in _CONTENT_HEADERS + _ENCRYPTION if name in r}
+        if headers.get("ServerSideEncryption") == "AES256":
+            headers.pop("ServerSideEncryption")  # S3's default encryption: nothing to ask for
+        tags = {t["Key"]: t["Value"] for t in self._call("get_object_tagging", key)["TagSet"]}
+        info = ObjectInfo(key, int(r["ContentLength"]), str(r["ETag"]), r["LastModified"],
+                          str(r.get("StorageClass", "STANDARD")), dict(r.get("Metadata", {})))
+        return info, ObjectAttrs(dict(info.metadata), headers, tags, info.storage_class)
+
+    def put_object(self, key: str, body: bytes | BinaryIO, attrs: ObjectAttrs, *, if_match: str | None = None,
+                   if_none_match: bool = False) -> ObjectInfo:
+        """One PUT of ``body`` (bytes, or a seekable file: Kafka segments stay under S3's 5 GiB single-PUT
+        limit) with ``attrs``; conditional like :meth:`put`. Returns the new object's key, size and ETag."""
+        kwargs = attrs.put_args()
+        if if_match:
+            kwargs["IfMatch"] = if_match
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        r = self._call("put_object", key, Body=body, **kwargs)
+        size = len(body) if isinstance(body, bytes) else body.seek(0, os.SEEK_END)
+        when = server_time(r) or datetime.now(UTC)  # informative only: decisions use the listing's time
+        return ObjectInfo(key, size, str(r["ETag"]), when, attrs.storage_class, attrs.metadata)
+
+    def copy(self, source: str, key: str, *, source_etag: str, attrs: ObjectAttrs) -> str:
+        """Server-side copy keeping metadata and tags (``COPY`` directives) with ``attrs``' storage class and
+        encryption; ``CopySourceIfMatch`` asks S3 to copy only the version we planned on. Returns the ETag."""
+        kwargs: dict[str, Any] = {name: attrs.headers[name] for name in _ENCRYPTION if name in attrs.headers}
+        if attrs.storage_class != "STANDARD":
+            kwargs["StorageClass"] = attrs.storage_class
+        r = self._call("copy_object", key, CopySource={"Bucket": self.bucket, "Key": source},
+                       CopySourceIfMatch=source_etag, MetadataDirective="COPY", TaggingDirective="COPY", **kwargs)
+        return str(r["CopyObjectResult"]["ETag"])
+
+    def get_json(self, key: str) -> tuple[Any, str]:
+        """A JSON document and its ETag (for a later ``If-Match`` update)."""
+        r = self._call("get_object", key)
+        with r["Body"] as body:
+            return json.loads(body.read()), str(r["ETag"])
+
+    def put_json(self, key: str, doc: object, *, if_match: str | None = None, if_none_match: bool = False) -> str:
+        data = json.dumps(doc, indent=1, sort_keys=True).encode()
+        return self.put_object(key, data, _JSON_ATTRS, if_match=if_match, if_none_match=if_none_match).etag
+
+    def list_dirs(self, prefix: str) -> Iterator[str]:
+        """The "directories" directly under ``prefix`` (which ends with ``/`` or is empty), paginated."""
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
+                                                                          Delimiter="/")
+            for page in pages:
+                for item in page.get("CommonPrefixes", []):
+                    yield str(item["Prefix"])
+        except ClientError as e:
+            raise translate(e, bucket=self.bucket, key=prefix, action="list_objects_v2") from e
+
+    def list_uploads(self, prefix: str) -> Iterator[tuple[str, str, datetime]]:
+        """Incomplete multipart uploads under ``prefix`` as (key, upload id, initiated): billed, yet invisible
+        to an object listing."""
+        try:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix)
+            for page in pages:
+                for item in page.get("Uploads", []):
+                    yield str(item["Key"]), str(item["UploadId"]), item["Initiated"]
+        except ClientError as e:
+            raise translate(e, bucket=self.bucket, key=prefix, action="list_multipart_uploads") from e
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        self._call("abort_multipart_upload", key, UploadId=upload_id)
 
     def list(self, prefix: str, *, delimiter: str | None = None) -> Iterator[ObjectInfo]:
         """Every object under ``prefix``, page after page (1000 keys a request), in key order."""
@@ -162,7 +301,7 @@ class S3Store:
         except ClientError as e:
             raise translate(e, bucket=self.bucket, key=prefix, action="list_objects_v2") from e
 
-    def upload(self, key: str, stream: IO[bytes], *, part_bytes: int = DEFAULT_PART_BYTES,
+    def upload(self, key: str, stream: BinaryIO, *, part_bytes: int = DEFAULT_PART_BYTES,
                metadata: dict[str, str] | None = None, if_none_match: bool = False) -> str:
         """Upload what ``stream`` yields, at most two parts of ``part_bytes`` in memory (the one being sent and
         the next, read ahead to tell the last part). Small inputs go in a single PUT; a failed multipart

@@ -1,0 +1,311 @@
+"""``tiering s3 ...``: scan, compact, roll back and clean up segment prefixes on S3.
+
+The S3 endpoint and credentials come from the standard AWS environment (``AWS_ENDPOINT_URL``,
+``AWS_REGION``, the credentials chain) or ``--endpoint-url``; nothing here prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from tiering.errors import ConfigError
+from tiering.kafka.codecs import Codec
+from tiering.kafka.rewrite import RewriteOptions
+from tiering.s3.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, compact, new_run_id, rollback
+from tiering.s3.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, estimate
+from tiering.s3.lease import DEFAULT_TTL_SECONDS
+from tiering.s3.protocol import Context, SegmentResult
+from tiering.s3.scan import DEFAULT_MIN_AGE_MINUTES, Plan, ScanOptions, scan
+from tiering.s3.store import S3Store, make_client
+
+CODEC_CHOICES = [c.label for c in Codec]
+
+
+def _store(args: argparse.Namespace) -> S3Store:
+    return S3Store(make_client(endpoint_url=args.endpoint_url, region=args.region), args.bucket)
+
+
+def _emit_json(out: TextIO, doc: object) -> None:
+    json.dump(doc, out, indent=2)
+    out.write("\n")
+
+
+def _console(out: TextIO) -> Console:
+    return Console(file=out, highlight=False, width=None if out.isatty() else 160)
+
+
+def _log(args: argparse.Namespace, line: str) -> None:
+    if not args.json or args.verbose:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _scan_options(args: argparse.Namespace) -> ScanOptions:
+    return ScanOptions(args.codec, args.level, args.topics, args.min_age_minutes, args.include_internal,
+                       args.include_special, args.scan_workers)
+
+
+def _scan(args: argparse.Namespace, store: S3Store) -> Plan:
+    _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
+    shown = [0]
+
+    def progress(listed: int) -> None:
+        if listed // 10_000 > shown[0] // 10_000:
+            _log(args, f"  {listed:,} objects listed")
+        shown[0] = listed
+
+    plan = scan(store, args.prefix, _scan_options(args), progress=progress)
+    totals = plan.totals()
+    _log(args, f"{plan.objects_listed:,} objects, {totals['segments']:,} segments: {totals['to_compact']:,} to "
+               f"compact ({_human(totals['bytes_to_compact'])}), {totals['skipped']:,} skipped")
+    return plan
+
+
+def _plan_table(plan: Plan) -> Table:
+    doc = plan.to_json()
+    t = Table(title=f"plan for s3://{plan.bucket}/{plan.prefix} → {plan.codec}", title_justify="left")
+    for col in ("action", "segments", "bytes"):
+        t.add_column(col, justify="right" if col != "action" else "left")
+    buckets: dict[str, list[int]] = {}
+    for s in plan.segments:
+        key = s.action if s.action != "skip" else "skip: " + s.reason.split(":")[0]
+        row = buckets.setdefault(key, [0, 0])
+        row[0] += 1
+        row[1] += s.size
+    for key, (n, size) in sorted(buckets.items()):
+        t.add_row(key, f"{n:,}", _human(size))
+    for d in doc["skipped_dirs"][:20]:
+        t.add_row(f"skip dir {d['directory']}", "", d["reason"])
+    if doc["ignored_count"]:
+        t.add_row("ignored keys", f"{doc['ignored_count']:,}", "not Kafka segment files")
+    est = doc.get("estimate")
+    if est:
+        t.add_row("estimated savings", f"ratio {est['ratio']:.3f} ± {2 * est['ratio_stderr']:.3f}",
+                  f"{_human(est['saved_bytes_estimate'])} ({_human(est['saved_bytes_low'])} – "
+                  f"{_human(est['saved_bytes_high'])})")
+    return t
+
+
+def _rewrite_options(args: argparse.Namespace) -> RewriteOptions:
+    return RewriteOptions(Codec.parse(args.codec), args.level)
+
+
+def _write_plan(args: argparse.Namespace, plan: Plan) -> None:
+    if args.out is not None:
+        args.out.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+        _log(args, f"plan written to {args.out}")
+
+
+def _cmd_scan(args: argparse.Namespace) -> int:
+    store = _store(args)
+    plan = _scan(args, store)
+    if args.estimate:
+        plan.estimate = estimate(store, plan, _rewrite_options(args), segments=args.sample_segments,
+                                 sample_bytes=args.sample_bytes)
+    _write_plan(args, plan)
+    if args.json:
+        _emit_json(args.stdout, plan.to_json())
+    else:
+        _console(args.stdout).print(_plan_table(plan))
+    return 0
+
+
+def _load_plan(args: argparse.Namespace, store: S3Store) -> Plan:
+    text = args.plan
+    if text.startswith("s3://"):
+        bucket, _, key = text[5:].partition("/")
+        doc = S3Store(store.client, bucket).get_json(key)[0]
+    else:
+        try:
+            doc = json.loads(Path(text).read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read the plan: {e}", path=text) from None
+    plan = Plan.from_json(doc)
+    if (plan.bucket, plan.prefix) != (args.bucket, args.prefix.strip("/")) or plan.codec != Codec.parse(
+            args.codec).label:
+        raise ConfigError("the plan was made for another bucket, prefix or codec", path=text,
+                          expected=f"s3://{args.bucket}/{args.prefix} {args.codec}",
+                          found=f"s3://{plan.bucket}/{plan.prefix} {plan.codec}")
+    return plan
+
+
+def _segment_line(i: int, r: SegmentResult) -> str:
+    sizes = f" {_human(r.bytes_before)} → {_human(r.bytes_after)}" if r.status == "compacted" else ""
+    why = f": {r.reason}" if r.reason else ""
+    return f"[{i}] {r.directory}/{r.base_offset:020d}: {r.status}{' (recovered)' if r.recovered else ''}{sizes}{why}"
+
+
+def _run_table(run: RunResult) -> Table:
+    totals = run.totals()
+    t = Table(title=f"{run.kind} run {run.run_id} on s3://{run.bucket}/{run.prefix}", title_justify="left")
+    for col in ("segment", "status", "before", "after", "note"):
+        t.add_column(col, justify="right" if col in ("before", "after") else "left")
+    for r in run.segments[:200]:
+        t.add_row(f"{r.directory}/{r.base_offset:020d}", r.status + (" (recovered)" if r.recovered else ""),
+                  _human(r.bytes_before) if r.bytes_before else "", _human(r.bytes_after) if r.bytes_after else "",
+                  r.reason)
+    if len(run.segments) > 200:
+        t.add_row(f"... {len(run.segments) - 200:,} more (see --json)", "", "", "", "")
+    before, after = totals["bytes_before"], totals["bytes_after"]
+    ratio = f" (ratio {after / before:.3f}, saved {_human(before - after)})" if before else ""
+    t.caption = (", ".join(f"{k}: {v}" for k, v in totals.items() if k not in ("bytes_before", "bytes_after"))
+                 + f"; {_human(before)} → {_human(after)}{ratio}")
+    return t
+
+
+def _finish_run(args: argparse.Namespace, run: RunResult) -> int:
+    if args.json:
+        _emit_json(args.stdout, run.to_json())
+    else:
+        _console(args.stdout).print(_run_table(run))
+    return 1 if run.failed else 0
+
+
+def _cmd_compact(args: argparse.Namespace) -> int:
+    store = _store(args)
+    options = _rewrite_options(args)
+    plan = _load_plan(args, store) if args.plan else _scan(args, store)
+    if args.dry_run:
+        plan.estimate = estimate(store, plan, options, segments=args.sample_segments, sample_bytes=args.sample_bytes)
+        doc = {"dry_run": True, "plan": plan.to_json()}
+        if args.json:
+            _emit_json(args.stdout, doc)
+        else:
+            _console(args.stdout).print(_plan_table(plan))
+            _console(args.stdout).print("dry run: nothing was written")
+        return 0
+    run_id = args.run_id or new_run_id()
+    _log(args, f"run {run_id}: compacting to {options.codec.label} ...")
+    ctx = Context(store, args.prefix, run_id, options, work_dir=args.work_dir)
+    done = [0]
+
+    def progress(r: SegmentResult) -> None:
+        done[0] += 1
+        _log(args, _segment_line(done[0], r))
+
+    run = compact(store, plan, ctx, CompactOptions(args.max_segments, args.max_bytes, args.lease_ttl_seconds,
+                                                   args.workers), progress=progress)
+    return _finish_run(args, run)
+
+
+def _cmd_rollback(args: argparse.Namespace) -> int:
+    store = _store(args)
+    ctx = Context(store, args.prefix, new_run_id(), RewriteOptions(Codec.NONE))
+    _log(args, f"restoring the originals that run {args.run_id} replaced ...")
+    return _finish_run(args, rollback(store, ctx, args.run_id, args.lease_ttl_seconds))
+
+
+def _cmd_cleanup(args: argparse.Namespace) -> int:
+    store = _store(args)
+    ctx = Context(store, args.prefix, new_run_id(), RewriteOptions(Codec.NONE))
+    result = cleanup(store, ctx, grace_days=args.grace_days, stale_hours=args.stale_hours,
+                     lease_ttl=args.lease_ttl_seconds)
+    doc = result.to_json()
+    if args.json:
+        _emit_json(args.stdout, doc)
+    else:
+        args.stdout.write(f"deleted {doc['backups_deleted']} kept originals ({_human(doc['backup_bytes_deleted'])}) "
+                          f"past {args.grace_days} days, {doc['staging_deleted']} abandoned staging objects; "
+                          f"aborted {doc['uploads_aborted']} incomplete multipart uploads; finished "
+                          f"{len(doc['recovered'])} interrupted segment operations\n")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bucket", required=True, help="the bucket holding the logdir tree")
+    p.add_argument("--prefix", required=True, help="PREFIX of s3://BUCKET/PREFIX/<topic>-<partition>/...")
+    p.add_argument("--endpoint-url", default=None,
+                   help="S3 endpoint (default: AWS_ENDPOINT_URL, else AWS); credentials come from the AWS chain")
+    p.add_argument("--region", default=None, help="region (default: AWS_REGION / AWS_DEFAULT_REGION)")
+    p.add_argument("--lease-ttl-seconds", type=int, default=DEFAULT_TTL_SECONDS,
+                   help="a partition lease not renewed for this long (by S3's clock) may be taken over "
+                        "(default %(default)s)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("-v", "--verbose", action="store_true", help="progress lines on stderr even with --json")
+
+
+def _scan_args(p: argparse.ArgumentParser, *, codec_required: bool) -> None:
+    p.add_argument("--codec", required=codec_required, default=None if codec_required else "zstd",
+                   choices=CODEC_CHOICES, help="target codec" + ("" if codec_required else " (default zstd)"))
+    p.add_argument("--level", type=int, default=None, help="codec level (default: Kafka's default for the codec)")
+    p.add_argument("--topics", default=None, metavar="REGEX",
+                   help="only topics whose whole name matches this regular expression")
+    p.add_argument("--min-age-minutes", type=int, default=DEFAULT_MIN_AGE_MINUTES,
+                   help="leave segments whose objects were uploaded less than this long ago, by S3's "
+                        "LastModified (a guard against racing the uploader; default %(default)s)")
+    p.add_argument("--include-internal", action="store_true", help="include internal topics (names starting __)")
+    p.add_argument("--include-special", action="store_true",
+                   help="include Kafka's -delete, -future and -stray directories")
+    p.add_argument("--scan-workers", type=int, default=8, help="partitions listed at once (default %(default)s)")
+    p.add_argument("--sample-segments", type=int, default=DEFAULT_SAMPLE_SEGMENTS,
+                   help="segments sampled by an estimate (default %(default)s)")
+    p.add_argument("--sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES,
+                   help="bytes read from the start of each sampled segment (default %(default)s)")
+
+
+def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+    s3 = verbs.add_parser("s3", help="scan, compact, roll back and clean up segment prefixes on S3",
+                          description="Work on a Kafka logdir tree in S3: s3://BUCKET/PREFIX/<topic>-<partition>/"
+                                      "<20-digit base>.{log,index,timeindex}. Our own objects live under "
+                                      "PREFIX/_tiering/.")
+    sub = s3.add_subparsers(dest="s3_command", metavar="VERB", parser_class=parser_class)
+
+    p = sub.add_parser("scan", help="list a prefix and plan what a compaction would do",
+                       description="List every partition (paginated, in parallel) and classify each segment: "
+                                   "compact, or skip with the reason (active, too young, already compacted, "
+                                   "archived, incomplete, empty). Writes a versioned JSON plan with --out.")
+    _common(p)
+    _scan_args(p, codec_required=False)
+    p.add_argument("--out", type=Path, default=None, metavar="PLAN.json", help="write the plan to this file")
+    p.add_argument("--estimate", action="store_true", help="estimate the savings by recompressing sampled batches")
+    p.set_defaults(func=_cmd_scan)
+
+    p = sub.add_parser("compact", help="recompress sealed segments and swap them in with the commit protocol",
+                       description="Scan (or read --plan), then for each planned segment, under its partition's "
+                                   "lease: rewrite, stage, verify by reading back, back up the originals, swap "
+                                   "(indexes removed, .log replaced only if unchanged, new indexes put). "
+                                   "Interrupted runs are finished by the next run. Exit 1 if a segment failed "
+                                   "(it is left untouched), else 0.")
+    _common(p)
+    _scan_args(p, codec_required=True)
+    p.add_argument("--plan", default=None, metavar="PLAN.json", help="a plan from 'tiering s3 scan --out' "
+                   "(a local path or an s3:// URI) instead of scanning now")
+    p.add_argument("--max-segments", type=int, default=None, help="compact at most this many (largest first)")
+    p.add_argument("--max-bytes", type=int, default=None, help="compact at most this many .log bytes")
+    p.add_argument("--dry-run", action="store_true", help="plan and estimate the savings; write nothing")
+    p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
+    p.add_argument("--workers", type=int, default=1, help="partitions compacted at once (default %(default)s)")
+    p.add_argument("--work-dir", default=None, help="directory for spool files (default: the system's temp dir)")
+    p.set_defaults(func=_cmd_compact)
+
+    p = sub.add_parser("rollback", help="restore the originals a run replaced",
+                       description="Put back, from the kept backups, every original that run RUN_ID replaced and "
+                                   "whose replacement is still in place (same swap order as a compaction).")
+    _common(p)
+    p.add_argument("--run-id", required=True, help="the compaction run to undo")
+    p.set_defaults(func=_cmd_rollback)
+
+    p = sub.add_parser("cleanup", help="delete kept originals past the grace period and abandoned leftovers",
+                       description="Finish interrupted segment operations, then delete kept originals older than "
+                                   "the grace period, abandoned staging objects, and abort incomplete multipart "
+                                   "uploads (billed but invisible to a listing). Ages by S3's clock.")
+    _common(p)
+    p.add_argument("--grace-days", type=float, default=DEFAULT_GRACE_DAYS,
+                   help="keep originals this long after their replacement (default %(default)s)")
+    p.add_argument("--stale-hours", type=float, default=24.0,
+                   help="staging objects and uploads older than this are abandoned (default %(default)s)")
+    p.set_defaults(func=_cmd_cleanup)

@@ -1,0 +1,273 @@
+"""Runs on a bucket: compact a plan, roll a run back, clean up after the grace period.
+
+The per-segment protocol lives in :mod:`tiering.s3.protocol`; this module takes partition leases, applies
+the run's budget (``max_segments``/``max_bytes``, largest segments first), recovers what a crashed run
+left in flight, turns every per-segment problem into a result (never a crash of the whole run), and
+writes the run's result document to ``_tiering/runs/<run_id>/result.json``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from tiering.errors import InvalidDataError, TieringError
+from tiering.s3.layout import normalize_prefix, parse_dir, reserved_key
+from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseHeld, LeaseLost, clock_key, lease_key
+from tiering.s3.protocol import (
+    BACKUP_DIR,
+    FAILED,
+    JOURNAL_DIR,
+    SKIPPED,
+    STAGING_DIR,
+    Context,
+    SegmentResult,
+    SourceChanged,
+    Staged,
+    finish,
+    pending_journals,
+    recover_partition,
+    repair_segment,
+    stage_rollback,
+    stage_segment,
+)
+from tiering.s3.scan import REPAIR, Plan, PlannedSegment
+from tiering.s3.store import S3Store, StorageError
+
+RUN_SCHEMA_VERSION: Final = 1
+RUNS_DIR: Final = "runs"
+DEFAULT_GRACE_DAYS: Final = 7
+DEFAULT_STALE_HOURS: Final = 24  # staging objects and multipart uploads older than this are abandoned
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id (the local clock only names it; nothing is decided by it)."""
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True)
+class CompactOptions:
+    max_segments: int | None = None
+    max_bytes: int | None = None
+    lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
+    workers: int = 1  # partitions compacted at once
+
+
+@dataclass
+class RunResult:
+    kind: str
+    run_id: str
+    bucket: str
+    prefix: str
+    started_at: str
+    finished_at: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    segments: list[SegmentResult] = field(default_factory=list)
+
+    def totals(self) -> dict[str, int]:
+        done = [s for s in self.segments if s.status in ("compacted", "rolled-back")]
+        counts: dict[str, int] = {}
+        for s in self.segments:
+            counts[s.status] = counts.get(s.status, 0) + 1
+        return {"segments": len(self.segments), **dict(sorted(counts.items())),
+                "bytes_before": sum(s.bytes_before for s in done), "bytes_after": sum(s.bytes_after for s in done)}
+
+    @property
+    def failed(self) -> bool:
+        return any(s.status == FAILED for s in self.segments)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": RUN_SCHEMA_VERSION, "kind": self.kind, "run_id": self.run_id,
+                "bucket": self.bucket, "prefix": self.prefix, "started_at": self.started_at,
+                "finished_at": self.finished_at, "settings": self.settings, "totals": self.totals(),
+                "segments": [s.to_json() for s in self.segments]}
+
+
+def run_result_key(prefix: str, run_id: str, kind: str) -> str:
+    return reserved_key(prefix, RUNS_DIR, run_id, f"{kind}.json")
+
+
+def _select(plan: Plan, o: CompactOptions) -> tuple[list[PlannedSegment], list[SegmentResult]]:
+    """The plan's work within the budget, largest first; what the budget leaves out is reported."""
+    chosen: list[PlannedSegment] = []
+    left: list[SegmentResult] = []
+    total = 0
+    repairs = [s for s in plan.to_compact() if s.action == REPAIR]
+    todo = sorted((s for s in plan.to_compact() if s.action != REPAIR), key=lambda s: (-s.size, s.directory,
+                                                                                       s.base_offset))
+    for seg in todo:
+        if o.max_segments is not None and len(chosen) >= o.max_segments:
+            left.append(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "over the --max-segments budget"))
+        elif o.max_bytes is not None and total + seg.size > o.max_bytes:
+            left.append(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "over the --max-bytes budget"))
+        else:
+            chosen.append(seg)
+            total += seg.size
+    return repairs + chosen, left
+
+
+def _one(ctx: Context, seg: PlannedSegment, lease: Lease) -> SegmentResult:
+    try:
+        if seg.action == REPAIR:
+            return repair_segment(ctx, seg, lease)
+        staged = stage_segment(ctx, seg, lease)
+        if not isinstance(staged, Staged):
+            return staged
+        result = finish(ctx, staged.journal, staged.etag, lease, staged.spool)
+        return staged.result if result.status == staged.result.status else result
+    except SourceChanged as e:
+        return SegmentResult(seg.directory, seg.base_offset, SKIPPED, e.message, error=e.to_dict())
+    except InvalidDataError as e:
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"invalid data, original untouched: {e}",
+                             seg.size, error=e.to_dict())
+    except LeaseLost:
+        raise
+    except StorageError as e:
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"S3 error, original untouched: {e}",
+                             error=e.to_dict())
+
+
+def _with_lease(ctx: Context, directory: str, ttl: int, work: Callable[[Lease], list[SegmentResult]],
+                todo: list[tuple[str, int]]) -> list[SegmentResult]:
+    """Run ``work`` under the partition's lease; if the lease is busy or lost, report ``todo`` as skipped."""
+    lease = Lease(ctx.store, lease_key(ctx.prefix, directory), ctx.run_id, ttl)
+    try:
+        lease.acquire(ctx.prefix)
+    except LeaseHeld as e:
+        return [SegmentResult(d, b, SKIPPED, f"partition busy: {e.message}") for d, b in todo]
+    results: list[SegmentResult] = []
+    try:
+        results = work(lease)
+    except LeaseLost as e:
+        seen = {(r.directory, r.base_offset) for r in results}
+        results += [SegmentResult(d, b, SKIPPED, f"stopped: {e.message}") for d, b in todo if (d, b) not in seen]
+    finally:
+        lease.release()
+    return results
+
+
+def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
+            progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
+    """Compact what ``plan`` selected (see the module docstring); per-segment problems become results."""
+    run = RunResult("compact", ctx.run_id, store.bucket, ctx.prefix, datetime.now(UTC).isoformat(),
+                    settings={"codec": ctx.options.codec.label, "level": ctx.options.level,
+                              "max_segments": options.max_segments, "max_bytes": options.max_bytes,
+                              "plan_created_at": plan.created_at})
+    chosen, left = _select(plan, options)
+    run.segments += left
+    by_dir: dict[str, list[PlannedSegment]] = {}
+    for seg in chosen:
+        by_dir.setdefault(seg.directory, []).append(seg)
+
+    def partition(directory: str) -> list[SegmentResult]:
+        segments = by_dir[directory]
+
+        def work(lease: Lease) -> list[SegmentResult]:
+            out = recover_partition(ctx, directory, lease)
+            for seg in segments:
+                out.append(_one(ctx, seg, lease))
+                if progress is not None:
+                    progress(out[-1])
+            return out
+
+        return _with_lease(ctx, directory, options.lease_ttl_seconds, work,
+                           [(s.directory, s.base_offset) for s in segments])
+
+    with ThreadPoolExecutor(max_workers=max(1, options.workers), thread_name_prefix="compact") as pool:
+        for results in pool.map(partition, sorted(by_dir)):
+            run.segments += results
+    run.finished_at = datetime.now(UTC).isoformat()
+    store.put_json(run_result_key(ctx.prefix, ctx.run_id, "compact"), run.to_json())
+    return run
+
+
+def rollback(store: S3Store, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult:
+    """Put back the originals that run ``target_run`` replaced (wherever its ``.log`` is still in place)."""
+    run = RunResult("rollback", ctx.run_id, store.bucket, ctx.prefix, datetime.now(UTC).isoformat(),
+                    settings={"restores_run": target_run})
+    root = reserved_key(ctx.prefix, BACKUP_DIR, target_run) + "/"
+    segments: dict[str, set[int]] = {}
+    for info in store.list(root):
+        directory, _, name = info.key[len(root):].partition("/")
+        if name[:20].isdigit():
+            segments.setdefault(directory, set()).add(int(name[:20]))
+    if not segments:
+        raise TieringError("no backups of that run: nothing to roll back (or its grace period is over)",
+                           path=f"s3://{store.bucket}/{root}")
+    for directory, bases in sorted(segments.items()):
+        d = parse_dir(directory)
+        if d.topic is None or d.partition is None:
+            continue
+        topic, number = d.topic, d.partition
+
+        def work(lease: Lease, directory: str = directory, bases: set[int] = bases,
+                 topic: str = topic, number: int = number) -> list[SegmentResult]:
+            out = recover_partition(ctx, directory, lease)
+            for base in sorted(bases):
+                staged = stage_rollback(ctx, directory, base, topic, number, target_run)
+                out.append(staged if isinstance(staged, SegmentResult) else finish(ctx, *staged, lease))
+            return out
+
+        run.segments += _with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)])
+    run.finished_at = datetime.now(UTC).isoformat()
+    store.put_json(run_result_key(ctx.prefix, ctx.run_id, "rollback"), run.to_json())
+    return run
+
+
+@dataclass
+class CleanupResult:
+    backups_deleted: int = 0
+    backup_bytes_deleted: int = 0
+    staging_deleted: int = 0
+    uploads_aborted: int = 0
+    kept_referenced: int = 0
+    recovered: list[SegmentResult] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backups_deleted": self.backups_deleted, "backup_bytes_deleted": self.backup_bytes_deleted,
+                "staging_deleted": self.staging_deleted, "uploads_aborted": self.uploads_aborted,
+                "kept_referenced": self.kept_referenced, "recovered": [r.to_json() for r in self.recovered]}
+
+
+def cleanup(store: S3Store, ctx: Context, *, grace_days: float = DEFAULT_GRACE_DAYS,
+            stale_hours: float = DEFAULT_STALE_HOURS, lease_ttl: int = DEFAULT_TTL_SECONDS) -> CleanupResult:
+    """Converge journal entries left by crashed runs, then delete kept originals past the grace period,
+    abandoned staging objects, and incomplete multipart uploads; ages by S3's clock (LastModified)."""
+    prefix = normalize_prefix(ctx.prefix)
+    out = CleanupResult()
+    dirs = sorted({j["directory"] for j, _ in pending_journals(store, prefix)})
+    for directory in dirs:
+        def work(lease: Lease, directory: str = directory) -> list[SegmentResult]:
+            return recover_partition(ctx, directory, lease)
+
+        out.recovered += _with_lease(ctx, directory, lease_ttl, work, [])
+    referenced: set[str] = set()
+    for journal, _ in pending_journals(store, prefix):  # those still pending (their partition was busy)
+        referenced.update(v for v in journal["new"].values() if isinstance(v, str))
+        referenced.update(v for v in (journal.get("backup") or {}).values() if v)
+    now = store.now(clock_key(prefix))
+    for sub, age in ((BACKUP_DIR, timedelta(days=grace_days)), (STAGING_DIR, timedelta(hours=stale_hours))):
+        for info in store.list(reserved_key(prefix, sub) + "/"):
+            if now - info.last_modified < age:
+                continue
+            if info.key in referenced:
+                out.kept_referenced += 1
+                continue
+            store.delete(info.key, if_match=info.etag, missing_ok=True)
+            if sub == BACKUP_DIR:
+                out.backups_deleted += 1
+                out.backup_bytes_deleted += info.size
+            else:
+                out.staging_deleted += 1
+    for key, upload_id, initiated in store.list_uploads(reserved_key(prefix) + "/"):
+        if now - initiated > timedelta(hours=stale_hours):
+            store.abort_upload(key, upload_id)
+            out.uploads_aborted += 1
+    return out
+
+
+__all__ = ["JOURNAL_DIR", "CompactOptions", "RunResult", "cleanup", "compact", "new_run_id", "rollback"]

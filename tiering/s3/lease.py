@@ -1,0 +1,122 @@
+"""Partition leases: at most one run stages or commits a partition at a time (invariant 4).
+
+A lease is a small JSON object at ``PREFIX/_tiering/leases/<topic>-<partition>.json``:
+
+- acquire: ``PutObject`` with ``If-None-Match: *`` (exactly one contender creates it);
+- renew: ``PutObject`` with ``If-Match: <our ETag>`` (fails, and we stop, if anyone took it over);
+- expiry: by S3's clock only: the lease's ``LastModified`` plus its TTL is before S3's current time (the
+  ``Date`` of a response), so hosts with wrong clocks cannot steal a live lease;
+- takeover of an expired lease: ``PutObject`` with ``If-Match: <the expired lease's ETag>``: of several
+  contenders exactly one wins, and a holder that renewed in the meantime makes them all lose;
+- the same owner (a retried task of the same run) takes its own lease back at once;
+- release: ``DeleteObject`` with ``If-Match: <our ETag>`` (never deletes a successor's lease).
+
+Renewal is cooperative: the worker calls :meth:`Lease.keep_alive` at checkpoints (every MiB of a
+rewrite, before every commit step). The local monotonic clock only decides WHEN to renew; whether a
+lease is alive is always judged by S3's clock. Before each step that changes a final key, the protocol
+calls :meth:`Lease.check`, which renews unconditionally: a holder that lost its lease stops there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Final
+
+from tiering.errors import TieringError
+from tiering.s3.layout import reserved_key
+from tiering.s3.store import ObjectNotFound, PreconditionFailed, S3Store
+
+DEFAULT_TTL_SECONDS: Final = 600
+LEASES_DIR: Final = "leases"
+CLOCK_KEY: Final = "clock"
+
+
+class LeaseHeld(TieringError):
+    """Another run holds the partition's lease (the partition is skipped, not failed)."""
+
+
+class LeaseLost(TieringError):
+    """Our lease was taken over (it expired while we were stalled): stop touching the partition."""
+
+
+def lease_key(prefix: str, directory: str) -> str:
+    return reserved_key(prefix, LEASES_DIR, f"{directory}.json")
+
+
+def clock_key(prefix: str) -> str:
+    return reserved_key(prefix, CLOCK_KEY)
+
+
+@dataclass
+class Lease:
+    store: S3Store
+    key: str
+    owner: str
+    ttl_seconds: int = DEFAULT_TTL_SECONDS
+    etag: str | None = None
+    renewals: int = 0
+    _renewed_at: float = field(default=0.0, repr=False)
+
+    def _body(self) -> dict[str, object]:
+        return {"schema_version": 1, "owner": self.owner, "host": socket.gethostname(),
+                "ttl_seconds": self.ttl_seconds, "renewals": self.renewals}
+
+    def acquire(self, prefix: str) -> None:
+        """Create the lease, take back our own, or take over an expired one; :class:`LeaseHeld` otherwise."""
+        try:
+            self.etag = self.store.put_json(self.key, self._body(), if_none_match=True)
+        except PreconditionFailed:
+            self._take_over(prefix)
+        self._renewed_at = time.monotonic()
+
+    def _take_over(self, prefix: str) -> None:
+        try:
+            doc, etag = self.store.get_json(self.key)
+            info = self.store.head(self.key)
+        except ObjectNotFound:  # released in between: try once more to create it
+            self.etag = self.store.put_json(self.key, self._body(), if_none_match=True)
+            return
+        if info.etag != etag:
+            raise LeaseHeld("the partition's lease changed while we read it", path=self._where())
+        owner = str(doc.get("owner", "?"))
+        if owner != self.owner:
+            ttl = int(doc.get("ttl_seconds", DEFAULT_TTL_SECONDS))
+            age = self.store.now(clock_key(prefix)) - info.last_modified
+            if age <= timedelta(seconds=ttl):
+                raise LeaseHeld(f"run {owner} holds the partition's lease (renewed {age.total_seconds():.0f} s "
+                                f"ago by S3's clock, expires after {ttl} s)", path=self._where())
+        try:
+            self.etag = self.store.put_json(self.key, self._body(), if_match=etag)
+        except PreconditionFailed:
+            raise LeaseHeld("another run took the expired lease first", path=self._where()) from None
+
+    def check(self) -> None:
+        """Renew now; :class:`LeaseLost` when someone else holds the lease."""
+        if self.etag is None:
+            raise LeaseLost("the lease is not held", path=self._where())
+        self.renewals += 1
+        try:
+            self.etag = self.store.put_json(self.key, self._body(), if_match=self.etag)
+        except (PreconditionFailed, ObjectNotFound):
+            self.etag = None
+            raise LeaseLost("the partition's lease was taken over: another run owns the partition now",
+                            path=self._where()) from None
+        self._renewed_at = time.monotonic()
+
+    def keep_alive(self) -> None:
+        """Renew when a third of the TTL has passed since the last renewal (local time decides only when)."""
+        if time.monotonic() - self._renewed_at >= self.ttl_seconds / 3:
+            self.check()
+
+    def release(self) -> None:
+        if self.etag is not None:
+            with contextlib.suppress(PreconditionFailed):  # a successor's lease: not ours to delete
+                self.store.delete(self.key, if_match=self.etag, missing_ok=True)
+            self.etag = None
+
+    def _where(self) -> str:
+        return f"s3://{self.store.bucket}/{self.key}"

@@ -1,0 +1,427 @@
+"""The commit protocol: replace one segment's objects on S3 without ever losing data.
+
+See ``docs/commit-protocol.md`` for the state diagram and the reasoning behind every step. In short, per
+segment, under the partition's lease (:mod:`tiering.s3.lease`):
+
+1. **stage**: stream the ``.log`` (``GET If-Match`` the planned ETag) through the rewriter into a local
+   spool file; upload the new ``.log``, ``.index`` and ``.timeindex`` under ``_tiering/staging/``; read them
+   back from S3 and check them (CRCs, every record, the records digest equals the source's, the indexes
+   equal a rebuild); then create the segment's journal (``If-None-Match: *``) in state ``staged``;
+2. **back up**: server-side copy of the originals to ``_tiering/backup/<run>/`` (metadata, tags, storage
+   class and encryption kept); journal state ``backed-up``;
+3. **swap**: delete the old ``.index``/``.timeindex`` (``If-Match``), put the new ``.log`` over the old one
+   (``If-Match`` the planned ETag: a changed source is never overwritten), put the new indexes;
+4. **finish**: record the segment in the partition's state document, delete the staging objects, then the
+   journal.
+
+:func:`finish` is also the recovery: given a journal left by a crash it looks at the final ``.log`` (the
+planned original, ours, or someone else's) and rolls forward from wherever the crash happened, or
+abandons a segment whose source changed. Rollback of a run is the same swap with the backups as the
+new objects.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Final
+
+from tiering.errors import ConfigError, ProofError, TieringError
+from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_name
+from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
+from tiering.s3.layout import normalize_prefix, reserved_key, segment_key
+from tiering.s3.lease import Lease
+from tiering.s3.scan import PlannedSegment
+from tiering.s3.state import load_state, record_segment
+from tiering.s3.store import DEFAULT_PART_BYTES, ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
+
+JOURNAL_SCHEMA_VERSION: Final = 1
+JOURNAL_DIR: Final = "journal"
+STAGING_DIR: Final = "staging"
+BACKUP_DIR: Final = "backup"
+
+# Journal states (see the state diagram in docs/commit-protocol.md).
+STAGED: Final = "staged"
+BACKED_UP: Final = "backed-up"
+KIND_COMPACT: Final = "compact"
+KIND_ROLLBACK: Final = "rollback"
+
+# User metadata on the objects we write to final keys (S3 shows them as x-amz-meta-*).
+META_RUN: Final = "tiering-run"
+META_OP: Final = "tiering-op"
+META_CODEC: Final = "tiering-codec"
+META_SOURCE_ETAG: Final = "tiering-source-etag"
+META_RESTORED: Final = "tiering-restored-from-run"
+
+FILES: Final = (("log", LOG_SUFFIX), ("index", INDEX_SUFFIX), ("timeindex", TIME_INDEX_SUFFIX))
+COPY_CHUNK: Final = 1 << 20
+
+# Segment outcomes.
+COMPACTED: Final = "compacted"
+ROLLED_BACK: Final = "rolled-back"
+REPAIRED: Final = "repaired"
+SKIPPED: Final = "skipped"
+FAILED: Final = "failed"
+ABORTED: Final = "aborted"
+
+
+class SourceChanged(TieringError):
+    """An object changed (or vanished) since it was planned: the segment is left as it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    store: S3Store
+    prefix: str
+    run_id: str
+    options: RewriteOptions
+    work_dir: str | None = None  # where spool files go (the system's temporary directory by default)
+    part_bytes: int = DEFAULT_PART_BYTES
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
+
+
+@dataclass
+class SegmentResult:
+    directory: str
+    base_offset: int
+    status: str
+    reason: str = ""
+    bytes_before: int = 0
+    bytes_after: int = 0
+    recovered: bool = False
+    stats: dict[str, object] | None = None
+    error: dict[str, object] | None = None
+    run_id: str | None = None  # the run whose operation this is (differs from ours for a recovery)
+
+    def to_json(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+def journal_key(prefix: str, directory: str, base_offset: int) -> str:
+    return reserved_key(prefix, JOURNAL_DIR, directory, segment_name(base_offset, ".json"))
+
+
+def staging_key(prefix: str, run_id: str, directory: str, base_offset: int, suffix: str) -> str:
+    return reserved_key(prefix, STAGING_DIR, run_id, directory, segment_name(base_offset, suffix))
+
+
+def backup_key(prefix: str, run_id: str, directory: str, base_offset: int, suffix: str) -> str:
+    return reserved_key(prefix, BACKUP_DIR, run_id, directory, segment_name(base_offset, suffix))
+
+
+def _uri(store: S3Store, key: str) -> str:
+    return f"s3://{store.bucket}/{key}"
+
+
+def _spool(ctx: Context) -> BinaryIO:
+    return tempfile.TemporaryFile(prefix="tiering-", dir=ctx.work_dir)
+
+
+@dataclass
+class Staged:
+    """A journal entry in state ``staged``, with the local copy of the new ``.log`` when we still have it."""
+
+    journal: dict[str, Any]
+    etag: str
+    spool: BinaryIO | None = None
+    result: SegmentResult = field(default_factory=lambda: SegmentResult("", 0, ""))
+
+
+def stage_segment(ctx: Context, seg: PlannedSegment, lease: Lease) -> Staged | SegmentResult:
+    """Step 1: rewrite, upload to staging, verify by reading back, journal. Raises :class:`SourceChanged`
+    when the planned objects changed, an InvalidDataError for a corrupt source; returns a skipped
+    :class:`SegmentResult` when the rewrite would not save anything. Nothing outside ``_tiering/`` changes."""
+    store, base, d = ctx.store, seg.base_offset, seg.directory
+    assert seg.log is not None
+    attrs: dict[str, ObjectAttrs] = {}
+    source: dict[str, str | None] = {}
+    sizes: dict[str, int] = {}
+    for name, _ in FILES:
+        ref = getattr(seg, name)
+        if ref is None:
+            source[name] = None
+            continue
+        try:
+            info, attrs[name] = store.describe(ref.key)
+        except ObjectNotFound:
+            raise SourceChanged(f"the {name} file disappeared after planning", path=_uri(store, ref.key)) from None
+        if info.etag != ref.etag:
+            raise SourceChanged(f"the {name} file changed after planning", path=_uri(store, ref.key),
+                                expected=ref.etag, found=info.etag)
+        source[name], sizes[name] = info.etag, info.size
+    log_uri = _uri(store, seg.log.key)
+    spool = _spool(ctx)
+    try:
+        try:
+            with store.open(seg.log.key, if_match=seg.log.etag) as body:
+                result = rewrite_segment(body, spool, base_offset=base, options=ctx.options, path=log_uri,
+                                         size=seg.log.size, progress=lambda _: lease.keep_alive())
+        except PreconditionFailed:
+            raise SourceChanged("the .log changed after planning", path=log_uri, expected=seg.log.etag) from None
+        stats = result.stats
+        if stats.bytes_out >= stats.bytes_in:
+            spool.close()
+            return SegmentResult(d, base, SKIPPED, f"no savings: {ctx.options.codec.label} would not shrink it "
+                                 f"({stats.bytes_in} -> {stats.bytes_out} bytes)", stats.bytes_in, stats.bytes_in,
+                                 stats=stats.to_json())
+        lease.check()
+        new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in FILES}
+        spool.seek(0)
+        store.upload(new["log"], spool, part_bytes=ctx.part_bytes)
+        store.put(new["index"], result.indexes.offset_index)
+        store.put(new["timeindex"], result.indexes.time_index)
+        # Read back what S3 now holds and check it against what the source held.
+        with store.open(new["log"]) as body:
+            back = read_back(body, base_offset=base, path=_uri(store, new["log"]), size=stats.bytes_out,
+                             index_interval_bytes=ctx.options.index_interval_bytes,
+                             decompression_limit=ctx.options.decompression_limit)
+        _check_read_back(store, new, back.size, back.payload_xxh3, back.indexes.offset_index,
+                         back.indexes.time_index, stats.bytes_out, stats.payload_xxh3_in)
+        if back.indexes != result.indexes:
+            raise ProofError("the staged indexes differ from a rebuild of the staged .log",
+                             path=_uri(store, new["log"]))
+        op = f"{ctx.run_id}.{secrets.token_hex(4)}"
+        marks = {META_RUN: ctx.run_id, META_OP: op, META_CODEC: ctx.options.codec.label,
+                 META_SOURCE_ETAG: seg.log.etag.strip('"')}
+        log_attrs = attrs["log"]
+        journal = {
+            "schema_version": JOURNAL_SCHEMA_VERSION, "kind": KIND_COMPACT, "op": op, "run_id": ctx.run_id,
+            "state": STAGED, "directory": d, "base_offset": base,
+            "final": {name: segment_key(ctx.prefix, seg.topic, seg.partition, base, sfx) for name, sfx in FILES},
+            "source": source, "source_sizes": sizes,
+            "new": {"log": new["log"], "index": new["index"], "timeindex": new["timeindex"],
+                    "log_size": stats.bytes_out},
+            "attrs": {name: attrs.get(name, log_attrs).with_metadata(marks).to_json() for name, _ in FILES},
+            "backup": {name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if source[name] else None
+                       for name, sfx in FILES},
+            "payload_xxh3": stats.payload_xxh3_in,
+            "entry": {"codec": ctx.options.codec.label, "level": ctx.options.level, "run_id": ctx.run_id,
+                      "source_log_etag": seg.log.etag, "bytes_before": stats.bytes_in,
+                      "bytes_after": stats.bytes_out, "payload_xxh3": stats.payload_xxh3_in},
+        }
+        try:
+            etag = store.put_json(journal_key(ctx.prefix, d, base), journal, if_none_match=True)
+        except PreconditionFailed:
+            raise SourceChanged("a journal entry of another operation exists for this segment (recover first)",
+                                path=_uri(store, journal_key(ctx.prefix, d, base))) from None
+        return Staged(journal, etag, spool, SegmentResult(d, base, COMPACTED, "", stats.bytes_in, stats.bytes_out,
+                                                          stats=stats.to_json(), run_id=ctx.run_id))
+    except BaseException:
+        spool.close()
+        raise
+
+
+def _check_read_back(store: S3Store, new: dict[str, str], size: int, digest: str, offset_index: bytes,
+                     time_index: bytes, expected_size: int, expected_digest: str) -> None:
+    where = _uri(store, new["log"])
+    if size != expected_size:
+        raise ProofError("the staged .log read back has another size", path=where, expected=expected_size,
+                         found=size)
+    if digest != expected_digest:
+        raise ProofError("the staged .log does not hold the source's records", path=where,
+                         expected=f"records xxh3 {expected_digest}", found=digest)
+    for name, want in (("index", offset_index), ("timeindex", time_index)):
+        got = store.get(new[name])
+        if got != want:
+            raise ProofError(f"the staged .{name} is not the rebuild of the staged .log", path=_uri(store, new[name]),
+                             expected=f"{len(want)} bytes", found=f"{len(got)} bytes")
+
+
+def _download_verified(ctx: Context, journal: dict[str, Any]) -> BinaryIO:
+    """The new ``.log`` of a journal entry (staged, or a backup), copied to a spool file and checked again."""
+    store, key = ctx.store, journal["new"]["log"]
+    spool = _spool(ctx)
+    try:
+        with store.open(key) as body:
+            shutil.copyfileobj(body, spool, COPY_CHUNK)
+        spool.seek(0)
+        back = read_back(spool, base_offset=journal["base_offset"], path=_uri(store, key),
+                         decompression_limit=ctx.options.decompression_limit)
+        expected = journal.get("payload_xxh3")
+        if expected and back.payload_xxh3 != expected:
+            raise ProofError("the object to put in place does not hold the expected records", path=_uri(store, key),
+                             expected=f"records xxh3 {expected}", found=back.payload_xxh3)
+        spool.seek(0)
+        return spool
+    except BaseException:
+        spool.close()
+        raise
+
+
+def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: Lease,
+           spool: BinaryIO | None = None) -> SegmentResult:
+    """Steps 2-4 (or the rest of them, after a crash): idempotent, and safe to call with any journal entry."""
+    store = ctx.store
+    d, base, kind = journal["directory"], int(journal["base_offset"]), journal["kind"]
+    final, source = journal["final"], journal["source"]
+    entry = journal.get("entry") or {}
+    done = SegmentResult(d, base, COMPACTED if kind == KIND_COMPACT else ROLLED_BACK, "",
+                         int(entry.get("bytes_before", 0)), int(entry.get("bytes_after", 0)),
+                         run_id=journal["run_id"])
+    try:
+        current, _ = store.describe(final["log"])
+    except ObjectNotFound:
+        return _abandon(ctx, journal, etag, "the .log disappeared (deleted by retention?): nothing to replace")
+    swapped = current.metadata.get(META_OP) == journal["op"]
+    if not swapped and current.etag != source["log"]:
+        return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is left untouched")
+    if not swapped:
+        try:
+            spool = spool or _download_verified(ctx, journal)
+            if journal["state"] == STAGED and journal.get("backup"):
+                _back_up(ctx, journal)
+                journal["state"] = BACKED_UP
+                etag = store.put_json(journal_key(ctx.prefix, d, base), journal, if_match=etag)
+            lease.check()
+            for name in ("index", "timeindex"):
+                if source[name]:
+                    store.delete(final[name], if_match=source[name], missing_ok=True)
+            lease.check()
+            attrs = ObjectAttrs.from_json(journal["attrs"]["log"])
+            spool.seek(0)
+            try:
+                current = store.put_object(final["log"], spool, attrs, if_match=source["log"])
+            except PreconditionFailed:
+                return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is left "
+                                "untouched")
+        except SourceChanged as e:
+            return _abandon(ctx, journal, etag, e.message)
+        finally:
+            if spool is not None:
+                spool.close()
+    # The new .log is in place (maybe by a run that crashed): put its indexes, then forget the journal.
+    etags = {"log_etag": current.etag}
+    for name in ("index", "timeindex"):
+        if journal["new"].get(name):
+            data = store.get(journal["new"][name])
+            put = store.put_object(final[name], data, ObjectAttrs.from_json(journal["attrs"][name]))
+            etags[f"{name}_etag"] = put.etag
+    record_segment(store, ctx.prefix, d, base, {**entry, **etags} if kind == KIND_COMPACT else None)
+    if kind == KIND_COMPACT:
+        for name, _ in FILES:
+            store.delete(journal["new"][name], missing_ok=True)
+    store.delete(journal_key(ctx.prefix, d, base), if_match=etag, missing_ok=True)
+    return done
+
+
+def _back_up(ctx: Context, journal: dict[str, Any]) -> None:
+    """Server-side copies of the originals. moto ignores CopySourceIfMatch, so the source ETag is checked
+    again after the copy: a source that changed meanwhile stops the swap before anything is replaced."""
+    store, final, source = ctx.store, journal["final"], journal["source"]
+    for name, _ in FILES:
+        if not source[name]:
+            continue
+        target = journal["backup"][name]
+        attrs = ObjectAttrs.from_json(journal["attrs"][name])
+        try:
+            store.copy(final[name], target, source_etag=source[name], attrs=attrs)
+            copied, after = store.head(target), store.head(final[name])
+        except (PreconditionFailed, ObjectNotFound):
+            raise SourceChanged(f"the {name} file changed while it was backed up",
+                                path=_uri(store, final[name])) from None
+        if after.etag != source[name] or copied.size != journal["source_sizes"][name]:
+            raise SourceChanged(f"the {name} file changed while it was backed up", path=_uri(store, final[name]),
+                                expected=source[name], found=after.etag)
+
+
+def _abandon(ctx: Context, journal: dict[str, Any], etag: str, reason: str) -> SegmentResult:
+    """Give up a segment before its ``.log`` was replaced: drop staging and the journal; backups stay."""
+    store = ctx.store
+    if journal["kind"] == KIND_COMPACT:
+        for name, _ in FILES:
+            store.delete(journal["new"][name], missing_ok=True)
+    store.delete(journal_key(ctx.prefix, journal["directory"], int(journal["base_offset"])), if_match=etag,
+                 missing_ok=True)
+    return SegmentResult(journal["directory"], int(journal["base_offset"]), ABORTED, reason, run_id=journal["run_id"])
+
+
+def pending_journals(store: S3Store, prefix: str, directory: str | None = None) -> Iterator[tuple[dict[str, Any], str]]:
+    """Journal entries left in flight (by a crash, or by a stage step waiting for its commit)."""
+    under = reserved_key(prefix, JOURNAL_DIR, directory) + "/" if directory else reserved_key(prefix, JOURNAL_DIR) + "/"
+    for info in store.list(under):
+        try:
+            doc, etag = store.get_json(info.key)
+        except ObjectNotFound:
+            continue  # finished in between
+        if not isinstance(doc, dict) or doc.get("schema_version") != JOURNAL_SCHEMA_VERSION:
+            raise ConfigError("journal entry of an unknown version", path=_uri(store, info.key),
+                              expected=JOURNAL_SCHEMA_VERSION, found=doc.get("schema_version"))
+        yield doc, etag
+
+
+def recover_partition(ctx: Context, directory: str, lease: Lease) -> list[SegmentResult]:
+    """Finish (or abandon) every journal entry of the partition; the caller holds its lease."""
+    results = []
+    for journal, etag in list(pending_journals(ctx.store, ctx.prefix, directory)):
+        result = finish(ctx, journal, etag, lease)
+        result.recovered = True
+        results.append(result)
+    return results
+
+
+def repair_segment(ctx: Context, seg: PlannedSegment, lease: Lease) -> SegmentResult:
+    """Remove the indexes we rebuilt for a ``.log`` that has since been replaced (``If-Match``: only ours)."""
+    lease.check()
+    for ref in (seg.index, seg.timeindex):
+        if ref is not None:
+            try:
+                ctx.store.delete(ref.key, if_match=ref.etag, missing_ok=True)
+            except PreconditionFailed:
+                raise SourceChanged("an index changed after planning", path=_uri(ctx.store, ref.key)) from None
+    record_segment(ctx.store, ctx.prefix, seg.directory, seg.base_offset, None)
+    return SegmentResult(seg.directory, seg.base_offset, REPAIRED, seg.reason)
+
+
+def stage_rollback(ctx: Context, directory: str, base: int, topic: str, partition: int, target_run: str
+                   ) -> tuple[dict[str, Any], str] | SegmentResult:
+    """Journal the restore of one segment from ``target_run``'s backups, if that run's ``.log`` is still the
+    one in place; otherwise a skipped result saying what is there instead."""
+    store = ctx.store
+    final = {name: segment_key(ctx.prefix, topic, partition, base, sfx) for name, sfx in FILES}
+    backups = {name: backup_key(ctx.prefix, target_run, directory, base, sfx) for name, sfx in FILES}
+    try:
+        current, _ = store.describe(final["log"])
+    except ObjectNotFound:
+        return SegmentResult(directory, base, SKIPPED, "the .log is gone: nothing to restore over")
+    owner = current.metadata.get(META_RUN)
+    if owner != target_run:
+        what = f"run {owner}" if owner else "an object we did not write (the original, or a replacement)"
+        return SegmentResult(directory, base, SKIPPED, f"the .log in place is from {what}, not from run {target_run}")
+    source: dict[str, str | None] = {"log": current.etag}
+    attrs: dict[str, Any] = {}
+    new: dict[str, Any] = {}
+    op = f"{ctx.run_id}.{secrets.token_hex(4)}"
+    for name, _ in FILES:
+        if name != "log":
+            try:
+                source[name] = store.head(final[name]).etag
+            except ObjectNotFound:
+                source[name] = None
+        try:
+            info, original = store.describe(backups[name])
+        except ObjectNotFound:
+            if name == "log":
+                return SegmentResult(directory, base, FAILED, "the backup of the .log is missing",
+                                     error={"path": _uri(store, backups[name])})
+            new[name] = None
+            continue
+        new[name] = backups[name]
+        attrs[name] = original.with_metadata({META_RESTORED: target_run, META_OP: op}).to_json()
+        if name == "log":
+            new["log_size"] = info.size
+    entry = load_state(store, ctx.prefix, directory).get(str(base), {})
+    journal = {"schema_version": JOURNAL_SCHEMA_VERSION, "kind": KIND_ROLLBACK, "op": op, "run_id": ctx.run_id,
+               "state": BACKED_UP, "directory": directory, "base_offset": base, "final": final, "source": source,
+               "new": new, "attrs": attrs, "backup": None, "payload_xxh3": entry.get("payload_xxh3"),
+               "restores_run": target_run,
+               "entry": {"bytes_before": current.size, "bytes_after": new["log_size"]}}
+    try:
+        etag = store.put_json(journal_key(ctx.prefix, directory, base), journal, if_none_match=True)
+    except PreconditionFailed:
+        return SegmentResult(directory, base, SKIPPED, "another operation's journal entry is pending for it")
+    return journal, etag

@@ -1,0 +1,280 @@
+"""The scanner: list a ``logdir`` prefix and decide, per segment, what a compaction run may touch.
+
+Listing is paginated and runs one partition per worker thread (boto3 clients are thread-safe); nothing
+is read but listings and, per partition, our own small state document. Each segment gets an action:
+
+- ``compact``: sealed, readable, unchanged since we last saw it (or never compacted to this codec);
+- ``repair``: we compacted it, then something (a mirroring tool) put another ``.log`` back beside the
+  indexes we rebuilt: those indexes no longer match their log and must go (a broker rebuilds a missing
+  index, but trusts a present one);
+- ``skip``, with the reason: the active segment (highest base offset), uploaded within the grace period,
+  already compacted to the target codec, archived (GLACIER / DEEP_ARCHIVE: unreadable without a restore),
+  incomplete (index files without a ``.log``), empty, or too large to be a Kafka segment.
+
+Partition directories Kafka is deleting, moving or found stray (``-delete``, ``-future``, ``-stray``)
+and internal topics (``__*``) are skipped unless included. The result is a versioned JSON plan.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from tiering.errors import ConfigError
+from tiering.kafka.codecs import Codec, check_level
+from tiering.kafka.files import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SNAPSHOT_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    parse_segment_name,
+)
+from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
+from tiering.s3.layout import PARTITION_FILES, DirKind, PartitionDir, normalize_prefix, parse_dir
+from tiering.s3.lease import clock_key
+from tiering.s3.state import load_state
+from tiering.s3.store import ObjectInfo, S3Store
+
+PLAN_SCHEMA_VERSION: Final = 1
+DEFAULT_MIN_AGE_MINUTES: Final = 15
+DEFAULT_SCAN_WORKERS: Final = 8
+ARCHIVED_CLASSES: Final = frozenset({"GLACIER", "DEEP_ARCHIVE"})  # GLACIER_IR is readable at once
+MAX_IGNORED_LISTED: Final = 1000
+
+COMPACT: Final = "compact"
+REPAIR: Final = "repair"
+SKIP: Final = "skip"
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    key: str
+    size: int
+    etag: str
+    last_modified: str  # ISO 8601, S3's clock
+    storage_class: str
+
+    @classmethod
+    def of(cls, info: ObjectInfo) -> ObjectRef:
+        return cls(info.key, info.size, info.etag, info.last_modified.isoformat(), info.storage_class)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedSegment:
+    directory: str
+    topic: str
+    partition: int
+    base_offset: int
+    action: str
+    reason: str
+    log: ObjectRef | None = None
+    index: ObjectRef | None = None
+    timeindex: ObjectRef | None = None
+    txnindex: ObjectRef | None = None
+
+    @property
+    def size(self) -> int:
+        return self.log.size if self.log else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> PlannedSegment:
+        refs = {k: ObjectRef(**doc[k]) if doc.get(k) else None for k in ("log", "index", "timeindex", "txnindex")}
+        return cls(doc["directory"], doc["topic"], int(doc["partition"]), int(doc["base_offset"]), doc["action"],
+                   doc["reason"], **refs)
+
+
+@dataclass
+class Plan:
+    bucket: str
+    prefix: str
+    codec: str
+    level: int | None
+    min_age_minutes: int
+    topics: str | None
+    created_at: str
+    segments: list[PlannedSegment] = field(default_factory=list)
+    skipped_dirs: list[dict[str, str]] = field(default_factory=list)
+    ignored_keys: list[dict[str, str]] = field(default_factory=list)
+    ignored_count: int = 0
+    objects_listed: int = 0
+    estimate: dict[str, Any] | None = None
+
+    def to_compact(self) -> list[PlannedSegment]:
+        return [s for s in self.segments if s.action in (COMPACT, REPAIR)]
+
+    def totals(self) -> dict[str, Any]:
+        by_reason: dict[str, int] = {}
+        for s in self.segments:
+            if s.action == SKIP:
+                key = s.reason.split(":")[0]
+                by_reason[key] = by_reason.get(key, 0) + 1
+        todo = [s for s in self.segments if s.action == COMPACT]
+        return {"segments": len(self.segments), "to_compact": len(todo), "to_repair":
+                sum(s.action == REPAIR for s in self.segments), "bytes_to_compact": sum(s.size for s in todo),
+                "skipped": sum(by_reason.values()), "skipped_by_reason": dict(sorted(by_reason.items()))}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": PLAN_SCHEMA_VERSION, "kind": "tiering.plan", "bucket": self.bucket,
+                "prefix": self.prefix, "codec": self.codec, "level": self.level,
+                "min_age_minutes": self.min_age_minutes, "topics": self.topics, "created_at": self.created_at,
+                "objects_listed": self.objects_listed, "totals": self.totals(), "estimate": self.estimate,
+                "skipped_dirs": self.skipped_dirs, "ignored_keys": self.ignored_keys,
+                "ignored_count": self.ignored_count, "segments": [s.to_json() for s in self.segments]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Plan:
+        if doc.get("kind") != "tiering.plan" or doc.get("schema_version") != PLAN_SCHEMA_VERSION:
+            raise ConfigError("not a plan this version can read", expected=f"tiering.plan v{PLAN_SCHEMA_VERSION}",
+                              found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+        return cls(doc["bucket"], doc["prefix"], doc["codec"], doc["level"], int(doc["min_age_minutes"]),
+                   doc["topics"], doc["created_at"], [PlannedSegment.from_json(s) for s in doc["segments"]],
+                   list(doc["skipped_dirs"]), list(doc["ignored_keys"]), int(doc["ignored_count"]),
+                   int(doc["objects_listed"]), doc.get("estimate"))
+
+
+@dataclass(frozen=True, slots=True)
+class ScanOptions:
+    codec: str
+    level: int | None = None
+    topics: str | None = None  # a regex the whole topic name must match
+    min_age_minutes: int = DEFAULT_MIN_AGE_MINUTES
+    include_internal: bool = False
+    include_special: bool = False  # -delete / -future / -stray directories
+    workers: int = DEFAULT_SCAN_WORKERS
+
+    def __post_init__(self) -> None:
+        codec = Codec.parse(self.codec)
+        object.__setattr__(self, "codec", codec.label)
+        object.__setattr__(self, "level", check_level(codec, self.level))
+        if self.min_age_minutes < 0:
+            raise ConfigError("--min-age-minutes must not be negative", expected=">= 0", found=self.min_age_minutes)
+        if self.workers < 1:
+            raise ConfigError("scan workers must be at least 1", expected=">= 1", found=self.workers)
+        if self.topics is not None:
+            try:
+                re.compile(self.topics)
+            except re.error as e:
+                raise ConfigError(f"--topics is not a valid regular expression: {e}", found=self.topics) from None
+
+
+def _dir_skip_reason(d: PartitionDir, o: ScanOptions) -> str | None:
+    if d.kind is DirKind.OTHER:
+        return "not a Kafka partition directory (<topic>-<partition>)"
+    if d.kind in (DirKind.DELETE, DirKind.FUTURE, DirKind.STRAY) and not o.include_special:
+        return f"Kafka '-{d.kind.value}' directory (pass --include-special to include it)"
+    if d.internal and not o.include_internal:
+        return "internal topic (pass --include-internal to include it)"
+    if o.topics is not None and d.topic is not None and not re.fullmatch(o.topics, d.topic):
+        return "topic does not match --topics"
+    return None
+
+
+def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectInfo], state: dict[str, Any],
+                       now: datetime, o: ScanOptions, ignored: Callable[[str, str], None]) -> list[PlannedSegment]:
+    """Segments of one partition directory (its objects listed under ``dir_key``), each with its action and
+    reason (pure: no S3 here)."""
+    assert d.topic is not None
+    assert d.partition is not None
+    groups: dict[int, dict[str, ObjectInfo]] = {}
+    for info in objects:
+        file = info.key[len(dir_key):]
+        if file in PARTITION_FILES:
+            continue
+        parsed = parse_segment_name(file) if "/" not in file else None
+        if parsed is None:
+            ignored(info.key, "not a Kafka segment or partition file")
+            continue
+        groups.setdefault(parsed[0], {})[parsed[1]] = info
+    with_log = [base for base, g in groups.items() if LOG_SUFFIX in g]
+    active = max(with_log) if with_log else None
+    grace = timedelta(minutes=o.min_age_minutes)
+    out = []
+    for base in sorted(groups):
+        g = groups[base]
+        if set(g) <= {SNAPSHOT_SUFFIX}:
+            continue  # producer-state snapshots are partition state, not segment files
+        log = g.get(LOG_SUFFIX)
+        refs = {"log": log, "index": g.get(INDEX_SUFFIX), "timeindex": g.get(TIME_INDEX_SUFFIX),
+                "txnindex": g.get(TXN_INDEX_SUFFIX)}
+        action, reason = _classify(base, log, refs, active, state.get(str(base)), now, grace, o)
+        out.append(PlannedSegment(d.name, d.topic, d.partition, base, action, reason,
+                                  **{k: ObjectRef.of(v) if v else None for k, v in refs.items()}))
+    return out
+
+
+def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | None], active: int | None,
+              ours: dict[str, Any] | None, now: datetime, grace: timedelta, o: ScanOptions) -> tuple[str, str]:
+    if log is None:
+        return SKIP, "incomplete: index files without a .log (orphans; a broker ignores them)"
+    if ours is not None and ours.get("log_etag") != log.etag:
+        stale = [k for k in ("index", "timeindex") if (r := refs[k]) and ours.get(f"{k}_etag") == r.etag]
+        if stale:
+            return REPAIR, (f"the .log was replaced after run {ours.get('run_id')} compacted it (a mirroring tool?); "
+                            f"our rebuilt {' and '.join(stale)} no longer match it and are removed")
+        ours = None  # a new original: judged like any other segment
+    if base == active:
+        return SKIP, "active: the highest base offset of its partition (a broker may still append to it)"
+    if log.storage_class in ARCHIVED_CLASSES:
+        return SKIP, f"archived: {log.storage_class} objects cannot be read without a restore"
+    youngest = max(r.last_modified for r in refs.values() if r is not None)
+    if now - youngest < grace:
+        minutes = max(0, int((now - youngest).total_seconds() // 60))
+        return SKIP, f"too young: uploaded {minutes} min ago, within the {o.min_age_minutes}-minute grace period"
+    if log.size == 0:
+        return SKIP, "empty: the .log holds no batches"
+    if log.size > MAX_SEGMENT_BYTES:
+        return SKIP, f"invalid: {log.size} bytes is beyond Kafka's 2 GiB segment limit"
+    if ours is not None and ours.get("codec") == o.codec and ours.get("level") == o.level:
+        return SKIP, f"already compacted: {o.codec} by run {ours.get('run_id')}"
+    return COMPACT, "sealed"
+
+
+def scan(store: S3Store, prefix: str, options: ScanOptions,
+         progress: Callable[[int], None] | None = None) -> Plan:
+    """List ``prefix`` (paginated, parallel per partition) into a :class:`Plan`."""
+    root = normalize_prefix(prefix)
+    now = store.now(clock_key(root))
+    plan = Plan(store.bucket, root, options.codec, options.level, options.min_age_minutes, options.topics,
+                now.isoformat())
+
+    def ignored(key: str, reason: str) -> None:
+        plan.ignored_count += 1
+        if len(plan.ignored_keys) < MAX_IGNORED_LISTED:
+            plan.ignored_keys.append({"key": key, "reason": reason})
+
+    partitions: list[PartitionDir] = []
+    for dir_prefix in store.list_dirs(root + "/" if root else ""):
+        d = parse_dir(dir_prefix[len(root) + 1 if root else 0 :].rstrip("/"))
+        if d.kind is DirKind.RESERVED:
+            continue
+        reason = _dir_skip_reason(d, options)
+        if reason is None:
+            partitions.append(d)
+        else:
+            plan.skipped_dirs.append({"directory": d.name, "reason": reason})
+
+    def one(d: PartitionDir) -> tuple[PartitionDir, list[ObjectInfo], dict[str, Any]]:
+        return d, list(store.list(_dir_key(root, d.name))), load_state(store, root, d.name)
+
+    listed = 0
+    with ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="scan") as pool:
+        for d, objects, state in pool.map(one, partitions):
+            listed += len(objects)
+            plan.segments += classify_partition(d, _dir_key(root, d.name), objects, state, now, options, ignored)
+            if progress is not None:
+                progress(listed)
+    plan.objects_listed = listed
+    return plan
+
+
+
+def _dir_key(root: str, name: str) -> str:
+    return f"{root}/{name}/" if root else f"{name}/"

@@ -1,0 +1,50 @@
+"""Seed a bucket with a realistic ``logdir`` tree (for the demo, the tests and the benchmark).
+
+Each partition gets ``segments`` segments of generated batches with the indexes Kafka would have written
+for them, plus the partition files a broker keeps beside them; the last segment is the active one.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from tiering.kafka.codecs import Codec
+from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from tiering.kafka.index import build_indexes
+from tiering.kafka.segment import verify_segment
+from tiering.s3.layout import partition_key, segment_key
+from tiering.s3.store import S3Store
+from tiering.sample import write_segment
+
+
+@dataclass(frozen=True, slots=True)
+class SeededSegment:
+    topic: str
+    partition: int
+    base_offset: int
+    log_key: str
+    size: int
+
+
+def seed_partition(store: S3Store, prefix: str, topic: str, partition: int, *, segments: int, kind: str,
+                   codec: Codec, segment_bytes: int, seed: int = 0) -> list[SeededSegment]:
+    out = []
+    base = 0
+    for i in range(segments):
+        buf = io.BytesIO()
+        sample = write_segment(buf, base_offset=base, kind=kind, codec=codec, target_bytes=segment_bytes,
+                               seed=seed + i, start_ms=1_763_800_000_000 + base)
+        data = buf.getvalue()
+        summary = verify_segment(io.BytesIO(data), segment_base=base, digests=False)
+        indexes = build_indexes(base, summary.batches)
+        key = segment_key(prefix, topic, partition, base, LOG_SUFFIX)
+        store.put(key, data)
+        store.put(segment_key(prefix, topic, partition, base, INDEX_SUFFIX), indexes.offset_index)
+        store.put(segment_key(prefix, topic, partition, base, TIME_INDEX_SUFFIX), indexes.time_index)
+        out.append(SeededSegment(topic, partition, base, key, len(data)))
+        base = sample.next_offset
+    root = partition_key(prefix, topic, partition)
+    store.put(root + "leader-epoch-checkpoint", b"0\n1\n0 0\n")
+    store.put(root + "partition.metadata", b"version: 0\ntopic_id: AAAAAAAAAAAAAAAAAAAAAA\n")
+    return out
