@@ -180,6 +180,7 @@ def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
     with ThreadPoolExecutor(max_workers=max(1, options.workers), thread_name_prefix="compact") as pool:
         for results in pool.map(partition, sorted(by_dir)):
             run.segments += results
+    run.segments.sort(key=lambda r: (r.directory, r.base_offset))
     run.finished_at = datetime.now(UTC).isoformat()
     store.put_json(run_result_key(ctx.prefix, ctx.run_id, "compact"), run.to_json())
     return run

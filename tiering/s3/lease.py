@@ -20,6 +20,7 @@ calls :meth:`Lease.check`, which renews unconditionally: a holder that lost its 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ class Lease:
 
     def _body(self) -> dict[str, object]:
         return {"schema_version": 1, "owner": self.owner, "host": socket.gethostname(),
-                "ttl_seconds": self.ttl_seconds, "renewals": self.renewals}
+                "ttl_seconds": self.ttl_seconds, "renewals": self.renewals, "token": secrets.token_hex(8)}
 
     def acquire(self, prefix: str) -> None:
         """Create the lease, take back our own, or take over an expired one; :class:`LeaseHeld` otherwise."""

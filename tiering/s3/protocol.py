@@ -287,8 +287,12 @@ def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: Lease,
             try:
                 current = store.put_object(final["log"], spool, attrs, if_match=source["log"])
             except PreconditionFailed:
-                return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is left "
-                                "untouched")
+                # Either someone replaced the .log, or this PUT happened and only its answer was lost (the
+                # retry then fails its own condition): our op id on the object tells them apart.
+                current, _ = store.describe(final["log"])
+                if current.metadata.get(META_OP) != journal["op"]:
+                    return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is "
+                                    "left untouched")
         except SourceChanged as e:
             return _abandon(ctx, journal, etag, e.message)
         finally:
@@ -298,15 +302,33 @@ def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: Lease,
     etags = {"log_etag": current.etag}
     for name in ("index", "timeindex"):
         if journal["new"].get(name):
-            data = store.get(journal["new"][name])
-            put = store.put_object(final[name], data, ObjectAttrs.from_json(journal["attrs"][name]))
-            etags[f"{name}_etag"] = put.etag
+            etags[f"{name}_etag"] = _put_index(ctx, journal, name)
     record_segment(store, ctx.prefix, d, base, {**entry, **etags} if kind == KIND_COMPACT else None)
     if kind == KIND_COMPACT:
         for name, _ in FILES:
             store.delete(journal["new"][name], missing_ok=True)
     store.delete(journal_key(ctx.prefix, d, base), if_match=etag, missing_ok=True)
     return done
+
+
+def _put_index(ctx: Context, journal: dict[str, Any], name: str) -> str:
+    """Put one new index in place (unless a crashed run of this operation already did); its ETag."""
+    store, final, op = ctx.store, journal["final"], journal["op"]
+    try:
+        there = store.head(final[name])
+        if there.metadata.get(META_OP) == op:
+            return there.etag
+    except ObjectNotFound:
+        pass
+    try:
+        data = store.get(journal["new"][name])
+    except ObjectNotFound:  # only if the staging copy went first: rebuild from the .log in place
+        with store.open(final["log"]) as body:
+            rebuilt = read_back(body, base_offset=int(journal["base_offset"]), path=_uri(store, final["log"]),
+                                index_interval_bytes=ctx.options.index_interval_bytes,
+                                decompression_limit=ctx.options.decompression_limit).indexes
+        data = rebuilt.offset_index if name == "index" else rebuilt.time_index
+    return store.put_object(final[name], data, ObjectAttrs.from_json(journal["attrs"][name])).etag
 
 
 def _back_up(ctx: Context, journal: dict[str, Any]) -> None:

@@ -19,16 +19,16 @@ from tiering.sample import write_segment
 
 
 @dataclass(frozen=True, slots=True)
-class SeededSegment:
-    topic: str
-    partition: int
+class GeneratedSegment:
     base_offset: int
-    log_key: str
-    size: int
+    log: bytes
+    offset_index: bytes
+    time_index: bytes
 
 
-def seed_partition(store: S3Store, prefix: str, topic: str, partition: int, *, segments: int, kind: str,
-                   codec: Codec, segment_bytes: int, seed: int = 0) -> list[SeededSegment]:
+def generate_partition(*, segments: int, kind: str, codec: Codec, segment_bytes: int,
+                       seed: int = 0) -> tuple[GeneratedSegment, ...]:
+    """Segments of generated batches with the indexes Kafka would have written for them."""
     out = []
     base = 0
     for i in range(segments):
@@ -38,13 +38,37 @@ def seed_partition(store: S3Store, prefix: str, topic: str, partition: int, *, s
         data = buf.getvalue()
         summary = verify_segment(io.BytesIO(data), segment_base=base, digests=False)
         indexes = build_indexes(base, summary.batches)
-        key = segment_key(prefix, topic, partition, base, LOG_SUFFIX)
-        store.put(key, data)
-        store.put(segment_key(prefix, topic, partition, base, INDEX_SUFFIX), indexes.offset_index)
-        store.put(segment_key(prefix, topic, partition, base, TIME_INDEX_SUFFIX), indexes.time_index)
-        out.append(SeededSegment(topic, partition, base, key, len(data)))
+        out.append(GeneratedSegment(base, data, indexes.offset_index, indexes.time_index))
         base = sample.next_offset
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class SeededSegment:
+    topic: str
+    partition: int
+    base_offset: int
+    log_key: str
+    size: int
+
+
+def upload_partition(store: S3Store, prefix: str, topic: str, partition: int,
+                     generated: tuple[GeneratedSegment, ...]) -> list[SeededSegment]:
+    """Put generated segments and the partition files a broker keeps beside them."""
+    out = []
+    for g in generated:
+        key = segment_key(prefix, topic, partition, g.base_offset, LOG_SUFFIX)
+        store.put(key, g.log)
+        store.put(segment_key(prefix, topic, partition, g.base_offset, INDEX_SUFFIX), g.offset_index)
+        store.put(segment_key(prefix, topic, partition, g.base_offset, TIME_INDEX_SUFFIX), g.time_index)
+        out.append(SeededSegment(topic, partition, g.base_offset, key, len(g.log)))
     root = partition_key(prefix, topic, partition)
     store.put(root + "leader-epoch-checkpoint", b"0\n1\n0 0\n")
     store.put(root + "partition.metadata", b"version: 0\ntopic_id: AAAAAAAAAAAAAAAAAAAAAA\n")
     return out
+
+
+def seed_partition(store: S3Store, prefix: str, topic: str, partition: int, *, segments: int, kind: str,
+                   codec: Codec, segment_bytes: int, seed: int = 0) -> list[SeededSegment]:
+    generated = generate_partition(segments=segments, kind=kind, codec=codec, segment_bytes=segment_bytes, seed=seed)
+    return upload_partition(store, prefix, topic, partition, generated)

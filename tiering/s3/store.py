@@ -26,6 +26,7 @@ from urllib.parse import urlencode
 import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from botocore.loaders import create_loader
 
 from tiering.errors import ConfigError, TieringError
 
@@ -88,13 +89,19 @@ def translate(error: ClientError, *, bucket: str, key: str | None, action: str) 
     return err
 
 
+_LOADER: Final = create_loader()
+
+
 def make_client(*, endpoint_url: str | None = None, region: str | None = None,
                 max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Any:
     """An S3 client from the standard AWS environment; explicit arguments win over it."""
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     config = Config(retries={"mode": "standard", "total_max_attempts": max_attempts}, region_name=region)
-    # boto3 itself reads AWS_ENDPOINT_URL(_S3) and the credentials chain when endpoint_url is None.
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+    # boto3 itself reads AWS_ENDPOINT_URL(_S3) and the credentials chain when endpoint_url is None. A new
+    # session per client keeps credentials current; its loader is shared, so the service model is parsed once.
+    session = boto3.session.Session()
+    session._session.register_component("data_loader", _LOADER)
+    return session.client("s3", endpoint_url=endpoint_url, config=config)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,8 +267,23 @@ class S3Store:
             return json.loads(body.read()), str(r["ETag"])
 
     def put_json(self, key: str, doc: object, *, if_match: str | None = None, if_none_match: bool = False) -> str:
+        """Write a JSON document, conditionally like :meth:`put`; returns its ETag.
+
+        A conditional write that S3 performed but whose answer was lost (a 5xx or a dropped connection)
+        is retried by botocore, and the retry then fails its own condition. So on ``PreconditionFailed``
+        the document is read back: if it is exactly ours, our write happened. Documents that must never
+        be mistaken for another writer's carry a unique token (leases, journal entries)."""
         data = json.dumps(doc, indent=1, sort_keys=True).encode()
-        return self.put_object(key, data, _JSON_ATTRS, if_match=if_match, if_none_match=if_none_match).etag
+        try:
+            return self.put_object(key, data, _JSON_ATTRS, if_match=if_match, if_none_match=if_none_match).etag
+        except PreconditionFailed:
+            try:
+                there, etag = self.get_json(key)
+            except ObjectNotFound:
+                raise
+            if there == json.loads(data):
+                return etag
+            raise
 
     def list_dirs(self, prefix: str) -> Iterator[str]:
         """The "directories" directly under ``prefix`` (which ends with ``/`` or is empty), paginated."""

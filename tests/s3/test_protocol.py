@@ -1,0 +1,316 @@
+"""The commit protocol against moto's in-process S3: compaction, safety rules, rollback, cleanup."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+from botocore.awsrequest import AWSResponse
+from botocore.exceptions import ConnectionClosedError
+
+from tests.s3.conftest import (
+    PREFIX,
+    TOPIC,
+    check_consistent,
+    context,
+    fresh_store,
+    no_pending,
+    plan_for,
+    seed,
+)
+from tiering.kafka.codecs import Codec
+from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from tiering.s3.compact import CompactOptions, cleanup, compact, rollback
+from tiering.s3.layout import segment_key
+from tiering.s3.lease import Lease, lease_key
+from tiering.s3.protocol import META_CODEC, META_RUN, META_SOURCE_ETAG, pending_journals
+from tiering.s3.scan import SKIP
+from tiering.s3.store import ObjectAttrs, ObjectNotFound, S3Store
+
+DIR = f"{TOPIC}-0"
+
+
+def key(base: int, suffix: str = LOG_SUFFIX) -> str:
+    return segment_key(PREFIX, TOPIC, 0, base, suffix)
+
+
+def test_compaction_rewrites_sealed_segments_and_keeps_records_and_attributes(store: S3Store) -> None:
+    originals = seed(store)
+    sealed, active = sorted(originals)[:-1], sorted(originals)[-1]
+    # The original .log of the first segment carries metadata, tags, a content type and a storage class.
+    attrs = ObjectAttrs({"owner": "team-a"}, {"ContentType": "application/octet-stream"}, {"cost-center": "42"},
+                        "STANDARD_IA")
+    store.put_object(key(sealed[0]), originals[sealed[0]].log, attrs)
+    source_etag = store.head(key(sealed[0])).etag
+    run = compact(store, plan_for(store), context(store), CompactOptions())
+    assert [(r.base_offset, r.status) for r in run.segments] == [(b, "compacted") for b in sealed]
+    assert run.totals()["bytes_after"] < run.totals()["bytes_before"]
+    codecs = check_consistent(store, originals)
+    assert [codecs[b] for b in sealed] == ["zstd"] * len(sealed)
+    assert codecs[active] == "snappy"  # the active segment is never touched
+    info, new_attrs = store.describe(key(sealed[0]))
+    assert new_attrs.tags == {"cost-center": "42"}
+    assert new_attrs.storage_class == "STANDARD_IA"
+    assert new_attrs.headers["ContentType"] == "application/octet-stream"
+    assert new_attrs.metadata["owner"] == "team-a"
+    assert info.metadata[META_RUN] == "run-1"
+    assert info.metadata[META_CODEC] == "zstd"
+    assert info.metadata[META_SOURCE_ETAG] == source_etag.strip('"')
+    assert store.describe(key(sealed[0], INDEX_SUFFIX))[1].storage_class == "STANDARD"  # as its own original
+    # Nothing of ours is left outside the kept originals, the state and the run's result.
+    ours = {k.key.split("/_tiering/")[1].split("/")[0] for k in store.list(f"{PREFIX}/_tiering/")}
+    assert ours <= {"backup", "state", "runs", "clock"}
+    assert no_pending(store)
+    stored = store.get_json(f"{PREFIX}/_tiering/runs/run-1/compact.json")[0]
+    assert stored["totals"]["compacted"] == len(sealed)
+
+
+def test_a_second_run_finds_everything_already_compacted(store: S3Store) -> None:
+    seed(store)
+    compact(store, plan_for(store), context(store), CompactOptions())
+    plan = plan_for(store)
+    reasons = {s.base_offset: s.reason for s in plan.segments}
+    assert [s.action for s in plan.segments] == [SKIP] * len(plan.segments)
+    assert sum(r.startswith("already compacted: zstd by run run-1") for r in reasons.values()) == 2
+    # Another codec is new work for the same segments.
+    assert len(plan_for(store, codec="gzip").to_compact()) == 2
+
+
+def test_two_compactions_of_one_partition_at_once_one_skips(store: S3Store) -> None:
+    seed(store)
+    other = Lease(store, lease_key(PREFIX, DIR), owner="run-other", ttl_seconds=600)
+    other.acquire(PREFIX)
+    run = compact(store, plan_for(store), context(store), CompactOptions())
+    assert {r.status for r in run.segments} == {"skipped"}
+    assert all("partition busy: run run-other holds the partition's lease" in r.reason for r in run.segments)
+    other.release()
+    run = compact(store, plan_for(store), context(store, "run-2"), CompactOptions())
+    assert {r.status for r in run.segments} == {"compacted"}
+
+
+def test_concurrent_runs_in_threads_never_both_compact_a_segment(store: S3Store) -> None:
+    import threading
+
+    originals = seed(store)
+    plan = plan_for(store)
+    results: dict[str, Any] = {}
+
+    def go(run_id: str) -> None:
+        s = fresh_store()
+        results[run_id] = compact(s, plan, context(s, run_id), CompactOptions())
+
+    threads = [threading.Thread(target=go, args=(f"run-{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    compacted = [r for run in results.values() for r in run.segments if r.status == "compacted"]
+    assert len(compacted) == 2  # each sealed segment exactly once
+    check_consistent(store, originals)
+
+
+def test_a_source_replaced_after_planning_is_skipped_and_left_alone(store: S3Store) -> None:
+    originals = seed(store)
+    plan = plan_for(store)
+    first = sorted(originals)[0]
+    replacement = originals[sorted(originals)[1]].log  # any other valid bytes
+    store.put(key(first), replacement)
+    run = compact(store, plan, context(store), CompactOptions())
+    status = {r.base_offset: (r.status, r.reason) for r in run.segments}
+    assert status[first][0] == "skipped"
+    assert "changed after planning" in status[first][1]
+    assert store.get(key(first)) == replacement
+    assert status[sorted(originals)[1]][0] == "compacted"
+
+
+def test_a_source_replaced_just_before_the_swap_is_never_overwritten(store: S3Store) -> None:
+    """The replacement lands after staging and backup, right before the .log PUT (If-Match stops it)."""
+    originals = seed(store)
+    first = sorted(originals)[0]
+    plan = plan_for(store)
+    worker = fresh_store()
+    replacement = b"a mirror tool's upload"
+
+    def before_put(params: dict[str, Any], **_: Any) -> None:
+        if params.get("Key") == key(first) and params.get("IfMatch"):
+            fresh_store().put(key(first), replacement)
+
+    worker.client.meta.events.register("before-parameter-build.s3.PutObject", before_put)
+    run = compact(worker, plan, context(worker), CompactOptions())
+    status = {r.base_offset: (r.status, r.reason) for r in run.segments}
+    assert status[first] == ("aborted", "the .log changed after planning: the new object is left untouched")
+    assert store.get(key(first)) == replacement
+    assert no_pending(store)
+    backup = f"{PREFIX}/_tiering/backup/run-1/{DIR}/{first:020d}.log"
+    assert store.get(backup) == originals[first].log  # the original is still recoverable
+
+
+def test_a_corrupt_segment_fails_alone_and_is_not_modified(store: S3Store) -> None:
+    originals = seed(store, segments=4)
+    bad = sorted(originals)[1]
+    data = bytearray(originals[bad].log)
+    data[200] ^= 0xFF  # inside the first batch: its CRC no longer matches
+    store.put(key(bad), bytes(data))
+    run = compact(store, plan_for(store), context(store), CompactOptions())
+    status = {r.base_offset: r for r in run.segments}
+    assert status[bad].status == "failed"
+    assert "invalid data, original untouched" in status[bad].reason
+    assert status[bad].error is not None
+    assert status[bad].error["base_offset"] == bad
+    assert store.get(key(bad)) == bytes(data)
+    assert [status[b].status for b in sorted(originals)[:-1] if b != bad] == ["compacted", "compacted"]
+    assert run.failed
+
+
+class _Raw:
+    def __init__(self, body: bytes) -> None:
+        self._body = io.BytesIO(body)
+
+    def stream(self, **_: Any) -> Any:
+        yield self._body.read()
+
+
+def test_transient_errors_are_retried_and_the_run_succeeds(store: S3Store) -> None:
+    """Two kinds of transient failure, both retried by botocore's standard mode: a dropped connection
+    before S3 sees the request, and a 500/503/SlowDown answer to a request S3 DID execute (moto's stub
+    runs before our hook). The second kind makes a retried conditional write fail its own condition: the
+    protocol must recognise its own write."""
+    originals = seed(store)
+    worker = fresh_store()
+    injected: list[str] = []
+    attempts = [0]
+
+    def lost_on_the_way(request: Any, **_: Any) -> None:
+        attempts[0] += 1
+        if attempts[0] % 5 == 0:
+            injected.append("ConnectionClosed")
+            raise ConnectionClosedError(endpoint_url=request.url)
+
+    def answer_lost(request: Any, **_: Any) -> AWSResponse | None:
+        if attempts[0] % 3:
+            return None
+        code, status = [("InternalError", 500), ("ServiceUnavailable", 503), ("SlowDown", 503)][len(injected) % 3]
+        injected.append(code)
+        body = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+        return AWSResponse(request.url, status, {}, _Raw(body))
+
+    worker.client.meta.events.register_first("before-send.s3.*", lost_on_the_way)
+    worker.client.meta.events.register_last("before-send.s3.*", answer_lost)
+    run = compact(worker, plan_for(store), context(worker), CompactOptions())
+    assert {"ConnectionClosed", "InternalError", "ServiceUnavailable", "SlowDown"} <= set(injected)
+    assert {r.status for r in run.segments} == {"compacted"}, [r.reason for r in run.segments]
+    assert no_pending(store)
+    check_consistent(store, originals)
+    assert not list(store.list(f"{PREFIX}/_tiering/leases/"))
+
+
+def test_conditions_moto_ignores_are_sent(store: S3Store) -> None:
+    """CopyObject's source condition is not enforced by moto: assert the header goes out; and the ones it
+    enforces (PutObject If-Match / If-None-Match, DeleteObject If-Match) are used where the doc says."""
+    seed(store)
+    worker = fresh_store()
+    sent: list[tuple[str, str, dict[str, str]]] = []
+
+    def record(request: Any, **_: Any) -> None:
+        sent.append((request.method, request.url.split("?")[0], dict(request.headers)))
+
+    worker.client.meta.events.register("before-send.s3.*", record)
+    compact(worker, plan_for(store), context(worker), CompactOptions())
+    copies = [h for m, u, h in sent if m == "PUT" and "x-amz-copy-source" in h]
+    assert copies
+    assert all("x-amz-copy-source-if-match" in h for h in copies)
+    log_puts = [h for m, u, h in sent if m == "PUT" and u.endswith(".log") and "/_tiering/" not in u
+                and "x-amz-copy-source" not in h]
+    assert log_puts
+    assert all("If-Match" in h for h in log_puts)
+    index_deletes = [h for m, u, h in sent if m == "DELETE" and u.endswith("index") and "/_tiering/" not in u]
+    assert index_deletes
+    assert all("If-Match" in h for h in index_deletes)
+    lease_creates = [h for m, u, h in sent if m == "PUT" and "/_tiering/leases/" in u and "If-None-Match" in h]
+    assert lease_creates
+
+
+def test_rollback_restores_the_originals_of_a_run(store: S3Store) -> None:
+    originals = seed(store)
+    sealed = sorted(originals)[:-1]
+    compact(store, plan_for(store), context(store), CompactOptions())
+    run = rollback(store, context(store, "undo-1"), "run-1")
+    assert [(r.base_offset, r.status) for r in run.segments] == [(b, "rolled-back") for b in sealed]
+    for base in sealed:
+        assert store.get(key(base)) == originals[base].log
+        info = store.head(key(base))
+        assert info.metadata.get(META_RUN) is None
+    check_consistent(store, originals)
+    assert no_pending(store)
+    # The indexes are the originals' again.
+    assert all(store.get(key(b, TIME_INDEX_SUFFIX)) for b in sealed)
+    # A second rollback finds nothing of run-1 in place and says so.
+    again = rollback(store, context(store, "undo-2"), "run-1")
+    assert {r.status for r in again.segments} == {"skipped"}
+
+
+def test_rollback_leaves_a_segment_replaced_by_a_later_run(store: S3Store) -> None:
+    seed(store)
+    compact(store, plan_for(store, codec="gzip"), context(store, "run-1", Codec.GZIP), CompactOptions())
+    compact(store, plan_for(store), context(store, "run-2"), CompactOptions())  # zstd: smaller again
+    run = rollback(store, context(store, "undo"), "run-1")
+    assert {r.status for r in run.segments} == {"skipped"}
+    assert all("from run run-2, not from run run-1" in r.reason for r in run.segments)
+
+
+def test_budget_takes_the_largest_segments_first(store: S3Store) -> None:
+    seed(store, segments=4)
+    plan = plan_for(store)
+    largest = max(plan.to_compact(), key=lambda s: s.size)
+    run = compact(store, plan, context(store), CompactOptions(max_segments=1))
+    status = {r.base_offset: r for r in run.segments}
+    assert status[largest.base_offset].status == "compacted"
+    assert sum(r.reason == "over the --max-segments budget" for r in run.segments) == 2
+    run = compact(store, plan_for(store), context(store, "run-2"), CompactOptions(max_bytes=1))
+    assert {r.reason for r in run.segments} == {"over the --max-bytes budget"}
+
+
+def test_cleanup_deletes_kept_originals_after_the_grace_period_only(store: S3Store) -> None:
+    seed(store)
+    compact(store, plan_for(store), context(store), CompactOptions())
+    kept = list(store.list(f"{PREFIX}/_tiering/backup/"))
+    assert len(kept) == 6
+    result = cleanup(store, context(store, "clean-1"))
+    assert result.backups_deleted == 0
+    # Leftovers a crash would leave: a staging object and an incomplete multipart upload.
+    store.put(f"{PREFIX}/_tiering/staging/dead-run/{DIR}/00000000000000000000.log", b"x")
+    store.client.create_multipart_upload(Bucket=store.bucket, Key=f"{PREFIX}/_tiering/staging/dead-run/big.log")
+    result = cleanup(store, context(store, "clean-2"), grace_days=0, stale_hours=0)
+    assert result.backups_deleted == 6
+    assert result.backup_bytes_deleted == sum(k.size for k in kept)
+    assert result.staging_deleted == 1
+    assert result.uploads_aborted == 1
+    assert not list(store.list(f"{PREFIX}/_tiering/backup/"))
+    assert not list(store.list_uploads(f"{PREFIX}/_tiering/"))
+
+
+def test_cleanup_finishes_an_interrupted_operation_first(store: S3Store) -> None:
+    originals = seed(store)
+    worker = fresh_store()
+
+    def die_at_the_index_put(params: dict[str, Any], **_: Any) -> None:
+        if str(params.get("Key", "")).endswith(".index") and "/_tiering/" not in params["Key"]:
+            raise KeyboardInterrupt  # the process is stopped between the .log swap and the indexes
+
+    worker.client.meta.events.register("before-parameter-build.s3.PutObject", die_at_the_index_put)
+    with pytest.raises(KeyboardInterrupt):
+        compact(worker, plan_for(store), context(worker, ttl_run := "run-dead"), CompactOptions(lease_ttl_seconds=1))
+    pending = [j for j, _ in pending_journals(store, PREFIX)]
+    assert len(pending) == 1
+    first = pending[0]["base_offset"]
+    with pytest.raises(ObjectNotFound):
+        store.head(key(first, INDEX_SUFFIX))  # the crash left the new .log without indexes: still readable
+    import time
+
+    time.sleep(2.1)  # the dead run's lease expires (TTL 1 s, by S3's clock)
+    result = cleanup(store, context(store, "clean"), lease_ttl=1)
+    assert [(r.run_id, r.status, r.recovered) for r in result.recovered] == [(ttl_run, "compacted", True)]
+    assert no_pending(store)
+    check_consistent(store, originals)
+    assert store.head(key(first, INDEX_SUFFIX)).size > 0
