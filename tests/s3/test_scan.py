@@ -1,0 +1,169 @@
+"""The scanner: classification of every segment, skipped directories, plan documents, pagination."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.s3.conftest import PREFIX, TOPIC, plan_for, seed
+from tiering.errors import ConfigError
+from tiering.kafka.codecs import Codec
+from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from tiering.kafka.rewrite import RewriteOptions
+from tiering.s3.compact import CompactOptions, compact
+from tiering.s3.estimate import estimate
+from tiering.s3.layout import parse_dir, partition_key, segment_key
+from tiering.s3.protocol import Context
+from tiering.s3.scan import COMPACT, REPAIR, SKIP, Plan, ScanOptions, classify_partition, scan
+from tiering.s3.store import ObjectAttrs, ObjectInfo, S3Store
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def _obj(name: str, size: int = 1000, age_minutes: int = 60, storage_class: str = "STANDARD",
+         etag: str = '"e"') -> ObjectInfo:
+    return ObjectInfo(f"p/t-0/{name}", size, etag, NOW - timedelta(minutes=age_minutes), storage_class)
+
+
+def _classify(objects: list[ObjectInfo], state: dict[str, object] | None = None,
+              **options: object) -> dict[int, tuple[str, str]]:
+    ignored: list[tuple[str, str]] = []
+    segs = classify_partition(parse_dir("t-0"), "p/t-0/", objects, state or {}, NOW,
+                              ScanOptions("zstd", **options),  # type: ignore[arg-type]
+                              lambda k, r: ignored.append((k, r)))
+    return {s.base_offset: (s.action, s.reason) for s in segs}
+
+
+def test_each_segment_gets_an_action_and_a_reason() -> None:
+    n = "{:020d}".format
+    objects = [
+        _obj(n(0) + LOG_SUFFIX), _obj(n(0) + INDEX_SUFFIX), _obj(n(0) + TIME_INDEX_SUFFIX),
+        _obj(n(100) + LOG_SUFFIX, age_minutes=5),  # too young
+        _obj(n(200) + LOG_SUFFIX, storage_class="GLACIER"),
+        _obj(n(250) + LOG_SUFFIX, storage_class="DEEP_ARCHIVE"),
+        _obj(n(260) + LOG_SUFFIX, storage_class="GLACIER_IR"),  # readable at once: compacted
+        _obj(n(300) + INDEX_SUFFIX), _obj(n(300) + TIME_INDEX_SUFFIX),  # orphan indexes
+        _obj(n(400) + LOG_SUFFIX, size=0),
+        _obj(n(500) + LOG_SUFFIX), _obj(n(500) + INDEX_SUFFIX, age_minutes=1),  # its index is young
+        _obj(n(600) + LOG_SUFFIX, size=3 << 30),
+        _obj(n(650) + ".snapshot"),  # producer state: not a segment
+        _obj(n(700) + LOG_SUFFIX),  # highest base offset: active
+        _obj("leader-epoch-checkpoint"), _obj("partition.metadata"),
+    ]
+    got = _classify(objects)
+    assert got[0] == (COMPACT, "sealed")
+    assert got[100][0] == SKIP
+    assert got[100][1].startswith("too young: uploaded 5 min ago, within the 15-minute grace period")
+    assert got[200] == (SKIP, "archived: GLACIER objects cannot be read without a restore")
+    assert got[250] == (SKIP, "archived: DEEP_ARCHIVE objects cannot be read without a restore")
+    assert got[260] == (COMPACT, "sealed")
+    assert got[300][1].startswith("incomplete: index files without a .log")
+    assert got[400] == (SKIP, "empty: the .log holds no batches")
+    assert got[500][1].startswith("too young: uploaded 1 min ago")
+    assert got[600][1].startswith("invalid: 3221225472 bytes is beyond Kafka's 2 GiB segment limit")
+    assert got[700][1].startswith("active: the highest base offset")
+    assert 650 not in got
+    assert _classify(objects, min_age_minutes=0)[100] == (COMPACT, "sealed")
+
+
+def test_state_tells_already_compacted_and_a_mirror_reupload() -> None:
+    n = "{:020d}".format
+    objects = [_obj(n(0) + LOG_SUFFIX, etag='"new"'), _obj(n(0) + INDEX_SUFFIX, etag='"our-index"'),
+               _obj(n(5) + LOG_SUFFIX, etag='"mirrored-original"'), _obj(n(5) + INDEX_SUFFIX, etag='"our-idx5"'),
+               _obj(n(9) + LOG_SUFFIX)]
+    state = {"0": {"codec": "zstd", "level": 3, "run_id": "r1", "log_etag": '"new"', "index_etag": '"our-index"'},
+             "5": {"codec": "zstd", "level": 3, "run_id": "r1", "log_etag": '"ours5"', "index_etag": '"our-idx5"'}}
+    got = _classify(objects, state)
+    assert got[0] == (SKIP, "already compacted: zstd by run r1")
+    assert got[5][0] == REPAIR
+    assert "replaced after run r1 compacted it" in got[5][1]
+    assert _classify(objects, state, level=19)[0] == (COMPACT, "sealed")  # another level is new work
+
+
+def test_scan_skips_internal_and_special_directories_unless_included(store: S3Store) -> None:
+    for topic in ("__consumer_offsets", "orders"):
+        seed(store, topic=topic, segments=2, segment_bytes=5000)
+    store.put(f"{PREFIX}/orders-3.abc123-delete/00000000000000000000.log", b"")
+    store.put(f"{PREFIX}/orders-4.abc123-future/00000000000000000000.log", b"")
+    store.put(f"{PREFIX}/orders-5.abc123-stray/00000000000000000000.log", b"")
+    store.put(f"{PREFIX}/README.txt", b"not ours")
+    store.put(f"{PREFIX}/orders-0/notes.txt", b"x")
+    plan = plan_for(store)
+    skipped = {d["directory"]: d["reason"] for d in plan.skipped_dirs}
+    assert skipped["__consumer_offsets-0"].startswith("internal topic")
+    assert skipped["orders-3.abc123-delete"].startswith("Kafka '-delete' directory")
+    assert skipped["orders-4.abc123-future"].startswith("Kafka '-future' directory")
+    assert skipped["orders-5.abc123-stray"].startswith("Kafka '-stray' directory")
+    assert "_tiering" not in skipped
+    assert {s.topic for s in plan.segments} == {"orders"}
+    assert plan.ignored_keys == [{"key": f"{PREFIX}/orders-0/notes.txt",
+                                  "reason": "not a Kafka segment or partition file"}]
+    everything = plan_for(store, include_internal=True, include_special=True)
+    assert {s.directory for s in everything.segments} >= {"__consumer_offsets-0", "orders-3.abc123-delete"}
+    only = plan_for(store, topics="__.*", include_internal=True)
+    assert {s.topic for s in only.segments} == {"__consumer_offsets"}
+
+
+def test_reserved_prefix_is_never_a_topic_even_after_a_run(store: S3Store) -> None:
+    seed(store)
+    ctx = Context(store, PREFIX, "r1", RewriteOptions(Codec.ZSTD))
+    compact(store, plan_for(store), ctx, CompactOptions())
+    plan = plan_for(store)
+    assert {s.directory for s in plan.segments} == {f"{TOPIC}-0"}
+    assert not plan.skipped_dirs
+
+
+def test_plan_document_round_trips_and_is_versioned(store: S3Store, tmp_path: object) -> None:
+    seed(store)
+    plan = plan_for(store)
+    doc = json.loads(json.dumps(plan.to_json()))
+    assert doc["schema_version"] == 1
+    assert doc["kind"] == "tiering.plan"
+    assert doc["totals"]["to_compact"] == 2
+    assert Plan.from_json(doc).to_json() == plan.to_json()
+    with pytest.raises(ConfigError, match="not a plan this version can read"):
+        Plan.from_json({**doc, "schema_version": 99})
+
+
+def test_listing_is_paginated_past_a_thousand_keys(store: S3Store) -> None:
+    root = partition_key(PREFIX, "many", 0)
+    for base in range(1200):
+        store.put(segment_key(PREFIX, "many", 0, base, LOG_SUFFIX), b"")
+    store.put(root + "leader-epoch-checkpoint", b"")
+    plan = plan_for(store)
+    assert plan.objects_listed == 1201
+    assert len(plan.segments) == 1200
+
+
+def test_bad_options_are_usage_errors() -> None:
+    with pytest.raises(ConfigError, match="--topics is not a valid regular expression"):
+        ScanOptions("zstd", topics="(")
+    with pytest.raises(ConfigError, match="--min-age-minutes must not be negative"):
+        ScanOptions("zstd", min_age_minutes=-1)
+    with pytest.raises(ConfigError, match="unknown codec"):
+        ScanOptions("brotli")
+
+
+def test_dry_run_estimate_is_close_to_the_real_savings(store: S3Store) -> None:
+    seed(store, segments=5, segment_bytes=200_000)
+    plan = plan_for(store)
+    est = estimate(store, plan, RewriteOptions(Codec.ZSTD), sample_bytes=64 * 1024)
+    assert est["estimate"] is True
+    assert est["segments_sampled"] == 4
+    assert 0 < est["bytes_sampled"] <= 4 * 64 * 1024
+    run = compact(store, plan, Context(store, PREFIX, "r1", RewriteOptions(Codec.ZSTD)), CompactOptions())
+    actual = run.totals()["bytes_before"] - run.totals()["bytes_after"]
+    assert abs(est["saved_bytes_estimate"] - actual) / actual < 0.10
+    assert est["saved_bytes_low"] <= est["saved_bytes_estimate"] <= est["saved_bytes_high"]
+    # Nothing was written by the estimate itself: the only objects of ours are the run's.
+    assert not list(store.list(f"{PREFIX}/_tiering/staging/"))
+
+
+def test_scan_reads_storage_class_from_the_listing(store: S3Store) -> None:
+    seed(store, segments=3)
+    first = segment_key(PREFIX, TOPIC, 0, 0, LOG_SUFFIX)
+    store.put_object(first, store.get(first), ObjectAttrs(storage_class="GLACIER"))
+    plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0))
+    assert plan.segments[0].reason == "archived: GLACIER objects cannot be read without a restore"
