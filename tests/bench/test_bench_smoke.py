@@ -25,3 +25,17 @@ def test_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     assert all(row["uncompressed_bytes"] == doc["in_process"][0]["uncompressed_bytes"] for row in doc["in_process"])
     assert doc["cli"][0]["peak_rss_mib"] > 0
     assert "ratio" in proc.stdout
+
+
+@pytest.mark.slow
+def test_s3_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench_s3.json"
+    script = BENCH.parent / "bench_s3.py"
+    proc = subprocess.run([sys.executable, str(script), "--objects", "800", "--segment-mib", "1", "--repeat", "1",
+                           "--json-out", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["scan"]["objects"] == 800
+    assert doc["scan"]["segments"] == 200
+    assert doc["rewrite"]["ratio_s3_to_local"] > 0
+    assert "ratio S3 / local" in proc.stdout
