@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ConnectionClosedError
@@ -314,3 +315,18 @@ def test_cleanup_finishes_an_interrupted_operation_first(store: S3Store) -> None
     assert no_pending(store)
     check_consistent(store, originals)
     assert store.head(key(first, INDEX_SUFFIX)).size > 0
+
+
+def test_sse_kms_settings_are_carried_over(store: S3Store) -> None:
+    key_id = boto3.client("kms", region_name="eu-west-1").create_key()["KeyMetadata"]["KeyId"]
+    originals = seed(store)
+    first = sorted(originals)[0]
+    attrs = ObjectAttrs(headers={"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": key_id})
+    store.put_object(key(first), originals[first].log, attrs)
+    compact(store, plan_for(store), context(store), CompactOptions())
+    _, new_attrs = store.describe(key(first))
+    assert new_attrs.headers["ServerSideEncryption"] == "aws:kms"
+    assert key_id in new_attrs.headers["SSEKMSKeyId"]
+    backup = f"{PREFIX}/_tiering/backup/run-1/{DIR}/{first:020d}.log"
+    assert store.describe(backup)[1].headers["ServerSideEncryption"] == "aws:kms"
+    check_consistent(store, originals)
