@@ -17,7 +17,7 @@ $(STAMP): requirements.lock pyproject.toml setup.py tiering/kafka/_walker.c
 	@touch $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check tiering tests bench
+	$(BIN)/ruff check tiering tests bench spark_jobs dags
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

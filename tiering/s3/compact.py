@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from tiering.errors import InvalidDataError, TieringError
 from tiering.s3.layout import normalize_prefix, parse_dir, reserved_key
-from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseHeld, LeaseLost, clock_key, lease_key
+from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseGuard, LeaseHeld, LeaseLost, clock_key, lease_key
 from tiering.s3.protocol import (
     BACKUP_DIR,
     FAILED,
@@ -41,6 +41,7 @@ from tiering.s3.store import S3Store, StorageError
 RUN_SCHEMA_VERSION: Final = 1
 RUNS_DIR: Final = "runs"
 DEFAULT_GRACE_DAYS: Final = 7
+STAGED_STATUS: Final = "staged"  # staged by a worker, waiting for the commit step
 DEFAULT_STALE_HOURS: Final = 24  # staging objects and multipart uploads older than this are abandoned
 
 
@@ -91,7 +92,7 @@ def run_result_key(prefix: str, run_id: str, kind: str) -> str:
     return reserved_key(prefix, RUNS_DIR, run_id, f"{kind}.json")
 
 
-def _select(plan: Plan, o: CompactOptions) -> tuple[list[PlannedSegment], list[SegmentResult]]:
+def select(plan: Plan, o: CompactOptions) -> tuple[list[PlannedSegment], list[SegmentResult]]:
     """The plan's work within the budget, largest first; what the budget leaves out is reported."""
     chosen: list[PlannedSegment] = []
     left: list[SegmentResult] = []
@@ -110,13 +111,20 @@ def _select(plan: Plan, o: CompactOptions) -> tuple[list[PlannedSegment], list[S
     return repairs + chosen, left
 
 
-def _one(ctx: Context, seg: PlannedSegment, lease: Lease) -> SegmentResult:
+def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit: bool = True) -> SegmentResult:
+    """One planned segment: repair, or stage and (with ``commit``) swap; every per-segment problem becomes
+    a result. Without ``commit`` the segment is left journalled as ``staged`` for a later commit step."""
     try:
         if seg.action == REPAIR:
             return repair_segment(ctx, seg, lease)
         staged = stage_segment(ctx, seg, lease)
         if not isinstance(staged, Staged):
             return staged
+        if not commit:
+            if staged.spool is not None:
+                staged.spool.close()
+            staged.result.status = STAGED_STATUS
+            return staged.result
         result = finish(ctx, staged.journal, staged.etag, lease, staged.spool)
         return staged.result if result.status == staged.result.status else result
     except SourceChanged as e:
@@ -131,7 +139,7 @@ def _one(ctx: Context, seg: PlannedSegment, lease: Lease) -> SegmentResult:
                              error=e.to_dict())
 
 
-def _with_lease(ctx: Context, directory: str, ttl: int, work: Callable[[Lease], list[SegmentResult]],
+def with_lease(ctx: Context, directory: str, ttl: int, work: Callable[[Lease], list[SegmentResult]],
                 todo: list[tuple[str, int]]) -> list[SegmentResult]:
     """Run ``work`` under the partition's lease; if the lease is busy or lost, report ``todo`` as skipped."""
     lease = Lease(ctx.store, lease_key(ctx.prefix, directory), ctx.run_id, ttl)
@@ -157,7 +165,7 @@ def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
                     settings={"codec": ctx.options.codec.label, "level": ctx.options.level,
                               "max_segments": options.max_segments, "max_bytes": options.max_bytes,
                               "plan_created_at": plan.created_at})
-    chosen, left = _select(plan, options)
+    chosen, left = select(plan, options)
     run.segments += left
     by_dir: dict[str, list[PlannedSegment]] = {}
     for seg in chosen:
@@ -169,12 +177,12 @@ def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
         def work(lease: Lease) -> list[SegmentResult]:
             out = recover_partition(ctx, directory, lease)
             for seg in segments:
-                out.append(_one(ctx, seg, lease))
+                out.append(run_segment(ctx, seg, lease))
                 if progress is not None:
                     progress(out[-1])
             return out
 
-        return _with_lease(ctx, directory, options.lease_ttl_seconds, work,
+        return with_lease(ctx, directory, options.lease_ttl_seconds, work,
                            [(s.directory, s.base_offset) for s in segments])
 
     with ThreadPoolExecutor(max_workers=max(1, options.workers), thread_name_prefix="compact") as pool:
@@ -213,7 +221,7 @@ def rollback(store: S3Store, ctx: Context, target_run: str, lease_ttl: int = DEF
                 out.append(staged if isinstance(staged, SegmentResult) else finish(ctx, *staged, lease))
             return out
 
-        run.segments += _with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)])
+        run.segments += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)])
     run.finished_at = datetime.now(UTC).isoformat()
     store.put_json(run_result_key(ctx.prefix, ctx.run_id, "rollback"), run.to_json())
     return run
@@ -245,7 +253,7 @@ def cleanup(store: S3Store, ctx: Context, *, grace_days: float = DEFAULT_GRACE_D
         def work(lease: Lease, directory: str = directory) -> list[SegmentResult]:
             return recover_partition(ctx, directory, lease)
 
-        out.recovered += _with_lease(ctx, directory, lease_ttl, work, [])
+        out.recovered += with_lease(ctx, directory, lease_ttl, work, [])
     referenced: set[str] = set()
     for journal, _ in pending_journals(store, prefix):  # those still pending (their partition was busy)
         referenced.update(v for v in journal["new"].values() if isinstance(v, str))

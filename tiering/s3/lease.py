@@ -22,10 +22,12 @@ from __future__ import annotations
 import contextlib
 import secrets
 import socket
+import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Final
+from typing import Final, Protocol
 
 from tiering.errors import TieringError
 from tiering.s3.layout import reserved_key
@@ -121,3 +123,64 @@ class Lease:
 
     def _where(self) -> str:
         return f"s3://{self.store.bucket}/{self.key}"
+
+
+class LeaseGuard(Protocol):
+    """What the per-segment protocol needs of a lease: renew when due, and stop if it is lost."""
+
+    def keep_alive(self) -> None: ...
+
+    def check(self) -> None: ...
+
+
+@dataclass
+class RunLease:
+    """A partition lease held (and renewed) by the run's driver, as a worker sees it: checked before each
+    step that needs it, never renewed or released from here (that would change the driver's ETag)."""
+
+    store: S3Store
+    key: str
+    owner: str
+
+    def keep_alive(self) -> None:
+        """Nothing to do: the driver renews."""
+
+    def check(self) -> None:
+        try:
+            doc, _ = self.store.get_json(self.key)
+        except ObjectNotFound:
+            raise LeaseLost("the run's lease on the partition is gone", path=self._where()) from None
+        if doc.get("owner") != self.owner:
+            raise LeaseLost(f"the partition's lease belongs to run {doc.get('owner')} now", path=self._where())
+
+    def _where(self) -> str:
+        return f"s3://{self.store.bucket}/{self.key}"
+
+
+class LeaseKeeper:
+    """Renews a set of leases every TTL/3 from a background thread while a long job (a Spark stage) runs;
+    a lease that cannot be renewed is dropped and named in ``lost``."""
+
+    def __init__(self, leases: Iterable[Lease]) -> None:
+        self.leases = list(leases)
+        self.lost: list[str] = []
+        self._stop = threading.Event()
+        interval = min((lease.ttl_seconds for lease in self.leases), default=DEFAULT_TTL_SECONDS) / 3
+        self._thread = threading.Thread(target=self._run, args=(interval,), name="lease-keeper", daemon=True)
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            for lease in list(self.leases):
+                try:
+                    lease.check()
+                except TieringError:
+                    self.leases.remove(lease)
+                    self.lost.append(lease.key)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()

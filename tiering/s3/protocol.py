@@ -33,7 +33,7 @@ from tiering.errors import ConfigError, ProofError, TieringError
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_name
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
 from tiering.s3.layout import normalize_prefix, reserved_key, segment_key
-from tiering.s3.lease import Lease
+from tiering.s3.lease import LeaseGuard
 from tiering.s3.scan import PlannedSegment
 from tiering.s3.state import load_state, record_segment
 from tiering.s3.store import DEFAULT_PART_BYTES, ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
@@ -132,7 +132,7 @@ class Staged:
     result: SegmentResult = field(default_factory=lambda: SegmentResult("", 0, ""))
 
 
-def stage_segment(ctx: Context, seg: PlannedSegment, lease: Lease) -> Staged | SegmentResult:
+def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Staged | SegmentResult:
     """Step 1: rewrite, upload to staging, verify by reading back, journal. Raises :class:`SourceChanged`
     when the planned objects changed, an InvalidDataError for a corrupt source; returns a skipped
     :class:`SegmentResult` when the rewrite would not save anything. Nothing outside ``_tiering/`` changes."""
@@ -253,7 +253,7 @@ def _download_verified(ctx: Context, journal: dict[str, Any]) -> BinaryIO:
         raise
 
 
-def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: Lease,
+def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: LeaseGuard,
            spool: BinaryIO | None = None) -> SegmentResult:
     """Steps 2-4 (or the rest of them, after a crash): idempotent, and safe to call with any journal entry."""
     store = ctx.store
@@ -376,17 +376,17 @@ def pending_journals(store: S3Store, prefix: str, directory: str | None = None) 
         yield doc, etag
 
 
-def recover_partition(ctx: Context, directory: str, lease: Lease) -> list[SegmentResult]:
+def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[SegmentResult]:
     """Finish (or abandon) every journal entry of the partition; the caller holds its lease."""
     results = []
     for journal, etag in list(pending_journals(ctx.store, ctx.prefix, directory)):
         result = finish(ctx, journal, etag, lease)
-        result.recovered = True
+        result.recovered = journal["run_id"] != ctx.run_id  # not a recovery: a staged segment of this run
         results.append(result)
     return results
 
 
-def repair_segment(ctx: Context, seg: PlannedSegment, lease: Lease) -> SegmentResult:
+def repair_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> SegmentResult:
     """Remove the indexes we rebuilt for a ``.log`` that has since been replaced (``If-Match``: only ours)."""
     lease.check()
     for ref in (seg.index, seg.timeindex):

@@ -1,0 +1,189 @@
+"""
+### kafka_segment_compaction
+
+Recompresses the sealed Kafka log segments of an S3 `logdir` prefix with a stronger codec, swaps them
+in with a crash-safe commit protocol (see `docs/commit-protocol.md`), and reports what was saved.
+
+**Tasks**: `scan` (list the prefix, classify every segment) → `plan` (apply the budget, largest segments
+first; split the partitions into chunks) → `spark_compaction` (one Spark task per segment: rewrite, stage,
+read back and verify) → `commit` (mapped over chunks of partitions, each task named after the partitions
+it holds: swap the staged segments in under the partition leases) → `report` (the run document, a
+summary table in the log; publishes the report asset) → `cleanup` (kept originals past their grace
+period, abandoned staging objects, incomplete multipart uploads).
+
+Every task can be retried (with exponential backoff) and a whole run can be re-run: finished segments
+are found compacted, staged ones are committed, interrupted swaps are finished.
+
+**Params** (manual triggers are validated against them):
+
+| param | meaning |
+|---|---|
+| `bucket` | the bucket holding the `logdir` tree |
+| `prefix` | `PREFIX` in `s3://BUCKET/PREFIX/<topic>-<partition>/<base>.log` |
+| `topics` | a regular expression the whole topic name must match; empty: every topic |
+| `codec` | target codec: `zstd`, `lz4`, `gzip`, `snappy` or `none` |
+| `level` | codec level (Kafka's `compression.<codec>.level`); empty: Kafka's default |
+| `min_segment_age_minutes` | leave segments uploaded less than this long ago (S3's `LastModified`; a guard |
+| | against racing the uploader, not the records' age) |
+| `max_segments` | compact at most this many segments this run (largest first); empty: no limit |
+| `max_bytes` | compact at most this many `.log` bytes this run; empty: no limit |
+| `dry_run` | only scan, plan and estimate the savings from sampled batches; change nothing |
+| `spark_master` | where the Spark job runs: `local[*]` (embedded), `spark://host:7077` (standalone, |
+| | client mode), `yarn`, `k8s://...` |
+| `cleanup_grace_days` | keep replaced originals this many days before `cleanup` deletes them |
+
+The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); the default Spark master is
+`TIERING_SPARK_MASTER` (default `local[*]`); extra `spark-submit --conf` pairs come from
+`TIERING_SPARK_CONF` (JSON object). S3 endpoint and credentials come from the worker's AWS environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
+
+SCHEDULE = os.environ.get("TIERING_COMPACTION_SCHEDULE", "@daily")
+SPARK_MASTER = os.environ.get("TIERING_SPARK_MASTER", "local[*]")
+SPARK_JOB = Path(os.environ.get("TIERING_SPARK_JOB", Path(__file__).resolve().parents[1] / "spark_jobs"
+                                / "compact_segments.py"))
+REPORT_ALIAS = "kafka_segment_compaction_report"
+CODECS = ["zstd", "lz4", "gzip", "snappy", "none"]
+
+DEFAULT_ARGS: dict[str, Any] = {
+    "retries": 2,
+    "retry_delay": timedelta(seconds=30),
+    "retry_exponential_backoff": True,
+    "max_retry_delay": timedelta(minutes=10),
+}
+
+
+def _settings(params: dict[str, Any], run_id: str) -> Any:
+    from tiering.pipeline import RunSettings  # noqa: PLC0415 - heavy imports stay inside tasks
+
+    # Our run id names S3 keys and lease owners: the DAG run's id, made key-safe.
+    return RunSettings(params["bucket"], params["prefix"].strip("/"), re.sub(r"[^A-Za-z0-9._-]+", "-", run_id),
+                       params["codec"], params["level"])
+
+
+@dag(
+    dag_id="kafka_segment_compaction",
+    schedule=SCHEDULE,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    doc_md=__doc__,
+    tags=["kafka", "s3", "compaction"],
+    params={
+        "bucket": Param("kafka-tiered", type="string", minLength=3, maxLength=63,
+                        pattern=r"^[a-z0-9][a-z0-9.-]+[a-z0-9]$", description="the bucket"),
+        "prefix": Param("kafka/logs", type="string", description="PREFIX of the logdir tree"),
+        "topics": Param(None, type=["null", "string"], description="regex on the whole topic name"),
+        "codec": Param("zstd", type="string", enum=CODECS, description="target codec"),
+        "level": Param(None, type=["null", "integer"], minimum=-131072, maximum=22, description="codec level"),
+        "min_segment_age_minutes": Param(15, type="integer", minimum=0, description="upload grace period"),
+        "max_segments": Param(None, type=["null", "integer"], minimum=1, description="segment budget"),
+        "max_bytes": Param(None, type=["null", "integer"], minimum=1, description="byte budget"),
+        "dry_run": Param(False, type="boolean", description="plan and estimate only"),
+        "spark_master": Param(SPARK_MASTER, type="string", minLength=1, description="Spark master"),
+        "cleanup_grace_days": Param(7, type="number", minimum=0, description="days originals are kept"),
+    },
+)
+def kafka_segment_compaction() -> None:
+    @task
+    def scan() -> dict[str, Any]:
+        from tiering.pipeline import scan_run  # noqa: PLC0415
+        from tiering.s3.scan import ScanOptions  # noqa: PLC0415
+
+        ctx = get_current_context()
+        params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
+        options = ScanOptions(params["codec"], params["level"], params["topics"] or None,
+                              params["min_segment_age_minutes"])
+        result = scan_run(settings.store(), settings, options)
+        print(f"scanned s3://{settings.bucket}/{settings.prefix}: {result['objects']} objects, {result['totals']}")
+        return result
+
+    @task
+    def plan(scanned: dict[str, Any]) -> dict[str, Any]:
+        from tiering.pipeline import plan_run  # noqa: PLC0415
+        from tiering.s3.compact import CompactOptions  # noqa: PLC0415
+
+        ctx = get_current_context()
+        params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
+        planned = plan_run(settings.store(), settings, CompactOptions(params["max_segments"], params["max_bytes"]),
+                           estimate_savings=params["dry_run"])
+        planned["dry_run"] = params["dry_run"]
+        print(f"plan: {planned['segments']} segments, {planned['bytes']} bytes, {len(planned['chunks'])} chunks"
+              + (f"; estimate: {planned['estimate']}" if planned["estimate"] else ""))
+        if params["dry_run"]:
+            planned["chunks"] = []  # nothing to stage or commit
+        return planned
+
+    @task
+    def spark_compaction(planned: dict[str, Any]) -> list[dict[str, Any]]:
+        """Stage every planned segment with Spark; returns the chunks of partitions for the commit."""
+        import json  # noqa: PLC0415
+
+        from tiering.sparksubmit import submit  # noqa: PLC0415
+
+        ctx = get_current_context()
+        params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
+        if planned["dry_run"] or not planned["segments"]:
+            print("nothing to stage" + (" (dry run)" if planned["dry_run"] else ""))
+            return []
+        conf = {"spark.log.level": "WARN", **json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))}
+        submit(SPARK_JOB, ["--plan", f"s3://{settings.bucket}/{planned['plan_key']}", "--run-id", settings.run_id],
+               master=params["spark_master"], conf=conf)
+        chunks: list[dict[str, Any]] = planned["chunks"]
+        return chunks
+
+    @task(map_index_template="{{ chunk_name }}")
+    def commit(chunk: dict[str, Any]) -> dict[str, Any]:
+        from tiering.pipeline import commit_chunk  # noqa: PLC0415
+
+        ctx = get_current_context()
+        ctx["chunk_name"] = chunk["name"]  # type: ignore[typeddict-unknown-key]  # names the mapped task
+        settings = _settings(ctx["params"], ctx["run_id"])
+        result = commit_chunk(settings.store(), settings, chunk["partitions"], chunk["name"])
+        print(f"committed {chunk['name']}: {result}")
+        return result
+
+    @task(trigger_rule="none_failed", outlets=[AssetAlias(REPORT_ALIAS)])
+    def report(planned: dict[str, Any]) -> dict[str, Any]:
+        from tiering.pipeline import collect_run, run_summary  # noqa: PLC0415
+
+        ctx = get_current_context()
+        settings = _settings(ctx["params"], ctx["run_id"])
+        store = settings.store()
+        run = collect_run(store, settings, estimate=planned.get("estimate"))
+        headline, table = run_summary(run)
+        print(table)
+        uri = f"s3://{settings.bucket}/{settings.prefix}/_tiering/runs/{settings.run_id}/compact.json"
+        ctx["outlet_events"][AssetAlias(REPORT_ALIAS)].add(Asset(uri), extra=headline)
+        return {**headline, "report": uri}
+
+    @task(trigger_rule="none_failed")
+    def cleanup() -> dict[str, Any]:
+        from tiering.s3.compact import cleanup as clean  # noqa: PLC0415
+
+        ctx = get_current_context()
+        params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
+        if params["dry_run"]:
+            return {"dry_run": True}
+        store = settings.store()
+        result = clean(store, settings.context(store), grace_days=params["cleanup_grace_days"])
+        print(f"cleanup: {result.to_json()}")
+        return result.to_json()
+
+    planned = plan(scan())
+    committed = commit.expand(chunk=spark_compaction(planned))
+    reported = report(planned)
+    committed >> reported >> cleanup()
+
+
+compaction_dag = kafka_segment_compaction()

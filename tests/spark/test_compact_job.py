@@ -1,0 +1,67 @@
+"""The Spark job end to end: spark-submit --master local[2] against a moto server, then the commit step."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from moto.server import ThreadedMotoServer
+
+from tests.s3.conftest import PREFIX, check_consistent, seed
+from tiering.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
+from tiering.s3.compact import CompactOptions
+from tiering.s3.scan import ScanOptions
+from tiering.s3.store import S3Store, make_client
+from tiering.sparksubmit import submit
+
+JOB = Path(__file__).parents[2] / "spark_jobs" / "compact_segments.py"
+
+
+@pytest.fixture
+def server_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Store]:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    client = make_client()
+    client.create_bucket(Bucket="spark")
+    yield S3Store(client, "spark")
+    server.stop()
+
+
+@pytest.mark.slow
+def test_spark_stages_every_segment_and_the_commit_swaps_them(server_store: S3Store) -> None:
+    store = server_store
+    originals = {0: seed(store, partition=0), 1: seed(store, partition=1, kind="logs", segments=2)}
+    bad = sorted(originals[0])[0]
+    data = bytearray(originals[0][bad].log)
+    data[300] ^= 0x40
+    store.put(f"{PREFIX}/orders.v1-0/{bad:020d}.log", bytes(data))
+    settings = RunSettings("spark", PREFIX, "spark-run-1", "zstd", 3)
+    scan_run(store, settings, ScanOptions("zstd", 3, min_age_minutes=0))
+    planned = plan_run(store, settings, CompactOptions(), chunk_partitions=1)
+    assert planned["segments"] == 3
+    assert [c["name"] for c in planned["chunks"]] == ["orders.v1-0", "orders.v1-1"]
+    lines: list[str] = []
+    submit(JOB, ["--plan", f"s3://spark/{planned['plan_key']}", "--run-id", settings.run_id], master="local[2]",
+           log=lines.append)
+    assert any("staging 3 segments in 2 partitions" in line for line in lines), lines[-20:]
+    for chunk in planned["chunks"]:
+        commit_chunk(store, settings, chunk["partitions"], chunk["name"])
+    run = collect_run(store, settings)
+    status = {(r.directory, r.base_offset): r for r in run.segments}
+    assert status[("orders.v1-0", bad)].status == "failed"
+    assert status[("orders.v1-0", bad)].error is not None
+    assert [r.status for k, r in status.items() if k != ("orders.v1-0", bad)] == ["compacted", "compacted"]
+    assert all(r.stats for r in run.segments if r.status == "compacted")
+    assert run.totals()["bytes_before"] == sum(r.bytes_before for r in run.segments if r.status == "compacted")
+    assert not list(store.list(f"{PREFIX}/_tiering/leases/"))
+    check_consistent(store, {b: o for b, o in originals[0].items() if b != bad}, partition=0)
+    check_consistent(store, originals[1], partition=1)
+    assert store.get(f"{PREFIX}/orders.v1-0/{bad:020d}.log") == bytes(data)
