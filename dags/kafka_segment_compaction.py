@@ -45,13 +45,15 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import Asset, AssetAlias, Param, dag, get_current_context, task
+from airflow.sdk import Asset, Param, dag, get_current_context, task
 
 SCHEDULE = os.environ.get("TIERING_COMPACTION_SCHEDULE", "@daily")
 SPARK_MASTER = os.environ.get("TIERING_SPARK_MASTER", "local[*]")
 SPARK_JOB = Path(os.environ.get("TIERING_SPARK_JOB", Path(__file__).resolve().parents[1] / "spark_jobs"
                                 / "compact_segments.py"))
-REPORT_ALIAS = "kafka_segment_compaction_report"
+# Published after every run (its extra names the bucket, prefix, run and the report's S3 URI), so that
+# other DAGs can be scheduled on it. Static: bucket and prefix are runtime params, the asset is not.
+REPORT_ASSET = Asset(name="kafka_segment_compaction_report", uri="tiering://kafka_segment_compaction/report")
 CODECS = ["zstd", "lz4", "gzip", "snappy", "none"]
 
 DEFAULT_ARGS: dict[str, Any] = {
@@ -153,7 +155,7 @@ def kafka_segment_compaction() -> None:
         print(f"committed {chunk['name']}: {result}")
         return result
 
-    @task(trigger_rule="none_failed", outlets=[AssetAlias(REPORT_ALIAS)])
+    @task(trigger_rule="none_failed", outlets=[REPORT_ASSET])
     def report(planned: dict[str, Any]) -> dict[str, Any]:
         from tiering.pipeline import collect_run, run_summary  # noqa: PLC0415
 
@@ -164,7 +166,8 @@ def kafka_segment_compaction() -> None:
         headline, table = run_summary(run)
         print(table)
         uri = f"s3://{settings.bucket}/{settings.prefix}/_tiering/runs/{settings.run_id}/compact.json"
-        ctx["outlet_events"][AssetAlias(REPORT_ALIAS)].add(Asset(uri), extra=headline)
+        ctx["outlet_events"][REPORT_ASSET].extra = {**headline, "bucket": settings.bucket,
+                                                    "prefix": settings.prefix, "report": uri}
         return {**headline, "report": uri}
 
     @task(trigger_rule="none_failed")

@@ -709,7 +709,8 @@ HELP_CASES: dict[str, tuple[list[str], list[str]]] = {
     "rewrite": (["segment", "rewrite"], ["--out", "--codec", "--level", "--force", "--index-interval-bytes",
                                          "--no-proof", "--no-deep-validation", "--json", "zstd"]),
     "reindex": (["segment", "reindex"], ["--out", "--index-interval-bytes", "--json"]),
-    "demo": (["demo"], ["--out", "--codec", "--level", "--scale", "--json"]),
+    "demo": (["demo"], ["--out", "--codec", "--level", "--scale", "--spark-master", "--json"]),
+    "demo-local": (["demo-local"], ["--out", "--codec", "--level", "--scale", "--json"]),
 }
 
 

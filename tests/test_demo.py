@@ -169,7 +169,7 @@ def test_cli_demo_json(tmp_path: Path) -> None:
     (out_dir / ".tiering-demo").write_text("an earlier demo run made this directory")
     (out_dir / "leftover-from-an-earlier-run").write_text("replaced on each run")
     stdout, stderr = io.StringIO(), io.StringIO()
-    code = main(["demo", "--out", str(out_dir), "--scale", str(SCALE), "--json"], stdout=stdout, stderr=stderr)
+    code = main(["demo-local", "--out", str(out_dir), "--scale", str(SCALE), "--json"], stdout=stdout, stderr=stderr)
     assert (code, stderr.getvalue()) == (0, "")
     doc = json.loads(stdout.getvalue())
     assert doc == json.loads((out_dir / "summary.json").read_text())
@@ -183,7 +183,7 @@ def test_demo_refuses_to_replace_a_directory_it_did_not_make(tmp_path: Path) -> 
     precious.mkdir()
     (precious / "thesis.tex").write_text("years of work")
     stdout, stderr = io.StringIO(), io.StringIO()
-    code = main(["demo", "--out", str(precious), "--scale", str(SCALE)], stdout=stdout, stderr=stderr)
+    code = main(["demo-local", "--out", str(precious), "--scale", str(SCALE)], stdout=stdout, stderr=stderr)
     assert code == 2
     assert "refusing to replace a directory the demo did not create" in stderr.getvalue()
     assert (precious / "thesis.tex").read_text() == "years of work"
@@ -193,6 +193,6 @@ def test_demo_refuses_to_replace_a_directory_it_did_not_make(tmp_path: Path) -> 
 @pytest.mark.parametrize("scale", ["nan", "inf", "0", "-1"])
 def test_demo_scale_must_be_a_positive_finite_number(tmp_path: Path, scale: str) -> None:
     stderr = io.StringIO()
-    code = main(["demo", "--out", str(tmp_path / "d"), "--scale", scale], stdout=io.StringIO(), stderr=stderr)
+    code = main(["demo-local", "--out", str(tmp_path / "d"), "--scale", scale], stdout=io.StringIO(), stderr=stderr)
     assert code == 2
     assert "demo scale out of range" in stderr.getvalue()

@@ -251,6 +251,60 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if report["totals"]["failed"] == 0 or report["expected_failures_only"] else EXIT_INVALID
 
 
+def _cmd_pipeline_demo(args: argparse.Namespace) -> int:
+    from tiering.demo_s3 import run_pipeline_demo  # noqa: PLC0415 - Airflow and moto load only here
+
+    def log(line: str) -> None:
+        print(f"[demo] {line}", file=sys.stderr, flush=True)
+
+    with redirect_stdout(sys.stderr):  # task logs are progress: stdout keeps only the result
+        demo = run_pipeline_demo(args.out, codec=Codec.parse(args.codec), level=args.level, scale=args.scale,
+                                 spark_master=args.spark_master, log=log)
+    first, second = (r["document"] for r in demo["runs"])
+    states = [r["state"] for r in demo["runs"]]
+    doc = {"states": states, "run_1": first, "run_2": {"run_id": second["run_id"], "totals": second["totals"]},
+           "segment_objects_changed_by_run_2": demo["changed_by_second_run"], "reports": demo["report_keys"],
+           "local_copies": demo["local_copies"]}
+    if args.json:
+        _print_json(args, doc)
+    else:
+        console = _console(args)
+        console.print(pipeline_table(first))
+        console.print(f"second run: {second['totals']}; segment objects it changed: "
+                      f"{len(demo['changed_by_second_run'])}")
+        console.print(f"run documents: {', '.join(demo['report_keys'])} (copies: {', '.join(demo['local_copies'])})")
+    return EXIT_OK if states == ["success", "success"] and not demo["changed_by_second_run"] else EXIT_INVALID
+
+
+def pipeline_table(run: dict[str, Any]) -> Table:
+    """A run document as a table: one row per topic, then what was skipped or failed and why."""
+    t = Table(title=f"run {run['run_id']}: compaction to {run['settings']['codec']}", title_justify="left",
+              show_footer=True)
+    rows: dict[str, list[int]] = {}
+    notes: dict[str, int] = {}
+    for r in run["segments"]:
+        topic = r["directory"].rsplit("-", 1)[0]
+        if r["status"] == "compacted":
+            row = rows.setdefault(topic, [0, 0, 0])
+            row[0] += 1
+            row[1] += r["bytes_before"]
+            row[2] += r["bytes_after"]
+        else:
+            reason = str(r.get("reason", "")).split(":")[0]
+            notes[f"{topic}: {r['status']} ({reason})"] = notes.get(f"{topic}: {r['status']} ({reason})", 0) + 1
+    before, after = run["totals"]["bytes_before"], run["totals"]["bytes_after"]
+    t.add_column("topic", footer="total")
+    t.add_column("segments", justify="right", footer=str(sum(r[0] for r in rows.values())))
+    t.add_column("before", justify="right", footer=f"{before / 2**20:,.2f} MiB")
+    t.add_column("after", justify="right", footer=f"{after / 2**20:,.2f} MiB")
+    t.add_column("saved", justify="right", footer=f"{1 - after / before:.1%}" if before else "")
+    for topic, (n, b, a) in sorted(rows.items()):
+        t.add_row(topic, str(n), f"{b / 2**20:,.2f} MiB", f"{a / 2**20:,.2f} MiB", f"{1 - a / b:.1%}")
+    for note, n in sorted(notes.items()):
+        t.add_row(f"[dim]{note}[/dim]", str(n), "", "", "")
+    return t
+
+
 # --- parser ----------------------------------------------------------------------------------------
 
 
@@ -341,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_reindex)
 
-    p = verbs.add_parser("demo", help="generate a sample partition locally, rewrite its sealed segments, show savings",
+    p = verbs.add_parser("demo-local", help="the same on the local disk: generate partitions, rewrite, savings",
                          description="Generate sample Kafka partitions on the local disk (several topics and "
                                      "producer codecs, an incompressible topic, an already-zstd topic, a corrupt "
                                      "segment), rewrite every sealed segment, verify the digests of each rewrite "
@@ -353,6 +407,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=1.0, help="multiply the sample's size (default %(default)s)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_demo)
+
+    p = verbs.add_parser("demo", help="the whole pipeline on an embedded S3: scan, Spark, verified swap, savings",
+                         description="Start a moto S3 server on 127.0.0.1, fill a bucket with a realistic Kafka "
+                                     "logdir tree (JSON events from snappy/lz4/gzip producers, log lines, an "
+                                     "already-zstd topic, an incompressible one, an index-less and a corrupt "
+                                     "segment, an internal topic), run the Airflow DAG kafka_segment_compaction "
+                                     "twice with dag.test() and local Spark, and print the savings. No AWS "
+                                     "account is used.")
+    p.add_argument("--out", type=Path, default=Path("demo-out"), metavar="DIR",
+                   help="working directory (default %(default)s; replaced on each run)")
+    p.add_argument("--codec", default="zstd", choices=CODEC_CHOICES, help="target codec (default %(default)s)")
+    p.add_argument("--level", type=int, default=None, help="codec level (default: Kafka's default for the codec)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply the segments' size (default %(default)s)")
+    p.add_argument("--spark-master", default="local[2]", help="Spark master (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=_cmd_pipeline_demo)
     add_s3_commands(verbs, _Parser)
     return parser
 
