@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo bench bench-s3 lock clean
+.PHONY: install test lint typecheck pytest demo airflow-ui bench bench-s3 lock clean
 
 install: $(STAMP)
 
@@ -32,6 +32,9 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_rewrite.py $(BENCH_ARGS)
+
+airflow-ui: $(STAMP)
+	scripts/airflow-ui.sh
 
 bench-s3: $(STAMP)
 	$(BIN)/python bench/bench_s3.py $(BENCH_ARGS)
