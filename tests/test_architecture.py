@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).parents[1] / "tiering"
 
 
@@ -32,3 +34,16 @@ def test_the_format_package_is_pure() -> None:
             m.startswith(("tiering.kafka", "tiering.errors"))
             for m in (n.module or "" for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom))
             if m.startswith("tiering")), path
+
+
+def test_full_pyspark_is_installed_without_the_pyspark_client_that_would_overwrite_it() -> None:
+    """The Spark provider pulls pyspark-client 4.2.0, whose install overwrote pyspark/__init__.py of the full
+    pyspark 4.3.0. We submit with the full pyspark's spark-submit and keep pyspark-client out."""
+    from importlib import metadata
+
+    import pyspark
+
+    assert pyspark.__version__ == metadata.version("pyspark")
+    assert (Path(pyspark.__file__).parent / "bin" / "spark-submit").exists()
+    with pytest.raises(metadata.PackageNotFoundError):
+        metadata.version("pyspark-client")
