@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo airflow-ui bench bench-s3 lock clean
+.PHONY: install test lint typecheck pytest demo airflow-ui bench bench-s3 bench-spark lock clean
 
 install: $(STAMP)
 
@@ -38,6 +38,9 @@ airflow-ui: $(STAMP)
 
 bench-s3: $(STAMP)
 	$(BIN)/python bench/bench_s3.py $(BENCH_ARGS)
+
+bench-spark: $(STAMP)
+	$(BIN)/python bench/bench_spark.py $(BENCH_ARGS)
 
 lock:
 	rm -rf /tmp/tiering-lock && $(PYTHON) -m venv /tmp/tiering-lock

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from pyspark.sql import SparkSession
 
@@ -43,9 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"staging {len(segments)} segments in {len(leases)} partitions ({len(busy)} busy, skipped)",
               file=sys.stderr, flush=True)
         conf = settings.to_json()
+        started = time.perf_counter()
         with LeaseKeeper(leases) as keeper:
             rdd = spark.sparkContext.parallelize([s.to_json() for s in segments], max(1, len(segments)))
             results = rdd.map(lambda seg: stage_task(seg, conf)).collect()
+        print(f"stage seconds: {time.perf_counter() - started:.3f}", file=sys.stderr, flush=True)
         counts = write_results(store, settings.key("stage.json"), [*results, *(r.to_json() for r in busy)])
         if keeper.lost:
             print(f"leases lost while staging (their segments are committed by whoever holds them): "

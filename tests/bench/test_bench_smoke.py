@@ -39,3 +39,17 @@ def test_s3_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     assert doc["scan"]["segments"] == 200
     assert doc["rewrite"]["ratio_s3_to_local"] > 0
     assert "ratio S3 / local" in proc.stdout
+
+
+@pytest.mark.slow
+def test_spark_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench_spark.json"
+    script = BENCH.parent / "bench_spark.py"
+    proc = subprocess.run([sys.executable, str(script), "--partitions", "2", "--segments", "2", "--segment-mib",
+                           "0.25", "--json-out", str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["segments"] == 2
+    assert doc["cli"]["compacted"] == 2
+    assert doc["speedup_stage"] > 0
+    assert "speed-up local[2] / local[1], stage" in proc.stdout

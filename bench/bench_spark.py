@@ -1,0 +1,159 @@
+"""The Spark path's scaling and cost, measured in one run.
+
+    make bench-spark
+    .venv/bin/python bench/bench_spark.py --partitions 8 --segments 3 --segment-mib 8
+
+The same plan (``--partitions`` partitions of ``--segments`` segments, the last one active, snappy JSON
+events) is compacted to zstd three times, each on its own copy of the data in a moto server running in
+another process on this machine:
+
+1. Spark ``local[1]`` (one single-threaded task at a time), then the commit step;
+2. Spark ``local[2]`` (two at a time), then the commit step;
+3. the single-process CLI path (``tiering s3 compact``), for comparison.
+
+Reported: the speed-up of ``local[2]`` over ``local[1]`` for the staging stage (measured inside the job,
+without the JVM's start-up) and for the whole ``spark-submit``; the Spark path's wall time (submit +
+commit) as a ratio to the CLI path's; and the share of the machine's CPU the moto server took during the
+``local[2]`` stage (the endpoint competes with Spark for the same two cores).
+
+Prints a table and writes ``bench/out/bench_spark.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench_s3 import _free_port
+
+from tiering.kafka.codecs import Codec
+from tiering.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
+from tiering.s3.compact import CompactOptions
+from tiering.s3.scan import ScanOptions
+from tiering.s3.seed import generate_partition, upload_partition
+from tiering.s3.store import S3Store, make_client
+from tiering.sparksubmit import submit
+
+MIB = 1024 * 1024
+OUT_DIR = Path(__file__).parent / "out"
+JOB = Path(__file__).parents[1] / "spark_jobs" / "compact_segments.py"
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _seed(store: S3Store, prefix: str, generated: Any, partitions: int) -> None:
+    for p in range(partitions):
+        upload_partition(store, prefix, "events", p, generated)
+
+
+def _spark_path(store: S3Store, prefix: str, master: str, server_pid: int) -> dict[str, Any]:
+    settings = RunSettings(store.bucket, prefix, f"bench-{re.sub(r'[^a-z0-9]', '', master)}", "zstd", 3)
+    scan_run(store, settings, ScanOptions("zstd", 3, min_age_minutes=0))
+    planned = plan_run(store, settings, CompactOptions())
+    lines: list[str] = []
+    server_cpu = _cpu_seconds(server_pid)
+    started = time.perf_counter()
+    submit(JOB, ["--plan", f"s3://{store.bucket}/{planned['plan_key']}", "--run-id", settings.run_id],
+           master=master, conf={"spark.log.level": "WARN"}, log=lines.append)
+    submit_seconds = time.perf_counter() - started
+    server_cpu = _cpu_seconds(server_pid) - server_cpu
+    stage = float(next(line.split(":")[1] for line in lines if line.startswith("stage seconds:")))
+    started = time.perf_counter()
+    for chunk in planned["chunks"]:
+        commit_chunk(store, settings, chunk["partitions"], chunk["name"])
+    commit_seconds = time.perf_counter() - started
+    run = collect_run(store, settings)
+    assert run.totals().get("compacted") == planned["segments"], run.totals()
+    return {"master": master, "segments": planned["segments"], "bytes": planned["bytes"],
+            "stage_seconds": round(stage, 2), "submit_seconds": round(submit_seconds, 2),
+            "commit_seconds": round(commit_seconds, 2), "wall_seconds": round(submit_seconds + commit_seconds, 2),
+            "server_cpu_seconds_during_submit": round(server_cpu, 2)}
+
+
+def _cli_path(endpoint: str, bucket: str, prefix: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "tiering", "s3", "compact", "--bucket", bucket, "--prefix", prefix,
+                           "--codec", "zstd", "--level", "3", "--min-age-minutes", "0", "--json",
+                           "--endpoint-url", endpoint], capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    totals = json.loads(done.stdout)["totals"]
+    return {"wall_seconds": round(seconds, 2), "compacted": totals.get("compacted", 0)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--segments", type=int, default=3, help="per partition, the last one active")
+    parser.add_argument("--segment-mib", type=float, default=8)
+    parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_spark.json")
+    args = parser.parse_args(argv)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ[name] = "bench"
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = make_client()
+        for _ in range(100):
+            try:
+                client.create_bucket(Bucket="bench")
+                break
+            except Exception:  # the server is still starting
+                time.sleep(0.1)
+        store = S3Store(client, "bench")
+        generated = generate_partition(segments=args.segments, kind="json", codec=Codec.SNAPPY,
+                                       segment_bytes=int(args.segment_mib * MIB))
+        for prefix in ("local1", "local2", "cli"):
+            _seed(store, prefix, generated, args.partitions)
+        print("seeded; local[1] ...", file=sys.stderr)
+        one = _spark_path(store, "local1", "local[1]", server.pid)
+        print(f"  {one}\nlocal[2] ...", file=sys.stderr)
+        two = _spark_path(store, "local2", "local[2]", server.pid)
+        print(f"  {two}\nCLI ...", file=sys.stderr)
+        cli = _cli_path(endpoint, "bench", "cli")
+    finally:
+        server.terminate()
+        server.wait()
+    doc = {"segments": one["segments"], "bytes": one["bytes"], "local_1": one, "local_2": two, "cli": cli,
+           "speedup_stage": round(one["stage_seconds"] / two["stage_seconds"], 3),
+           "speedup_submit": round(one["submit_seconds"] / two["submit_seconds"], 3),
+           "spark_wall_to_cli": round(two["wall_seconds"] / cli["wall_seconds"], 3),
+           "server_cpu_share_local_2": round(two["server_cpu_seconds_during_submit"]
+                                             / (2 * two["submit_seconds"]), 3),
+           "cpus": os.cpu_count()}
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\n{'measure':<58} {'value':>10}")
+    for name, value in (
+        (f"plan: {doc['segments']} segments, {doc['bytes'] / MIB:.0f} MiB", ""),
+        ("local[1] stage seconds (inside the job)", f"{one['stage_seconds']:.1f}"),
+        ("local[2] stage seconds (inside the job)", f"{two['stage_seconds']:.1f}"),
+        ("speed-up local[2] / local[1], stage", f"{doc['speedup_stage']:.2f}"),
+        ("speed-up local[2] / local[1], whole spark-submit", f"{doc['speedup_submit']:.2f}"),
+        ("Spark path wall (submit + commit), local[2], seconds", f"{two['wall_seconds']:.1f}"),
+        ("CLI path wall (tiering s3 compact), seconds", f"{cli['wall_seconds']:.1f}"),
+        ("Spark path / CLI path, wall time", f"{doc['spark_wall_to_cli']:.2f}"),
+        ("moto server's share of the 2 CPUs during local[2]", f"{doc['server_cpu_share_local_2']:.0%}"),
+    ):
+        print(f"{name:<58} {value:>10}")
+    print(f"\nJSON: {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
