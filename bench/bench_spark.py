@@ -51,6 +51,11 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _rewrite_seconds(stats: dict[str, object] | None) -> float:
+    value = (stats or {}).get("seconds", 0)
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
 def _seed(store: S3Store, prefix: str, generated: Any, partitions: int) -> None:
     for p in range(partitions):
         upload_partition(store, prefix, "events", p, generated)
@@ -77,7 +82,10 @@ def _spark_path(store: S3Store, prefix: str, master: str, server_pid: int) -> di
     return {"master": master, "segments": planned["segments"], "bytes": planned["bytes"],
             "stage_seconds": round(stage, 2), "submit_seconds": round(submit_seconds, 2),
             "commit_seconds": round(commit_seconds, 2), "wall_seconds": round(submit_seconds + commit_seconds, 2),
-            "server_cpu_seconds_during_submit": round(server_cpu, 2)}
+            "server_cpu_seconds_during_submit": round(server_cpu, 2),
+            # the rewrite loop of every task (GET stream, decompress, validate, compress, proof), summed: if it
+            # grows from local[1] to local[2], the tasks slow each other down (CPU, memory bandwidth, server)
+            "task_rewrite_seconds_sum": round(sum(_rewrite_seconds(r.stats) for r in run.segments), 2)}
 
 
 def _cli_path(endpoint: str, bucket: str, prefix: str) -> dict[str, Any]:
@@ -149,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         ("CLI path wall (tiering s3 compact), seconds", f"{cli['wall_seconds']:.1f}"),
         ("Spark path / CLI path, wall time", f"{doc['spark_wall_to_cli']:.2f}"),
         ("moto server's share of the 2 CPUs during local[2]", f"{doc['server_cpu_share_local_2']:.0%}"),
+        ("tasks' rewrite loops summed, local[1] / local[2], seconds",
+         f"{one['task_rewrite_seconds_sum']:.1f}/{two['task_rewrite_seconds_sum']:.1f}"),
     ):
         print(f"{name:<58} {value:>10}")
     print(f"\nJSON: {args.json_out}")
