@@ -20,6 +20,7 @@ Prints a table and writes ``bench/out/bench_s3.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,27 @@ def _free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+@contextlib.contextmanager
+def moto_process(bucket: str) -> Iterator[tuple[S3Store, str, int]]:
+    """A moto server in its own process on a free loopback port, with ``bucket`` created: (store, endpoint, pid)."""
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = make_client(endpoint_url=endpoint)
+        for _ in range(100):
+            try:
+                client.create_bucket(Bucket=bucket)
+                break
+            except Exception:  # the server is still starting
+                time.sleep(0.1)
+        yield S3Store(client, bucket), endpoint, server.pid
+    finally:
+        server.terminate()
+        server.wait()
 
 
 def _child(cmd: list[str]) -> dict[str, Any]:
@@ -109,19 +132,7 @@ def bench_scan(objects: int) -> dict[str, Any]:
 
 
 def bench_rewrite(segment_mib: int, repeat: int) -> dict[str, Any]:
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        client = make_client(endpoint_url=endpoint)
-        for _ in range(100):
-            try:
-                client.create_bucket(Bucket="bench")
-                break
-            except Exception:  # the server is still starting
-                time.sleep(0.1)
-        store = S3Store(client, "bench")
+    with moto_process("bench") as (store, _, _):
         generated = generate_partition(segments=2, kind="json", codec=Codec.SNAPPY, segment_bytes=segment_mib * MIB)
         segment = generated[0]
         options = RewriteOptions(Codec.ZSTD, 3)
@@ -142,9 +153,6 @@ def bench_rewrite(segment_mib: int, repeat: int) -> dict[str, Any]:
                 assert [s.status for s in run.segments] == ["compacted"], run.to_json()
                 print(f"  round {round_no + 1}/{repeat}: local {local_best:.2f} s, S3 {s3_best:.2f} s",
                       file=sys.stderr)
-    finally:
-        server.terminate()
-        server.wait()
     size = len(segment.log)
     return {"segment_bytes": size, "bytes_out": result.stats.bytes_out,
             "local_seconds": round(local_best, 3), "s3_seconds": round(s3_best, 3),

@@ -31,14 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_s3 import _free_port
+from bench_s3 import moto_process
 
 from tiering.kafka.codecs import Codec
 from tiering.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
 from tiering.s3.compact import CompactOptions
 from tiering.s3.scan import ScanOptions
 from tiering.s3.seed import generate_partition, upload_partition
-from tiering.s3.store import S3Store, make_client
+from tiering.s3.store import S3Store
 from tiering.sparksubmit import submit
 
 MIB = 1024 * 1024
@@ -110,33 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ[name] = "bench"
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    os.environ["AWS_ENDPOINT_URL"] = endpoint
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        client = make_client()
-        for _ in range(100):
-            try:
-                client.create_bucket(Bucket="bench")
-                break
-            except Exception:  # the server is still starting
-                time.sleep(0.1)
-        store = S3Store(client, "bench")
+    with moto_process("bench") as (store, endpoint, server_pid):
+        os.environ["AWS_ENDPOINT_URL"] = endpoint  # for spark-submit's driver and executors
         generated = generate_partition(segments=args.segments, kind="json", codec=Codec.SNAPPY,
                                        segment_bytes=int(args.segment_mib * MIB))
         for prefix in ("local1", "local2", "cli"):
             _seed(store, prefix, generated, args.partitions)
         print("seeded; local[1] ...", file=sys.stderr)
-        one = _spark_path(store, "local1", "local[1]", server.pid)
+        one = _spark_path(store, "local1", "local[1]", server_pid)
         print(f"  {one}\nlocal[2] ...", file=sys.stderr)
-        two = _spark_path(store, "local2", "local[2]", server.pid)
+        two = _spark_path(store, "local2", "local[2]", server_pid)
         print(f"  {two}\nCLI ...", file=sys.stderr)
         cli = _cli_path(endpoint, "bench", "cli")
-    finally:
-        server.terminate()
-        server.wait()
     doc = {"segments": one["segments"], "bytes": one["bytes"], "local_1": one, "local_2": two, "cli": cli,
            "speedup_stage": round(one["stage_seconds"] / two["stage_seconds"], 3),
            "speedup_submit": round(one["submit_seconds"] / two["submit_seconds"], 3),
