@@ -32,7 +32,8 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | | client mode), `yarn`, `k8s://...` |
 | `cleanup_grace_days` | keep replaced originals this many days before `cleanup` deletes them |
 
-The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); the default Spark master is
+The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
+`bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
 `TIERING_SPARK_MASTER` (default `local[*]`); extra `spark-submit --conf` pairs come from
 `TIERING_SPARK_CONF` (JSON object). S3 endpoint and credentials come from the worker's AWS environment.
 """
@@ -82,9 +83,10 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
     doc_md=__doc__,
     tags=["kafka", "s3", "compaction"],
     params={
-        "bucket": Param("kafka-tiered", type="string", minLength=3, maxLength=63,
+        "bucket": Param(os.environ.get("TIERING_BUCKET", "kafka-tiered"), type="string", minLength=3, maxLength=63,
                         pattern=r"^[a-z0-9][a-z0-9.-]+[a-z0-9]$", description="the bucket"),
-        "prefix": Param("kafka/logs", type="string", description="PREFIX of the logdir tree"),
+        "prefix": Param(os.environ.get("TIERING_PREFIX", "kafka/logs"), type="string",
+                        description="PREFIX of the logdir tree"),
         "topics": Param(None, type=["null", "string"], description="regex on the whole topic name"),
         "codec": Param("zstd", type="string", enum=CODECS, description="target codec"),
         "level": Param(None, type=["null", "integer"], minimum=-131072, maximum=22, description="codec level"),

@@ -15,6 +15,7 @@ export AWS_ENDPOINT_URL=http://127.0.0.1:$PORT
 export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-demo} AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-demo}
 export AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-us-east-1}
 export TIERING_SPARK_MASTER=${TIERING_SPARK_MASTER:-local[2]}
+export TIERING_BUCKET=kafka-demo TIERING_PREFIX=kafka/logs  # the params' defaults, used by scheduled runs
 mkdir -p "$AIRFLOW_HOME"
 "$BIN/python" -m moto.server -H 127.0.0.1 -p "$PORT" > "$AIRFLOW_HOME/moto.log" 2>&1 &
 MOTO=$!
