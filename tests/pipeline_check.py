@@ -45,7 +45,8 @@ def main() -> None:
                      "index_missing": index is None}
         segments[key] = fact
     runs = [{"state": r["state"], "document": r["document"]} for r in demo["runs"]]
-    print(json.dumps({"segments": segments, "runs": runs, "corrupt": seeded.corrupt, "indexless": seeded.indexless,
+    print(json.dumps({"segments": segments, "runs": runs, "dry_run": demo["dry_run"],
+ "corrupt": seeded.corrupt, "indexless": seeded.indexless,
                       "changed_by_second_run": demo["changed_by_second_run"], "prefix": demo["prefix"]}))
 
 

@@ -85,3 +85,17 @@ def test_report_totals_are_the_sum_of_the_segments(demo: dict[str, Any]) -> None
 def test_a_second_run_changes_no_segment_object(demo: dict[str, Any]) -> None:
     assert demo["changed_by_second_run"] == []
     assert demo["runs"][1]["document"]["totals"].get("compacted", 0) == 0
+
+
+def test_the_dry_run_changes_nothing_and_estimates_close_to_the_real_savings(demo: dict[str, Any]) -> None:
+    dry = demo["dry_run"]
+    assert dry["state"] == "success"
+    assert dry["changed"] == []
+    totals = demo["runs"][0]["document"]["totals"]
+    actual = totals["bytes_before"] - totals["bytes_after"]
+    estimate = dry["estimate"]
+    # Segments that were skipped or failed saved nothing, so the run's savings are those of the whole plan.
+    assert estimate["segments_sampled"] > 0
+    assert estimate["saved_bytes_low"] <= estimate["saved_bytes_estimate"] <= estimate["saved_bytes_high"]
+    assert actual > 0
+    assert abs(estimate["saved_bytes_estimate"] - actual) / actual < 0.25

@@ -262,18 +262,26 @@ def _cmd_pipeline_demo(args: argparse.Namespace) -> int:
                                  spark_master=args.spark_master, log=log)
     first, second = (r["document"] for r in demo["runs"])
     states = [r["state"] for r in demo["runs"]]
-    doc = {"states": states, "run_1": first, "run_2": {"run_id": second["run_id"], "totals": second["totals"]},
+    dry = demo["dry_run"]
+    doc = {"states": states, "run_1": first,
+           "dry_run": {"state": dry["state"], "estimate": dry["estimate"], "segment_objects_changed": dry["changed"]},
+           "run_2": {"run_id": second["run_id"], "totals": second["totals"]},
            "segment_objects_changed_by_run_2": demo["changed_by_second_run"], "reports": demo["report_keys"],
            "local_copies": demo["local_copies"]}
     if args.json:
         _print_json(args, doc)
     else:
         console = _console(args)
+        est = dry["estimate"]
+        console.print(f"dry run first: estimated savings {est['saved_bytes_estimate'] / 2**20:,.2f} MiB "
+                      f"({est['saved_bytes_low'] / 2**20:,.2f} to {est['saved_bytes_high'] / 2**20:,.2f} MiB, from "
+                      f"{est['segments_sampled']} sampled segments); it changed {len(dry['changed'])} objects")
         console.print(pipeline_table(first))
         console.print(f"second run: {second['totals']}; segment objects it changed: "
                       f"{len(demo['changed_by_second_run'])}")
         console.print(f"run documents: {', '.join(demo['report_keys'])} (copies: {', '.join(demo['local_copies'])})")
-    return EXIT_OK if states == ["success", "success"] and not demo["changed_by_second_run"] else EXIT_INVALID
+    ok = states == ["success", "success"] and dry["state"] == "success" and not dry["changed"]
+    return EXIT_OK if ok and not demo["changed_by_second_run"] else EXIT_INVALID
 
 
 def pipeline_table(run: dict[str, Any]) -> Table:

@@ -5,7 +5,8 @@ The bucket ``kafka-demo`` holds, under ``kafka/logs``: JSON click events written
 producers, uncompressed application log lines, an already-zstd topic, an incompressible topic, one
 sealed segment without its indexes, one corrupt segment, and Kafka's internal ``__consumer_offsets``
 (skipped). Every partition has sealed segments and an active one. The first run compacts; the second
-must change no segment object (it only writes a new run document). Working files go to the work
+must change no segment object (it only writes a new run document). A dry run goes first: it plans
+and estimates the savings from sampled batches, and changes nothing. Working files go to the work
 directory (replaced on each run): ``airflow/`` (AIRFLOW_HOME, SQLite), ``run-1.json``, ``run-2.json``.
 """
 
@@ -202,6 +203,13 @@ def run_pipeline_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | 
             f"{sum(len(v) for v in seeded.originals.values()) / MIB:.1f} MiB of .log")
         conf = {"bucket": BUCKET, "prefix": PREFIX, "codec": codec.label, "level": level,
                 "min_segment_age_minutes": 0, "spark_master": spark_master}
+        log("run 0: dry run (scan, plan with a savings estimate from sampled batches; nothing changes) ...")
+        state, run_id = run_dag({**conf, "dry_run": True})
+        plan = store.get_json(f"{PREFIX}/{RESERVED_DIR}/runs/{run_id}/plan.json")[0]
+        dry_run = {"state": state, "run_id": run_id, "estimate": plan["estimate"],
+                   "changed": sorted(k for k, v in segment_objects(store).items() if before.get(k) != v)}
+        log(f"run 0: {state}; estimated savings {plan['estimate']['saved_bytes_estimate']:,} bytes "
+            f"({plan['estimate']['saved_bytes_low']:,} to {plan['estimate']['saved_bytes_high']:,})")
         runs = []
         for n in (1, 2):
             log(f"run {n}: dag kafka_segment_compaction (scan → plan → Spark {spark_master} → commit → report "
@@ -217,7 +225,7 @@ def run_pipeline_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | 
         final_indexes = {key: tuple(_get_or_none(store, key[: -len(LOG_SUFFIX)] + sfx)
                                     for sfx in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)) for key in seeded.originals}
     return {"bucket": BUCKET, "prefix": PREFIX, "endpoint": endpoint, "seeded": seeded, "before": before,
-            "runs": runs, "changed_by_second_run": changed_by_second, "finals": finals,
+            "dry_run": dry_run, "runs": runs, "changed_by_second_run": changed_by_second, "finals": finals,
             "final_indexes": final_indexes,
             "report_keys": [f"s3://{BUCKET}/{PREFIX}/{RESERVED_DIR}/runs/{r['run_id']}/compact.json" for r in runs],
             "local_copies": [str(workdir / "run-1.json"), str(workdir / "run-2.json")]}
