@@ -41,7 +41,6 @@ The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs
 from __future__ import annotations
 
 import os
-import re
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -66,10 +65,9 @@ DEFAULT_ARGS: dict[str, Any] = {
 
 
 def _settings(params: dict[str, Any], run_id: str) -> Any:
-    from tiering.pipeline import RunSettings  # noqa: PLC0415 - heavy imports stay inside tasks
+    from tiering.pipeline import RunSettings, safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
 
-    # Our run id names S3 keys and lease owners: the DAG run's id, made key-safe.
-    return RunSettings(params["bucket"], params["prefix"].strip("/"), re.sub(r"[^A-Za-z0-9._-]+", "-", run_id),
+    return RunSettings(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id),
                        params["codec"], params["level"])
 
 

@@ -29,6 +29,7 @@ from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import open_segment, reindex_file, rewrite_file, verify_file
+from tiering.pipeline import by_topic
 from tiering.s3.store import StorageError
 
 EXIT_OK = 0
@@ -288,18 +289,8 @@ def pipeline_table(run: dict[str, Any]) -> Table:
     """A run document as a table: one row per topic, then what was skipped or failed and why."""
     t = Table(title=f"run {run['run_id']}: compaction to {run['settings']['codec']}", title_justify="left",
               show_footer=True)
-    rows: dict[str, list[int]] = {}
-    notes: dict[str, int] = {}
-    for r in run["segments"]:
-        topic = r["directory"].rsplit("-", 1)[0]
-        if r["status"] == "compacted":
-            row = rows.setdefault(topic, [0, 0, 0])
-            row[0] += 1
-            row[1] += r["bytes_before"]
-            row[2] += r["bytes_after"]
-        else:
-            reason = str(r.get("reason", "")).split(":")[0]
-            notes[f"{topic}: {r['status']} ({reason})"] = notes.get(f"{topic}: {r['status']} ({reason})", 0) + 1
+    rows, outcomes = by_topic(run["segments"])
+    notes = {f"{topic}: {status} ({reason})": n for (topic, status, reason), n in outcomes.items()}
     before, after = run["totals"]["bytes_before"], run["totals"]["bytes_after"]
     t.add_column("topic", footer="total")
     t.add_column("segments", justify="right", footer=str(sum(r[0] for r in rows.values())))

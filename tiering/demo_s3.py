@@ -28,6 +28,7 @@ from typing import Any, Final
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from tiering.pipeline import safe_run_id
 from tiering.s3.layout import RESERVED_DIR, segment_key
 from tiering.s3.seed import generate_partition, upload_partition
 from tiering.s3.store import ObjectNotFound, S3Store, make_client
@@ -155,11 +156,9 @@ def load_dag() -> Any:
 
 def run_dag(conf: dict[str, Any]) -> tuple[str, str]:
     """``dag.test()`` with ``conf``; the DAG run's final state and our run id (its key-safe form)."""
-    import re  # noqa: PLC0415
-
     dag = load_dag()
     dag_run = dag.test(run_conf=conf)
-    return str(dag_run.state), re.sub(r"[^A-Za-z0-9._-]+", "-", dag_run.run_id)
+    return str(dag_run.state), safe_run_id(dag_run.run_id)
 
 
 def _get_or_none(store: S3Store, key: str) -> bytes | None:

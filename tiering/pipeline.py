@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -204,8 +205,27 @@ def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] 
     return run
 
 
-def _topic_of(directory: str) -> str:
-    return directory.rsplit("-", 1)[0]
+def safe_run_id(run_id: str) -> str:
+    """An Airflow run id made key-safe: it names S3 keys and lease owners."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", run_id)
+
+
+def by_topic(segments: Iterable[dict[str, Any]]) -> tuple[dict[str, list[int]], dict[tuple[str, str, str], int]]:
+    """Per topic, [segments compacted, bytes before, bytes after]; and the count of every other outcome by
+    (topic, status, the reason's first clause)."""
+    rows: dict[str, list[int]] = {}
+    notes: dict[tuple[str, str, str], int] = {}
+    for r in segments:
+        topic = str(r["directory"]).rsplit("-", 1)[0]
+        if r["status"] == "compacted":
+            row = rows.setdefault(topic, [0, 0, 0])
+            row[0] += 1
+            row[1] += int(r["bytes_before"])
+            row[2] += int(r["bytes_after"])
+        else:
+            key = (topic, str(r["status"]), str(r.get("reason") or "").split(":")[0])
+            notes[key] = notes.get(key, 0) + 1
+    return rows, notes
 
 
 def run_summary(run: RunResult) -> tuple[dict[str, Any], str]:
@@ -216,17 +236,11 @@ def run_summary(run: RunResult) -> tuple[dict[str, Any], str]:
                 "compacted": totals.get("compacted", 0), "failed": totals.get("failed", 0),
                 "skipped": totals.get("skipped", 0), "bytes_before": before, "bytes_after": after,
                 "saved_bytes": before - after, "ratio": round(after / before, 4) if before else None}
-    rows: dict[str, list[int]] = {}
+    rows, notes = by_topic(r.to_json() for r in run.segments)
     reasons: dict[str, int] = {}
-    for r in run.segments:
-        if r.status == "compacted":
-            row = rows.setdefault(_topic_of(r.directory), [0, 0, 0])
-            row[0] += 1
-            row[1] += r.bytes_before
-            row[2] += r.bytes_after
-        elif r.status != "compacted":
-            key = f"{r.status}: {r.reason.split(':')[0]}" if r.reason else r.status
-            reasons[key] = reasons.get(key, 0) + 1
+    for (_, status, reason), n in notes.items():
+        key = f"{status}: {reason}" if reason else status
+        reasons[key] = reasons.get(key, 0) + n
     lines = [f"{'topic':<32} {'segments':>8} {'before':>14} {'after':>14} {'ratio':>6}"]
     for topic, (n, b, a) in sorted(rows.items()):
         lines.append(f"{topic:<32} {n:>8} {b:>14,} {a:>14,} {a / b if b else 0:>6.3f}")
