@@ -7,9 +7,11 @@ in with a crash-safe commit protocol (see `docs/commit-protocol.md`), and report
 **Tasks**: `scan` (list the prefix, classify every segment) → `plan` (apply the budget, largest segments
 first; split the partitions into chunks) → `spark_compaction` (one Spark task per segment: rewrite, stage,
 read back and verify) → `commit` (mapped over chunks of partitions, each task named after the partitions
-it holds: swap the staged segments in under the partition leases) → `report` (the run document, a
-summary table in the log; publishes the report asset) → `cleanup` (kept originals past their grace
-period, abandoned staging objects, incomplete multipart uploads).
+it holds: swap the staged segments in under the partition leases) → `report` (the run document and the
+cost savings report: JSON, Markdown, CSV and an HTML page with charts under `PREFIX/_tiering/reports/<run>/`
+and `.../reports/latest/`, the ledger of all runs; a summary table in the log; publishes the report asset)
+→ `cleanup` (kept originals past their grace period, abandoned staging objects, incomplete multipart
+uploads).
 
 Every task can be retried (with exponential backoff) and a whole run can be re-run: finished segments
 are found compacted, staged ones are committed, interrupted swaps are finished.
@@ -29,13 +31,16 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | `max_bytes` | compact at most this many `.log` bytes this run; empty: no limit |
 | `dry_run` | only scan, plan and estimate the savings from sampled batches; change nothing |
 | `spark_master` | where the Spark job runs: `local[*]` (embedded), `spark://host:7077` (standalone, |
-| | client mode), `yarn`, `k8s://...` |
+| | client mode), `yarn`, `k8s://...`, or `conn:<conn_id>`: the host and port of that Airflow connection |
 | `cleanup_grace_days` | keep replaced originals this many days before `cleanup` deletes them |
 
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
 `TIERING_SPARK_MASTER` (default `local[*]`); extra `spark-submit --conf` pairs come from
 `TIERING_SPARK_CONF` (JSON object). S3 endpoint and credentials come from the worker's AWS environment.
+The report's prices: `TIERING_PRICE_REGION` (default the AWS region), `TIERING_PRICES_FILE` (a JSON file
+merged over the built-in list prices), `TIERING_ACCOUNT_STANDARD_TB` (the account's S3 Standard volume,
+which decides the volume tier); the grace period is `cleanup_grace_days`.
 """
 
 from __future__ import annotations
@@ -62,6 +67,19 @@ DEFAULT_ARGS: dict[str, Any] = {
     "retry_exponential_backoff": True,
     "max_retry_delay": timedelta(minutes=10),
 }
+
+
+def spark_master(value: str) -> str:
+    """The Spark master URL; ``conn:<conn_id>`` names an Airflow connection whose host (with or without the
+    ``spark://`` scheme) and port give it, so that a deployment keeps the cluster's address in a connection."""
+    if not value.startswith("conn:"):
+        return value
+    from airflow.sdk import Connection  # noqa: PLC0415
+
+    conn = Connection.get(value.removeprefix("conn:"))
+    host = str(conn.host or "")
+    url = host if "://" in host else f"spark://{host}"
+    return f"{url}:{conn.port}" if conn.port else url
 
 
 def _settings(params: dict[str, Any], run_id: str) -> Any:
@@ -140,7 +158,7 @@ def kafka_segment_compaction() -> None:
             return []
         conf = {"spark.log.level": "WARN", **json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))}
         submit(SPARK_JOB, ["--plan", f"s3://{settings.bucket}/{planned['plan_key']}", "--run-id", settings.run_id],
-               master=params["spark_master"], conf=conf)
+               master=spark_master(params["spark_master"]), conf=conf)
         chunks: list[dict[str, Any]] = planned["chunks"]
         return chunks
 
@@ -158,17 +176,27 @@ def kafka_segment_compaction() -> None:
     @task(trigger_rule="none_failed", outlets=[REPORT_ASSET])
     def report(planned: dict[str, Any]) -> dict[str, Any]:
         from tiering.pipeline import collect_run, run_summary  # noqa: PLC0415
+        from tiering.report.publish import cost_config, publish_report  # noqa: PLC0415
+        from tiering.report.render import to_table  # noqa: PLC0415
 
         ctx = get_current_context()
-        settings = _settings(ctx["params"], ctx["run_id"])
+        params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
         store = settings.store()
         run = collect_run(store, settings, estimate=planned.get("estimate"))
         headline, table = run_summary(run)
         print(table)
-        uri = f"s3://{settings.bucket}/{settings.prefix}/_tiering/runs/{settings.run_id}/compact.json"
-        ctx["outlet_events"][REPORT_ASSET].extra = {**headline, "bucket": settings.bucket,
-                                                    "prefix": settings.prefix, "report": uri}
-        return {**headline, "report": uri}
+        prices, options = cost_config(grace_days=params["cleanup_grace_days"])
+        doc, keys = publish_report(store, settings.prefix, settings.run_id, prices, options)
+        print(to_table(doc))
+        t = doc["totals"]
+        money = {"estimate": doc["estimate"], "monthly_savings_usd": round(t["monthly_savings_usd"], 2),
+                 "yearly_savings_usd": round(t["yearly_savings_usd"], 2), "one_off_usd": round(t["one_off_usd"], 2),
+                 "payback_months": None if t["payback_months"] is None else round(t["payback_months"], 2)}
+        uris = {fmt: f"s3://{settings.bucket}/{key}" for fmt, key in keys.items()}
+        print(f"report: {uris['html']} (also {', '.join(sorted(uris))})")
+        out = {**headline, **money, "report": uris["json"], "report_html": uris["html"]}
+        ctx["outlet_events"][REPORT_ASSET].extra = {**out, "bucket": settings.bucket, "prefix": settings.prefix}
+        return out
 
     @task(trigger_rule="none_failed")
     def cleanup() -> dict[str, Any]:

@@ -21,7 +21,7 @@ import time
 
 from pyspark.sql import SparkSession
 
-from tiering.pipeline import RunSettings, begin_stage, load_plan, stage_task, write_results
+from tiering.pipeline import RunSettings, begin_stage, load_plan, put_usage, stage_task, write_results
 from tiering.s3.lease import DEFAULT_TTL_SECONDS, LeaseKeeper
 from tiering.s3.store import S3Store, make_client
 
@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             rdd = spark.sparkContext.parallelize([s.to_json() for s in segments], max(1, len(segments)))
             results = rdd.map(lambda seg: stage_task(seg, conf)).collect()
         print(f"stage seconds: {time.perf_counter() - started:.3f}", file=sys.stderr, flush=True)
+        put_usage(store, settings, "stage-driver")
         counts = write_results(store, settings.key("stage.json"), [*results, *(r.to_json() for r in busy)])
         if keeper.lost:
             print(f"leases lost while staging (their segments are committed by whoever holds them): "

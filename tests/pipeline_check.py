@@ -44,9 +44,10 @@ def main() -> None:
                      "timeindex_equals_rebuild": timeindex == after.indexes.time_index,
                      "index_missing": index is None}
         segments[key] = fact
-    runs = [{"state": r["state"], "document": r["document"]} for r in demo["runs"]]
+    runs = [{"state": r["state"], "document": r["document"], "report": r["report"]} for r in demo["runs"]]
     print(json.dumps({"segments": segments, "runs": runs, "dry_run": demo["dry_run"],
- "corrupt": seeded.corrupt, "indexless": seeded.indexless,
+                      "corrupt": seeded.corrupt, "indexless": seeded.indexless,
+                      "local_reports": demo["local_copies"],
                       "changed_by_second_run": demo["changed_by_second_run"], "prefix": demo["prefix"]}))
 
 

@@ -99,3 +99,62 @@ def test_the_dry_run_changes_nothing_and_estimates_close_to_the_real_savings(dem
     assert estimate["saved_bytes_low"] <= estimate["saved_bytes_estimate"] <= estimate["saved_bytes_high"]
     assert actual > 0
     assert abs(estimate["saved_bytes_estimate"] - actual) / actual < 0.25
+
+
+def test_the_cost_report_matches_the_run_and_the_price_list(demo: dict[str, Any]) -> None:
+    from tiering.report.prices import GB, load_prices
+
+    run, report = demo["runs"][0]["document"], demo["runs"][0]["report"]
+    t = report["totals"]
+    assert not report["estimate"]
+    assert (t["bytes_before"], t["bytes_after"]) == (run["totals"]["bytes_before"], run["totals"]["bytes_after"])
+    assert t["segments_rewritten"] == run["totals"]["compacted"]
+    # The demo's objects are Standard in us-east-1, far below 50 TB: the first tier's rate.
+    rate = load_prices("us-east-1").of("STANDARD").rate()
+    assert t["monthly_savings_usd"] == pytest.approx((t["bytes_before"] - t["bytes_after"]) / GB * rate, rel=1e-9)
+    assert t["yearly_savings_usd"] == pytest.approx(12 * t["monthly_savings_usd"])
+    costs = {c["item"]: c["usd"] for c in report["one_off"]}
+    assert costs["S3 requests"] > 0
+    assert costs["Compute (rewrite tasks)"] > 0  # the Spark tasks' seconds were recorded
+    assert t["one_off_usd"] == pytest.approx(sum(costs.values()))
+    assert sum(x["bytes_before"] for x in report["by_topic"]) == t["bytes_before"]
+    assert sum(x["monthly_savings_usd"] for x in report["by_topic"]) == pytest.approx(t["monthly_savings_usd"])
+    reasons = {(s["status"], s["reason"]) for s in report["skipped"]}
+    assert ("skipped", "active") in reasons
+    assert any(s == "failed" for s, _ in reasons) or report["failed"]  # the corrupt segment
+
+
+def test_the_measured_requests_per_segment_match_the_dry_run_constant(demo: dict[str, Any]) -> None:
+    from tiering.report.model import REQUESTS_PER_SEGMENT
+    from tiering.report.prices import FREE_OPERATIONS, TIER1_OPERATIONS
+
+    run = demo["runs"][0]["document"]
+    compacted = {r["directory"] for r in run["segments"] if r["status"] == "compacted"}
+    n = sum(1 for r in run["segments"] if r["status"] == "compacted")
+    tier1 = tier2 = 0
+    for scope, ops in run["usage"]["requests"].items():
+        if scope in compacted:
+            tier1 += sum(v for k, v in ops.items() if k in TIER1_OPERATIONS)
+            tier2 += sum(v for k, v in ops.items() if k not in TIER1_OPERATIONS | FREE_OPERATIONS)
+    print(f"requests per compacted segment: tier1 {tier1 / n:.1f}, tier2 {tier2 / n:.1f}")
+    assert abs(tier1 / n - REQUESTS_PER_SEGMENT["tier1"]) <= 0.35 * REQUESTS_PER_SEGMENT["tier1"]
+    assert abs(tier2 / n - REQUESTS_PER_SEGMENT["tier2"]) <= 0.35 * REQUESTS_PER_SEGMENT["tier2"]
+
+
+def test_the_ledger_keeps_every_run_and_the_dry_run_is_an_estimate(demo: dict[str, Any]) -> None:
+    dry = demo["dry_run"]["report"]
+    assert dry["estimate"] is True
+    detail = dry["estimate_detail"]
+    assert detail["monthly_savings_usd_low"] <= dry["totals"]["monthly_savings_usd"] <= detail[
+        "monthly_savings_usd_high"]
+    second = demo["runs"][1]["report"]
+    assert second["totals"]["segments_rewritten"] == 0
+    assert second["totals"]["monthly_savings_usd"] == 0
+    ledger = second["ledger"]
+    ids = [r["run_id"] for r in ledger["runs"]]
+    assert ids == [demo["dry_run"]["run_id"], demo["runs"][0]["document"]["run_id"],
+                   demo["runs"][1]["document"]["run_id"]]
+    first_monthly = demo["runs"][0]["report"]["totals"]["monthly_savings_usd"]
+    assert ledger["monthly_run_rate_usd"] == pytest.approx(first_monthly)  # the estimate is not counted
+    for path in demo["local_reports"]:
+        assert "<svg" in Path(path).read_text()

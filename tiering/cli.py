@@ -20,6 +20,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from tiering import __version__
+from tiering.cli_report import add_report_command
 from tiering.cli_s3 import add_s3_commands
 from tiering.demo import render_table, run_demo
 from tiering.errors import ConfigError, InvalidDataError, TieringError
@@ -30,6 +31,7 @@ from tiering.kafka.rewrite import RewriteOptions
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import open_segment, reindex_file, rewrite_file, verify_file
 from tiering.pipeline import by_topic
+from tiering.report.render import to_table
 from tiering.s3.store import StorageError
 
 EXIT_OK = 0
@@ -268,6 +270,7 @@ def _cmd_pipeline_demo(args: argparse.Namespace) -> int:
            "dry_run": {"state": dry["state"], "estimate": dry["estimate"], "segment_objects_changed": dry["changed"]},
            "run_2": {"run_id": second["run_id"], "totals": second["totals"]},
            "segment_objects_changed_by_run_2": demo["changed_by_second_run"], "reports": demo["report_keys"],
+           "report_totals": [r["report"]["totals"] for r in demo["runs"]],
            "local_copies": demo["local_copies"]}
     if args.json:
         _print_json(args, doc)
@@ -278,9 +281,11 @@ def _cmd_pipeline_demo(args: argparse.Namespace) -> int:
                       f"({est['saved_bytes_low'] / 2**20:,.2f} to {est['saved_bytes_high'] / 2**20:,.2f} MiB, from "
                       f"{est['segments_sampled']} sampled segments); it changed {len(dry['changed'])} objects")
         console.print(pipeline_table(first))
+        console.print(to_table(demo["runs"][0]["report"]), markup=False)
         console.print(f"second run: {second['totals']}; segment objects it changed: "
                       f"{len(demo['changed_by_second_run'])}")
-        console.print(f"run documents: {', '.join(demo['report_keys'])} (copies: {', '.join(demo['local_copies'])})")
+        console.print(f"reports: {', '.join(demo['report_keys'])} (JSON, Markdown and CSV beside them); open the "
+                      f"local copies in a browser: {', '.join(demo['local_copies'])}")
     ok = states == ["success", "success"] and dry["state"] == "success" and not dry["changed"]
     return EXIT_OK if ok and not demo["changed_by_second_run"] else EXIT_INVALID
 
@@ -423,6 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_pipeline_demo)
     add_s3_commands(verbs, _Parser)
+    add_report_command(verbs, _Parser)
     return parser
 
 

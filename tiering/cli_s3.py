@@ -15,9 +15,12 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
+from tiering.cli_report import add_cost_args, cost_from_args
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
+from tiering.report.publish import publish_report
+from tiering.report.render import to_table
 from tiering.s3.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, compact, new_run_id, rollback
 from tiering.s3.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, estimate
 from tiering.s3.lease import DEFAULT_TTL_SECONDS
@@ -199,7 +202,13 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
     run = compact(store, plan, ctx, CompactOptions(args.max_segments, args.max_bytes, args.lease_ttl_seconds,
                                                    args.workers), progress=progress)
-    return _finish_run(args, run)
+    code = _finish_run(args, run)
+    if not args.no_report:
+        prices, cost = cost_from_args(args)
+        report, keys = publish_report(store, ctx.prefix, run_id, prices, cost)
+        _log(args, to_table(report))
+        _log(args, f"report: s3://{store.bucket}/{keys['html']} (and .json .md .csv; 'tiering report' prints it)")
+    return code
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
@@ -290,6 +299,8 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
     p.add_argument("--workers", type=int, default=1, help="partitions compacted at once (default %(default)s)")
     p.add_argument("--work-dir", default=None, help="directory for spool files (default: the system's temp dir)")
+    p.add_argument("--no-report", action="store_true", help="do not publish the cost savings report")
+    add_cost_args(p)
     p.set_defaults(func=_cmd_compact)
 
     p = sub.add_parser("rollback", help="restore the originals a run replaced",

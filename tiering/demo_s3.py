@@ -29,6 +29,7 @@ from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.pipeline import safe_run_id
+from tiering.report.publish import report_key
 from tiering.s3.layout import RESERVED_DIR, segment_key
 from tiering.s3.seed import generate_partition, upload_partition
 from tiering.s3.store import ObjectNotFound, S3Store, make_client
@@ -206,6 +207,7 @@ def run_pipeline_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | 
         state, run_id = run_dag({**conf, "dry_run": True})
         plan = store.get_json(f"{PREFIX}/{RESERVED_DIR}/runs/{run_id}/plan.json")[0]
         dry_run = {"state": state, "run_id": run_id, "estimate": plan["estimate"],
+                   "report": store.get_json(report_key(PREFIX, run_id))[0],
                    "changed": sorted(k for k, v in segment_objects(store).items() if before.get(k) != v)}
         log(f"run 0: {state}; estimated savings {plan['estimate']['saved_bytes_estimate']:,} bytes "
             f"({plan['estimate']['saved_bytes_low']:,} to {plan['estimate']['saved_bytes_high']:,})")
@@ -216,8 +218,10 @@ def run_pipeline_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | 
             state, run_id = run_dag(conf)
             doc = store.get_json(f"{PREFIX}/{RESERVED_DIR}/runs/{run_id}/compact.json")[0]
             (workdir / f"run-{n}.json").write_text(json.dumps(doc, indent=2) + "\n")
-            runs.append({"state": state, "run_id": run_id, "document": doc, "objects": segment_objects(store)})
+            runs.append({"state": state, "run_id": run_id, "document": doc, "objects": segment_objects(store),
+                         "report": store.get_json(report_key(PREFIX, run_id))[0]})
             log(f"run {n}: {state}; {doc['totals']}")
+            (workdir / f"report-run-{n}.html").write_bytes(store.get(report_key(PREFIX, run_id, "html")))
         after_first = runs[0]["objects"]
         changed_by_second = sorted(k for k in after_first if runs[1]["objects"].get(k) != after_first[k])
         finals = {key: store.get(key) for key in seeded.originals}
@@ -226,5 +230,5 @@ def run_pipeline_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | 
     return {"bucket": BUCKET, "prefix": PREFIX, "endpoint": endpoint, "seeded": seeded, "before": before,
             "dry_run": dry_run, "runs": runs, "changed_by_second_run": changed_by_second, "finals": finals,
             "final_indexes": final_indexes,
-            "report_keys": [f"s3://{BUCKET}/{PREFIX}/{RESERVED_DIR}/runs/{r['run_id']}/compact.json" for r in runs],
-            "local_copies": [str(workdir / "run-1.json"), str(workdir / "run-2.json")]}
+            "report_keys": [f"s3://{BUCKET}/{report_key(PREFIX, r['run_id'], 'html')}" for r in runs],
+            "local_copies": [str(workdir / f"report-run-{n}.html") for n in (1, 2)]}

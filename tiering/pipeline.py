@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,6 +46,7 @@ from tiering.s3.protocol import SKIPPED, Context, SegmentResult, journal_key, re
 from tiering.s3.scan import SKIP, Plan, PlannedSegment, ScanOptions, scan
 from tiering.s3.store import ObjectNotFound, S3Store, make_client
 
+RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
 DEFAULT_CHUNK_PARTITIONS: Final = 64  # partitions per commit task (Airflow maps at most 1024 tasks)
 
 
@@ -81,6 +84,7 @@ def scan_run(store: S3Store, settings: RunSettings, options: ScanOptions) -> dic
     """Scan the prefix into ``runs/<run>/scan.json``; its key and totals."""
     plan = scan(store, settings.prefix, options)
     store.put_json(settings.key("scan.json"), plan.to_json())
+    put_usage(store, settings, "scan")
     return {"scan_key": settings.key("scan.json"), "objects": plan.objects_listed, "totals": plan.totals()}
 
 
@@ -97,6 +101,7 @@ def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, e
     if estimate_savings:
         plan.estimate = estimate(store, plan, RewriteOptions(Codec.parse(settings.codec), settings.level))
     store.put_json(settings.key("plan.json"), plan.to_json())
+    put_usage(store, settings, "plan")
     directories = sorted({s.directory for s in chosen})
     chunks = [directories[i : i + chunk_partitions] for i in range(0, len(directories), chunk_partitions)]
     return {"plan_key": settings.key("plan.json"), "totals": plan.totals(), "segments": len(chosen),
@@ -137,26 +142,39 @@ def begin_stage(store: S3Store, settings: RunSettings, plan: Plan
 def stage_task(segment: dict[str, Any], settings: dict[str, Any], work_dir: str | None = None) -> dict[str, Any]:
     """Executor side: stage one segment (or repair it) under the run's lease; a result document. A
     segment this run already staged (a re-run of the job) is reported as staged again."""
+    started = time.perf_counter()
     run = RunSettings.from_json(settings)
     seg = PlannedSegment.from_json(segment)
     store = run.store()
+    result: SegmentResult | None = None
     try:
         doc, _ = store.get_json(journal_key(run.prefix, seg.directory, seg.base_offset))
         if doc.get("run_id") == run.run_id:
-            return SegmentResult(seg.directory, seg.base_offset, STAGED_STATUS, "staged by an earlier attempt",
-                                 run_id=run.run_id).to_json()
+            result = SegmentResult(seg.directory, seg.base_offset, STAGED_STATUS, "staged by an earlier attempt",
+                                   run_id=run.run_id)
     except ObjectNotFound:
         pass
-    lease = RunLease(store, lease_key(run.prefix, seg.directory), run.run_id)
-    return run_segment(run.context(store, work_dir), seg, lease, commit=False).to_json()
+    if result is None:
+        lease = RunLease(store, lease_key(run.prefix, seg.directory), run.run_id)
+        result = run_segment(run.context(store, work_dir), seg, lease, commit=False)
+    # What the cost report prices: this task's S3 requests and its time on one executor core.
+    return {**result.to_json(), "usage": {"requests": dict(store.requests),
+                                          "seconds": round(time.perf_counter() - started, 3)}}
 
 
-def write_results(store: S3Store, key: str, results: Iterable[dict[str, Any]]) -> dict[str, int]:
+def put_usage(store: S3Store, settings: RunSettings, step: str) -> None:
+    """Record the S3 requests ``store`` made for this run outside any partition's work (``usage/<step>``)."""
+    store.put_json(settings.key(f"usage/{step}.json"), {"schema_version": 1, "requests": dict(store.requests)})
+
+
+def write_results(store: S3Store, key: str, results: Iterable[dict[str, Any]],
+                  usage: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
+    """Store a step's result documents (and the S3 requests per partition it made); counts by status."""
     docs = list(results)
     counts: dict[str, int] = {}
     for d in docs:
         counts[str(d["status"])] = counts.get(str(d["status"]), 0) + 1
-    store.put_json(key, {"schema_version": 1, "results": docs})
+    store.put_json(key, {"schema_version": 1, "results": docs, "usage": usage or {}})
     return counts
 
 
@@ -165,12 +183,16 @@ def commit_chunk(store: S3Store, settings: RunSettings, partitions: list[str], n
     to ``runs/<run>/commit/<name>.json``. Idempotent: a retry finds nothing left to finish."""
     ctx = settings.context(store)
     results: list[SegmentResult] = []
+    requests: dict[str, dict[str, int]] = {}
     for directory in partitions:
         def work(lease: Lease, directory: str = directory) -> list[SegmentResult]:
             return recover_partition(ctx, directory, lease)
 
+        before = Counter(store.requests)
         results += with_lease(ctx, directory, settings.lease_ttl_seconds, work, [])
-    counts = write_results(store, settings.key(f"commit/{name}.json"), (r.to_json() for r in results))
+        requests[directory] = dict(store.requests - before)
+    counts = write_results(store, settings.key(f"commit/{name}.json"), (r.to_json() for r in results),
+                           usage=requests)
     return {"chunk": name, "partitions": len(partitions), **counts}
 
 
@@ -189,17 +211,30 @@ def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] 
                                                             "status": SKIPPED, "reason": s.reason}
     except ObjectNotFound:
         pass
+    requests: dict[str, Counter[str]] = {}
+    seconds = 0.0
     for prefix in ("stage.json", "commit/"):
         for info in store.list(settings.key(prefix)):
-            for r in store.get_json(info.key)[0]["results"]:
+            doc = store.get_json(info.key)[0]
+            for directory, counts in doc.get("usage", {}).items():
+                requests.setdefault(directory, Counter()).update(counts)
+            for r in doc["results"]:
+                used = r.pop("usage", None)
                 key = (r["directory"], int(r["base_offset"]))
                 by_segment[key] = {**by_segment.get(key, {}), **r}  # commit after stage: its outcome wins
+                if used:
+                    requests.setdefault(r["directory"], Counter()).update(used["requests"])
+                    seconds += float(used["seconds"])
+    for info in store.list(settings.key("usage/")):
+        requests.setdefault(RUN_SCOPE, Counter()).update(store.get_json(info.key)[0]["requests"])
+    run.usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items())},
+                 "compute_seconds": round(seconds, 3)}
     for key in sorted(by_segment):
         d = by_segment[key]
         run.segments.append(SegmentResult(d["directory"], int(d["base_offset"]), d["status"], d.get("reason", ""),
                                           int(d.get("bytes_before", 0)), int(d.get("bytes_after", 0)),
                                           bool(d.get("recovered", False)), d.get("stats"), d.get("error"),
-                                          d.get("run_id")))
+                                          d.get("run_id"), d.get("encryption")))
     run.finished_at = datetime.now(UTC).isoformat()
     store.put_json(run_result_key(settings.prefix, settings.run_id, "compact"), run.to_json())
     return run

@@ -59,3 +59,23 @@ def test_dag_folder_loads_without_errors_or_heavy_imports(tmp_path: Path) -> Non
     for name in facts["params"]:
         assert f"`{name}`" in facts["doc_md"], f"param {name} is not explained in doc_md"
     assert {name: result for name, result in facts["bad_values"].items() if result == "accepted"} == {}
+
+
+MASTER_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from kafka_segment_compaction import spark_master
+print(json.dumps([spark_master(v) for v in ("conn:spark_cluster", "conn:bare_host", "local[2]", "yarn")]))
+"""
+
+
+def test_the_spark_master_can_come_from_an_airflow_connection(tmp_path: Path) -> None:
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "AIRFLOW_CONN_SPARK_CLUSTER": json.dumps({"conn_type": "spark", "host": "spark://spark-master",
+                                                     "port": 7077}),
+           "AIRFLOW_CONN_BARE_HOST": json.dumps({"conn_type": "spark", "host": "10.1.2.3", "port": 7078})}
+    done = subprocess.run([sys.executable, "-c", MASTER_SCRIPT, str(ROOT / "dags")], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [
+        "spark://spark-master:7077", "spark://10.1.2.3:7078", "local[2]", "yarn"]

@@ -68,6 +68,7 @@ class RunResult:
     finished_at: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
     segments: list[SegmentResult] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)  # S3 requests by partition, Spark task seconds
 
     def totals(self) -> dict[str, int]:
         done = [s for s in self.segments if s.status in ("compacted", "rolled-back")]
@@ -85,7 +86,7 @@ class RunResult:
         return {"schema_version": RUN_SCHEMA_VERSION, "kind": self.kind, "run_id": self.run_id,
                 "bucket": self.bucket, "prefix": self.prefix, "started_at": self.started_at,
                 "finished_at": self.finished_at, "settings": self.settings, "totals": self.totals(),
-                "segments": [s.to_json() for s in self.segments]}
+                "segments": [s.to_json() for s in self.segments], **({"usage": self.usage} if self.usage else {})}
 
 
 def run_result_key(prefix: str, run_id: str, kind: str) -> str:
@@ -190,6 +191,10 @@ def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
             run.segments += results
     run.segments.sort(key=lambda r: (r.directory, r.base_offset))
     run.finished_at = datetime.now(UTC).isoformat()
+    # What the cost report needs: the plan (segment facts, skip reasons) and what the run used.
+    store.put_json(reserved_key(ctx.prefix, RUNS_DIR, ctx.run_id, "plan.json"), plan.to_json())
+    seconds = sum(float(str((r.stats or {}).get("seconds", 0.0))) for r in run.segments)
+    run.usage = {"requests": {"_run": dict(store.requests)}, "compute_seconds": round(seconds, 3)}
     store.put_json(run_result_key(ctx.prefix, ctx.run_id, "compact"), run.to_json())
     return run
 

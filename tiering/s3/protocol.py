@@ -97,6 +97,7 @@ class SegmentResult:
     stats: dict[str, object] | None = None
     error: dict[str, object] | None = None
     run_id: str | None = None  # the run whose operation this is (differs from ours for a recovery)
+    encryption: str | None = None  # "aws:kms" or "aws:kms+bucket-key" when the objects use SSE-KMS (costs KMS calls)
 
     def to_json(self) -> dict[str, object]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -262,7 +263,7 @@ def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: LeaseGuard,
     entry = journal.get("entry") or {}
     done = SegmentResult(d, base, COMPACTED if kind == KIND_COMPACT else ROLLED_BACK, "",
                          int(entry.get("bytes_before", 0)), int(entry.get("bytes_after", 0)),
-                         run_id=journal["run_id"])
+                         run_id=journal["run_id"], encryption=_kms(journal["attrs"]["log"].get("headers", {})))
     try:
         current, _ = store.describe(final["log"])
     except ObjectNotFound:
@@ -309,6 +310,12 @@ def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: LeaseGuard,
             store.delete(journal["new"][name], missing_ok=True)
     store.delete(journal_key(ctx.prefix, d, base), if_match=etag, missing_ok=True)
     return done
+
+
+def _kms(headers: dict[str, Any]) -> str | None:
+    if headers.get("ServerSideEncryption") != "aws:kms":
+        return None
+    return "aws:kms+bucket-key" if headers.get("BucketKeyEnabled") else "aws:kms"
 
 
 def _put_index(ctx: Context, journal: dict[str, Any], name: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -160,12 +161,28 @@ def server_time(response: Mapping[str, Any]) -> datetime | None:
 _JSON_ATTRS: Final = ObjectAttrs(headers={"ContentType": "application/json"})
 
 
+@dataclass(frozen=True, slots=True)
+class BucketFacts:
+    """What the cost report needs to know about the bucket: ``None`` where S3 would not say (access denied)."""
+
+    versioned: bool | None
+    noncurrent_expiry_days: int | None  # the lifecycle rule that expires noncurrent versions under the prefix
+
+
 @dataclass(slots=True)
 class S3Store:
-    """S3 operations on one bucket, errors translated (see the module docstring)."""
+    """S3 operations on one bucket, errors translated (see the module docstring). ``requests`` counts the API
+    calls made through its client by operation name (one per call and per listing page; what S3 bills)."""
 
     client: Any
     bucket: str
+    requests: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self.client.meta.events.register("before-call.s3", self._count)
+
+    def _count(self, model: Any, **_: Any) -> None:
+        self.requests[str(model.name)] += 1
 
     def _call(self, action: str, key: str | None, **kwargs: Any) -> Any:
         try:
@@ -284,6 +301,26 @@ class S3Store:
             if there == json.loads(data):
                 return etag
             raise
+
+    def facts(self, prefix: str) -> BucketFacts:
+        """Whether the bucket keeps versions, and after how many days a lifecycle rule that covers ``prefix``
+        expires noncurrent versions (``None`` if no rule does, or S3 denied the question)."""
+        try:
+            status = self._call("get_bucket_versioning", None).get("Status")
+        except AccessDenied:
+            return BucketFacts(None, None)
+        days: int | None = None
+        try:
+            rules = self._call("get_bucket_lifecycle_configuration", None).get("Rules", [])
+        except StorageError:  # NoSuchLifecycleConfiguration, or not allowed to ask
+            rules = []
+        for rule in rules:
+            where = rule.get("Filter", {})
+            scope = where.get("Prefix", where.get("And", {}).get("Prefix", rule.get("Prefix", "")))
+            expiry = rule.get("NoncurrentVersionExpiration", {}).get("NoncurrentDays")
+            if rule.get("Status") == "Enabled" and expiry is not None and prefix.startswith(scope):
+                days = int(expiry) if days is None else min(days, int(expiry))
+        return BucketFacts(status == "Enabled", days)  # suspended: overwrites replace the null version
 
     def list_dirs(self, prefix: str) -> Iterator[str]:
         """The "directories" directly under ``prefix`` (which ends with ``/`` or is empty), paginated."""

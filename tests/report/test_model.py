@@ -1,0 +1,219 @@
+"""The cost model against hand calculations: tiers, minimum sizes and durations, one-off costs, payback,
+dry runs, versioned buckets, and the edge cases (nothing, all skipped, bigger)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tiering.report.model import KMS_CALLS_PER_SEGMENT, CostOptions, build_report, cumulative, source_codec
+from tiering.report.prices import GB, load_prices
+from tiering.report.render import FORMATS, render
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+M = 730 / 24  # days per billing month
+PRICES = load_prices("us-east-1")
+VCPU_HOUR = 0.052624 + 4 * 0.0057785
+
+
+def seg(directory: str, base: int, *, action: str = "compact", reason: str = "", size: int = GB,
+        storage_class: str = "STANDARD", age_days: float = 100) -> dict[str, Any]:
+    when = (NOW - timedelta(days=age_days)).isoformat()
+    return {"directory": directory, "topic": directory.rsplit("-", 1)[0], "partition": int(directory.rsplit("-", 1)[1]),
+            "base_offset": base, "action": action, "reason": reason,
+            "log": {"key": f"p/{directory}/{base:020d}.log", "size": size, "etag": '"x"', "last_modified": when,
+                    "storage_class": storage_class}}
+
+
+def result(directory: str, base: int, before: int, after: int, status: str = "compacted", **extra: Any
+           ) -> dict[str, Any]:
+    return {"directory": directory, "base_offset": base, "status": status, "bytes_before": before,
+            "bytes_after": after, "stats": {"codecs_before": {"snappy": 9, "none": 1}}, **extra}
+
+
+def run_doc(results: list[dict[str, Any]], usage: dict[str, Any] | None = None, **settings: Any) -> dict[str, Any]:
+    return {"run_id": "r1", "bucket": "b", "prefix": "p", "started_at": NOW.isoformat(),
+            "finished_at": NOW.isoformat(), "settings": {"codec": "zstd", **settings}, "segments": results,
+            "usage": usage or {"requests": {}, "compute_seconds": 0.0}}
+
+
+def report(run: dict[str, Any], plan: list[dict[str, Any]], options: CostOptions | None = None,
+           versioned: bool = False, noncurrent_days: int | None = None, **kw: Any) -> dict[str, Any]:
+    return build_report(run, plan, PRICES, options or CostOptions(grace_days=7), versioned=versioned,
+                        noncurrent_days=noncurrent_days, now=NOW, **kw)
+
+
+def one_off(rep: dict[str, Any], prefix: str) -> float:
+    (usd,) = [c["usd"] for c in rep["one_off"] if c["item"].startswith(prefix)]
+    return float(usd)
+
+
+def test_standard_and_infrequent_access_by_hand() -> None:
+    plan = [seg("events-0", 0), seg("events-0", 100, action="skip", reason="active: the partition's newest"),
+            seg("logs-0", 0, size=2 * GB, storage_class="STANDARD_IA", age_days=10)]
+    usage = {"requests": {"events-0": {"PutObject": 1000, "GetObject": 1000, "DeleteObject": 50},
+                          "logs-0": {"PutObject": 1000, "HeadObject": 2000}, "_run": {"ListObjectsV2": 10}},
+             "compute_seconds": 3600.0}
+    run = run_doc([result("events-0", 0, GB, GB // 4), result("logs-0", 0, 2 * GB, GB)], usage)
+    rep = report(run, plan)
+    t = rep["totals"]
+    monthly = 0.75 * 0.023 + 1.0 * 0.0125
+    assert t["monthly_savings_usd"] == pytest.approx(monthly)
+    assert t["yearly_savings_usd"] == pytest.approx(12 * monthly)
+    assert (t["bytes_before"], t["bytes_after"], t["saved_bytes"]) == (3 * GB, GB + GB // 4, 3 * GB - GB - GB // 4)
+    assert one_off(rep, "S3 requests") == pytest.approx(0.005 + 0.0004 + 0.01 + 2 * 0.001 + 10 * 0.005 / 1000)
+    assert one_off(rep, "Compute") == pytest.approx(VCPU_HOUR)
+    assert one_off(rep, "Retrieval") == pytest.approx(2 * 2 * 0.01)  # IA source read once, copied once
+    assert one_off(rep, "Early deletion") == pytest.approx(2 * 0.0125 * (30 - 10) / M)
+    grace = 1 * 0.023 * 7 / M + 2 * 0.0125 * 30 / M  # the IA copy is billed its 30-day minimum
+    assert one_off(rep, "Originals kept") == pytest.approx(grace)
+    assert one_off(rep, "Noncurrent") == 0
+    assert one_off(rep, "KMS") == 0
+    assert t["one_off_usd"] == pytest.approx(sum(c["usd"] for c in rep["one_off"]))
+    assert t["payback_months"] == pytest.approx(t["one_off_usd"] / monthly)
+    assert t["net_first_year_usd"] == pytest.approx(12 * monthly - t["one_off_usd"])
+    by_class = {r["storage_class"]: r["monthly_savings_usd"] for r in rep["by_storage_class"]}
+    assert by_class == pytest.approx({"STANDARD": 0.75 * 0.023, "STANDARD_IA": 0.0125})
+    assert {r["topic"]: r["monthly_savings_usd"] for r in rep["by_topic"]} == pytest.approx(
+        {"events": 0.75 * 0.023, "logs": 0.0125})
+    assert rep["by_source_codec"][0]["source_codec"] == "snappy"
+    assert rep["skipped"] == [{"status": "skipped", "reason": "active", "segments": 1}]
+    assert rep["requests"]["requests_by_operation"]["DeleteObject"] == 50
+
+
+def test_savings_come_off_the_marginal_volume_tier() -> None:
+    # The account holds 50 TB + 100 GB of Standard; the run frees 200 GB: 100 GB at 0.022, 100 GB at 0.023.
+    volume = (51_200 + 100) * GB
+    run = run_doc([result("t-0", 0, 300 * GB, 100 * GB)])
+    rep = report(run, [seg("t-0", 0, size=300 * GB)], CostOptions({"STANDARD": volume}))
+    assert rep["totals"]["monthly_savings_usd"] == pytest.approx(100 * 0.022 + 100 * 0.023)
+    # Deep in the third tier, everything is at 0.021.
+    rep = report(run, [seg("t-0", 0, size=300 * GB)], CostOptions({"STANDARD": 600_000 * GB}))
+    assert rep["totals"]["monthly_savings_usd"] == pytest.approx(200 * 0.021)
+
+
+def test_minimum_billable_size_hides_savings_of_small_ia_objects() -> None:
+    kib = 1024
+    run = run_doc([result("t-0", 0, 100 * kib, 40 * kib), result("t-0", 1, 300 * kib, 100 * kib)])
+    plan = [seg("t-0", 0, size=100 * kib, storage_class="STANDARD_IA"),
+            seg("t-0", 1, size=300 * kib, storage_class="STANDARD_IA")]
+    rep = report(run, plan)
+    # 100 KiB -> 40 KiB: both billed as 128 KiB, nothing saved; 300 KiB -> 100 KiB: billed 300 -> 128 KiB.
+    assert rep["totals"]["monthly_savings_usd"] == pytest.approx((300 - 128) * kib / GB * 0.0125)
+    rows = {r["base_offset"]: r["monthly_savings_usd"] for r in rep["segments"]}
+    assert rows[0] == 0
+    assert rows[1] == pytest.approx(rep["totals"]["monthly_savings_usd"])
+
+
+def test_no_early_deletion_charge_past_the_minimum_duration() -> None:
+    run = run_doc([result("t-0", 0, GB, GB // 2)])
+    old = report(run, [seg("t-0", 0, storage_class="GLACIER_IR", age_days=91)])
+    young = report(run, [seg("t-0", 0, storage_class="GLACIER_IR", age_days=1)])
+    assert one_off(old, "Early deletion") == 0
+    assert one_off(young, "Early deletion") == pytest.approx(0.004 * 89 / M)
+    assert one_off(young, "Retrieval") == pytest.approx(2 * 0.03)
+
+
+def test_kms_calls_are_counted_without_a_bucket_key() -> None:
+    run = run_doc([result("t-0", 0, GB, GB // 2, encryption="aws:kms"),
+                   result("t-0", 1, GB, GB // 2, encryption="aws:kms+bucket-key")])
+    rep = report(run, [seg("t-0", 0), seg("t-0", 1)])
+    assert one_off(rep, "KMS") == pytest.approx(KMS_CALLS_PER_SEGMENT * 0.03 / 10_000)
+
+
+def test_versioned_bucket_with_a_noncurrent_rule() -> None:
+    run = run_doc([result("t-0", 0, GB, GB // 4)])
+    rep = report(run, [seg("t-0", 0)], versioned=True, noncurrent_days=30)
+    # The replaced original and the deleted backup (1 GiB each) and the staging copy (0.25 GiB), 30 days.
+    assert one_off(rep, "Noncurrent") == pytest.approx((2 * 1 + 0.25) * 0.023 * 30 / M)
+    assert rep["totals"]["monthly_savings_usd"] == pytest.approx(0.75 * 0.023)
+    assert rep["warnings"] == []
+
+
+def test_versioned_bucket_without_a_rule_adds_storage_and_says_so() -> None:
+    run = run_doc([result("t-0", 0, GB, GB // 4)])
+    rep = report(run, [seg("t-0", 0)], versioned=True, noncurrent_days=None)
+    assert rep["totals"]["monthly_savings_usd"] == pytest.approx(-(1 + 2 * 0.25) * 0.023)
+    assert rep["totals"]["payback_months"] is None
+    assert "never" in rep["warnings"][0] or "forever" in rep["warnings"][0]
+    # An explicit option wins over what the bucket said.
+    assert report(run, [seg("t-0", 0)], CostOptions(versioned=False), versioned=True)["warnings"] == []
+
+
+def test_no_segments_at_all() -> None:
+    rep = report(run_doc([]), [])
+    t = rep["totals"]
+    assert (t["segments_seen"], t["bytes_before"], t["monthly_savings_usd"], t["one_off_usd"]) == (0, 0, 0, 0)
+    assert t["payback_months"] is None
+    assert t["ratio"] is None
+    for fmt in FORMATS:
+        assert render(rep, fmt)
+
+
+def test_everything_skipped() -> None:
+    plan = [seg("t-0", 0, action="skip", reason="already compacted (zstd)"),
+            seg("t-0", 1, action="skip", reason="active: the partition's newest")]
+    run = run_doc([result("t-0", 2, 0, 0, status="skipped", reason="no savings: zstd would not shrink it (5 -> 9)")])
+    rep = report(run, [*plan, seg("t-0", 2)])
+    assert rep["totals"]["segments_rewritten"] == 0
+    assert rep["totals"]["monthly_savings_usd"] == 0
+    assert {(s["reason"], s["segments"]) for s in rep["skipped"]} == {
+        ("already compacted", 1), ("active", 1), ("no savings", 1)}
+    assert "never" in render(rep, "table")
+
+
+def test_a_run_that_made_things_bigger_is_reported_honestly() -> None:
+    run = run_doc([result("t-0", 0, GB, GB + GB // 2)])
+    rep = report(run, [seg("t-0", 0)])
+    assert rep["totals"]["monthly_savings_usd"] == pytest.approx(-0.5 * 0.023)
+    assert rep["totals"]["saved_bytes"] == -(GB // 2)
+    assert rep["totals"]["payback_months"] is None
+    assert any("bigger" in w for w in rep["warnings"])
+    assert "-$0.01" in render(rep, "table")
+
+
+def test_a_dry_run_is_an_estimate_with_a_range() -> None:
+    estimate = {"estimate": True, "ratio": 0.4, "saved_bytes_estimate": 600, "saved_bytes_low": 450,
+                "saved_bytes_high": 750, "segments_sampled": 2, "bytes_sampled": 1000}
+    run = run_doc([], estimate=estimate)
+    rep = report(run, [seg("t-0", 0, size=1000), seg("t-0", 1, action="skip", reason="active")])
+    assert rep["estimate"] is True
+    assert rep["totals"]["segments_estimated"] == 1
+    assert (rep["totals"]["bytes_before"], rep["totals"]["bytes_after"]) == (1000, 400)
+    d = rep["estimate_detail"]
+    assert d["monthly_savings_usd_low"] == pytest.approx(450 / GB * 0.023)
+    assert d["monthly_savings_usd_high"] == pytest.approx(750 / GB * 0.023)
+    assert one_off(rep, "S3 requests") > 0  # estimated per segment
+    assert "ESTIMATE" in render(rep, "table")
+    assert "ESTIMATE" in render(rep, "html")
+    assert rep["ledger"]["monthly_run_rate_usd"] == 0  # an estimate saves nothing
+
+
+def test_cumulative_savings_accrue_from_each_run() -> None:
+    entries = [{"run_id": "a", "finished_at": (NOW - timedelta(days=2 * M)).isoformat(), "estimate": False,
+                "monthly_savings_usd": 10.0, "one_off_usd": 1.0, "segments_rewritten": 1},
+               {"run_id": "b", "finished_at": (NOW - timedelta(days=M)).isoformat(), "estimate": False,
+                "monthly_savings_usd": 5.0, "one_off_usd": 2.0, "segments_rewritten": 1},
+               {"run_id": "c", "finished_at": NOW.isoformat(), "estimate": True,
+                "monthly_savings_usd": 99.0, "one_off_usd": 0.0, "segments_rewritten": 0}]
+    c = cumulative(entries, NOW)
+    assert c["monthly_run_rate_usd"] == 15
+    assert c["to_date_usd"] == pytest.approx(10 * 2 + 5 * 1 - 3)
+    assert [r["cumulative_monthly_usd"] for r in c["runs"]] == [10, 15, 15]
+
+
+def test_source_codec_is_the_majority_or_mixed() -> None:
+    assert source_codec({"codecs_before": {"lz4": 3, "none": 1}}) == "lz4"
+    assert source_codec({"codecs_before": {"lz4": 1, "gzip": 1}}) == "mixed: gzip+lz4"
+    assert source_codec(None) == "unknown"
+
+
+def test_csv_has_one_row_per_segment() -> None:
+    run = run_doc([result("t-0", 0, GB, GB // 2)])
+    text = render(report(run, [seg("t-0", 0), seg("t-0", 5, action="skip", reason="active")]), "csv")
+    lines = text.strip().splitlines()
+    assert lines[0].startswith("topic,partition,base_offset,status")
+    assert len(lines) == 3
+    assert lines[1].split(",")[:4] == ["t", "0", "0", "compacted"]

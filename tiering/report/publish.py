@@ -1,0 +1,138 @@
+"""Publish a run's report on S3 and keep the ledger of all runs.
+
+    PREFIX/_tiering/reports/<run_id>/report.{json,md,csv,html}
+    PREFIX/_tiering/reports/latest/report.{json,md,csv,html}   (the same, at a stable key)
+    PREFIX/_tiering/reports/ledger.json                        (one entry per run)
+
+The ledger is updated with a compare-and-swap: read it with its ETag, add or replace this run's entry,
+write it with ``If-Match`` (``If-None-Match: *`` for the first one); a concurrent writer makes the write fail
+with 412 and the update starts again from a fresh read, so no entry is lost. Publishing again (a retried
+task) replaces the run's entry: the ledger holds each run once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from tiering.errors import ConfigError
+from tiering.report.model import CostOptions, build_report, cumulative, ledger_entry
+from tiering.report.prices import DEFAULT_REGION, PriceBook, load_prices
+from tiering.report.render import render
+from tiering.s3.compact import RUNS_DIR, run_result_key
+from tiering.s3.layout import reserved_key
+from tiering.s3.scan import Plan
+from tiering.s3.store import ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store, StorageError
+
+REPORTS_DIR: Final = "reports"
+LATEST: Final = "latest"
+LEDGER_SCHEMA_VERSION: Final = 1
+MAX_LEDGER_ATTEMPTS: Final = 20
+CONTENT_TYPES: Final = {"json": "application/json", "md": "text/markdown; charset=utf-8",
+                        "csv": "text/csv; charset=utf-8", "html": "text/html; charset=utf-8"}
+SUFFIX: Final = {"json": "json", "md": "md", "csv": "csv", "html": "html"}
+
+
+def report_key(prefix: str, run_id: str, fmt: str = "json") -> str:
+    return reserved_key(prefix, REPORTS_DIR, run_id, f"report.{SUFFIX[fmt]}")
+
+
+def ledger_key(prefix: str) -> str:
+    return reserved_key(prefix, REPORTS_DIR, "ledger.json")
+
+
+def read_ledger(store: S3Store, prefix: str) -> tuple[list[dict[str, Any]], str | None]:
+    try:
+        doc, etag = store.get_json(ledger_key(prefix))
+    except ObjectNotFound:
+        return [], None
+    return list(doc["runs"]), etag
+
+
+def record_in_ledger(store: S3Store, prefix: str, entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Add (or replace) ``entry`` in the ledger with a compare-and-swap; the ledger as written."""
+    for _ in range(MAX_LEDGER_ATTEMPTS):
+        runs, etag = read_ledger(store, prefix)
+        runs = [*(r for r in runs if r["run_id"] != entry["run_id"]), dict(entry)]
+        runs.sort(key=lambda r: (str(r["finished_at"]), str(r["run_id"])))
+        doc = {"schema_version": LEDGER_SCHEMA_VERSION, "runs": runs}
+        try:
+            if etag is None:
+                store.put_json(ledger_key(prefix), doc, if_none_match=True)
+            else:
+                store.put_json(ledger_key(prefix), doc, if_match=etag)
+            return runs
+        except PreconditionFailed:
+            continue  # another run wrote it first: read again
+    raise StorageError(f"the ledger kept changing under {MAX_LEDGER_ATTEMPTS} attempts to update it",
+                          path=f"s3://{store.bucket}/{ledger_key(prefix)}")
+
+
+def _plan_segments(store: S3Store, prefix: str, run_id: str) -> list[dict[str, Any]]:
+    try:
+        doc = store.get_json(reserved_key(prefix, RUNS_DIR, run_id, "plan.json"))[0]
+    except ObjectNotFound:
+        return []
+    return [s.to_json() for s in Plan.from_json(doc).segments]
+
+
+def assemble(store: S3Store, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
+             ledger: list[dict[str, Any]], *, kind: str = "compact") -> dict[str, Any]:
+    """The report of ``run_id`` from its run document and plan on S3 (nothing is written)."""
+    run = store.get_json(run_result_key(prefix, run_id, kind))[0]
+    plan = _plan_segments(store, prefix, run_id)
+    facts = store.facts(prefix)
+    finished = run.get("finished_at")
+    now = datetime.fromisoformat(finished) if finished else datetime.now(UTC)
+    return build_report(run, plan, prices, options, versioned=facts.versioned,
+                        noncurrent_days=facts.noncurrent_expiry_days, ledger=ledger, now=now)
+
+
+def publish_report(store: S3Store, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
+                   *, kind: str = "compact") -> tuple[dict[str, Any], dict[str, str]]:
+    """Build the report of ``run_id``, record it in the ledger, and write it in every format to the run's key
+    and to ``latest``. Returns the report and its keys by format."""
+    # The ledger's running totals include this run: record it first, then build with the ledger as written.
+    draft = assemble(store, prefix, run_id, prices, options, [], kind=kind)
+    runs = record_in_ledger(store, prefix, ledger_entry(draft))
+    report = build_report_again(draft, runs)
+    keys = {}
+    for fmt in ("json", "md", "csv", "html"):
+        body = render(report, fmt).encode()
+        attrs = ObjectAttrs(headers={"ContentType": CONTENT_TYPES[fmt]})
+        for where in (run_id, LATEST):
+            store.put_object(report_key(prefix, where, fmt), body, attrs)
+        keys[fmt] = report_key(prefix, run_id, fmt)
+    return report, keys
+
+
+def build_report_again(report: dict[str, Any], ledger: list[dict[str, Any]]) -> dict[str, Any]:
+    """``report`` with its ledger section recomputed from ``ledger`` (the ledger as it was written)."""
+    now = datetime.fromisoformat(report["generated_at"])
+    return {**report, "ledger": cumulative(ledger, now)}
+
+
+def load_report(store: S3Store, prefix: str, run_id: str = LATEST) -> dict[str, Any]:
+    doc: dict[str, Any] = store.get_json(report_key(prefix, run_id))[0]
+    return doc
+
+
+def cost_config(*, region: str | None = None, prices_file: str | None = None,
+                account_standard_tb: float | None = None, grace_days: float = 7.0) -> tuple[PriceBook, CostOptions]:
+    """Prices and options from explicit values, else the environment: ``TIERING_PRICE_REGION`` (default the
+    AWS region, else us-east-1), ``TIERING_PRICES_FILE``, ``TIERING_ACCOUNT_STANDARD_TB`` (the account's
+    current S3 Standard volume in the region, in TB of 2^40 bytes: it decides the volume tier)."""
+    region = (region or os.environ.get("TIERING_PRICE_REGION") or os.environ.get("AWS_REGION")
+              or os.environ.get("AWS_DEFAULT_REGION") or DEFAULT_REGION)
+    prices_file = prices_file or os.environ.get("TIERING_PRICES_FILE") or None
+    if account_standard_tb is None and os.environ.get("TIERING_ACCOUNT_STANDARD_TB"):
+        try:
+            account_standard_tb = float(os.environ["TIERING_ACCOUNT_STANDARD_TB"])
+        except ValueError:
+            raise ConfigError("TIERING_ACCOUNT_STANDARD_TB is not a number",
+                              found=os.environ["TIERING_ACCOUNT_STANDARD_TB"]) from None
+    volume = {} if account_standard_tb is None else {
+        cls: round(account_standard_tb * (1 << 40)) for cls in ("STANDARD", "INTELLIGENT_TIERING")}
+    return load_prices(region, prices_file), CostOptions(volume, grace_days)

@@ -1,0 +1,326 @@
+"""The report document rendered for people: a text table (task logs, the CLI), Markdown, CSV (one row per
+segment) and a self-contained HTML page whose charts are inline SVG (no script, no network).
+
+Money is rounded here and only here: the document keeps full precision.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+FORMATS: Final = ("table", "json", "md", "csv", "html")
+CSV_FIELDS: Final = ("topic", "partition", "base_offset", "status", "reason", "storage_class", "source_codec",
+                     "bytes_before", "bytes_after", "monthly_savings_usd")
+
+
+def usd(x: float | None) -> str:
+    """Dollars to the cent; amounts under a cent keep three significant digits (a demo's bytes cost little)."""
+    if x is None:
+        return "n/a"
+    sign = "-" if x < 0 else ""
+    if x != 0 and abs(x) < 0.01:
+        decimals = min(12, 2 - math.floor(math.log10(abs(x))))
+        return f"{sign}${abs(x):.{decimals}f}"
+    return f"{sign}${abs(x):,.2f}"
+
+
+def size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def ratio(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def payback(months: float | None) -> str:
+    if months is None:
+        return "never (nothing saved)"
+    if months < 1:
+        return f"{months * 30.4:.1f} days"
+    return f"{months:.1f} months"
+
+
+def title(report: Mapping[str, Any]) -> str:
+    kind = "ESTIMATE (dry run)" if report["estimate"] else "compaction report"
+    return f"{kind}: s3://{report['bucket']}/{report['prefix']} run {report['run_id']}"
+
+
+def headline(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    t = report["totals"]
+    rows = [
+        ("segments rewritten" if not report["estimate"] else "segments planned",
+         str(t["segments_rewritten"] or t["segments_estimated"])),
+        ("skipped / failed", f"{t['segments_skipped']} / {t['segments_failed']}"),
+        (".log bytes before -> after", f"{size(t['bytes_before'])} -> {size(t['bytes_after'])} "
+                                       f"(ratio {ratio(t['ratio'])})"),
+        ("saved per month / year", f"{usd(t['monthly_savings_usd'])} / {usd(t['yearly_savings_usd'])}"),
+        ("at this ratio, per TiB", f"{usd(t['monthly_savings_per_tib_usd'])} per month for each TiB of such "
+                                   "segments"),
+        ("one-off cost of the run", usd(t["one_off_usd"])),
+        ("payback", payback(t["payback_months"])),
+    ]
+    if report["estimate"]:
+        e = report["estimate_detail"]
+        rows.append(("estimate range (+/- 2 s.e.)", f"{usd(e['monthly_savings_usd_low'])} .. "
+                     f"{usd(e['monthly_savings_usd_high'])} per month, from {e['segments_sampled']} sampled "
+                     f"segments ({size(e['bytes_sampled'])})"))
+    ledger = report["ledger"]
+    rows.append(("all runs: saving per month", f"{usd(ledger['monthly_run_rate_usd'])} "
+                 f"(net to date {usd(ledger['to_date_usd'])})"))
+    p = report["prices"]
+    rows.append(("prices", f"{p['region']}, as of {p['as_of']}"
+                 + (f", overridden by {p['overridden_by']}" if p["overridden_by"] else "")))
+    return rows
+
+
+def _grid(head: Sequence[str], body: Sequence[Sequence[str]], right: frozenset[int]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(head)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths,
+                                                                                                  strict=True)))
+    return [line(head), "  ".join("-" * w for w in widths), *(line(r) for r in body)]
+
+
+def _topic_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    return [[t["topic"], str(t["segments"]), size(t["bytes_before"]), size(t["bytes_after"]), ratio(t["ratio"]),
+             usd(t["monthly_savings_usd"])] for t in report["by_topic"]]
+
+
+TOPIC_HEAD: Final = ("topic", "segments", "before", "after", "ratio", "saved/month")
+
+
+def to_table(report: Mapping[str, Any]) -> str:
+    out = [title(report), ""]
+    width = max(len(k) for k, _ in headline(report))
+    out += [f"  {k.ljust(width)}  {v}" for k, v in headline(report)]
+    if report["by_topic"]:
+        out += ["", *_grid(TOPIC_HEAD, _topic_rows(report), frozenset({1, 2, 3, 4, 5}))]
+    out += ["", *_grid(("one-off cost", "usd", "detail"), [[c["item"], usd(c["usd"]), c["detail"]]
+                                                            for c in report["one_off"]], frozenset({1}))]
+    if report["skipped"]:
+        out += ["", *_grid(("not rewritten", "segments", "reason"),
+                           [[s["status"], str(s["segments"]), s["reason"]] for s in report["skipped"]],
+                           frozenset({1}))]
+    out += [f"WARNING: {w}" for w in report["warnings"]]
+    return "\n".join(out)
+
+
+def _md_table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
+    def esc(c: str) -> str:
+        return c.replace("|", "\\|")
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(esc(c) for c in r) + " |" for r in body)]
+
+
+def to_markdown(report: Mapping[str, Any]) -> str:
+    out = [f"# {title(report)}", ""]
+    out += [f"> **{w}**" for w in report["warnings"]]
+    out += [*_md_table(("", ""), headline(report)), ""]
+    if report["by_topic"]:
+        out += ["## By topic", "", *_md_table(TOPIC_HEAD, _topic_rows(report)), ""]
+    for key, name in (("by_source_codec", "source codec"), ("by_storage_class", "storage class"),
+                      ("by_partition", "directory")):
+        label = name if name != "directory" else "partition"
+        rows = [[r[key.removeprefix("by_") if key != "by_partition" else "directory"], str(r["segments"]),
+                 size(r["bytes_before"]), size(r["bytes_after"]), ratio(r["ratio"]), usd(r["monthly_savings_usd"])]
+                for r in report[key]]
+        if rows:
+            out += [f"## By {label}", "", *_md_table((label, *TOPIC_HEAD[1:]), rows), ""]
+    out += ["## One-off costs", "", *_md_table(("item", "usd", "detail"),
+                                               [[c["item"], usd(c["usd"]), c["detail"]] for c in report["one_off"]]),
+            ""]
+    if report["skipped"]:
+        out += ["## Not rewritten", "", *_md_table(("status", "segments", "reason"),
+                                                   [[s["status"], str(s["segments"]), s["reason"]]
+                                                    for s in report["skipped"]]), ""]
+    if report["failed"]:
+        out += ["## Failed", "", *_md_table(("segment", "reason"), [[f["segment"], f["reason"]]
+                                                                    for f in report["failed"]]), ""]
+    runs = report["ledger"]["runs"]
+    out += ["## All runs", "", *_md_table(("run", "finished", "rewritten", "saved/month", "one-off",
+                                           "cumulative saved/month"),
+                                          [[r["run_id"] + (" (estimate)" if r["estimate"] else ""),
+                                            str(r["finished_at"])[:19], str(r["segments_rewritten"]),
+                                            usd(r["monthly_savings_usd"]), usd(r["one_off_usd"]),
+                                            usd(r["cumulative_monthly_usd"])] for r in runs]), ""]
+    p = report["prices"]
+    out += [f"Prices: {p['region']}, as of {p['as_of']} ({p['source']}). GB = 2^30 bytes, month = 730 hours."]
+    return "\n".join(out) + "\n"
+
+
+def to_csv(report: Mapping[str, Any]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in report["segments"]:
+        w.writerow({**r, "monthly_savings_usd": f"{r['monthly_savings_usd']:.6f}"})
+    return buf.getvalue()
+
+
+# --- HTML ---------------------------------------------------------------------------------------------------
+
+BEFORE: Final = "#b0b7c3"
+AFTER: Final = "#2a9d8f"
+SAVED: Final = "#e76f51"
+LINE: Final = "#264653"
+
+
+def _e(x: object) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _bars(title_: str, rows: Sequence[tuple[str, Sequence[float]]], colors: Sequence[str],
+          fmt: Callable[[float], str], legend: Sequence[str]) -> str:
+    """A horizontal bar chart, one group of bars per row (inline SVG)."""
+    label_w, chart_w, bar_h, gap = 180, 420, 14, 10
+    n = len(colors)
+    top = max([v for _, vals in rows for v in vals] + [0.0]) or 1.0
+    height = 24 + len(rows) * (n * bar_h + gap)
+    parts = [f'<svg class="chart" role="img" aria-label="{_e(title_)}" width="{label_w + chart_w + 120}" '
+             f'height="{height}" xmlns="http://www.w3.org/2000/svg">']
+    y = 24
+    for i, name in enumerate(legend):
+        parts.append(f'<rect x="{label_w + i * 120}" y="4" width="12" height="12" fill="{colors[i]}"/>'
+                     f'<text x="{label_w + i * 120 + 16}" y="14" class="legend">{_e(name)}</text>')
+    for name, vals in rows:
+        parts.append(f'<text x="{label_w - 6}" y="{y + n * bar_h / 2 + 4}" text-anchor="end">{_e(name)}</text>')
+        for j, v in enumerate(vals):
+            w = max(0.0, v) / top * chart_w
+            parts.append(f'<rect class="bar" x="{label_w}" y="{y + j * bar_h}" width="{w:.1f}" '
+                         f'height="{bar_h - 2}" fill="{colors[j]}"><title>{_e(name)}: {_e(fmt(v))}</title></rect>'
+                         f'<text x="{label_w + w + 4:.1f}" y="{y + j * bar_h + bar_h - 4}" class="value">'
+                         f'{_e(fmt(v))}</text>')
+        y += n * bar_h + gap
+    parts.append("</svg>")
+    return f"<figure><figcaption>{_e(title_)}</figcaption>{''.join(parts)}</figure>"
+
+
+def _line(title_: str, points: Sequence[tuple[str, float]], fmt: Callable[[float], str]) -> str:
+    """A line chart of a running total over runs (inline SVG)."""
+    w, h, left, bottom, right = 660, 220, 100, 40, 60
+    top_v = max([v for _, v in points] + [0.0])
+    low_v = min([v for _, v in points] + [0.0])
+    span = (top_v - low_v) or 1.0
+    step = (w - left - right) / max(1, len(points) - 1)
+
+    def xy(i: int, v: float) -> tuple[float, float]:
+        return left + i * step, 10 + (h - bottom - 10) * (1 - (v - low_v) / span)
+
+    coords = [xy(i, v) for i, (_, v) in enumerate(points)]
+    parts = [f'<svg class="chart" role="img" aria-label="{_e(title_)}" width="{w}" height="{h}" '
+             f'xmlns="http://www.w3.org/2000/svg">',
+             f'<line x1="{left}" y1="{h - bottom}" x2="{w - right + 10}" y2="{h - bottom}" stroke="#999"/>',
+             f'<text x="{left - 6}" y="14" text-anchor="end" class="value">{_e(fmt(top_v))}</text>',
+             f'<text x="{left - 6}" y="{h - bottom}" text-anchor="end" class="value">{_e(fmt(low_v))}</text>']
+    if len(coords) > 1:
+        path = " ".join(f"{x:.1f},{y:.1f}" for x, y in coords)
+        parts.append(f'<polyline class="series" points="{path}" fill="none" stroke="{LINE}" stroke-width="3"/>')
+    for (label, v), (x, y) in zip(points, coords, strict=True):
+        parts.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{LINE}">'
+                     f'<title>{_e(label)}: {_e(fmt(v))}</title></circle>'
+                     f'<text x="{x:.1f}" y="{h - bottom + 16}" text-anchor="middle" class="value">'
+                     f'{_e(label[:10])}</text>')
+    parts.append("</svg>")
+    return f"<figure><figcaption>{_e(title_)}</figcaption>{''.join(parts)}</figure>"
+
+
+def _html_table(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    thead = "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead>" if any(head) else ""
+    return ("<table>" + thead + "<tbody>"
+            + "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in body)
+            + "</tbody></table>")
+
+
+STYLE: Final = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1100px;
+color:#1d2430;padding:0 16px}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde1e7}
+.sub{color:#5b6472;margin-bottom:16px} .banner{background:#fff3cd;border:1px solid #e0c36a;padding:8px 12px;
+margin:12px 0;border-radius:6px;font-weight:600} .warn{background:#fde2dc;border-color:#e76f51}
+.cards{display:flex;flex-wrap:wrap;gap:12px;margin:12px 0}
+.card{border:1px solid #dde1e7;border-radius:8px;padding:10px 14px;min-width:150px}
+.card b{display:block;font-size:20px} .card span{color:#5b6472;font-size:12px}
+table{border-collapse:collapse;margin:8px 0} td,th{border-bottom:1px solid #e6e9ee;padding:4px 10px;text-align:right}
+td:first-child,th:first-child{text-align:left} th{background:#f4f6f8}
+figure{margin:12px 0} figcaption{font-weight:600;margin-bottom:4px}
+svg text{font:12px system-ui,sans-serif;fill:#1d2430} svg .value{fill:#5b6472}
+.charts{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}
+footer{color:#5b6472;margin-top:32px;font-size:12px}
+"""
+
+
+def to_html(report: Mapping[str, Any]) -> str:
+    t, ledger = report["totals"], report["ledger"]
+    cards = [("saved per month", usd(t["monthly_savings_usd"])), ("saved per year", usd(t["yearly_savings_usd"])),
+             ("one-off cost", usd(t["one_off_usd"])), ("payback", payback(t["payback_months"])),
+             ("bytes saved", size(t["saved_bytes"])), ("ratio after/before", ratio(t["ratio"]))]
+    body = [f"<h1>{_e(title(report))}</h1>",
+            f'<div class="sub">generated {_e(report["generated_at"][:19])} UTC; prices '
+            f'{_e(report["prices"]["region"])} as of {_e(report["prices"]["as_of"])}</div>']
+    if report["estimate"]:
+        e = report["estimate_detail"]
+        body.append(f'<div class="banner">ESTIMATE from a dry run: nothing was changed. Savings '
+                    f'{_e(usd(e["monthly_savings_usd_low"]))} .. {_e(usd(e["monthly_savings_usd_high"]))} per month '
+                    f'(+/- 2 standard errors over {e["segments_sampled"]} sampled segments).</div>')
+    body += [f'<div class="banner warn">{_e(w)}</div>' for w in report["warnings"]]
+    body.append('<div class="cards">' + "".join(f"<div class=\"card\"><b>{_e(v)}</b><span>{_e(k)}</span></div>"
+                                                for k, v in cards) + "</div>")
+    charts = []
+    topics = report["by_topic"]
+    if topics:
+        charts.append(_bars("Savings per month by topic", [(x["topic"], [x["monthly_savings_usd"]]) for x in topics],
+                            [SAVED], usd, ["$ saved / month"]))
+        charts.append(_bars("Stored .log bytes by topic", [(x["topic"], [x["bytes_before"], x["bytes_after"]])
+                                                          for x in topics], [BEFORE, AFTER], size,
+                            ["before", "after"]))
+    real = [r for r in ledger["runs"] if not r["estimate"]]
+    if real:
+        charts.append(_line("Cumulative savings per month over runs",
+                            [(str(r["finished_at"]), r["cumulative_monthly_usd"]) for r in real], usd))
+    if charts:
+        body.append('<div class="charts">' + "".join(charts) + "</div>")
+    else:
+        body.append("<p>No segment was rewritten: nothing to chart.</p>")
+    body.append("<h2>Summary</h2>" + _html_table(("", ""), headline(report)))
+    if topics:
+        body.append("<h2>By topic</h2>" + _html_table(TOPIC_HEAD, _topic_rows(report)))
+    body.append("<h2>By source codec</h2>" + _html_table(
+        ("source codec", *TOPIC_HEAD[1:]), [[r["source_codec"], str(r["segments"]), size(r["bytes_before"]),
+                                             size(r["bytes_after"]), ratio(r["ratio"]), usd(r["monthly_savings_usd"])]
+                                            for r in report["by_source_codec"]]))
+    body.append("<h2>One-off costs</h2>" + _html_table(("item", "usd", "detail"), [
+        [c["item"], usd(c["usd"]), c["detail"]] for c in report["one_off"]]))
+    if report["skipped"]:
+        body.append("<h2>Not rewritten</h2>" + _html_table(("status", "segments", "reason"), [
+            [s["status"], str(s["segments"]), s["reason"]] for s in report["skipped"]]))
+    if report["failed"]:
+        body.append("<h2>Failed</h2>" + _html_table(("segment", "reason"), [[f["segment"], f["reason"]]
+                                                                             for f in report["failed"]]))
+    body.append("<h2>All runs</h2>" + _html_table(
+        ("run", "finished", "rewritten", "saved/month", "one-off", "cumulative saved/month"),
+        [[r["run_id"] + (" (estimate)" if r["estimate"] else ""), str(r["finished_at"])[:19],
+          str(r["segments_rewritten"]), usd(r["monthly_savings_usd"]), usd(r["one_off_usd"]),
+          usd(r["cumulative_monthly_usd"])] for r in ledger["runs"]]))
+    p = report["prices"]
+    body.append(f"<footer>Prices: {_e(p['source'])}, as of {_e(p['as_of'])}. GB = 2<sup>30</sup> bytes, month = "
+                "730 hours. Only .log bytes are counted as saved. Full precision in report.json.</footer>")
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>" + _e(title(report))
+            + f"</title><style>{STYLE}</style></head><body>" + "".join(body) + "</body></html>\n")
+
+
+def render(report: Mapping[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(report, indent=1, sort_keys=True) + "\n"
+    return {"table": to_table, "md": to_markdown, "csv": to_csv, "html": to_html}[fmt](report) + (
+        "\n" if fmt == "table" else "")
