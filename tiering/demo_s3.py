@@ -127,7 +127,7 @@ def dags_folder() -> Path:
 
 def airflow_env(home: Path) -> dict[str, str]:
     """The Airflow settings of the demo: its own AIRFLOW_HOME with SQLite, our DAGs, quiet logs."""
-    return {"AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    return {"AIRFLOW_HOME": str(home.resolve()), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",  # SQLite: absolute
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder()), "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False"}
 

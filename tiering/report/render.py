@@ -11,10 +11,12 @@ import html
 import io
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 FORMATS: Final = ("table", "json", "md", "csv", "html")
+NUMERIC: Final = re.compile(r"^-?\$?[0-9][0-9,.]*( ?(B|KiB|MiB|GiB|TiB|days|months))?$")
 CSV_FIELDS: Final = ("topic", "partition", "base_offset", "status", "reason", "storage_class", "source_codec",
                      "bytes_before", "bytes_after", "monthly_savings_usd")
 
@@ -64,8 +66,8 @@ def headline(report: Mapping[str, Any]) -> list[tuple[str, str]]:
         (".log bytes before -> after", f"{size(t['bytes_before'])} -> {size(t['bytes_after'])} "
                                        f"(ratio {ratio(t['ratio'])})"),
         ("saved per month / year", f"{usd(t['monthly_savings_usd'])} / {usd(t['yearly_savings_usd'])}"),
-        ("at this ratio, per TiB", f"{usd(t['monthly_savings_per_tib_usd'])} per month for each TiB of such "
-                                   "segments"),
+        ("at this ratio, per TiB", "n/a" if t["monthly_savings_per_tib_usd"] is None else
+         f"{usd(t['monthly_savings_per_tib_usd'])} per month for each TiB of such segments"),
         ("one-off cost of the run", usd(t["one_off_usd"])),
         ("payback", payback(t["payback_months"])),
     ]
@@ -236,9 +238,11 @@ def _line(title_: str, points: Sequence[tuple[str, float]], fmt: Callable[[float
 
 
 def _html_table(head: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    def cell(c: str) -> str:
+        return f'<td class="num">{_e(c)}</td>' if NUMERIC.match(c) else f"<td>{_e(c)}</td>"
+
     thead = "<thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead>" if any(head) else ""
-    return ("<table>" + thead + "<tbody>"
-            + "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in body)
+    return ("<table>" + thead + "<tbody>" + "".join("<tr>" + "".join(cell(c) for c in r) + "</tr>" for r in body)
             + "</tbody></table>")
 
 
@@ -251,8 +255,8 @@ margin:12px 0;border-radius:6px;font-weight:600} .warn{background:#fde2dc;border
 .cards{display:flex;flex-wrap:wrap;gap:12px;margin:12px 0}
 .card{border:1px solid #dde1e7;border-radius:8px;padding:10px 14px;min-width:150px}
 .card b{display:block;font-size:20px} .card span{color:#5b6472;font-size:12px}
-table{border-collapse:collapse;margin:8px 0} td,th{border-bottom:1px solid #e6e9ee;padding:4px 10px;text-align:right}
-td:first-child,th:first-child{text-align:left} th{background:#f4f6f8}
+table{border-collapse:collapse;margin:8px 0} td,th{border-bottom:1px solid #e6e9ee;padding:4px 10px;text-align:left}
+td.num{text-align:right;font-variant-numeric:tabular-nums} th{background:#f4f6f8}
 figure{margin:12px 0} figcaption{font-weight:600;margin-bottom:4px}
 svg text{font:12px system-ui,sans-serif;fill:#1d2430} svg .value{fill:#5b6472}
 .charts{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}
@@ -295,10 +299,11 @@ def to_html(report: Mapping[str, Any]) -> str:
     body.append("<h2>Summary</h2>" + _html_table(("", ""), headline(report)))
     if topics:
         body.append("<h2>By topic</h2>" + _html_table(TOPIC_HEAD, _topic_rows(report)))
-    body.append("<h2>By source codec</h2>" + _html_table(
-        ("source codec", *TOPIC_HEAD[1:]), [[r["source_codec"], str(r["segments"]), size(r["bytes_before"]),
-                                             size(r["bytes_after"]), ratio(r["ratio"]), usd(r["monthly_savings_usd"])]
-                                            for r in report["by_source_codec"]]))
+    if report["by_source_codec"]:
+        body.append("<h2>By source codec</h2>" + _html_table(
+            ("source codec", *TOPIC_HEAD[1:]), [[r["source_codec"], str(r["segments"]), size(r["bytes_before"]),
+                                                 size(r["bytes_after"]), ratio(r["ratio"]),
+                                                 usd(r["monthly_savings_usd"])] for r in report["by_source_codec"]]))
     body.append("<h2>One-off costs</h2>" + _html_table(("item", "usd", "detail"), [
         [c["item"], usd(c["usd"]), c["detail"]] for c in report["one_off"]]))
     if report["skipped"]:
