@@ -20,6 +20,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from tiering import __version__
+from tiering.cli_policy import add_policy_commands
 from tiering.cli_report import add_report_command
 from tiering.cli_s3 import add_s3_commands
 from tiering.demo import render_table, run_demo
@@ -429,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_pipeline_demo)
     add_s3_commands(verbs, _Parser)
     add_report_command(verbs, _Parser)
+    add_policy_commands(verbs, _Parser)
     return parser
 
 
