@@ -234,6 +234,58 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tier_table(plan: Any) -> Table:
+    totals = plan.totals()
+    t = Table(title=f"storage tiering of s3://{plan.bucket}/{plan.prefix}", title_justify="left")
+    for col in ("transition", "objects", "bytes"):
+        t.add_column(col, justify="left" if col == "transition" else "right")
+    for name, row in sorted(totals["by_transition"].items()):
+        t.add_row(name, str(int(row["objects"])), _human(row["bytes"]))
+    for reason, n in sorted(totals["staying"].items()):
+        t.add_row(f"[dim]stays: {reason}[/dim]", str(n), "")
+    payback = totals["payback_months"]
+    t.caption = (f"saves ${totals['monthly_savings_usd']:.6f}/month; one-off ${totals['one_off_usd']:.6f} "
+                 f"(copy requests, retrieval); payback "
+                 + ("never" if payback is None else f"{payback:.1f} months"))
+    return t
+
+
+def _cmd_tier(args: argparse.Namespace) -> int:
+    from tiering.plan.policy import load_policy  # noqa: PLC0415
+    from tiering.plan.tier import apply_tiering, lifecycle_configuration, plan_tiering  # noqa: PLC0415
+
+    policy = load_policy(args.policy)  # a bad policy stops here, before any request
+    if args.emit_lifecycle:
+        _emit_json(args.stdout, lifecycle_configuration(policy, args.prefix))
+        return 0
+    store = _store(args)
+    prices, _ = cost_from_args(args)
+    _log(args, f"planning storage tiers of s3://{args.bucket}/{args.prefix} ...")
+    plan = plan_tiering(store, args.prefix, policy, prices, include_internal=args.include_internal)
+    if args.dry_run:
+        if args.json:
+            _emit_json(args.stdout, {"dry_run": True, "plan": plan.to_json()})
+        else:
+            _console(args.stdout).print(_tier_table(plan))
+            _console(args.stdout).print("dry run: nothing was moved")
+        return 0
+    run_id = args.run_id or new_run_id()
+    results = apply_tiering(store, plan, run_id, lease_ttl=args.lease_ttl_seconds,
+                            progress=lambda r: _log(args, f"  {r.directory}/{r.base_offset:020d}: {r.status} "
+                                                          f"{r.reason}"))
+    doc = {"run_id": run_id, "plan": plan.to_json(), "results": [r.to_json() for r in results]}
+    if args.json:
+        _emit_json(args.stdout, doc)
+    else:
+        _console(args.stdout).print(_tier_table(plan))
+        moved = 0
+        for r in results:
+            items = (r.stats or {}).get("moved")
+            moved += len(items) if isinstance(items, list) else 0
+        _console(args.stdout).print(f"run {run_id}: {moved} objects moved in {len(results)} segments")
+    return 1 if any(r.status == "failed" for r in results) else 0
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket", required=True, help="the bucket holding the logdir tree")
     p.add_argument("--prefix", required=True, help="PREFIX of s3://BUCKET/PREFIX/<topic>-<partition>/...")
@@ -302,6 +354,23 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p.add_argument("--no-report", action="store_true", help="do not publish the cost savings report")
     add_cost_args(p)
     p.set_defaults(func=_cmd_compact)
+
+    p = sub.add_parser("tier", help="move old segments to colder storage classes as a policy says",
+                       description="Plan and apply storage-class transitions by the age of each segment's newest "
+                                   "record (its max timestamp, not LastModified), per the policy's storage.tiers. "
+                                   "A transition is an in-place copy with the new class, keeping metadata, tags "
+                                   "and encryption, under the partition lease. Objects under 128 KiB never go to "
+                                   "IA classes; GLACIER / DEEP_ARCHIVE only where the policy allows them.")
+    _common(p)
+    p.add_argument("--policy", required=True, metavar="FILE", help="the policy YAML file (see 'tiering policy')")
+    p.add_argument("--dry-run", action="store_true", help="plan only: what would move, and why the rest stays")
+    p.add_argument("--emit-lifecycle", action="store_true",
+                   help="print an approximate S3 Lifecycle configuration instead (S3 sees object age, not record "
+                        "age: read its notes)")
+    p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
+    p.add_argument("--include-internal", action="store_true", help="include internal topics (names starting __)")
+    add_cost_args(p)
+    p.set_defaults(func=_cmd_tier)
 
     p = sub.add_parser("rollback", help="restore the originals a run replaced",
                        description="Put back, from the kept backups, every original that run RUN_ID replaced and "

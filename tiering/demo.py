@@ -70,7 +70,7 @@ def _generate(root: Path, scale: float, log: Callable[[str], None]) -> tuple[lis
             path = part / segment_name(offset, LOG_SUFFIX)
             with path.open("wb") as f:
                 seg = write_segment(f, base_offset=offset, kind=topic.kind, codec=topic.producer_codec,
-                                    target_bytes=max(target, 1), seed=n * 100 + i, start_ms=clock)
+                                    target_bytes=max(target, 1), seed=n * 100 + i, shift_ms=clock)
             reindex_file(path, part)
             segments.append((topic.partition_dir, path, sealed))
             offset, clock = seg.next_offset, clock + 3_600_000

@@ -92,15 +92,16 @@ def _templates(kind: str, codec: Codec, batch_bytes: int, seed: int) -> list[tup
 
 
 def write_segment(dst: BinaryIO, *, base_offset: int, kind: str, codec: Codec, target_bytes: int,
-                  batch_bytes: int = 16 * 1024, seed: int = 0, start_ms: int = 0) -> SampleSegment:
+                  batch_bytes: int = 16 * 1024, seed: int = 0, shift_ms: int = 0) -> SampleSegment:
     """Write batches of ``kind`` values compressed with ``codec`` until ``target_bytes`` are written.
 
-    ``batch_bytes`` is the uncompressed size of each batch's records (a producer's ``batch.size``).
+    ``batch_bytes`` is the uncompressed size of each batch's records (a producer's ``batch.size``); record
+    timestamps start at ``BASE_TIMESTAMP_MS + shift_ms``.
     """
     if kind not in _VALUES:
         raise ValueError(f"unknown sample kind {kind!r}; expected one of {', '.join(KINDS)}")
     templates = _templates(kind, codec, batch_bytes, seed)
-    offset, written, batches, clock = base_offset, 0, 0, start_ms
+    offset, written, batches, clock = base_offset, 0, 0, shift_ms
     while written < target_bytes:
         template, count, span = templates[batches % len(templates)]
         batch = rebase_batch(template, offset, clock)

@@ -21,7 +21,7 @@ from tiering.kafka.segment import verify_segment
 from tiering.s3.layout import segment_key
 from tiering.s3.protocol import BACKUP_DIR, Context, pending_journals
 from tiering.s3.scan import Plan, ScanOptions, scan
-from tiering.s3.seed import GeneratedSegment, generate_partition, upload_partition
+from tiering.s3.seed import DEFAULT_START_MS, GeneratedSegment, generate_partition, upload_partition
 from tiering.s3.store import ObjectNotFound, S3Store, make_client
 
 BUCKET = "segments"
@@ -64,8 +64,10 @@ class Original:
 
 
 @functools.cache
-def _generated(segments: int, kind: str, codec: Codec, segment_bytes: int) -> tuple[GeneratedSegment, ...]:
-    return generate_partition(segments=segments, kind=kind, codec=codec, segment_bytes=segment_bytes)
+def _generated(segments: int, kind: str, codec: Codec, segment_bytes: int,
+               start_ms: int = DEFAULT_START_MS) -> tuple[GeneratedSegment, ...]:
+    return generate_partition(segments=segments, kind=kind, codec=codec, segment_bytes=segment_bytes,
+                              start_ms=start_ms)
 
 
 @functools.cache
@@ -76,8 +78,9 @@ def _records_sha256(log: bytes, base: int) -> str:
 
 
 def seed(store: S3Store, *, partition: int = 0, segments: int = 3, kind: str = "json",
-         codec: Codec = Codec.SNAPPY, segment_bytes: int = 60_000, topic: str = TOPIC) -> dict[int, Original]:
-    generated = _generated(segments, kind, codec, segment_bytes)
+         codec: Codec = Codec.SNAPPY, segment_bytes: int = 60_000, topic: str = TOPIC,
+         start_ms: int = DEFAULT_START_MS) -> dict[int, Original]:
+    generated = _generated(segments, kind, codec, segment_bytes, start_ms)
     upload_partition(store, PREFIX, topic, partition, generated)
     return {g.base_offset: Original(g.base_offset, g.log, _records_sha256(g.log, g.base_offset)) for g in generated}
 

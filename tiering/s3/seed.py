@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Final
 
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
@@ -15,7 +16,7 @@ from tiering.kafka.index import build_indexes
 from tiering.kafka.segment import verify_segment
 from tiering.s3.layout import partition_key, segment_key
 from tiering.s3.store import S3Store
-from tiering.sample import write_segment
+from tiering.sample import BASE_TIMESTAMP_MS, write_segment
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,15 +27,19 @@ class GeneratedSegment:
     time_index: bytes
 
 
-def generate_partition(*, segments: int, kind: str, codec: Codec, segment_bytes: int,
-                       seed: int = 0) -> tuple[GeneratedSegment, ...]:
-    """Segments of generated batches with the indexes Kafka would have written for them."""
+DEFAULT_START_MS: Final = BASE_TIMESTAMP_MS  # 2025-11-22
+
+
+def generate_partition(*, segments: int, kind: str, codec: Codec, segment_bytes: int, seed: int = 0,
+                       start_ms: int = DEFAULT_START_MS) -> tuple[GeneratedSegment, ...]:
+    """Segments of generated batches with the indexes Kafka would have written for them; record timestamps
+    start at ``start_ms``."""
     out = []
     base = 0
     for i in range(segments):
         buf = io.BytesIO()
         sample = write_segment(buf, base_offset=base, kind=kind, codec=codec, target_bytes=segment_bytes,
-                               seed=seed + i, start_ms=1_763_800_000_000 + base)
+                               seed=seed + i, shift_ms=start_ms - BASE_TIMESTAMP_MS + base)
         data = buf.getvalue()
         summary = verify_segment(io.BytesIO(data), segment_base=base, digests=False)
         indexes = build_indexes(base, summary.batches)

@@ -196,12 +196,15 @@ class S3Store:
         return ObjectInfo(key, int(r["ContentLength"]), str(r["ETag"]), r["LastModified"],
                           str(r.get("StorageClass", "STANDARD")), dict(r.get("Metadata", {})))
 
-    def open(self, key: str, *, if_match: str | None = None, first_bytes: int | None = None) -> BinaryIO:
+    def open(self, key: str, *, if_match: str | None = None, first_bytes: int | None = None,
+             start: int | None = None) -> BinaryIO:
         """A streaming body (read it in pieces; it is never loaded whole). ``if_match`` pins the version read;
-        ``first_bytes`` reads only the object's beginning (a ranged GET)."""
+        ``first_bytes`` reads only the object's beginning, ``start`` only from that byte on (ranged GETs)."""
         kwargs = {"IfMatch": if_match} if if_match else {}
         if first_bytes is not None:
             kwargs["Range"] = f"bytes=0-{max(0, first_bytes - 1)}"
+        elif start is not None:
+            kwargs["Range"] = f"bytes={start}-"
         body: BinaryIO = self._call("get_object", key, **kwargs)["Body"]
         return body
 
@@ -275,6 +278,16 @@ class S3Store:
             kwargs["StorageClass"] = attrs.storage_class
         r = self._call("copy_object", key, CopySource={"Bucket": self.bucket, "Key": source},
                        CopySourceIfMatch=source_etag, MetadataDirective="COPY", TaggingDirective="COPY", **kwargs)
+        return str(r["CopyObjectResult"]["ETag"])
+
+    def transition(self, key: str, *, etag: str, attrs: ObjectAttrs, storage_class: str) -> str:
+        """Move an object to ``storage_class`` by copying it onto itself: metadata, tags, content headers and
+        encryption kept. ``CopySourceIfMatch`` and ``IfMatch`` make S3 copy only the version planned on and
+        overwrite only that version (a writer in between wins: nothing it wrote is lost). The new ETag."""
+        kwargs: dict[str, Any] = {name: attrs.headers[name] for name in _ENCRYPTION if name in attrs.headers}
+        r = self._call("copy_object", key, CopySource={"Bucket": self.bucket, "Key": key}, CopySourceIfMatch=etag,
+                       IfMatch=etag, StorageClass=storage_class, MetadataDirective="COPY", TaggingDirective="COPY",
+                       **kwargs)
         return str(r["CopyObjectResult"]["ETag"])
 
     def get_json(self, key: str) -> tuple[Any, str]:

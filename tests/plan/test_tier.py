@@ -1,0 +1,167 @@
+"""Storage-class tiering against moto: age from record timestamps, what moves and what stays (with reasons),
+transitions that keep the object, idempotent re-runs, state documents following ETags, lifecycle output."""
+
+from __future__ import annotations
+
+import json
+import time
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.s3.conftest import BUCKET, PREFIX, TOPIC, context, plan_for, seed
+from tiering.cli import main
+from tiering.plan.policy import parse_policy
+from tiering.plan.tier import MOVE, STAY, apply_tiering, lifecycle_configuration, plan_tiering
+from tiering.report.prices import GB, load_prices
+from tiering.s3.compact import CompactOptions, compact
+from tiering.s3.layout import segment_key
+from tiering.s3.state import load_state
+from tiering.s3.store import S3Store
+
+PRICES = load_prices("us-east-1")
+DOC: dict[str, Any] = {"cluster": {"storage.tiers": [{"after.days": 30, "storage.class": "STANDARD_IA"},
+                                                     {"after.days": 90, "storage.class": "GLACIER_IR"}]},
+                       "topics": [{"topic": "fresh", "storage.tiers": [{"after.days": 10,
+                                                                        "storage.class": "STANDARD_IA"}]}]}
+BIG = 300_000  # .log objects above 128 KiB; their indexes stay below it
+
+
+def _key(base: int, suffix: str = ".log", topic: str = TOPIC, partition: int = 0) -> str:
+    return segment_key(PREFIX, topic, partition, base, suffix)
+
+
+def _moves(plan: Any) -> dict[str, Any]:
+    return {o.key: o for s in plan.segments for o in s.objects}
+
+
+def test_old_records_move_small_and_active_objects_stay(store: S3Store) -> None:
+    originals = seed(store, segments=3, segment_bytes=BIG)  # records from 2025-11-22: a year old
+    plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    objects = _moves(plan)
+    sealed, active = sorted(originals)[:2], sorted(originals)[2]
+    for base in sealed:
+        log = objects[_key(base)]
+        assert (log.action, log.target) == (MOVE, "GLACIER_IR")
+        assert log.monthly_savings_usd == pytest.approx(log.size / GB * (0.023 - 0.004))
+        assert log.one_off_usd == pytest.approx(0.02 / 1000)
+        index = objects[_key(base, ".index")]
+        assert index.action == STAY
+        assert "under 128 KiB" in index.reason
+        seg = next(s for s in plan.segments if s.base_offset == base)
+        assert seg.age_source == "the batches after the last .index entry"
+        assert seg.age_days is not None
+        assert seg.age_days > 300
+    assert next(s for s in plan.segments if s.base_offset == active).reason.startswith("not tiered: active")
+    totals = plan.totals()
+    assert totals["objects_to_move"] == 2
+    assert totals["by_transition"] == {"STANDARD -> GLACIER_IR": {"objects": 2, "bytes": sum(
+        len(originals[b].log) for b in sealed)}}
+    assert totals["payback_months"] == pytest.approx(totals["one_off_usd"] / totals["monthly_savings_usd"])
+
+
+def test_age_comes_from_the_records_not_from_last_modified(store: S3Store) -> None:
+    now_ms = int(time.time() * 1000)
+    seed(store, segments=2, segment_bytes=BIG, topic="fresh", start_ms=now_ms - 5 * 86_400_000)
+    seed(store, segments=2, segment_bytes=BIG, topic="older", start_ms=now_ms - 40 * 86_400_000)
+    plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    fresh = _moves(plan)[_key(0, topic="fresh")]
+    older = _moves(plan)[_key(0, topic="older")]
+    assert (fresh.action, fresh.reason) == (STAY, "not old enough for any storage tier")  # 5 days < 10
+    assert (older.action, older.target) == (MOVE, "STANDARD_IA")  # 40 days: IA, not yet Glacier IR
+    # Both were uploaded seconds ago: LastModified would have said "young" for both.
+
+
+def test_apply_keeps_the_object_and_a_rerun_moves_nothing(store: S3Store) -> None:
+    originals = seed(store, segments=2, segment_bytes=BIG)
+    key = _key(0)
+    store.client.put_object_tagging(Bucket=BUCKET, Key=key, Tagging={"TagSet": [{"Key": "team", "Value": "a"}]})
+    before = store.client.head_object(Bucket=BUCKET, Key=key)
+    plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    results = apply_tiering(store, plan, "tier-1")
+    assert [r.status for r in results] == ["moved"]
+    after = store.client.head_object(Bucket=BUCKET, Key=key)
+    assert after["StorageClass"] == "GLACIER_IR"
+    assert store.get(key) == originals[0].log
+    assert after.get("ContentType") == before.get("ContentType")
+    assert store.client.get_object_tagging(Bucket=BUCKET, Key=key)["TagSet"] == [{"Key": "team", "Value": "a"}]
+    assert "StorageClass" not in store.client.head_object(Bucket=BUCKET, Key=_key(0, ".index"))  # stays STANDARD
+    again = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    log = _moves(again)[key]
+    assert (log.action, log.reason) == (STAY, "already in GLACIER_IR")
+    assert apply_tiering(store, again, "tier-2") == []
+    doc = store.get_json(f"{PREFIX}/_tiering/runs/tier-1/tier.json")[0]
+    assert doc["results"][0]["stats"]["moved"][0]["to"] == "GLACIER_IR"
+
+
+def test_an_object_changed_since_planning_is_left_alone(store: S3Store) -> None:
+    seed(store, segments=2, segment_bytes=BIG)
+    plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    data = store.get(_key(0))
+    store.client.put_object(Bucket=BUCKET, Key=_key(0), Body=data[: len(data) // 2])  # someone wrote another one
+    [result] = apply_tiering(store, plan, "tier-1")
+    assert result.status == "skipped"
+    assert "changed since planning" in result.reason
+    assert "StorageClass" not in store.client.head_object(Bucket=BUCKET, Key=_key(0))
+
+
+def test_minimum_duration_of_the_current_class_is_respected(store: S3Store) -> None:
+    seed(store, segments=2, segment_bytes=BIG)
+    store.client.copy_object(Bucket=BUCKET, Key=_key(0), CopySource={"Bucket": BUCKET, "Key": _key(0)},
+                             StorageClass="STANDARD_IA", MetadataDirective="COPY")
+    log = _moves(plan_tiering(store, PREFIX, parse_policy(DOC), PRICES))[_key(0)]
+    assert log.action == STAY
+    assert "under its 30-day minimum" in log.reason
+
+
+def test_the_compaction_state_follows_the_tiered_objects(store: S3Store) -> None:
+    seed(store, segments=2, segment_bytes=BIG)
+    run = compact(store, plan_for(store), context(store), CompactOptions())
+    assert run.totals().get("compacted") == 1
+    apply_tiering(store, plan_tiering(store, PREFIX, parse_policy(DOC), PRICES), "tier-1")
+    entry = load_state(store, PREFIX, f"{TOPIC}-0")["0"]
+    assert entry["log_etag"] == store.head(_key(0)).etag
+    [first] = [s for s in plan_for(store).segments if s.base_offset == 0]
+    assert first.reason.startswith("already compacted")  # not mistaken for a mirror re-upload
+
+
+def test_lifecycle_configuration_states_what_s3_cannot_do() -> None:
+    doc = lifecycle_configuration(parse_policy(DOC), PREFIX)
+    [cluster, fresh] = doc["Rules"]
+    assert cluster["Filter"] == {"And": {"Prefix": f"{PREFIX}/", "ObjectSizeGreaterThan": 131072}}
+    assert cluster["Transitions"] == [{"Days": 30, "StorageClass": "STANDARD_IA"},
+                                      {"Days": 90, "StorageClass": "GLACIER_IR"}]
+    assert fresh["Filter"]["And"]["Prefix"] == f"{PREFIX}/fresh-"
+    assert any("not from the newest record" in n for n in doc["notes"])
+
+
+def test_cli_tier_dry_run_then_apply(store: S3Store, tmp_path: Path) -> None:
+    seed(store, segments=2, segment_bytes=BIG)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(DOC))
+    where = ["s3", "tier", "--bucket", BUCKET, "--prefix", PREFIX, "--policy", str(policy)]
+    out = StringIO()
+    assert main([*where, "--dry-run", "--json"], stdout=out) == 0
+    assert json.loads(out.getvalue())["plan"]["totals"]["objects_to_move"] == 1
+    assert "StorageClass" not in store.client.head_object(Bucket=BUCKET, Key=_key(0))  # a dry run moves nothing
+    out = StringIO()
+    assert main([*where, "--run-id", "cli-tier"], stdout=out) == 0
+    assert "1 objects moved" in out.getvalue()
+    assert store.client.head_object(Bucket=BUCKET, Key=_key(0))["StorageClass"] == "GLACIER_IR"
+    out = StringIO()
+    assert main([*where, "--emit-lifecycle"], stdout=out) == 0
+    assert json.loads(out.getvalue())["Rules"][0]["ID"] == "kafka-tiering-cluster"
+
+
+def test_an_invalid_policy_stops_before_any_request(store: S3Store, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump({"cluster": {"storage.tiers": [{"after.days": 1, "storage.class": "GLACIER"}]}}))
+    store.requests.clear()
+    err = StringIO()
+    code = main(["s3", "tier", "--bucket", "no-such-bucket", "--prefix", PREFIX, "--policy", str(policy)],
+                stdout=StringIO(), stderr=err)
+    assert code == 2
+    assert "storage.allow.archive" in err.getvalue()

@@ -1,0 +1,302 @@
+"""Storage-class tiering by age: plan which segment objects move to a colder class, then move them.
+
+Age is the age of a segment's newest record: its max timestamp, read from the batches after the last
+``.index`` entry (one ranged GET of the ``.log``'s tail; the whole ``.log`` when there is no index), never
+S3's ``LastModified`` (a rewrite resets it). A segment without record timestamps (magic v0) falls back to
+``LastModified`` and says so.
+
+For each object of a sealed segment (``.log``, ``.index``, ``.timeindex``, ``.txnindex``) the topic's policy
+gives the target class (the coldest rule due at that age). An object stays, with its reason, when it is
+already that cold; when it is under 128 KiB and the target bills 128 KiB at least (IA, Glacier IR); when it
+has not yet spent its current class's minimum duration there (moving it would bill the rest); or when the
+move saves nothing. A move is an in-place copy with the new class (:meth:`S3Store.transition`: metadata,
+tags and encryption kept; conditional on the planned ETag), done under the partition's lease like a
+compaction, and our state document follows any ETag the copy changed. Re-running finds the moved objects
+already there.
+
+The one-off cost of a move is the copy request (priced as a PUT of the target class) and the retrieval fee
+of an IA / Glacier IR source; its saving is the monthly storage price difference.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from tiering.errors import TieringError
+from tiering.kafka.codecs import Codec
+from tiering.kafka.reader import iter_batches
+from tiering.kafka.rewrite import RewriteOptions
+from tiering.plan.policy import STORAGE_ORDER, Policy
+from tiering.report.prices import GB, PriceBook
+from tiering.s3.compact import RUNS_DIR, with_lease
+from tiering.s3.layout import reserved_key
+from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, clock_key
+from tiering.s3.protocol import FAILED, SKIPPED, Context, SegmentResult
+from tiering.s3.scan import COMPACT, PlannedSegment, ScanOptions, scan
+from tiering.s3.state import load_state, record_segment
+from tiering.s3.store import ObjectNotFound, S3Store
+
+TIER_SCHEMA_VERSION: Final = 1
+MOVE: Final = "move"
+STAY: Final = "stay"
+MOVED: Final = "moved"
+FILES: Final = ("log", "index", "timeindex", "txnindex")
+INDEX_ENTRY_BYTES: Final = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMove:
+    key: str
+    file: str
+    size: int
+    etag: str
+    storage_class: str
+    target: str | None
+    action: str  # move / stay
+    reason: str
+    monthly_savings_usd: float = 0.0
+    one_off_usd: float = 0.0
+
+
+@dataclass
+class SegmentTiering:
+    directory: str
+    topic: str
+    base_offset: int
+    max_timestamp_ms: int | None
+    age_days: float | None
+    age_source: str
+    objects: list[ObjectMove] = field(default_factory=list)
+    reason: str = ""  # why the whole segment stays (active, no age, ...)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "objects": [asdict(o) for o in self.objects]}
+
+
+@dataclass
+class TierPlan:
+    bucket: str
+    prefix: str
+    created_at: str
+    policy: str | None
+    prices: dict[str, Any]
+    segments: list[SegmentTiering] = field(default_factory=list)
+
+    def moves(self) -> list[tuple[SegmentTiering, ObjectMove]]:
+        return [(s, o) for s in self.segments for o in s.objects if o.action == MOVE]
+
+    def totals(self) -> dict[str, Any]:
+        moves = self.moves()
+        by_class: dict[str, dict[str, float]] = {}
+        for _, o in moves:
+            row = by_class.setdefault(f"{o.storage_class} -> {o.target}", {"objects": 0, "bytes": 0})
+            row["objects"] += 1
+            row["bytes"] += o.size
+        monthly = sum(o.monthly_savings_usd for _, o in moves)
+        one_off = sum(o.one_off_usd for _, o in moves)
+        reasons: dict[str, int] = {}
+        for s in self.segments:
+            for o in s.objects:
+                if o.action == STAY:
+                    reasons[o.reason.split(":")[0]] = reasons.get(o.reason.split(":")[0], 0) + 1
+            if s.reason:
+                reasons[s.reason.split(":")[0]] = reasons.get(s.reason.split(":")[0], 0) + 1
+        return {"segments": len(self.segments), "objects_to_move": len(moves),
+                "bytes_to_move": sum(o.size for _, o in moves), "by_transition": by_class,
+                "monthly_savings_usd": monthly, "one_off_usd": one_off,
+                "payback_months": one_off / monthly if monthly > 0 else None, "staying": reasons}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": TIER_SCHEMA_VERSION, "kind": "tier-plan", "bucket": self.bucket,
+                "prefix": self.prefix, "created_at": self.created_at, "policy": self.policy, "prices": self.prices,
+                "totals": self.totals(), "segments": [s.to_json() for s in self.segments]}
+
+
+def max_timestamp(store: S3Store, seg: PlannedSegment) -> tuple[int | None, str]:
+    """The segment's newest record timestamp (ms) and how it was found."""
+    assert seg.log is not None
+    start, how = 0, "the whole .log (no .index)"
+    if seg.index is not None and seg.index.size >= INDEX_ENTRY_BYTES:
+        with store.open(seg.index.key, start=seg.index.size - INDEX_ENTRY_BYTES) as body:
+            tail = body.read()
+        position = int.from_bytes(tail[4:8], "big")
+        if 0 <= position < seg.log.size:
+            start, how = position, "the batches after the last .index entry"
+    newest = -1
+    with store.open(seg.log.key, start=start, if_match=seg.log.etag) as body:
+        data = body.read()  # the tail: at most index.interval.bytes and one batch, unless there is no index
+    for raw in iter_batches(io.BytesIO(data), path=f"s3://{store.bucket}/{seg.log.key}", size=len(data)):
+        newest = max(newest, raw.header.max_timestamp)
+    if newest < 0:
+        return None, "no record timestamps (magic v0 or empty)"
+    return newest, how
+
+
+def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: datetime) -> ObjectMove:
+    base = {"key": ref.key, "file": file, "size": ref.size, "etag": ref.etag, "storage_class": ref.storage_class,
+            "target": target}
+    if target is None:
+        return ObjectMove(**base, action=STAY, reason="not old enough for any storage tier")
+    current = ref.storage_class if ref.storage_class in STORAGE_ORDER else "STANDARD"
+    if STORAGE_ORDER.index(current) >= STORAGE_ORDER.index(target):
+        return ObjectMove(**base, action=STAY, reason=f"already in {ref.storage_class}")
+    to, frm = prices.of(target), prices.of(current)
+    if to.min_object_bytes and ref.size < to.min_object_bytes:
+        return ObjectMove(**base, action=STAY, reason=f"under {to.min_object_bytes // 1024} KiB: {target} would bill "
+                          f"it as {to.min_object_bytes // 1024} KiB (costs more than {current})")
+    in_class_days = (now - datetime.fromisoformat(ref.last_modified)).total_seconds() / 86400
+    if frm.min_days and in_class_days < frm.min_days:
+        return ObjectMove(**base, action=STAY, reason=f"in {current} for {in_class_days:.0f} days, under its "
+                          f"{frm.min_days}-day minimum (moving now bills the rest)")
+    monthly = ref.size / GB * (frm.rate() - to.rate()) - max(0, to.min_object_bytes - ref.size) / GB * to.rate()
+    if monthly <= 0:
+        return ObjectMove(**base, action=STAY, reason=f"no saving: {target} is not cheaper than {current}")
+    one_off = to.put_per_1000 / 1000 + ref.size / GB * frm.retrieval_per_gb
+    return ObjectMove(**base, action=MOVE, reason=f"{target} after its newest record's age",
+                      monthly_savings_usd=monthly, one_off_usd=one_off)
+
+
+def plan_tiering(store: S3Store, prefix: str, policy: Policy, prices: PriceBook, *,
+                 include_internal: bool = False, progress: Callable[[int], None] | None = None) -> TierPlan:
+    """Which objects move where, and why the others stay (reads listings, and each sealed segment's tail)."""
+    listing = scan(store, prefix, ScanOptions("none", min_age_minutes=0, include_internal=include_internal))
+    now = datetime.fromisoformat(listing.created_at)
+    plan = TierPlan(store.bucket, listing.prefix, now.isoformat(), policy.path, prices.describe())
+    for seg in listing.segments:
+        t = SegmentTiering(seg.directory, seg.topic, seg.base_offset, None, None, "")
+        plan.segments.append(t)
+        sealed = seg.action == COMPACT or seg.reason.startswith(("already compacted", "too young"))
+        if seg.log is None or not sealed:
+            t.reason = f"not tiered: {seg.reason}"
+            continue
+        try:
+            t.max_timestamp_ms, t.age_source = max_timestamp(store, seg)
+        except (TieringError, ObjectNotFound) as e:
+            t.reason = f"not tiered: cannot read its newest timestamp: {e}"
+            continue
+        if t.max_timestamp_ms is None:
+            t.age_source = f"S3 LastModified ({t.age_source})"
+            newest = datetime.fromisoformat(seg.log.last_modified)
+        else:
+            newest = datetime.fromtimestamp(t.max_timestamp_ms / 1000, UTC)
+        t.age_days = (now - newest).total_seconds() / 86400
+        target = policy.resolve(seg.topic).tier_for(t.age_days)
+        for file in FILES:
+            ref = getattr(seg, file)
+            if ref is not None:
+                t.objects.append(_decide(ref, file, target, prices, now))
+        if progress is not None:
+            progress(len(plan.segments))
+    return plan
+
+
+def apply_tiering(store: S3Store, plan: TierPlan, run_id: str, *, lease_ttl: int = DEFAULT_TTL_SECONDS,
+                  progress: Callable[[SegmentResult], None] | None = None) -> list[SegmentResult]:
+    """Move the planned objects, partition by partition under its lease; one result per segment with moves.
+    An object whose ETag is no longer the planned one stays (someone rewrote it since planning)."""
+    ctx = Context(store, plan.prefix, run_id, RewriteOptions(Codec.NONE))
+    by_dir: dict[str, list[SegmentTiering]] = {}
+    for s in plan.segments:
+        if any(o.action == MOVE for o in s.objects):
+            by_dir.setdefault(s.directory, []).append(s)
+    results: list[SegmentResult] = []
+    for directory, segments in sorted(by_dir.items()):
+        def work(lease: Lease, segments: list[SegmentTiering] = segments) -> list[SegmentResult]:
+            out = []
+            for s in segments:
+                out.append(_apply_segment(store, plan.prefix, s, lease))
+                if progress is not None:
+                    progress(out[-1])
+            return out
+
+        results += with_lease(ctx, directory, lease_ttl, work, [(s.directory, s.base_offset) for s in segments])
+    doc = {"schema_version": TIER_SCHEMA_VERSION, "kind": "tier", "run_id": run_id, "plan": plan.to_json(),
+           "results": [r.to_json() for r in results], "finished_at": store.now(clock_key(plan.prefix)).isoformat()}
+    store.put_json(reserved_key(plan.prefix, RUNS_DIR, run_id, "tier.json"), doc)
+    return results
+
+
+def _apply_segment(store: S3Store, prefix: str, s: SegmentTiering, lease: Lease) -> SegmentResult:
+    moved: list[dict[str, Any]] = []
+    notes: list[str] = []
+    etags: dict[str, tuple[str, str]] = {}
+    try:
+        for o in s.objects:
+            if o.action != MOVE:
+                continue
+            assert o.target is not None
+            lease.check()
+            info, attrs = store.describe(o.key)
+            if info.storage_class == o.target:
+                moved.append({"key": o.key, "to": o.target, "already": True})
+                continue
+            if info.etag != o.etag:
+                notes.append(f"{o.file} changed since planning: left as it is")
+                continue
+            new_etag = store.transition(o.key, etag=o.etag, attrs=attrs, storage_class=o.target)
+            etags[o.file] = (o.etag, new_etag)
+            moved.append({"key": o.key, "from": o.storage_class, "to": o.target, "bytes": o.size})
+    except TieringError as e:
+        return SegmentResult(s.directory, s.base_offset, FAILED, f"stopped: {e}",
+                             stats={"moved": moved}, error=e.to_dict())
+    _follow_etags(store, prefix, s, etags)
+    status = MOVED if moved else SKIPPED
+    reason = "; ".join(notes) or ("" if moved else "nothing left to move")
+    return SegmentResult(s.directory, s.base_offset, status, reason, sum(int(m.get("bytes", 0)) for m in moved),
+                         stats={"moved": moved})
+
+
+def _follow_etags(store: S3Store, prefix: str, s: SegmentTiering, etags: dict[str, tuple[str, str]]) -> None:
+    """Keep our state entry of a compacted segment pointing at its objects: a copy of a multipart object gets
+    a new ETag, and a stale one would read as "replaced by someone else"."""
+    entry = load_state(store, prefix, s.directory).get(str(s.base_offset))
+    if entry is None or not etags:
+        return
+    updated = dict(entry)
+    for file, (old, new) in etags.items():
+        if updated.get(f"{file}_etag") == old:
+            updated[f"{file}_etag"] = new
+    if updated != entry:
+        record_segment(store, prefix, s.directory, s.base_offset, updated)
+
+
+
+def lifecycle_configuration(policy: Policy, prefix: str) -> dict[str, Any]:
+    """An approximate S3 Lifecycle configuration for the policy's storage tiers, for users who would rather
+    let S3 move objects. S3 sees only an object's age since it was written (not its records' age), its key
+    prefix, tags and size: the rules below say so in ``notes``."""
+    root = prefix.strip("/")
+    rules: list[dict[str, Any]] = []
+    notes = [
+        "S3 counts days from when an object was written (a compaction resets it), not from the newest record "
+        "in the segment: segments uploaded late or rewritten move later than the policy says.",
+        "Objects of 128 KiB or less are excluded (ObjectSizeGreaterThan), as the policy never moves them to IA.",
+        "S3 applies every matching rule and the coldest transition wins: a topic entry cannot exempt a topic "
+        "from the cluster rule, and regex entries cannot be expressed at all.",
+        "The reserved prefix _tiering/ matches the cluster rule too; its objects are small or short-lived.",
+    ]
+
+    def rule(rule_id: str, key_prefix: str, tiers: Any) -> dict[str, Any]:
+        return {"ID": rule_id[:255], "Status": "Enabled",
+                "Filter": {"And": {"Prefix": key_prefix, "ObjectSizeGreaterThan": 131072}},
+                "Transitions": [{"Days": max(1, math.ceil(t.after_days)), "StorageClass": t.storage_class}
+                                for t in tiers]}
+
+    cluster = policy.resolve("\x00 no entry names this topic")
+    if cluster.tiers:
+        rules.append(rule("kafka-tiering-cluster", f"{root}/", cluster.tiers))
+    for scope in policy.topics:
+        if scope.exact is not None and "storage.tiers" in scope.settings:
+            resolved = policy.resolve(scope.exact)
+            if resolved.tiers:
+                rules.append(rule(f"kafka-tiering-topic-{scope.exact}", f"{root}/{scope.exact}-", resolved.tiers))
+            notes.append(f"topic {scope.exact}: its rule's prefix {root}/{scope.exact}- also matches topics named "
+                         f"{scope.exact}-<something>.")
+        elif scope.pattern is not None and "storage.tiers" in scope.settings:
+            notes.append(f"{scope.name}: a regex cannot be a lifecycle filter; not emitted.")
+    return {"Rules": rules, "notes": notes}
