@@ -33,6 +33,9 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | `spark_master` | where the Spark job runs: `local[*]` (embedded), `spark://host:7077` (standalone, |
 | | client mode), `yarn`, `k8s://...`, or `conn:<conn_id>`: the host and port of that Airflow connection |
 | `cleanup_grace_days` | keep replaced originals this many days before `cleanup` deletes them |
+| `policy` | a policy YAML file on the workers (default `TIERING_POLICY_FILE`): per-topic codec, `producer` |
+| | (left alone) or `auto` (chosen by net dollars, shown in the report), level, minimum savings ratio and |
+| | minimum record age; with a policy, `codec` and `level` are not used |
 
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
@@ -82,6 +85,14 @@ def spark_master(value: str) -> str:
     return f"{url}:{conn.port}" if conn.port else url
 
 
+def _policy(params: dict[str, Any]) -> Any:
+    """The run's policy (validated: a bad file fails the first task with the key and the problem), or None."""
+    from tiering.plan.policy import load_policy  # noqa: PLC0415
+
+    path = (params.get("policy") or "").strip()
+    return load_policy(path) if path else None
+
+
 def _settings(params: dict[str, Any], run_id: str) -> Any:
     from tiering.pipeline import RunSettings, safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
 
@@ -112,6 +123,8 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
         "dry_run": Param(False, type="boolean", description="plan and estimate only"),
         "spark_master": Param(SPARK_MASTER, type="string", minLength=1, description="Spark master"),
         "cleanup_grace_days": Param(7, type="number", minimum=0, description="days originals are kept"),
+        "policy": Param(os.environ.get("TIERING_POLICY_FILE", ""), type="string",
+                        description="policy YAML file on the workers; empty: codec and level for every topic"),
     },
 )
 def kafka_segment_compaction() -> None:
@@ -123,7 +136,7 @@ def kafka_segment_compaction() -> None:
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
         options = ScanOptions(params["codec"], params["level"], params["topics"] or None,
-                              params["min_segment_age_minutes"])
+                              params["min_segment_age_minutes"], policy=_policy(params))
         result = scan_run(settings.store(), settings, options)
         print(f"scanned s3://{settings.bucket}/{settings.prefix}: {result['objects']} objects, {result['totals']}")
         return result
@@ -131,12 +144,13 @@ def kafka_segment_compaction() -> None:
     @task
     def plan(scanned: dict[str, Any]) -> dict[str, Any]:
         from tiering.pipeline import plan_run  # noqa: PLC0415
+        from tiering.report.publish import cost_config  # noqa: PLC0415
         from tiering.s3.compact import CompactOptions  # noqa: PLC0415
 
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
         planned = plan_run(settings.store(), settings, CompactOptions(params["max_segments"], params["max_bytes"]),
-                           estimate_savings=params["dry_run"])
+                           estimate_savings=params["dry_run"], policy=_policy(params), prices=cost_config()[0])
         planned["dry_run"] = params["dry_run"]
         print(f"plan: {planned['segments']} segments, {planned['bytes']} bytes, {len(planned['chunks'])} chunks"
               + (f"; estimate: {planned['estimate']}" if planned["estimate"] else ""))

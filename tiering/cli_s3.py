@@ -19,7 +19,9 @@ from tiering.cli_report import add_cost_args, cost_from_args
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.report.publish import publish_report
+from tiering.plan.auto import apply_policy
+from tiering.plan.policy import load_policy
+from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
 from tiering.s3.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, compact, new_run_id, rollback
 from tiering.s3.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, estimate
@@ -58,8 +60,9 @@ def _human(n: float) -> str:
 
 
 def _scan_options(args: argparse.Namespace) -> ScanOptions:
+    policy = load_policy(args.policy) if getattr(args, "policy", None) else None
     return ScanOptions(args.codec, args.level, args.topics, args.min_age_minutes, args.include_internal,
-                       args.include_special, args.scan_workers)
+                       args.include_special, args.scan_workers, policy)
 
 
 def _scan(args: argparse.Namespace, store: S3Store) -> Plan:
@@ -71,7 +74,11 @@ def _scan(args: argparse.Namespace, store: S3Store) -> Plan:
             _log(args, f"  {listed:,} objects listed")
         shown[0] = listed
 
-    plan = scan(store, args.prefix, _scan_options(args), progress=progress)
+    options = _scan_options(args)
+    plan = scan(store, args.prefix, options, progress=progress)
+    if options.policy is not None:
+        prices = cost_config(region=getattr(args, "price_region", None), prices_file=getattr(args, "prices", None))[0]
+        plan = apply_policy(store, plan, options.policy, prices, log=lambda line: _log(args, line))
     totals = plan.totals()
     _log(args, f"{plan.objects_listed:,} objects, {totals['segments']:,} segments: {totals['to_compact']:,} to "
                f"compact ({_human(totals['bytes_to_compact'])}), {totals['skipped']:,} skipped")
@@ -312,6 +319,10 @@ def _scan_args(p: argparse.ArgumentParser, *, codec_required: bool) -> None:
     p.add_argument("--include-special", action="store_true",
                    help="include Kafka's -delete, -future and -stray directories")
     p.add_argument("--scan-workers", type=int, default=8, help="partitions listed at once (default %(default)s)")
+    p.add_argument("--policy", default=None, metavar="FILE",
+                   help="a policy file (see 'tiering policy'): it decides each topic's codec (or producer: left "
+                        "alone, auto: chosen by net dollars), level, minimum savings and record age; --codec and "
+                        "--level are then not used")
     p.add_argument("--sample-segments", type=int, default=DEFAULT_SAMPLE_SEGMENTS,
                    help="segments sampled by an estimate (default %(default)s)")
     p.add_argument("--sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES,

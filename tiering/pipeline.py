@@ -29,6 +29,9 @@ from typing import Any, Final
 
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
+from tiering.plan.auto import apply_policy
+from tiering.plan.policy import Policy
+from tiering.report.prices import PriceBook, load_prices
 from tiering.s3.compact import (
     RUNS_DIR,
     STAGED_STATUS,
@@ -89,11 +92,14 @@ def scan_run(store: S3Store, settings: RunSettings, options: ScanOptions) -> dic
 
 
 def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, estimate_savings: bool = False,
-             chunk_partitions: int = DEFAULT_CHUNK_PARTITIONS) -> dict[str, Any]:
+             chunk_partitions: int = DEFAULT_CHUNK_PARTITIONS, policy: Policy | None = None,
+             prices: PriceBook | None = None) -> dict[str, Any]:
     """From the run's scan, keep what the budget allows (largest first) and store ``runs/<run>/plan.json``;
     return its key, totals and the chunks of partitions to commit (each named after what it holds).
     ``estimate_savings`` adds the dry-run estimate (sampled batches) to the plan."""
     plan = Plan.from_json(store.get_json(settings.key("scan.json"))[0])
+    if policy is not None:  # record-age minimums and the automatic codec choices
+        plan = apply_policy(store, plan, policy, prices or load_prices(), log=print)
     chosen, left = select(plan, budget)
     over = {(r.directory, r.base_offset): r.reason for r in left}
     plan.segments = [dataclasses.replace(s, action=SKIP, reason=over[(s.directory, s.base_offset)])

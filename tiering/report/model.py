@@ -219,7 +219,8 @@ def _one_offs(done: list[dict[str, Any]], usage: Mapping[str, Any], prices: Pric
 
 def build_report(run: Mapping[str, Any], plan: Sequence[Mapping[str, Any]], prices: PriceBook,
                  options: CostOptions, *, versioned: bool | None, noncurrent_days: int | None,
-                 ledger: Sequence[Mapping[str, Any]] = (), now: datetime) -> dict[str, Any]:
+                 ledger: Sequence[Mapping[str, Any]] = (), now: datetime,
+                 auto: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The report of one run. ``run`` is the run document (``compact.json``), ``plan`` the plan's segment
     entries, ``ledger`` the earlier runs' ledger entries, ``now`` the time the costs are computed at."""
     estimate = (run.get("settings") or {}).get("estimate")
@@ -295,6 +296,7 @@ def build_report(run: Mapping[str, Any], plan: Sequence[Mapping[str, Any]], pric
         "failed": [{"segment": f"{r['directory']}/{r['base_offset']}", "reason": r["reason"],
                     "error": r.get("error")} for r in rows if r["status"] == "failed"],
         "segments": rows,
+        "auto": dict(auto or {}),  # per topic: the automatic codec choice and every candidate's numbers
         "warnings": warnings,
     }
     if dry_run:

@@ -70,24 +70,26 @@ def record_in_ledger(store: S3Store, prefix: str, entry: Mapping[str, Any]) -> l
                           path=f"s3://{store.bucket}/{ledger_key(prefix)}")
 
 
-def _plan_segments(store: S3Store, prefix: str, run_id: str) -> list[dict[str, Any]]:
+def _plan(store: S3Store, prefix: str, run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The run's plan: its segment entries and its automatic codec choices."""
     try:
         doc = store.get_json(reserved_key(prefix, RUNS_DIR, run_id, "plan.json"))[0]
     except ObjectNotFound:
-        return []
-    return [s.to_json() for s in Plan.from_json(doc).segments]
+        return [], {}
+    plan = Plan.from_json(doc)
+    return [s.to_json() for s in plan.segments], plan.auto or {}
 
 
 def assemble(store: S3Store, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
              ledger: list[dict[str, Any]], *, kind: str = "compact") -> dict[str, Any]:
     """The report of ``run_id`` from its run document and plan on S3 (nothing is written)."""
     run = store.get_json(run_result_key(prefix, run_id, kind))[0]
-    plan = _plan_segments(store, prefix, run_id)
+    plan, auto = _plan(store, prefix, run_id)
     facts = store.facts(prefix)
     finished = run.get("finished_at")
     now = datetime.fromisoformat(finished) if finished else datetime.now(UTC)
     return build_report(run, plan, prices, options, versioned=facts.versioned,
-                        noncurrent_days=facts.noncurrent_expiry_days, ledger=ledger, now=now)
+                        noncurrent_days=facts.noncurrent_expiry_days, ledger=ledger, now=now, auto=auto)
 
 
 def publish_report(store: S3Store, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,

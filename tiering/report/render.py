@@ -102,6 +102,23 @@ def _topic_rows(report: Mapping[str, Any]) -> list[list[str]]:
 TOPIC_HEAD: Final = ("topic", "segments", "before", "after", "ratio", "saved/month")
 
 
+AUTO_HEAD: Final = ("topic", "candidate", "ratio", "saved/month", "compute", "net (horizon)", "")
+
+
+def _auto_rows(report: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for topic, d in sorted(report.get("auto", {}).items()):
+        chosen = d.get("chosen") or {}
+        for c in d["candidates"]:
+            name = f"{c['codec']}:{c['level']}" if c["level"] is not None else c["codec"]
+            mark = "chosen" if (c["codec"], c["level"]) == (chosen.get("codec"), chosen.get("level")) else ""
+            rows.append([topic, name, ratio(c["ratio"]), usd(c["monthly_savings_usd"]), usd(c["compute_usd"]),
+                         usd(c["net_usd"]), mark])
+        if not chosen:
+            rows.append([topic, "(none)", "", "", "", "", "left alone: nothing pays off"])
+    return rows
+
+
 def to_table(report: Mapping[str, Any]) -> str:
     out = [title(report), ""]
     width = max(len(k) for k, _ in headline(report))
@@ -110,6 +127,9 @@ def to_table(report: Mapping[str, Any]) -> str:
         out += ["", *_grid(TOPIC_HEAD, _topic_rows(report), frozenset({1, 2, 3, 4, 5}))]
     out += ["", *_grid(("one-off cost", "usd", "detail"), [[c["item"], usd(c["usd"]), c["detail"]]
                                                             for c in report["one_off"]], frozenset({1}))]
+    if report.get("auto"):
+        out += ["", "automatic codec choice (net dollars over the horizon):",
+                *_grid(AUTO_HEAD, _auto_rows(report), frozenset({2, 3, 4, 5}))]
     if report["skipped"]:
         out += ["", *_grid(("not rewritten", "segments", "reason"),
                            [[s["status"], str(s["segments"]), s["reason"]] for s in report["skipped"]],
@@ -139,6 +159,9 @@ def to_markdown(report: Mapping[str, Any]) -> str:
                 for r in report[key]]
         if rows:
             out += [f"## By {label}", "", *_md_table((label, *TOPIC_HEAD[1:]), rows), ""]
+    if report.get("auto"):
+        out += ["## Automatic codec choice", "", "Net dollars: storage saved over the horizon minus the compute "
+                "of the rewrite, from sampled batches.", "", *_md_table(AUTO_HEAD, _auto_rows(report)), ""]
     out += ["## One-off costs", "", *_md_table(("item", "usd", "detail"),
                                                [[c["item"], usd(c["usd"]), c["detail"]] for c in report["one_off"]]),
             ""]
@@ -304,6 +327,9 @@ def to_html(report: Mapping[str, Any]) -> str:
             ("source codec", *TOPIC_HEAD[1:]), [[r["source_codec"], str(r["segments"]), size(r["bytes_before"]),
                                                  size(r["bytes_after"]), ratio(r["ratio"]),
                                                  usd(r["monthly_savings_usd"])] for r in report["by_source_codec"]]))
+    if report.get("auto"):
+        body.append("<h2>Automatic codec choice</h2><p>Net dollars: storage saved over the horizon minus the compute "
+                    "of the rewrite, from sampled batches.</p>" + _html_table(AUTO_HEAD, _auto_rows(report)))
     body.append("<h2>One-off costs</h2>" + _html_table(("item", "usd", "detail"), [
         [c["item"], usd(c["usd"]), c["detail"]] for c in report["one_off"]]))
     if report["skipped"]:

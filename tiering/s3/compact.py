@@ -115,6 +115,7 @@ def select(plan: Plan, o: CompactOptions) -> tuple[list[PlannedSegment], list[Se
 def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit: bool = True) -> SegmentResult:
     """One planned segment: repair, or stage and (with ``commit``) swap; every per-segment problem becomes
     a result. Without ``commit`` the segment is left journalled as ``staged`` for a later commit step."""
+    ctx = ctx.for_segment(seg)
     try:
         if seg.action == REPAIR:
             return repair_segment(ctx, seg, lease)

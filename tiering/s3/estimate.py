@@ -12,9 +12,11 @@ from __future__ import annotations
 import io
 import math
 import statistics
+from dataclasses import replace
 from typing import Any, Final
 
 from tiering.errors import TieringError
+from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.rewrite import RewriteOptions, process_batch
 from tiering.s3.scan import COMPACT, Plan, PlannedSegment
@@ -58,8 +60,9 @@ def estimate(store: S3Store, plan: Plan, options: RewriteOptions, *, segments: i
     sampled_in = sampled_out = 0
     problems = []
     for seg in _pick(todo, segments):
+        own = options if seg.codec is None else replace(options, codec=Codec.parse(seg.codec), level=seg.level)
         try:
-            b_in, b_out = _sample(store, seg, options, sample_bytes)
+            b_in, b_out = _sample(store, seg, own, sample_bytes)
         except TieringError as e:
             problems.append({"segment": f"{seg.directory}/{seg.base_offset}", "error": str(e)})
             continue

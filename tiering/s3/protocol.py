@@ -26,10 +26,11 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, Final
 
 from tiering.errors import ConfigError, ProofError, TieringError
+from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_name
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
 from tiering.s3.layout import normalize_prefix, reserved_key, segment_key
@@ -80,9 +81,17 @@ class Context:
     options: RewriteOptions
     work_dir: str | None = None  # where spool files go (the system's temporary directory by default)
     part_bytes: int = DEFAULT_PART_BYTES
+    min_savings_ratio: float = 0.0  # a rewrite saving less than this fraction is not swapped in
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
+
+    def for_segment(self, seg: PlannedSegment) -> Context:
+        """This context with the segment's own codec, level and minimum savings (set by a policy)."""
+        if seg.codec is None:
+            return self
+        options = replace(self.options, codec=Codec.parse(seg.codec), level=seg.level)
+        return replace(self, options=options, min_savings_ratio=seg.min_savings_ratio)
 
 
 @dataclass
@@ -170,6 +179,11 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
             return SegmentResult(d, base, SKIPPED, f"no savings: {ctx.options.codec.label} would not shrink it "
                                  f"({stats.bytes_in} -> {stats.bytes_out} bytes)", stats.bytes_in, stats.bytes_in,
                                  stats=stats.to_json())
+        if 1 - stats.bytes_out / stats.bytes_in < ctx.min_savings_ratio:
+            spool.close()
+            return SegmentResult(d, base, SKIPPED, f"below min.savings.ratio: {ctx.options.codec.label} saves "
+                                 f"{1 - stats.bytes_out / stats.bytes_in:.1%}, the policy asks for "
+                                 f"{ctx.min_savings_ratio:.1%}", stats.bytes_in, stats.bytes_in, stats=stats.to_json())
         lease.check()
         new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in FILES}
         spool.seek(0)

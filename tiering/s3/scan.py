@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -35,6 +35,7 @@ from tiering.kafka.files import (
     parse_segment_name,
 )
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
+from tiering.plan.policy import AUTO, PRODUCER, Policy
 from tiering.s3.layout import PARTITION_FILES, DirKind, PartitionDir, normalize_prefix, parse_dir
 from tiering.s3.lease import clock_key
 from tiering.s3.state import load_state
@@ -76,6 +77,10 @@ class PlannedSegment:
     index: ObjectRef | None = None
     timeindex: ObjectRef | None = None
     txnindex: ObjectRef | None = None
+    # Set by a policy (per topic); None: the plan's codec and level.
+    codec: str | None = None
+    level: int | None = None
+    min_savings_ratio: float = 0.0
 
     @property
     def size(self) -> int:
@@ -88,7 +93,8 @@ class PlannedSegment:
     def from_json(cls, doc: dict[str, Any]) -> PlannedSegment:
         refs = {k: ObjectRef(**doc[k]) if doc.get(k) else None for k in ("log", "index", "timeindex", "txnindex")}
         return cls(doc["directory"], doc["topic"], int(doc["partition"]), int(doc["base_offset"]), doc["action"],
-                   doc["reason"], **refs)
+                   doc["reason"], **refs, codec=doc.get("codec"), level=doc.get("level"),
+                   min_savings_ratio=float(doc.get("min_savings_ratio", 0.0)))
 
 
 @dataclass
@@ -106,6 +112,8 @@ class Plan:
     ignored_count: int = 0
     objects_listed: int = 0
     estimate: dict[str, Any] | None = None
+    policy: str | None = None  # the policy file the plan followed
+    auto: dict[str, Any] | None = None  # per topic, the automatic codec choice and its numbers
 
     def to_compact(self) -> list[PlannedSegment]:
         return [s for s in self.segments if s.action in (COMPACT, REPAIR)]
@@ -127,7 +135,8 @@ class Plan:
                 "min_age_minutes": self.min_age_minutes, "topics": self.topics, "created_at": self.created_at,
                 "objects_listed": self.objects_listed, "totals": self.totals(), "estimate": self.estimate,
                 "skipped_dirs": self.skipped_dirs, "ignored_keys": self.ignored_keys,
-                "ignored_count": self.ignored_count, "segments": [s.to_json() for s in self.segments]}
+                "ignored_count": self.ignored_count, "policy": self.policy, "auto": self.auto,
+                "segments": [s.to_json() for s in self.segments]}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Plan:
@@ -137,7 +146,7 @@ class Plan:
         return cls(doc["bucket"], doc["prefix"], doc["codec"], doc["level"], int(doc["min_age_minutes"]),
                    doc["topics"], doc["created_at"], [PlannedSegment.from_json(s) for s in doc["segments"]],
                    list(doc["skipped_dirs"]), list(doc["ignored_keys"]), int(doc["ignored_count"]),
-                   int(doc["objects_listed"]), doc.get("estimate"))
+                   int(doc["objects_listed"]), doc.get("estimate"), doc.get("policy"), doc.get("auto"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +158,13 @@ class ScanOptions:
     include_internal: bool = False
     include_special: bool = False  # -delete / -future / -stray directories
     workers: int = DEFAULT_SCAN_WORKERS
+    policy: Policy | None = None  # per-topic codec, level and minimum savings (codec and level: the default)
 
     def __post_init__(self) -> None:
-        codec = Codec.parse(self.codec)
-        object.__setattr__(self, "codec", codec.label)
-        object.__setattr__(self, "level", check_level(codec, self.level))
+        if self.codec not in (PRODUCER, AUTO):  # those two come only from a policy
+            codec = Codec.parse(self.codec)
+            object.__setattr__(self, "codec", codec.label)
+            object.__setattr__(self, "level", check_level(codec, self.level))
         if self.min_age_minutes < 0:
             raise ConfigError("--min-age-minutes must not be negative", expected=">= 0", found=self.min_age_minutes)
         if self.workers < 1:
@@ -196,6 +207,12 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
     with_log = [base for base, g in groups.items() if LOG_SUFFIX in g]
     active = max(with_log) if with_log else None
     grace = timedelta(minutes=o.min_age_minutes)
+    target = o
+    per_topic: dict[str, Any] = {}  # PlannedSegment's codec, level and min_savings_ratio, from a policy
+    if o.policy is not None:
+        tp = o.policy.resolve(d.topic)
+        target = replace(o, codec=tp.compression_type, level=tp.level, policy=None)
+        per_topic = {"codec": target.codec, "level": target.level, "min_savings_ratio": tp.min_savings_ratio}
     out = []
     for base in sorted(groups):
         g = groups[base]
@@ -204,9 +221,11 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
         log = g.get(LOG_SUFFIX)
         refs = {"log": log, "index": g.get(INDEX_SUFFIX), "timeindex": g.get(TIME_INDEX_SUFFIX),
                 "txnindex": g.get(TXN_INDEX_SUFFIX)}
-        action, reason = _classify(base, log, refs, active, state.get(str(base)), now, grace, o)
-        out.append(PlannedSegment(d.name, d.topic, d.partition, base, action, reason,
-                                  **{k: ObjectRef.of(v) if v else None for k, v in refs.items()}))
+        action, reason = _classify(base, log, refs, active, state.get(str(base)), now, grace, target)
+        if action == COMPACT and target.codec == PRODUCER:
+            action, reason = SKIP, "policy: compression.type producer (keep what the producer wrote)"
+        files: dict[str, Any] = {k: ObjectRef.of(v) if v else None for k, v in refs.items()}
+        out.append(PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **per_topic))
     return out
 
 
@@ -232,6 +251,8 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
         return SKIP, "empty: the .log holds no batches"
     if log.size > MAX_SEGMENT_BYTES:
         return SKIP, f"invalid: {log.size} bytes is beyond Kafka's 2 GiB segment limit"
+    if ours is not None and o.codec == AUTO:
+        return SKIP, f"already compacted: {ours.get('codec')} (chosen automatically) by run {ours.get('run_id')}"
     if ours is not None and ours.get("codec") == o.codec and ours.get("level") == o.level:
         return SKIP, f"already compacted: {o.codec} by run {ours.get('run_id')}"
     return COMPACT, "sealed"

@@ -1,0 +1,112 @@
+"""A policy driving a compaction against moto: producer topics untouched, auto topics chosen by net dollars
+(differently for JSON events and incompressible data), per-topic codec and level, minimum savings and
+minimum record age; the choices in the report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.s3.conftest import PREFIX, check_consistent, context, seed
+from tiering.kafka.codecs import Codec
+from tiering.plan.auto import apply_policy, choose_codec
+from tiering.plan.policy import parse_policy
+from tiering.report.model import CostOptions
+from tiering.report.prices import load_prices
+from tiering.report.publish import publish_report
+from tiering.s3.compact import CompactOptions, compact
+from tiering.s3.scan import COMPACT, SKIP, ScanOptions, scan
+from tiering.s3.store import S3Store
+
+PRICES = load_prices("us-east-1")
+POLICY: dict[str, Any] = {
+    "cluster": {"compression.type": "zstd"},
+    "topics": [
+        {"topic": "payments", "compression.type": "producer"},
+        {"regex": "events|noise", "compression.type": "auto", "auto.candidates": ["zstd:3", "zstd:19", "lz4"]},
+        {"topic": "logs", "compression.type": "gzip", "compression.level": 9},
+        {"topic": "picky", "min.savings.ratio": 0.95},
+        {"topic": "recent", "min.segment.age.hours": 24 * 365 * 50},
+    ],
+}
+
+
+def _seed_topics(store: S3Store) -> dict[str, Any]:
+    return {
+        "payments": seed(store, topic="payments", segments=2, kind="json"),
+        "events": seed(store, topic="events", segments=3, kind="json", segment_bytes=200_000),
+        "noise": seed(store, topic="noise", segments=3, kind="random", codec=Codec.NONE, segment_bytes=200_000),
+        "logs": seed(store, topic="logs", segments=2, kind="logs", codec=Codec.LZ4),
+        "picky": seed(store, topic="picky", segments=2, kind="json"),
+        "recent": seed(store, topic="recent", segments=2, kind="json"),
+    }
+
+
+def _plan(store: S3Store) -> Any:
+    policy = parse_policy(POLICY)
+    listing = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0, policy=policy))
+    return apply_policy(store, listing, policy, PRICES)
+
+
+def test_auto_chooses_differently_for_json_events_and_incompressible_data(store: S3Store) -> None:
+    _seed_topics(store)
+    listing = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0, policy=parse_policy(POLICY)))
+    candidates = parse_policy(POLICY).resolve("events").auto_candidates
+    by_topic = {t: [s for s in listing.segments if s.topic == t and s.action == COMPACT] for t in ("events", "noise")}
+    events = choose_codec(store, by_topic["events"], candidates, PRICES)
+    noise = choose_codec(store, by_topic["noise"], candidates, PRICES)
+    assert events["chosen"] is not None
+    assert events["chosen"]["codec"] == "zstd"
+    best = max(events["candidates"], key=lambda c: c["net_usd"])
+    assert (best["codec"], best["level"]) == (events["chosen"]["codec"], events["chosen"]["level"])
+    assert best["ratio"] < 0.9
+    assert best["net_usd"] > 0
+    assert noise["chosen"] is None  # random bytes: no candidate saves anything
+    assert all(c["ratio"] >= 0.99 for c in noise["candidates"])
+    assert all(c["net_usd"] <= 0 for c in noise["candidates"])
+    for c in events["candidates"]:
+        assert c["net_usd"] == c["monthly_savings_usd"] * events["horizon_months"] - c["compute_usd"]
+
+
+def test_the_plan_follows_the_policy_topic_by_topic(store: S3Store) -> None:
+    _seed_topics(store)
+    plan = _plan(store)
+    sealed = {(s.topic, s.base_offset): s for s in plan.segments if not s.reason.startswith("active")}
+    for (topic, _), s in sealed.items():
+        if topic == "payments":
+            assert (s.action, s.reason) == (SKIP, "policy: compression.type producer (keep what the producer wrote)")
+        elif topic == "events":
+            assert (s.action, s.codec) == (COMPACT, "zstd")
+        elif topic == "noise":
+            assert s.action == SKIP
+            assert s.reason.startswith("auto: no candidate codec pays off")
+        elif topic == "logs":
+            assert (s.action, s.codec, s.level) == (COMPACT, "gzip", 9)
+        elif topic == "picky":
+            assert (s.action, s.codec, s.min_savings_ratio) == (COMPACT, "zstd", 0.95)
+        elif topic == "recent":
+            assert s.action == SKIP
+            assert s.reason.startswith("too young by its records")
+    assert plan.auto is not None
+    assert set(plan.auto) == {"events", "noise"}
+
+
+def test_a_compaction_under_the_policy(store: S3Store) -> None:
+    originals = _seed_topics(store)
+    plan = _plan(store)
+    run = compact(store, plan, context(store, "policy-run"), CompactOptions())
+    results = {(r.directory.rsplit("-", 1)[0], r.base_offset): r for r in run.segments}
+    codecs = {t: check_consistent(store, o, topic=t) for t, o in originals.items()}
+    assert set(codecs["payments"].values()) == {"snappy"}  # untouched
+    assert set(codecs["noise"].values()) == {"none"}
+    sealed_events = sorted(originals["events"])[:-1]
+    assert {codecs["events"][b] for b in sealed_events} == {"zstd"}
+    assert {codecs["logs"][b] for b in sorted(originals["logs"])[:-1]} == {"gzip"}
+    picky = results[("picky", 0)]
+    assert picky.status == "skipped"
+    assert picky.reason.startswith("below min.savings.ratio")
+    report, _ = publish_report(store, PREFIX, "policy-run", PRICES, CostOptions())
+    assert report["auto"]["events"]["chosen"]["codec"] == "zstd"
+    assert report["auto"]["noise"]["chosen"] is None
+    assert {(s["status"], s["reason"]) for s in report["skipped"]} >= {
+        ("skipped", "policy"), ("skipped", "auto"), ("skipped", "too young by its records"),
+        ("skipped", "below min.savings.ratio")}
