@@ -145,19 +145,21 @@ def prepare_airflow(home: Path) -> None:
         raise ConfigError("airflow db migrate failed", path=str(home), found=done.stderr[-500:])
 
 
-def load_dag() -> Any:
-    path = dags_folder() / "kafka_segment_compaction.py"
-    spec = importlib.util.spec_from_file_location("kafka_segment_compaction", path)
+def load_dag(name: str = "kafka_segment_compaction", attr: str = "compaction_dag") -> Any:
+    """The DAG object ``attr`` of ``dags/<name>.py``."""
+    path = dags_folder() / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ConfigError("cannot load the DAG file", path=str(path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.compaction_dag
+    return getattr(module, attr)
 
 
-def run_dag(conf: dict[str, Any]) -> tuple[str, str]:
-    """``dag.test()`` with ``conf``; the DAG run's final state and our run id (its key-safe form)."""
-    dag = load_dag()
+def run_dag(conf: dict[str, Any], dag: Any = None) -> tuple[str, str]:
+    """``dag.test()`` with ``conf`` (the compaction DAG by default); the DAG run's final state and our run id
+    (its key-safe form)."""
+    dag = dag or load_dag()
     dag_run = dag.test(run_conf=conf)
     return str(dag_run.state), safe_run_id(dag_run.run_id)
 

@@ -26,6 +26,7 @@ for name, value in {"codec": "brotli", "bucket": "A", "min_segment_age_minutes":
     except Exception as e:
         bad[name] = type(e).__name__
 commit = dag.get_task("commit")
+tier = bag.dags.get("kafka_segment_tiering")
 print(json.dumps({
     "import_errors": {k: str(v) for k, v in bag.import_errors.items()},
     "dags": sorted(bag.dags),
@@ -38,6 +39,9 @@ print(json.dumps({
     "map_index_template": commit.map_index_template,
     "outlets": [str(getattr(o, "name", o)) for o in dag.get_task("report").outlets],
     "schedule": str(dag.schedule),
+    "tiering": {"tasks": sorted(tier.task_ids), "params": sorted(tier.params.keys()), "doc_md": tier.doc_md,
+                "outlets": [str(getattr(o, "name", o)) for o in tier.get_task("report").outlets],
+                "retries": sorted({t.retries for t in tier.tasks}), "schedule": str(tier.schedule)},
 }))
 """
 
@@ -49,7 +53,7 @@ def test_dag_folder_loads_without_errors_or_heavy_imports(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts["import_errors"] == {}
-    assert facts["dags"] == ["kafka_segment_compaction"]
+    assert facts["dags"] == ["kafka_segment_compaction", "kafka_segment_tiering"]
     assert facts["heavy_modules"] == []  # tiering, boto3 and pyspark load inside tasks only
     assert facts["tasks"] == ["cleanup", "commit", "plan", "report", "scan", "spark_compaction"]
     assert set(facts["retries"].values()) == {2}
@@ -59,6 +63,13 @@ def test_dag_folder_loads_without_errors_or_heavy_imports(tmp_path: Path) -> Non
     for name in facts["params"]:
         assert f"`{name}`" in facts["doc_md"], f"param {name} is not explained in doc_md"
     assert {name: result for name, result in facts["bad_values"].items() if result == "accepted"} == {}
+    tier = facts["tiering"]
+    assert tier["tasks"] == ["apply", "plan", "report"]
+    assert tier["outlets"] == ["kafka_segment_tiering_report"]
+    assert tier["retries"] == [2]
+    assert tier["schedule"] == "None"  # no TIERING_POLICY_FILE here: triggered runs only
+    for name in tier["params"]:
+        assert f"`{name}`" in tier["doc_md"], f"param {name} is not explained in the tiering doc_md"
 
 
 MASTER_SCRIPT = r"""

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from tiering.errors import TieringError
+from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.rewrite import RewriteOptions
@@ -115,6 +115,17 @@ class TierPlan:
         return {"schema_version": TIER_SCHEMA_VERSION, "kind": "tier-plan", "bucket": self.bucket,
                 "prefix": self.prefix, "created_at": self.created_at, "policy": self.policy, "prices": self.prices,
                 "totals": self.totals(), "segments": [s.to_json() for s in self.segments]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> TierPlan:
+        if doc.get("kind") != "tier-plan" or doc.get("schema_version") != TIER_SCHEMA_VERSION:
+            raise ConfigError("not a tiering plan this version can read", expected=f"tier-plan v{TIER_SCHEMA_VERSION}",
+                              found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+        segments = []
+        for s in doc["segments"]:
+            fields = {k: v for k, v in s.items() if k != "objects"}
+            segments.append(SegmentTiering(**fields, objects=[ObjectMove(**o) for o in s["objects"]]))
+        return cls(doc["bucket"], doc["prefix"], doc["created_at"], doc["policy"], doc["prices"], segments)
 
 
 def max_timestamp(store: S3Store, seg: PlannedSegment) -> tuple[int | None, str]:
@@ -264,6 +275,36 @@ def _follow_etags(store: S3Store, prefix: str, s: SegmentTiering, etags: dict[st
     if updated != entry:
         record_segment(store, prefix, s.directory, s.base_offset, updated)
 
+
+
+def tier_report(plan: TierPlan, results: list[dict[str, Any]], run_id: str, *, dry_run: bool) -> dict[str, Any]:
+    """What a tiering run moved (or, dry, would move), what it saves and costs, and why the rest stays."""
+    totals = plan.totals()
+    moved = [m for r in results for m in (r.get("stats") or {}).get("moved", []) if not m.get("already")]
+    return {"schema_version": TIER_SCHEMA_VERSION, "kind": "tier-report", "run_id": run_id, "dry_run": dry_run,
+            "bucket": plan.bucket, "prefix": plan.prefix, "planned_at": plan.created_at, "policy": plan.policy,
+            "prices": plan.prices, "planned": totals, "objects_moved": len(moved),
+            "bytes_moved": sum(int(m.get("bytes", 0)) for m in moved),
+            "segments_failed": [r for r in results if r["status"] == FAILED],
+            "segments_left": [r for r in results if r["status"] == SKIPPED]}
+
+
+def tier_table(report: dict[str, Any]) -> str:
+    """The tiering report as plain text (task logs, the CLI)."""
+    t = report["planned"]
+    head = "DRY RUN (nothing moved)" if report["dry_run"] else f"moved {report['objects_moved']} objects"
+    lines = [f"storage tiering of s3://{report['bucket']}/{report['prefix']} run {report['run_id']}: {head}",
+             f"  {'transition':<32} {'objects':>8} {'bytes':>14}"]
+    for name, row in sorted(t["by_transition"].items()):
+        lines.append(f"  {name:<32} {int(row['objects']):>8} {int(row['bytes']):>14,}")
+    payback = t["payback_months"]
+    lines.append(f"  saves ${t['monthly_savings_usd']:.6f}/month, one-off ${t['one_off_usd']:.6f}, payback "
+                 + ("never" if payback is None else f"{payback:.1f} months"))
+    for reason, n in sorted(t["staying"].items()):
+        lines.append(f"  stays ({n}): {reason}")
+    for r in report["segments_failed"]:
+        lines.append(f"  FAILED {r['directory']}/{r['base_offset']}: {r['reason']}")
+    return "\n".join(lines)
 
 
 def lifecycle_configuration(policy: Policy, prefix: str) -> dict[str, Any]:
