@@ -110,3 +110,39 @@ def test_a_compaction_under_the_policy(store: S3Store) -> None:
     assert {(s["status"], s["reason"]) for s in report["skipped"]} >= {
         ("skipped", "policy"), ("skipped", "auto"), ("skipped", "too young by its records"),
         ("skipped", "below min.savings.ratio")}
+
+
+def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3Store) -> None:
+    """scan -> plan (policy applied) -> stage tasks as Spark runs them (from the plan's JSON) -> commit."""
+    from tiering.pipeline import (
+        RunSettings,
+        begin_stage,
+        collect_run,
+        commit_chunk,
+        load_plan,
+        plan_run,
+        scan_run,
+        stage_task,
+        write_results,
+    )
+
+    originals = _seed_topics(store)
+    policy = parse_policy(POLICY)
+    settings = RunSettings(store.bucket, PREFIX, "policy-pipeline", "zstd")
+    scan_run(store, settings, ScanOptions("zstd", min_age_minutes=0, policy=policy))
+    planned = plan_run(store, settings, CompactOptions(), policy=policy, prices=PRICES)
+    plan = load_plan(store, f"s3://{store.bucket}/{planned['plan_key']}")
+    assert plan.auto is not None
+    assert plan.auto["events"]["chosen"]["codec"] == "zstd"
+    segments, _leases, busy = begin_stage(store, settings, plan)
+    assert busy == []
+    results = [stage_task(s.to_json(), settings.to_json()) for s in segments]
+    write_results(store, settings.key("stage.json"), results)
+    for chunk in planned["chunks"]:
+        commit_chunk(store, settings, chunk["partitions"], chunk["name"])
+    run = collect_run(store, settings)
+    assert run.totals().get("failed", 0) == 0
+    codecs = {t: check_consistent(store, o, topic=t) for t, o in originals.items()}
+    assert {codecs["logs"][b] for b in sorted(originals["logs"])[:-1]} == {"gzip"}
+    assert {codecs["events"][b] for b in sorted(originals["events"])[:-1]} == {"zstd"}
+    assert set(codecs["payments"].values()) == {"snappy"}

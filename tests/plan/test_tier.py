@@ -165,3 +165,22 @@ def test_an_invalid_policy_stops_before_any_request(store: S3Store, tmp_path: Pa
                 stdout=StringIO(), stderr=err)
     assert code == 2
     assert "storage.allow.archive" in err.getvalue()
+
+
+def test_archive_classes_only_when_allowed_and_the_report_says_so(store: S3Store) -> None:
+    from tiering.plan.tier import tier_report, tier_table
+
+    seed(store, segments=2, segment_bytes=BIG)
+    doc = {"cluster": {"storage.allow.archive": True,
+                       "storage.tiers": [{"after.days": 30, "storage.class": "GLACIER"}]}}
+    plan = plan_tiering(store, PREFIX, parse_policy(doc), PRICES)
+    log = _moves(plan)[_key(0)]
+    assert (log.action, log.target) == (MOVE, "GLACIER")
+    # 40 KiB of per-object overhead (32 at GLACIER's rate, 8 at Standard's) is counted.
+    assert log.monthly_savings_usd == pytest.approx((log.size * (0.023 - 0.0036) - 32768 * 0.0036 - 8192 * 0.023) / GB)
+    index = _moves(plan)[_key(0, ".index")]
+    assert index.action == STAY  # a small index would cost more there than it saves
+    report = tier_report(plan, [], "dry", dry_run=True)
+    assert report["warnings"] == ["1 objects go to GLACIER: they cannot be read (by Kafka, a consumer or the "
+                                  "compaction) without a restore first"]
+    assert "WARNING" in tier_table(report)

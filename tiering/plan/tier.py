@@ -31,7 +31,7 @@ from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.plan.policy import STORAGE_ORDER, Policy
+from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
 from tiering.report.prices import GB, PriceBook
 from tiering.s3.compact import RUNS_DIR, with_lease
 from tiering.s3.layout import reserved_key
@@ -164,9 +164,12 @@ def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: dat
     if frm.min_days and in_class_days < frm.min_days:
         return ObjectMove(**base, action=STAY, reason=f"in {current} for {in_class_days:.0f} days, under its "
                           f"{frm.min_days}-day minimum (moving now bills the rest)")
-    monthly = ref.size / GB * (frm.rate() - to.rate()) - max(0, to.min_object_bytes - ref.size) / GB * to.rate()
+    std = prices.of("STANDARD").rate()
+    monthly = (ref.size / GB * (frm.rate() - to.rate()) - max(0, to.min_object_bytes - ref.size) / GB * to.rate()
+               - (to.overhead_bytes_class * to.rate() + to.overhead_bytes_standard * std) / GB)
     if monthly <= 0:
-        return ObjectMove(**base, action=STAY, reason=f"no saving: {target} is not cheaper than {current}")
+        return ObjectMove(**base, action=STAY, reason=f"no saving: in {target} it would cost more than in {current} "
+                          "(per-object minimum size and metadata overhead)")
     one_off = to.put_per_1000 / 1000 + ref.size / GB * frm.retrieval_per_gb
     return ObjectMove(**base, action=MOVE, reason=f"{target} after its newest record's age",
                       monthly_savings_usd=monthly, one_off_usd=one_off)
@@ -286,7 +289,17 @@ def tier_report(plan: TierPlan, results: list[dict[str, Any]], run_id: str, *, d
             "prices": plan.prices, "planned": totals, "objects_moved": len(moved),
             "bytes_moved": sum(int(m.get("bytes", 0)) for m in moved),
             "segments_failed": [r for r in results if r["status"] == FAILED],
-            "segments_left": [r for r in results if r["status"] == SKIPPED]}
+            "segments_left": [r for r in results if r["status"] == SKIPPED],
+            "warnings": [f"{n} objects go to {cls}: they cannot be read (by Kafka, a consumer or the compaction) "
+                         f"without a restore first" for cls, n in sorted(_archived(plan).items())]}
+
+
+def _archived(plan: TierPlan) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for _, o in plan.moves():
+        if o.target in ARCHIVE_CLASSES:
+            counts[o.target] = counts.get(o.target, 0) + 1
+    return counts
 
 
 def tier_table(report: dict[str, Any]) -> str:
@@ -304,6 +317,7 @@ def tier_table(report: dict[str, Any]) -> str:
         lines.append(f"  stays ({n}): {reason}")
     for r in report["segments_failed"]:
         lines.append(f"  FAILED {r['directory']}/{r['base_offset']}: {r['reason']}")
+    lines += [f"  WARNING: {w}" for w in report["warnings"]]
     return "\n".join(lines)
 
 

@@ -47,6 +47,8 @@ class StoragePrice:
     get_per_1000: float
     retrieval_per_gb: float
     transition_per_1000: float | None
+    overhead_bytes_class: int = 0  # GLACIER / DEEP_ARCHIVE: per-object metadata billed at this class's rate
+    overhead_bytes_standard: int = 0  # ... and at S3 Standard's
 
     def rate(self, volume_gb: float = 0.0) -> float:
         """$ per GB-month of the tier that the account's ``volume_gb``-th GB falls in (the marginal rate)."""
@@ -139,7 +141,9 @@ def _storage(name: str, doc: Mapping[str, Any], where: str) -> StoragePrice:
     return StoragePrice(name, tuple((None if lim is None else float(lim), float(usd)) for lim, usd in tiers),
                         int(num("min_days")), int(num("min_object_bytes")), num("put_per_1000"),
                         num("get_per_1000"), num("retrieval_per_gb"),
-                        _number(doc, "transition_per_1000", where, optional=True))
+                        _number(doc, "transition_per_1000", where, optional=True),
+                        int(_number(doc, "overhead_bytes_class", where, optional=True) or 0),
+                        int(_number(doc, "overhead_bytes_standard", where, optional=True) or 0))
 
 
 def load_prices(region: str = DEFAULT_REGION, override: str | Path | None = None) -> PriceBook:
