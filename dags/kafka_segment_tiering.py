@@ -123,7 +123,7 @@ def kafka_segment_tiering() -> None:
         key = reserved_key(prefix, REPORTS_DIR, run_id, "tiering.json")
         store.put_json(key, doc)
         store.put(reserved_key(prefix, REPORTS_DIR, run_id, "tiering.md"), ("```\n" + text + "\n```\n").encode())
-        t = doc["planned"]
+        t = doc["planned"] if doc["dry_run"] else doc["achieved"]  # a run reports what it did
         out = {"run_id": run_id, "dry_run": doc["dry_run"], "objects_moved": doc["objects_moved"],
                "bytes_moved": doc["bytes_moved"], "monthly_savings_usd": round(t["monthly_savings_usd"], 6),
                "one_off_usd": round(t["one_off_usd"], 6), "report": f"s3://{store.bucket}/{key}"}

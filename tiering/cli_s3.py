@@ -263,7 +263,10 @@ def _cmd_tier(args: argparse.Namespace) -> int:
 
     policy = load_policy(args.policy)  # a bad policy stops here, before any request
     if args.emit_lifecycle:
-        _emit_json(args.stdout, lifecycle_configuration(policy, args.prefix))
+        config, notes = lifecycle_configuration(policy, args.prefix)
+        _emit_json(args.stdout, config)  # as put-bucket-lifecycle-configuration takes it
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
         return 0
     store = _store(args)
     prices, _ = cost_from_args(args)

@@ -22,7 +22,8 @@ POLICY: dict[str, Any] = {
     "cluster": {"compression.type": "zstd"},
     "topics": [
         {"topic": "payments", "compression.type": "producer"},
-        {"regex": "events|noise", "compression.type": "auto", "auto.candidates": ["zstd:3", "zstd:19", "lz4"]},
+        {"regex": "events|noise", "compression.type": "auto", "auto.candidates": ["zstd:3", "zstd:19", "lz4"],
+         "auto.horizon.months": 120},
         {"topic": "logs", "compression.type": "gzip", "compression.level": 9},
         {"topic": "picky", "min.savings.ratio": 0.95},
         {"topic": "recent", "min.segment.age.hours": 24 * 365 * 50},
@@ -33,8 +34,8 @@ POLICY: dict[str, Any] = {
 def _seed_topics(store: S3Store) -> dict[str, Any]:
     return {
         "payments": seed(store, topic="payments", segments=2, kind="json"),
-        "events": seed(store, topic="events", segments=3, kind="json", segment_bytes=200_000),
-        "noise": seed(store, topic="noise", segments=3, kind="random", codec=Codec.NONE, segment_bytes=200_000),
+        "events": seed(store, topic="events", segments=3, kind="json", segment_bytes=400_000),
+        "noise": seed(store, topic="noise", segments=3, kind="random", codec=Codec.NONE, segment_bytes=400_000),
         "logs": seed(store, topic="logs", segments=2, kind="logs", codec=Codec.LZ4),
         "picky": seed(store, topic="picky", segments=2, kind="json"),
         "recent": seed(store, topic="recent", segments=2, kind="json"),
@@ -52,8 +53,8 @@ def test_auto_chooses_differently_for_json_events_and_incompressible_data(store:
     listing = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0, policy=parse_policy(POLICY)))
     candidates = parse_policy(POLICY).resolve("events").auto_candidates
     by_topic = {t: [s for s in listing.segments if s.topic == t and s.action == COMPACT] for t in ("events", "noise")}
-    events = choose_codec(store, by_topic["events"], candidates, PRICES)
-    noise = choose_codec(store, by_topic["noise"], candidates, PRICES)
+    events = choose_codec(store, by_topic["events"], candidates, PRICES, horizon_months=120)
+    noise = choose_codec(store, by_topic["noise"], candidates, PRICES, horizon_months=120)
     assert events["chosen"] is not None
     assert events["chosen"]["codec"] == "zstd"
     best = max(events["candidates"], key=lambda c: c["net_usd"])
@@ -64,7 +65,11 @@ def test_auto_chooses_differently_for_json_events_and_incompressible_data(store:
     assert all(c["ratio"] >= 0.99 for c in noise["candidates"])
     assert all(c["net_usd"] <= 0 for c in noise["candidates"])
     for c in events["candidates"]:
-        assert c["net_usd"] == c["monthly_savings_usd"] * events["horizon_months"] - c["compute_usd"]
+        assert c["one_off_usd"] == c["compute_usd"] + events["requests_and_grace_usd"]
+        assert c["net_usd"] == c["monthly_savings_usd"] * 120 - c["one_off_usd"]
+    # The same data over one month does not pay for its requests: small topics are left alone.
+    short = choose_codec(store, by_topic["events"], candidates, PRICES, horizon_months=1)
+    assert short["chosen"] is None
 
 
 def test_the_plan_follows_the_policy_topic_by_topic(store: S3Store) -> None:
@@ -146,3 +151,13 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     assert {codecs["logs"][b] for b in sorted(originals["logs"])[:-1]} == {"gzip"}
     assert {codecs["events"][b] for b in sorted(originals["events"])[:-1]} == {"zstd"}
     assert set(codecs["payments"].values()) == {"snappy"}
+    from tiering.s3.state import load_state
+
+    assert load_state(store, PREFIX, "logs-0")["0"]["level"] == 9  # the topic's level reached the executor
+    picky = next(r for r in run.segments if r.directory == "picky-0" and r.base_offset == 0)
+    assert picky.reason.startswith("below min.savings.ratio")  # so did its minimum savings
+    # A second run under the same policy finds nothing left to do.
+    settings2 = RunSettings(store.bucket, PREFIX, "policy-pipeline-2", "zstd")
+    scan_run(store, settings2, ScanOptions("zstd", min_age_minutes=0, policy=policy))
+    again = plan_run(store, settings2, CompactOptions(), policy=policy, prices=PRICES)
+    assert again["segments"] == 1  # only the picky segment, re-read every run (its outcome is not remembered)

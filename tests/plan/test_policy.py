@@ -101,6 +101,11 @@ def _error(doc: Any) -> str:
     ({"topics": [{"topic": "a", "regex": "b"}]}, ["topics[0]", "exactly one of topic"]),
     ({"topics": [{"topic": "a"}, {"topic": "a"}]}, ["topics[1].topic", "already has an entry"]),
     ({"version": 2}, ["version", "unsupported"]),
+    ({"cluster": {"compression.type": "auto", "compression.level": 99}}, ["cluster.compression.level", "no level"]),
+    ({"topics": [{"regex": "cold-.*", "storage.allow.archive": True,
+                  "storage.tiers": [{"after.days": 9, "storage.class": "GLACIER"}]},
+                 {"topic": "cold-1", "storage.allow.archive": False}]},
+     ["storage.allow.archive", "GLACIER"]),  # the exact topic with the regex entry it also matches
     ({"clusters": {}}, ["clusters", "unknown top-level key"]),
 ])
 def test_an_invalid_policy_names_the_key_and_the_problem(doc: Any, names: list[str]) -> None:
@@ -156,3 +161,7 @@ def test_cli_policy_resolve(tmp_path: Path) -> None:
     err = StringIO()
     assert main(["policy", "check", "--policy", str(bad)], stdout=StringIO(), stderr=err) == 2
     assert "compression.type" in err.getvalue()
+
+
+def test_uncompressed_is_kafkas_name_for_none() -> None:
+    assert parse_policy({"cluster": {"compression.type": "uncompressed"}}).resolve("t").compression_type == "none"

@@ -52,7 +52,7 @@ def test_old_records_move_small_and_active_objects_stay(store: S3Store) -> None:
         assert index.action == STAY
         assert "under 128 KiB" in index.reason
         seg = next(s for s in plan.segments if s.base_offset == base)
-        assert seg.age_source == "the batches after the last .index entry"
+        assert seg.age_source == ".timeindex's last entry and the batches after the last .index entry"
         assert seg.age_days is not None
         assert seg.age_days > 300
     assert next(s for s in plan.segments if s.base_offset == active).reason.startswith("not tiered: active")
@@ -129,13 +129,40 @@ def test_the_compaction_state_follows_the_tiered_objects(store: S3Store) -> None
 
 
 def test_lifecycle_configuration_states_what_s3_cannot_do() -> None:
-    doc = lifecycle_configuration(parse_policy(DOC), PREFIX)
-    [cluster, fresh] = doc["Rules"]
+    config, notes = lifecycle_configuration(parse_policy(DOC), PREFIX)
+    assert set(config) == {"Rules"}  # what put-bucket-lifecycle-configuration accepts
+    [cluster, fresh] = config["Rules"]
     assert cluster["Filter"] == {"And": {"Prefix": f"{PREFIX}/", "ObjectSizeGreaterThan": 131072}}
     assert cluster["Transitions"] == [{"Days": 30, "StorageClass": "STANDARD_IA"},
                                       {"Days": 90, "StorageClass": "GLACIER_IR"}]
     assert fresh["Filter"]["And"]["Prefix"] == f"{PREFIX}/fresh-"
-    assert any("not from the newest record" in n for n in doc["notes"])
+    assert fresh["Transitions"] == [{"Days": 30, "StorageClass": "STANDARD_IA"}]  # S3's minimum for IA, not 10
+    assert any("after 30 days at the earliest" in n for n in notes)
+    assert any("not from the newest record" in n for n in notes)
+    bare, _ = lifecycle_configuration(parse_policy(DOC), "")
+    assert bare["Rules"][0]["Filter"] == {"ObjectSizeGreaterThan": 131072}
+
+
+def test_the_state_entry_follows_a_changed_etag(store: S3Store) -> None:
+    from tiering.plan.tier import SegmentTiering, _follow_etags
+    from tiering.s3.state import record_segment
+
+    record_segment(store, PREFIX, f"{TOPIC}-0", 0, {"codec": "zstd", "log_etag": '"old"', "index_etag": '"i"'})
+    seg = SegmentTiering(f"{TOPIC}-0", TOPIC, 0, None, None, "")
+    _follow_etags(store, PREFIX, seg, {"log": ('"old"', '"new-3"'), "timeindex": ('"t"', '"t2"')})
+    entry = load_state(store, PREFIX, f"{TOPIC}-0")["0"]
+    assert (entry["log_etag"], entry["index_etag"]) == ('"new-3"', '"i"')
+    assert "timeindex_etag" not in entry  # only ETags we wrote are followed
+
+
+def test_a_segment_being_compacted_is_not_moved(store: S3Store) -> None:
+    seed(store, segments=2, segment_bytes=BIG)
+    plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    store.put_json(f"{PREFIX}/_tiering/journal/{TOPIC}-0/{0:020d}.json", {"state": "staged"})
+    [result] = apply_tiering(store, plan, "tier-1")
+    assert result.status == "skipped"
+    assert "compaction of this segment is in progress" in result.reason
+    assert "StorageClass" not in store.client.head_object(Bucket=BUCKET, Key=_key(0))
 
 
 def test_cli_tier_dry_run_then_apply(store: S3Store, tmp_path: Path) -> None:
@@ -153,13 +180,18 @@ def test_cli_tier_dry_run_then_apply(store: S3Store, tmp_path: Path) -> None:
     assert store.client.head_object(Bucket=BUCKET, Key=_key(0))["StorageClass"] == "GLACIER_IR"
     out = StringIO()
     assert main([*where, "--emit-lifecycle"], stdout=out) == 0
-    assert json.loads(out.getvalue())["Rules"][0]["ID"] == "kafka-tiering-cluster"
+    assert json.loads(out.getvalue())["Rules"][0]["ID"] == "kafka-tiering-cluster"  # stdout: the bare config
 
 
-def test_an_invalid_policy_stops_before_any_request(store: S3Store, tmp_path: Path) -> None:
+def test_an_invalid_policy_stops_before_any_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tiering.cli_s3
+
+    def no_s3(*_: Any) -> Any:
+        raise AssertionError("an S3 client was made before the policy was checked")
+
+    monkeypatch.setattr(tiering.cli_s3, "_store", no_s3)
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump({"cluster": {"storage.tiers": [{"after.days": 1, "storage.class": "GLACIER"}]}}))
-    store.requests.clear()
     err = StringIO()
     code = main(["s3", "tier", "--bucket", "no-such-bucket", "--prefix", PREFIX, "--policy", str(policy)],
                 stdout=StringIO(), stderr=err)

@@ -6,11 +6,14 @@ the policy, and measures bytes out and CPU seconds. For a candidate, over the to
 
     storage saved per month = bytes saved / 2^30 x the storage class's marginal rate
     compute                 = CPU seconds per sampled byte x topic bytes / 3600 x the vCPU-hour price
-    net over the horizon    = saved per month x HORIZON_MONTHS - compute
+    one-off                 = compute + S3 requests (per segment, as a compaction measures them)
+                              + the originals kept for the grace period
+    net over the horizon    = saved per month x auto.horizon.months - one-off
 
 The candidate with the highest net wins; when none is positive the topic is left alone (the producer's
-codec stays). S3 requests are the same for every candidate and do not change the choice. The numbers of
-every candidate are kept in the plan (``plan.auto``) and shown by the report.
+codec stays). Set ``auto.horizon.months`` no longer than the topic's retention: savings stop when Kafka
+deletes the segment. The numbers of every candidate are kept in the plan (``plan.auto``) and shown by the
+report. Not counted here: IA retrieval and early deletion (the report counts them for the run).
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ from tiering.kafka.reader import RawBatch, iter_batches
 from tiering.kafka.rewrite import RewriteOptions, process_batch
 from tiering.plan.policy import AUTO, Policy
 from tiering.plan.tier import max_timestamp
-from tiering.report.prices import GB, PriceBook
+from tiering.report.model import REQUESTS_PER_SEGMENT
+from tiering.report.prices import DAYS_PER_MONTH, GB, PriceBook
 from tiering.s3.scan import COMPACT, SKIP, Plan, PlannedSegment
 from tiering.s3.store import S3Store
 
-HORIZON_MONTHS: Final = 12
+HORIZON_MONTHS: Final = 12.0
+GRACE_DAYS: Final = 7.0  # the cleanup's default grace period
 AUTO_SAMPLE_SEGMENTS: Final = 4
 AUTO_SAMPLE_BYTES: Final = 2 << 20
 
@@ -60,8 +65,9 @@ def _spread(segments: list[PlannedSegment], k: int) -> list[PlannedSegment]:
 
 
 def choose_codec(store: S3Store, segments: list[PlannedSegment], candidates: tuple[tuple[str, int | None], ...],
-                 prices: PriceBook, *, sample_segments: int = AUTO_SAMPLE_SEGMENTS,
-                 sample_bytes: int = AUTO_SAMPLE_BYTES) -> dict[str, Any]:
+                 prices: PriceBook, *, horizon_months: float = HORIZON_MONTHS, grace_days: float = GRACE_DAYS,
+                 sample_segments: int = AUTO_SAMPLE_SEGMENTS, sample_bytes: int = AUTO_SAMPLE_BYTES
+                 ) -> dict[str, Any]:
     """The candidate with the best net dollars for ``segments`` (one topic), with every candidate's numbers."""
     batches: list[RawBatch] = []
     for seg in _spread(segments, sample_segments):
@@ -73,6 +79,10 @@ def choose_codec(store: S3Store, segments: list[PlannedSegment], candidates: tup
     total = sum(s.size for s in segments)
     classes = {s.log.storage_class if s.log else "STANDARD" for s in segments}
     rate = max(prices.of(c).rate() for c in classes)  # the dearest class present: the bytes that matter most
+    std = prices.of("STANDARD")
+    fixed = (len(segments) * (REQUESTS_PER_SEGMENT["tier1"] * std.put_per_1000
+                              + REQUESTS_PER_SEGMENT["tier2"] * std.get_per_1000) / 1000
+             + total / GB * rate * grace_days / DAYS_PER_MONTH)
     rows: list[dict[str, Any]] = []
     for codec, level in candidates:
         options = RewriteOptions(Codec.parse(codec), level)
@@ -84,11 +94,12 @@ def choose_codec(store: S3Store, segments: list[PlannedSegment], candidates: tup
         monthly = total * (1 - ratio) / GB * rate
         compute = (cpu / sampled * total if sampled else 0.0) / 3600 * prices.vcpu_hour
         rows.append({"codec": codec, "level": options.level, "ratio": ratio, "monthly_savings_usd": monthly,
-                     "compute_usd": compute, "net_usd": monthly * HORIZON_MONTHS - compute,
-                     "cpu_seconds_sampled": cpu})
+                     "compute_usd": compute, "one_off_usd": compute + fixed,
+                     "net_usd": monthly * horizon_months - compute - fixed, "cpu_seconds_sampled": cpu})
     best = max(rows, key=lambda r: float(r["net_usd"])) if rows else None
     chosen = best if best is not None and float(best["net_usd"]) > 0 else None
-    return {"sampled_bytes": sampled, "topic_bytes": total, "horizon_months": HORIZON_MONTHS,
+    return {"sampled_bytes": sampled, "topic_bytes": total, "horizon_months": horizon_months,
+            "requests_and_grace_usd": fixed,
             "candidates": rows, "chosen": None if chosen is None else {"codec": chosen["codec"],
                                                                       "level": chosen["level"]}}
 
@@ -120,7 +131,9 @@ def apply_policy(store: S3Store, plan: Plan, policy: Policy, prices: PriceBook,
             by_topic.setdefault(seg.topic, []).append(i)
     choices: dict[str, Any] = {}
     for topic, idx in sorted(by_topic.items()):
-        decision = choose_codec(store, [segments[i] for i in idx], policy.resolve(topic).auto_candidates, prices)
+        tp = policy.resolve(topic)
+        decision = choose_codec(store, [segments[i] for i in idx], tp.auto_candidates, prices,
+                                horizon_months=tp.auto_horizon_months)
         choices[topic] = decision
         chosen = decision["chosen"]
         if log is not None:
@@ -128,7 +141,8 @@ def apply_policy(store: S3Store, plan: Plan, policy: Policy, prices: PriceBook,
         for i in idx:
             if chosen is None:
                 segments[i] = dataclasses.replace(segments[i], action=SKIP, reason="auto: no candidate codec pays "
-                                                  f"off within {HORIZON_MONTHS} months (see the plan's auto section)")
+                                                  f"off within {tp.auto_horizon_months:g} months (see the plan's "
+                                                  "auto section)")
             else:
                 segments[i] = dataclasses.replace(segments[i], codec=chosen["codec"], level=chosen["level"])
     return dataclasses.replace(plan, segments=segments, policy=policy.path, auto=choices or None)

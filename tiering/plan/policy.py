@@ -12,6 +12,7 @@
         - {after.days: 90, storage.class: GLACIER_IR}
       storage.allow.archive: false      # GLACIER / DEEP_ARCHIVE only when true (unreadable without a restore)
       auto.candidates: [zstd:3, zstd:9, lz4, gzip:6]
+      auto.horizon.months: 12           # savings counted for auto's choice (no longer than the retention)
     topics:
       - topic: payments.encrypted       # an exact name
         compression.type: producer
@@ -59,6 +60,7 @@ BUILT_IN: Final[dict[str, Any]] = {
     "storage.tiers": [],
     "storage.allow.archive": False,
     "auto.candidates": list(DEFAULT_AUTO_CANDIDATES),
+    "auto.horizon.months": 12.0,  # how long a rewrite's savings count for auto (at most the topic's retention)
 }
 PER_CODEC_LEVEL: Final = {f"compression.{c.label}.level": c for c in LEVEL_RANGE}
 KEYS: Final = frozenset(BUILT_IN) | frozenset(PER_CODEC_LEVEL)
@@ -88,6 +90,7 @@ class TopicPolicy:
     tiers: tuple[Tier, ...]
     allow_archive: bool
     auto_candidates: tuple[tuple[str, int | None], ...]
+    auto_horizon_months: float = 12.0
     sources: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -111,6 +114,7 @@ class TopicPolicy:
                 "storage.tiers": [{"after.days": t.after_days, "storage.class": t.storage_class} for t in self.tiers],
                 "storage.allow.archive": self.allow_archive,
                 "auto.candidates": [f"{c}:{lvl}" if lvl is not None else c for c, lvl in self.auto_candidates],
+                "auto.horizon.months": self.auto_horizon_months,
                 "sources": dict(self.sources)}
 
 
@@ -161,7 +165,8 @@ class Policy:
                      f"{sources['storage.tiers']} / {sources['storage.allow.archive']}")
         return TopicPolicy(topic, ctype, level, float(values["min.savings.ratio"]),
                            float(values["min.segment.age.hours"]), tiers, bool(values["storage.allow.archive"]),
-                           tuple(_candidate(c, "auto.candidates") for c in values["auto.candidates"]), sources)
+                           tuple(_candidate(c, "auto.candidates") for c in values["auto.candidates"]),
+                           float(values["auto.horizon.months"]), sources)
 
 
 def _fail(where: str, problem: str, found: object = None) -> PolicyError:
@@ -221,8 +226,8 @@ def _settings(raw: object, where: str) -> dict[str, Any]:
         if key == "compression.type":
             if value not in COMPRESSION_TYPES:
                 raise _fail(at, f"unknown compression type (expected one of {', '.join(COMPRESSION_TYPES)})", value)
-            if value in ("zstd", "lz4", "snappy", "gzip", "uncompressed", "none"):
-                Codec.parse(str(value))
+            if value == "uncompressed":
+                value = "none"  # Kafka's topic-level name for it
         elif key == "compression.level":
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise _fail(at, "expected an integer", value)
@@ -231,6 +236,9 @@ def _settings(raw: object, where: str) -> dict[str, Any]:
         elif key == "min.savings.ratio":
             if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < 1:
                 raise _fail(at, "expected a fraction in [0, 1)", value)
+        elif key == "auto.horizon.months":
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise _fail(at, "expected months > 0", value)
         elif key == "min.segment.age.hours":
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise _fail(at, "expected hours >= 0", value)
@@ -248,6 +256,9 @@ def _settings(raw: object, where: str) -> dict[str, Any]:
     if "compression.level" in out and "compression.type" not in out:
         raise _fail(f"{where}.compression.level", "applies to the compression.type of the same entry, which sets "
                     "none; use compression.<codec>.level to set one codec's level")
+    if out.get("compression.level") is not None and out.get("compression.type") in (PRODUCER, AUTO):
+        raise _fail(f"{where}.compression.level", f"compression.type {out['compression.type']} takes no level "
+                    "(auto: give levels in auto.candidates)", out["compression.level"])
     return out
 
 
@@ -305,6 +316,8 @@ def parse_policy(doc: object, path: str | None = None) -> Policy:
     policy.resolve("\x00 no entry names this topic")  # the cluster scope alone
     for s in scopes:  # each entry over the cluster default, as a topic it applies to would see it
         Policy(cluster, (_Scope(s.name, s.settings, exact="\x01"),)).resolve("\x01")
+        if s.exact is not None:  # and every named topic with the regex entry it also matches
+            policy.resolve(s.exact)
     return policy
 
 

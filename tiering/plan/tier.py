@@ -20,7 +20,6 @@ of an IA / Glacier IR source; its saving is the monthly storage price difference
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -35,8 +34,8 @@ from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
 from tiering.report.prices import GB, PriceBook
 from tiering.s3.compact import RUNS_DIR, with_lease
 from tiering.s3.layout import reserved_key
-from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, clock_key
-from tiering.s3.protocol import FAILED, SKIPPED, Context, SegmentResult
+from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost, clock_key
+from tiering.s3.protocol import FAILED, SKIPPED, Context, SegmentResult, journal_key
 from tiering.s3.scan import COMPACT, PlannedSegment, ScanOptions, scan
 from tiering.s3.state import load_state, record_segment
 from tiering.s3.store import ObjectNotFound, S3Store
@@ -47,6 +46,9 @@ STAY: Final = "stay"
 MOVED: Final = "moved"
 FILES: Final = ("log", "index", "timeindex", "txnindex")
 INDEX_ENTRY_BYTES: Final = 8
+TIME_INDEX_ENTRY_BYTES: Final = 12
+IA_CLASSES: Final = frozenset({"STANDARD_IA", "ONEZONE_IA"})
+S3_IA_MIN_DAYS: Final = 30  # S3 Lifecycle refuses transitions to the IA classes before 30 days
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,23 +131,30 @@ class TierPlan:
 
 
 def max_timestamp(store: S3Store, seg: PlannedSegment) -> tuple[int | None, str]:
-    """The segment's newest record timestamp (ms) and how it was found."""
+    """The segment's newest record timestamp (ms) and how it was found: the larger of the ``.timeindex``'s
+    last entry (Kafka's running maximum, appended again when a segment rolls) and the batches after the last
+    ``.index`` entry (records appended since); the whole ``.log``, streamed, when there is no ``.index``."""
     assert seg.log is not None
-    start, how = 0, "the whole .log (no .index)"
+    newest, how = -1, []
+    if seg.timeindex is not None and seg.timeindex.size >= TIME_INDEX_ENTRY_BYTES:
+        with store.open(seg.timeindex.key, start=seg.timeindex.size - TIME_INDEX_ENTRY_BYTES) as body:
+            newest = int.from_bytes(body.read()[:8], "big", signed=True)
+        how.append(".timeindex's last entry")
+    start = 0
     if seg.index is not None and seg.index.size >= INDEX_ENTRY_BYTES:
         with store.open(seg.index.key, start=seg.index.size - INDEX_ENTRY_BYTES) as body:
-            tail = body.read()
-        position = int.from_bytes(tail[4:8], "big")
+            position = int.from_bytes(body.read()[4:8], "big")
         if 0 <= position < seg.log.size:
-            start, how = position, "the batches after the last .index entry"
-    newest = -1
+            start = position
+            how.append("the batches after the last .index entry")
+    if start == 0:
+        how.append("every batch of the .log (no usable .index)")
     with store.open(seg.log.key, start=start, if_match=seg.log.etag) as body:
-        data = body.read()  # the tail: at most index.interval.bytes and one batch, unless there is no index
-    for raw in iter_batches(io.BytesIO(data), path=f"s3://{store.bucket}/{seg.log.key}", size=len(data)):
-        newest = max(newest, raw.header.max_timestamp)
+        for raw in iter_batches(body, path=f"s3://{store.bucket}/{seg.log.key}", size=seg.log.size - start):
+            newest = max(newest, raw.header.max_timestamp)
     if newest < 0:
         return None, "no record timestamps (magic v0 or empty)"
-    return newest, how
+    return newest, " and ".join(how)
 
 
 def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: datetime) -> ObjectMove:
@@ -240,6 +249,12 @@ def _apply_segment(store: S3Store, prefix: str, s: SegmentTiering, lease: Lease)
     notes: list[str] = []
     etags: dict[str, tuple[str, str]] = {}
     try:
+        store.head(journal_key(prefix, s.directory, s.base_offset))
+        return SegmentResult(s.directory, s.base_offset, SKIPPED, "a compaction of this segment is in progress "
+                             "(its journal entry exists): left for a later run")
+    except ObjectNotFound:
+        pass
+    try:
         for o in s.objects:
             if o.action != MOVE:
                 continue
@@ -254,11 +269,15 @@ def _apply_segment(store: S3Store, prefix: str, s: SegmentTiering, lease: Lease)
                 continue
             new_etag = store.transition(o.key, etag=o.etag, attrs=attrs, storage_class=o.target)
             etags[o.file] = (o.etag, new_etag)
-            moved.append({"key": o.key, "from": o.storage_class, "to": o.target, "bytes": o.size})
+            moved.append({"key": o.key, "from": o.storage_class, "to": o.target, "bytes": o.size,
+                          "monthly_savings_usd": o.monthly_savings_usd, "one_off_usd": o.one_off_usd})
+    except LeaseLost:
+        raise  # with_lease reports the rest of the partition as skipped
     except TieringError as e:
         return SegmentResult(s.directory, s.base_offset, FAILED, f"stopped: {e}",
                              stats={"moved": moved}, error=e.to_dict())
-    _follow_etags(store, prefix, s, etags)
+    finally:
+        _follow_etags(store, prefix, s, etags)  # whatever moved, our state document must name it
     status = MOVED if moved else SKIPPED
     reason = "; ".join(notes) or ("" if moved else "nothing left to move")
     return SegmentResult(s.directory, s.base_offset, status, reason, sum(int(m.get("bytes", 0)) for m in moved),
@@ -284,7 +303,11 @@ def tier_report(plan: TierPlan, results: list[dict[str, Any]], run_id: str, *, d
     """What a tiering run moved (or, dry, would move), what it saves and costs, and why the rest stays."""
     totals = plan.totals()
     moved = [m for r in results for m in (r.get("stats") or {}).get("moved", []) if not m.get("already")]
-    return {"schema_version": TIER_SCHEMA_VERSION, "kind": "tier-report", "run_id": run_id, "dry_run": dry_run,
+    monthly = sum(float(m.get("monthly_savings_usd", 0.0)) for m in moved)
+    one_off = sum(float(m.get("one_off_usd", 0.0)) for m in moved)
+    return {"achieved": {"monthly_savings_usd": monthly, "one_off_usd": one_off,
+                         "payback_months": one_off / monthly if monthly > 0 else None},
+            "schema_version": TIER_SCHEMA_VERSION, "kind": "tier-report", "run_id": run_id, "dry_run": dry_run,
             "bucket": plan.bucket, "prefix": plan.prefix, "planned_at": plan.created_at, "policy": plan.policy,
             "prices": plan.prices, "planned": totals, "objects_moved": len(moved),
             "bytes_moved": sum(int(m.get("bytes", 0)) for m in moved),
@@ -310,9 +333,11 @@ def tier_table(report: dict[str, Any]) -> str:
              f"  {'transition':<32} {'objects':>8} {'bytes':>14}"]
     for name, row in sorted(t["by_transition"].items()):
         lines.append(f"  {name:<32} {int(row['objects']):>8} {int(row['bytes']):>14,}")
-    payback = t["payback_months"]
-    lines.append(f"  saves ${t['monthly_savings_usd']:.6f}/month, one-off ${t['one_off_usd']:.6f}, payback "
-                 + ("never" if payback is None else f"{payback:.1f} months"))
+    money = t if report["dry_run"] else report["achieved"]  # a run reports what it did, not what it planned
+    payback = money["payback_months"]
+    lines.append(f"  {'would save' if report['dry_run'] else 'saves'} ${money['monthly_savings_usd']:.6f}/month, "
+                 f"one-off ${money['one_off_usd']:.6f}, payback " + ("never" if payback is None else
+                                                                   f"{payback:.1f} months"))
     for reason, n in sorted(t["staying"].items()):
         lines.append(f"  stays ({n}): {reason}")
     for r in report["segments_failed"]:
@@ -321,10 +346,11 @@ def tier_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def lifecycle_configuration(policy: Policy, prefix: str) -> dict[str, Any]:
-    """An approximate S3 Lifecycle configuration for the policy's storage tiers, for users who would rather
-    let S3 move objects. S3 sees only an object's age since it was written (not its records' age), its key
-    prefix, tags and size: the rules below say so in ``notes``."""
+def lifecycle_configuration(policy: Policy, prefix: str) -> tuple[dict[str, Any], list[str]]:
+    """An approximate S3 Lifecycle configuration for the policy's storage tiers (what
+    ``put-bucket-lifecycle-configuration`` accepts), for users who would rather let S3 move objects, and notes
+    on where it differs: S3 sees only an object's age since it was written (not its records' age), its key
+    prefix, tags and size."""
     root = prefix.strip("/")
     rules: list[dict[str, Any]] = []
     notes = [
@@ -337,21 +363,30 @@ def lifecycle_configuration(policy: Policy, prefix: str) -> dict[str, Any]:
     ]
 
     def rule(rule_id: str, key_prefix: str, tiers: Any) -> dict[str, Any]:
-        return {"ID": rule_id[:255], "Status": "Enabled",
-                "Filter": {"And": {"Prefix": key_prefix, "ObjectSizeGreaterThan": 131072}},
-                "Transitions": [{"Days": max(1, math.ceil(t.after_days)), "StorageClass": t.storage_class}
-                                for t in tiers]}
+        where: dict[str, Any] = {"ObjectSizeGreaterThan": 131072}
+        if key_prefix:
+            where = {"And": {"Prefix": key_prefix, **where}}
+        transitions = []
+        for t in tiers:
+            days = max(1, math.ceil(t.after_days))
+            if t.storage_class in IA_CLASSES and days < S3_IA_MIN_DAYS:
+                notes.append(f"{rule_id}: S3 moves objects to {t.storage_class} after {S3_IA_MIN_DAYS} days at the "
+                             f"earliest; the policy's {t.after_days:g} days became {S3_IA_MIN_DAYS}.")
+                days = S3_IA_MIN_DAYS
+            transitions.append({"Days": days, "StorageClass": t.storage_class})
+        return {"ID": rule_id[:255], "Status": "Enabled", "Filter": where, "Transitions": transitions}
 
     cluster = policy.resolve("\x00 no entry names this topic")
     if cluster.tiers:
-        rules.append(rule("kafka-tiering-cluster", f"{root}/", cluster.tiers))
+        rules.append(rule("kafka-tiering-cluster", f"{root}/" if root else "", cluster.tiers))
     for scope in policy.topics:
         if scope.exact is not None and "storage.tiers" in scope.settings:
             resolved = policy.resolve(scope.exact)
             if resolved.tiers:
-                rules.append(rule(f"kafka-tiering-topic-{scope.exact}", f"{root}/{scope.exact}-", resolved.tiers))
+                rules.append(rule(f"kafka-tiering-topic-{scope.exact}", f"{root}/{scope.exact}-" if root else
+                                  f"{scope.exact}-", resolved.tiers))
             notes.append(f"topic {scope.exact}: its rule's prefix {root}/{scope.exact}- also matches topics named "
                          f"{scope.exact}-<something>.")
         elif scope.pattern is not None and "storage.tiers" in scope.settings:
             notes.append(f"{scope.name}: a regex cannot be a lifecycle filter; not emitted.")
-    return {"Rules": rules, "notes": notes}
+    return {"Rules": rules}, notes

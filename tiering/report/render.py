@@ -102,7 +102,7 @@ def _topic_rows(report: Mapping[str, Any]) -> list[list[str]]:
 TOPIC_HEAD: Final = ("topic", "segments", "before", "after", "ratio", "saved/month")
 
 
-AUTO_HEAD: Final = ("topic", "candidate", "ratio", "saved/month", "compute", "net (horizon)", "")
+AUTO_HEAD: Final = ("topic", "candidate", "ratio", "saved/month", "one-off", "net (horizon)", "")
 
 
 def _auto_rows(report: Mapping[str, Any]) -> list[list[str]]:
@@ -112,8 +112,8 @@ def _auto_rows(report: Mapping[str, Any]) -> list[list[str]]:
         for c in d["candidates"]:
             name = f"{c['codec']}:{c['level']}" if c["level"] is not None else c["codec"]
             mark = "chosen" if (c["codec"], c["level"]) == (chosen.get("codec"), chosen.get("level")) else ""
-            rows.append([topic, name, ratio(c["ratio"]), usd(c["monthly_savings_usd"]), usd(c["compute_usd"]),
-                         usd(c["net_usd"]), mark])
+            rows.append([topic, name, ratio(c["ratio"]), usd(c["monthly_savings_usd"]),
+                         usd(c.get("one_off_usd", c["compute_usd"])), usd(c["net_usd"]), mark])
         if not chosen:
             rows.append([topic, "(none)", "", "", "", "", "left alone: nothing pays off"])
     return rows
@@ -160,8 +160,9 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         if rows:
             out += [f"## By {label}", "", *_md_table((label, *TOPIC_HEAD[1:]), rows), ""]
     if report.get("auto"):
-        out += ["## Automatic codec choice", "", "Net dollars: storage saved over the horizon minus the compute "
-                "of the rewrite, from sampled batches.", "", *_md_table(AUTO_HEAD, _auto_rows(report)), ""]
+        out += ["## Automatic codec choice", "", "Net dollars: storage saved over the horizon minus the one-off "
+                "costs (compute measured on sampled batches, requests, originals kept for the grace period).", "",
+                *_md_table(AUTO_HEAD, _auto_rows(report)), ""]
     out += ["## One-off costs", "", *_md_table(("item", "usd", "detail"),
                                                [[c["item"], usd(c["usd"]), c["detail"]] for c in report["one_off"]]),
             ""]
@@ -328,8 +329,9 @@ def to_html(report: Mapping[str, Any]) -> str:
                                                  size(r["bytes_after"]), ratio(r["ratio"]),
                                                  usd(r["monthly_savings_usd"])] for r in report["by_source_codec"]]))
     if report.get("auto"):
-        body.append("<h2>Automatic codec choice</h2><p>Net dollars: storage saved over the horizon minus the compute "
-                    "of the rewrite, from sampled batches.</p>" + _html_table(AUTO_HEAD, _auto_rows(report)))
+        body.append("<h2>Automatic codec choice</h2><p>Net dollars: storage saved over the horizon minus the one-off "
+                    "costs (compute measured on sampled batches, requests, originals kept for the grace "
+                    "period).</p>" + _html_table(AUTO_HEAD, _auto_rows(report)))
     body.append("<h2>One-off costs</h2>" + _html_table(("item", "usd", "detail"), [
         [c["item"], usd(c["usd"]), c["detail"]] for c in report["one_off"]]))
     if report["skipped"]:

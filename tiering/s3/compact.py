@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from tiering.errors import InvalidDataError, TieringError
+from tiering.errors import ConfigError, InvalidDataError, TieringError
 from tiering.s3.layout import normalize_prefix, parse_dir, reserved_key
 from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseGuard, LeaseHeld, LeaseLost, clock_key, lease_key
 from tiering.s3.protocol import (
@@ -115,8 +115,8 @@ def select(plan: Plan, o: CompactOptions) -> tuple[list[PlannedSegment], list[Se
 def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit: bool = True) -> SegmentResult:
     """One planned segment: repair, or stage and (with ``commit``) swap; every per-segment problem becomes
     a result. Without ``commit`` the segment is left journalled as ``staged`` for a later commit step."""
-    ctx = ctx.for_segment(seg)
     try:
+        ctx = ctx.for_segment(seg)
         if seg.action == REPAIR:
             return repair_segment(ctx, seg, lease)
         staged = stage_segment(ctx, seg, lease)
@@ -139,6 +139,8 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
     except StorageError as e:
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"S3 error, original untouched: {e}",
                              error=e.to_dict())
+    except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict())
 
 
 def with_lease(ctx: Context, directory: str, ttl: int, work: Callable[[Lease], list[SegmentResult]],

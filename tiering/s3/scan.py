@@ -225,7 +225,8 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
         if action == COMPACT and target.codec == PRODUCER:
             action, reason = SKIP, "policy: compression.type producer (keep what the producer wrote)"
         files: dict[str, Any] = {k: ObjectRef.of(v) if v else None for k, v in refs.items()}
-        out.append(PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **per_topic))
+        own = per_topic if action == COMPACT else {}  # a repair rewrites nothing: no codec of its own
+        out.append(PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **own))
     return out
 
 
