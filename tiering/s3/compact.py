@@ -35,7 +35,8 @@ from tiering.s3.protocol import (
     stage_rollback,
     stage_segment,
 )
-from tiering.s3.scan import REPAIR, Plan, PlannedSegment
+from tiering.s3.scan import NOTHING_TO_GAIN, OUTCOME_INVALID, OUTCOME_NO_SAVINGS, REPAIR, Plan, PlannedSegment
+from tiering.s3.state import load_state, record_segment
 from tiering.s3.store import S3Store, StorageError
 
 RUN_SCHEMA_VERSION: Final = 1
@@ -121,6 +122,8 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
             return repair_segment(ctx, seg, lease)
         staged = stage_segment(ctx, seg, lease)
         if not isinstance(staged, Staged):
+            if staged.status == SKIPPED and staged.reason.startswith(NOTHING_TO_GAIN):
+                remember(ctx, seg, OUTCOME_NO_SAVINGS, staged.reason)
             return staged
         if not commit:
             if staged.spool is not None:
@@ -132,6 +135,7 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
     except SourceChanged as e:
         return SegmentResult(seg.directory, seg.base_offset, SKIPPED, e.message, error=e.to_dict())
     except InvalidDataError as e:
+        remember(ctx, seg, OUTCOME_INVALID, str(e))
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"invalid data, original untouched: {e}",
                              seg.size, error=e.to_dict())
     except LeaseLost:
@@ -141,6 +145,23 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
                              error=e.to_dict())
     except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict())
+
+
+def remember(ctx: Context, seg: PlannedSegment, outcome: str, reason: str) -> None:
+    """Note in the partition's state that this very ``.log`` (its ETag) gave nothing with this codec and level,
+    so that later scans do not read it again until the object or the target changes. Best effort: a failure
+    here only means the next run reads the segment once more. An entry of a segment we compacted is kept."""
+    if seg.log is None:
+        return
+    try:
+        current = load_state(ctx.store, ctx.prefix, seg.directory).get(str(seg.base_offset))
+        if current is not None and "outcome" not in current:
+            return
+        record_segment(ctx.store, ctx.prefix, seg.directory, seg.base_offset, {
+            "outcome": outcome, "codec": ctx.options.codec.label, "level": ctx.options.level,
+            "log_etag": seg.log.etag, "run_id": ctx.run_id, "reason": reason[:300]})
+    except TieringError:
+        pass
 
 
 def with_lease(ctx: Context, directory: str, ttl: int, work: Callable[[Lease], list[SegmentResult]],

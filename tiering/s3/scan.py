@@ -49,6 +49,10 @@ MAX_IGNORED_LISTED: Final = 1000
 
 COMPACT: Final = "compact"
 REPAIR: Final = "repair"
+# Outcomes remembered in the partition state (see compact.remember): such a segment is not read again.
+OUTCOME_NO_SAVINGS: Final = "no-savings"
+OUTCOME_INVALID: Final = "invalid"
+NOTHING_TO_GAIN: Final = ("no savings", "below min.savings.ratio")  # the reasons a rewrite is not swapped in
 SKIP: Final = "skip"
 
 
@@ -234,6 +238,12 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
               ours: dict[str, Any] | None, now: datetime, grace: timedelta, o: ScanOptions) -> tuple[str, str]:
     if log is None:
         return SKIP, "incomplete: index files without a .log (orphans; a broker ignores them)"
+    if ours is not None and "outcome" in ours:  # a rewrite of this very object gave nothing, or it was invalid
+        same_target = o.codec == AUTO or (ours.get("codec"), ours.get("level")) == (o.codec, o.level)
+        if ours.get("log_etag") == log.etag and (same_target or ours["outcome"] == OUTCOME_INVALID):
+            return SKIP, (f"{ours['outcome']} last time ({ours.get('codec')} by run {ours.get('run_id')}): not read "
+                          "again until the .log or the target codec changes")
+        ours = None
     if ours is not None and ours.get("log_etag") != log.etag:
         stale = [k for k in ("index", "timeindex") if (r := refs[k]) and ours.get(f"{k}_etag") == r.etag]
         if stale:
