@@ -19,7 +19,6 @@ report. Not counted here: IA retrieval and early deletion (the report counts the
 from __future__ import annotations
 
 import dataclasses
-import io
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -27,12 +26,13 @@ from typing import Any, Final
 
 from tiering.errors import TieringError
 from tiering.kafka.codecs import Codec
-from tiering.kafka.reader import RawBatch, iter_batches
+from tiering.kafka.reader import RawBatch
 from tiering.kafka.rewrite import RewriteOptions, process_batch
 from tiering.plan.policy import AUTO, Policy
 from tiering.plan.tier import max_timestamp
 from tiering.report.model import REQUESTS_PER_SEGMENT
 from tiering.report.prices import DAYS_PER_MONTH, GB, PriceBook
+from tiering.s3.estimate import sample_batches, spread
 from tiering.s3.scan import COMPACT, SKIP, Plan, PlannedSegment
 from tiering.s3.store import S3Store
 
@@ -42,37 +42,15 @@ AUTO_SAMPLE_SEGMENTS: Final = 4
 AUTO_SAMPLE_BYTES: Final = 2 << 20
 
 
-def _read_sample(store: S3Store, seg: PlannedSegment, sample_bytes: int) -> list[RawBatch]:
-    """The whole batches within the first ``sample_bytes`` of a segment."""
-    assert seg.log is not None
-    limit = min(sample_bytes, seg.log.size)
-    with store.open(seg.log.key, if_match=seg.log.etag, first_bytes=limit) as body:
-        data = body.read()
-    out: list[RawBatch] = []
-    try:
-        out.extend(iter_batches(io.BytesIO(data), path=seg.log.key, size=len(data)))
-    except TieringError:
-        if not out or limit == seg.log.size:
-            raise  # not just the sample's cut through a batch
-    return out
-
-
-def _spread(segments: list[PlannedSegment], k: int) -> list[PlannedSegment]:
-    ordered = sorted(segments, key=lambda s: (s.size, s.directory, s.base_offset))
-    if len(ordered) <= k:
-        return ordered
-    return [ordered[round(i * (len(ordered) - 1) / (k - 1))] for i in range(k)] if k > 1 else [ordered[-1]]
-
-
 def choose_codec(store: S3Store, segments: list[PlannedSegment], candidates: tuple[tuple[str, int | None], ...],
                  prices: PriceBook, *, horizon_months: float = HORIZON_MONTHS, grace_days: float = GRACE_DAYS,
                  sample_segments: int = AUTO_SAMPLE_SEGMENTS, sample_bytes: int = AUTO_SAMPLE_BYTES
                  ) -> dict[str, Any]:
     """The candidate with the best net dollars for ``segments`` (one topic), with every candidate's numbers."""
     batches: list[RawBatch] = []
-    for seg in _spread(segments, sample_segments):
+    for seg in spread(segments, sample_segments):
         try:
-            batches += _read_sample(store, seg, sample_bytes)
+            batches += sample_batches(store, seg, sample_bytes)
         except TieringError:
             continue  # a corrupt segment is reported by the compaction itself
     sampled = sum(raw.header.size for raw in batches)

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from tiering.errors import TieringError
 from tiering.kafka.codecs import Codec
-from tiering.kafka.reader import iter_batches
+from tiering.kafka.reader import RawBatch, iter_batches
 from tiering.kafka.rewrite import RewriteOptions, process_batch
 from tiering.s3.scan import COMPACT, Plan, PlannedSegment
 from tiering.s3.store import S3Store
@@ -26,28 +26,36 @@ DEFAULT_SAMPLE_SEGMENTS: Final = 16
 DEFAULT_SAMPLE_BYTES: Final = 4 << 20
 
 
-def _pick(todo: list[PlannedSegment], k: int) -> list[PlannedSegment]:
-    ordered = sorted(todo, key=lambda s: (s.size, s.directory, s.base_offset))
+def spread(segments: list[PlannedSegment], k: int) -> list[PlannedSegment]:
+    """At most ``k`` of ``segments``, picked evenly across their size order (small and large ones)."""
+    ordered = sorted(segments, key=lambda s: (s.size, s.directory, s.base_offset))
     if len(ordered) <= k:
         return ordered
     return [ordered[round(i * (len(ordered) - 1) / (k - 1))] for i in range(k)] if k > 1 else [ordered[-1]]
 
 
-def _sample(store: S3Store, seg: PlannedSegment, options: RewriteOptions, sample_bytes: int) -> tuple[int, int]:
-    """(bytes in, bytes out) over the whole batches within the segment's first ``sample_bytes``."""
+def sample_batches(store: S3Store, seg: PlannedSegment, sample_bytes: int) -> list[RawBatch]:
+    """The whole batches within the segment's first ``sample_bytes`` (one ranged GET; headers and CRCs
+    checked). The sample's cut through a batch is not an error; anything else in it is."""
     assert seg.log is not None
     limit = min(sample_bytes, seg.log.size)
     with store.open(seg.log.key, if_match=seg.log.etag, first_bytes=limit) as body:
         data = body.read()
-    bytes_in = bytes_out = 0
+    batches: list[RawBatch] = []
     try:
-        for raw in iter_batches(io.BytesIO(data), path=seg.log.key, size=len(data)):
-            out = process_batch(raw, options)
-            bytes_in += raw.header.size
-            bytes_out += sum(len(p) for p in out.parts)
+        batches.extend(iter_batches(io.BytesIO(data), path=seg.log.key, size=len(data)))
     except TieringError:
-        if bytes_in == 0 or limit == seg.log.size:
+        if not batches or limit == seg.log.size:
             raise  # not just the sample's cut through a batch
+    return batches
+
+
+def _sample(store: S3Store, seg: PlannedSegment, options: RewriteOptions, sample_bytes: int) -> tuple[int, int]:
+    """(bytes in, bytes out) over the whole batches within the segment's first ``sample_bytes``."""
+    bytes_in = bytes_out = 0
+    for raw in sample_batches(store, seg, sample_bytes):
+        bytes_in += raw.header.size
+        bytes_out += sum(len(p) for p in process_batch(raw, options).parts)
     return bytes_in, bytes_out
 
 
@@ -59,7 +67,7 @@ def estimate(store: S3Store, plan: Plan, options: RewriteOptions, *, segments: i
     ratios: list[float] = []
     sampled_in = sampled_out = 0
     problems = []
-    for seg in _pick(todo, segments):
+    for seg in spread(todo, segments):
         own = options if seg.codec is None else replace(options, codec=Codec.parse(seg.codec), level=seg.level)
         try:
             b_in, b_out = _sample(store, seg, own, sample_bytes)
