@@ -46,10 +46,12 @@ def test_spark_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     out = tmp_path / "bench_spark.json"
     script = BENCH.parent / "bench_spark.py"
     proc = subprocess.run([sys.executable, str(script), "--partitions", "2", "--segments", "2", "--segment-mib",
-                           "0.25", "--json-out", str(out)], capture_output=True, text=True, timeout=600, check=False)
+                           "0.25", "--repeat", "1", "--json-out", str(out)], capture_output=True, text=True,
+                          timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["segments"] == 2
     assert doc["cli"]["compacted"] == 2
     assert doc["speedup_stage"] > 0
+    assert len(doc["pairs"]) == 1
     assert "speed-up local[2] / local[1], stage" in proc.stdout
