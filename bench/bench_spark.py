@@ -86,7 +86,9 @@ def _spark_path(store: S3Store, prefix: str, master: str, server_pid: int) -> di
             "server_cpu_seconds_during_submit": round(server_cpu, 2),
             # the rewrite loop of every task (GET stream, decompress, validate, compress, proof), summed: if it
             # grows from local[1] to local[2], the tasks slow each other down (CPU, memory bandwidth, server)
-            "task_rewrite_seconds_sum": round(sum(_rewrite_seconds(r.stats) for r in run.segments), 2)}
+            "task_rewrite_seconds_sum": round(sum(_rewrite_seconds(r.stats) for r in run.segments), 2),
+            # each Spark task from start to result (S3 reads and writes, read-back, journal included), summed
+            "task_seconds_sum": round(float(run.usage.get("compute_seconds", 0.0)), 2)}
 
 
 def _cli_path(endpoint: str, bucket: str, prefix: str) -> dict[str, Any]:
@@ -160,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         ("moto server's share of the 2 CPUs during local[2]", f"{doc['server_cpu_share_local_2']:.0%}"),
         ("tasks' rewrite loops summed, local[1] / local[2], seconds",
          f"{one['task_rewrite_seconds_sum']:.1f}/{two['task_rewrite_seconds_sum']:.1f}"),
+        ("whole tasks summed, local[1] / local[2], seconds",
+         f"{one['task_seconds_sum']:.1f}/{two['task_seconds_sum']:.1f}"),
     ):
         print(f"{name:<58} {value:>10}")
     print(f"\nJSON: {args.json_out}")
