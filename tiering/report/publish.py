@@ -32,11 +32,12 @@ LEDGER_SCHEMA_VERSION: Final = 1
 MAX_LEDGER_ATTEMPTS: Final = 20
 CONTENT_TYPES: Final = {"json": "application/json", "md": "text/markdown; charset=utf-8",
                         "csv": "text/csv; charset=utf-8", "html": "text/html; charset=utf-8"}
-SUFFIX: Final = {"json": "json", "md": "md", "csv": "csv", "html": "html"}
 
 
 def report_key(prefix: str, run_id: str, fmt: str = "json") -> str:
-    return reserved_key(prefix, REPORTS_DIR, run_id, f"report.{SUFFIX[fmt]}")
+    if fmt not in CONTENT_TYPES:
+        raise ValueError(f"no report format {fmt!r}")
+    return reserved_key(prefix, REPORTS_DIR, run_id, f"report.{fmt}")
 
 
 def ledger_key(prefix: str) -> str:
