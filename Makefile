@@ -14,6 +14,9 @@ $(STAMP): requirements.lock pyproject.toml setup.py tiering/kafka/_walker.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@# Byte-compile our own code once: an editable install does not, and where PYTHONDONTWRITEBYTECODE is set every
+	@# process (each CLI run, each Spark worker) would compile it again at start-up.
+	$(BIN)/python -m compileall -q tiering spark_jobs dags >/dev/null
 	@touch $(STAMP)
 
 lint: $(STAMP)

@@ -6,7 +6,10 @@
 The segment: JSON-like event values in ~16 KiB (uncompressed) batches compressed with snappy, as a
 Java producer with ``compression.type=snappy`` writes them. Each configuration rewrites it to zstd
 level 3; the baseline is the bare loop over the same batches in the same process: read, CRC-32C,
-decompress, compress, nothing else. Throughput counts uncompressed record bytes. Then the whole
+decompress, compress, nothing else. Throughput counts uncompressed record bytes. The configurations are
+paired: the segment is cut into slices (``--slice-mib``) and each slice is run by every configuration in
+turn, in a shuffled order, ``--repeat`` times, the best time per slice kept; so a slow second of this
+shared machine hits all configurations alike instead of deciding a ratio. Then the whole
 ``tiering segment rewrite`` command runs as users run it (a new process: imports and start-up
 included), and its peak RSS is read from the kernel (``wait4``) for each segment size.
 
@@ -20,6 +23,7 @@ import io
 import json
 import os
 import platform
+import random
 import struct
 import subprocess
 import sys
@@ -62,8 +66,21 @@ def bare_loop(data: bytes) -> int:
     return total
 
 
+def split_segment(data: bytes, slice_bytes: int) -> list[bytes]:
+    """The segment cut at batch boundaries into pieces of about ``slice_bytes`` (each a valid segment)."""
+    pieces, start, pos = [], 0, 0
+    while pos < len(data):
+        _, length = _PREFIX.unpack_from(data, pos)
+        pos += 12 + length
+        if pos - start >= slice_bytes or pos == len(data):
+            pieces.append(data[start:pos])
+            start = pos
+    return pieces
+
+
 def rewrite_loop(data: bytes, options: RewriteOptions) -> int:
-    result = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=0, options=options)
+    base = _PREFIX.unpack_from(data, 0)[0]  # a slice starts at its first batch's offset
+    result = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=base, options=options)
     return result.stats.uncompressed_bytes
 
 
@@ -115,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mib", type=int, default=256, help="segment size for the throughput ratios")
     parser.add_argument("--rss-sizes-mib", default="256,1024", help="segment sizes for the CLI RSS runs")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per configuration; the best one counts")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per configuration and slice; the best one counts")
+    parser.add_argument("--slice-mib", type=int, default=32,
+                        help="the segment is measured in slices of this size, every configuration on each in turn")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_rewrite.json")
     args = parser.parse_args(argv)
     rss_sizes = [int(s) for s in args.rss_sizes_mib.split(",") if s]
@@ -127,27 +146,35 @@ def main(argv: list[str] | None = None) -> int:
         data = segment.read_bytes()
         print(f"segment: {len(data) / MIB:.0f} MiB of snappy batches (JSON-like values, ~16 KiB batches)",
               file=sys.stderr)
-        configs: list[tuple[str, Callable[[], int]]] = [
-            ("bare loop (CRC + decompress + compress)", lambda: bare_loop(data)),
+        slices = split_segment(data, args.slice_mib * MIB)
+        configs: list[tuple[str, Callable[[bytes], int]]] = [
+            ("bare loop (CRC + decompress + compress)", bare_loop),
             ("rewrite, no deep validation, no proof",
-             lambda: rewrite_loop(data, RewriteOptions(Codec.ZSTD, 3, deep_validation=False, proof=False))),
+             lambda d: rewrite_loop(d, RewriteOptions(Codec.ZSTD, 3, deep_validation=False, proof=False))),
             ("rewrite, deep validation, no proof",
-             lambda: rewrite_loop(data, RewriteOptions(Codec.ZSTD, 3, proof=False))),
+             lambda d: rewrite_loop(d, RewriteOptions(Codec.ZSTD, 3, proof=False))),
             ("rewrite, default (deep validation + proof)",
-             lambda: rewrite_loop(data, RewriteOptions(Codec.ZSTD, 3))),
+             lambda d: rewrite_loop(d, RewriteOptions(Codec.ZSTD, 3))),
         ]
-        # Interleaved rounds, best of each: this machine's speed drifts (shared vCPUs), so every configuration
-        # sees the same conditions as the bare loop it is compared with.
-        best = [float("inf")] * len(configs)
+        # Paired measurement: this machine's speed drifts by tens of percent from one second to the next (shared
+        # vCPUs, CPU steal), so every configuration runs on each slice right after the others, in a shuffled
+        # order, and keeps its best time per slice; a configuration's time is the sum over the slices.
+        best = [[float("inf")] * len(slices) for _ in configs]
         produced = [0] * len(configs)
+        shuffle = random.Random(1)
         for round_no in range(args.repeat):
-            for i, (_, fn) in enumerate(configs):
-                seconds, produced[i] = best_of(1, fn)
-                best[i] = min(best[i], seconds)
+            for j, piece in enumerate(slices):
+                order = list(range(len(configs)))
+                shuffle.shuffle(order)
+                for i in order:
+                    seconds, made = best_of(1, lambda: configs[i][1](piece))  # noqa: B023 - called at once
+                    best[i][j] = min(best[i][j], seconds)
+                    if round_no == 0:
+                        produced[i] += made
             print(f"  round {round_no + 1}/{args.repeat} done", file=sys.stderr)
         rows: list[dict[str, Any]] = [
-            {"name": name, "seconds": best[i], "uncompressed_bytes": produced[i],
-             "mib_per_s": produced[i] / MIB / best[i]} for i, (name, _) in enumerate(configs)]
+            {"name": name, "seconds": sum(best[i]), "uncompressed_bytes": produced[i],
+             "mib_per_s": produced[i] / MIB / sum(best[i])} for i, (name, _) in enumerate(configs)]
         bare = rows[0]["mib_per_s"]
         for row in rows:
             row["ratio_to_bare"] = row["mib_per_s"] / bare

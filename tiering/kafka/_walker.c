@@ -11,11 +11,25 @@
  * inside its record, each record ending exactly at its declared length, offset deltas strictly
  * increasing inside [0, lastOffsetDelta], the record count equal to the header's, no trailing bytes.
  * The pure-Python reference decoder in records.py implements the same rules; tests compare the two.
+ *
+ * Also here, the rewriter's per-batch byte work for magic v2 batches (its hot path):
+ *   scan_v2      the headers of the complete, valid v2 batches of a buffer, CRC-32C checked, in one call;
+ *                it stops at the first entry it cannot vouch for, which the Python reader then handles
+ *                (and reports with its own error message);
+ *   v2_header    a batch's 61-byte header with a new codec, length and CRC-32C;
+ *   first_difference  the proof's comparison of a group of decoded batches with the originals, one call
+ *                per group with the GIL released.
+ * The v2 header layout is the table in batch.py; the offsets used here are the same named fields.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <nmmintrin.h>
+#define HAVE_SSE42_PATH 1
+#endif
 
 typedef struct {
     const uint8_t *p;
@@ -23,7 +37,12 @@ typedef struct {
 } cursor;
 
 /* Reads a zigzag varint of at most max_bytes bytes. Returns 0 on success. */
-static int read_varlong(cursor *c, int max_bytes, int64_t *out) {
+static inline int read_varlong(cursor *c, int max_bytes, int64_t *out) {
+    if (c->p < c->end && !(*c->p & 0x80)) {       /* one byte: most lengths, deltas and counts */
+        uint8_t b = *c->p++;
+        *out = (int64_t)(b >> 1) ^ -(int64_t)(b & 1);
+        return 0;
+    }
     uint64_t value = 0;
     int shift = 0;
     for (int i = 0; i < max_bytes; i++) {
@@ -142,13 +161,239 @@ static PyObject *walk_v2(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(count);
 }
 
+/* ---- CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as java.util.zip.CRC32C ---------------- */
+
+static uint32_t crc_table[8][256];
+static int use_hw_crc = 0;
+
+static void crc_init(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++)
+        for (int t = 1; t < 8; t++) crc_table[t][n] = (crc_table[t - 1][n] >> 8) ^ crc_table[0][crc_table[t - 1][n] & 0xFF];
+#ifdef HAVE_SSE42_PATH
+    __builtin_cpu_init();
+    use_hw_crc = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+/* Software CRC-32C, slicing by 8 (the fallback off x86-64 or without SSE 4.2). */
+static uint32_t crc32c_sw(uint32_t crc, const uint8_t *p, size_t n) {
+    crc = ~crc;
+    while (n && ((uintptr_t)p & 7)) { crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF]; n--; }
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        w ^= crc;  /* little-endian hosts: the CRC's low byte meets the first byte */
+        crc = crc_table[7][w & 0xFF] ^ crc_table[6][(w >> 8) & 0xFF] ^ crc_table[5][(w >> 16) & 0xFF] ^
+              crc_table[4][(w >> 24) & 0xFF] ^ crc_table[3][(w >> 32) & 0xFF] ^ crc_table[2][(w >> 40) & 0xFF] ^
+              crc_table[1][(w >> 48) & 0xFF] ^ crc_table[0][w >> 56];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF];
+    return ~crc;
+}
+
+#ifdef HAVE_SSE42_PATH
+__attribute__((target("sse4.2"))) static uint32_t crc32c_hw(uint32_t crc, const uint8_t *p, size_t n) {
+    uint64_t c = ~crc;
+    while (n && ((uintptr_t)p & 7)) { c = _mm_crc32_u8((uint32_t)c, *p++); n--; }
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        c = _mm_crc32_u64(c, w);
+        p += 8;
+        n -= 8;
+    }
+    while (n--) c = _mm_crc32_u8((uint32_t)c, *p++);
+    return ~(uint32_t)c;
+}
+#endif
+
+static uint32_t crc32c(uint32_t crc, const uint8_t *p, size_t n) {
+#ifdef HAVE_SSE42_PATH
+    if (use_hw_crc) return crc32c_hw(crc, p, n);
+#endif
+    return crc32c_sw(crc, p, n);
+}
+
+static PyObject *crc_call(PyObject *args, uint32_t (*fn)(uint32_t, const uint8_t *, size_t)) {
+    Py_buffer view;
+    unsigned int start = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &view, &start)) return NULL;
+    uint32_t crc = fn(start, (const uint8_t *)view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyObject *py_crc32c(PyObject *self, PyObject *args) { return crc_call(args, crc32c); }
+static PyObject *py_crc32c_portable(PyObject *self, PyObject *args) { return crc_call(args, crc32c_sw); }
+
+/* ---- magic v2 batch headers (field table: batch.py) ------------------------------------------- */
+
+#define LOG_OVERHEAD 12
+#define LENGTH_AT 8
+#define MAGIC_AT 16
+#define CRC_AT 17
+#define ATTRIBUTES_AT 21
+#define LAST_OFFSET_DELTA_AT 23
+#define MAX_TIMESTAMP_AT 35
+#define RECORDS_COUNT_AT 57
+#define V2_HEADER_SIZE 61
+#define CODEC_MASK 0x07
+#define CONTROL_BIT 0x20
+#define MAX_CODEC 4
+
+static inline uint64_t be64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v = (v << 8) | p[i];
+    return v;
+}
+static inline uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+
+/*
+ * scan_v2(buffer, start, max_total) -> list of (start, total, base_offset, last_offset, max_timestamp,
+ *                                               attributes, records_count)
+ * Every complete magic v2 batch from `start` on whose header passes the same checks as batch.py's
+ * parse_v2_header and whose CRC-32C matches; stops before the first entry that is incomplete, not v2,
+ * larger than max_total (log overhead included) or fails a check, and returns what it found.
+ */
+static PyObject *scan_v2(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start;
+    long long max_total;
+    if (!PyArg_ParseTuple(args, "y*nL", &view, &start, &max_total)) return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) { PyBuffer_Release(&view); return NULL; }
+    const uint8_t *buf = (const uint8_t *)view.buf;
+    Py_ssize_t pos = start < 0 ? view.len : start;
+    while (view.len - pos >= V2_HEADER_SIZE) {
+        const uint8_t *b = buf + pos;
+        int64_t base = (int64_t)be64(b);
+        int32_t length = (int32_t)be32(b + LENGTH_AT);
+        if (b[MAGIC_AT] != 2 || length < V2_HEADER_SIZE - LOG_OVERHEAD) break;
+        int64_t total = (int64_t)length + LOG_OVERHEAD;
+        if (total > max_total || total > view.len - pos) break;
+        int attributes = (int16_t)((b[ATTRIBUTES_AT] << 8) | b[ATTRIBUTES_AT + 1]);
+        int32_t last_delta = (int32_t)be32(b + LAST_OFFSET_DELTA_AT);
+        int32_t count = (int32_t)be32(b + RECORDS_COUNT_AT);
+        int codec = attributes & CODEC_MASK;
+        if (codec > MAX_CODEC || count < 0 || last_delta < 0 || base > INT64_MAX - last_delta) break;
+        if (count > 0 && (int64_t)count - 1 > last_delta) break;
+        if ((attributes & CONTROL_BIT) && codec != 0) break;
+        /* The GIL stays held: a batch's CRC takes about a microsecond, less than handing the GIL over. */
+        if (crc32c(0, b + ATTRIBUTES_AT, (size_t)(total - ATTRIBUTES_AT)) != be32(b + CRC_AT)) break;
+        long long fields[7] = {pos, total, base, base + last_delta, (long long)(int64_t)be64(b + MAX_TIMESTAMP_AT),
+                               attributes, count};
+        PyObject *item = PyTuple_New(7);
+        for (int i = 0; item != NULL && i < 7; i++) {
+            PyObject *v = PyLong_FromLongLong(fields[i]);
+            if (v == NULL) { Py_CLEAR(item); break; }
+            PyTuple_SET_ITEM(item, i, v);
+        }
+        if (item == NULL || PyList_Append(out, item) != 0) {
+            Py_XDECREF(item);
+            Py_DECREF(out);
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        Py_DECREF(item);
+        pos += (Py_ssize_t)total;
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
+/* v2_header(batch, codec, payload) -> the batch's 61-byte header with codec bits, batchLength and CRC-32C
+ * made for `payload` as its new records section; every other field as it was. */
+static PyObject *v2_header(PyObject *self, PyObject *args) {
+    Py_buffer batch, payload;
+    int codec;
+    if (!PyArg_ParseTuple(args, "y*iy*", &batch, &codec, &payload)) return NULL;
+    PyObject *result = NULL;
+    if (batch.len < V2_HEADER_SIZE || codec < 0 || codec > MAX_CODEC ||
+        payload.len > (Py_ssize_t)INT32_MAX - (V2_HEADER_SIZE - LOG_OVERHEAD)) {
+        PyErr_SetString(PyExc_ValueError, "v2_header: a batch of >= 61 bytes, a codec 0..4 and a payload < 2 GiB");
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize((const char *)batch.buf, V2_HEADER_SIZE);
+    if (result == NULL) goto done;
+    uint8_t *h = (uint8_t *)PyBytes_AS_STRING(result);
+    h[ATTRIBUTES_AT + 1] = (uint8_t)((h[ATTRIBUTES_AT + 1] & ~CODEC_MASK) | codec);
+    put_be32(h + LENGTH_AT, (uint32_t)(payload.len + V2_HEADER_SIZE - LOG_OVERHEAD));
+    uint32_t crc = crc32c(0, h + ATTRIBUTES_AT, V2_HEADER_SIZE - ATTRIBUTES_AT);
+    put_be32(h + CRC_AT, crc32c(crc, (const uint8_t *)payload.buf, (size_t)payload.len));
+done:
+    PyBuffer_Release(&batch);
+    PyBuffer_Release(&payload);
+    return result;
+}
+
+/* first_difference(a, b) -> index of the first pair of buffers that differ (length or bytes), or -1.
+ * `a` and `b` are sequences of buffers of the same length; the comparison runs without the GIL. */
+static PyObject *first_difference(PyObject *self, PyObject *args) {
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "OO", &a, &b)) return NULL;
+    Py_ssize_t n = PySequence_Size(a);
+    if (n < 0) return NULL;
+    if (PySequence_Size(b) != n) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "first_difference: sequences of different lengths");
+        return NULL;
+    }
+    Py_buffer *views = PyMem_Calloc((size_t)(2 * n + 1), sizeof(Py_buffer));
+    if (views == NULL) return PyErr_NoMemory();
+    Py_ssize_t got = 0, found = -1;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        for (int side = 0; side < 2 && ok; side++) {
+            PyObject *item = PySequence_GetItem(side == 0 ? a : b, i);
+            if (item == NULL || PyObject_GetBuffer(item, &views[got], PyBUF_SIMPLE) != 0) ok = 0;
+            else got++;
+            Py_XDECREF(item);  /* the buffer view keeps what it exposes alive */
+        }
+    }
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_buffer *x = &views[2 * i], *y = &views[2 * i + 1];
+            if (x->len != y->len || memcmp(x->buf, y->buf, (size_t)x->len) != 0) { found = i; break; }
+        }
+        Py_END_ALLOW_THREADS
+    }
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    return ok ? PyLong_FromSsize_t(found) : NULL;
+}
+
 static PyMethodDef methods[] = {
     {"walk_v2", walk_v2, METH_VARARGS,
      "walk_v2(records, expected_count, last_offset_delta) -> count\n\n"
      "Validate every record of an uncompressed magic v2 records section; ValueError says what is wrong."},
+    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, crc=0) -> CRC-32C of data, continuing from crc."},
+    {"crc32c_portable", py_crc32c_portable, METH_VARARGS,
+     "crc32c_portable(data, crc=0) -> the same by the table-driven code (used where SSE 4.2 is missing)."},
+    {"scan_v2", scan_v2, METH_VARARGS,
+     "scan_v2(buffer, start, max_total) -> [(start, total, base_offset, last_offset, max_timestamp, attributes,\n"
+     "records_count)] for the complete, CRC-valid v2 batches from start, up to the first it cannot vouch for."},
+    {"v2_header", v2_header, METH_VARARGS,
+     "v2_header(batch, codec, payload) -> the batch's header with codec bits, length and CRC for payload."},
+    {"first_difference", first_difference, METH_VARARGS,
+     "first_difference(a, b) -> index of the first differing pair of buffers, or -1 (GIL released)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_walker", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__walker(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__walker(void) {
+    crc_init();
+    return PyModule_Create(&module);
+}

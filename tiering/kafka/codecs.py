@@ -19,11 +19,14 @@ ends in :class:`DecompressionError` long before memory runs out.
 
 from __future__ import annotations
 
+import functools
 import struct
 import threading
 import zlib
+from array import array
+from collections.abc import Callable, Sequence
 from enum import IntEnum
-from typing import Final
+from typing import Final, cast
 
 import lz4.frame
 import snappy
@@ -489,6 +492,30 @@ def decompress_known_size(codec: Codec, data: bytes | memoryview, size: int, *, 
             raise DecompressionError(f"zstd: {e}") from e
         return out
     return decompress(codec, data, magic=magic, limit=size)
+
+
+def decompress_all_known_size(codec: Codec, payloads: list[bytes | bytearray | memoryview],
+                              sizes: Sequence[int]) -> Sequence[object]:
+    """:func:`decompress_known_size` over a group of v2 payloads. For zstd it is one call for the whole group
+    (the GIL released once, not once a batch), which is what lets the rewriter's proof run on a second core.
+    Each item of the result is a bytes-like object (zstd: the binding's buffer segments)."""
+    if codec is Codec.ZSTD and all(sizes):
+        try:
+            out = _zstd_decompressor().multi_decompress_to_buffer(
+                payloads, decompressed_sizes=array("Q", sizes).tobytes())
+        except zstandard.ZstdError as e:
+            raise DecompressionError(f"zstd: {e}") from e
+        return cast(Sequence[object], out)  # a collection of buffer segments: len() and indexing
+    return [decompress_known_size(codec, memoryview(p), n) for p, n in zip(payloads, sizes, strict=True)]
+
+
+def compressor(codec: Codec, level: int | None) -> Callable[[bytes | memoryview], bytes]:
+    """The magic v2 compression function for ``codec`` and ``level``, resolved once (the rewriter's hot path)."""
+    lvl = check_level(codec, level)
+    if codec is Codec.ZSTD:
+        assert lvl is not None
+        return _zstd_compressor(lvl).compress
+    return functools.partial(compress, codec, level=lvl)
 
 
 def compress(codec: Codec, data: bytes | memoryview, *, level: int | None = None, magic: int = 2) -> bytes:

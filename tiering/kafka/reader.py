@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Final
 
 from tiering.errors import CorruptBatchError, TieringError, UnsupportedError
+from tiering.kafka import _walker
 from tiering.kafka.batch import (
     HEADER_SIZE_UP_TO_MAGIC,
     LOG_OVERHEAD,
@@ -85,6 +86,18 @@ def stream_size(stream: BinaryIO) -> int | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class V2Run:
+    """Consecutive magic v2 batches the compiled scanner vouched for: complete, header checks passed, CRC
+    matching. ``batches`` holds one ``(start, total, base_offset, last_offset, max_timestamp, attributes,
+    records_count)`` per batch, ``start`` an index into ``buffer``; ``position`` is where ``buffer[0]``
+    sits in the segment."""
+
+    buffer: memoryview
+    position: int
+    batches: list[tuple[int, int, int, int, int, int, int]]
+
+
 def iter_batches(
     stream: BinaryIO,
     *,
@@ -98,14 +111,65 @@ def iter_batches(
     ``size`` is the number of bytes the stream holds (found from the file when None and possible): a
     length pointing past it is reported before anything is allocated.
     """
-    if size is None:
-        size = stream_size(stream)
-    position = 0
-    chunks = _Chunks(stream)
+    reader = _EntryReader(stream, path, size, max_batch_bytes)
+    while (raw := reader.next_batch(verify_crc)) is not None:
+        yield raw
+
+
+def iter_entries(
+    stream: BinaryIO,
+    *,
+    path: str | None = None,
+    size: int | None = None,
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+) -> Iterator[V2Run | RawBatch]:
+    """The same batches as :func:`iter_batches` (CRCs always checked), with the runs of ordinary v2 batches
+    handed over as :class:`V2Run` (found by the compiled scanner, no Python object per batch) and every
+    other entry (legacy, or one the scanner stopped at, which is then checked and reported here) as a
+    :class:`RawBatch`. The rewriter's hot path."""
+    reader = _EntryReader(stream, path, size, max_batch_bytes)
     while True:
+        run = reader.next_v2_run()
+        if run is not None:
+            yield run
+        raw = reader.next_batch(True)
+        if raw is None:
+            return
+        yield raw
+
+
+class _EntryReader:
+    def __init__(self, stream: BinaryIO, path: str | None, size: int | None, max_batch_bytes: int) -> None:
+        self.chunks = _Chunks(stream)
+        self.path = path
+        self.size = stream_size(stream) if size is None else size
+        self.max_batch_bytes = max_batch_bytes
+        self.position = 0
+
+    def next_v2_run(self) -> V2Run | None:
+        c = self.chunks
+        if c.available(HEADER_SIZE_UP_TO_MAGIC) == HEADER_SIZE_UP_TO_MAGIC and c.buf[c.off + MAGIC_OFFSET] == 2:
+            # Have the whole next batch buffered (it may straddle two chunks), unless its length is one the
+            # checks of next_batch will refuse.
+            total = _PREFIX.unpack_from(c.buf, c.off)[1] + LOG_OVERHEAD
+            fits = self.size is None or self.position + total <= self.size
+            if LOG_OVERHEAD < total <= self.max_batch_bytes and fits:
+                c.available(total)
+        batches = _walker.scan_v2(c.buf, c.off, self.max_batch_bytes)
+        if not batches:
+            return None
+        start, total = batches[-1][0], batches[-1][1]
+        run = V2Run(c.view, self.position - c.off, batches)
+        self.position += start + total - c.off
+        c.off = start + total
+        return run
+
+    def next_batch(self, verify_crc: bool) -> RawBatch | None:
+        """The next entry, every check done here and reported with its file position; None at the end."""
+        chunks, path, position, size = self.chunks, self.path, self.position, self.size
         got = chunks.available(HEADER_SIZE_UP_TO_MAGIC)
         if got == 0:
-            return
+            return None
         if got < HEADER_SIZE_UP_TO_MAGIC:
             raise CorruptBatchError("truncated batch header at the end of the segment", path=path, position=position,
                                     expected=f"{HEADER_SIZE_UP_TO_MAGIC} bytes", found=f"{got} bytes")
@@ -124,9 +188,9 @@ def iter_batches(
             raise CorruptBatchError("batch runs past the end of the segment", path=path, position=position,
                                     base_offset=offset, expected=f"<= {size - position} bytes",
                                     found=f"{total} bytes")
-        if total > max_batch_bytes:
+        if total > self.max_batch_bytes:
             raise CorruptBatchError("batch larger than the configured maximum", path=path, position=position,
-                                    base_offset=offset, expected=f"<= {max_batch_bytes} bytes", found=total)
+                                    base_offset=offset, expected=f"<= {self.max_batch_bytes} bytes", found=total)
         got = chunks.available(total)
         if got < total:
             raise CorruptBatchError("batch is truncated", path=path, position=position, base_offset=offset,
@@ -138,5 +202,5 @@ def iter_batches(
                 check_crc(header, data)
         except TieringError as e:
             raise e.located(path=path, position=position, base_offset=offset) from None
-        yield RawBatch(header, data)
-        position += total
+        self.position = position + total
+        return RawBatch(header, data)

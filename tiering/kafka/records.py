@@ -136,8 +136,13 @@ def decode_v2(header: BatchHeader, records: bytes | memoryview) -> list[Record]:
 def validate_v2(header: BatchHeader, records: bytes | memoryview) -> int:
     """Deep-validate an uncompressed v2 records section with the compiled walker; returns the count."""
     assert header.records_count is not None
+    return validate_v2_records(records, header.records_count, header.last_offset - header.offset)
+
+
+def validate_v2_records(records: bytes | memoryview, records_count: int, last_offset_delta: int) -> int:
+    """:func:`validate_v2` from the two header fields it needs; returns the count."""
     try:
-        count: int = _walker.walk_v2(records, header.records_count, header.last_offset - header.offset)
+        count: int = _walker.walk_v2(records, records_count, last_offset_delta)
     except ValueError as e:
         raise CorruptBatchError(str(e)) from None
     return count

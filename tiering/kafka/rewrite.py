@@ -1,17 +1,21 @@
 """The segment rewriter: recompress every batch, keep every offset and header field, prove it, re-index.
 
-Per batch, in file order, one batch in memory at a time (memory never grows with the segment's size):
+Per batch, in file order, memory bounded by a read chunk and a few groups of batches, never the segment:
 
-1. read and check the header and CRC (reader.py);
+1. read and check the header and CRC (the compiled scanner for runs of ordinary v2 batches, reader.py's
+   checks for anything else, and for reporting what the scanner stopped at);
 2. decompress and deep-validate the records (compiled walker); decide to copy the batch as it is
    (control batch, already in the target codec, legacy zstd / legacy none) or to recompress it;
 3. recompress; a batch that would not shrink is kept as it was (except with codec none);
 4. proof: decompress the new bytes again and compare them with the original records byte for byte;
 5. check offsets move forward, write the batch and feed its NEW position to the index builder.
 
-Everything runs in the calling thread. Overlapping the proof on worker threads (Python threads, and
-the zstd library's own multi-threaded batch calls) was measured slower on the 2-vCPU machine this was
-built on: the hand-offs cost more than the work they moved (see README, "Benchmark").
+The proof of v2 batches runs on a second thread, a group of batches (``GROUP_BYTES`` of records) at a
+time: one zstd call decodes the whole group and one compiled comparison checks it, each with the GIL
+released once, so the proof overlaps the next group's work on another core. A group is written only
+after its proof passed; the first problem in file order is the one reported. (Handing the proof over
+batch by batch was measured slower than doing it inline: the hand-offs cost more than the work moved.)
+Legacy batches are proven inline.
 
 Only codec bits, lengths, CRCs and the compressed bytes change; offsets, timestamps, producer fields,
 leader epochs and control markers come out as they went in.
@@ -22,26 +26,43 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import BinaryIO, Final
 
 import xxhash
 
 from tiering.errors import ConfigError, DecompressionError, ProofError, TieringError
-from tiering.kafka.batch import V2_HEADER_SIZE, BatchHeader, build_legacy_wrapper, build_v2
+from tiering.kafka import _walker
+from tiering.kafka.batch import (
+    V2_HEADER_SIZE,
+    BatchHeader,
+    build_legacy_wrapper,
+    build_v2,
+    is_control_attributes,
+    parse_v2_header,
+)
 from tiering.kafka.codecs import (
+    CODEC_MASK,
+    CODECS,
     DEFAULT_DECOMPRESSION_LIMIT,
     Codec,
     check_level,
     compress,
+    compressor,
+    decompress,
+    decompress_all_known_size,
     decompress_known_size,
 )
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, IndexBuilder, Indexes
-from tiering.kafka.reader import DEFAULT_MAX_BATCH_BYTES, RawBatch, iter_batches
-from tiering.kafka.records import decode_legacy, validate_v2, wrapper_inner
+from tiering.kafka.reader import DEFAULT_MAX_BATCH_BYTES, RawBatch, V2Run, iter_batches, iter_entries
+from tiering.kafka.records import decode_legacy, validate_v2, validate_v2_records, wrapper_inner
 from tiering.kafka.segment import OffsetOrder, payload_of
 
 PROGRESS_BYTES: Final = 1 << 20  # report progress about once a MiB of input
+GROUP_BYTES: Final = 4 << 20  # records per proof group: large enough to make the hand-off cheap, small for memory
+GROUP_BATCHES: Final = 512
 MAX_SEGMENT_BYTES: Final = (1 << 31) - 1  # Kafka's positions and batch lengths are int32
 
 
@@ -133,8 +154,7 @@ class _Out:
     base_offset: int  # Kafka's baseOffset(): a legacy wrapper's is its first inner message's offset
     records: int
     uncompressed_bytes: int
-    digest_in: bytes  # xxh3-128 of the original uncompressed records
-    digest_out: bytes  # xxh3-128 of what the written bytes decode to
+    digest: bytes  # xxh3-128 of the original uncompressed records, which the written bytes decode to
     kept: str | None  # why the batch was copied as it was, or None when it was recompressed
 
 
@@ -151,7 +171,7 @@ class _ToRecompress:
 
 def _keep(raw: RawBatch, reason: str, payload: bytes | memoryview, base_offset: int, records: int) -> _Out:
     digest = xxhash.xxh3_128_digest(payload)
-    return _Out(raw.header, (raw.data,), raw.header.codec, base_offset, records, len(payload), digest, digest, reason)
+    return _Out(raw.header, (raw.data,), raw.header.codec, base_offset, records, len(payload), digest, reason)
 
 
 def _prepare_v2(raw: RawBatch, o: RewriteOptions) -> _Out | _ToRecompress:
@@ -193,30 +213,227 @@ def _recompress(item: _ToRecompress, o: RewriteOptions) -> _Out:
     new = compress(o.codec, original, level=o.level, magic=h.magic)
     if o.codec is not Codec.NONE and len(new) >= item.old_size:
         return _keep(raw, KEPT_WOULD_GROW, original, item.base_offset, item.records)
-    digest_in = digest_out = xxhash.xxh3_128_digest(original)
+    digest = xxhash.xxh3_128_digest(original)
     if o.proof:
-        expected = f"{len(original)} bytes, xxh3 {digest_in.hex()}"
-        try:
-            back = decompress_known_size(o.codec, new, len(original), magic=h.magic)
-        except DecompressionError as e:
-            raise ProofError(f"rewritten batch does not decode: {e.message}", expected=expected,
-                             found=e.found) from None
-        digest_out = xxhash.xxh3_128_digest(back)
-        if back != original:
-            raise ProofError("rewritten batch does not decode to the original records", expected=expected,
-                             found=f"{len(back)} bytes, xxh3 {digest_out.hex()}")
+        _prove_one(o.codec, new, original, h.magic)
     parts = build_v2(raw.data, o.codec, new) if h.magic >= 2 else (build_legacy_wrapper(raw.data, h, o.codec, new),)
-    return _Out(h, parts, o.codec, item.base_offset, item.records, len(original), digest_in, digest_out, None)
+    return _Out(h, parts, o.codec, item.base_offset, item.records, len(original), digest, None)
+
+
+def _prove_one(codec: Codec, new: bytes | bytearray | memoryview, original: bytes | memoryview, magic: int) -> None:
+    """Decode ``new`` again; :class:`ProofError` unless it gives back ``original`` byte for byte."""
+    expected = f"{len(original)} bytes, xxh3 {xxhash.xxh3_128_hexdigest(original)}"
+    try:
+        back = decompress_known_size(codec, memoryview(new), len(original), magic=magic)
+    except DecompressionError as e:
+        raise ProofError(f"rewritten batch does not decode: {e.message}", expected=expected, found=e.found) from None
+    if back != original:
+        raise ProofError("rewritten batch does not decode to the original records", expected=expected,
+                         found=f"{len(back)} bytes, xxh3 {xxhash.xxh3_128_hexdigest(back)}")
+
+
+def _first_unproven(codec: Codec, news: list[bytes | bytearray | memoryview],
+                    originals: list[bytes | memoryview]) -> int:
+    """Index of the first batch of a group whose new bytes do not decode to its original records, or -1.
+    Runs on the proof thread: one decode call and one comparison for the whole group."""
+    try:
+        backs = decompress_all_known_size(codec, news, [len(o) for o in originals])
+    except DecompressionError:
+        for i, (new, original) in enumerate(zip(news, originals, strict=True)):
+            try:
+                _prove_one(codec, new, original, 2)
+            except ProofError:
+                return i
+        return 0  # the group failed as a whole but no batch alone does: report the first
+    return _walker.first_difference(backs, originals)
 
 
 def process_batch(raw: RawBatch, options: RewriteOptions) -> _Out:
-    """Validate one batch, then keep it or recompress and prove it."""
+    """Validate one batch, then keep it or recompress and prove it (inline: the path for legacy batches)."""
     h = raw.header
     try:
         item = _prepare_v2(raw, options) if h.magic >= 2 else _prepare_legacy(raw, options)
         return item if isinstance(item, _Out) else _recompress(item, options)
     except TieringError as e:
         raise e.located(position=h.position, base_offset=h.offset) from None
+
+
+class _Group:
+    """Batches processed but not yet written, in file order; the recompressed ones wait for their proof."""
+
+    __slots__ = ("digests", "news", "originals", "parts", "proven_rows", "records_bytes", "rows")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes | memoryview] = []  # what to write, in order
+        self.rows: list[_Row] = []
+        self.digests: list[bytes] = []  # xxh3-128 of each batch's records (what its written bytes decode to)
+        self.news: list[bytes | bytearray | memoryview] = []  # recompressed records sections awaiting the proof ...
+        self.originals: list[bytes | memoryview] = []  # ... the records they must decode to ...
+        self.proven_rows: list[int] = []  # ... and their index in rows
+        self.records_bytes = 0
+
+
+# One batch of a group: size written, last offset, max timestamp (for the index), then its position, base
+# offset and size in the input (for error messages and progress).
+_Row = tuple[int, int, int, int, int, int]
+
+
+class _Output:
+    """Where processed batches go: grouped, proven (on a second thread), then written and indexed in order."""
+
+    def __init__(self, dst: BinaryIO, base_offset: int, options: RewriteOptions,
+                 progress: Callable[[int], None] | None) -> None:
+        self.dst = dst
+        self.codec = options.codec
+        self.progress = progress
+        self.builder = IndexBuilder(base_offset, options.index_interval_bytes)
+        self.digest = xxhash.xxh3_128()
+        self.position = 0
+        self.reported = 0
+        self.group = _Group()
+        self.proving: tuple[_Group, Future[int]] | None = None
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="tiering-proof") if options.proof else None
+
+    def __enter__(self) -> _Output:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if isinstance(exc, TieringError):
+                # A batch before the failing one may fail its proof: that would be the first problem in the file.
+                self.seal(write=False)
+                self.drain(write=False)
+        finally:
+            if self.executor is not None:
+                self.executor.shutdown(wait=True, cancel_futures=True)
+
+    def add(self, row: _Row, digest: bytes, records_bytes: int, *parts: bytes | memoryview) -> None:
+        g = self.group
+        g.parts += parts
+        g.rows.append(row)
+        g.digests.append(digest)
+        g.records_bytes += records_bytes
+        if g.records_bytes >= GROUP_BYTES or len(g.rows) >= GROUP_BATCHES:
+            self.seal()
+
+    def to_prove(self, new: bytes, original: bytes | memoryview) -> None:
+        """The batch added last was recompressed: ``new`` must decode to ``original`` before it is written.
+        Call it before :meth:`add`, which may seal the group."""
+        g = self.group
+        g.news.append(new)
+        g.originals.append(original)
+        g.proven_rows.append(len(g.rows))
+
+    def seal(self, *, write: bool = True) -> None:
+        """Close the current group: hand its proof to the proof thread, then finish the group before it."""
+        g = self.group
+        if not g.rows:
+            return
+        self.group = _Group()
+        if self.executor is None or not g.news:
+            self.drain(write=write)
+            if write:
+                self.write(g)
+            return
+        future = self.executor.submit(_first_unproven, self.codec, g.news, g.originals)
+        self.drain(write=write)
+        self.proving = (g, future)
+
+    def drain(self, *, write: bool = True) -> None:
+        """Wait for the group being proven: raise :class:`ProofError` for its first failing batch, else write it."""
+        if self.proving is None:
+            return
+        g, future = self.proving
+        self.proving = None
+        failed = future.result()
+        if failed >= 0:
+            _, _, _, position, base, _ = g.rows[g.proven_rows[failed]]
+            try:
+                _prove_one(self.codec, g.news[failed], g.originals[failed], 2)
+            except ProofError as e:
+                raise e.located(position=position, base_offset=base) from None
+            raise ProofError("rewritten batch failed its group's proof", position=position, base_offset=base)
+        if write:
+            self.write(g)
+
+    def write(self, g: _Group) -> None:
+        position = self.position
+        for size, last_offset, max_timestamp, at, base, _ in g.rows:
+            if position + size > MAX_SEGMENT_BYTES:
+                raise ConfigError("the rewritten segment would pass Kafka's 2 GiB segment size (int32 positions); "
+                                  "choose a codec that compresses", position=at, base_offset=base,
+                                  expected=f"<= {MAX_SEGMENT_BYTES} bytes", found=f"{position + size} bytes")
+            self.builder.add(position, last_offset, max_timestamp)
+            position += size
+        self.dst.writelines(g.parts)
+        self.position = position
+        self.digest.update(b"".join(g.digests))
+        _, _, _, at, _, size_in = g.rows[-1]
+        if self.progress is not None and at + size_in >= self.reported + PROGRESS_BYTES:
+            self.reported = at + size_in
+            self.progress(self.reported)
+
+    def finish(self) -> Indexes:
+        self.seal()
+        self.drain()
+        return self.builder.finish()
+
+
+def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, out: _Output, stats: RewriteStats) -> None:
+    """The hot path: a run of v2 batches the compiled scanner already checked (header, CRC)."""
+    buf, run_position = run.buffer, run.position
+    target, target_id, force, deep = o.codec, int(o.codec), o.force, o.deep_validation
+    recompress = compressor(target, o.level)
+    limit = o.decompression_limit
+    shrink_only = target is not Codec.NONE
+    prove = o.proof
+    batches = records = records_bytes = rewritten = 0
+    for start, total, base, last, max_ts, attributes, count in run.batches:
+        position = run_position + start
+        try:
+            if not order.moves_forward(base, last):
+                order.check(parse_v2_header(buf[start : start + total], position), base)  # raises, saying why
+            order.prev_last = last
+            batch = buf[start : start + total]
+            codec = CODECS[attributes & CODEC_MASK]
+            section = batch[V2_HEADER_SIZE:]
+            payload = section if codec is Codec.NONE else decompress(codec, section, limit=limit)
+            if deep:
+                validate_v2_records(payload, count, last - base)  # the count it returns equals the header's
+            digest = xxhash.xxh3_128_digest(payload)
+            reason = None
+            if is_control_attributes(attributes):
+                reason = KEPT_CONTROL
+            elif codec is target and not force:
+                reason = KEPT_SAME_CODEC
+            else:
+                new = recompress(payload)
+                if shrink_only and len(new) >= total - V2_HEADER_SIZE:
+                    reason = KEPT_WOULD_GROW
+            if reason is None:
+                header = _walker.v2_header(batch, target_id, new)
+                if prove:
+                    out.to_prove(new, payload)
+                out.add((V2_HEADER_SIZE + len(new), last, max_ts, position, base, total), digest, len(payload),
+                        header, new)
+                stats.codecs_after[target.label] += 1
+                rewritten += 1
+            else:
+                out.add((total, last, max_ts, position, base, total), digest, len(payload), batch)
+                stats.kept[reason] += 1
+                stats.codecs_after[codec.label] += 1
+            stats.codecs_before[codec.label] += 1
+        except TieringError as e:
+            raise e.located(position=position, base_offset=base) from None
+        batches += 1
+        records += count
+        records_bytes += len(payload)
+    stats.batches += batches
+    stats.batches_rewritten += rewritten
+    stats.records += records
+    stats.uncompressed_bytes += records_bytes
+    stats.bytes_in += sum(b[1] for b in run.batches)
 
 
 def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: RewriteOptions,
@@ -230,59 +447,38 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     """
     started = time.perf_counter()
     stats = RewriteStats(path, base_offset, options.codec.label, options.level)
-    builder = IndexBuilder(base_offset, options.index_interval_bytes)
     order = OffsetOrder(base_offset, path)
-    digest_in = xxhash.xxh3_128()
-    digest_out = xxhash.xxh3_128()
-    position = 0
-    transitions: Counter[tuple[Codec, Codec]] = Counter()
-    reported = [0]
-
-    def emit(out: _Out) -> None:
-        nonlocal position
-        h = out.header
-        order.check(h, out.base_offset)
-        size = 0
-        for part in out.parts:
-            size += len(part)
-        if position + size > MAX_SEGMENT_BYTES:
-            raise ConfigError("the rewritten segment would pass Kafka's 2 GiB segment size (int32 positions); "
-                              "choose a codec that compresses", position=h.position, base_offset=h.offset,
-                              expected=f"<= {MAX_SEGMENT_BYTES} bytes", found=f"{position + size} bytes")
-        builder.add(position, h.last_offset, h.max_timestamp)
-        for part in out.parts:
-            dst.write(part)
-            position += len(part)
-        digest_in.update(out.digest_in)
-        digest_out.update(out.digest_out)
-        stats.batches += 1
-        stats.bytes_in += h.size
-        stats.records += out.records
-        stats.uncompressed_bytes += out.uncompressed_bytes
-        transitions[h.codec, out.codec] += 1
-        if out.kept is None:
-            stats.batches_rewritten += 1
-        else:
-            stats.kept[out.kept] += 1
-        if progress is not None and stats.bytes_in >= reported[0] + PROGRESS_BYTES:
-            reported[0] = stats.bytes_in
-            progress(stats.bytes_in)
-
     try:
-        for raw in iter_batches(src, path=path, size=size, max_batch_bytes=options.max_batch_bytes):
-            emit(process_batch(raw, options))
+        with _Output(dst, base_offset, options, progress) as out:
+            for entry in iter_entries(src, path=path, size=size, max_batch_bytes=options.max_batch_bytes):
+                if isinstance(entry, V2Run):
+                    _rewrite_run(entry, options, order, out, stats)
+                    continue
+                done = process_batch(entry, options)
+                h = done.header
+                order.check(h, done.base_offset)
+                size_out = sum(len(p) for p in done.parts)
+                out.add((size_out, h.last_offset, h.max_timestamp, h.position, h.offset, h.size), done.digest,
+                        done.uncompressed_bytes, *done.parts)
+                stats.batches += 1
+                stats.bytes_in += h.size
+                stats.records += done.records
+                stats.uncompressed_bytes += done.uncompressed_bytes
+                stats.codecs_before[h.codec.label] += 1
+                stats.codecs_after[done.codec.label] += 1
+                if done.kept is None:
+                    stats.batches_rewritten += 1
+                else:
+                    stats.kept[done.kept] += 1
+            indexes = out.finish()
     except TieringError as e:
         raise e.located(path=path) from None
-    for (before, after), n in transitions.items():
-        stats.codecs_before[before.label] += n
-        stats.codecs_after[after.label] += n
     if progress is not None:
         progress(stats.bytes_in)
-    stats.bytes_out = position
-    stats.payload_xxh3_in = digest_in.hexdigest()
-    stats.payload_xxh3_out = digest_out.hexdigest()
+    stats.bytes_out = out.position
+    stats.payload_xxh3_in = stats.payload_xxh3_out = out.digest.hexdigest()
     stats.seconds = time.perf_counter() - started
-    return RewriteResult(stats, builder.finish())
+    return RewriteResult(stats, indexes)
 
 
 @dataclass(frozen=True, slots=True)

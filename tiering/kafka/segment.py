@@ -187,6 +187,13 @@ class OffsetOrder:
         self.segment_base = segment_base
         self.path = path
 
+    def moves_forward(self, base_offset: int, last_offset: int) -> bool:
+        """Whether a batch passes :meth:`check` (which says why not); the caller records ``prev_last``."""
+        lowest = self.segment_base if self.prev_last is None else self.prev_last + 1
+        if lowest is not None and base_offset < lowest:
+            return False
+        return self.segment_base is None or last_offset - self.segment_base <= MAX_RELATIVE_OFFSET
+
     def check(self, header: BatchHeader, base_offset: int) -> None:
         if self.segment_base is not None and base_offset < self.segment_base:
             raise CorruptBatchError("batch offset below the segment's base offset", path=self.path,

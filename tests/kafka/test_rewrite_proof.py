@@ -1,0 +1,102 @@
+"""The rewriter's proof and its groups: a recompressed batch that does not decode back to its records is an error
+naming that batch, in file order before any later problem, and nothing of its group is written; small groups
+(many hand-offs to the proof thread) give the same output as one big group and as no proof at all."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import pytest
+
+from tiering.errors import CorruptBatchError, ProofError
+from tiering.kafka import rewrite
+from tiering.kafka.codecs import Codec
+from tiering.kafka.reader import iter_batches
+from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
+from tiering.sample import write_segment
+
+
+def _segment(batches: int = 24) -> bytes:
+    out = io.BytesIO()
+    write_segment(out, base_offset=100, kind="json", codec=Codec.SNAPPY, target_bytes=batches * 5000,
+                  batch_bytes=8 * 1024, seed=3)
+    return out.getvalue()
+
+
+def _positions(data: bytes) -> list[tuple[int, int]]:
+    return [(raw.header.position, raw.header.offset) for raw in iter_batches(io.BytesIO(data))]
+
+
+def _spoil(monkeypatch: pytest.MonkeyPatch, nth: int, spoil: Callable[[bytes], bytes]) -> None:
+    """Make the rewriter's compressor return ``spoil(output)`` for its ``nth`` batch (0-based)."""
+    real = rewrite.compressor
+    calls = [0]
+
+    def patched(codec: Codec, level: int | None) -> Callable[[bytes | memoryview], bytes]:
+        inner = real(codec, level)
+
+        def compress(data: bytes | memoryview) -> bytes:
+            out = inner(data)
+            calls[0] += 1
+            return spoil(out) if calls[0] - 1 == nth else out
+
+        return compress
+
+    monkeypatch.setattr(rewrite, "compressor", patched)
+
+
+@pytest.mark.parametrize("group_batches", [1, 5, 512])
+@pytest.mark.parametrize(("how", "message"), [
+    (lambda b: b[:-3], "does not decode"),  # a truncated zstd frame
+    (lambda b: rewrite.compressor(Codec.ZSTD, 3)(b"not the records"), "does not decode to the original records"),
+])
+def test_a_batch_that_fails_its_proof_is_named(monkeypatch: pytest.MonkeyPatch, group_batches: int,
+                                               how: Callable[[bytes], bytes], message: str) -> None:
+    data = _segment()
+    monkeypatch.setattr(rewrite, "GROUP_BATCHES", group_batches)
+    _spoil(monkeypatch, 7, how)
+    dst = io.BytesIO()
+    with pytest.raises(ProofError, match=message) as e:
+        rewrite_segment(io.BytesIO(data), dst, base_offset=100, options=RewriteOptions(Codec.ZSTD, 3), path="p.log")
+    position, base = _positions(data)[7]
+    assert (e.value.path, e.value.position, e.value.base_offset) == ("p.log", position, base)
+    # Nothing from the failing batch's group on was written (groups before it may have been).
+    assert len(dst.getvalue()) <= position
+
+
+def test_a_proof_failure_before_a_corrupt_batch_is_the_error_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = bytearray(_segment())
+    positions = _positions(bytes(data))
+    data[positions[9][0] + 70] ^= 0xFF  # batch 9's records: a CRC mismatch
+    with pytest.raises(CorruptBatchError):
+        rewrite_segment(io.BytesIO(bytes(data)), io.BytesIO(), base_offset=100, options=RewriteOptions(Codec.ZSTD, 3))
+    _spoil(monkeypatch, 3, lambda b: b[:-3])  # batch 3 now fails its proof, still pending when batch 9 is read
+    with pytest.raises(ProofError) as e:
+        rewrite_segment(io.BytesIO(bytes(data)), io.BytesIO(), base_offset=100, options=RewriteOptions(Codec.ZSTD, 3))
+    assert e.value.position == positions[3][0]
+
+
+def test_without_proof_the_spoilt_batch_goes_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control experiment: the spoilt bytes are caught by the proof, not by anything else."""
+    data = _segment()
+    _spoil(monkeypatch, 7, lambda b: rewrite.compressor(Codec.ZSTD, 3)(b"not the records"))
+    result = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=100,
+                             options=RewriteOptions(Codec.ZSTD, 3, proof=False))
+    assert result.stats.batches == len(_positions(data))
+
+
+@pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.LZ4, Codec.GZIP, Codec.NONE])
+def test_groups_and_proof_do_not_change_the_output(monkeypatch: pytest.MonkeyPatch, codec: Codec) -> None:
+    data = _segment(40)
+    outputs = []
+    for group_batches, proof in [(512, True), (3, True), (1, True), (512, False)]:
+        monkeypatch.setattr(rewrite, "GROUP_BATCHES", group_batches)
+        dst = io.BytesIO()
+        progress: list[int] = []
+        result = rewrite_segment(io.BytesIO(data), dst, base_offset=100,
+                                 options=RewriteOptions(codec, proof=proof), progress=progress.append)
+        assert progress == sorted(progress)
+        assert progress[-1] == len(data)
+        outputs.append((dst.getvalue(), result.indexes, result.stats.to_json() | {"seconds": 0}))
+    assert all(o == outputs[0] for o in outputs[1:])
