@@ -1,7 +1,7 @@
 """Rewrite throughput as a ratio to the bare codec loop, and peak RSS of the CLI, measured in one run.
 
     make bench                       # 256 MiB segment, RSS at 256 MiB and 1 GiB
-    .venv/bin/python bench/bench_rewrite.py --size-mib 256 --rss-sizes-mib 256,1024 --repeat 3
+    .venv/bin/python bench/bench_rewrite.py --size-mib 256 --rss-sizes-mib 256,1024 --repeat 5 --slice-mib 16
 
 The segment: JSON-like event values in ~16 KiB (uncompressed) batches compressed with snappy, as a
 Java producer with ``compression.type=snappy`` writes them. Each configuration rewrites it to zstd
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mib", type=int, default=256, help="segment size for the throughput ratios")
     parser.add_argument("--rss-sizes-mib", default="256,1024", help="segment sizes for the CLI RSS runs")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per configuration and slice; the best one counts")
-    parser.add_argument("--slice-mib", type=int, default=32,
+    parser.add_argument("--repeat", type=int, default=5, help="runs per configuration and slice; the best one counts")
+    parser.add_argument("--slice-mib", type=int, default=16,
                         help="the segment is measured in slices of this size, every configuration on each in turn")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_rewrite.json")
     args = parser.parse_args(argv)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from tiering.errors import CorruptBatchError, ProofError
-from tiering.kafka import rewrite
+from tiering.kafka import reader, rewrite
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
@@ -26,6 +26,13 @@ def _segment(batches: int = 24) -> bytes:
 
 def _positions(data: bytes) -> list[tuple[int, int]]:
     return [(raw.header.position, raw.header.offset) for raw in iter_batches(io.BytesIO(data))]
+
+
+def _small_groups(monkeypatch: pytest.MonkeyPatch, group_batches: int) -> None:
+    """Groups of about ``group_batches`` batches: groups fill a run of batches at a time, and a run is what one
+    read chunk holds, so small chunks make small runs."""
+    monkeypatch.setattr(rewrite, "GROUP_BATCHES", group_batches)
+    monkeypatch.setattr(reader, "READ_CHUNK_BYTES", 4096 if group_batches < 100 else 1 << 20)
 
 
 def _spoil(monkeypatch: pytest.MonkeyPatch, nth: int, spoil: Callable[[bytes], bytes]) -> None:
@@ -54,7 +61,7 @@ def _spoil(monkeypatch: pytest.MonkeyPatch, nth: int, spoil: Callable[[bytes], b
 def test_a_batch_that_fails_its_proof_is_named(monkeypatch: pytest.MonkeyPatch, group_batches: int,
                                                how: Callable[[bytes], bytes], message: str) -> None:
     data = _segment()
-    monkeypatch.setattr(rewrite, "GROUP_BATCHES", group_batches)
+    _small_groups(monkeypatch, group_batches)
     _spoil(monkeypatch, 7, how)
     dst = io.BytesIO()
     with pytest.raises(ProofError, match=message) as e:
@@ -91,7 +98,7 @@ def test_groups_and_proof_do_not_change_the_output(monkeypatch: pytest.MonkeyPat
     data = _segment(40)
     outputs = []
     for group_batches, proof in [(512, True), (3, True), (1, True), (512, False)]:
-        monkeypatch.setattr(rewrite, "GROUP_BATCHES", group_batches)
+        _small_groups(monkeypatch, group_batches)
         dst = io.BytesIO()
         progress: list[int] = []
         result = rewrite_segment(io.BytesIO(data), dst, base_offset=100,

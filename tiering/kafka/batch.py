@@ -171,11 +171,6 @@ class BatchHeader:
         return LEGACY_TIMESTAMP_OFFSET + (8 if self.magic == 1 else 0)
 
 
-def is_control_attributes(attributes: int) -> bool:
-    """Whether a v2 batch's attributes mark it a control batch (transaction markers)."""
-    return bool(attributes & _CONTROL_BIT)
-
-
 def crc_v2(data: bytes | memoryview | bytearray) -> int:
     """CRC-32C of a v2 batch: from the attributes to the end."""
     return int(crc32c.crc32c(memoryview(data)[ATTRIBUTES_OFFSET:]))

@@ -71,6 +71,16 @@ class IndexBuilder:
             self._maybe_append_time()
             self._last_indexed = position
 
+    def add_all(self, rows: Iterable[tuple[int, ...]], position: int) -> int:
+        """:meth:`add` for batches written one after the other from ``position``; each row starts with the
+        batch's size, last offset and max timestamp. Returns the position after the last one."""
+        add = self.add
+        for row in rows:
+            if row[2] > self._max_ts or position - self._last_indexed > self.interval_bytes:
+                add(position, row[1], row[2])
+            position += row[0]
+        return position
+
     def _relative(self, offset: int) -> int:
         rel = offset - self.base_offset
         if not 0 <= rel <= 0x7FFFFFFF:

@@ -132,6 +132,7 @@ def iter_entries(
         run = reader.next_v2_run()
         if run is not None:
             yield run
+            continue
         raw = reader.next_batch(True)
         if raw is None:
             return

@@ -37,10 +37,10 @@ from tiering.errors import ConfigError, DecompressionError, ProofError, TieringE
 from tiering.kafka import _walker
 from tiering.kafka.batch import (
     V2_HEADER_SIZE,
+    Attr,
     BatchHeader,
     build_legacy_wrapper,
     build_v2,
-    is_control_attributes,
     parse_v2_header,
 )
 from tiering.kafka.codecs import (
@@ -63,6 +63,7 @@ from tiering.kafka.segment import OffsetOrder, payload_of
 PROGRESS_BYTES: Final = 1 << 20  # report progress about once a MiB of input
 GROUP_BYTES: Final = 4 << 20  # records per proof group: large enough to make the hand-off cheap, small for memory
 GROUP_BATCHES: Final = 512
+_CONTROL_BIT: Final = int(Attr.CONTROL)
 MAX_SEGMENT_BYTES: Final = (1 << 31) - 1  # Kafka's positions and batch lengths are int32
 
 
@@ -259,7 +260,8 @@ def process_batch(raw: RawBatch, options: RewriteOptions) -> _Out:
 
 
 class _Group:
-    """Batches processed but not yet written, in file order; the recompressed ones wait for their proof."""
+    """Batches processed but not yet written, in file order; the recompressed ones wait for their proof.
+    Filled a run of batches at a time (see :meth:`_Output.add`)."""
 
     __slots__ = ("digests", "news", "originals", "parts", "proven_rows", "records_bytes", "rows")
 
@@ -308,22 +310,19 @@ class _Output:
             if self.executor is not None:
                 self.executor.shutdown(wait=True, cancel_futures=True)
 
-    def add(self, row: _Row, digest: bytes, records_bytes: int, *parts: bytes | memoryview) -> None:
+    def add(self, run: _Group) -> None:
+        """Append a run of processed batches (a group of its own, in file order) to the current group."""
         g = self.group
-        g.parts += parts
-        g.rows.append(row)
-        g.digests.append(digest)
-        g.records_bytes += records_bytes
-        if g.records_bytes >= GROUP_BYTES or len(g.rows) >= GROUP_BATCHES:
+        g.proven_rows += [len(g.rows) + i for i in run.proven_rows] if g.rows else run.proven_rows
+        g.parts += run.parts
+        g.rows += run.rows
+        g.digests += run.digests
+        g.news += run.news
+        g.originals += run.originals
+        g.records_bytes += run.records_bytes
+        # Without a proof to wait for, a run is written at once (less memory held, warmer caches).
+        if self.executor is None or g.records_bytes >= GROUP_BYTES or len(g.rows) >= GROUP_BATCHES:
             self.seal()
-
-    def to_prove(self, new: bytes, original: bytes | memoryview) -> None:
-        """The batch added last was recompressed: ``new`` must decode to ``original`` before it is written.
-        Call it before :meth:`add`, which may seal the group."""
-        g = self.group
-        g.news.append(new)
-        g.originals.append(original)
-        g.proven_rows.append(len(g.rows))
 
     def seal(self, *, write: bool = True) -> None:
         """Close the current group: hand its proof to the proof thread, then finish the group before it."""
@@ -358,16 +357,17 @@ class _Output:
             self.write(g)
 
     def write(self, g: _Group) -> None:
-        position = self.position
-        for size, last_offset, max_timestamp, at, base, _ in g.rows:
-            if position + size > MAX_SEGMENT_BYTES:
-                raise ConfigError("the rewritten segment would pass Kafka's 2 GiB segment size (int32 positions); "
-                                  "choose a codec that compresses", position=at, base_offset=base,
-                                  expected=f"<= {MAX_SEGMENT_BYTES} bytes", found=f"{position + size} bytes")
-            self.builder.add(position, last_offset, max_timestamp)
-            position += size
+        end = self.builder.add_all(g.rows, self.position)
+        if end > MAX_SEGMENT_BYTES:
+            position = self.position
+            for size, _, _, at, base, _ in g.rows:
+                if position + size > MAX_SEGMENT_BYTES:
+                    raise ConfigError("the rewritten segment would pass Kafka's 2 GiB segment size (int32 positions); "
+                                      "choose a codec that compresses", position=at, base_offset=base,
+                                      expected=f"<= {MAX_SEGMENT_BYTES} bytes", found=f"{position + size} bytes")
+                position += size
         self.dst.writelines(g.parts)
-        self.position = position
+        self.position = end
         self.digest.update(b"".join(g.digests))
         _, _, _, at, _, size_in = g.rows[-1]
         if self.progress is not None and at + size_in >= self.reported + PROGRESS_BYTES:
@@ -380,60 +380,83 @@ class _Output:
         return self.builder.finish()
 
 
-def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, out: _Output, stats: RewriteStats) -> None:
-    """The hot path: a run of v2 batches the compiled scanner already checked (header, CRC)."""
+def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, stats: RewriteStats,
+                 transitions: Counter[tuple[int, int]]) -> _Group:
+    """The hot path: a run of v2 batches the compiled scanner already checked (header, CRC); returns them
+    processed, as a group of their own. Per batch only what must be per batch; the rest per run."""
     buf, run_position = run.buffer, run.position
-    target, target_id, force, deep = o.codec, int(o.codec), o.force, o.deep_validation
+    target, target_id, force, deep, prove = o.codec, int(o.codec), o.force, o.deep_validation, o.proof
     recompress = compressor(target, o.level)
     limit = o.decompression_limit
     shrink_only = target is not Codec.NONE
-    prove = o.proof
-    batches = records = records_bytes = rewritten = 0
+    lowest = order.lowest_next()
+    highest = order.highest_last()
+    done = _Group()
+    parts, rows, digests, news, originals, proven = (done.parts, done.rows, done.digests, done.news, done.originals,
+                                                     done.proven_rows)
+    records = records_bytes = 0
+    kept: list[str] = []
     for start, total, base, last, max_ts, attributes, count in run.batches:
         position = run_position + start
         try:
-            if not order.moves_forward(base, last):
+            if base < lowest or last > highest:
                 order.check(parse_v2_header(buf[start : start + total], position), base)  # raises, saying why
+            lowest = last + 1
             order.prev_last = last
             batch = buf[start : start + total]
-            codec = CODECS[attributes & CODEC_MASK]
-            section = batch[V2_HEADER_SIZE:]
-            payload = section if codec is Codec.NONE else decompress(codec, section, limit=limit)
+            codec_id = attributes & CODEC_MASK
+            payload: bytes | memoryview = batch[V2_HEADER_SIZE:]
+            if codec_id:
+                payload = decompress(CODECS[codec_id], payload, limit=limit)
             if deep:
                 validate_v2_records(payload, count, last - base)  # the count it returns equals the header's
-            digest = xxhash.xxh3_128_digest(payload)
+            digests.append(xxhash.xxh3_128_digest(payload))
             reason = None
-            if is_control_attributes(attributes):
+            if attributes & _CONTROL_BIT:
                 reason = KEPT_CONTROL
-            elif codec is target and not force:
+            elif codec_id == target_id and not force:
                 reason = KEPT_SAME_CODEC
             else:
                 new = recompress(payload)
                 if shrink_only and len(new) >= total - V2_HEADER_SIZE:
                     reason = KEPT_WOULD_GROW
             if reason is None:
-                header = _walker.v2_header(batch, target_id, new)
                 if prove:
-                    out.to_prove(new, payload)
-                out.add((V2_HEADER_SIZE + len(new), last, max_ts, position, base, total), digest, len(payload),
-                        header, new)
-                stats.codecs_after[target.label] += 1
-                rewritten += 1
+                    proven.append(len(rows))
+                    news.append(new)
+                    originals.append(payload)
+                parts.append(_walker.v2_header(batch, target_id, new))
+                parts.append(new)
+                rows.append((V2_HEADER_SIZE + len(new), last, max_ts, position, base, total))
+                transitions[codec_id, target_id] += 1
             else:
-                out.add((total, last, max_ts, position, base, total), digest, len(payload), batch)
-                stats.kept[reason] += 1
-                stats.codecs_after[codec.label] += 1
-            stats.codecs_before[codec.label] += 1
+                parts.append(batch)
+                rows.append((total, last, max_ts, position, base, total))
+                transitions[codec_id, codec_id] += 1
+                kept.append(reason)
         except TieringError as e:
             raise e.located(position=position, base_offset=base) from None
-        batches += 1
         records += count
         records_bytes += len(payload)
-    stats.batches += batches
-    stats.batches_rewritten += rewritten
+    done.records_bytes = records_bytes
+    stats.batches += len(rows)
+    stats.batches_rewritten += len(rows) - len(kept)
+    stats.kept.update(kept)
     stats.records += records
     stats.uncompressed_bytes += records_bytes
     stats.bytes_in += sum(b[1] for b in run.batches)
+    return done
+
+
+def _processed(done: _Out) -> _Group:
+    """One batch of the inline path (legacy, or what the scanner left to the Python reader) as a group."""
+    h = done.header
+    g = _Group()
+    g.parts += done.parts
+    g.rows.append((sum(len(p) for p in done.parts), h.last_offset, h.max_timestamp, h.position, h.offset, h.size))
+    g.digests.append(done.digest)
+    g.records_bytes = done.uncompressed_bytes
+    return g
 
 
 def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: RewriteOptions,
@@ -448,24 +471,22 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     started = time.perf_counter()
     stats = RewriteStats(path, base_offset, options.codec.label, options.level)
     order = OffsetOrder(base_offset, path)
+    transitions: Counter[tuple[int, int]] = Counter()
     try:
         with _Output(dst, base_offset, options, progress) as out:
             for entry in iter_entries(src, path=path, size=size, max_batch_bytes=options.max_batch_bytes):
                 if isinstance(entry, V2Run):
-                    _rewrite_run(entry, options, order, out, stats)
+                    out.add(_rewrite_run(entry, options, order, stats, transitions))
                     continue
                 done = process_batch(entry, options)
                 h = done.header
                 order.check(h, done.base_offset)
-                size_out = sum(len(p) for p in done.parts)
-                out.add((size_out, h.last_offset, h.max_timestamp, h.position, h.offset, h.size), done.digest,
-                        done.uncompressed_bytes, *done.parts)
+                out.add(_processed(done))
                 stats.batches += 1
                 stats.bytes_in += h.size
                 stats.records += done.records
                 stats.uncompressed_bytes += done.uncompressed_bytes
-                stats.codecs_before[h.codec.label] += 1
-                stats.codecs_after[done.codec.label] += 1
+                transitions[h.codec, done.codec] += 1
                 if done.kept is None:
                     stats.batches_rewritten += 1
                 else:
@@ -473,6 +494,9 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
             indexes = out.finish()
     except TieringError as e:
         raise e.located(path=path) from None
+    for (before, after), n in transitions.items():
+        stats.codecs_before[CODECS[before].label] += n
+        stats.codecs_after[CODECS[after].label] += n
     if progress is not None:
         progress(stats.bytes_in)
     stats.bytes_out = out.position

@@ -187,12 +187,15 @@ class OffsetOrder:
         self.segment_base = segment_base
         self.path = path
 
-    def moves_forward(self, base_offset: int, last_offset: int) -> bool:
-        """Whether a batch passes :meth:`check` (which says why not); the caller records ``prev_last``."""
-        lowest = self.segment_base if self.prev_last is None else self.prev_last + 1
-        if lowest is not None and base_offset < lowest:
-            return False
-        return self.segment_base is None or last_offset - self.segment_base <= MAX_RELATIVE_OFFSET
+    def lowest_next(self) -> int:
+        """The lowest base offset the next batch may have (the checks of :meth:`check`, for a hot loop)."""
+        if self.prev_last is not None:
+            return self.prev_last + 1
+        return -(1 << 63) if self.segment_base is None else self.segment_base
+
+    def highest_last(self) -> int:
+        """The highest last offset any batch may have (Kafka's index offsets are int32 relative to the base)."""
+        return (1 << 63) - 1 if self.segment_base is None else self.segment_base + MAX_RELATIVE_OFFSET
 
     def check(self, header: BatchHeader, base_offset: int) -> None:
         if self.segment_base is not None and base_offset < self.segment_base:
