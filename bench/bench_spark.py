@@ -40,6 +40,7 @@ from tiering.s3.compact import CompactOptions
 from tiering.s3.scan import ScanOptions
 from tiering.s3.seed import generate_partition, upload_partition
 from tiering.s3.store import S3Store
+from tiering.spark_daemon import DAEMON_CONF, DAEMON_MODULE
 from tiering.sparksubmit import submit
 
 MIB = 1024 * 1024
@@ -62,7 +63,7 @@ def _seed(store: S3Store, prefix: str, generated: Any, partitions: int) -> None:
         upload_partition(store, prefix, "events", p, generated)
 
 
-def _spark_path(store: S3Store, prefix: str, master: str, server_pid: int) -> dict[str, Any]:
+def _spark_path(store: S3Store, prefix: str, master: str, server_pid: int, daemon: str) -> dict[str, Any]:
     settings = RunSettings(store.bucket, prefix, f"bench-{re.sub(r'[^a-z0-9]', '', master)}", "zstd", 3)
     scan_run(store, settings, ScanOptions("zstd", 3, min_age_minutes=0))
     planned = plan_run(store, settings, CompactOptions())
@@ -70,7 +71,7 @@ def _spark_path(store: S3Store, prefix: str, master: str, server_pid: int) -> di
     server_cpu = _cpu_seconds(server_pid)
     started = time.perf_counter()
     submit(JOB, ["--plan", f"s3://{store.bucket}/{planned['plan_key']}", "--run-id", settings.run_id],
-           master=master, conf={"spark.log.level": "WARN"}, log=lines.append)
+           master=master, conf={"spark.log.level": "WARN", DAEMON_CONF: daemon}, log=lines.append)
     submit_seconds = time.perf_counter() - started
     server_cpu = _cpu_seconds(server_pid) - server_cpu
     stage = float(next(line.split(":")[1] for line in lines if line.startswith("stage seconds:")))
@@ -110,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segment-mib", type=float, default=8)
     parser.add_argument("--repeat", type=int, default=3,
                         help="local[1] / local[2] pairs, interleaved, each on fresh copies (default %(default)s)")
+    parser.add_argument("--daemon", choices=[DAEMON_MODULE, "pyspark.daemon"], default=DAEMON_MODULE,
+                        help="the executors' Python daemon: ours (imports done once, before the fork) or Spark's "
+                             "(imports in every worker, pyspark from Spark's zip)")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_spark.json")
     args = parser.parse_args(argv)
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -124,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             for prefix in (f"local1-{rep}", f"local2-{rep}"):
                 _seed(store, prefix, generated, args.partitions)
             print(f"pair {rep + 1}: local[1] ...", file=sys.stderr)
-            first = _spark_path(store, f"local1-{rep}", "local[1]", server_pid)
+            first = _spark_path(store, f"local1-{rep}", "local[1]", server_pid, args.daemon)
             print(f"  {first}\npair {rep + 1}: local[2] ...", file=sys.stderr)
-            second = _spark_path(store, f"local2-{rep}", "local[2]", server_pid)
+            second = _spark_path(store, f"local2-{rep}", "local[2]", server_pid, args.daemon)
             print(f"  {second}", file=sys.stderr)
             pairs.append((first, second))
         _seed(store, "cli", generated, args.partitions)
@@ -135,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     # Best of the repeats for each master (the usual guard against a noisy machine), and every pair's ratio.
     one = min((a for a, _ in pairs), key=lambda r: r["stage_seconds"])
     two = min((b for _, b in pairs), key=lambda r: r["stage_seconds"])
-    doc = {"segments": one["segments"], "bytes": one["bytes"], "local_1": one, "local_2": two, "cli": cli,
+    doc = {"daemon": args.daemon, "segments": one["segments"], "bytes": one["bytes"], "local_1": one, "local_2": two,
+           "cli": cli,
            "pairs": [{"local_1_stage": a["stage_seconds"], "local_2_stage": b["stage_seconds"],
                       "speedup_stage": round(a["stage_seconds"] / b["stage_seconds"], 3)} for a, b in pairs],
            "speedup_stage": round(one["stage_seconds"] / two["stage_seconds"], 3),

@@ -75,9 +75,10 @@ class RunSettings:
         """A client from this process's AWS environment (endpoint and credentials are never in settings)."""
         return S3Store(make_client(), self.bucket)
 
-    def context(self, store: S3Store, work_dir: str | None = None) -> Context:
-        return Context(store, self.prefix, self.run_id, RewriteOptions(Codec.parse(self.codec), self.level),
-                       work_dir=work_dir)
+    def context(self, store: S3Store, work_dir: str | None = None, *, one_core: bool = False) -> Context:
+        """``one_core``: the rewrite proves inline instead of on a second thread (a Spark task has one core)."""
+        options = RewriteOptions(Codec.parse(self.codec), self.level, proof_thread=not one_core)
+        return Context(store, self.prefix, self.run_id, options, work_dir=work_dir)
 
     def key(self, name: str) -> str:
         return reserved_key(self.prefix, RUNS_DIR, self.run_id, name)
@@ -162,7 +163,7 @@ def stage_task(segment: dict[str, Any], settings: dict[str, Any], work_dir: str 
         pass
     if result is None:
         lease = RunLease(store, lease_key(run.prefix, seg.directory), run.run_id)
-        result = run_segment(run.context(store, work_dir), seg, lease, commit=False)
+        result = run_segment(run.context(store, work_dir, one_core=True), seg, lease, commit=False)
     # What the cost report prices: this task's S3 requests and its time on one executor core.
     return {**result.to_json(), "usage": {"requests": dict(store.requests),
                                           "seconds": round(time.perf_counter() - started, 3)}}

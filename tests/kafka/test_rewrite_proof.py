@@ -53,19 +53,20 @@ def _spoil(monkeypatch: pytest.MonkeyPatch, nth: int, spoil: Callable[[bytes], b
     monkeypatch.setattr(rewrite, "compressor", patched)
 
 
-@pytest.mark.parametrize("group_batches", [1, 5, 512])
+@pytest.mark.parametrize(("group_batches", "thread"), [(1, True), (5, True), (512, True), (5, False), (512, False)])
 @pytest.mark.parametrize(("how", "message"), [
     (lambda b: b[:-3], "does not decode"),  # a truncated zstd frame
     (lambda b: rewrite.compressor(Codec.ZSTD, 3)(b"not the records"), "does not decode to the original records"),
 ])
-def test_a_batch_that_fails_its_proof_is_named(monkeypatch: pytest.MonkeyPatch, group_batches: int,
+def test_a_batch_that_fails_its_proof_is_named(monkeypatch: pytest.MonkeyPatch, group_batches: int, thread: bool,
                                                how: Callable[[bytes], bytes], message: str) -> None:
     data = _segment()
     _small_groups(monkeypatch, group_batches)
     _spoil(monkeypatch, 7, how)
     dst = io.BytesIO()
     with pytest.raises(ProofError, match=message) as e:
-        rewrite_segment(io.BytesIO(data), dst, base_offset=100, options=RewriteOptions(Codec.ZSTD, 3), path="p.log")
+        rewrite_segment(io.BytesIO(data), dst, base_offset=100, path="p.log",
+                        options=RewriteOptions(Codec.ZSTD, 3, proof_thread=thread))
     position, base = _positions(data)[7]
     assert (e.value.path, e.value.position, e.value.base_offset) == ("p.log", position, base)
     # Nothing from the failing batch's group on was written (groups before it may have been).
@@ -97,12 +98,14 @@ def test_without_proof_the_spoilt_batch_goes_through(monkeypatch: pytest.MonkeyP
 def test_groups_and_proof_do_not_change_the_output(monkeypatch: pytest.MonkeyPatch, codec: Codec) -> None:
     data = _segment(40)
     outputs = []
-    for group_batches, proof in [(512, True), (3, True), (1, True), (512, False)]:
+    for group_batches, proof, thread in [(512, True, True), (3, True, True), (1, True, True), (512, True, False),
+                                         (3, True, False), (512, False, True)]:
         _small_groups(monkeypatch, group_batches)
         dst = io.BytesIO()
         progress: list[int] = []
         result = rewrite_segment(io.BytesIO(data), dst, base_offset=100,
-                                 options=RewriteOptions(codec, proof=proof), progress=progress.append)
+                                 options=RewriteOptions(codec, proof=proof, proof_thread=thread),
+                                 progress=progress.append)
         assert progress == sorted(progress)
         assert progress[-1] == len(data)
         outputs.append((dst.getvalue(), result.indexes, result.stats.to_json() | {"seconds": 0}))

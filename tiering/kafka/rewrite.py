@@ -74,6 +74,7 @@ class RewriteOptions:
     force: bool = False
     deep_validation: bool = True
     proof: bool = True
+    proof_thread: bool = True  # prove on a second thread; False keeps the whole rewrite on one core (Spark tasks)
     index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
     decompression_limit: int = DEFAULT_DECOMPRESSION_LIMIT
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES
@@ -294,7 +295,8 @@ class _Output:
         self.reported = 0
         self.group = _Group()
         self.proving: tuple[_Group, Future[int]] | None = None
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix="tiering-proof") if options.proof else None
+        self.executor = (ThreadPoolExecutor(1, thread_name_prefix="tiering-proof")
+                         if options.proof and options.proof_thread else None)
 
     def __enter__(self) -> _Output:
         return self
@@ -320,7 +322,7 @@ class _Output:
         g.news += run.news
         g.originals += run.originals
         g.records_bytes += run.records_bytes
-        # Without a proof to wait for, a run is written at once (less memory held, warmer caches).
+        # Without a proof thread to wait for, a run is proven (if at all) and written at once: less memory held.
         if self.executor is None or g.records_bytes >= GROUP_BYTES or len(g.rows) >= GROUP_BATCHES:
             self.seal()
 
@@ -330,12 +332,16 @@ class _Output:
         if not g.rows:
             return
         self.group = _Group()
-        if self.executor is None or not g.news:
+        if not g.news:
             self.drain(write=write)
             if write:
                 self.write(g)
             return
-        future = self.executor.submit(_first_unproven, self.codec, g.news, g.originals)
+        if self.executor is not None:
+            future = self.executor.submit(_first_unproven, self.codec, g.news, g.originals)
+        else:
+            future = Future()
+            future.set_result(_first_unproven(self.codec, g.news, g.originals))
         self.drain(write=write)
         self.proving = (g, future)
 
