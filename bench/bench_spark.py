@@ -10,7 +10,9 @@ process on this machine:
 1. ``--repeat`` interleaved pairs of Spark ``local[1]`` (one single-threaded task at a time) and Spark
    ``local[2]`` (two at a time), each followed by the commit step; the best stage time of each master
    gives the speed-up (every pair's own ratio is printed too);
-2. the single-process CLI path (``tiering s3 compact``), for comparison.
+2. the machine's own ceiling for the same kind of work: one single-threaded rewrite alone, then two at once
+   (no Spark, no S3, no JVM), so the speed-up can be read against what two vCPUs here actually give;
+3. the single-process CLI path (``tiering s3 compact``), for comparison.
 
 Reported: the speed-up of ``local[2]`` over ``local[1]`` for the staging stage (measured inside the job,
 without the JVM's start-up) and for the whole ``spark-submit``; the Spark path's wall time (submit +
@@ -26,8 +28,10 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,7 @@ from tiering.s3.compact import CompactOptions
 from tiering.s3.scan import ScanOptions
 from tiering.s3.seed import generate_partition, upload_partition
 from tiering.s3.store import S3Store
+from tiering.sample import write_segment
 from tiering.spark_daemon import DAEMON_CONF, DAEMON_MODULE
 from tiering.sparksubmit import submit
 
@@ -92,6 +97,42 @@ def _spark_path(store: S3Store, prefix: str, master: str, server_pid: int, daemo
             "task_seconds_sum": round(float(run.usage.get("compute_seconds", 0.0)), 2)}
 
 
+_ONE_CORE_REWRITE = """
+import io, sys
+from tiering.kafka.codecs import Codec
+from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
+data = open(sys.argv[1], "rb").read()
+rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=0,
+                options=RewriteOptions(Codec.ZSTD, 3, proof_thread=False))
+"""
+
+
+def _machine_ceiling(segment_mib: float, repeat: int) -> dict[str, Any]:
+    """What this machine gives two single-threaded rewrites at once, without Spark, S3 or a JVM: the same
+    rewrite (one core, as a Spark task runs it) alone, then two copies at the same time, interleaved; the
+    ceiling is 2 x alone / the slower of the two together (2.0 on two cores that do not slow each other)."""
+    with tempfile.TemporaryDirectory(prefix="tiering-ceiling-") as tmp:
+        path = Path(tmp) / "00000000000000000000.log"
+        with path.open("wb") as f:
+            write_segment(f, base_offset=0, kind="json", codec=Codec.SNAPPY, target_bytes=int(segment_mib * MIB),
+                          seed=11)
+        cmd = [sys.executable, "-c", _ONE_CORE_REWRITE, str(path)]
+        alone, together = [], []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            subprocess.run(cmd, check=True)
+            alone.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            procs = [subprocess.Popen(cmd) for _ in range(2)]
+            for proc in procs:
+                if proc.wait() != 0:
+                    raise RuntimeError("the ceiling's rewrite failed")
+            together.append(time.perf_counter() - started)
+    ceiling = 2 * statistics.median(alone) / statistics.median(together)
+    return {"segment_mib": segment_mib, "alone_seconds": [round(x, 2) for x in alone],
+            "two_at_once_seconds": [round(x, 2) for x in together], "ceiling": round(ceiling, 3)}
+
+
 def _cli_path(endpoint: str, bucket: str, prefix: str) -> dict[str, Any]:
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "tiering", "s3", "compact", "--bucket", bucket, "--prefix", prefix,
@@ -133,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             second = _spark_path(store, f"local2-{rep}", "local[2]", server_pid, args.daemon)
             print(f"  {second}", file=sys.stderr)
             pairs.append((first, second))
+        print("machine ceiling: one rewrite alone, then two at once ...", file=sys.stderr)
+        ceiling = _machine_ceiling(max(8.0, args.segment_mib), max(3, args.repeat))
         _seed(store, "cli", generated, args.partitions)
         print("CLI ...", file=sys.stderr)
         cli = _cli_path(endpoint, "bench", "cli")
@@ -140,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     one = min((a for a, _ in pairs), key=lambda r: r["stage_seconds"])
     two = min((b for _, b in pairs), key=lambda r: r["stage_seconds"])
     doc = {"daemon": args.daemon, "segments": one["segments"], "bytes": one["bytes"], "local_1": one, "local_2": two,
-           "cli": cli,
+           "cli": cli, "machine_ceiling": ceiling,
            "pairs": [{"local_1_stage": a["stage_seconds"], "local_2_stage": b["stage_seconds"],
                       "speedup_stage": round(a["stage_seconds"] / b["stage_seconds"], 3)} for a, b in pairs],
            "speedup_stage": round(one["stage_seconds"] / two["stage_seconds"], 3),
@@ -161,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         ("local[2] stage seconds, best of the pairs (inside the job)", f"{two['stage_seconds']:.1f}"),
         ("speed-up local[2] / local[1], stage, best of each", f"{doc['speedup_stage']:.2f}"),
         ("speed-up local[2] / local[1], whole spark-submit", f"{doc['speedup_submit']:.2f}"),
+        ("this machine's ceiling: 2 one-core rewrites at once vs one", f"{ceiling['ceiling']:.2f}"),
         ("Spark path wall (submit + commit), local[2], seconds", f"{two['wall_seconds']:.1f}"),
         ("CLI path wall (tiering s3 compact), seconds", f"{cli['wall_seconds']:.1f}"),
         ("Spark path / CLI path, wall time", f"{doc['spark_wall_to_cli']:.2f}"),

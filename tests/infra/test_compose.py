@@ -193,6 +193,7 @@ def test_spark_runs_in_client_mode_with_the_driver_in_the_scheduler(services: di
     conf = json.loads(env(scheduler)["TIERING_SPARK_CONF"])
     assert all(isinstance(v, str) for v in conf.values())  # spark-submit --conf key=value
     assert conf["spark.submit.deployMode"] == "client"
+    assert conf["spark.python.daemon.module"] == "tiering.spark_daemon"  # tiering is installed in the image
     assert conf["spark.driver.host"] in {SCHEDULER, scheduler["hostname"]}
     assert scheduler["hostname"] == SCHEDULER
     ports = {int(conf["spark.driver.port"]), int(conf["spark.blockManager.port"])}

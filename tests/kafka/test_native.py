@@ -33,6 +33,15 @@ def test_crc32c_equals_the_reference_package(data: bytes, split: int, seed: int)
         assert fn(memoryview(data)[1:]) == crc32c.crc32c(data[1:])  # unaligned starts
 
 
+@pytest.mark.parametrize("size", [767, 768, 769, 3 * 256 * 7 + 5, 24575, 24576, 24577, 3 * 8192 * 3 + 100, 1 << 20])
+def test_crc32c_three_lanes_at_their_boundaries(size: int) -> None:
+    """Long buffers run as three interleaved lanes (of 8192 and 256 bytes) combined by a shift: every boundary."""
+    data = bytes((i * 131 + 7) & 0xFF for i in range(size + 3))
+    for start in range(3):  # unaligned starts shift where the lanes begin
+        chunk = data[start : start + size]
+        assert _walker.crc32c(chunk) == crc32c.crc32c(chunk) == _walker.crc32c_portable(chunk)
+
+
 def test_crc32c_check_value() -> None:
     assert _walker.crc32c(b"123456789") == _walker.crc32c_portable(b"123456789") == 0xE3069283  # RFC 3720
 
