@@ -54,4 +54,6 @@ def test_spark_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     assert doc["cli"]["compacted"] == 2
     assert doc["speedup_stage"] > 0
     assert len(doc["pairs"]) == 1
+    assert 0 < doc["machine_ceiling"]["ceiling"] < 4
+    assert len(doc["machine_ceiling"]["two_at_once_seconds"]) == 3
     assert "speed-up local[2] / local[1], stage" in proc.stdout
