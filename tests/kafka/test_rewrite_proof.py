@@ -5,11 +5,13 @@ naming that batch, in file order before any later problem, and nothing of its gr
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Callable
 
+import crc32c
 import pytest
 
-from tiering.errors import CorruptBatchError, ProofError
+from tiering.errors import ConfigError, CorruptBatchError, InvalidDataError, ProofError
 from tiering.kafka import reader, rewrite
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import iter_batches
@@ -110,3 +112,42 @@ def test_groups_and_proof_do_not_change_the_output(monkeypatch: pytest.MonkeyPat
         assert progress[-1] == len(data)
         outputs.append((dst.getvalue(), result.indexes, result.stats.to_json() | {"seconds": 0}))
     assert all(o == outputs[0] for o in outputs[1:])
+
+
+def _corrupt_records_keeping_the_crc(data: bytearray, position: int) -> None:
+    """Garble a batch's compressed records and store the CRC of the result: only decoding can tell."""
+    (length,) = struct.unpack_from(">i", data, position + 8)
+    end = position + 12 + length
+    for i in range(position + 61 + 20, min(end, position + 61 + 60)):
+        data[i] ^= 0x5A
+    struct.pack_into(">I", data, position + 17, crc32c.crc32c(bytes(data[position + 21 : end])))
+
+
+@pytest.mark.parametrize("thread", [True, False])
+def test_a_proof_failure_before_bad_records_in_the_same_run_is_the_error_reported(
+        monkeypatch: pytest.MonkeyPatch, thread: bool) -> None:
+    data = bytearray(_segment())
+    positions = _positions(bytes(data))
+    _corrupt_records_keeping_the_crc(data, positions[9][0])
+    options = RewriteOptions(Codec.ZSTD, 3, proof_thread=thread)
+    with pytest.raises(InvalidDataError) as plain:  # the control: batch 9 alone is reported
+        rewrite_segment(io.BytesIO(bytes(data)), io.BytesIO(), base_offset=100, options=options)
+    assert plain.value.position == positions[9][0]
+    assert not isinstance(plain.value, ProofError)
+    _spoil(monkeypatch, 3, lambda b: b[:-3])  # batch 3, in the same run (one read chunk), fails its proof
+    with pytest.raises(ProofError) as e:
+        rewrite_segment(io.BytesIO(bytes(data)), io.BytesIO(), base_offset=100, options=options)
+    assert e.value.position == positions[3][0]
+
+
+def test_an_output_past_2_gib_is_a_located_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kafka's positions are int32: the limit (made small here) is checked before anything is indexed."""
+    data = _segment()
+    positions = _positions(data)
+    options = RewriteOptions(Codec.NONE)  # made before the limit shrinks (the options check it too)
+    monkeypatch.setattr(rewrite, "MAX_SEGMENT_BYTES", positions[5][0] + 10)
+    with pytest.raises(ConfigError, match="2 GiB") as e:
+        rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=100, options=options, path="big.log")
+    assert e.value.path == "big.log"
+    assert e.value.position is not None
+    assert e.value.position <= positions[5][0]

@@ -188,6 +188,7 @@ static void crc_init(void) {
 static uint32_t crc32c_sw(uint32_t crc, const uint8_t *p, size_t n) {
     crc = ~crc;
     while (n && ((uintptr_t)p & 7)) { crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF]; n--; }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
@@ -198,6 +199,7 @@ static uint32_t crc32c_sw(uint32_t crc, const uint8_t *p, size_t n) {
         p += 8;
         n -= 8;
     }
+#endif
     while (n--) crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF];
     return ~crc;
 }

@@ -260,6 +260,18 @@ def process_batch(raw: RawBatch, options: RewriteOptions) -> _Out:
         raise e.located(position=h.position, base_offset=h.offset) from None
 
 
+def _raise_unproven(codec: Codec, g: _Group, failed: int) -> None:
+    """Raise :class:`ProofError` naming the group's batch ``failed`` (the index :func:`_first_unproven` gave)."""
+    if failed < 0:
+        return
+    _, _, _, position, base, _ = g.rows[g.proven_rows[failed]]
+    try:
+        _prove_one(codec, g.news[failed], g.originals[failed], 2)
+    except ProofError as e:
+        raise e.located(position=position, base_offset=base) from None
+    raise ProofError("rewritten batch failed its group's proof", position=position, base_offset=base)
+
+
 class _Group:
     """Batches processed but not yet written, in file order; the recompressed ones wait for their proof.
     Filled a run of batches at a time (see :meth:`_Output.add`)."""
@@ -351,27 +363,20 @@ class _Output:
             return
         g, future = self.proving
         self.proving = None
-        failed = future.result()
-        if failed >= 0:
-            _, _, _, position, base, _ = g.rows[g.proven_rows[failed]]
-            try:
-                _prove_one(self.codec, g.news[failed], g.originals[failed], 2)
-            except ProofError as e:
-                raise e.located(position=position, base_offset=base) from None
-            raise ProofError("rewritten batch failed its group's proof", position=position, base_offset=base)
+        _raise_unproven(self.codec, g, future.result())
         if write:
             self.write(g)
 
     def write(self, g: _Group) -> None:
-        end = self.builder.add_all(g.rows, self.position)
-        if end > MAX_SEGMENT_BYTES:
-            position = self.position
+        position = self.position
+        if position + sum(row[0] for row in g.rows) > MAX_SEGMENT_BYTES:  # before the index: int32 positions
             for size, _, _, at, base, _ in g.rows:
                 if position + size > MAX_SEGMENT_BYTES:
                     raise ConfigError("the rewritten segment would pass Kafka's 2 GiB segment size (int32 positions); "
                                       "choose a codec that compresses", position=at, base_offset=base,
                                       expected=f"<= {MAX_SEGMENT_BYTES} bytes", found=f"{position + size} bytes")
                 position += size
+        end = self.builder.add_all(g.rows, self.position)
         self.dst.writelines(g.parts)
         self.position = end
         self.digest.update(b"".join(g.digests))
@@ -405,10 +410,6 @@ def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, stats: Rewri
     for start, total, base, last, max_ts, attributes, count in run.batches:
         position = run_position + start
         try:
-            if base < lowest or last > highest:
-                order.check(parse_v2_header(buf[start : start + total], position), base)  # raises, saying why
-            lowest = last + 1
-            order.prev_last = last
             batch = buf[start : start + total]
             codec_id = attributes & CODEC_MASK
             payload: bytes | memoryview = batch[V2_HEADER_SIZE:]
@@ -416,6 +417,10 @@ def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, stats: Rewri
                 payload = decompress(CODECS[codec_id], payload, limit=limit)
             if deep:
                 validate_v2_records(payload, count, last - base)  # the count it returns equals the header's
+            if base < lowest or last > highest:  # after the records, as the inline path checks it
+                order.check(parse_v2_header(batch, position), base)  # raises, saying why
+            lowest = last + 1
+            order.prev_last = last
             digests.append(xxhash.xxh3_128_digest(payload))
             reason = None
             if attributes & _CONTROL_BIT:
@@ -441,6 +446,8 @@ def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, stats: Rewri
                 transitions[codec_id, codec_id] += 1
                 kept.append(reason)
         except TieringError as e:
+            if prove:  # an earlier batch of this run failing its proof is the first problem in the file
+                _raise_unproven(target, done, _first_unproven(target, news, originals) if news else -1)
             raise e.located(position=position, base_offset=base) from None
         records += count
         records_bytes += len(payload)
