@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml setup.py tiering/kafka/_walker.c
+$(STAMP): requirements.lock pyproject.toml setup.py tiering/kafka/_walker.c tiering/kafka/_proof.c
 	@bash scripts/check-prereqs.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
@@ -55,4 +55,4 @@ lock:
 	  /tmp/tiering-lock/bin/pip freeze --all | grep -v -iE '^(kafka-s3-tiering|-e )'; } > requirements.lock
 
 clean:
-	rm -rf $(VENV) build *.egg-info tiering/kafka/_walker*.so
+	rm -rf $(VENV) build *.egg-info tiering/kafka/_walker*.so tiering/kafka/_proof*.so

@@ -1,9 +1,10 @@
-"""Build step for the one compiled module: the deep-validation record walker (see its source)."""
+"""Build step for the compiled modules: the deep-validation record walker and the zstd proof (see their sources)."""
 
 from setuptools import Extension, setup
 
 setup(
     ext_modules=[
         Extension("tiering.kafka._walker", ["tiering/kafka/_walker.c"], extra_compile_args=["-O2", "-std=c99"]),
+        Extension("tiering.kafka._proof", ["tiering/kafka/_proof.c"], extra_compile_args=["-O2", "-std=c99"]),
     ]
 )

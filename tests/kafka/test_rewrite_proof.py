@@ -1,6 +1,7 @@
 """The rewriter's proof and its groups: a recompressed batch that does not decode back to its records is an error
 naming that batch, in file order before any later problem, and nothing of its group is written; small groups
-(many hand-offs to the proof thread) give the same output as one big group and as no proof at all."""
+(many hand-offs to the proof thread) give the same output as one big group and as no proof at all. Every test
+runs twice for zstd: with the compiled prover (libzstd) and with the zstandard package's decoder."""
 
 from __future__ import annotations
 
@@ -12,11 +13,19 @@ import crc32c
 import pytest
 
 from tiering.errors import ConfigError, CorruptBatchError, InvalidDataError, ProofError
-from tiering.kafka import reader, rewrite
+from tiering.kafka import _proof, reader, rewrite
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
 from tiering.sample import write_segment
+
+
+@pytest.fixture(autouse=True, params=["compiled prover", "zstandard package"])
+def _prover(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    native = request.param == "compiled prover"
+    if native and not _proof.available():
+        pytest.skip("no libzstd shared library here")
+    monkeypatch.setattr(rewrite, "NATIVE_ZSTD_PROOF", native)
 
 
 def _segment(batches: int = 24) -> bytes:

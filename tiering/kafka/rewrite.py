@@ -11,11 +11,13 @@ Per batch, in file order, memory bounded by a read chunk and a few groups of bat
 5. check offsets move forward, write the batch and feed its NEW position to the index builder.
 
 The proof of v2 batches runs on a second thread, a group of batches (``GROUP_BYTES`` of records) at a
-time: one zstd call decodes the whole group and one compiled comparison checks it, each with the GIL
-released once, so the proof overlaps the next group's work on another core. A group is written only
-after its proof passed; the first problem in file order is the one reported. (Handing the proof over
-batch by batch was measured slower than doing it inline: the hand-offs cost more than the work moved.)
-Legacy batches are proven inline.
+time, so that it overlaps the next group's work on another core. For zstd (the usual target) that thread
+is the compiled prover of _proof.c, which never takes the GIL: each time a Python proof thread took the
+GIL back, the main thread could be made to wait, and on a virtual machine each such hand-off took about a
+millisecond. For the other codecs, or without a libzstd shared library, a Python thread decodes the group
+through the codec package and one compiled comparison checks it. A group is written only after its proof passed;
+the first problem in file order is the one reported. The last group has nothing after it to overlap
+with: the main thread proves half of it meanwhile. Legacy batches are proven inline.
 
 Only codec bits, lengths, CRCs and the compressed bytes change; offsets, timestamps, producer fields,
 leader epochs and control markers come out as they went in.
@@ -26,7 +28,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import BinaryIO, Final
@@ -34,7 +36,7 @@ from typing import BinaryIO, Final
 import xxhash
 
 from tiering.errors import ConfigError, DecompressionError, ProofError, TieringError
-from tiering.kafka import _walker
+from tiering.kafka import _proof, _walker
 from tiering.kafka.batch import (
     V2_HEADER_SIZE,
     Attr,
@@ -63,6 +65,7 @@ from tiering.kafka.segment import OffsetOrder, payload_of
 PROGRESS_BYTES: Final = 1 << 20  # report progress about once a MiB of input
 GROUP_BYTES: Final = 4 << 20  # records per proof group: large enough to make the hand-off cheap, small for memory
 GROUP_BATCHES: Final = 512
+NATIVE_ZSTD_PROOF: Final = _proof.available()  # libzstd found: zstd proofs run compiled, without the GIL
 _CONTROL_BIT: Final = int(Attr.CONTROL)
 MAX_SEGMENT_BYTES: Final = (1 << 31) - 1  # Kafka's positions and batch lengths are int32
 
@@ -250,6 +253,16 @@ def _first_unproven(codec: Codec, news: list[bytes | bytearray | memoryview],
     return _walker.first_difference(backs, originals)
 
 
+def _half(originals: list[bytes | memoryview]) -> int:
+    """Where to cut a group so that both parts hold about half of its records (the first part never empty)."""
+    total, size = sum(len(o) for o in originals), 0
+    for i, original in enumerate(originals):
+        size += len(original)
+        if 2 * size >= total:
+            return i + 1
+    return len(originals)
+
+
 def process_batch(raw: RawBatch, options: RewriteOptions) -> _Out:
     """Validate one batch, then keep it or recompress and prove it (inline: the path for legacy batches)."""
     h = raw.header
@@ -306,9 +319,13 @@ class _Output:
         self.position = 0
         self.reported = 0
         self.group = _Group()
-        self.proving: tuple[_Group, Future[int]] | None = None
+        self.proving: tuple[_Group, Callable[[], int]] | None = None  # a group and how to wait for its proof
+        # zstd groups are proven by the compiled prover (without the GIL); other codecs through the codec packages.
+        self.native = options.proof and options.codec is Codec.ZSTD and NATIVE_ZSTD_PROOF
+        threaded = options.proof and options.proof_thread
+        self.prover = _proof.ProofThread() if threaded and self.native else None
         self.executor = (ThreadPoolExecutor(1, thread_name_prefix="tiering-proof")
-                         if options.proof and options.proof_thread else None)
+                         if threaded and not self.native else None)
 
     def __enter__(self) -> _Output:
         return self
@@ -321,6 +338,8 @@ class _Output:
                 self.seal(write=False)
                 self.drain(write=False)
         finally:
+            if self.prover is not None:
+                self.prover.close()
             if self.executor is not None:
                 self.executor.shutdown(wait=True, cancel_futures=True)
 
@@ -335,11 +354,34 @@ class _Output:
         g.originals += run.originals
         g.records_bytes += run.records_bytes
         # Without a proof thread to wait for, a run is proven (if at all) and written at once: less memory held.
-        if self.executor is None or g.records_bytes >= GROUP_BYTES or len(g.rows) >= GROUP_BATCHES:
+        if not self.threaded or g.records_bytes >= GROUP_BYTES or len(g.rows) >= GROUP_BATCHES:
             self.seal()
 
-    def seal(self, *, write: bool = True) -> None:
-        """Close the current group: hand its proof to the proof thread, then finish the group before it."""
+    @property
+    def threaded(self) -> bool:
+        return self.prover is not None or self.executor is not None
+
+    def prove(self, news: list[bytes | bytearray | memoryview], originals: list[bytes | memoryview]) -> int:
+        """The first batch of ``news`` not decoding to its original, or -1: proven on the calling thread."""
+        if self.native:
+            return _proof.first_mismatch(news, originals)
+        return _first_unproven(self.codec, news, originals)
+
+    def submit(self, news: list[bytes | bytearray | memoryview],
+               originals: list[bytes | memoryview]) -> Callable[[], int]:
+        """Start proving a group on the proof thread; returns how to wait for the verdict. Verdicts are
+        collected in submission order (the compiled prover answers the oldest group first)."""
+        if self.prover is not None:
+            self.prover.submit(news, originals)
+            return self.prover.result
+        if self.executor is not None:
+            return self.executor.submit(_first_unproven, self.codec, news, originals).result
+        failed = self.prove(news, originals)
+        return lambda: failed
+
+    def seal(self, *, write: bool = True, last: bool = False) -> None:
+        """Close the current group: hand its proof to the proof thread, then finish the group before it.
+        The ``last`` group has no work after it to overlap with, so the main thread proves half of it."""
         g = self.group
         if not g.rows:
             return
@@ -349,21 +391,26 @@ class _Output:
             if write:
                 self.write(g)
             return
-        if self.executor is not None:
-            future = self.executor.submit(_first_unproven, self.codec, g.news, g.originals)
-        else:
-            future = Future()
-            future.set_result(_first_unproven(self.codec, g.news, g.originals))
-        self.drain(write=write)
-        self.proving = (g, future)
+        if not (last and self.threaded):
+            wait = self.submit(g.news, g.originals)
+            self.drain(write=write)
+            self.proving = (g, wait)
+            return
+        half = _half(g.originals)
+        first = self.submit(g.news[:half], g.originals[:half])
+        second = self.prove(g.news[half:], g.originals[half:])
+        self.drain(write=write)  # the group before: its verdict comes first
+        failed = first()
+        failed = failed if failed >= 0 or second < 0 else half + second
+        self.proving = (g, lambda: failed)
 
     def drain(self, *, write: bool = True) -> None:
         """Wait for the group being proven: raise :class:`ProofError` for its first failing batch, else write it."""
         if self.proving is None:
             return
-        g, future = self.proving
+        g, wait = self.proving
         self.proving = None
-        _raise_unproven(self.codec, g, future.result())
+        _raise_unproven(self.codec, g, wait())
         if write:
             self.write(g)
 
@@ -377,7 +424,7 @@ class _Output:
                                       expected=f"<= {MAX_SEGMENT_BYTES} bytes", found=f"{position + size} bytes")
                 position += size
         end = self.builder.add_all(g.rows, self.position)
-        self.dst.writelines(g.parts)
+        self.dst.write(b"".join(g.parts))  # one write a group: far fewer calls than a write a part
         self.position = end
         self.digest.update(b"".join(g.digests))
         _, _, _, at, _, size_in = g.rows[-1]
@@ -386,7 +433,7 @@ class _Output:
             self.progress(self.reported)
 
     def finish(self) -> Indexes:
-        self.seal()
+        self.seal(last=True)
         self.drain()
         return self.builder.finish()
 

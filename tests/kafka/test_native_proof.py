@@ -1,0 +1,176 @@
+"""The compiled zstd proof (_proof.c) against the zstandard package's decoder as the reference: the same verdict
+for every group, on the calling thread and on its own thread, whatever the frames hold; and its thread's
+bookkeeping (order, close, buffers held while in use)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tiering.kafka import _proof
+
+pytestmark = pytest.mark.skipif(not _proof.available(), reason="no libzstd shared library here")
+
+_COMPRESS = zstandard.ZstdCompressor(level=3)
+
+
+def _reference(news: list[bytes], originals: list[bytes]) -> int:
+    """The first batch the zstandard package does not decode to its original (decode error, length, bytes);
+    a batch's bytes may hold several frames, as Kafka's readers accept."""
+    decoder = zstandard.ZstdDecompressor()
+    for i, (new, original) in enumerate(zip(news, originals, strict=True)):
+        back, rest = b"", new
+        try:
+            while rest:
+                frame = decoder.decompressobj()
+                back += frame.decompress(rest)
+                if not frame.eof:
+                    raise zstandard.ZstdError("truncated frame")
+                rest = frame.unused_data
+        except zstandard.ZstdError:
+            return i
+        if back != original:
+            return i
+    return -1
+
+
+def _group(n: int = 40) -> tuple[list[bytes], list[bytes]]:
+    originals = [(b'{"user": %d, "page": "/item/%d"}' % (i, i * 7)) * (1 + i % 50) for i in range(n)]
+    return [_COMPRESS.compress(o) for o in originals], originals
+
+
+def test_the_library_is_named_with_its_version() -> None:
+    name = _proof.library()
+    assert name is not None
+    assert name.startswith("libzstd")
+    assert name.split()[-1].count(".") == 2
+
+
+def test_a_good_group_passes_on_both_paths() -> None:
+    news, originals = _group()
+    assert _proof.first_mismatch(news, originals) == -1
+    prover = _proof.ProofThread()
+    prover.submit(news, originals)
+    assert prover.result() == -1
+    prover.close()
+
+
+@pytest.mark.parametrize(("spoil", "why"), [
+    (lambda new, original: new[:-3], "truncated frame"),
+    (lambda new, original: b"\x00" * len(new), "not zstd at all"),
+    (lambda new, original: _COMPRESS.compress(original + b"!"), "decodes to one byte more"),
+    (lambda new, original: _COMPRESS.compress(original[:-1]), "decodes to one byte less"),
+    (lambda new, original: _COMPRESS.compress(original[:5] + b"X" + original[6:]), "one byte differs"),
+    (lambda new, original: new + new, "two frames: the records twice"),
+    (lambda new, original: b"", "empty"),
+])
+def test_the_first_spoilt_batch_is_named(spoil: object, why: str) -> None:
+    news, originals = _group()
+    for at in (0, 17, len(news) - 1):
+        spoilt = list(news)
+        spoilt[at] = spoil(news[at], originals[at])  # type: ignore[operator]
+        spoilt[at + 1 if at + 1 < len(news) else 0] = b"also bad, but later or earlier"
+        expected = _reference(spoilt, originals)
+        assert expected in (0, at), why
+        assert _proof.first_mismatch(spoilt, originals) == expected, why
+        prover = _proof.ProofThread()
+        prover.submit(spoilt, originals)
+        assert prover.result() == expected, why
+        prover.close()
+
+
+def test_concatenated_frames_and_frames_without_content_size_decode_like_kafka_reads_them() -> None:
+    original = b"abc" * 5000
+    no_size = zstandard.ZstdCompressor(level=3, write_content_size=False).compress(original)
+    two = _COMPRESS.compress(original[:7000]) + _COMPRESS.compress(original[7000:])
+    assert _proof.first_mismatch([no_size, two, _COMPRESS.compress(b"")], [original, original, b""]) == -1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=3000), st.integers(0, 3), st.integers(0, 10_000)),
+                min_size=1, max_size=12))
+def test_verdicts_equal_the_zstandard_packages(batches: list[tuple[bytes, int, int]]) -> None:
+    originals, news = [], []
+    for records, how, where in batches:
+        new = _COMPRESS.compress(records)
+        if how == 1 and records:  # a different byte in the records
+            i = where % len(records)
+            new = _COMPRESS.compress(records[:i] + bytes([records[i] ^ 0xFF]) + records[i + 1:])
+        elif how == 2 and new:  # a flipped byte in the frame
+            i = where % len(new)
+            new = new[:i] + bytes([new[i] ^ 0x5A]) + new[i + 1:]
+        originals.append(records)
+        news.append(new)
+    expected = _reference(news, originals)
+    assert _proof.first_mismatch(news, originals) == expected
+    prover = _proof.ProofThread()
+    prover.submit(news, originals)
+    assert prover.result() == expected
+
+
+def test_the_thread_answers_groups_in_the_order_they_were_submitted() -> None:
+    news, originals = _group(30)
+    prover = _proof.ProofThread()
+    expected = []
+    for k in range(25):
+        spoilt = list(news)
+        if k % 3:
+            spoilt[k] = news[(k + 1) % len(news)]  # another batch's frame: decodes, but to other records
+        prover.submit(spoilt, originals)
+        expected.append(k if k % 3 else -1)
+    assert [prover.result() for _ in expected] == expected
+    with pytest.raises(RuntimeError, match="no group was submitted"):
+        prover.result()
+    prover.close()
+
+
+def test_buffers_stay_held_until_the_verdict_is_collected() -> None:
+    news, originals = _group(5)
+    records = bytearray(originals[0])
+    prover = _proof.ProofThread()
+    prover.submit(news[:1], [records])
+    with pytest.raises(BufferError):  # the prover holds a view: the memory can not move under it
+        records.extend(b"more")
+    assert prover.result() == -1
+    records.extend(b"more")  # released
+    prover.close()
+
+
+def test_closing_or_dropping_a_thread_with_groups_pending_is_safe() -> None:
+    news, originals = _group(200)
+    prover = _proof.ProofThread()
+    for _ in range(20):
+        prover.submit(news, originals)
+    prover.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        prover.submit(news, originals)
+    dropped = _proof.ProofThread()
+    for _ in range(20):
+        dropped.submit(news, originals)
+    del dropped  # joins its thread, releases the buffers
+
+
+def test_bad_arguments_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="differ in length"):
+        _proof.first_mismatch([b"x"], [])
+    with pytest.raises(TypeError):
+        _proof.first_mismatch([1], [b"x"])
+    prover = _proof.ProofThread()
+    with pytest.raises(TypeError):
+        prover.submit([b"x"], ["not a buffer"])
+    prover.close()
+
+
+def test_without_the_library_the_module_says_so() -> None:
+    code = ("from tiering.kafka import _proof, rewrite\n"
+            "assert not _proof.available() and _proof.library() is None and not rewrite.NATIVE_ZSTD_PROOF\n"
+            "try:\n    _proof.ProofThread()\nexcept RuntimeError as e:\n    print(e)\n")
+    env = {**os.environ, "TIERING_NO_NATIVE_ZSTD": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert "no libzstd shared library" in out

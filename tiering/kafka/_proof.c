@@ -1,0 +1,353 @@
+/*
+ * The rewriter's proof for zstd, compiled: decode every recompressed batch again and compare it with the
+ * original records, byte for byte, without the GIL.
+ *
+ *   first_mismatch(news, originals)  one group on the calling thread, the GIL released once;
+ *   ProofThread                      groups proven in order on a thread of its own that never takes the
+ *                                    GIL: submit(news, originals) hands a group over, result() waits for
+ *                                    the oldest one.
+ * Both answer the index of the first batch whose new bytes do not decode to its original records (a decode
+ * error, a different length or different bytes), or -1.
+ *
+ * Why not the zstandard package on a Python thread: every time that thread needs the GIL back (after each
+ * call, and to pick up work) the main thread can be made to wait, and on a virtual machine waking a vCPU
+ * for that hand-off took about a millisecond: a thousand hand-offs cost a 256 MiB rewrite 0.5-2 s. Here
+ * the proof thread only meets the main thread at a mutex, once per group. Each batch decodes into one
+ * reused buffer (no fresh allocation, so no page faults), capped at the original's size, so a frame that
+ * decodes to more is a mismatch, never a large allocation.
+ *
+ * libzstd is the system's shared library, loaded at run time (dlopen); without it `available()` is False
+ * and rewrite.py proves through the zstandard package instead: the same verdicts, slower. Decoding with a
+ * library other than the encoder's build also makes the proof independent of it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <dlfcn.h>
+#include <pthread.h>
+#define HAVE_NATIVE_PROOF 1
+#endif
+
+#define NO_MEMORY (-2)
+
+typedef struct ZSTD_DCtx_s ZSTD_DCtx;
+static ZSTD_DCtx *(*zstd_create)(void);
+static size_t (*zstd_free)(ZSTD_DCtx *);
+static size_t (*zstd_decompress)(ZSTD_DCtx *, void *, size_t, const void *, size_t);
+static unsigned (*zstd_is_error)(size_t);
+static unsigned (*zstd_version)(void);
+static const char *zstd_library;  /* the file loaded, NULL when none */
+
+#ifdef HAVE_NATIVE_PROOF
+static const char *const LIBRARIES[] = {"libzstd.so.1", "libzstd.so", "libzstd.1.dylib", "libzstd.dylib"};
+
+static void load_zstd(void) {
+    for (size_t i = 0; i < sizeof LIBRARIES / sizeof *LIBRARIES; i++) {
+        void *h = dlopen(LIBRARIES[i], RTLD_NOW | RTLD_LOCAL);
+        if (h == NULL) continue;
+        *(void **)&zstd_create = dlsym(h, "ZSTD_createDCtx");
+        *(void **)&zstd_free = dlsym(h, "ZSTD_freeDCtx");
+        *(void **)&zstd_decompress = dlsym(h, "ZSTD_decompressDCtx");
+        *(void **)&zstd_is_error = dlsym(h, "ZSTD_isError");
+        *(void **)&zstd_version = dlsym(h, "ZSTD_versionNumber");
+        /* 1.4.0 and later: the one-shot decoder takes concatenated frames and skippable frames. */
+        if (zstd_create && zstd_free && zstd_decompress && zstd_is_error && zstd_version && zstd_version() >= 10400) {
+            zstd_library = LIBRARIES[i];
+            return;
+        }
+        dlclose(h);
+    }
+}
+#endif
+
+/* A group: for batch i, views[2i] its new bytes and views[2i + 1] the records they must decode to. */
+typedef struct {
+    Py_ssize_t n;
+    Py_ssize_t acquired;
+    Py_buffer *views;
+} group;
+
+static void group_release(group *g) {
+    for (Py_ssize_t i = 0; i < g->acquired; i++) PyBuffer_Release(&g->views[i]);
+    PyMem_Free(g->views);
+    g->views = NULL;
+    g->acquired = g->n = 0;
+}
+
+/* With the GIL. The views keep the objects' memory alive until group_release. 0, or -1 with an exception. */
+static int group_acquire(group *g, PyObject *news, PyObject *originals) {
+    g->n = g->acquired = 0;
+    g->views = NULL;
+    Py_ssize_t n = PySequence_Size(news);
+    if (n < 0) return -1;
+    if (PySequence_Size(originals) != n) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "news and originals differ in length");
+        return -1;
+    }
+    g->views = PyMem_Calloc((size_t)(2 * n + 1), sizeof(Py_buffer));
+    if (g->views == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->n = n;
+    for (Py_ssize_t i = 0; i < 2 * n; i++) {
+        PyObject *item = PySequence_GetItem(i % 2 ? originals : news, i / 2);
+        int rc = item == NULL ? -1 : PyObject_GetBuffer(item, &g->views[i], PyBUF_SIMPLE);
+        Py_XDECREF(item);
+        if (rc != 0) {
+            group_release(g);
+            return -1;
+        }
+        g->acquired++;
+    }
+    return 0;
+}
+
+/* Without the GIL: the first batch that does not decode to its original, -1 if none, NO_MEMORY. */
+static Py_ssize_t group_first_mismatch(const group *g, ZSTD_DCtx *dctx, uint8_t **scratch, size_t *capacity) {
+    for (Py_ssize_t i = 0; i < g->n; i++) {
+        const Py_buffer *new = &g->views[2 * i], *original = &g->views[2 * i + 1];
+        size_t want = (size_t)original->len;
+        if (want > *capacity || *scratch == NULL) {
+            uint8_t *bigger = realloc(*scratch, want ? want : 1);
+            if (bigger == NULL) return NO_MEMORY;
+            *scratch = bigger;
+            *capacity = want ? want : 1;
+        }
+        size_t got = zstd_decompress(dctx, *scratch, want, new->buf, (size_t)new->len);
+        if (zstd_is_error(got) || got != want || memcmp(*scratch, original->buf, want) != 0) return i;
+    }
+    return -1;
+}
+
+static int check_available(void) {
+    if (zstd_library != NULL) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "no libzstd shared library (1.4 or later) was found: see available()");
+    return -1;
+}
+
+static PyObject *result_of(Py_ssize_t found) {
+    if (found == NO_MEMORY) return PyErr_NoMemory();
+    return PyLong_FromSsize_t(found);
+}
+
+static PyObject *first_mismatch(PyObject *self, PyObject *args) {
+    PyObject *news, *originals;
+    if (!PyArg_ParseTuple(args, "OO", &news, &originals) || check_available() != 0) return NULL;
+    group g;
+    if (group_acquire(&g, news, originals) != 0) return NULL;
+    Py_ssize_t found;
+    Py_BEGIN_ALLOW_THREADS
+    uint8_t *scratch = NULL;
+    size_t capacity = 0;
+    ZSTD_DCtx *dctx = zstd_create();
+    found = dctx == NULL ? NO_MEMORY : group_first_mismatch(&g, dctx, &scratch, &capacity);
+    if (dctx != NULL) zstd_free(dctx);
+    free(scratch);
+    Py_END_ALLOW_THREADS
+    group_release(&g);
+    return result_of(found);
+}
+
+static PyObject *available(PyObject *self, PyObject *unused) { return PyBool_FromLong(zstd_library != NULL); }
+
+static PyObject *library(PyObject *self, PyObject *unused) {
+    if (zstd_library == NULL) Py_RETURN_NONE;
+    unsigned v = zstd_version();
+    return PyUnicode_FromFormat("%s %u.%u.%u", zstd_library, v / 10000, v / 100 % 100, v % 100);
+}
+
+#ifdef HAVE_NATIVE_PROOF
+typedef struct job {
+    group g;
+    Py_ssize_t found;
+    int done;
+    struct job *next;
+} job;
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t lock;
+    pthread_cond_t wake;     /* the worker waits here for a job or stop */
+    pthread_cond_t finished; /* result() waits here for its job */
+    job *oldest, *newest;    /* submitted and not yet collected, in order */
+    job *todo;               /* the first job the worker has not started */
+    int stop, started;
+    pthread_t thread;
+} ProofThread;
+
+static void *worker(void *arg) {
+    ProofThread *self = arg;
+    uint8_t *scratch = NULL;
+    size_t capacity = 0;
+    ZSTD_DCtx *dctx = zstd_create();
+    pthread_mutex_lock(&self->lock);
+    for (;;) {
+        while (self->todo == NULL && !self->stop) pthread_cond_wait(&self->wake, &self->lock);
+        if (self->stop) break;
+        job *j = self->todo;
+        self->todo = j->next;
+        pthread_mutex_unlock(&self->lock);
+        Py_ssize_t found = dctx == NULL ? NO_MEMORY : group_first_mismatch(&j->g, dctx, &scratch, &capacity);
+        pthread_mutex_lock(&self->lock);
+        j->found = found;
+        j->done = 1;
+        pthread_cond_broadcast(&self->finished);
+    }
+    pthread_mutex_unlock(&self->lock);
+    if (dctx != NULL) zstd_free(dctx);
+    free(scratch);
+    return NULL;
+}
+
+static PyObject *thread_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    if (!PyArg_ParseTuple(args, ":ProofThread") || check_available() != 0) return NULL;
+    ProofThread *self = (ProofThread *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    pthread_mutex_init(&self->lock, NULL);
+    pthread_cond_init(&self->wake, NULL);
+    pthread_cond_init(&self->finished, NULL);
+    return (PyObject *)self;
+}
+
+/* Stop the worker (it finishes the group in hand) and drop what was not collected. With the GIL. */
+static void thread_stop(ProofThread *self) {
+    if (self->started) {
+        pthread_mutex_lock(&self->lock);
+        self->stop = 1;
+        pthread_cond_signal(&self->wake);
+        pthread_mutex_unlock(&self->lock);
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(self->thread, NULL);
+        Py_END_ALLOW_THREADS
+        self->started = 0;
+    }
+    self->stop = 1;
+    while (self->oldest != NULL) {
+        job *j = self->oldest;
+        self->oldest = j->next;
+        group_release(&j->g);
+        PyMem_Free(j);
+    }
+    self->newest = self->todo = NULL;
+}
+
+static PyObject *thread_submit(ProofThread *self, PyObject *args) {
+    PyObject *news, *originals;
+    if (!PyArg_ParseTuple(args, "OO", &news, &originals)) return NULL;
+    if (self->stop) {
+        PyErr_SetString(PyExc_RuntimeError, "the proof thread is closed");
+        return NULL;
+    }
+    job *j = PyMem_Calloc(1, sizeof(job));
+    if (j == NULL) return PyErr_NoMemory();
+    if (group_acquire(&j->g, news, originals) != 0) {
+        PyMem_Free(j);
+        return NULL;
+    }
+    if (!self->started) {
+        if (pthread_create(&self->thread, NULL, worker, self) != 0) {
+            group_release(&j->g);
+            PyMem_Free(j);
+            PyErr_SetString(PyExc_RuntimeError, "could not start the proof thread");
+            return NULL;
+        }
+        self->started = 1;
+    }
+    pthread_mutex_lock(&self->lock);
+    if (self->newest != NULL) self->newest->next = j;
+    else self->oldest = j;
+    self->newest = j;
+    if (self->todo == NULL) self->todo = j;
+    pthread_cond_signal(&self->wake);
+    pthread_mutex_unlock(&self->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *thread_result(ProofThread *self, PyObject *unused) {
+    job *j = self->oldest;
+    if (j == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "no group was submitted and not yet collected");
+        return NULL;
+    }
+    pthread_mutex_lock(&self->lock);
+    int done = j->done;
+    pthread_mutex_unlock(&self->lock);
+    if (!done) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->lock);
+        while (!j->done) pthread_cond_wait(&self->finished, &self->lock);
+        pthread_mutex_unlock(&self->lock);
+        Py_END_ALLOW_THREADS
+    }
+    pthread_mutex_lock(&self->lock);
+    self->oldest = j->next;
+    if (self->newest == j) self->newest = NULL;
+    pthread_mutex_unlock(&self->lock);
+    Py_ssize_t found = j->found;
+    group_release(&j->g);
+    PyMem_Free(j);
+    return result_of(found);
+}
+
+static PyObject *thread_close(ProofThread *self, PyObject *unused) {
+    thread_stop(self);
+    Py_RETURN_NONE;
+}
+
+static void thread_dealloc(ProofThread *self) {
+    thread_stop(self);
+    pthread_cond_destroy(&self->finished);
+    pthread_cond_destroy(&self->wake);
+    pthread_mutex_destroy(&self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef thread_methods[] = {
+    {"submit", (PyCFunction)thread_submit, METH_VARARGS,
+     "submit(news, originals): hand a group over (the buffers are held until its result is collected)."},
+    {"result", (PyCFunction)thread_result, METH_NOARGS,
+     "result() -> first mismatching index of the oldest uncollected group, or -1 (waits, GIL released)."},
+    {"close", (PyCFunction)thread_close, METH_NOARGS,
+     "close(): stop the thread after the group in hand; uncollected groups are dropped."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ProofThreadType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "tiering.kafka._proof.ProofThread",
+    .tp_basicsize = sizeof(ProofThread),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ProofThread(): zstd groups proven in submission order on a thread that never takes the GIL.",
+    .tp_new = thread_new,
+    .tp_dealloc = (destructor)thread_dealloc,
+    .tp_methods = thread_methods,
+};
+#endif
+
+static PyMethodDef methods[] = {
+    {"available", available, METH_NOARGS, "available() -> whether a libzstd shared library was loaded."},
+    {"library", library, METH_NOARGS, "library() -> the libzstd file and version loaded, or None."},
+    {"first_mismatch", first_mismatch, METH_VARARGS,
+     "first_mismatch(news, originals) -> index of the first zstd batch not decoding to its original, or -1."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_proof", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__proof(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+#ifdef HAVE_NATIVE_PROOF
+    if (getenv("TIERING_NO_NATIVE_ZSTD") == NULL) load_zstd();
+    if (PyType_Ready(&ProofThreadType) < 0 || PyModule_AddObjectRef(m, "ProofThread", (PyObject *)&ProofThreadType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
+    return m;
+}
