@@ -35,6 +35,7 @@ from typing import Any
 
 import crc32c
 
+from tiering.kafka import _proof
 from tiering.kafka.codecs import Codec, compress, decompress
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
 from tiering.sample import write_segment
@@ -159,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
              lambda d: rewrite_loop(d, RewriteOptions(Codec.ZSTD, 3, proof=False))),
             ("rewrite, default (deep validation + proof)",
              lambda d: rewrite_loop(d, RewriteOptions(Codec.ZSTD, 3))),
+            ("rewrite, default, proof inline (one core: Spark)",
+             lambda d: rewrite_loop(d, RewriteOptions(Codec.ZSTD, 3, proof_thread=False))),
         ]
         # Paired measurement: this machine's speed drifts by tens of percent from one second to the next (shared
         # vCPUs, CPU steal), so every configuration runs on each slice right after the others, in a shuffled
@@ -199,11 +202,13 @@ def main(argv: list[str] | None = None) -> int:
 
     targets = {"deep_validation_ratio": 0.90, "default_ratio": 0.80, "peak_rss_mib_1gib": 256}
     doc = {
-        "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                    "zstd_proof": _proof.library() or "zstandard package (no libzstd shared library found)"},
         "segment_mib": args.size_mib, "repeat": args.repeat, "in_process": rows, "cli": cli_rows, "targets": targets,
         "results": {
             "deep_validation_ratio": rows[2]["ratio_to_bare"],
             "default_ratio": rows[3]["ratio_to_bare"],
+            "default_one_core_ratio": rows[4]["ratio_to_bare"],
             "peak_rss_mib_by_size": {f"{r['segment_mib']:.0f}": r["peak_rss_mib"] for r in cli_rows},
         },
     }
