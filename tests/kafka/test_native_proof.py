@@ -156,6 +156,53 @@ def test_closing_or_dropping_a_thread_with_groups_pending_is_safe() -> None:
     del dropped  # joins its thread, releases the buffers
 
 
+def test_no_frame_at_all_is_never_a_proof_even_of_no_records() -> None:
+    assert _proof.first_mismatch([_COMPRESS.compress(b""), b""], [b"", b""]) == 1  # as the codec's readers say
+
+
+def test_a_second_caller_gets_an_error_not_a_crash() -> None:
+    """submit() reads the sequences with Python code: a call made from there (as another thread could make
+    one while a method waits without the GIL) is refused; the group in hand is not disturbed."""
+    news, originals = _group(3)
+    prover = _proof.ProofThread()
+    errors: list[str] = []
+
+    class Reentrant(list[bytes]):
+        def __getitem__(self, i: object) -> bytes:  # type: ignore[override]
+            for call in (prover.result, prover.close, lambda: prover.submit(news, originals)):
+                try:
+                    call()
+                except RuntimeError as e:
+                    errors.append(str(e))
+            return list.__getitem__(self, i)  # type: ignore[call-overload, no-any-return]
+
+    prover.submit(Reentrant(news), originals)
+    assert errors == ["a ProofThread is used by one thread at a time"] * 3 * len(news)
+    assert prover.result() == -1
+    prover.close()
+    prover.close()  # closing twice is fine
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_can_close_but_not_use_its_copy() -> None:
+    news, originals = _group(40)
+    prover = _proof.ProofThread()
+    prover.submit(news, originals)
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status, never return into pytest
+        code = 1
+        try:
+            prover.result()
+        except RuntimeError as e:
+            code = 0 if "forked child" in str(e) else 2
+        prover.close()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert prover.result() == -1  # the parent's groups are untouched
+    prover.close()
+
+
 def test_bad_arguments_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="differ in length"):
         _proof.first_mismatch([b"x"], [])
@@ -165,6 +212,8 @@ def test_bad_arguments_are_clear_errors() -> None:
     with pytest.raises(TypeError):
         prover.submit([b"x"], ["not a buffer"])
     prover.close()
+    with pytest.raises(TypeError, match="no arguments"):
+        _proof.ProofThread(threads=2)  # type: ignore[call-arg]
 
 
 def test_without_the_library_the_module_says_so() -> None:

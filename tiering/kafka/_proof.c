@@ -17,8 +17,9 @@
  * decodes to more is a mismatch, never a large allocation.
  *
  * libzstd is the system's shared library, loaded at run time (dlopen); without it `available()` is False
- * and rewrite.py proves through the zstandard package instead: the same verdicts, slower. Decoding with a
- * library other than the encoder's build also makes the proof independent of it.
+ * and rewrite.py proves through the zstandard package instead, slower. Decoding with a library other than
+ * the encoder's build also makes the proof independent of it. A ProofThread serves one caller at a time
+ * (a second caller, or a forked child, gets a RuntimeError, never a crash or a hang).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -29,6 +30,7 @@
 #if defined(__unix__) || defined(__APPLE__)
 #include <dlfcn.h>
 #include <pthread.h>
+#include <unistd.h>
 #define HAVE_NATIVE_PROOF 1
 #endif
 
@@ -118,6 +120,7 @@ static Py_ssize_t group_first_mismatch(const group *g, ZSTD_DCtx *dctx, uint8_t 
             *scratch = bigger;
             *capacity = want ? want : 1;
         }
+        if (new->len == 0) return i;  /* no frame at all: the codec's readers reject it, even for no records */
         size_t got = zstd_decompress(dctx, *scratch, want, new->buf, (size_t)new->len);
         if (zstd_is_error(got) || got != want || memcmp(*scratch, original->buf, want) != 0) return i;
     }
@@ -177,8 +180,25 @@ typedef struct {
     job *oldest, *newest;    /* submitted and not yet collected, in order */
     job *todo;               /* the first job the worker has not started */
     int stop, started;
+    int busy;                /* a method is running (checked and set with the GIL): one caller at a time */
+    pid_t owner;             /* the process that started the worker (a forked child has no worker) */
     pthread_t thread;
 } ProofThread;
+
+/* With the GIL, at the start of every method: one caller at a time (the methods release the GIL while they
+ * wait), and not in a forked child of the process whose thread holds the groups. */
+static int enter(ProofThread *self) {
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "a ProofThread is used by one thread at a time");
+        return -1;
+    }
+    if (self->started && self->owner != getpid()) {
+        PyErr_SetString(PyExc_RuntimeError, "a ProofThread can not be used in a forked child");
+        return -1;
+    }
+    self->busy = 1;
+    return 0;
+}
 
 static void *worker(void *arg) {
     ProofThread *self = arg;
@@ -205,7 +225,11 @@ static void *worker(void *arg) {
 }
 
 static PyObject *thread_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    if (!PyArg_ParseTuple(args, ":ProofThread") || check_available() != 0) return NULL;
+    if ((kwargs != NULL && PyDict_GET_SIZE(kwargs) != 0) || !PyArg_ParseTuple(args, ":ProofThread")) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ProofThread() takes no arguments");
+        return NULL;
+    }
+    if (check_available() != 0) return NULL;
     ProofThread *self = (ProofThread *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     pthread_mutex_init(&self->lock, NULL);
@@ -214,9 +238,12 @@ static PyObject *thread_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     return (PyObject *)self;
 }
 
-/* Stop the worker (it finishes the group in hand) and drop what was not collected. With the GIL. */
+/* Stop the worker (it finishes the group in hand) and drop what was not collected. With the GIL, busy set
+ * (or from dealloc). In a forked child there is no worker to stop. */
 static void thread_stop(ProofThread *self) {
-    if (self->started) {
+    int ours = self->started && self->owner == getpid();  /* else no worker here (its lock may be a copy) */
+    self->started = 0;
+    if (ours) {
         pthread_mutex_lock(&self->lock);
         self->stop = 1;
         pthread_cond_signal(&self->wake);
@@ -224,7 +251,6 @@ static void thread_stop(ProofThread *self) {
         Py_BEGIN_ALLOW_THREADS
         pthread_join(self->thread, NULL);
         Py_END_ALLOW_THREADS
-        self->started = 0;
     }
     self->stop = 1;
     while (self->oldest != NULL) {
@@ -238,25 +264,27 @@ static void thread_stop(ProofThread *self) {
 
 static PyObject *thread_submit(ProofThread *self, PyObject *args) {
     PyObject *news, *originals;
-    if (!PyArg_ParseTuple(args, "OO", &news, &originals)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO", &news, &originals) || enter(self) != 0) return NULL;
+    PyObject *answer = NULL;
+    job *j = NULL;
     if (self->stop) {
         PyErr_SetString(PyExc_RuntimeError, "the proof thread is closed");
-        return NULL;
+        goto out;
     }
-    job *j = PyMem_Calloc(1, sizeof(job));
-    if (j == NULL) return PyErr_NoMemory();
-    if (group_acquire(&j->g, news, originals) != 0) {
-        PyMem_Free(j);
-        return NULL;
+    j = PyMem_Calloc(1, sizeof(job));
+    if (j == NULL) {
+        PyErr_NoMemory();
+        goto out;
     }
+    if (group_acquire(&j->g, news, originals) != 0) goto out;
     if (!self->started) {
         if (pthread_create(&self->thread, NULL, worker, self) != 0) {
             group_release(&j->g);
-            PyMem_Free(j);
             PyErr_SetString(PyExc_RuntimeError, "could not start the proof thread");
-            return NULL;
+            goto out;
         }
         self->started = 1;
+        self->owner = getpid();
     }
     pthread_mutex_lock(&self->lock);
     if (self->newest != NULL) self->newest->next = j;
@@ -265,13 +293,20 @@ static PyObject *thread_submit(ProofThread *self, PyObject *args) {
     if (self->todo == NULL) self->todo = j;
     pthread_cond_signal(&self->wake);
     pthread_mutex_unlock(&self->lock);
-    Py_RETURN_NONE;
+    j = NULL;  /* queued */
+    answer = Py_NewRef(Py_None);
+out:
+    PyMem_Free(j);
+    self->busy = 0;
+    return answer;
 }
 
 static PyObject *thread_result(ProofThread *self, PyObject *unused) {
+    if (enter(self) != 0) return NULL;
     job *j = self->oldest;
     if (j == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "no group was submitted and not yet collected");
+        self->busy = 0;
         return NULL;
     }
     pthread_mutex_lock(&self->lock);
@@ -291,11 +326,18 @@ static PyObject *thread_result(ProofThread *self, PyObject *unused) {
     Py_ssize_t found = j->found;
     group_release(&j->g);
     PyMem_Free(j);
+    self->busy = 0;
     return result_of(found);
 }
 
 static PyObject *thread_close(ProofThread *self, PyObject *unused) {
+    if (self->busy) {  /* no fork check: closing in a forked child only drops the groups */
+        PyErr_SetString(PyExc_RuntimeError, "a ProofThread is used by one thread at a time");
+        return NULL;
+    }
+    self->busy = 1;
     thread_stop(self);
+    self->busy = 0;
     Py_RETURN_NONE;
 }
 
