@@ -5,6 +5,7 @@ bookkeeping (order, close, buffers held while in use)."""
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 
@@ -13,7 +14,8 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiering.kafka import _proof
+from tiering.kafka import _proof, rewrite
+from tiering.kafka.codecs import Codec
 
 pytestmark = pytest.mark.skipif(not _proof.available(), reason="no libzstd shared library here")
 
@@ -154,6 +156,19 @@ def test_closing_or_dropping_a_thread_with_groups_pending_is_safe() -> None:
     for _ in range(20):
         dropped.submit(news, originals)
     del dropped  # joins its thread, releases the buffers
+
+
+@pytest.mark.parametrize(("payload", "expected"), [
+    (lambda o: _COMPRESS.compress(o) * 2, 0),  # the records twice
+    (lambda o: _COMPRESS.compress(o) + b"junk", 0),  # bytes after the frame
+    (lambda o: _COMPRESS.compress(o[:1000]) + _COMPRESS.compress(o[1000:]), -1),  # two frames, the records once
+    (lambda o: struct.pack("<II", 0x184D2A50, 3) + b"abc" + _COMPRESS.compress(o), -1),  # a skippable frame first
+])
+def test_the_fallback_proof_reads_every_frame_as_the_compiled_one(payload: object, expected: int) -> None:
+    original = b'{"k": "v"}' * 300
+    news = [payload(original)]  # type: ignore[operator]
+    assert _proof.first_mismatch(news, [original]) == expected
+    assert rewrite._first_unproven(Codec.ZSTD, news, [original]) == expected  # the zstandard package's path
 
 
 def test_no_frame_at_all_is_never_a_proof_even_of_no_records() -> None:

@@ -478,14 +478,24 @@ def decompress(codec: Codec, data: bytes | memoryview, *, magic: int = 2,
     raise DecompressionError("unknown codec", expected="0..4", found=int(codec))
 
 
+def _one_zstd_frame(data: bytes | bytearray | memoryview) -> bool:
+    """Whether ``data`` is exactly one zstd frame, nothing before or after it (what one-shot decoding reads
+    whole). A payload that is not walkable at all is left to :func:`decompress` to report."""
+    try:
+        frames = _zstd_frames(memoryview(data))
+    except DecompressionError:
+        return False
+    return len(frames) == 1 and frames[0][0] == 0 and frames[0][1] == len(data)
+
+
 def decompress_known_size(codec: Codec, data: bytes | memoryview, size: int, *, magic: int = 2) -> bytes:
     """Decompress a payload whose decompressed size is known, at most ``size`` bytes of output.
 
-    The rewriter's proof uses it on the bytes it just compressed (one frame). For zstd it takes the
-    one-shot decoder, which reads only the FIRST frame: fine for a proof, which compares the output
-    with the original anyway, never for reading foreign data (use :func:`decompress`).
+    The rewriter's proof uses it on the bytes it just compressed. For zstd it takes the one-shot decoder,
+    which reads only the FIRST frame, when the payload is exactly one frame; anything else (more frames,
+    bytes after the frame) goes through :func:`decompress`, which reads all of it as Kafka does.
     """
-    if codec is Codec.ZSTD and size > 0:  # max_output_size=0 would mean "unknown" to the binding
+    if codec is Codec.ZSTD and size > 0 and _one_zstd_frame(data):  # max_output_size=0 would mean "unknown"
         try:
             out: bytes = _zstd_decompressor().decompress(data, max_output_size=size)
         except zstandard.ZstdError as e:
@@ -499,7 +509,7 @@ def decompress_all_known_size(codec: Codec, payloads: list[bytes | bytearray | m
     """:func:`decompress_known_size` over a group of v2 payloads. For zstd it is one call for the whole group
     (the GIL released once, not once a batch), which is what lets the rewriter's proof run on a second core.
     Each item of the result is a bytes-like object (zstd: the binding's buffer segments)."""
-    if codec is Codec.ZSTD and all(sizes):
+    if codec is Codec.ZSTD and all(sizes) and all(_one_zstd_frame(p) for p in payloads):
         try:
             out = _zstd_decompressor().multi_decompress_to_buffer(
                 payloads, decompressed_sizes=array("Q", sizes).tobytes())
