@@ -14,7 +14,7 @@ import pytest
 
 from tiering.errors import ConfigError, CorruptBatchError, InvalidDataError, ProofError
 from tiering.kafka import _proof, reader, rewrite
-from tiering.kafka.codecs import Codec
+from tiering.kafka.codecs import Codec, decompress_all_known_size
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
 from tiering.sample import write_segment
@@ -103,6 +103,24 @@ def test_without_proof_the_spoilt_batch_goes_through(monkeypatch: pytest.MonkeyP
     result = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=100,
                              options=RewriteOptions(Codec.ZSTD, 3, proof=False))
     assert result.stats.batches == len(_positions(data))
+
+
+@pytest.mark.parametrize("batches", [1, 2, 3])
+@pytest.mark.parametrize("thread", [True, False])
+def test_a_segment_of_one_or_a_few_batches_is_proven(thread: bool, batches: int) -> None:
+    """The last group is proven half on the main thread: with one batch that half is empty."""
+    whole = _segment()
+    data = whole[:_positions(whole)[batches][0]]  # the first batches, up to where the next one starts
+    assert len(_positions(data)) == batches
+    options = RewriteOptions(Codec.ZSTD, 3, proof_thread=thread)
+    result = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=100, options=options)
+    assert result.stats.batches == batches
+    assert result.stats.batches_rewritten == batches
+
+
+def test_an_empty_group_decodes_to_nothing() -> None:
+    assert list(decompress_all_known_size(Codec.ZSTD, [], [])) == []
+    assert rewrite._first_unproven(Codec.ZSTD, [], []) == -1
 
 
 @pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.LZ4, Codec.GZIP, Codec.NONE])
