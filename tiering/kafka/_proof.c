@@ -18,7 +18,8 @@
  *
  * libzstd is the system's shared library, loaded at run time (dlopen); without it `available()` is False
  * and rewrite.py proves through the zstandard package instead, slower. Decoding with a library other than
- * the encoder's build also makes the proof independent of it. A ProofThread serves one caller at a time
+ * the encoder's build also makes the proof independent of it (TIERING_NO_NATIVE_ZSTD=1 in the environment
+ * leaves the library unloaded, for comparisons). A ProofThread serves one caller at a time
  * (a second caller, or a forked child, gets a RuntimeError, never a crash or a hang).
  */
 #define PY_SSIZE_T_CLEAN
