@@ -506,9 +506,10 @@ def decompress_known_size(codec: Codec, data: bytes | memoryview, size: int, *, 
 
 def decompress_all_known_size(codec: Codec, payloads: list[bytes | bytearray | memoryview],
                               sizes: Sequence[int]) -> Sequence[object]:
-    """:func:`decompress_known_size` over a group of v2 payloads. For zstd it is one call for the whole group
-    (the GIL released once, not once a batch), which is what lets the rewriter's proof run on a second core.
-    Each item of the result is a bytes-like object (zstd: the binding's buffer segments)."""
+    """:func:`decompress_known_size` over a group of v2 payloads: the rewriter's proof where the compiled one
+    (_proof.c) does not run (codecs other than zstd, or no libzstd). For zstd payloads that are one frame
+    each it is one call for the whole group (the GIL released once, not once a batch). Each item of the
+    result is a bytes-like object (zstd: the binding's buffer segments)."""
     if not payloads:
         return []  # (the binding's multi-frame call crashes the process on an empty list: SIGFPE)
     if codec is Codec.ZSTD and all(sizes) and all(_one_zstd_frame(p) for p in payloads):
