@@ -18,7 +18,8 @@
  *                (and reports with its own error message);
  *   v2_header    a batch's 61-byte header with a new codec, length and CRC-32C;
  *   first_difference  the proof's comparison of a group of decoded batches with the originals, one call
- *                per group with the GIL released.
+ *                per group with the GIL released;
+ *   exported     whether a view of a bytearray is alive (the reader refills a read chunk only when none is).
  * The v2 header layout is the table in batch.py; the offsets used here are the same named fields.
  */
 #define PY_SSIZE_T_CLEAN
@@ -448,6 +449,16 @@ static PyObject *first_difference(PyObject *self, PyObject *args) {
     return ok ? PyLong_FromSsize_t(found) : NULL;
 }
 
+/* exported(chunk) -> whether any buffer view of the bytearray is alive. Every memoryview derived from one
+ * holds its export until it is released, so False means nothing can see the bytes change. */
+static PyObject *exported(PyObject *self, PyObject *chunk) {
+    if (!PyByteArray_CheckExact(chunk)) {
+        PyErr_SetString(PyExc_TypeError, "exported() takes a bytearray");
+        return NULL;
+    }
+    return PyBool_FromLong(((PyByteArrayObject *)chunk)->ob_exports > 0);
+}
+
 static PyMethodDef methods[] = {
     {"walk_v2", walk_v2, METH_VARARGS,
      "walk_v2(records, expected_count, last_offset_delta) -> count\n\n"
@@ -462,6 +473,7 @@ static PyMethodDef methods[] = {
      "v2_header(batch, codec, payload) -> the batch's header with codec bits, length and CRC for payload."},
     {"first_difference", first_difference, METH_VARARGS,
      "first_difference(a, b) -> index of the first differing pair of buffers, or -1 (GIL released)."},
+    {"exported", exported, METH_O, "exported(chunk) -> whether a buffer view of the bytearray is alive."},
     {NULL, NULL, 0, NULL},
 };
 
