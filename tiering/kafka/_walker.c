@@ -1,6 +1,6 @@
 /*
  * Deep validation of a magic v2 records section, compiled: one pass over the uncompressed records,
- * no allocation, the GIL released while it walks.
+ * no allocation, the GIL released while it walks a large one.
  *
  * Record layout (KIP-98, all varints zigzag-encoded):
  *   length varint | attributes int8 | timestampDelta varlong | offsetDelta varint |
@@ -19,7 +19,8 @@
  *   v2_header    a batch's 61-byte header with a new codec, length and CRC-32C;
  *   first_difference  the proof's comparison of a group of decoded batches with the originals, one call
  *                per group with the GIL released;
- *   exported     whether a view of a bytearray is alive (the reader refills a read chunk only when none is).
+ *   exported     whether a view of a bytearray is alive (the reader refills a read chunk only when none is);
+ *   keep_freed_memory  glibc's allocator set to keep freed memory for reuse (see tiering/heap.py).
  * The v2 header layout is the table in batch.py; the offsets used here are the same named fields.
  */
 #define PY_SSIZE_T_CLEAN
@@ -27,6 +28,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #if defined(__x86_64__) || defined(_M_X64)
 #include <nmmintrin.h>
 #define HAVE_SSE42_PATH 1
@@ -37,26 +41,36 @@ typedef struct {
     const uint8_t *end;
 } cursor;
 
-/* Reads a zigzag varint of at most max_bytes bytes. Returns 0 on success. */
+static inline int64_t zigzag(uint64_t v) { return (int64_t)(v >> 1) ^ -(int64_t)(v & 1); }
+
+/* Reads a zigzag varint of at most max_bytes bytes. Returns 0 on success, -1 truncated, -2 too long. */
 static inline int read_varlong(cursor *c, int max_bytes, int64_t *out) {
-    if (c->p < c->end && !(*c->p & 0x80)) {       /* one byte: most lengths, deltas and counts */
-        uint8_t b = *c->p++;
-        *out = (int64_t)(b >> 1) ^ -(int64_t)(b & 1);
-        return 0;
-    }
-    uint64_t value = 0;
-    int shift = 0;
-    for (int i = 0; i < max_bytes; i++) {
-        if (c->p >= c->end) return -1;           /* truncated */
-        uint8_t b = *c->p++;
-        value |= (uint64_t)(b & 0x7F) << shift;
-        if (!(b & 0x80)) {
-            *out = (int64_t)((value >> 1) ^ (~(value & 1) + 1));
+    const uint8_t *p = c->p;
+    if (c->end - p >= 2) {  /* one or two bytes: the lengths, deltas and counts of ordinary records */
+        uint64_t b0 = p[0], b1 = p[1];
+        if (!(b0 & 0x80)) {
+            c->p = p + 1;
+            *out = zigzag(b0);
             return 0;
         }
-        shift += 7;
+        if (!(b1 & 0x80)) {
+            c->p = p + 2;
+            *out = zigzag((b0 & 0x7F) | b1 << 7);
+            return 0;
+        }
     }
-    return -2;                                    /* too long */
+    const uint8_t *stop = c->end - p < max_bytes ? c->end : p + max_bytes;
+    uint64_t value = 0;
+    for (int shift = 0; p < stop; shift += 7) {
+        uint8_t b = *p++;
+        value |= (uint64_t)(b & 0x7F) << shift;
+        if (!(b & 0x80)) {
+            c->p = p;
+            *out = zigzag(value);
+            return 0;
+        }
+    }
+    return p - c->p < max_bytes ? -1 : -2;
 }
 
 #define ERR_MAX 200
@@ -144,6 +158,8 @@ static int walk(const uint8_t *buf, Py_ssize_t len, int64_t expected_count, int6
     return 0;
 }
 
+#define RELEASE_GIL_FROM (1 << 20) /* records bytes: a walk of less takes a few hundred microseconds at most */
+
 static PyObject *walk_v2(PyObject *self, PyObject *args) {
     Py_buffer view;
     long long expected_count, last_offset_delta;
@@ -151,9 +167,13 @@ static PyObject *walk_v2(PyObject *self, PyObject *args) {
     char err[ERR_MAX];
     int64_t count = 0;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = walk((const uint8_t *)view.buf, view.len, expected_count, last_offset_delta, &count, err);
-    Py_END_ALLOW_THREADS
+    if (view.len < RELEASE_GIL_FROM) {  /* microseconds: less than handing the GIL over and back */
+        rc = walk((const uint8_t *)view.buf, view.len, expected_count, last_offset_delta, &count, err);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        rc = walk((const uint8_t *)view.buf, view.len, expected_count, last_offset_delta, &count, err);
+        Py_END_ALLOW_THREADS
+    }
     PyBuffer_Release(&view);
     if (rc != 0) {
         PyErr_SetString(PyExc_ValueError, err);
@@ -459,6 +479,18 @@ static PyObject *exported(PyObject *self, PyObject *chunk) {
     return PyBool_FromLong(((PyByteArrayObject *)chunk)->ob_exports > 0);
 }
 
+/* keep_freed_memory(trim_threshold, mmap_threshold) -> whether glibc's allocator took both settings (False
+ * elsewhere). Setting them also turns off glibc's own adjustment of the mmap threshold. */
+static PyObject *keep_freed_memory(PyObject *self, PyObject *args) {
+    int trim_threshold, mmap_threshold;
+    if (!PyArg_ParseTuple(args, "ii", &trim_threshold, &mmap_threshold)) return NULL;
+#if defined(__GLIBC__)
+    return PyBool_FromLong(mallopt(M_MMAP_THRESHOLD, mmap_threshold) && mallopt(M_TRIM_THRESHOLD, trim_threshold));
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"walk_v2", walk_v2, METH_VARARGS,
      "walk_v2(records, expected_count, last_offset_delta) -> count\n\n"
@@ -474,6 +506,8 @@ static PyMethodDef methods[] = {
     {"first_difference", first_difference, METH_VARARGS,
      "first_difference(a, b) -> index of the first differing pair of buffers, or -1 (GIL released)."},
     {"exported", exported, METH_O, "exported(chunk) -> whether a buffer view of the bytearray is alive."},
+    {"keep_freed_memory", keep_freed_memory, METH_VARARGS,
+     "keep_freed_memory(trim_threshold, mmap_threshold) -> whether glibc's malloc took both settings."},
     {NULL, NULL, 0, NULL},
 };
 
