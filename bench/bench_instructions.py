@@ -21,14 +21,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_rewrite import bare_loop
 
-from tiering.heap import keep_freed_memory
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
 from tiering.sample import write_segment
 
 
 def main(mode: str) -> None:
-    keep_freed_memory()  # as bench_rewrite.py, the CLI and the Spark workers
     sample = io.BytesIO()
     write_segment(sample, base_offset=0, kind="json", codec=Codec.SNAPPY, target_bytes=4 << 20, seed=7)
     data = sample.getvalue()

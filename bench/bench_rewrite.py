@@ -15,8 +15,7 @@ writing real files, fsync included) for each segment size, paired the same way: 
 pass of the bare loop over the same segment (``--cli-repeat`` pairs; the ratio of a pair is the bare
 loop's seconds over the command's), and its peak RSS is read from the kernel (VmHWM) while it runs.
 
-The process runs with the allocator setting of the CLI and the Spark workers (tiering/heap.py), so the
-bare loop does too. Prints a table and writes ``bench/out/bench_rewrite.json``.
+Prints a table and writes ``bench/out/bench_rewrite.json``.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ from typing import Any
 
 import crc32c
 
-from tiering.heap import keep_freed_memory
 from tiering.kafka import _proof
 from tiering.kafka.codecs import Codec, compress, decompress
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
@@ -167,7 +165,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="pairs of (bare loop, CLI run) per CLI segment size; the best pair counts")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_rewrite.json")
     args = parser.parse_args(argv)
-    allocator = keep_freed_memory()  # as the CLI and the Spark workers run (see tiering/heap.py)
     rss_sizes = [int(s) for s in args.rss_sizes_mib.split(",") if s]
 
     with tempfile.TemporaryDirectory(prefix="tiering-bench-") as tmp_name:
@@ -229,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     targets = {"deep_validation_ratio": 0.90, "default_ratio": 0.80, "peak_rss_mib_1gib": 256}
     doc = {
         "machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
-                    "zstd_proof": _proof.library() or "zstandard package (no libzstd shared library found)",
-                    "allocator_keeps_freed_memory": allocator},
+                    "zstd_proof": _proof.library() or "zstandard package (no libzstd shared library found)"},
         "segment_mib": args.size_mib, "repeat": args.repeat, "in_process": rows, "cli": cli_rows, "targets": targets,
         "results": {
             "deep_validation_ratio": rows[2]["ratio_to_bare"],

@@ -25,7 +25,6 @@ from tiering.cli_report import add_report_command
 from tiering.cli_s3 import add_s3_commands
 from tiering.demo import render_table, run_demo
 from tiering.errors import ConfigError, InvalidDataError, TieringError
-from tiering.heap import keep_freed_memory
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES
 from tiering.kafka.records import Record
@@ -478,6 +477,4 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
 
 
 def entrypoint() -> None:
-    """The ``tiering`` process: the allocator setting of a process that rewrites segments, then :func:`main`."""
-    keep_freed_memory()
     sys.exit(main())

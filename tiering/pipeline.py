@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from tiering.heap import keep_freed_memory
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.plan.auto import apply_policy
@@ -151,7 +150,6 @@ def stage_task(segment: dict[str, Any], settings: dict[str, Any], work_dir: str 
     """Executor side: stage one segment (or repair it) under the run's lease; a result document. A
     segment this run already staged (a re-run of the job) is reported as staged again."""
     started = time.perf_counter()
-    keep_freed_memory()  # a worker of Spark's own daemon has not had it (tiering.spark_daemon sets it before forking)
     run = RunSettings.from_json(settings)
     seg = PlannedSegment.from_json(segment)
     store = run.store()

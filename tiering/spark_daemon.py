@@ -63,9 +63,7 @@ def main() -> None:
     from pyspark import daemon  # noqa: PLC0415
 
     import tiering.pipeline  # noqa: F401, PLC0415 - what the compaction tasks import
-    from tiering.heap import keep_freed_memory  # noqa: PLC0415
 
-    keep_freed_memory()  # the allocator's setting is inherited by every forked worker
     daemon.manager()
 
 

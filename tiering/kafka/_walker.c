@@ -19,8 +19,7 @@
  *   v2_header    a batch's 61-byte header with a new codec, length and CRC-32C;
  *   first_difference  the proof's comparison of a group of decoded batches with the originals, one call
  *                per group with the GIL released;
- *   exported     whether a view of a bytearray is alive (the reader refills a read chunk only when none is);
- *   keep_freed_memory  glibc's allocator set to keep freed memory for reuse (see tiering/heap.py).
+ *   exported     whether a view of a bytearray is alive (the reader refills a read chunk only when none is).
  * The v2 header layout is the table in batch.py; the offsets used here are the same named fields.
  */
 #define PY_SSIZE_T_CLEAN
@@ -28,9 +27,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
 #if defined(__x86_64__) || defined(_M_X64)
 #include <nmmintrin.h>
 #define HAVE_SSE42_PATH 1
@@ -479,18 +475,6 @@ static PyObject *exported(PyObject *self, PyObject *chunk) {
     return PyBool_FromLong(((PyByteArrayObject *)chunk)->ob_exports > 0);
 }
 
-/* keep_freed_memory(trim_threshold, mmap_threshold) -> whether glibc's allocator took both settings (False
- * elsewhere). Setting them also turns off glibc's own adjustment of the mmap threshold. */
-static PyObject *keep_freed_memory(PyObject *self, PyObject *args) {
-    int trim_threshold, mmap_threshold;
-    if (!PyArg_ParseTuple(args, "ii", &trim_threshold, &mmap_threshold)) return NULL;
-#if defined(__GLIBC__)
-    return PyBool_FromLong(mallopt(M_MMAP_THRESHOLD, mmap_threshold) && mallopt(M_TRIM_THRESHOLD, trim_threshold));
-#else
-    Py_RETURN_FALSE;
-#endif
-}
-
 static PyMethodDef methods[] = {
     {"walk_v2", walk_v2, METH_VARARGS,
      "walk_v2(records, expected_count, last_offset_delta) -> count\n\n"
@@ -506,8 +490,6 @@ static PyMethodDef methods[] = {
     {"first_difference", first_difference, METH_VARARGS,
      "first_difference(a, b) -> index of the first differing pair of buffers, or -1 (GIL released)."},
     {"exported", exported, METH_O, "exported(chunk) -> whether a buffer view of the bytearray is alive."},
-    {"keep_freed_memory", keep_freed_memory, METH_VARARGS,
-     "keep_freed_memory(trim_threshold, mmap_threshold) -> whether glibc's malloc took both settings."},
     {NULL, NULL, 0, NULL},
 };
 
