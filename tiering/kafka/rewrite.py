@@ -318,6 +318,7 @@ class _Output:
         self.digest = xxhash.xxh3_128()
         self.position = 0
         self.reported = 0
+        self.out = memoryview(bytearray())  # see _joined
         self.group = _Group()
         self.proving: tuple[_Group, Callable[[], int]] | None = None  # a group and how to wait for its proof
         # zstd groups are proven by the compiled prover (without the GIL); other codecs through the codec packages.
@@ -424,13 +425,25 @@ class _Output:
                                       expected=f"<= {MAX_SEGMENT_BYTES} bytes", found=f"{position + size} bytes")
                 position += size
         end = self.builder.add_all(g.rows, self.position)
-        self.dst.write(b"".join(g.parts))  # one write a group: far fewer calls than a write a part
+        self.dst.write(self._joined(g.parts, end - self.position))  # one write a group, not one a part
         self.position = end
         self.digest.update(b"".join(g.digests))
         _, _, _, at, _, size_in = g.rows[-1]
         if self.progress is not None and at + size_in >= self.reported + PROGRESS_BYTES:
             self.reported = at + size_in
             self.progress(self.reported)
+
+    def _joined(self, parts: list[bytes | memoryview], size: int) -> memoryview:
+        """The parts laid end to end in a buffer kept from group to group: a fresh one each time (as
+        ``b"".join`` makes) is mapped and faulted in page by page. Writers must not keep what they are given
+        beyond the call (io's contract for ``write``), so the buffer is refilled for the next group."""
+        if len(self.out) < size:
+            self.out = memoryview(bytearray(size))
+        at = 0
+        for part in parts:
+            self.out[at : at + len(part)] = part
+            at += len(part)
+        return self.out[:at]
 
     def finish(self) -> Indexes:
         self.seal(last=True)
