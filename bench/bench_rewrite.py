@@ -27,6 +27,7 @@ import os
 import platform
 import random
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         # Paired measurement: this machine's speed drifts by tens of percent from one second to the next (shared
         # vCPUs, CPU steal), so every configuration runs on each slice right after the others, in a shuffled
         # order, and keeps its best time per slice; a configuration's time is the sum over the slices.
-        best = [[float("inf")] * len(slices) for _ in configs]
+        times = [[[0.0] * len(slices) for _ in range(args.repeat)] for _ in configs]  # [config][round][slice]
         produced = [0] * len(configs)
         shuffle = random.Random(1)
         for round_no in range(args.repeat):
@@ -198,13 +199,18 @@ def main(argv: list[str] | None = None) -> int:
                 shuffle.shuffle(order)
                 for i in order:
                     seconds, made = best_of(1, lambda: configs[i][1](piece))  # noqa: B023 - called at once
-                    best[i][j] = min(best[i][j], seconds)
+                    times[i][round_no][j] = seconds
                     if round_no == 0:
                         produced[i] += made
             print(f"  round {round_no + 1}/{args.repeat} done", file=sys.stderr)
-        rows: list[dict[str, Any]] = [
-            {"name": name, "seconds": sum(best[i]), "uncompressed_bytes": produced[i],
-             "mib_per_s": produced[i] / MIB / sum(best[i])} for i, (name, _) in enumerate(configs)]
+        rows: list[dict[str, Any]] = []
+        for i, (name, _) in enumerate(configs):
+            seconds = sum(min(t[j] for t in times[i]) for j in range(len(slices)))  # the best of each slice
+            # Each visit of a slice against the bare loop's visit of it in the same round, seconds apart.
+            paired = sorted(times[0][r][j] / times[i][r][j] for r in range(args.repeat) for j in range(len(slices)))
+            rows.append({"name": name, "seconds": seconds, "uncompressed_bytes": produced[i],
+                         "mib_per_s": produced[i] / MIB / seconds, "paired_ratios": statistics.quantiles(paired, n=4),
+                         "times": times[i]})
         bare = rows[0]["mib_per_s"]
         for row in rows:
             row["ratio_to_bare"] = row["mib_per_s"] / bare
@@ -239,9 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
 
-    print(f"\n{'configuration':<50} {'MiB/s':>8} {'ratio':>6}")
+    print(f"\n{'configuration':<50} {'MiB/s':>8} {'ratio':>6}   paired ratios: quartiles")
     for row in rows:
-        print(f"{row['name']:<50} {row['mib_per_s']:>8.1f} {row['ratio_to_bare']:>6.2f}")
+        q1, median, q3 = row["paired_ratios"]
+        print(f"{row['name']:<50} {row['mib_per_s']:>8.1f} {row['ratio_to_bare']:>6.2f}   "
+              f"{q1:.2f} / {median:.2f} / {q3:.2f}")
     for run in cli_rows:
         name = f"CLI process on {run['segment_mib']:.0f} MiB (start-up included)"
         pair_list = ", ".join(f"{r:.2f}" for r in run["pair_ratios"])
