@@ -1,7 +1,7 @@
 """Rewrite throughput as a ratio to the bare codec loop, and peak RSS of the CLI, measured in one run.
 
-    make bench                       # 256 MiB segment, RSS at 256 MiB and 1 GiB
-    .venv/bin/python bench/bench_rewrite.py --size-mib 256 --rss-sizes-mib 256,1024 --repeat 5 --slice-mib 16 --cli-repeat 3
+    make bench        # 256 MiB segment, RSS at 256 MiB and 1 GiB; the same as (--repeat 5 --slice-mib 16):
+    .venv/bin/python bench/bench_rewrite.py --size-mib 256 --rss-sizes-mib 256,1024 --cli-repeat 3
 
 The segment: JSON-like event values in ~16 KiB (uncompressed) batches compressed with snappy, as a
 Java producer with ``compression.type=snappy`` writes them. Each configuration rewrites it to zstd

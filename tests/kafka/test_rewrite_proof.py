@@ -178,3 +178,13 @@ def test_an_output_past_2_gib_is_a_located_error(monkeypatch: pytest.MonkeyPatch
     assert e.value.path == "big.log"
     assert e.value.position is not None
     assert e.value.position <= positions[5][0]
+
+
+@pytest.mark.parametrize(("codec", "threaded"), [(Codec.ZSTD, True), (Codec.GZIP, True), (Codec.LZ4, False),
+                                                 (Codec.SNAPPY, False), (Codec.NONE, False)])
+def test_only_slow_decoders_are_proven_on_the_second_thread(codec: Codec, threaded: bool) -> None:
+    """lz4 and snappy decode a batch in microseconds: a Python proof thread's GIL hand-offs would cost more."""
+    with rewrite._Output(io.BytesIO(), 0, RewriteOptions(codec), None) as out:
+        assert out.threaded is threaded
+    with rewrite._Output(io.BytesIO(), 0, RewriteOptions(codec, proof_thread=False), None) as out:
+        assert not out.threaded
