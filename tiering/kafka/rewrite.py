@@ -68,8 +68,9 @@ GROUP_BYTES: Final = 4 << 20  # records per proof group: large enough to make th
 GROUP_BATCHES: Final = 512
 NATIVE_ZSTD_PROOF: Final = _proof.available()  # libzstd found: zstd proofs run compiled, without the GIL
 # Codecs proven on the second thread. lz4 and snappy decode a batch in microseconds: on a Python thread the GIL
-# hand-offs cost more than the decoding saves (lz4 level 9, 64 MiB: 0.57 of the rewrite without proof with the
-# thread, 0.74 inline), so they are proven inline, as none is.
+# hand-offs cost more than the decoding saves (lz4 level 9, 64 MiB, two runs: 0.61 and 0.69 of the rewrite
+# without proof with the thread, 0.73 and 0.75 inline; snappy the same either way; gzip 0.84 with the thread,
+# 0.78 inline), so they are proven inline, as none is.
 PROOF_THREAD_CODECS: Final = frozenset({Codec.ZSTD, Codec.GZIP})
 _CONTROL_BIT: Final = int(Attr.CONTROL)
 MAX_SEGMENT_BYTES: Final = (1 << 31) - 1  # Kafka's positions and batch lengths are int32
