@@ -208,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             seconds = sum(min(t[j] for t in times[i]) for j in range(len(slices)))  # the best of each slice
             # Each visit of a slice against the bare loop's visit of it in the same round, seconds apart.
             paired = sorted(times[0][r][j] / times[i][r][j] for r in range(args.repeat) for j in range(len(slices)))
+            quartiles = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3  # (one visit: --repeat 1)
             rows.append({"name": name, "seconds": seconds, "uncompressed_bytes": produced[i],
-                         "mib_per_s": produced[i] / MIB / seconds, "paired_ratios": statistics.quantiles(paired, n=4),
-                         "times": times[i]})
+                         "mib_per_s": produced[i] / MIB / seconds, "paired_ratios": quartiles, "times": times[i]})
         bare = rows[0]["mib_per_s"]
         for row in rows:
             row["ratio_to_bare"] = row["mib_per_s"] / bare

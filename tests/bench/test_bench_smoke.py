@@ -24,6 +24,9 @@ def test_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     assert doc["in_process"][0]["ratio_to_bare"] == 1.0
     assert all(row["uncompressed_bytes"] == doc["in_process"][0]["uncompressed_bytes"] for row in doc["in_process"])
     assert doc["cli"][0]["peak_rss_mib"] > 0
+    assert len(doc["cli"][0]["pair_ratios"]) == 3  # --cli-repeat's default
+    assert all(len(row["paired_ratios"]) == 3 for row in doc["in_process"])  # quartiles, even of one visit
+    assert doc["in_process"][0]["paired_ratios"] == [1.0, 1.0, 1.0]
     assert "ratio" in proc.stdout
 
 
