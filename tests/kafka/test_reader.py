@@ -4,9 +4,12 @@ alive, so that a batch held by a caller never changes under it, whatever the rea
 from __future__ import annotations
 
 import io
+import struct
+import tracemalloc
 
 import pytest
 
+from tiering.errors import CorruptBatchError
 from tiering.kafka import _walker, reader
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import SPARE_CHUNKS, _Chunks, iter_batches, iter_entries
@@ -120,3 +123,66 @@ def test_exported_says_whether_a_view_is_alive() -> None:
     assert not _walker.exported(chunk)
     with pytest.raises(TypeError):
         _walker.exported(b"bytes")  # type: ignore[arg-type]
+
+
+class _RawReadOnly(io.RawIOBase):
+    """An io.RawIOBase implementing read() only: its inherited readinto raises NotImplementedError."""
+
+    def __init__(self, data: bytes) -> None:
+        self.inner = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        return self.inner.read(n)
+
+
+class _Counting:
+    """A wrapper that counts what is read through it and hands everything else to the stream it wraps."""
+
+    def __init__(self, inner: io.BytesIO) -> None:
+        self.inner, self.count = inner, 0
+
+    def read(self, n: int = -1) -> bytes:
+        out = self.inner.read(n)
+        self.count += len(out)
+        return out
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_streams_with_read_only_are_read_through_read(segment: bytes) -> None:
+    expected = _bytes_of(io.BytesIO(segment))
+    assert _bytes_of(_RawReadOnly(segment)) == expected  # type: ignore[arg-type]
+    counting = _Counting(io.BytesIO(segment))
+    assert _bytes_of(counting) == expected  # type: ignore[arg-type]
+    assert counting.count == len(segment)  # its read, not the wrapped stream's readinto, did the reading
+
+
+class _Pipe(io.RawIOBase):
+    """A stream of unknown size (no fileno, not seekable), as a pipe or a socket."""
+
+    def __init__(self, data: bytes) -> None:
+        self.inner = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        return self.inner.readinto(b)
+
+
+def test_a_claimed_length_allocates_nothing_before_its_bytes_arrive() -> None:
+    """61 bytes whose header claims a 128 MiB batch, in a stream of unknown size: a clear error and memory
+    bounded by what arrived, not by the claim."""
+    data = struct.pack(">qi", 0, (128 << 20) - 12) + b"\x00" * 4 + b"\x02" + b"\x00" * 44
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptBatchError, match="truncated"):
+            list(iter_batches(_Pipe(data)))  # type: ignore[arg-type]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
@@ -54,6 +54,10 @@ class _Chunks:
 
     def __init__(self, stream: BinaryIO) -> None:
         self.stream = stream
+        # readinto where the stream's class has its own (not through a wrapper's __getattr__, which would skip
+        # the wrapper's read); read otherwise, or once readinto says it is not implemented.
+        self.readinto: Callable[[memoryview], int | None] | None = (
+            getattr(stream, "readinto", None) if hasattr(type(stream), "readinto") else None)
         self.view = memoryview(b"")  # the bytes read into the current chunk
         self.off = 0
         self.spare: list[bytearray] = []  # chunks of READ_CHUNK_BYTES to refill once nothing refers to them
@@ -63,35 +67,48 @@ class _Chunks:
         have = len(self.view) - self.off
         if have >= n:
             return n
-        chunk = memoryview(self._chunk(max(READ_CHUNK_BYTES, n)))
-        chunk[:have] = self.view[self.off :]  # the part of the current chunk not taken yet
-        while have < n and (got := self._read_into(chunk[have:])):
-            have += got
-        self.view = chunk[:have].toreadonly()
+        if n > READ_CHUNK_BYTES:
+            # A batch larger than a chunk: the buffer grows with the bytes that arrive, never to a length a
+            # header merely claims (a stream of unknown size can not refute it before it ends).
+            grown = bytearray(self.view[self.off :])
+            while len(grown) < n and (more := self._read(min(n - len(grown), READ_CHUNK_BYTES))):
+                grown += more
+            self.view = memoryview(grown).toreadonly()
+        else:
+            chunk = memoryview(self._chunk())
+            chunk[:have] = self.view[self.off :]  # the part of the current chunk not taken yet
+            while have < n and (got := self._read_into(chunk[have:])):
+                have += got
+            self.view = chunk[:have].toreadonly()
         self.off = 0
-        return min(have, n)
+        return min(len(self.view), n)
 
     def take(self, n: int) -> memoryview:
         view = self.view[self.off : self.off + n]
         self.off += n
         return view
 
-    def _chunk(self, size: int) -> bytearray:
+    def _chunk(self) -> bytearray:
         for chunk in self.spare:
-            if len(chunk) >= size and not _walker.exported(chunk):  # no view of it is alive: free to refill
+            if not _walker.exported(chunk):  # no view of it is alive: free to refill
                 return chunk
-        chunk = bytearray(size)
-        if size == READ_CHUNK_BYTES and len(self.spare) < SPARE_CHUNKS:
+        chunk = bytearray(READ_CHUNK_BYTES)
+        if len(self.spare) < SPARE_CHUNKS:
             self.spare.append(chunk)
         return chunk
 
     def _read_into(self, target: memoryview) -> int:
-        readinto = getattr(self.stream, "readinto", None)
-        if readinto is not None:
-            return readinto(target) or 0
-        data = self.stream.read(len(target))
+        if self.readinto is not None:
+            try:
+                return self.readinto(target) or 0
+            except NotImplementedError:  # an io.RawIOBase that implements read() only
+                self.readinto = None
+        data = self._read(len(target))
         target[: len(data)] = data
         return len(data)
+
+    def _read(self, n: int) -> bytes:
+        return self.stream.read(n) or b""  # None (a non-blocking stream with nothing yet) ends it, as before
 
 
 def stream_size(stream: BinaryIO) -> int | None:
