@@ -107,21 +107,32 @@ def test_scan_v2_stops_at_legacy_entries_oversized_batches_and_bad_headers() -> 
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.binary(max_size=5000), st.sampled_from(list(Codec)))
-def test_v2_header_equals_the_python_rebuild(payload: bytes, codec: Codec) -> None:
+@given(st.binary(max_size=5000), st.sampled_from(list(Codec)), st.integers(0, 100), st.integers(0, 100))
+def test_put_v2_equals_the_python_rebuild(payload: bytes, codec: Codec, at: int, slack: int) -> None:
     data = _two_batches()
     size = _walker.scan_v2(data, 0, DEFAULT_MAX_BATCH_BYTES)[0][1]
     batch = data[:size]
-    header = _walker.v2_header(batch, int(codec), payload)
-    assert header == build_v2(batch, codec, payload)[0]
-    check_crc(parse_v2_header(header + payload, 0), header + payload)  # a valid batch
+    out = bytearray(b"\xaa" * (at + V2_HEADER_SIZE + len(payload) + slack))
+    end = _walker.put_v2(out, at, batch, int(codec), payload)
+    assert end == at + V2_HEADER_SIZE + len(payload)
+    assert bytes(out[at:end]) == b"".join(build_v2(batch, codec, payload))
+    assert out[:at] == b"\xaa" * at  # nothing written outside
+    assert out[end:] == b"\xaa" * slack
+    check_crc(parse_v2_header(bytes(out[at:end]), 0), bytes(out[at:end]))  # a valid batch
 
 
-def test_v2_header_refuses_bad_arguments() -> None:
+def test_put_v2_refuses_bad_arguments() -> None:
+    batch = _two_batches()[:V2_HEADER_SIZE]
     with pytest.raises(ValueError, match="61 bytes"):
-        _walker.v2_header(b"\x00" * 60, 4, b"")
+        _walker.put_v2(bytearray(100), 0, b"\x00" * 60, 4, b"")
     with pytest.raises(ValueError, match="codec"):
-        _walker.v2_header(b"\x00" * 61, 5, b"")
+        _walker.put_v2(bytearray(100), 0, batch, 5, b"")
+    with pytest.raises(ValueError, match="do not fit"):
+        _walker.put_v2(bytearray(100), 40, batch, 4, b"")  # 61 bytes from 40 pass the end
+    with pytest.raises(ValueError, match="do not fit"):
+        _walker.put_v2(bytearray(100), -1, batch, 4, b"")
+    with pytest.raises(TypeError):
+        _walker.put_v2(b"\x00" * 100, 0, batch, 4, b"")  # not writable
 
 
 def test_first_difference() -> None:

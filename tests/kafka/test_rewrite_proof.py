@@ -127,9 +127,12 @@ def test_an_empty_group_decodes_to_nothing() -> None:
 def test_groups_and_proof_do_not_change_the_output(monkeypatch: pytest.MonkeyPatch, codec: Codec) -> None:
     data = _segment(40)
     outputs = []
-    for group_batches, proof, thread in [(512, True, True), (3, True, True), (1, True, True), (512, True, False),
-                                         (3, True, False), (512, False, True)]:
+    for group_batches, proof, thread, buffer_bytes in [
+            (512, True, True, 1 << 20), (3, True, True, 1 << 20), (1, True, True, 1 << 20), (512, True, False, 1 << 20),
+            (3, True, False, 1 << 20), (512, False, True, 1 << 20),
+            (512, True, True, 3000), (3, True, True, 20_000), (3, True, False, 20_000)]:  # batches straddle buffers
         _small_groups(monkeypatch, group_batches)
+        monkeypatch.setattr(rewrite, "OUTPUT_BUFFER_BYTES", buffer_bytes)
         dst = io.BytesIO()
         progress: list[int] = []
         result = rewrite_segment(io.BytesIO(data), dst, base_offset=100,
@@ -139,6 +142,29 @@ def test_groups_and_proof_do_not_change_the_output(monkeypatch: pytest.MonkeyPat
         assert progress[-1] == len(data)
         outputs.append((dst.getvalue(), result.indexes, result.stats.to_json() | {"seconds": 0}))
     assert all(o == outputs[0] for o in outputs[1:])
+
+
+@pytest.mark.parametrize("thread", [True, False])
+def test_output_buffers_are_reused(monkeypatch: pytest.MonkeyPatch, thread: bool) -> None:
+    """The output is laid out in a few buffers, refilled group after group once nothing refers to them."""
+    _small_groups(monkeypatch, 3)
+    monkeypatch.setattr(rewrite, "OUTPUT_BUFFER_BYTES", 16 * 1024)
+    data = _segment(40)
+    given: list[object] = []  # the buffers behind what write() was given (kept alive: distinct ids)
+
+    class Recorder(io.BytesIO):
+        def write(self, b: object) -> int:
+            given.append(memoryview(b).obj)  # type: ignore[arg-type]
+            return super().write(b)  # type: ignore[call-overload, no-any-return]
+
+    dst = Recorder()
+    rewrite_segment(io.BytesIO(data), dst, base_offset=100, options=RewriteOptions(Codec.ZSTD, proof_thread=thread))
+    reference = io.BytesIO()
+    monkeypatch.setattr(rewrite, "OUTPUT_BUFFER_BYTES", 64 << 20)
+    rewrite_segment(io.BytesIO(data), reference, base_offset=100, options=RewriteOptions(Codec.ZSTD))
+    assert dst.getvalue() == reference.getvalue()
+    assert len(given) >= 10  # many groups written ...
+    assert len({id(b) for b in given}) <= 3  # ... from the same few buffers
 
 
 def _corrupt_records_keeping_the_crc(data: bytearray, position: int) -> None:

@@ -16,7 +16,7 @@
  *   scan_v2      the headers of the complete, valid v2 batches of a buffer, CRC-32C checked, in one call;
  *                it stops at the first entry it cannot vouch for, which the Python reader then handles
  *                (and reports with its own error message);
- *   v2_header    a batch's 61-byte header with a new codec, length and CRC-32C;
+ *   put_v2       a batch laid out in an output buffer with a new records section, codec, length and CRC-32C;
  *   first_difference  the proof's comparison of a group of decoded batches with the originals, one call
  *                per group with the GIL released;
  *   exported     whether a view of a bytearray is alive (the reader refills a read chunk only when none is).
@@ -404,26 +404,34 @@ static PyObject *scan_v2(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* v2_header(batch, codec, payload) -> the batch's 61-byte header with codec bits, batchLength and CRC-32C
- * made for `payload` as its new records section; every other field as it was. */
-static PyObject *v2_header(PyObject *self, PyObject *args) {
-    Py_buffer batch, payload;
+/* put_v2(out, at, batch, codec, payload) -> end: lays the batch out at out[at:end], its records section being
+ * `payload`: the batch's 61-byte header with codec bits, batchLength and CRC-32C made for that payload (every
+ * other field as it was), then the payload. The rewriter's output buffer is filled this way, one call a batch. */
+static PyObject *put_v2(PyObject *self, PyObject *args) {
+    Py_buffer out, batch, payload;
+    Py_ssize_t at;
     int codec;
-    if (!PyArg_ParseTuple(args, "y*iy*", &batch, &codec, &payload)) return NULL;
+    if (!PyArg_ParseTuple(args, "w*ny*iy*", &out, &at, &batch, &codec, &payload)) return NULL;
     PyObject *result = NULL;
     if (batch.len < V2_HEADER_SIZE || codec < 0 || codec > MAX_CODEC ||
         payload.len > (Py_ssize_t)INT32_MAX - (V2_HEADER_SIZE - LOG_OVERHEAD)) {
-        PyErr_SetString(PyExc_ValueError, "v2_header: a batch of >= 61 bytes, a codec 0..4 and a payload < 2 GiB");
+        PyErr_SetString(PyExc_ValueError, "put_v2: a batch of >= 61 bytes, a codec 0..4 and a payload < 2 GiB");
         goto done;
     }
-    result = PyBytes_FromStringAndSize((const char *)batch.buf, V2_HEADER_SIZE);
-    if (result == NULL) goto done;
-    uint8_t *h = (uint8_t *)PyBytes_AS_STRING(result);
+    if (at < 0 || at > out.len || out.len - at < V2_HEADER_SIZE + payload.len) {
+        PyErr_Format(PyExc_ValueError, "put_v2: %zd bytes from %zd do not fit a buffer of %zd",
+                     V2_HEADER_SIZE + payload.len, at, out.len);
+        goto done;
+    }
+    uint8_t *h = (uint8_t *)out.buf + at;
+    memmove(h, batch.buf, V2_HEADER_SIZE);  /* memmove: the caller's buffers may overlap */
+    memmove(h + V2_HEADER_SIZE, payload.buf, (size_t)payload.len);
     h[ATTRIBUTES_AT + 1] = (uint8_t)((h[ATTRIBUTES_AT + 1] & ~CODEC_MASK) | codec);
     put_be32(h + LENGTH_AT, (uint32_t)(payload.len + V2_HEADER_SIZE - LOG_OVERHEAD));
-    uint32_t crc = crc32c(0, h + ATTRIBUTES_AT, V2_HEADER_SIZE - ATTRIBUTES_AT);
-    put_be32(h + CRC_AT, crc32c(crc, (const uint8_t *)payload.buf, (size_t)payload.len));
+    put_be32(h + CRC_AT, crc32c(0, h + ATTRIBUTES_AT, (size_t)(V2_HEADER_SIZE - ATTRIBUTES_AT + payload.len)));
+    result = PyLong_FromSsize_t(at + V2_HEADER_SIZE + payload.len);
 done:
+    PyBuffer_Release(&out);
     PyBuffer_Release(&batch);
     PyBuffer_Release(&payload);
     return result;
@@ -485,8 +493,9 @@ static PyMethodDef methods[] = {
     {"scan_v2", scan_v2, METH_VARARGS,
      "scan_v2(buffer, start, max_total) -> [(start, total, base_offset, last_offset, max_timestamp, attributes,\n"
      "records_count)] for the complete, CRC-valid v2 batches from start, up to the first it cannot vouch for."},
-    {"v2_header", v2_header, METH_VARARGS,
-     "v2_header(batch, codec, payload) -> the batch's header with codec bits, length and CRC for payload."},
+    {"put_v2", put_v2, METH_VARARGS,
+     "put_v2(out, at, batch, codec, payload) -> end: the batch with payload as its records section (codec bits,\n"
+     "length and CRC made for it) written into the writable buffer out from at."},
     {"first_difference", first_difference, METH_VARARGS,
      "first_difference(a, b) -> index of the first differing pair of buffers, or -1 (GIL released)."},
     {"exported", exported, METH_O, "exported(chunk) -> whether a buffer view of the bytearray is alive."},

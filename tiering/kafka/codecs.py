@@ -504,7 +504,7 @@ def decompress_known_size(codec: Codec, data: bytes | memoryview, size: int, *, 
     return decompress(codec, data, magic=magic, limit=size)
 
 
-def decompress_all_known_size(codec: Codec, payloads: list[bytes | bytearray | memoryview],
+def decompress_all_known_size(codec: Codec, payloads: Sequence[bytes | bytearray | memoryview],
                               sizes: Sequence[int]) -> Sequence[object]:
     """:func:`decompress_known_size` over a group of v2 payloads: the rewriter's proof where the compiled one
     (_proof.c) does not run (codecs other than zstd, or no libzstd). For zstd payloads that are one frame
@@ -515,7 +515,7 @@ def decompress_all_known_size(codec: Codec, payloads: list[bytes | bytearray | m
     if codec is Codec.ZSTD and all(sizes) and all(_one_zstd_frame(p) for p in payloads):
         try:
             out = _zstd_decompressor().multi_decompress_to_buffer(
-                payloads, decompressed_sizes=array("Q", sizes).tobytes())
+                list(payloads), decompressed_sizes=array("Q", sizes).tobytes())
         except zstandard.ZstdError as e:
             raise DecompressionError(f"zstd: {e}") from e
         return cast(Sequence[object], out)  # a collection of buffer segments: len() and indexing

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -66,6 +66,8 @@ from tiering.kafka.segment import OffsetOrder, payload_of
 PROGRESS_BYTES: Final = 1 << 20  # report progress about once a MiB of input
 GROUP_BYTES: Final = 4 << 20  # records per proof group: large enough to make the hand-off cheap, small for memory
 GROUP_BATCHES: Final = 512
+OUTPUT_BUFFER_BYTES: Final = 256 << 10  # the output is laid out in buffers of this size, reused from group to group
+SPARE_OUTPUT_BUFFERS: Final = 16  # enough for the group being filled and the one being proven
 NATIVE_ZSTD_PROOF: Final = _proof.available()  # libzstd found: zstd proofs run compiled, without the GIL
 # Codecs proven on the second thread. lz4 and snappy decode a batch in microseconds: on a Python thread the GIL
 # hand-offs cost more than the decoding saves (lz4 level 9, 64 MiB, two runs: 0.61 and 0.69 of the rewrite
@@ -243,8 +245,8 @@ def _prove_one(codec: Codec, new: bytes | bytearray | memoryview, original: byte
                          found=f"{len(back)} bytes, xxh3 {xxhash.xxh3_128_hexdigest(back)}")
 
 
-def _first_unproven(codec: Codec, news: list[bytes | bytearray | memoryview],
-                    originals: list[bytes | memoryview]) -> int:
+def _first_unproven(codec: Codec, news: Sequence[bytes | bytearray | memoryview],
+                    originals: Sequence[bytes | memoryview]) -> int:
     """Index of the first batch of a group whose new bytes do not decode to its original records, or -1.
     Runs on the proof thread: one decode call and one comparison for the whole group."""
     try:
@@ -292,20 +294,27 @@ def _raise_unproven(codec: Codec, g: _Group, failed: int) -> None:
 
 
 class _Group:
-    """Batches processed but not yet written, in file order; the recompressed ones wait for their proof.
-    Filled a run of batches at a time (see :meth:`_Output.add`)."""
+    """Batches processed but not yet written, in file order, laid out in output buffers as they will be
+    written; the recompressed ones wait for their proof."""
 
-    __slots__ = ("digests", "news", "originals", "parts", "proven_rows", "records_bytes", "rows")
+    __slots__ = ("at", "buf", "digests", "filled", "news", "originals", "proven_rows", "records_bytes", "rows")
 
     def __init__(self) -> None:
-        self.parts: list[bytes | memoryview] = []  # what to write, in order
+        self.filled: list[memoryview] = []  # output buffers already full, in order; then ...
+        self.buf = _NO_BUFFER  # ... the one being filled (taken when the first batch comes) ...
+        self.at = 0  # ... up to here
         self.rows: list[_Row] = []
         self.digests: list[bytes] = []  # xxh3-128 of each batch's records (what its written bytes decode to)
-        self.news: list[bytes | bytearray | memoryview] = []  # recompressed records sections awaiting the proof ...
+        self.news: list[memoryview] = []  # recompressed records sections (in the output) awaiting the proof ...
         self.originals: list[bytes | memoryview] = []  # ... the records they must decode to ...
         self.proven_rows: list[int] = []  # ... and their index in rows
         self.records_bytes = 0
 
+    def output(self) -> list[memoryview]:
+        return [*self.filled, self.buf[: self.at]]
+
+
+_NO_BUFFER: Final = memoryview(bytearray())
 
 # One batch of a group: size written, last offset, max timestamp (for the index), then its position, base
 # offset and size in the input (for error messages and progress).
@@ -313,7 +322,8 @@ _Row = tuple[int, int, int, int, int, int]
 
 
 class _Output:
-    """Where processed batches go: grouped, proven (on a second thread), then written and indexed in order."""
+    """Where processed batches go: laid out in reused buffers a group at a time, the group proven (on a
+    second thread), then written and indexed in order."""
 
     def __init__(self, dst: BinaryIO, base_offset: int, options: RewriteOptions,
                  progress: Callable[[int], None] | None) -> None:
@@ -324,7 +334,7 @@ class _Output:
         self.digest = xxhash.xxh3_128()
         self.position = 0
         self.reported = 0
-        self.out = memoryview(bytearray())  # see _joined
+        self.spare: list[bytearray] = []  # output buffers of OUTPUT_BUFFER_BYTES, to refill once nothing refers to them
         self.group = _Group()
         self.proving: tuple[_Group, Callable[[], int]] | None = None  # a group and how to wait for its proof
         # zstd groups are proven by the compiled prover (without the GIL); other codecs through the codec packages.
@@ -350,16 +360,45 @@ class _Output:
             if self.executor is not None:
                 self.executor.shutdown(wait=True, cancel_futures=True)
 
-    def add(self, run: _Group) -> None:
-        """Append a run of processed batches (a group of its own, in file order) to the current group."""
+    def buffer(self, n: int) -> memoryview:
+        """An output buffer of at least ``n`` bytes. A buffer reused (rather than a fresh one each group)
+        stays in cache and is not faulted in again page by page; one is reused only once no view of it is
+        alive (the group written, its proof collected), and writers must not keep what they are given
+        beyond the call (io's contract for ``write``)."""
+        if n <= OUTPUT_BUFFER_BYTES:
+            for spare in self.spare:
+                if not _walker.exported(spare):
+                    return memoryview(spare)
+        buf = bytearray(max(n, OUTPUT_BUFFER_BYTES))
+        if len(buf) == OUTPUT_BUFFER_BYTES and len(self.spare) < SPARE_OUTPUT_BUFFERS:
+            self.spare.append(buf)
+        return memoryview(buf)
+
+    def room(self, g: _Group, at: int, n: int) -> memoryview:
+        """Close ``g``'s buffer at ``at`` (it has no room for ``n`` more bytes) and give it a new one."""
+        if at:
+            g.filled.append(g.buf[:at])
+        g.buf, g.at = self.buffer(n), 0
+        return g.buf
+
+    def add(self, done: _Out) -> None:
+        """Append one batch of the inline path (legacy, or what the scanner left to the Python reader)."""
         g = self.group
-        g.proven_rows += [len(g.rows) + i for i in run.proven_rows] if g.rows else run.proven_rows
-        g.parts += run.parts
-        g.rows += run.rows
-        g.digests += run.digests
-        g.news += run.news
-        g.originals += run.originals
-        g.records_bytes += run.records_bytes
+        size = sum(len(p) for p in done.parts)
+        buf, at = (g.buf, g.at) if g.at + size <= len(g.buf) else (self.room(g, g.at, size), 0)
+        for part in done.parts:
+            buf[at : at + len(part)] = part
+            at += len(part)
+        g.at = at
+        h = done.header
+        g.rows.append((size, h.last_offset, h.max_timestamp, h.position, h.offset, h.size))
+        g.digests.append(done.digest)
+        g.records_bytes += done.uncompressed_bytes
+        self.added()
+
+    def added(self) -> None:
+        """After batches were appended to the current group: seal it once it is large enough."""
+        g = self.group
         # Without a proof thread to wait for, a run is proven (if at all) and written at once: less memory held.
         if not self.threaded or g.records_bytes >= GROUP_BYTES or len(g.rows) >= GROUP_BATCHES:
             self.seal()
@@ -368,14 +407,13 @@ class _Output:
     def threaded(self) -> bool:
         return self.prover is not None or self.executor is not None
 
-    def prove(self, news: list[bytes | bytearray | memoryview], originals: list[bytes | memoryview]) -> int:
+    def prove(self, news: list[memoryview], originals: list[bytes | memoryview]) -> int:
         """The first batch of ``news`` not decoding to its original, or -1: proven on the calling thread."""
         if self.native:
             return _proof.first_mismatch(news, originals)
         return _first_unproven(self.codec, news, originals)
 
-    def submit(self, news: list[bytes | bytearray | memoryview],
-               originals: list[bytes | memoryview]) -> Callable[[], int]:
+    def submit(self, news: list[memoryview], originals: list[bytes | memoryview]) -> Callable[[], int]:
         """Start proving a group on the proof thread; returns how to wait for the verdict. Verdicts are
         collected in submission order (the compiled prover answers the oldest group first)."""
         if self.prover is not None:
@@ -430,26 +468,15 @@ class _Output:
                                       "choose a codec that compresses", position=at, base_offset=base,
                                       expected=f"<= {MAX_SEGMENT_BYTES} bytes", found=f"{position + size} bytes")
                 position += size
-        end = self.builder.add_all(g.rows, self.position)
-        self.dst.write(self._joined(g.parts, end - self.position))  # one write a group, not one a part
-        self.position = end
+        self.position = self.builder.add_all(g.rows, self.position)
+        for part in g.output():  # one write an output buffer, not one a batch
+            if part:
+                self.dst.write(part)
         self.digest.update(b"".join(g.digests))
         _, _, _, at, _, size_in = g.rows[-1]
         if self.progress is not None and at + size_in >= self.reported + PROGRESS_BYTES:
             self.reported = at + size_in
             self.progress(self.reported)
-
-    def _joined(self, parts: list[bytes | memoryview], size: int) -> memoryview:
-        """The parts laid end to end in a buffer kept from group to group: a fresh one each time (as
-        ``b"".join`` makes) is mapped and faulted in page by page. Writers must not keep what they are given
-        beyond the call (io's contract for ``write``), so the buffer is refilled for the next group."""
-        if len(self.out) < size:
-            self.out = memoryview(bytearray(size))
-        at = 0
-        for part in parts:
-            self.out[at : at + len(part)] = part
-            at += len(part)
-        return self.out[:at]
 
     def finish(self) -> Indexes:
         self.seal(last=True)
@@ -458,24 +485,25 @@ class _Output:
 
 
 def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, stats: RewriteStats,
-                 transitions: Counter[tuple[int, int]]) -> _Group:
-    """The hot path: a run of v2 batches the compiled scanner already checked (header, CRC); returns them
-    processed, as a group of their own. Per batch only what must be per batch; the rest per run."""
+                 transitions: Counter[tuple[int, int]], out: _Output) -> None:
+    """The hot path: a run of v2 batches the compiled scanner already checked (header, CRC), processed and
+    laid out in the output's current group. Per batch only what must be per batch; the rest per run."""
     buf, run_position = run.buffer, run.position
     target, target_id, force, deep, prove = o.codec, int(o.codec), o.force, o.deep_validation, o.proof
     recompress = compressor(target, o.level)
+    put_v2 = _walker.put_v2
     limit = o.decompression_limit
     shrink_only = target is not Codec.NONE
     lowest = order.lowest_next()
     highest = order.highest_last()
-    done = _Group()
-    parts, rows, digests, news, originals, proven = (done.parts, done.rows, done.digests, done.news, done.originals,
-                                                     done.proven_rows)
+    g = out.group
+    rows, digests, news, originals, proven = g.rows, g.digests, g.news, g.originals, g.proven_rows
+    dst, at = g.buf, g.at
     records = records_bytes = 0
     kept: list[str] = []
-    for start, total, base, last, max_ts, attributes, count in run.batches:
-        position = run_position + start
-        try:
+    try:
+        for start, total, base, last, max_ts, attributes, count in run.batches:
+            position = run_position + start
             batch = buf[start : start + total]
             codec_id = attributes & CODEC_MASK
             payload: bytes | memoryview = batch[V2_HEADER_SIZE:]
@@ -497,45 +525,38 @@ def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, stats: Rewri
                 new = recompress(payload)
                 if shrink_only and len(new) >= total - V2_HEADER_SIZE:
                     reason = KEPT_WOULD_GROW
+            size = total if reason else V2_HEADER_SIZE + len(new)
+            if at + size > len(dst):
+                dst, at = out.room(g, at, size), 0
             if reason is None:
+                end = put_v2(dst, at, batch, target_id, new)
                 if prove:
                     proven.append(len(rows))
-                    news.append(new)
+                    news.append(dst[at + V2_HEADER_SIZE : end])
                     originals.append(payload)
-                parts.append(_walker.v2_header(batch, target_id, new))
-                parts.append(new)
-                rows.append((V2_HEADER_SIZE + len(new), last, max_ts, position, base, total))
                 transitions[codec_id, target_id] += 1
             else:
-                parts.append(batch)
-                rows.append((total, last, max_ts, position, base, total))
+                dst[at : at + size] = batch
                 transitions[codec_id, codec_id] += 1
                 kept.append(reason)
-        except TieringError as e:
-            if prove:  # an earlier batch of this run failing its proof is the first problem in the file
-                _raise_unproven(target, done, _first_unproven(target, news, originals) if news else -1)
-            raise e.located(position=position, base_offset=base) from None
-        records += count
-        records_bytes += len(payload)
-    done.records_bytes = records_bytes
-    stats.batches += len(rows)
-    stats.batches_rewritten += len(rows) - len(kept)
+            at += size
+            rows.append((size, last, max_ts, position, base, total))
+            records += count
+            records_bytes += len(payload)
+    except TieringError as e:
+        # (the batches before it in the group are proven when the output closes: see _Output.__exit__)
+        raise e.located(position=position, base_offset=base) from None
+    finally:
+        g.at = at
+    g.records_bytes += records_bytes
+    batches = len(run.batches)
+    stats.batches += batches
+    stats.batches_rewritten += batches - len(kept)
     stats.kept.update(kept)
     stats.records += records
     stats.uncompressed_bytes += records_bytes
     stats.bytes_in += sum(b[1] for b in run.batches)
-    return done
-
-
-def _processed(done: _Out) -> _Group:
-    """One batch of the inline path (legacy, or what the scanner left to the Python reader) as a group."""
-    h = done.header
-    g = _Group()
-    g.parts += done.parts
-    g.rows.append((sum(len(p) for p in done.parts), h.last_offset, h.max_timestamp, h.position, h.offset, h.size))
-    g.digests.append(done.digest)
-    g.records_bytes = done.uncompressed_bytes
-    return g
+    out.added()
 
 
 def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: RewriteOptions,
@@ -555,12 +576,12 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
         with _Output(dst, base_offset, options, progress) as out:
             for entry in iter_entries(src, path=path, size=size, max_batch_bytes=options.max_batch_bytes):
                 if isinstance(entry, V2Run):
-                    out.add(_rewrite_run(entry, options, order, stats, transitions))
+                    _rewrite_run(entry, options, order, stats, transitions, out)
                     continue
                 done = process_batch(entry, options)
                 h = done.header
                 order.check(h, done.base_offset)
-                out.add(_processed(done))
+                out.add(done)
                 stats.batches += 1
                 stats.bytes_in += h.size
                 stats.records += done.records
