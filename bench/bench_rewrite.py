@@ -6,14 +6,19 @@
 The segment: JSON-like event values in ~16 KiB (uncompressed) batches compressed with snappy, as a
 Java producer with ``compression.type=snappy`` writes them. Each configuration rewrites it to zstd
 level 3; the baseline is the bare loop over the same batches in the same process: read, CRC-32C,
-decompress, compress, nothing else. Throughput counts uncompressed record bytes. The configurations are
-paired: the segment is cut into slices (``--slice-mib``) and each slice is run by every configuration in
-turn, in a shuffled order, ``--repeat`` times, the best time per slice kept; so a slow second of this
-shared machine hits all configurations alike instead of deciding a ratio. Then the whole
+decompress, compress, nothing else. Throughput counts uncompressed record bytes.
+
+The measurement is paired, because this machine's speed swings by tens of percent within seconds: the
+segment is cut into slices (``--slice-mib``), and in each of ``--repeat`` rounds every slice is visited
+by the configurations in a shuffled order, each visit bracketed by two visits of the bare loop to the
+same slice (bare, A, bare, B, bare, ...). A visit's ratio is the mean of its two bare-loop visits over
+its own time, so a slow spell weighs on both sides of it; a configuration's ratio is the median of its
+visits' ratios (quartiles printed beside it). The best-of ratio (each slice's best time, summed: the
+bare loop's visits right before the configuration's over the configuration's) is printed too: it
+compares the fastest moments of different visits and so moves more with the machine. Then the whole
 ``tiering segment rewrite`` command runs as users run it (a new process: imports, start-up, reading and
-writing real files, fsync included) for each segment size, paired the same way: each run right after one
-pass of the bare loop over the same segment (``--cli-repeat`` pairs; the ratio of a pair is the bare
-loop's seconds over the command's), and its peak RSS is read from the kernel (VmHWM) while it runs.
+writing real files, fsync included) for each segment size, ``--cli-repeat`` times, each run between two
+passes of the bare loop over the same segment; its peak RSS is read from the kernel (VmHWM) while it runs.
 
 Prints a table and writes ``bench/out/bench_rewrite.json``.
 """
@@ -138,20 +143,23 @@ def cli_run(segment: Path, out: Path) -> dict[str, Any]:
 
 
 def cli_pairs(segment: Path, out: Path, repeat: int) -> list[dict[str, Any]]:
-    """``repeat`` CLI runs, each right after one pass of the bare loop over the same segment (in memory: the
-    command reads the file, the bare loop does not), with the pair's ratio."""
+    """``repeat`` CLI runs, each bracketed by passes of the bare loop over the same segment (in memory: the
+    command reads the file, the bare loop does not), with the pair's ratio: the mean of the passes right before
+    and right after the run over the run's seconds."""
     data = segment.read_bytes()
     pairs = []
+    before, _ = best_of(1, lambda: bare_loop(data))
     for _ in range(repeat):
-        bare_seconds, _ = best_of(1, lambda: bare_loop(data))
         run = cli_run(segment, out)
         shutil.rmtree(out)
-        run["bare_seconds"] = bare_seconds
-        run["ratio_to_bare"] = bare_seconds / run["seconds"]
+        after, _ = best_of(1, lambda: bare_loop(data))
+        run["bare_seconds"] = [before, after]
+        run["ratio_to_bare"] = (before + after) / 2 / run["seconds"]
         pairs.append(run)
         print(f"  CLI on {len(data) / MIB:.0f} MiB: {run['seconds']:.1f} s ({run['rewrite_seconds']:.1f} s in the "
-              f"rewrite; the rest is start-up, fsync and publishing), bare loop {bare_seconds:.1f} s, peak RSS "
-              f"{run['peak_rss_mib']:.0f} MiB", file=sys.stderr)
+              f"rewrite; the rest is start-up, fsync and publishing), bare loop {before:.1f} s before, {after:.1f} s "
+              f"after, peak RSS {run['peak_rss_mib']:.0f} MiB", file=sys.stderr)
+        before = after
     return pairs
 
 
@@ -159,11 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mib", type=int, default=256, help="segment size for the throughput ratios")
     parser.add_argument("--rss-sizes-mib", default="256,1024", help="segment sizes for the CLI RSS runs")
-    parser.add_argument("--repeat", type=int, default=5, help="runs per configuration and slice; the best one counts")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="rounds: visits of each slice by each configuration (each bracketed by the bare loop)")
     parser.add_argument("--slice-mib", type=int, default=16,
                         help="the segment is measured in slices of this size, every configuration on each in turn")
     parser.add_argument("--cli-repeat", type=int, default=3,
-                        help="pairs of (bare loop, CLI run) per CLI segment size; the best pair counts")
+                        help="CLI runs per segment size, each between two bare-loop passes; the median pair counts")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_rewrite.json")
     args = parser.parse_args(argv)
     rss_sizes = [int(s) for s in args.rss_sizes_mib.split(",") if s]
@@ -188,32 +197,55 @@ def main(argv: list[str] | None = None) -> int:
              lambda d: rewrite_loop(d, RewriteOptions(Codec.ZSTD, 3, proof_thread=False))),
         ]
         # Paired measurement: this machine's speed drifts by tens of percent from one second to the next (shared
-        # vCPUs, CPU steal), so every configuration runs on each slice right after the others, in a shuffled
-        # order, and keeps its best time per slice; a configuration's time is the sum over the slices.
+        # vCPUs, CPU steal), so each configuration's visit of a slice is bracketed by two visits of the bare loop
+        # to the same slice, right before and right after it (bare, A, bare, B, bare, ...: the configurations in
+        # a shuffled order), and its ratio is the mean of those two over its own time. A slow spell then hits
+        # both sides of a ratio alike; the median of all those ratios is a configuration's figure.
         times = [[[0.0] * len(slices) for _ in range(args.repeat)] for _ in configs]  # [config][round][slice]
+        preceding = [[[0.0] * len(slices) for _ in range(args.repeat)] for _ in configs]  # the bare visit before
+        bracketed: list[list[float]] = [[] for _ in configs]
+        bare_visits: list[list[float]] = [[] for _ in slices]  # every visit of the bare loop, per slice
         produced = [0] * len(configs)
         shuffle = random.Random(1)
+
+        def visit(i: int, j: int, round_no: int) -> float:
+            seconds, made = best_of(1, lambda: configs[i][1](slices[j]))
+            if round_no == 0 and (i or not bare_visits[j]):
+                produced[i] += made
+            if i == 0:
+                bare_visits[j].append(seconds)
+            return seconds
+
         for round_no in range(args.repeat):
-            for j, piece in enumerate(slices):
-                order = list(range(len(configs)))
+            for j in range(len(slices)):
+                order = list(range(1, len(configs)))
                 shuffle.shuffle(order)
+                before = visit(0, j, round_no)
                 for i in order:
-                    seconds, made = best_of(1, lambda: configs[i][1](piece))  # noqa: B023 - called at once
+                    seconds = visit(i, j, round_no)
+                    after = visit(0, j, round_no)
                     times[i][round_no][j] = seconds
-                    if round_no == 0:
-                        produced[i] += made
+                    preceding[i][round_no][j] = before
+                    bracketed[i].append((before + after) / 2 / seconds)
+                    before = after
+                times[0][round_no][j] = statistics.median(bare_visits[j][-len(configs):])
             print(f"  round {round_no + 1}/{args.repeat} done", file=sys.stderr)
+        bracketed[0] = [1.0] * len(bracketed[1])
+        preceding[0] = times[0]
+
+        def best(t: list[list[float]]) -> float:  # each slice's best time, summed
+            return sum(min(r[j] for r in t) for j in range(len(slices)))
+
         rows: list[dict[str, Any]] = []
         for i, (name, _) in enumerate(configs):
-            seconds = sum(min(t[j] for t in times[i]) for j in range(len(slices)))  # the best of each slice
-            # Each visit of a slice against the bare loop's visit of it in the same round, seconds apart.
-            paired = sorted(times[0][r][j] / times[i][r][j] for r in range(args.repeat) for j in range(len(slices)))
-            quartiles = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3  # (one visit: --repeat 1)
-            rows.append({"name": name, "seconds": seconds, "uncompressed_bytes": produced[i],
-                         "mib_per_s": produced[i] / MIB / seconds, "paired_ratios": quartiles, "times": times[i]})
-        bare = rows[0]["mib_per_s"]
-        for row in rows:
-            row["ratio_to_bare"] = row["mib_per_s"] / bare
+            typical = sum(statistics.median(t[j] for t in times[i]) for j in range(len(slices)))
+            ratios = sorted(bracketed[i])
+            quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3  # (one visit)
+            rows.append({"name": name, "ratio_to_bare": quartiles[1], "paired_ratios": quartiles,
+                         "best_of_ratio": best(preceding[i]) / best(times[i]), "seconds": typical,
+                         "uncompressed_bytes": produced[i], "mib_per_s": produced[i] / MIB / typical,
+                         "times": times[i]})
+        rows[0]["bare_visits"] = bare_visits
 
         cli_rows = []
         for size in rss_sizes:
@@ -221,10 +253,11 @@ def main(argv: list[str] | None = None) -> int:
             seg.parent.mkdir()
             make_segment(seg, size)
             pairs = cli_pairs(seg, tmp / "cli-out", args.cli_repeat)
-            run = dict(max(pairs, key=lambda r: r["ratio_to_bare"]))
+            run = dict(sorted(pairs, key=lambda r: r["ratio_to_bare"])[len(pairs) // 2])  # the median pair
             run["segment_mib"] = seg.stat().st_size / MIB
             run["mib_per_s"] = run["uncompressed_bytes"] / MIB / run["seconds"]
             run["pair_ratios"] = [r["ratio_to_bare"] for r in pairs]
+            run["pair_bare_seconds"] = [r["bare_seconds"] for r in pairs]
             run["peak_rss_mib"] = max(r["peak_rss_mib"] for r in pairs)
             cli_rows.append(run)
             seg.unlink()
@@ -238,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             "deep_validation_ratio": rows[2]["ratio_to_bare"],
             "default_ratio": rows[3]["ratio_to_bare"],
             "default_one_core_ratio": rows[4]["ratio_to_bare"],
+            "best_of_ratios": {row["name"]: row["best_of_ratio"] for row in rows[1:]},
             "peak_rss_mib_by_size": {f"{r['segment_mib']:.0f}": r["peak_rss_mib"] for r in cli_rows},
             "cli_ratio_by_size": {f"{r['segment_mib']:.0f}": r["ratio_to_bare"] for r in cli_rows},
         },
@@ -245,11 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
 
-    print(f"\n{'configuration':<50} {'MiB/s':>8} {'ratio':>6}   paired ratios: quartiles")
+    print(f"\n{'configuration':<50} {'MiB/s':>8} {'ratio':>6}   {'quartiles':>11}   best-of ratio")
     for row in rows:
         q1, median, q3 = row["paired_ratios"]
-        print(f"{row['name']:<50} {row['mib_per_s']:>8.1f} {row['ratio_to_bare']:>6.2f}   "
-              f"{q1:.2f} / {median:.2f} / {q3:.2f}")
+        print(f"{row['name']:<50} {row['mib_per_s']:>8.1f} {median:>6.2f}   {q1:.2f} / {q3:.2f}   "
+              f"{row['best_of_ratio']:.2f}")
     for run in cli_rows:
         name = f"CLI process on {run['segment_mib']:.0f} MiB (start-up included)"
         pair_list = ", ".join(f"{r:.2f}" for r in run["pair_ratios"])

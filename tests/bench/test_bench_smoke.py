@@ -27,6 +27,11 @@ def test_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     assert len(doc["cli"][0]["pair_ratios"]) == 3  # --cli-repeat's default
     assert all(len(row["paired_ratios"]) == 3 for row in doc["in_process"])  # quartiles, even of one visit
     assert doc["in_process"][0]["paired_ratios"] == [1.0, 1.0, 1.0]
+    rows = doc["in_process"]
+    assert all(row["ratio_to_bare"] == row["paired_ratios"][1] for row in rows)  # the median of the bracketed visits
+    assert all(row["best_of_ratio"] > 0 for row in rows)
+    assert [len(v) for v in rows[0]["bare_visits"]] == [len(rows)]  # one slice: a bare visit before and after each
+    assert [len(b) for b in doc["cli"][0]["pair_bare_seconds"]] == [2, 2, 2]  # before and after each run
     assert "ratio" in proc.stdout
 
 
