@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tiering.errors import CorruptBatchError
+from tiering.kafka import _walker
 from tiering.kafka.batch import V2_HEADER_SIZE, BatchHeader, parse_v2_header
 from tiering.kafka.builder import BatchSpec, build_batch, encode_record
 from tiering.kafka.records import Record, decode_v2, validate_v2
@@ -39,7 +40,23 @@ def _verdict_reference(h: BatchHeader, section: bytes) -> int | None:
         return None
 
 
+def _walk(section: bytes, count: int, last_delta: int, fast: bool) -> tuple[str, int | str]:
+    try:
+        return "accepted", _walker.walk_v2(section, count, last_delta, fast)
+    except ValueError as e:
+        return "rejected", str(e)
+
+
+def _fast_same_as_careful(h: BatchHeader, section: bytes) -> None:
+    """The fast walk, then the careful one from where it stopped, ends as the careful walk alone does: the same
+    count, or the same message (record, position, what is wrong)."""
+    assert h.records_count is not None
+    last_delta = h.last_offset - h.offset
+    assert _walk(section, h.records_count, last_delta, True) == _walk(section, h.records_count, last_delta, False)
+
+
 def _same_verdict(h: BatchHeader, section: bytes) -> int | None:
+    _fast_same_as_careful(h, section)
     walker = _verdict_walker(h, section)
     reference = _verdict_reference(h, section)
     assert walker == reference, f"walker {walker} vs reference {reference} on {section.hex()} ({h.records_count=})"
@@ -202,6 +219,60 @@ def test_structured_fuzz_gets_the_same_verdict(fields: list[tuple[int, int, int,
         section += rec(body(off=varint(off), key=varint(key_len) + b"k" * max(key_len, 0), headers=varint(headers))
                        + tail)
     _same_verdict(_header(count, last_delta), section)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_records(max_records=30), mutations=st.lists(_mutation, max_size=2))
+def test_fast_walk_hands_over_exactly(case: tuple[BatchSpec, list[Record]],
+                                      mutations: list[tuple[str, float, object]]) -> None:
+    """Longer sections, intact or mutated: wherever the fast walk stops, the careful one takes over to the same
+    end as alone."""
+    spec, records = case
+    h, section = _section(spec, records)
+    _fast_same_as_careful(h, _mutate(section, mutations))
+
+
+_key_or_none = st.one_of(st.none(), st.binary(max_size=5))
+
+
+@st.composite
+def _loose_record(draw: st.DrawFn) -> bytes:
+    """A record whose fields are often well formed and sometimes lie (lengths, counts, order, trailing bytes),
+    with timestamp deltas of one to six varint bytes: the shapes the fast walk takes and the ones it hands over."""
+    parts = [varint(draw(st.sampled_from([0, 1, -1, 300, -70_000, 2**20, 2**40]))), varint(draw(st.integers(-2, 12)))]
+    for _ in range(2):  # key, value
+        if draw(st.booleans()):
+            parts.append(field_bytes(draw(_key_or_none)))
+        else:
+            parts.append(varint(draw(st.integers(-3, 6))) + draw(st.binary(max_size=4)))
+    headers = draw(st.lists(st.tuples(st.binary(max_size=3), _key_or_none), max_size=2))
+    parts.append(varint(len(headers) if draw(st.booleans()) else draw(st.integers(-2, 3))))
+    parts += [field_bytes(key) + field_bytes(value) for key, value in headers]
+    if draw(st.integers(0, 4)) == 0:
+        parts.append(draw(st.binary(min_size=1, max_size=3)))
+    return rec(b"\x00" + b"".join(parts))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_loose_record(), max_size=10), st.integers(0, 12), st.integers(0, 14))
+def test_fast_walk_on_loose_records(records: list[bytes], count: int, last_delta: int) -> None:
+    section = b"".join(records)
+    for declared in (len(records), count):
+        _same_verdict(_header(declared, last_delta), section)
+
+
+def test_fast_walk_takes_every_ordinary_record_but_the_last() -> None:
+    """Ordinary records (short varints) all go the fast way but the last, which has nothing readable after it;
+    a record with a long varint (a timestamp delta of four bytes) hands over to the careful walk there."""
+    records = [Record(BASE_OFFSET + i, BASE_TS + i, b"key", b"v" * 200, ((b"h%d" % i, b"x"),)) for i in range(20)]
+    h, section = _section(BatchSpec(BASE_OFFSET), records)
+    sizes = [len(encode_record(r, BASE_OFFSET, BASE_TS)) for r in records]
+    assert _walker.fast_prefix(section, 19) == (sum(sizes[:-1]), 19)
+    assert validate_v2(h, section) == 20
+    late = [*records[:7], dataclasses.replace(records[7], timestamp=BASE_TS + 2**30), *records[8:]]
+    h, section = _section(BatchSpec(BASE_OFFSET), late)
+    assert _walker.fast_prefix(section, 19) == (sum(sizes[:7]), 7)
+    assert validate_v2(h, section) == 20
 
 
 # --- hand-made cases ------------------------------------------------------------------------------
