@@ -36,6 +36,20 @@ def test_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_ab_bench_compares_two_trees() -> None:
+    root = BENCH.parents[1]
+    proc = subprocess.run([sys.executable, str(BENCH.parent / "bench_ab.py"), str(root), str(root), "--size-mib", "2",
+                           "--slice-mib", "1", "--rounds", "2", "--modes", "deep,nodeep"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].endswith("paired visits per mode; quartiles")
+    assert int(lines[0].split()[0]) >= 2  # at least one slice, two rounds
+    assert sum(line.startswith(("deep ", "nodeep ")) for line in lines) == 2
+    assert sum("vs bare loop" in line for line in lines) == 4
+
+
+@pytest.mark.slow
 def test_s3_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     out = tmp_path / "bench_s3.json"
     script = BENCH.parent / "bench_s3.py"
