@@ -167,6 +167,28 @@ def test_output_buffers_are_reused(monkeypatch: pytest.MonkeyPatch, thread: bool
     assert len({id(b) for b in given}) <= 3  # ... from the same few buffers
 
 
+def test_a_destination_taking_part_of_each_write_gets_everything() -> None:
+    """A raw stream may write less than it is given (its return value says how much): the rest follows."""
+    data = _segment(40)
+
+    class Trickle(io.RawIOBase):
+        def __init__(self) -> None:
+            self.got = bytearray()
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: object) -> int:
+            taken = bytes(memoryview(b)[:1000])  # type: ignore[arg-type]
+            self.got += taken
+            return len(taken)
+
+    dst, reference = Trickle(), io.BytesIO()
+    rewrite_segment(io.BytesIO(data), dst, base_offset=100, options=RewriteOptions(Codec.ZSTD))
+    rewrite_segment(io.BytesIO(data), reference, base_offset=100, options=RewriteOptions(Codec.ZSTD))
+    assert bytes(dst.got) == reference.getvalue()
+
+
 def _corrupt_records_keeping_the_crc(data: bytearray, position: int) -> None:
     """Garble a batch's compressed records and store the CRC of the result: only decoding can tell."""
     (length,) = struct.unpack_from(">i", data, position + 8)

@@ -506,7 +506,8 @@ static PyObject *scan_v2(PyObject *self, PyObject *args) {
 
 /* put_v2(out, at, batch, codec, payload) -> end: lays the batch out at out[at:end], its records section being
  * `payload`: the batch's 61-byte header with codec bits, batchLength and CRC-32C made for that payload (every
- * other field as it was), then the payload. The rewriter's output buffer is filled this way, one call a batch. */
+ * other field as it was), then the payload. The rewriter's output buffer is filled this way, one call a batch;
+ * `out` must not overlap `batch` or `payload` (the rewriter's never do: output buffers are its own). */
 static PyObject *put_v2(PyObject *self, PyObject *args) {
     Py_buffer out, batch, payload;
     Py_ssize_t at;
@@ -524,8 +525,8 @@ static PyObject *put_v2(PyObject *self, PyObject *args) {
         goto done;
     }
     uint8_t *h = (uint8_t *)out.buf + at;
-    memmove(h, batch.buf, V2_HEADER_SIZE);  /* memmove: the caller's buffers may overlap */
-    memmove(h + V2_HEADER_SIZE, payload.buf, (size_t)payload.len);
+    memcpy(h, batch.buf, V2_HEADER_SIZE);  /* (out must not overlap batch or payload: see the docstring) */
+    memcpy(h + V2_HEADER_SIZE, payload.buf, (size_t)payload.len);
     h[ATTRIBUTES_AT + 1] = (uint8_t)((h[ATTRIBUTES_AT + 1] & ~CODEC_MASK) | codec);
     put_be32(h + LENGTH_AT, (uint32_t)(payload.len + V2_HEADER_SIZE - LOG_OVERHEAD));
     put_be32(h + CRC_AT, crc32c(0, h + ATTRIBUTES_AT, (size_t)(V2_HEADER_SIZE - ATTRIBUTES_AT + payload.len)));
@@ -598,7 +599,7 @@ static PyMethodDef methods[] = {
      "records_count)] for the complete, CRC-valid v2 batches from start, up to the first it cannot vouch for."},
     {"put_v2", put_v2, METH_VARARGS,
      "put_v2(out, at, batch, codec, payload) -> end: the batch with payload as its records section (codec bits,\n"
-     "length and CRC made for it) written into the writable buffer out from at."},
+     "length and CRC made for it) written into the writable buffer out from at (not overlapping the others)."},
     {"first_difference", first_difference, METH_VARARGS,
      "first_difference(a, b) -> index of the first differing pair of buffers, or -1 (GIL released)."},
     {"exported", exported, METH_O, "exported(chunk) -> whether a buffer view of the bytearray is alive."},

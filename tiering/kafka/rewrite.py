@@ -59,7 +59,14 @@ from tiering.kafka.codecs import (
     decompress_known_size,
 )
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, IndexBuilder, Indexes
-from tiering.kafka.reader import DEFAULT_MAX_BATCH_BYTES, RawBatch, V2Run, iter_batches, iter_entries
+from tiering.kafka.reader import (
+    DEFAULT_MAX_BATCH_BYTES,
+    READ_CHUNK_BYTES,
+    RawBatch,
+    V2Run,
+    iter_batches,
+    iter_entries,
+)
 from tiering.kafka.records import decode_legacy, validate_v2, validate_v2_records, wrapper_inner
 from tiering.kafka.segment import OffsetOrder, payload_of
 
@@ -67,7 +74,9 @@ PROGRESS_BYTES: Final = 1 << 20  # report progress about once a MiB of input
 GROUP_BYTES: Final = 4 << 20  # records per proof group: large enough to make the hand-off cheap, small for memory
 GROUP_BATCHES: Final = 512
 OUTPUT_BUFFER_BYTES: Final = 256 << 10  # the output is laid out in buffers of this size, reused from group to group
-SPARE_OUTPUT_BUFFERS: Final = 16  # enough for the group being filled and the one being proven
+# Enough for the group being filled and the one being proven, each up to GROUP_BYTES and one more run (a read
+# chunk) of batches that do not shrink; only as many are kept as were in use at once.
+SPARE_OUTPUT_BUFFERS: Final = 2 * (GROUP_BYTES + READ_CHUNK_BYTES) // OUTPUT_BUFFER_BYTES + 2
 NATIVE_ZSTD_PROOF: Final = _proof.available()  # libzstd found: zstd proofs run compiled, without the GIL
 # Codecs proven on the second thread. lz4 and snappy decode a batch in microseconds: on a Python thread the GIL
 # hand-offs cost more than the decoding saves (lz4 level 9, 64 MiB, two runs: 0.61 and 0.69 of the rewrite
@@ -470,8 +479,10 @@ class _Output:
                 position += size
         self.position = self.builder.add_all(g.rows, self.position)
         for part in g.output():  # one write an output buffer, not one a batch
-            if part:
-                self.dst.write(part)
+            rest = part
+            while rest:  # a raw (unbuffered) stream may take less than it is given; None: a file-like that
+                written = self.dst.write(rest)  # does not count (a blocking destination took it all)
+                rest = rest[len(rest) if written is None else written :]
         self.digest.update(b"".join(g.digests))
         _, _, _, at, _, size_in = g.rows[-1]
         if self.progress is not None and at + size_in >= self.reported + PROGRESS_BYTES:
