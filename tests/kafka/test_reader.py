@@ -70,7 +70,7 @@ def test_a_chunk_nothing_refers_to_is_refilled(segment: bytes) -> None:
         taken.append(bytes(chunks.take(got)))  # a copy: the view is dropped at once
     assert b"".join(taken) == segment
     assert len(seen) == 2  # the chunk being read and the one before it (the rest of which it copied)
-    assert len(chunks.spare) <= SPARE_CHUNKS
+    assert len(chunks.pool.spare) <= SPARE_CHUNKS
 
 
 def test_a_view_kept_alive_keeps_its_chunk_out_of_reuse(segment: bytes) -> None:
@@ -84,7 +84,7 @@ def test_a_view_kept_alive_keeps_its_chunk_out_of_reuse(segment: bytes) -> None:
     assert bytes(first) == original == segment[:CHUNK]
     assert _walker.exported(first.obj)  # type: ignore[arg-type]
     del first
-    assert not any(_walker.exported(c) for c in chunks.spare if c is not chunks.view.obj)
+    assert not any(_walker.exported(c) for c in chunks.pool.spare if c is not chunks.view.obj)
 
 
 def test_views_are_read_only(segment: bytes) -> None:

@@ -26,6 +26,7 @@ from tiering.kafka.batch import (
     parse_legacy_header,
     parse_v2_header,
 )
+from tiering.kafka.buffers import BufferPool
 
 READ_CHUNK_BYTES: Final = 1 << 20
 _PREFIX: Final = struct.Struct(">qi")  # offset, length: the 12 bytes before every batch or legacy entry
@@ -60,7 +61,7 @@ class _Chunks:
             getattr(stream, "readinto", None) if hasattr(type(stream), "readinto") else None)
         self.view = memoryview(b"")  # the bytes read into the current chunk
         self.off = 0
-        self.spare: list[bytearray] = []  # chunks of READ_CHUNK_BYTES to refill once nothing refers to them
+        self.pool = BufferPool(READ_CHUNK_BYTES, SPARE_CHUNKS)  # chunks, refilled once nothing refers to them
 
     def available(self, n: int) -> int:
         """Buffer up to ``n`` bytes from the current position; returns how many there are (fewer at the end)."""
@@ -75,7 +76,7 @@ class _Chunks:
                 grown += more
             self.view = memoryview(grown).toreadonly()
         else:
-            chunk = memoryview(self._chunk())
+            chunk = memoryview(self.pool.take())
             chunk[:have] = self.view[self.off :]  # the part of the current chunk not taken yet
             while have < n and (got := self._read_into(chunk[have:])):
                 have += got
@@ -87,15 +88,6 @@ class _Chunks:
         view = self.view[self.off : self.off + n]
         self.off += n
         return view
-
-    def _chunk(self) -> bytearray:
-        for chunk in self.spare:
-            if not _walker.exported(chunk):  # no view of it is alive: free to refill
-                return chunk
-        chunk = bytearray(READ_CHUNK_BYTES)
-        if len(self.spare) < SPARE_CHUNKS:
-            self.spare.append(chunk)
-        return chunk
 
     def _read_into(self, target: memoryview) -> int:
         if self.readinto is not None:

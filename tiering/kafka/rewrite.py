@@ -46,6 +46,7 @@ from tiering.kafka.batch import (
     build_v2,
     parse_v2_header,
 )
+from tiering.kafka.buffers import BufferPool
 from tiering.kafka.codecs import (
     CODEC_MASK,
     CODECS,
@@ -343,7 +344,7 @@ class _Output:
         self.digest = xxhash.xxh3_128()
         self.position = 0
         self.reported = 0
-        self.spare: list[bytearray] = []  # output buffers of OUTPUT_BUFFER_BYTES, to refill once nothing refers to them
+        self.buffers = BufferPool(OUTPUT_BUFFER_BYTES, SPARE_OUTPUT_BUFFERS)
         self.group = _Group()
         self.proving: tuple[_Group, Callable[[], int]] | None = None  # a group and how to wait for its proof
         # zstd groups are proven by the compiled prover (without the GIL); other codecs through the codec packages.
@@ -369,25 +370,13 @@ class _Output:
             if self.executor is not None:
                 self.executor.shutdown(wait=True, cancel_futures=True)
 
-    def buffer(self, n: int) -> memoryview:
-        """An output buffer of at least ``n`` bytes. A buffer reused (rather than a fresh one each group)
-        stays in cache and is not faulted in again page by page; one is reused only once no view of it is
-        alive (the group written, its proof collected), and writers must not keep what they are given
-        beyond the call (io's contract for ``write``)."""
-        if n <= OUTPUT_BUFFER_BYTES:
-            for spare in self.spare:
-                if not _walker.exported(spare):
-                    return memoryview(spare)
-        buf = bytearray(max(n, OUTPUT_BUFFER_BYTES))
-        if len(buf) == OUTPUT_BUFFER_BYTES and len(self.spare) < SPARE_OUTPUT_BUFFERS:
-            self.spare.append(buf)
-        return memoryview(buf)
-
     def room(self, g: _Group, at: int, n: int) -> memoryview:
-        """Close ``g``'s buffer at ``at`` (it has no room for ``n`` more bytes) and give it a new one."""
+        """Close ``g``'s buffer at ``at`` (it has no room for ``n`` more bytes) and give it a new one. A buffer is
+        reused once its group is written and its proof collected; writers must not keep what they are given
+        beyond the call (io's contract for ``write``)."""
         if at:
             g.filled.append(g.buf[:at])
-        g.buf, g.at = self.buffer(n), 0
+        g.buf, g.at = memoryview(self.buffers.take(n)), 0
         return g.buf
 
     def add(self, done: _Out) -> None:
