@@ -1,7 +1,9 @@
 """The ``tiering`` command line: ``main(argv) -> int``, one place that maps errors to exit codes.
 
-Exit codes (the contract automation relies on): 0 ok, 1 the data is invalid (corrupt, unsupported),
-2 usage or configuration error. Text for people on stdout, progress on stderr, ``--json`` for machines.
+Exit codes (the contract automation relies on, :class:`tiering.errors.ExitCode`): 0 ok, 1 the data is
+invalid (corrupt, unsupported), 2 usage or configuration error, 3 busy/conflict (work left to a later run:
+a partition held by another run, a segment changed by another writer), 4 a transient S3 or network
+failure (retry). Text for people on stdout, progress on stderr, ``--json`` for machines.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from tiering.cli_policy import add_policy_commands
 from tiering.cli_report import add_report_command
 from tiering.cli_s3 import add_s3_commands
 from tiering.demo import render_table, run_demo
-from tiering.errors import ConfigError, InvalidDataError, TieringError
+from tiering.errors import ConfigError, ExitCode, InvalidDataError, TieringError, exit_code
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES
 from tiering.kafka.records import Record
@@ -33,11 +35,10 @@ from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import open_segment, reindex_file, rewrite_file, verify_file
 from tiering.pipeline import by_topic
 from tiering.report.render import to_table
-from tiering.s3.store import StorageError
 
-EXIT_OK = 0
-EXIT_INVALID = 1
-EXIT_USAGE = 2
+EXIT_OK = ExitCode.OK
+EXIT_INVALID = ExitCode.INVALID
+EXIT_USAGE = ExitCode.USAGE
 
 CODEC_CHOICES = [c.label for c in Codec]
 
@@ -459,12 +460,9 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             return EXIT_USAGE
         code: int = func(args)
         return code
-    except InvalidDataError as e:
-        return fail(EXIT_INVALID, f"invalid: {e}", e.to_dict())
-    except (ConfigError, StorageError) as e:  # S3 refusing a request is the setup's problem, not the data's
-        return fail(EXIT_USAGE, str(e), e.to_dict())
     except TieringError as e:
-        return fail(EXIT_INVALID, str(e), e.to_dict())
+        code = exit_code(e)
+        return fail(code, f"invalid: {e}" if isinstance(e, InvalidDataError) else str(e), e.to_dict())
     except BrokenPipeError:
         return EXIT_OK
     except OSError as e:  # the machine's side: permissions, a full disk, a directory where a file was expected
@@ -473,7 +471,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
                     {"error": type(e).__name__, "message": e.strerror or str(e), "path": e.filename})
     except KeyboardInterrupt:
         print("tiering: interrupted", file=err)
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 def entrypoint() -> None:

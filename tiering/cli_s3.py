@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tiering.cli_report import add_cost_args, cost_from_args
-from tiering.errors import ConfigError
+from tiering.errors import ConfigError, ExitCode, StorageError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.plan.auto import apply_policy
@@ -26,7 +26,7 @@ from tiering.report.render import to_table
 from tiering.s3.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, compact, new_run_id, rollback
 from tiering.s3.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, estimate
 from tiering.s3.lease import DEFAULT_TTL_SECONDS
-from tiering.s3.protocol import Context, SegmentResult
+from tiering.s3.protocol import Context, Pending, SegmentResult
 from tiering.s3.scan import DEFAULT_MIN_AGE_MINUTES, Plan, ScanOptions, scan
 from tiering.s3.store import S3Store, make_client
 
@@ -177,12 +177,30 @@ def _run_table(run: RunResult) -> Table:
     return t
 
 
+def _outcome(failed: bool, pending: set[Pending]) -> ExitCode:
+    """A run's exit code: invalid data first (a retry does not fix it), then work left to a retry."""
+    if failed:
+        return ExitCode.INVALID
+    if Pending.TRANSIENT in pending:
+        return ExitCode.RETRY
+    if Pending.BUSY in pending:
+        return ExitCode.BUSY
+    return ExitCode.OK
+
+
 def _finish_run(args: argparse.Namespace, run: RunResult) -> int:
     if args.json:
         _emit_json(args.stdout, run.to_json())
     else:
         _console(args.stdout).print(_run_table(run))
-    return 1 if run.failed else 0
+    code = _outcome(run.failed, run.pending())
+    left = sum(s.pending is not None for s in run.segments)
+    why = {ExitCode.INVALID: "segments failed (see the run document)",
+           ExitCode.RETRY: f"{left} segments left for a later run: S3 or the network failed",
+           ExitCode.BUSY: f"{left} segments left for a later run: partitions busy or segments changed"}
+    if code in why:
+        print(f"tiering: {run.kind} run {run.run_id}: {why[code]}", file=sys.stderr)
+    return code
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
@@ -212,7 +230,12 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     code = _finish_run(args, run)
     if not args.no_report:
         prices, cost = cost_from_args(args)
-        report, keys = publish_report(store, ctx.prefix, run_id, prices, cost)
+        try:
+            report, keys = publish_report(store, ctx.prefix, run_id, prices, cost)
+        except StorageError as e:  # the run's outcome is on S3 and printed already: only the report is missing
+            print(f"tiering: the savings report was not published ('tiering report' can publish it later): {e}",
+                  file=sys.stderr)
+            return code or (ExitCode.RETRY if e.retryable else ExitCode.USAGE)
         _log(args, to_table(report))
         _log(args, f"report: s3://{store.bucket}/{keys['html']} (and .json .md .csv; 'tiering report' prints it)")
     return code
@@ -237,8 +260,15 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
         args.stdout.write(f"deleted {doc['backups_deleted']} kept originals ({_human(doc['backup_bytes_deleted'])}) "
                           f"past {args.grace_days} days, {doc['staging_deleted']} abandoned staging objects; "
                           f"aborted {doc['uploads_aborted']} incomplete multipart uploads; finished "
-                          f"{len(doc['recovered'])} interrupted segment operations\n")
-    return 0
+                          f"{len(doc['recovered']) - len(doc['left_pending'])} interrupted segment operations\n")
+        for r in result.recovered:
+            if r.pending is not None:
+                args.stdout.write(f"  left pending: {r.directory}/{r.base_offset:020d}: {r.reason}\n")
+    code = _outcome(any(r.status == "failed" and r.pending is None for r in result.recovered), result.pending())
+    if code != ExitCode.OK:
+        print(f"tiering: cleanup left {len(doc['left_pending'])} interrupted operations in flight (see above); "
+              "run it again later", file=sys.stderr)
+    return code
 
 
 def _tier_table(plan: Any) -> Table:

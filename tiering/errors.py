@@ -2,10 +2,24 @@
 
 Every error says what was expected and what was found, and where: the file, the byte position and the
 batch base offset when they are known. ``retryable`` tells automation whether trying again can help.
-The CLI maps these classes to exit codes in one place (``tiering.cli``).
+The CLI maps these classes to exit codes in one place (``tiering.cli``): invalid data 1, usage or
+configuration 2, busy/conflict 3, a transient S3 or network failure (``retryable``) 4.
 """
 
 from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """The command line's exit codes, by category (the contract automation relies on)."""
+
+    OK = 0
+    INVALID = 1  # the data is invalid (corrupt, unsupported): retrying does not help
+    USAGE = 2  # usage or configuration (bad arguments, missing credentials, access denied)
+    BUSY = 3  # work left because another run holds a partition or a writer changed a segment: retry later
+    RETRY = 4  # S3 or the network failed (throttling, 5xx, a connection cut or refused): retry
+    INTERRUPTED = 130
 
 
 class TieringError(Exception):
@@ -103,3 +117,36 @@ class ProofError(InvalidDataError):
 
 class ConfigError(TieringError):
     """Bad usage or configuration (CLI exit code 2)."""
+
+
+class StorageError(TieringError):
+    """An S3 request failed (its subclasses live with the S3 client, :mod:`tiering.s3.store`); ``code`` is
+    S3's error code, ``status`` the HTTP status and ``request_id`` S3's request id (what AWS support asks
+    for), where S3 answered at all."""
+
+    code: str = ""
+    status: int | None = None
+    request_id: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {**super().to_dict(), "code": self.code, "status": self.status, "request_id": self.request_id}
+
+
+class ConflictError(TieringError):
+    """Busy or conflict: another run holds what we need, or a writer changed it after we planned (CLI exit
+    code 3). Nothing was changed; a later run, planning anew, can do the work."""
+
+    retryable = True
+
+
+def exit_code(error: TieringError) -> ExitCode:
+    """The exit code of a command that stopped on ``error``."""
+    if isinstance(error, ConflictError):
+        return ExitCode.BUSY
+    if error.retryable:
+        return ExitCode.RETRY
+    if isinstance(error, InvalidDataError):
+        return ExitCode.INVALID
+    if isinstance(error, ConfigError | StorageError):
+        return ExitCode.USAGE  # S3 refusing a request is the setup's problem, not the data's
+    return ExitCode.INVALID

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from tiering.errors import TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.plan.auto import apply_policy
@@ -45,7 +46,7 @@ from tiering.s3.compact import (
 from tiering.s3.estimate import estimate
 from tiering.s3.layout import reserved_key
 from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseHeld, RunLease, lease_key
-from tiering.s3.protocol import SKIPPED, Context, SegmentResult, journal_key, recover_partition
+from tiering.s3.protocol import FAILED, SKIPPED, Context, Pending, SegmentResult, journal_key, recover_partition
 from tiering.s3.scan import SKIP, Plan, PlannedSegment, ScanOptions, scan
 from tiering.s3.store import ObjectNotFound, S3Store, make_client
 
@@ -138,7 +139,11 @@ def begin_stage(store: S3Store, settings: RunSettings, plan: Plan
             lease.acquire(settings.prefix)
             leases.append(lease)
         except LeaseHeld as e:
-            skipped += [SegmentResult(s.directory, s.base_offset, SKIPPED, f"partition busy: {e.message}")
+            skipped += [SegmentResult(s.directory, s.base_offset, SKIPPED, f"partition busy: {e.message}",
+                                      pending=Pending.BUSY) for s in todo if s.directory == directory]
+        except TieringError as e:  # S3 failing for this partition's lease: the others go on
+            skipped += [SegmentResult(s.directory, s.base_offset, FAILED, f"partition not touched: {e}",
+                                      error=e.to_dict(), pending=Pending.TRANSIENT if e.retryable else None)
                         for s in todo if s.directory == directory]
     held = {lease.key for lease in leases}
     ordered = sorted((s for s in todo if lease_key(settings.prefix, s.directory) in held),
@@ -192,8 +197,8 @@ def commit_chunk(store: S3Store, settings: RunSettings, partitions: list[str], n
     results: list[SegmentResult] = []
     requests: dict[str, dict[str, int]] = {}
     for directory in partitions:
-        def work(lease: Lease, directory: str = directory) -> list[SegmentResult]:
-            return recover_partition(ctx, directory, lease)
+        def work(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
+            out += recover_partition(ctx, directory, lease)
 
         before = Counter(store.requests)
         results += with_lease(ctx, directory, settings.lease_ttl_seconds, work, [])
@@ -241,7 +246,8 @@ def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] 
         run.segments.append(SegmentResult(d["directory"], int(d["base_offset"]), d["status"], d.get("reason", ""),
                                           int(d.get("bytes_before", 0)), int(d.get("bytes_after", 0)),
                                           bool(d.get("recovered", False)), d.get("stats"), d.get("error"),
-                                          d.get("run_id"), d.get("encryption")))
+                                          d.get("run_id"), d.get("encryption"),
+                                          Pending(d["pending"]) if d.get("pending") else None))
     run.finished_at = datetime.now(UTC).isoformat()
     store.put_json(run_result_key(settings.prefix, settings.run_id, "compact"), run.to_json())
     return run

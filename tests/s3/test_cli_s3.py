@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from moto.server import ThreadedMotoServer
 
 from tests.s3.conftest import PREFIX, seed
 from tiering.cli import main
+from tiering.errors import ExitCode
 from tiering.s3.store import S3Store, make_client
 
 SECRET = "sEcReT-never-printed-0123456789"
@@ -145,3 +147,20 @@ def test_help_explains_the_verbs() -> None:
     assert code == 0
     for verb in ("scan", "compact", "rollback", "cleanup"):
         assert verb in out
+
+
+def test_an_unreachable_endpoint_is_a_retryable_failure_that_never_prints_its_credentials() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once the socket is closed
+    env = {**os.environ, "AWS_MAX_ATTEMPTS": "2", "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": SECRET}
+    done = subprocess.run([sys.executable, "-m", "tiering", "s3", "compact", "--bucket", "b", "--prefix", "p",
+                           "--codec", "zstd", "--endpoint-url", f"http://admin:{SECRET}@127.0.0.1:{port}", "--json"],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert done.returncode == ExitCode.RETRY, done.stderr
+    assert SECRET not in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("tiering:")] == [
+        f"tiering: s3://b: head_bucket: could not connect to S3 at http://127.0.0.1:{port}; retryable"]
+    doc = json.loads(done.stdout)
+    assert (doc["exit_code"], doc["error"]["error"], doc["error"]["retryable"]) == (4, "TransportError", True)

@@ -56,8 +56,8 @@ def test_each_segment_gets_an_action_and_a_reason() -> None:
     assert got[0] == (COMPACT, "sealed")
     assert got[100][0] == SKIP
     assert got[100][1].startswith("too young: uploaded 5 min ago, within the 15-minute grace period")
-    assert got[200] == (SKIP, "archived: GLACIER objects cannot be read without a restore")
-    assert got[250] == (SKIP, "archived: DEEP_ARCHIVE objects cannot be read without a restore")
+    assert got[200] == (SKIP, "archived: the .log is GLACIER (cannot be read or replaced without a restore)")
+    assert got[250] == (SKIP, "archived: the .log is DEEP_ARCHIVE (cannot be read or replaced without a restore)")
     assert got[260] == (COMPACT, "sealed")
     assert got[300][1].startswith("incomplete: index files without a .log")
     assert got[400] == (SKIP, "empty: the .log holds no batches")
@@ -166,4 +166,4 @@ def test_scan_reads_storage_class_from_the_listing(store: S3Store) -> None:
     first = segment_key(PREFIX, TOPIC, 0, 0, LOG_SUFFIX)
     store.put_object(first, store.get(first), ObjectAttrs(storage_class="GLACIER"))
     plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0))
-    assert plan.segments[0].reason == "archived: GLACIER objects cannot be read without a restore"
+    assert plan.segments[0].reason == "archived: the .log is GLACIER (cannot be read or replaced without a restore)"

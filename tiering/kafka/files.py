@@ -11,7 +11,9 @@ TIME_INDEX_SUFFIX: Final = ".timeindex"
 TXN_INDEX_SUFFIX: Final = ".txnindex"
 SNAPSHOT_SUFFIX: Final = ".snapshot"
 SEGMENT_SUFFIXES: Final = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, SNAPSHOT_SUFFIX)
-_SEGMENT_NAME: Final = re.compile(r"^(\d{20})(\.[a-z]+)$")
+# Exactly what Kafka writes: twenty ASCII digits (``\d`` would also take other scripts' digits, which
+# ``int()`` accepts) and a lower-case suffix.
+_SEGMENT_NAME: Final = re.compile(r"([0-9]{20})(\.[a-z]+)")
 
 
 def segment_name(base_offset: int, suffix: str) -> str:
@@ -22,7 +24,7 @@ def segment_name(base_offset: int, suffix: str) -> str:
 
 def parse_segment_name(name: str) -> tuple[int, str] | None:
     """(base offset, suffix) of a segment file name, or None when the name is not one."""
-    m = _SEGMENT_NAME.match(name)
+    m = _SEGMENT_NAME.fullmatch(name)
     if m is None or m.group(2) not in SEGMENT_SUFFIXES:
         return None
     return int(m.group(1)), m.group(2)

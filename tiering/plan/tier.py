@@ -229,13 +229,11 @@ def apply_tiering(store: S3Store, plan: TierPlan, run_id: str, *, lease_ttl: int
             by_dir.setdefault(s.directory, []).append(s)
     results: list[SegmentResult] = []
     for directory, segments in sorted(by_dir.items()):
-        def work(lease: Lease, segments: list[SegmentTiering] = segments) -> list[SegmentResult]:
-            out = []
+        def work(lease: Lease, out: list[SegmentResult], segments: list[SegmentTiering] = segments) -> None:
             for s in segments:
                 out.append(_apply_segment(store, plan.prefix, s, lease))
                 if progress is not None:
                     progress(out[-1])
-            return out
 
         results += with_lease(ctx, directory, lease_ttl, work, [(s.directory, s.base_offset) for s in segments])
     doc = {"schema_version": TIER_SCHEMA_VERSION, "kind": "tier", "run_id": run_id, "plan": plan.to_json(),

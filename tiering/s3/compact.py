@@ -15,29 +15,41 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from tiering.errors import ConfigError, InvalidDataError, TieringError
-from tiering.s3.layout import normalize_prefix, parse_dir, reserved_key
+from tiering.errors import ConfigError, InvalidDataError, ProofError, StorageError, TieringError
+from tiering.kafka.files import parse_segment_name
+from tiering.s3.layout import normalize_prefix, reserved_key
 from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseGuard, LeaseHeld, LeaseLost, clock_key, lease_key
 from tiering.s3.protocol import (
     BACKUP_DIR,
+    COMPACTED,
     FAILED,
     JOURNAL_DIR,
     SKIPPED,
     STAGING_DIR,
     Context,
+    Pending,
     SegmentResult,
     SourceChanged,
     Staged,
     finish,
     pending_journals,
+    recheck_source,
     recover_partition,
     repair_segment,
     stage_rollback,
     stage_segment,
 )
-from tiering.s3.scan import NOTHING_TO_GAIN, OUTCOME_INVALID, OUTCOME_NO_SAVINGS, REPAIR, Plan, PlannedSegment
+from tiering.s3.scan import (
+    NOTHING_TO_GAIN,
+    OUTCOME_INVALID,
+    OUTCOME_NO_SAVINGS,
+    OUTCOME_UNREADABLE,
+    REPAIR,
+    Plan,
+    PlannedSegment,
+)
 from tiering.s3.state import load_state, record_segment
-from tiering.s3.store import S3Store, StorageError
+from tiering.s3.store import EncryptedWithCustomerKey, S3Store
 
 RUN_SCHEMA_VERSION: Final = 1
 RUNS_DIR: Final = "runs"
@@ -81,7 +93,12 @@ class RunResult:
 
     @property
     def failed(self) -> bool:
-        return any(s.status == FAILED for s in self.segments)
+        """A segment failed for a reason a retry does not fix (invalid data, a proof failure, a refusal)."""
+        return any(s.status == FAILED and s.pending is None for s in self.segments)
+
+    def pending(self) -> set[Pending]:
+        """Why work the run was asked to do is left for a later run (busy partitions, S3 failures)."""
+        return {s.pending for s in self.segments if s.pending is not None}
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": RUN_SCHEMA_VERSION, "kind": self.kind, "run_id": self.run_id,
@@ -133,18 +150,43 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
         result = finish(ctx, staged.journal, staged.etag, lease, staged.spool)
         return staged.result if result.status == staged.result.status else result
     except SourceChanged as e:
-        return SegmentResult(seg.directory, seg.base_offset, SKIPPED, e.message, error=e.to_dict())
-    except InvalidDataError as e:
-        remember(ctx, seg, OUTCOME_INVALID, str(e))
-        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"invalid data, original untouched: {e}",
+        return SegmentResult(seg.directory, seg.base_offset, SKIPPED, e.message, error=e.to_dict(),
+                             pending=Pending.BUSY)
+    except ProofError as e:  # what we wrote or what S3 stored disagrees with the source: not the source's fault
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"proof failed, original untouched: {e}",
                              seg.size, error=e.to_dict())
+    except InvalidDataError as e:
+        return _judged_invalid(ctx, seg, e)
     except LeaseLost:
         raise
     except StorageError as e:
-        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"S3 error, original untouched: {e}",
-                             error=e.to_dict())
+        if isinstance(e, EncryptedWithCustomerKey) or e.code == "InvalidObjectState":
+            remember(ctx, seg, OUTCOME_UNREADABLE, str(e))  # this very object stays unreadable: do not retry it
+        return _failed(seg.directory, seg.base_offset, e, "S3 error, original untouched")
     except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict())
+
+
+def _failed(directory: str, base: int, e: TieringError, what: str) -> SegmentResult:
+    return SegmentResult(directory, base, FAILED, f"{what}: {e}", error=e.to_dict(),
+                         pending=Pending.TRANSIENT if e.retryable else None)
+
+
+def _judged_invalid(ctx: Context, seg: PlannedSegment, e: InvalidDataError) -> SegmentResult:
+    """The source's bytes failed validation. Before the segment is called invalid (and remembered as such),
+    a second download, checked against the ``.log``'s length and ETag, is validated again: bytes damaged on
+    the way are a transport failure, never invalid data."""
+    try:
+        recheck_source(ctx, seg)
+    except InvalidDataError as again:
+        remember(ctx, seg, OUTCOME_INVALID, str(again))
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"invalid data, original untouched: {again}",
+                             seg.size, error=again.to_dict())
+    except StorageError as check:
+        return _failed(seg.directory, seg.base_offset, check, f"could not confirm that the data is invalid ({e})")
+    return SegmentResult(seg.directory, seg.base_offset, FAILED, "the first download was damaged on the way (a "
+                         f"second one is valid; retryable), original untouched: {e}", error=e.to_dict(),
+                         pending=Pending.TRANSIENT)
 
 
 def remember(ctx: Context, seg: PlannedSegment, outcome: str, reason: str) -> None:
@@ -164,23 +206,51 @@ def remember(ctx: Context, seg: PlannedSegment, outcome: str, reason: str) -> No
         pass
 
 
-def with_lease(ctx: Context, directory: str, ttl: int, work: Callable[[Lease], list[SegmentResult]],
-                todo: list[tuple[str, int]]) -> list[SegmentResult]:
-    """Run ``work`` under the partition's lease; if the lease is busy or lost, report ``todo`` as skipped."""
+Work = Callable[[Lease, list[SegmentResult]], None]
+
+
+def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tuple[str, int]]) -> list[SegmentResult]:
+    """Run ``work`` under the partition's lease; it appends its results to the list it is given. Whatever
+    stops it (the lease busy or lost, S3 failing, a journal it cannot read), the segments of ``todo`` it has
+    not reported are reported with the reason, so the rest of the run goes on."""
     lease = Lease(ctx.store, lease_key(ctx.prefix, directory), ctx.run_id, ttl)
     try:
         lease.acquire(ctx.prefix)
     except LeaseHeld as e:
-        return [SegmentResult(d, b, SKIPPED, f"partition busy: {e.message}") for d, b in todo]
+        return [SegmentResult(d, b, SKIPPED, f"partition busy: {e.message}", pending=Pending.BUSY) for d, b in todo]
+    except TieringError as e:
+        return [_failed(d, b, e, "partition not touched") for d, b in todo]
     results: list[SegmentResult] = []
+
+    stopped: TieringError | None = None
     try:
-        results = work(lease)
-    except LeaseLost as e:
-        seen = {(r.directory, r.base_offset) for r in results}
-        results += [SegmentResult(d, b, SKIPPED, f"stopped: {e.message}") for d, b in todo if (d, b) not in seen]
+        work(lease, results)
+    except TieringError as e:
+        stopped = e
     finally:
         lease.release()
+    if stopped is not None:
+        seen = {(r.directory, r.base_offset) for r in results}
+        for d, b in dict.fromkeys(todo):
+            if (d, b) in seen:
+                continue
+            if isinstance(stopped, LeaseLost):
+                results.append(SegmentResult(d, b, SKIPPED, f"stopped: {stopped.message}", pending=Pending.BUSY))
+            else:
+                results.append(_failed(d, b, stopped, "stopped"))
     return results
+
+
+def pending_bases(store: S3Store, prefix: str) -> dict[str, list[int]]:
+    """The segments with a journal entry in flight, by partition directory (keys only: nothing is read)."""
+    root = reserved_key(prefix, JOURNAL_DIR) + "/"
+    out: dict[str, list[int]] = {}
+    for info in store.list(root):
+        directory, _, name = info.key[len(root):].partition("/")
+        parsed = parse_segment_name(name.removesuffix(".json") + ".log") if name.endswith(".json") else None
+        if parsed is not None and "/" not in name:
+            out.setdefault(directory, []).append(parsed[0])
+    return out
 
 
 def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
@@ -195,24 +265,31 @@ def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
     by_dir: dict[str, list[PlannedSegment]] = {}
     for seg in chosen:
         by_dir.setdefault(seg.directory, []).append(seg)
+    # Operations that an interrupted run left in flight are finished in every partition the plan covers,
+    # whether or not it has new work (its segments may all read "already compacted" by now).
+    in_flight = {d: bases for d, bases in pending_bases(store, ctx.prefix).items()
+                 if d in {s.directory for s in plan.segments}}
 
     def partition(directory: str) -> list[SegmentResult]:
-        segments = by_dir[directory]
+        segments = by_dir.get(directory, [])
 
-        def work(lease: Lease) -> list[SegmentResult]:
-            out = recover_partition(ctx, directory, lease)
+        def work(lease: Lease, out: list[SegmentResult]) -> None:
+            for result in recover_partition(ctx, directory, lease):
+                out.append(result)
+                if progress is not None:
+                    progress(result)
             for seg in segments:
                 out.append(run_segment(ctx, seg, lease))
                 if progress is not None:
                     progress(out[-1])
-            return out
 
-        return with_lease(ctx, directory, options.lease_ttl_seconds, work,
-                           [(s.directory, s.base_offset) for s in segments])
+        todo = [(directory, b) for b in in_flight.get(directory, [])] + [(s.directory, s.base_offset) for s in segments]
+        return with_lease(ctx, directory, options.lease_ttl_seconds, work, todo)
 
     with ThreadPoolExecutor(max_workers=max(1, options.workers), thread_name_prefix="compact") as pool:
-        for results in pool.map(partition, sorted(by_dir)):
+        for results in pool.map(partition, sorted(set(by_dir) | set(in_flight))):
             run.segments += results
+    run.segments += earlier_attempts(store, ctx, plan, {(r.directory, r.base_offset) for r in run.segments})
     run.segments.sort(key=lambda r: (r.directory, r.base_offset))
     run.finished_at = datetime.now(UTC).isoformat()
     # What the cost report needs: the plan (segment facts, skip reasons) and what the run used.
@@ -223,6 +300,29 @@ def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
     return run
 
 
+def earlier_attempts(store: S3Store, ctx: Context, plan: Plan, reported: set[tuple[str, int]]) -> list[SegmentResult]:
+    """Segments an earlier attempt of this very run (killed, then retried with the same run id) compacted: the
+    plan skips them as compacted already, and the run's document still counts them, from the partition state
+    (what is on S3), so that the run's savings are whole whatever attempt did the work."""
+    by_dir: dict[str, list[PlannedSegment]] = {}
+    for seg in plan.segments:
+        if seg.compacted_by == ctx.run_id and (seg.directory, seg.base_offset) not in reported:
+            by_dir.setdefault(seg.directory, []).append(seg)
+    out = []
+    for directory, segments in sorted(by_dir.items()):
+        try:
+            state = load_state(store, ctx.prefix, directory)
+        except TieringError:  # the work is done and safe; only its count in this document is missing
+            continue
+        for seg in segments:
+            entry = state.get(str(seg.base_offset), {})
+            if entry.get("run_id") == ctx.run_id:
+                out.append(SegmentResult(directory, seg.base_offset, COMPACTED, "by an earlier attempt of this run",
+                                         int(entry.get("bytes_before", 0)), int(entry.get("bytes_after", 0)),
+                                         run_id=ctx.run_id))
+    return out
+
+
 def rollback(store: S3Store, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult:
     """Put back the originals that run ``target_run`` replaced (wherever its ``.log`` is still in place)."""
     run = RunResult("rollback", ctx.run_id, store.bucket, ctx.prefix, datetime.now(UTC).isoformat(),
@@ -231,24 +331,18 @@ def rollback(store: S3Store, ctx: Context, target_run: str, lease_ttl: int = DEF
     segments: dict[str, set[int]] = {}
     for info in store.list(root):
         directory, _, name = info.key[len(root):].partition("/")
-        if name[:20].isdigit():
-            segments.setdefault(directory, set()).add(int(name[:20]))
+        parsed = parse_segment_name(name)
+        if parsed is not None:
+            segments.setdefault(directory, set()).add(parsed[0])
     if not segments:
-        raise TieringError("no backups of that run: nothing to roll back (or its grace period is over)",
-                           path=f"s3://{store.bucket}/{root}")
+        raise ConfigError("no backups of that run: nothing to roll back (or its grace period is over)",
+                          path=f"s3://{store.bucket}/{root}")
     for directory, bases in sorted(segments.items()):
-        d = parse_dir(directory)
-        if d.topic is None or d.partition is None:
-            continue
-        topic, number = d.topic, d.partition
-
-        def work(lease: Lease, directory: str = directory, bases: set[int] = bases,
-                 topic: str = topic, number: int = number) -> list[SegmentResult]:
-            out = recover_partition(ctx, directory, lease)
+        def work(lease: Lease, out: list[SegmentResult], directory: str = directory, bases: set[int] = bases) -> None:
+            out += recover_partition(ctx, directory, lease)
             for base in sorted(bases):
-                staged = stage_rollback(ctx, directory, base, topic, number, target_run)
+                staged = stage_rollback(ctx, directory, base, target_run)
                 out.append(staged if isinstance(staged, SegmentResult) else finish(ctx, *staged, lease))
-            return out
 
         run.segments += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)])
     run.finished_at = datetime.now(UTC).isoformat()
@@ -265,10 +359,15 @@ class CleanupResult:
     kept_referenced: int = 0
     recovered: list[SegmentResult] = field(default_factory=list)
 
+    def pending(self) -> set[Pending]:
+        """Why interrupted operations are still in flight (their partition busy, S3 failing)."""
+        return {r.pending for r in self.recovered if r.pending is not None}
+
     def to_json(self) -> dict[str, Any]:
         return {"backups_deleted": self.backups_deleted, "backup_bytes_deleted": self.backup_bytes_deleted,
                 "staging_deleted": self.staging_deleted, "uploads_aborted": self.uploads_aborted,
-                "kept_referenced": self.kept_referenced, "recovered": [r.to_json() for r in self.recovered]}
+                "kept_referenced": self.kept_referenced, "recovered": [r.to_json() for r in self.recovered],
+                "left_pending": [r.to_json() for r in self.recovered if r.pending is not None]}
 
 
 def cleanup(store: S3Store, ctx: Context, *, grace_days: float = DEFAULT_GRACE_DAYS,
@@ -277,12 +376,11 @@ def cleanup(store: S3Store, ctx: Context, *, grace_days: float = DEFAULT_GRACE_D
     abandoned staging objects, and incomplete multipart uploads; ages by S3's clock (LastModified)."""
     prefix = normalize_prefix(ctx.prefix)
     out = CleanupResult()
-    dirs = sorted({j["directory"] for j, _ in pending_journals(store, prefix)})
-    for directory in dirs:
-        def work(lease: Lease, directory: str = directory) -> list[SegmentResult]:
-            return recover_partition(ctx, directory, lease)
+    for directory, bases in sorted(pending_bases(store, prefix).items()):
+        def work(lease: Lease, done: list[SegmentResult], directory: str = directory) -> None:
+            done += recover_partition(ctx, directory, lease)
 
-        out.recovered += with_lease(ctx, directory, lease_ttl, work, [])
+        out.recovered += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in bases])
     referenced: set[str] = set()
     for journal, _ in pending_journals(store, prefix):  # those still pending (their partition was busy)
         referenced.update(v for v in journal["new"].values() if isinstance(v, str))

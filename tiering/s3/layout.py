@@ -23,9 +23,12 @@ from tiering.kafka.files import parse_segment_name, segment_name
 
 RESERVED_DIR: Final = "_tiering"
 PARTITION_FILES: Final = frozenset({"leader-epoch-checkpoint", "partition.metadata"})
-_PARTITION_DIR: Final = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
-_SPECIAL_DIR: Final = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)\.(?P<id>[^.]+)-(?P<kind>delete|future|stray)$")
-_TOPIC_CHARS: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+# The partition number as Kafka writes it: ASCII digits without leading zeros (``alias-01`` is not
+# partition 1 of ``alias``, and ``\d`` would take other scripts' digits too).
+_NUMBER: Final = r"(?P<partition>0|[1-9][0-9]{0,9})"
+_PARTITION_DIR: Final = re.compile(rf"(?P<topic>.+)-{_NUMBER}")
+_SPECIAL_DIR: Final = re.compile(rf"(?P<topic>.+)-{_NUMBER}\.(?P<id>[^.]+)-(?P<kind>delete|future|stray)")
+_TOPIC_CHARS: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 class DirKind(Enum):
@@ -54,11 +57,11 @@ def parse_dir(name: str) -> PartitionDir:
     """What a directory name directly under PREFIX is."""
     if name == RESERVED_DIR:
         return PartitionDir(name, DirKind.RESERVED)
-    special = _SPECIAL_DIR.match(name)
-    if special is not None and _TOPIC_CHARS.match(special["topic"]):
+    special = _SPECIAL_DIR.fullmatch(name)
+    if special is not None and _TOPIC_CHARS.fullmatch(special["topic"]):
         return PartitionDir(name, DirKind(special["kind"]), special["topic"], int(special["partition"]))
-    plain = _PARTITION_DIR.match(name)
-    if plain is not None and _TOPIC_CHARS.match(plain["topic"]):
+    plain = _PARTITION_DIR.fullmatch(name)
+    if plain is not None and _TOPIC_CHARS.fullmatch(plain["topic"]):
         return PartitionDir(name, DirKind.PARTITION, plain["topic"], int(plain["partition"]))
     return PartitionDir(name, DirKind.OTHER)
 
@@ -81,7 +84,21 @@ def partition_key(prefix: str, topic: str, partition: int) -> str:
 
 
 def segment_key(prefix: str, topic: str, partition: int, base_offset: int, suffix: str) -> str:
-    return partition_key(prefix, topic, partition) + segment_name(base_offset, suffix)
+    return dir_segment_key(prefix, f"{topic}-{partition}", base_offset, suffix)
+
+
+def dir_segment_key(prefix: str, directory: str, base_offset: int, suffix: str) -> str:
+    """The key of a segment file in the partition directory named ``directory`` as listed."""
+    return _join(normalize_prefix(prefix), directory, segment_name(base_offset, suffix))
+
+
+def sibling_key(key: str, suffix: str) -> str:
+    """The key of the same segment's file with another suffix (``.../00000000000000000042.log`` ->
+    ``.../00000000000000000042.index``), built from a key as listed."""
+    stem, dot, _ = key.rpartition(".")
+    if not dot:
+        raise ValueError(f"not a segment file key: {key}")
+    return stem + suffix
 
 
 def reserved_key(prefix: str, *parts: str) -> str:

@@ -29,20 +29,21 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Final, Protocol
 
-from tiering.errors import TieringError
+from tiering.errors import ConflictError, StorageError, TieringError
 from tiering.s3.layout import reserved_key
 from tiering.s3.store import ObjectNotFound, PreconditionFailed, S3Store
 
 DEFAULT_TTL_SECONDS: Final = 600
+ACQUIRE_ATTEMPTS: Final = 4
 LEASES_DIR: Final = "leases"
 CLOCK_KEY: Final = "clock"
 
 
-class LeaseHeld(TieringError):
+class LeaseHeld(ConflictError):
     """Another run holds the partition's lease (the partition is skipped, not failed)."""
 
 
-class LeaseLost(TieringError):
+class LeaseLost(ConflictError):
     """Our lease was taken over (it expired while we were stalled): stop touching the partition."""
 
 
@@ -69,33 +70,43 @@ class Lease:
                 "ttl_seconds": self.ttl_seconds, "renewals": self.renewals, "token": secrets.token_hex(8)}
 
     def acquire(self, prefix: str) -> None:
-        """Create the lease, take back our own, or take over an expired one; :class:`LeaseHeld` otherwise."""
-        try:
-            self.etag = self.store.put_json(self.key, self._body(), if_none_match=True)
-        except PreconditionFailed:
-            self._take_over(prefix)
-        self._renewed_at = time.monotonic()
+        """Create the lease, take back our own, or take over an expired one; :class:`LeaseHeld` otherwise.
 
-    def _take_over(self, prefix: str) -> None:
+        Every race ends in one of those: a lease released between our refused create and our read is
+        created again, one that changes while we read it is read again (a few times at most)."""
+        for _ in range(ACQUIRE_ATTEMPTS):
+            try:
+                self.etag = self.store.put_json(self.key, self._body(), if_none_match=True)
+            except PreconditionFailed:
+                if not self._take_over(prefix):
+                    continue
+            self._renewed_at = time.monotonic()
+            return
+        raise LeaseHeld(f"the partition's lease changed under us {ACQUIRE_ATTEMPTS} times in a row (other runs "
+                        "contend for it)", path=self._where())
+
+    def _take_over(self, prefix: str) -> bool:
+        """Take the existing lease if it is ours or expired (True); False when it moved while we looked."""
         try:
             doc, etag = self.store.get_json(self.key)
             info = self.store.head(self.key)
-        except ObjectNotFound:  # released in between: try once more to create it
-            self.etag = self.store.put_json(self.key, self._body(), if_none_match=True)
-            return
+        except ObjectNotFound:  # released in between
+            return False
         if info.etag != etag:
-            raise LeaseHeld("the partition's lease changed while we read it", path=self._where())
-        owner = str(doc.get("owner", "?"))
+            return False
+        owner = str(doc.get("owner", "?")) if isinstance(doc, dict) else "?"
         if owner != self.owner:
-            ttl = int(doc.get("ttl_seconds", DEFAULT_TTL_SECONDS))
+            ttl = int(doc.get("ttl_seconds", DEFAULT_TTL_SECONDS)) if isinstance(doc, dict) else 0
             age = self.store.now(clock_key(prefix)) - info.last_modified
             if age <= timedelta(seconds=ttl):
+                left = ttl - age.total_seconds()
                 raise LeaseHeld(f"run {owner} holds the partition's lease (renewed {age.total_seconds():.0f} s "
-                                f"ago by S3's clock, expires after {ttl} s)", path=self._where())
+                                f"ago by S3's clock; it expires in {left:.0f} s unless renewed)", path=self._where())
         try:
             self.etag = self.store.put_json(self.key, self._body(), if_match=etag)
-        except PreconditionFailed:
-            raise LeaseHeld("another run took the expired lease first", path=self._where()) from None
+        except (PreconditionFailed, ObjectNotFound):  # another contender won, or the holder released it
+            return False
+        return True
 
     def check(self) -> None:
         """Renew now; :class:`LeaseLost` when someone else holds the lease."""
@@ -116,8 +127,10 @@ class Lease:
             self.check()
 
     def release(self) -> None:
+        """Delete our lease. A successor's lease is not ours to delete; a release that fails on the way
+        (S3 or the network) leaves the lease to expire by its TTL, or to be taken back by a retry of this run."""
         if self.etag is not None:
-            with contextlib.suppress(PreconditionFailed):  # a successor's lease: not ours to delete
+            with contextlib.suppress(PreconditionFailed, StorageError):
                 self.store.delete(self.key, if_match=self.etag, missing_ok=True)
             self.etag = None
 

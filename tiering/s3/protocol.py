@@ -22,18 +22,20 @@ new objects.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any, BinaryIO, Final
 
-from tiering.errors import ConfigError, ProofError, TieringError
+from tiering.errors import ConfigError, ConflictError, ProofError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_name
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
-from tiering.s3.layout import normalize_prefix, reserved_key, segment_key
+from tiering.s3.layout import dir_segment_key, normalize_prefix, reserved_key, sibling_key
 from tiering.s3.lease import LeaseGuard
 from tiering.s3.scan import PlannedSegment
 from tiering.s3.state import load_state, record_segment
@@ -67,9 +69,17 @@ REPAIRED: Final = "repaired"
 SKIPPED: Final = "skipped"
 FAILED: Final = "failed"
 ABORTED: Final = "aborted"
+SUPERSEDED: Final = "superseded"  # swapped, then another writer replaced the segment: its objects are kept
 
 
-class SourceChanged(TieringError):
+class Pending(Enum):
+    """Why work the run was asked to do is still to do, and what makes a later run succeed."""
+
+    BUSY = "busy"  # another run held the partition, or a writer changed the segment: plan again, retry
+    TRANSIENT = "transient"  # S3 or the network failed (throttling, 5xx, a connection cut): retry
+
+
+class SourceChanged(ConflictError):
     """An object changed (or vanished) since it was planned: the segment is left as it is."""
 
 
@@ -107,9 +117,13 @@ class SegmentResult:
     error: dict[str, object] | None = None
     run_id: str | None = None  # the run whose operation this is (differs from ours for a recovery)
     encryption: str | None = None  # "aws:kms" or "aws:kms+bucket-key" when the objects use SSE-KMS (costs KMS calls)
+    pending: Pending | None = None  # set when the segment is still to do and a later run can do it
 
     def to_json(self) -> dict[str, object]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        doc = {k: v for k, v in self.__dict__.items() if v is not None}
+        if self.pending is not None:
+            doc["pending"] = self.pending.value
+        return doc
 
 
 def journal_key(prefix: str, directory: str, base_offset: int) -> str:
@@ -151,15 +165,23 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
     attrs: dict[str, ObjectAttrs] = {}
     source: dict[str, str | None] = {}
     sizes: dict[str, int] = {}
+    # The keys as listed (never rebuilt from a parsed topic and number); an index the plan did not see is
+    # looked for too: one that appeared since (a restore or a mirror in progress) would be overwritten
+    # without a backup, so it stops the segment like any other change.
+    final = {name: getattr(seg, name).key if getattr(seg, name) else sibling_key(seg.log.key, sfx)
+             for name, sfx in FILES}
     for name, _ in FILES:
         ref = getattr(seg, name)
-        if ref is None:
-            source[name] = None
-            continue
         try:
-            info, attrs[name] = store.describe(ref.key)
+            info, attrs[name] = store.describe(final[name])
         except ObjectNotFound:
+            if ref is None:
+                source[name] = None
+                continue
             raise SourceChanged(f"the {name} file disappeared after planning", path=_uri(store, ref.key)) from None
+        if ref is None:
+            raise SourceChanged(f"the {name} file appeared after planning", path=_uri(store, final[name]),
+                                expected="no object", found=info.etag)
         if info.etag != ref.etag:
             raise SourceChanged(f"the {name} file changed after planning", path=_uri(store, ref.key),
                                 expected=ref.etag, found=info.etag)
@@ -207,7 +229,7 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
         journal = {
             "schema_version": JOURNAL_SCHEMA_VERSION, "kind": KIND_COMPACT, "op": op, "run_id": ctx.run_id,
             "state": STAGED, "directory": d, "base_offset": base,
-            "final": {name: segment_key(ctx.prefix, seg.topic, seg.partition, base, sfx) for name, sfx in FILES},
+            "final": final,
             "source": source, "source_sizes": sizes,
             "new": {"log": new["log"], "index": new["index"], "timeindex": new["timeindex"],
                     "log_size": stats.bytes_out},
@@ -229,6 +251,19 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
     except BaseException:
         spool.close()
         raise
+
+
+def recheck_source(ctx: Context, seg: PlannedSegment) -> None:
+    """Before a source that failed validation is called invalid: download it again, checked against its
+    length and (where it is a plain MD5) its ETag, and validate it again the same way. Raises the
+    :class:`~tiering.errors.InvalidDataError` if the object itself is invalid, a ``TransportError`` if the
+    bytes do not match the ETag; returns when the fresh copy is valid (the first read was damaged)."""
+    assert seg.log is not None
+    with _spool(ctx) as copy, _spool(ctx) as sink:
+        ctx.store.download(seg.log.key, copy, etag=seg.log.etag)
+        copy.seek(0)
+        rewrite_segment(copy, sink, base_offset=seg.base_offset, options=ctx.options,
+                        path=_uri(ctx.store, seg.log.key), size=seg.log.size)
 
 
 def _check_read_back(store: S3Store, new: dict[str, str], size: int, digest: str, offset_index: bytes,
@@ -281,7 +316,8 @@ def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: LeaseGuard,
     try:
         current, _ = store.describe(final["log"])
     except ObjectNotFound:
-        return _abandon(ctx, journal, etag, "the .log disappeared (deleted by retention?): nothing to replace")
+        return _abandon(ctx, journal, etag, "the .log disappeared (deleted by retention?): nothing to replace",
+                        pending=None)
     swapped = current.metadata.get(META_OP) == journal["op"]
     if not swapped and current.etag != source["log"]:
         return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is left untouched")
@@ -313,17 +349,52 @@ def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: LeaseGuard,
         finally:
             if spool is not None:
                 spool.close()
-    # The new .log is in place (maybe by a run that crashed): put its indexes, then forget the journal.
+    # The new .log is in place (maybe by a run that crashed): put its indexes where none is (another
+    # writer's index is never overwritten), check that the .log is still ours, then forget the journal.
     etags = {"log_etag": current.etag}
+    superseded = ""
     for name in ("index", "timeindex"):
-        if journal["new"].get(name):
-            etags[f"{name}_etag"] = _put_index(ctx, journal, name)
+        if journal["new"].get(name) and not superseded:
+            put = _put_index(ctx, journal, name)
+            if put is None:
+                superseded = f"another writer put a .{name} beside our .log after the swap"
+            else:
+                etags[f"{name}_etag"] = put
+    if not superseded:
+        try:
+            still = store.head(final["log"]).metadata.get(META_OP) == journal["op"]
+        except ObjectNotFound:
+            still = False
+        superseded = "" if still else "another writer replaced the .log after our swap"
+    if superseded:
+        return _superseded(ctx, journal, etag, etags, superseded)
     record_segment(store, ctx.prefix, d, base, {**entry, **etags} if kind == KIND_COMPACT else None)
-    if kind == KIND_COMPACT:
-        for name, _ in FILES:
-            store.delete(journal["new"][name], missing_ok=True)
-    store.delete(journal_key(ctx.prefix, d, base), if_match=etag, missing_ok=True)
+    _forget(ctx, journal, etag)
     return done
+
+
+def _forget(ctx: Context, journal: dict[str, Any], etag: str) -> None:
+    """Delete a finished (or given up) operation's staging objects, then its journal entry."""
+    if journal["kind"] == KIND_COMPACT:
+        for name, _ in FILES:
+            ctx.store.delete(journal["new"][name], missing_ok=True)
+    ctx.store.delete(journal_key(ctx.prefix, journal["directory"], int(journal["base_offset"])), if_match=etag,
+                     missing_ok=True)
+
+
+def _superseded(ctx: Context, journal: dict[str, Any], etag: str, ours: dict[str, str], why: str) -> SegmentResult:
+    """Another writer replaced the segment after our ``.log`` swap: remove the indexes we put (``If-Match``:
+    only ours; a broker rebuilds a missing index, but would trust ours beside a ``.log`` they do not belong
+    to), leave every object of the other writer as it is, and forget the operation. The originals stay
+    in the backup for the grace period."""
+    for name in ("index", "timeindex"):
+        if f"{name}_etag" in ours:
+            with contextlib.suppress(PreconditionFailed):  # replaced by the other writer already: theirs
+                ctx.store.delete(journal["final"][name], if_match=ours[f"{name}_etag"], missing_ok=True)
+    _forget(ctx, journal, etag)
+    return SegmentResult(journal["directory"], int(journal["base_offset"]), SUPERSEDED,
+                         f"{why}: its objects are left as they are", run_id=journal["run_id"],
+                         pending=Pending.BUSY)
 
 
 def _kms(headers: dict[str, Any]) -> str | None:
@@ -332,13 +403,14 @@ def _kms(headers: dict[str, Any]) -> str | None:
     return "aws:kms+bucket-key" if headers.get("BucketKeyEnabled") else "aws:kms"
 
 
-def _put_index(ctx: Context, journal: dict[str, Any], name: str) -> str:
-    """Put one new index in place (unless a crashed run of this operation already did); its ETag."""
+def _put_index(ctx: Context, journal: dict[str, Any], name: str) -> str | None:
+    """Put one new index in place where no index is (``If-None-Match``: the old one was deleted before the
+    swap) unless a crashed run of this operation already did; its ETag. None when another writer's index
+    is there: it is left alone."""
     store, final, op = ctx.store, journal["final"], journal["op"]
     try:
         there = store.head(final[name])
-        if there.metadata.get(META_OP) == op:
-            return there.etag
+        return there.etag if there.metadata.get(META_OP) == op else None
     except ObjectNotFound:
         pass
     try:
@@ -349,7 +421,14 @@ def _put_index(ctx: Context, journal: dict[str, Any], name: str) -> str:
                                 index_interval_bytes=ctx.options.index_interval_bytes,
                                 decompression_limit=ctx.options.decompression_limit).indexes
         data = rebuilt.offset_index if name == "index" else rebuilt.time_index
-    return store.put_object(final[name], data, ObjectAttrs.from_json(journal["attrs"][name])).etag
+    try:
+        return store.put_object(final[name], data, ObjectAttrs.from_json(journal["attrs"][name]),
+                                if_none_match=True).etag
+    except PreconditionFailed:
+        # Another writer's index, or this very PUT whose answer was lost (the retry then fails its own
+        # condition): our op id tells them apart.
+        there = store.head(final[name])
+        return there.etag if there.metadata.get(META_OP) == op else None
 
 
 def _back_up(ctx: Context, journal: dict[str, Any]) -> None:
@@ -372,15 +451,22 @@ def _back_up(ctx: Context, journal: dict[str, Any]) -> None:
                                 expected=source[name], found=after.etag)
 
 
-def _abandon(ctx: Context, journal: dict[str, Any], etag: str, reason: str) -> SegmentResult:
-    """Give up a segment before its ``.log`` was replaced: drop staging and the journal; backups stay."""
+def _abandon(ctx: Context, journal: dict[str, Any], etag: str, reason: str,
+             pending: Pending | None = Pending.BUSY) -> SegmentResult:
+    """Give up a segment whose ``.log`` is not (or no longer) ours: drop staging and the journal; backups stay.
+    Indexes this operation had put beside a ``.log`` that has since been replaced are removed (only ours)."""
     store = ctx.store
-    if journal["kind"] == KIND_COMPACT:
-        for name, _ in FILES:
-            store.delete(journal["new"][name], missing_ok=True)
-    store.delete(journal_key(ctx.prefix, journal["directory"], int(journal["base_offset"])), if_match=etag,
-                 missing_ok=True)
-    return SegmentResult(journal["directory"], int(journal["base_offset"]), ABORTED, reason, run_id=journal["run_id"])
+    for name in ("index", "timeindex"):
+        try:
+            there = store.head(journal["final"][name])
+        except ObjectNotFound:
+            continue
+        if there.metadata.get(META_OP) == journal["op"]:
+            with contextlib.suppress(PreconditionFailed):
+                store.delete(journal["final"][name], if_match=there.etag, missing_ok=True)
+    _forget(ctx, journal, etag)
+    return SegmentResult(journal["directory"], int(journal["base_offset"]), ABORTED, reason, run_id=journal["run_id"],
+                         pending=pending)
 
 
 def pending_journals(store: S3Store, prefix: str, directory: str | None = None) -> Iterator[tuple[dict[str, Any], str]]:
@@ -420,12 +506,12 @@ def repair_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Segm
     return SegmentResult(seg.directory, seg.base_offset, REPAIRED, seg.reason)
 
 
-def stage_rollback(ctx: Context, directory: str, base: int, topic: str, partition: int, target_run: str
-                   ) -> tuple[dict[str, Any], str] | SegmentResult:
+def stage_rollback(ctx: Context, directory: str, base: int,
+                   target_run: str) -> tuple[dict[str, Any], str] | SegmentResult:
     """Journal the restore of one segment from ``target_run``'s backups, if that run's ``.log`` is still the
     one in place; otherwise a skipped result saying what is there instead."""
     store = ctx.store
-    final = {name: segment_key(ctx.prefix, topic, partition, base, sfx) for name, sfx in FILES}
+    final = {name: dir_segment_key(ctx.prefix, directory, base, sfx) for name, sfx in FILES}
     backups = {name: backup_key(ctx.prefix, target_run, directory, base, sfx) for name, sfx in FILES}
     try:
         current, _ = store.describe(final["log"])
@@ -466,5 +552,6 @@ def stage_rollback(ctx: Context, directory: str, base: int, topic: str, partitio
     try:
         etag = store.put_json(journal_key(ctx.prefix, directory, base), journal, if_none_match=True)
     except PreconditionFailed:
-        return SegmentResult(directory, base, SKIPPED, "another operation's journal entry is pending for it")
+        return SegmentResult(directory, base, SKIPPED, "another operation's journal entry is pending for it",
+                             pending=Pending.BUSY)
     return journal, etag

@@ -52,6 +52,7 @@ REPAIR: Final = "repair"
 # Outcomes remembered in the partition state (see compact.remember): such a segment is not read again.
 OUTCOME_NO_SAVINGS: Final = "no-savings"
 OUTCOME_INVALID: Final = "invalid"
+OUTCOME_UNREADABLE: Final = "unreadable"  # S3 will not give us the bytes (SSE-C, an archived object)
 NOTHING_TO_GAIN: Final = ("no savings", "below min.savings.ratio")  # the reasons a rewrite is not swapped in
 SKIP: Final = "skip"
 
@@ -85,6 +86,8 @@ class PlannedSegment:
     codec: str | None = None
     level: int | None = None
     min_savings_ratio: float = 0.0
+    compacted_by: str | None = None  # a skip because it is compacted already: the run that did it
+
 
     @property
     def size(self) -> int:
@@ -98,7 +101,7 @@ class PlannedSegment:
         refs = {k: ObjectRef(**doc[k]) if doc.get(k) else None for k in ("log", "index", "timeindex", "txnindex")}
         return cls(doc["directory"], doc["topic"], int(doc["partition"]), int(doc["base_offset"]), doc["action"],
                    doc["reason"], **refs, codec=doc.get("codec"), level=doc.get("level"),
-                   min_savings_ratio=float(doc.get("min_savings_ratio", 0.0)))
+                   min_savings_ratio=float(doc.get("min_savings_ratio", 0.0)), compacted_by=doc.get("compacted_by"))
 
 
 @dataclass
@@ -225,12 +228,15 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
         log = g.get(LOG_SUFFIX)
         refs = {"log": log, "index": g.get(INDEX_SUFFIX), "timeindex": g.get(TIME_INDEX_SUFFIX),
                 "txnindex": g.get(TXN_INDEX_SUFFIX)}
-        action, reason = _classify(base, log, refs, active, state.get(str(base)), now, grace, target)
+        ours = state.get(str(base))
+        action, reason = _classify(base, log, refs, active, ours, now, grace, target)
         if action == COMPACT and target.codec == PRODUCER:
             action, reason = SKIP, "policy: compression.type producer (keep what the producer wrote)"
         files: dict[str, Any] = {k: ObjectRef.of(v) if v else None for k, v in refs.items()}
         own = per_topic if action == COMPACT else {}  # a repair rewrites nothing: no codec of its own
-        out.append(PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **own))
+        done = ours is not None and log is not None and "outcome" not in ours and ours.get("log_etag") == log.etag
+        out.append(PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **own,
+                                  compacted_by=str(ours["run_id"]) if done and action == SKIP and ours else None))
     return out
 
 
@@ -240,7 +246,8 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
         return SKIP, "incomplete: index files without a .log (orphans; a broker ignores them)"
     if ours is not None and "outcome" in ours:  # a rewrite of this very object gave nothing, or it was invalid
         same_target = o.codec == AUTO or (ours.get("codec"), ours.get("level")) == (o.codec, o.level)
-        if ours.get("log_etag") == log.etag and (same_target or ours["outcome"] == OUTCOME_INVALID):
+        if ours.get("log_etag") == log.etag and (same_target or ours["outcome"] in (OUTCOME_INVALID,
+                                                                                  OUTCOME_UNREADABLE)):
             return SKIP, (f"{ours['outcome']} last time ({ours.get('codec')} by run {ours.get('run_id')}): not read "
                           "again until the .log or the target codec changes")
         ours = None
@@ -252,8 +259,10 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
         ours = None  # a new original: judged like any other segment
     if base == active:
         return SKIP, "active: the highest base offset of its partition (a broker may still append to it)"
-    if log.storage_class in ARCHIVED_CLASSES:
-        return SKIP, f"archived: {log.storage_class} objects cannot be read without a restore"
+    archived = [f"the .{name} is {r.storage_class}" for name in ("log", "index", "timeindex")
+                if (r := refs[name]) is not None and r.storage_class in ARCHIVED_CLASSES]
+    if archived:  # the .txnindex is never read or replaced
+        return SKIP, f"archived: {' and '.join(archived)} (cannot be read or replaced without a restore)"
     youngest = max(r.last_modified for r in refs.values() if r is not None)
     if now - youngest < grace:
         minutes = max(0, int((now - youngest).total_seconds() // 60))

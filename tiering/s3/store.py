@@ -14,6 +14,8 @@ Nothing here logs or returns credentials or presigned URLs.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import os
 from collections import Counter
@@ -21,26 +23,34 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, BinaryIO, Final
-from urllib.parse import urlencode
+from typing import Any, BinaryIO, Final, cast
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import (
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
+)
 from botocore.loaders import create_loader
+from urllib3.exceptions import HTTPError as URLLib3Error
 
-from tiering.errors import ConfigError, TieringError
+from tiering.errors import ConfigError, StorageError, TieringError
 
 DEFAULT_MAX_ATTEMPTS: Final = 8  # requests in all, the first included
 MIN_PART_BYTES: Final = 5 * 1024 * 1024  # S3's smallest part (all but the last)
 DEFAULT_PART_BYTES: Final = 16 * 1024 * 1024
 MAX_PARTS: Final = 10_000
-
-
-class StorageError(TieringError):
-    """An S3 request failed; ``code`` is S3's error code."""
-
-    code: str = ""
 
 
 class ObjectNotFound(StorageError):
@@ -59,6 +69,31 @@ class Throttled(StorageError):
     """S3 asked us to slow down, even after botocore's retries."""
 
     retryable = True
+
+
+class TransportError(StorageError):
+    """The request or its answer did not cross the network whole (unreachable endpoint, reset or timed-out
+    connection, a body cut short): nothing is known about the data, so trying again can help."""
+
+    retryable = True
+    code = "Transport"
+
+
+class NoCredentials(StorageError):
+    """No (complete) AWS credentials were found: a configuration problem."""
+
+    code = "NoCredentials"
+
+
+class EncryptedWithCustomerKey(StorageError):
+    """The object is encrypted with a customer-provided key (SSE-C): it cannot be read without that key."""
+
+    code = "SSE-C"
+
+
+# What botocore raises when a request or a body read fails on the wire (after its own retries).
+_TRANSPORT: Final = (BotoConnectionError, ConnectionClosedError, ReadTimeoutError, ResponseStreamingError,
+                     IncompleteReadError, URLLib3Error, ConnectionError, TimeoutError)
 
 
 _BY_CODE: Final[dict[str, type[StorageError]]] = {
@@ -80,23 +115,74 @@ _BY_CODE: Final[dict[str, type[StorageError]]] = {
 def translate(error: ClientError, *, bucket: str, key: str | None, action: str) -> StorageError:
     """A :class:`StorageError` subclass chosen by S3's error code; the message names the object and action."""
     code = str(error.response.get("Error", {}).get("Code", ""))
-    cls = _BY_CODE.get(code, StorageError)
+    meta = error.response.get("ResponseMetadata", {})
+    status = int(meta.get("HTTPStatusCode", 0) or 0)
+    request_id = meta.get("RequestId") or meta.get("HTTPHeaders", {}).get("x-amz-request-id")
     where = f"s3://{bucket}/{key}" if key is not None else f"s3://{bucket}"
-    err = cls(f"{action} failed with S3 error {code or 'unknown'}", path=where)
-    err.code = code
+    detail = f"HTTP {status}" + (f", request id {request_id}" if request_id else "")
+    cls = _BY_CODE.get(code, StorageError)
+    message = f"{action} failed with S3 error {code or 'unknown'} ({detail})"
+    if status == 400 and action in ("head_object", "get_object") and code in ("400", "BadRequest", "InvalidRequest"):
+        # S3 answers a HEAD or GET of an SSE-C object without its key with a bare 400.
+        cls = EncryptedWithCustomerKey
+        message = (f"{action} refused with HTTP 400 ({detail}): the object is most likely encrypted with a "
+                   "customer-provided key (SSE-C), which this platform cannot read")
+    err = cls(message, path=where)
+    err.code = code or err.code
+    err.status = status
+    err.request_id = request_id
     if cls is StorageError:
-        status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         err.retryable = status >= 500
     return err
+
+
+def redact_url(url: str | None) -> str:
+    """An endpoint URL without the user name and password it may carry."""
+    if not url:
+        return "AWS"
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def transport_error(error: BaseException, *, bucket: str, key: str | None, action: str,
+                    endpoint: str | None) -> StorageError:
+    """A failure below S3's answers (the network, the credentials chain) as a :class:`StorageError`; the
+    message names the object and the endpoint, never its credentials or the underlying message (which may
+    quote a URL with them)."""
+    where = f"s3://{bucket}/{key}" if key is not None else f"s3://{bucket}"
+    if isinstance(error, NoCredentialsError | PartialCredentialsError):
+        return NoCredentials(f"{action} not sent: no complete AWS credentials found (set AWS_ACCESS_KEY_ID and "
+                             "AWS_SECRET_ACCESS_KEY, a profile, or a role)", path=where)
+    at = redact_url(endpoint)
+    if isinstance(error, EndpointConnectionError | ConnectTimeoutError):
+        what = f"could not connect to S3 at {at}"
+    elif isinstance(error, ReadTimeoutError):
+        what = f"S3 at {at} did not answer in time"
+    else:
+        what = f"the connection to S3 at {at} broke ({type(error).__name__})"
+    return TransportError(f"{action}: {what}; retryable", path=where)
 
 
 _LOADER: Final = create_loader()
 
 
 def make_client(*, endpoint_url: str | None = None, region: str | None = None,
-                max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Any:
-    """An S3 client from the standard AWS environment; explicit arguments win over it."""
+                max_attempts: int | None = None) -> Any:
+    """An S3 client from the standard AWS environment; explicit arguments win over it. Requests are tried
+    ``max_attempts`` times in all (else ``AWS_MAX_ATTEMPTS``, else 8) with botocore's backoff."""
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    if max_attempts is None:
+        try:
+            max_attempts = int(os.environ.get("AWS_MAX_ATTEMPTS") or DEFAULT_MAX_ATTEMPTS)
+        except ValueError:
+            raise ConfigError("AWS_MAX_ATTEMPTS is not a whole number",
+                              found=os.environ.get("AWS_MAX_ATTEMPTS")) from None
+    if max_attempts < 1:
+        raise ConfigError("S3 requests need at least one attempt", expected=">= 1", found=max_attempts)
     config = Config(retries={"mode": "standard", "total_max_attempts": max_attempts}, region_name=region)
     # boto3 itself reads AWS_ENDPOINT_URL(_S3) and the credentials chain when endpoint_url is None. A new
     # session per client keeps credentials current; its loader is shared, so the service model is parsed once.
@@ -169,6 +255,47 @@ class BucketFacts:
     noncurrent_expiry_days: int | None  # the lifecycle rule that expires noncurrent versions under the prefix
 
 
+class Body(io.RawIOBase):
+    """A GET's body, read in pieces: failures while reading become :class:`TransportError`, and the end of
+    the stream is checked against the Content-Length S3 announced, so a body cut short (a connection
+    closed early) is never taken for a short object: its bytes are not judged as data."""
+
+    def __init__(self, raw: Any, length: int, store: S3Store, key: str) -> None:
+        super().__init__()
+        self._raw, self.length, self._store, self._key = raw, length, store, key
+        self.read_bytes = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        if not len(view) or self.read_bytes >= self.length:
+            return 0
+        with self._store._errors("get_object (reading the body)", self._key):
+            n = self._raw.readinto(view[: self.length - self.read_bytes])
+        if n == 0:
+            raise TransportError("the body ended before its announced length (the connection closed early; "
+                                 "retryable)", path=f"s3://{self._store.bucket}/{self._key}",
+                                 position=self.read_bytes, expected=f"{self.length} bytes",
+                                 found=f"{self.read_bytes} bytes")
+        self.read_bytes += n
+        return int(n)
+
+    def readall(self) -> bytes:
+        out = bytearray(self.length - self.read_bytes)
+        view, at = memoryview(out), 0
+        while at < len(out):
+            at += self.readinto(view[at:])
+        return bytes(out)
+
+    def close(self) -> None:
+        if not self.closed:
+            with contextlib.suppress(Exception):  # closing a broken connection must not hide the real error
+                self._raw.close()
+        super().close()
+
+
 @dataclass(slots=True)
 class S3Store:
     """S3 operations on one bucket, errors translated (see the module docstring). ``requests`` counts the API
@@ -184,12 +311,21 @@ class S3Store:
     def _count(self, model: Any, **_: Any) -> None:
         self.requests[str(model.name)] += 1
 
-    def _call(self, action: str, key: str | None, **kwargs: Any) -> Any:
+    @contextlib.contextmanager
+    def _errors(self, action: str, key: str | None) -> Iterator[None]:
+        """S3's answers and the network's failures inside the block, as :class:`StorageError` types."""
         try:
-            return getattr(self.client, action)(Bucket=self.bucket, **({"Key": key} if key is not None else {}),
-                                                **kwargs)
+            yield
         except ClientError as e:
             raise translate(e, bucket=self.bucket, key=key, action=action) from e
+        except (*_TRANSPORT, NoCredentialsError, PartialCredentialsError) as e:
+            raise transport_error(e, bucket=self.bucket, key=key, action=action,
+                                  endpoint=self.client.meta.endpoint_url) from None
+
+    def _call(self, action: str, key: str | None, **kwargs: Any) -> Any:
+        with self._errors(action, key):
+            return getattr(self.client, action)(Bucket=self.bucket, **({"Key": key} if key is not None else {}),
+                                                **kwargs)
 
     def head(self, key: str) -> ObjectInfo:
         r = self._call("head_object", key)
@@ -205,12 +341,29 @@ class S3Store:
             kwargs["Range"] = f"bytes=0-{max(0, first_bytes - 1)}"
         elif start is not None:
             kwargs["Range"] = f"bytes={start}-"
-        body: BinaryIO = self._call("get_object", key, **kwargs)["Body"]
-        return body
+        r = self._call("get_object", key, **kwargs)
+        return cast(BinaryIO, Body(r["Body"], int(r["ContentLength"]), self, key))
 
     def get(self, key: str) -> bytes:
         with self.open(key) as body:
             return body.read()
+
+    def download(self, key: str, out: BinaryIO, *, etag: str) -> bool:
+        """Copy the object's version ``etag`` into ``out``, its length checked; where the ETag is a plain MD5
+        (not a multipart upload, not SSE-KMS) the bytes are checked against it too (True), and a mismatch is
+        a :class:`TransportError`: bytes damaged on the way. False when the ETag could not vouch for them."""
+        digest = etag.strip('"')
+        plain = len(digest) == 32 and all(c in "0123456789abcdef" for c in digest)
+        md5 = hashlib.md5(usedforsecurity=False)
+        with self.open(key, if_match=etag) as body:
+            while chunk := body.read(1 << 20):
+                md5.update(chunk)
+                out.write(chunk)
+        if plain and md5.hexdigest() != digest:
+            raise TransportError("the bytes received do not match the object's ETag (damaged on the way; "
+                                 "retryable)", path=f"s3://{self.bucket}/{key}", expected=digest,
+                                 found=md5.hexdigest())
+        return plain
 
     def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None,
             metadata: dict[str, str] | None = None) -> str:
@@ -293,8 +446,13 @@ class S3Store:
     def get_json(self, key: str) -> tuple[Any, str]:
         """A JSON document and its ETag (for a later ``If-Match`` update)."""
         r = self._call("get_object", key)
-        with r["Body"] as body:
-            return json.loads(body.read()), str(r["ETag"])
+        with Body(r["Body"], int(r["ContentLength"]), self, key) as body:
+            data = body.read()
+        try:
+            return json.loads(data), str(r["ETag"])
+        except ValueError:
+            raise TieringError("not a JSON document", path=f"s3://{self.bucket}/{key}",
+                               expected="JSON", found=f"{len(data)} bytes") from None
 
     def put_json(self, key: str, doc: object, *, if_match: str | None = None, if_none_match: bool = False) -> str:
         """Write a JSON document, conditionally like :meth:`put`; returns its ETag.
@@ -306,11 +464,11 @@ class S3Store:
         data = json.dumps(doc, indent=1, sort_keys=True).encode()
         try:
             return self.put_object(key, data, _JSON_ATTRS, if_match=if_match, if_none_match=if_none_match).etag
-        except PreconditionFailed:
+        except PreconditionFailed as refused:
             try:
                 there, etag = self.get_json(key)
             except ObjectNotFound:
-                raise
+                raise refused from None  # deleted since: the condition failed all the same
             if there == json.loads(data):
                 return etag
             raise
@@ -337,25 +495,21 @@ class S3Store:
 
     def list_dirs(self, prefix: str) -> Iterator[str]:
         """The "directories" directly under ``prefix`` (which ends with ``/`` or is empty), paginated."""
-        try:
+        with self._errors("list_objects_v2", prefix):
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix,
                                                                           Delimiter="/")
             for page in pages:
                 for item in page.get("CommonPrefixes", []):
                     yield str(item["Prefix"])
-        except ClientError as e:
-            raise translate(e, bucket=self.bucket, key=prefix, action="list_objects_v2") from e
 
     def list_uploads(self, prefix: str) -> Iterator[tuple[str, str, datetime]]:
         """Incomplete multipart uploads under ``prefix`` as (key, upload id, initiated): billed, yet invisible
         to an object listing."""
-        try:
+        with self._errors("list_multipart_uploads", prefix):
             pages = self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix)
             for page in pages:
                 for item in page.get("Uploads", []):
                     yield str(item["Key"]), str(item["UploadId"]), item["Initiated"]
-        except ClientError as e:
-            raise translate(e, bucket=self.bucket, key=prefix, action="list_multipart_uploads") from e
 
     def abort_upload(self, key: str, upload_id: str) -> None:
         self._call("abort_multipart_upload", key, UploadId=upload_id)
@@ -365,13 +519,11 @@ class S3Store:
         kwargs: dict[str, Any] = {"Prefix": prefix}
         if delimiter:
             kwargs["Delimiter"] = delimiter
-        try:
+        with self._errors("list_objects_v2", prefix):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, **kwargs):
                 for item in page.get("Contents", []):
                     yield ObjectInfo(item["Key"], int(item["Size"]), str(item["ETag"]), item["LastModified"],
                                      str(item.get("StorageClass", "STANDARD")))
-        except ClientError as e:
-            raise translate(e, bucket=self.bucket, key=prefix, action="list_objects_v2") from e
 
     def upload(self, key: str, stream: BinaryIO, *, part_bytes: int = DEFAULT_PART_BYTES,
                metadata: dict[str, str] | None = None, if_none_match: bool = False) -> str:
