@@ -25,8 +25,9 @@ from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
 from tiering.s3.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, compact, new_run_id, rollback
 from tiering.s3.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, estimate
+from tiering.s3.journal import Pending
 from tiering.s3.lease import DEFAULT_TTL_SECONDS
-from tiering.s3.protocol import Context, Pending, SegmentResult
+from tiering.s3.protocol import Context, SegmentResult
 from tiering.s3.scan import DEFAULT_MIN_AGE_MINUTES, Plan, ScanOptions, scan
 from tiering.s3.store import S3Store, make_client
 

@@ -44,9 +44,10 @@ from tiering.s3.compact import (
     with_lease,
 )
 from tiering.s3.estimate import estimate
+from tiering.s3.journal import Pending, Status
 from tiering.s3.layout import reserved_key
 from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseHeld, RunLease, lease_key
-from tiering.s3.protocol import FAILED, SKIPPED, Context, Pending, SegmentResult, journal_key, recover_partition
+from tiering.s3.protocol import FAILED, SKIPPED, Context, SegmentResult, journal_key, recover_partition
 from tiering.s3.scan import SKIP, Plan, PlannedSegment, ScanOptions, scan
 from tiering.s3.store import ObjectNotFound, S3Store, make_client
 
@@ -243,8 +244,9 @@ def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] 
                  "compute_seconds": round(seconds, 3)}
     for key in sorted(by_segment):
         d = by_segment[key]
-        run.segments.append(SegmentResult(d["directory"], int(d["base_offset"]), d["status"], d.get("reason", ""),
-                                          int(d.get("bytes_before", 0)), int(d.get("bytes_after", 0)),
+        run.segments.append(SegmentResult(d["directory"], int(d["base_offset"]), Status(d["status"]),
+                                          d.get("reason", ""), int(d.get("bytes_before", 0)),
+                                          int(d.get("bytes_after", 0)),
                                           bool(d.get("recovered", False)), d.get("stats"), d.get("error"),
                                           d.get("run_id"), d.get("encryption"),
                                           Pending(d["pending"]) if d.get("pending") else None))

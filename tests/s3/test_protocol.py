@@ -305,7 +305,7 @@ def test_cleanup_finishes_an_interrupted_operation_first(store: S3Store) -> None
         compact(worker, plan_for(store), context(worker, ttl_run := "run-dead"), CompactOptions(lease_ttl_seconds=1))
     pending = [j for j, _ in pending_journals(store, PREFIX)]
     assert len(pending) == 1
-    first = pending[0]["base_offset"]
+    first = pending[0].base_offset
     with pytest.raises(ObjectNotFound):
         store.head(key(first, INDEX_SUFFIX))  # the crash left the new .log without indexes: still readable
     import time

@@ -33,6 +33,7 @@ from tiering.kafka.rewrite import RewriteOptions
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
 from tiering.report.prices import GB, PriceBook
 from tiering.s3.compact import RUNS_DIR, with_lease
+from tiering.s3.journal import Status
 from tiering.s3.layout import reserved_key
 from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost, clock_key
 from tiering.s3.protocol import FAILED, SKIPPED, Context, SegmentResult, journal_key
@@ -43,7 +44,7 @@ from tiering.s3.store import ObjectNotFound, S3Store
 TIER_SCHEMA_VERSION: Final = 1
 MOVE: Final = "move"
 STAY: Final = "stay"
-MOVED: Final = "moved"
+MOVED: Final = Status.MOVED
 FILES: Final = ("log", "index", "timeindex", "txnindex")
 INDEX_ENTRY_BYTES: Final = 8
 TIME_INDEX_ENTRY_BYTES: Final = 12

@@ -17,6 +17,7 @@ from typing import Any, Final
 
 from tiering.errors import ConfigError, InvalidDataError, ProofError, StorageError, TieringError
 from tiering.kafka.files import parse_segment_name
+from tiering.s3.journal import Pending, Status
 from tiering.s3.layout import normalize_prefix, reserved_key
 from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseGuard, LeaseHeld, LeaseLost, clock_key, lease_key
 from tiering.s3.protocol import (
@@ -27,7 +28,6 @@ from tiering.s3.protocol import (
     SKIPPED,
     STAGING_DIR,
     Context,
-    Pending,
     SegmentResult,
     SourceChanged,
     Staged,
@@ -54,7 +54,7 @@ from tiering.s3.store import EncryptedWithCustomerKey, S3Store
 RUN_SCHEMA_VERSION: Final = 1
 RUNS_DIR: Final = "runs"
 DEFAULT_GRACE_DAYS: Final = 7
-STAGED_STATUS: Final = "staged"  # staged by a worker, waiting for the commit step
+STAGED_STATUS: Final = Status.STAGED  # staged by a worker, waiting for the commit step
 DEFAULT_STALE_HOURS: Final = 24  # staging objects and multipart uploads older than this are abandoned
 
 
@@ -383,8 +383,8 @@ def cleanup(store: S3Store, ctx: Context, *, grace_days: float = DEFAULT_GRACE_D
         out.recovered += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in bases])
     referenced: set[str] = set()
     for journal, _ in pending_journals(store, prefix):  # those still pending (their partition was busy)
-        referenced.update(v for v in journal["new"].values() if isinstance(v, str))
-        referenced.update(v for v in (journal.get("backup") or {}).values() if v)
+        referenced.update(journal.new.present())
+        referenced.update(v for v in (journal.backup or {}).values() if v)
     now = store.now(clock_key(prefix))
     for sub, age in ((BACKUP_DIR, timedelta(days=grace_days)), (STAGING_DIR, timedelta(hours=stale_hours))):
         for info in store.list(reserved_key(prefix, sub) + "/"):

@@ -28,29 +28,22 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from typing import Any, BinaryIO, Final
 
-from tiering.errors import ConfigError, ConflictError, ProofError
+from tiering.errors import ConflictError, ProofError
 from tiering.kafka.codecs import Codec
-from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_name
+from tiering.kafka.files import segment_name
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
+from tiering.s3.journal import FILES, INDEX_FILES, Journal, JournalState, NewFiles, OpKind, Pending, Status
 from tiering.s3.layout import dir_segment_key, normalize_prefix, reserved_key, sibling_key
 from tiering.s3.lease import LeaseGuard
 from tiering.s3.scan import PlannedSegment
 from tiering.s3.state import load_state, record_segment
 from tiering.s3.store import DEFAULT_PART_BYTES, ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
 
-JOURNAL_SCHEMA_VERSION: Final = 1
 JOURNAL_DIR: Final = "journal"
 STAGING_DIR: Final = "staging"
 BACKUP_DIR: Final = "backup"
-
-# Journal states (see the state diagram in docs/commit-protocol.md).
-STAGED: Final = "staged"
-BACKED_UP: Final = "backed-up"
-KIND_COMPACT: Final = "compact"
-KIND_ROLLBACK: Final = "rollback"
 
 # User metadata on the objects we write to final keys (S3 shows them as x-amz-meta-*).
 META_RUN: Final = "tiering-run"
@@ -59,24 +52,16 @@ META_CODEC: Final = "tiering-codec"
 META_SOURCE_ETAG: Final = "tiering-source-etag"
 META_RESTORED: Final = "tiering-restored-from-run"
 
-FILES: Final = (("log", LOG_SUFFIX), ("index", INDEX_SUFFIX), ("timeindex", TIME_INDEX_SUFFIX))
 COPY_CHUNK: Final = 1 << 20
 
-# Segment outcomes.
-COMPACTED: Final = "compacted"
-ROLLED_BACK: Final = "rolled-back"
-REPAIRED: Final = "repaired"
-SKIPPED: Final = "skipped"
-FAILED: Final = "failed"
-ABORTED: Final = "aborted"
-SUPERSEDED: Final = "superseded"  # swapped, then another writer replaced the segment: its objects are kept
-
-
-class Pending(Enum):
-    """Why work the run was asked to do is still to do, and what makes a later run succeed."""
-
-    BUSY = "busy"  # another run held the partition, or a writer changed the segment: plan again, retry
-    TRANSIENT = "transient"  # S3 or the network failed (throttling, 5xx, a connection cut): retry
+# Segment outcomes (the names other modules use).
+COMPACTED: Final = Status.COMPACTED
+ROLLED_BACK: Final = Status.ROLLED_BACK
+REPAIRED: Final = Status.REPAIRED
+SKIPPED: Final = Status.SKIPPED
+FAILED: Final = Status.FAILED
+ABORTED: Final = Status.ABORTED
+SUPERSEDED: Final = Status.SUPERSEDED
 
 
 class SourceChanged(ConflictError):
@@ -108,7 +93,7 @@ class Context:
 class SegmentResult:
     directory: str
     base_offset: int
-    status: str
+    status: Status
     reason: str = ""
     bytes_before: int = 0
     bytes_after: int = 0
@@ -150,10 +135,10 @@ def _spool(ctx: Context) -> BinaryIO:
 class Staged:
     """A journal entry in state ``staged``, with the local copy of the new ``.log`` when we still have it."""
 
-    journal: dict[str, Any]
+    journal: Journal
     etag: str
     spool: BinaryIO | None = None
-    result: SegmentResult = field(default_factory=lambda: SegmentResult("", 0, ""))
+    result: SegmentResult = field(default_factory=lambda: SegmentResult("", 0, Status.STAGED))
 
 
 def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Staged | SegmentResult:
@@ -225,24 +210,17 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
         op = f"{ctx.run_id}.{secrets.token_hex(4)}"
         marks = {META_RUN: ctx.run_id, META_OP: op, META_CODEC: ctx.options.codec.label,
                  META_SOURCE_ETAG: seg.log.etag.strip('"')}
-        log_attrs = attrs["log"]
-        journal = {
-            "schema_version": JOURNAL_SCHEMA_VERSION, "kind": KIND_COMPACT, "op": op, "run_id": ctx.run_id,
-            "state": STAGED, "directory": d, "base_offset": base,
-            "final": final,
-            "source": source, "source_sizes": sizes,
-            "new": {"log": new["log"], "index": new["index"], "timeindex": new["timeindex"],
-                    "log_size": stats.bytes_out},
-            "attrs": {name: attrs.get(name, log_attrs).with_metadata(marks).to_json() for name, _ in FILES},
-            "backup": {name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if source[name] else None
-                       for name, sfx in FILES},
-            "payload_xxh3": stats.payload_xxh3_in,
-            "entry": {"codec": ctx.options.codec.label, "level": ctx.options.level, "run_id": ctx.run_id,
-                      "source_log_etag": seg.log.etag, "bytes_before": stats.bytes_in,
-                      "bytes_after": stats.bytes_out, "payload_xxh3": stats.payload_xxh3_in},
-        }
+        journal = Journal(
+            OpKind.COMPACT, op, ctx.run_id, JournalState.STAGED, d, base, final, source,
+            NewFiles(new["log"], stats.bytes_out, new["index"], new["timeindex"]),
+            {name: attrs.get(name, attrs["log"]).with_metadata(marks) for name, _ in FILES}, sizes,
+            {name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if source[name] else None for name, sfx in FILES},
+            stats.payload_xxh3_in,
+            {"codec": ctx.options.codec.label, "level": ctx.options.level, "run_id": ctx.run_id,
+             "source_log_etag": seg.log.etag, "bytes_before": stats.bytes_in, "bytes_after": stats.bytes_out,
+             "payload_xxh3": stats.payload_xxh3_in})
         try:
-            etag = store.put_json(journal_key(ctx.prefix, d, base), journal, if_none_match=True)
+            etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
         except PreconditionFailed:
             raise SourceChanged("a journal entry of another operation exists for this segment (recover first)",
                                 path=_uri(store, journal_key(ctx.prefix, d, base))) from None
@@ -282,17 +260,17 @@ def _check_read_back(store: S3Store, new: dict[str, str], size: int, digest: str
                              expected=f"{len(want)} bytes", found=f"{len(got)} bytes")
 
 
-def _download_verified(ctx: Context, journal: dict[str, Any]) -> BinaryIO:
+def _download_verified(ctx: Context, journal: Journal) -> BinaryIO:
     """The new ``.log`` of a journal entry (staged, or a backup), copied to a spool file and checked again."""
-    store, key = ctx.store, journal["new"]["log"]
+    store, key = ctx.store, journal.new.log
     spool = _spool(ctx)
     try:
         with store.open(key) as body:
             shutil.copyfileobj(body, spool, COPY_CHUNK)
         spool.seek(0)
-        back = read_back(spool, base_offset=journal["base_offset"], path=_uri(store, key),
+        back = read_back(spool, base_offset=journal.base_offset, path=_uri(store, key),
                          decompression_limit=ctx.options.decompression_limit)
-        expected = journal.get("payload_xxh3")
+        expected = journal.payload_xxh3
         if expected and back.payload_xxh3 != expected:
             raise ProofError("the object to put in place does not hold the expected records", path=_uri(store, key),
                              expected=f"records xxh3 {expected}", found=back.payload_xxh3)
@@ -303,45 +281,43 @@ def _download_verified(ctx: Context, journal: dict[str, Any]) -> BinaryIO:
         raise
 
 
-def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: LeaseGuard,
+def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
            spool: BinaryIO | None = None) -> SegmentResult:
     """Steps 2-4 (or the rest of them, after a crash): idempotent, and safe to call with any journal entry."""
     store = ctx.store
-    d, base, kind = journal["directory"], int(journal["base_offset"]), journal["kind"]
-    final, source = journal["final"], journal["source"]
-    entry = journal.get("entry") or {}
-    done = SegmentResult(d, base, COMPACTED if kind == KIND_COMPACT else ROLLED_BACK, "",
+    d, base, kind = journal.directory, journal.base_offset, journal.kind
+    final, source, entry = journal.final, journal.source, journal.entry
+    done = SegmentResult(d, base, COMPACTED if kind is OpKind.COMPACT else ROLLED_BACK, "",
                          int(entry.get("bytes_before", 0)), int(entry.get("bytes_after", 0)),
-                         run_id=journal["run_id"], encryption=_kms(journal["attrs"]["log"].get("headers", {})))
+                         run_id=journal.run_id, encryption=_kms(journal.attrs["log"].headers))
     try:
         current, _ = store.describe(final["log"])
     except ObjectNotFound:
         return _abandon(ctx, journal, etag, "the .log disappeared (deleted by retention?): nothing to replace",
                         pending=None)
-    swapped = current.metadata.get(META_OP) == journal["op"]
+    swapped = current.metadata.get(META_OP) == journal.op
     if not swapped and current.etag != source["log"]:
         return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is left untouched")
     if not swapped:
         try:
             spool = spool or _download_verified(ctx, journal)
-            if journal["state"] == STAGED and journal.get("backup"):
+            if journal.state is JournalState.STAGED and journal.backup:
                 _back_up(ctx, journal)
-                journal["state"] = BACKED_UP
-                etag = store.put_json(journal_key(ctx.prefix, d, base), journal, if_match=etag)
+                journal = journal.advanced(JournalState.BACKED_UP)
+                etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_match=etag)
             lease.check()
             for name in ("index", "timeindex"):
                 if source[name]:
                     store.delete(final[name], if_match=source[name], missing_ok=True)
             lease.check()
-            attrs = ObjectAttrs.from_json(journal["attrs"]["log"])
             spool.seek(0)
             try:
-                current = store.put_object(final["log"], spool, attrs, if_match=source["log"])
+                current = store.put_object(final["log"], spool, journal.attrs["log"], if_match=source["log"])
             except PreconditionFailed:
                 # Either someone replaced the .log, or this PUT happened and only its answer was lost (the
                 # retry then fails its own condition): our op id on the object tells them apart.
                 current, _ = store.describe(final["log"])
-                if current.metadata.get(META_OP) != journal["op"]:
+                if current.metadata.get(META_OP) != journal.op:
                     return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is "
                                     "left untouched")
         except SourceChanged as e:
@@ -353,8 +329,8 @@ def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: LeaseGuard,
     # writer's index is never overwritten), check that the .log is still ours, then forget the journal.
     etags = {"log_etag": current.etag}
     superseded = ""
-    for name in ("index", "timeindex"):
-        if journal["new"].get(name) and not superseded:
+    for name in INDEX_FILES:
+        if journal.new.key(name) and not superseded:
             put = _put_index(ctx, journal, name)
             if put is None:
                 superseded = f"another writer put a .{name} beside our .log after the swap"
@@ -362,39 +338,37 @@ def finish(ctx: Context, journal: dict[str, Any], etag: str, lease: LeaseGuard,
                 etags[f"{name}_etag"] = put
     if not superseded:
         try:
-            still = store.head(final["log"]).metadata.get(META_OP) == journal["op"]
+            still = store.head(final["log"]).metadata.get(META_OP) == journal.op
         except ObjectNotFound:
             still = False
         superseded = "" if still else "another writer replaced the .log after our swap"
     if superseded:
         return _superseded(ctx, journal, etag, etags, superseded)
-    record_segment(store, ctx.prefix, d, base, {**entry, **etags} if kind == KIND_COMPACT else None)
+    record_segment(store, ctx.prefix, d, base, {**entry, **etags} if kind is OpKind.COMPACT else None)
     _forget(ctx, journal, etag)
     return done
 
 
-def _forget(ctx: Context, journal: dict[str, Any], etag: str) -> None:
+def _forget(ctx: Context, journal: Journal, etag: str) -> None:
     """Delete a finished (or given up) operation's staging objects, then its journal entry."""
-    if journal["kind"] == KIND_COMPACT:
-        for name, _ in FILES:
-            ctx.store.delete(journal["new"][name], missing_ok=True)
-    ctx.store.delete(journal_key(ctx.prefix, journal["directory"], int(journal["base_offset"])), if_match=etag,
-                     missing_ok=True)
+    if journal.kind is OpKind.COMPACT:
+        for key in journal.new.present():
+            ctx.store.delete(key, missing_ok=True)
+    ctx.store.delete(journal_key(ctx.prefix, journal.directory, journal.base_offset), if_match=etag, missing_ok=True)
 
 
-def _superseded(ctx: Context, journal: dict[str, Any], etag: str, ours: dict[str, str], why: str) -> SegmentResult:
+def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str], why: str) -> SegmentResult:
     """Another writer replaced the segment after our ``.log`` swap: remove the indexes we put (``If-Match``:
     only ours; a broker rebuilds a missing index, but would trust ours beside a ``.log`` they do not belong
     to), leave every object of the other writer as it is, and forget the operation. The originals stay
     in the backup for the grace period."""
-    for name in ("index", "timeindex"):
+    for name in INDEX_FILES:
         if f"{name}_etag" in ours:
             with contextlib.suppress(PreconditionFailed):  # replaced by the other writer already: theirs
-                ctx.store.delete(journal["final"][name], if_match=ours[f"{name}_etag"], missing_ok=True)
+                ctx.store.delete(journal.final[name], if_match=ours[f"{name}_etag"], missing_ok=True)
     _forget(ctx, journal, etag)
-    return SegmentResult(journal["directory"], int(journal["base_offset"]), SUPERSEDED,
-                         f"{why}: its objects are left as they are", run_id=journal["run_id"],
-                         pending=Pending.BUSY)
+    return SegmentResult(journal.directory, journal.base_offset, SUPERSEDED,
+                         f"{why}: its objects are left as they are", run_id=journal.run_id, pending=Pending.BUSY)
 
 
 def _kms(headers: dict[str, Any]) -> str | None:
@@ -403,27 +377,28 @@ def _kms(headers: dict[str, Any]) -> str | None:
     return "aws:kms+bucket-key" if headers.get("BucketKeyEnabled") else "aws:kms"
 
 
-def _put_index(ctx: Context, journal: dict[str, Any], name: str) -> str | None:
+def _put_index(ctx: Context, journal: Journal, name: str) -> str | None:
     """Put one new index in place where no index is (``If-None-Match``: the old one was deleted before the
     swap) unless a crashed run of this operation already did; its ETag. None when another writer's index
     is there: it is left alone."""
-    store, final, op = ctx.store, journal["final"], journal["op"]
+    store, final, op = ctx.store, journal.final, journal.op
     try:
         there = store.head(final[name])
         return there.etag if there.metadata.get(META_OP) == op else None
     except ObjectNotFound:
         pass
+    staged = journal.new.key(name)
+    assert staged is not None
     try:
-        data = store.get(journal["new"][name])
+        data = store.get(staged)
     except ObjectNotFound:  # only if the staging copy went first: rebuild from the .log in place
         with store.open(final["log"]) as body:
-            rebuilt = read_back(body, base_offset=int(journal["base_offset"]), path=_uri(store, final["log"]),
+            rebuilt = read_back(body, base_offset=journal.base_offset, path=_uri(store, final["log"]),
                                 index_interval_bytes=ctx.options.index_interval_bytes,
                                 decompression_limit=ctx.options.decompression_limit).indexes
         data = rebuilt.offset_index if name == "index" else rebuilt.time_index
     try:
-        return store.put_object(final[name], data, ObjectAttrs.from_json(journal["attrs"][name]),
-                                if_none_match=True).etag
+        return store.put_object(final[name], data, journal.attrs[name], if_none_match=True).etag
     except PreconditionFailed:
         # Another writer's index, or this very PUT whose answer was lost (the retry then fails its own
         # condition): our op id tells them apart.
@@ -431,45 +406,44 @@ def _put_index(ctx: Context, journal: dict[str, Any], name: str) -> str | None:
         return there.etag if there.metadata.get(META_OP) == op else None
 
 
-def _back_up(ctx: Context, journal: dict[str, Any]) -> None:
+def _back_up(ctx: Context, journal: Journal) -> None:
     """Server-side copies of the originals. moto ignores CopySourceIfMatch, so the source ETag is checked
     again after the copy: a source that changed meanwhile stops the swap before anything is replaced."""
-    store, final, source = ctx.store, journal["final"], journal["source"]
+    store, final, source, backup = ctx.store, journal.final, journal.source, journal.backup or {}
     for name, _ in FILES:
-        if not source[name]:
+        etag, target = source[name], backup.get(name)
+        if not etag or not target:
             continue
-        target = journal["backup"][name]
-        attrs = ObjectAttrs.from_json(journal["attrs"][name])
         try:
-            store.copy(final[name], target, source_etag=source[name], attrs=attrs)
+            store.copy(final[name], target, source_etag=etag, attrs=journal.attrs[name])
             copied, after = store.head(target), store.head(final[name])
         except (PreconditionFailed, ObjectNotFound):
             raise SourceChanged(f"the {name} file changed while it was backed up",
                                 path=_uri(store, final[name])) from None
-        if after.etag != source[name] or copied.size != journal["source_sizes"][name]:
+        if after.etag != etag or copied.size != journal.source_sizes[name]:
             raise SourceChanged(f"the {name} file changed while it was backed up", path=_uri(store, final[name]),
-                                expected=source[name], found=after.etag)
+                                expected=etag, found=after.etag)
 
 
-def _abandon(ctx: Context, journal: dict[str, Any], etag: str, reason: str,
+def _abandon(ctx: Context, journal: Journal, etag: str, reason: str,
              pending: Pending | None = Pending.BUSY) -> SegmentResult:
     """Give up a segment whose ``.log`` is not (or no longer) ours: drop staging and the journal; backups stay.
     Indexes this operation had put beside a ``.log`` that has since been replaced are removed (only ours)."""
     store = ctx.store
-    for name in ("index", "timeindex"):
+    for name in INDEX_FILES:
         try:
-            there = store.head(journal["final"][name])
+            there = store.head(journal.final[name])
         except ObjectNotFound:
             continue
-        if there.metadata.get(META_OP) == journal["op"]:
+        if there.metadata.get(META_OP) == journal.op:
             with contextlib.suppress(PreconditionFailed):
-                store.delete(journal["final"][name], if_match=there.etag, missing_ok=True)
+                store.delete(journal.final[name], if_match=there.etag, missing_ok=True)
     _forget(ctx, journal, etag)
-    return SegmentResult(journal["directory"], int(journal["base_offset"]), ABORTED, reason, run_id=journal["run_id"],
+    return SegmentResult(journal.directory, journal.base_offset, ABORTED, reason, run_id=journal.run_id,
                          pending=pending)
 
 
-def pending_journals(store: S3Store, prefix: str, directory: str | None = None) -> Iterator[tuple[dict[str, Any], str]]:
+def pending_journals(store: S3Store, prefix: str, directory: str | None = None) -> Iterator[tuple[Journal, str]]:
     """Journal entries left in flight (by a crash, or by a stage step waiting for its commit)."""
     under = reserved_key(prefix, JOURNAL_DIR, directory) + "/" if directory else reserved_key(prefix, JOURNAL_DIR) + "/"
     for info in store.list(under):
@@ -477,10 +451,7 @@ def pending_journals(store: S3Store, prefix: str, directory: str | None = None) 
             doc, etag = store.get_json(info.key)
         except ObjectNotFound:
             continue  # finished in between
-        if not isinstance(doc, dict) or doc.get("schema_version") != JOURNAL_SCHEMA_VERSION:
-            raise ConfigError("journal entry of an unknown version", path=_uri(store, info.key),
-                              expected=JOURNAL_SCHEMA_VERSION, found=doc.get("schema_version"))
-        yield doc, etag
+        yield Journal.from_json(doc, where=_uri(store, info.key)), etag
 
 
 def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[SegmentResult]:
@@ -488,7 +459,7 @@ def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[S
     results = []
     for journal, etag in list(pending_journals(ctx.store, ctx.prefix, directory)):
         result = finish(ctx, journal, etag, lease)
-        result.recovered = journal["run_id"] != ctx.run_id  # not a recovery: a staged segment of this run
+        result.recovered = journal.run_id != ctx.run_id  # not a recovery: a staged segment of this run
         results.append(result)
     return results
 
@@ -506,8 +477,7 @@ def repair_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Segm
     return SegmentResult(seg.directory, seg.base_offset, REPAIRED, seg.reason)
 
 
-def stage_rollback(ctx: Context, directory: str, base: int,
-                   target_run: str) -> tuple[dict[str, Any], str] | SegmentResult:
+def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> tuple[Journal, str] | SegmentResult:
     """Journal the restore of one segment from ``target_run``'s backups, if that run's ``.log`` is still the
     one in place; otherwise a skipped result saying what is there instead."""
     store = ctx.store
@@ -522,8 +492,9 @@ def stage_rollback(ctx: Context, directory: str, base: int,
         what = f"run {owner}" if owner else "an object we did not write (the original, or a replacement)"
         return SegmentResult(directory, base, SKIPPED, f"the .log in place is from {what}, not from run {target_run}")
     source: dict[str, str | None] = {"log": current.etag}
-    attrs: dict[str, Any] = {}
-    new: dict[str, Any] = {}
+    attrs: dict[str, ObjectAttrs] = {}
+    new: dict[str, str | None] = {}
+    log_size = 0
     op = f"{ctx.run_id}.{secrets.token_hex(4)}"
     for name, _ in FILES:
         if name != "log":
@@ -540,17 +511,16 @@ def stage_rollback(ctx: Context, directory: str, base: int,
             new[name] = None
             continue
         new[name] = backups[name]
-        attrs[name] = original.with_metadata({META_RESTORED: target_run, META_OP: op}).to_json()
+        attrs[name] = original.with_metadata({META_RESTORED: target_run, META_OP: op})
         if name == "log":
-            new["log_size"] = info.size
+            log_size = info.size
     entry = load_state(store, ctx.prefix, directory).get(str(base), {})
-    journal = {"schema_version": JOURNAL_SCHEMA_VERSION, "kind": KIND_ROLLBACK, "op": op, "run_id": ctx.run_id,
-               "state": BACKED_UP, "directory": directory, "base_offset": base, "final": final, "source": source,
-               "new": new, "attrs": attrs, "backup": None, "payload_xxh3": entry.get("payload_xxh3"),
-               "restores_run": target_run,
-               "entry": {"bytes_before": current.size, "bytes_after": new["log_size"]}}
+    journal = Journal(OpKind.ROLLBACK, op, ctx.run_id, JournalState.BACKED_UP, directory, base, final, source,
+                      NewFiles(backups["log"], log_size, new["index"], new["timeindex"]), attrs,
+                      payload_xxh3=entry.get("payload_xxh3"), restores_run=target_run,
+                      entry={"bytes_before": current.size, "bytes_after": log_size})
     try:
-        etag = store.put_json(journal_key(ctx.prefix, directory, base), journal, if_none_match=True)
+        etag = store.put_json(journal_key(ctx.prefix, directory, base), journal.to_json(), if_none_match=True)
     except PreconditionFailed:
         return SegmentResult(directory, base, SKIPPED, "another operation's journal entry is pending for it",
                              pending=Pending.BUSY)
