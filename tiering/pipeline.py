@@ -44,7 +44,7 @@ from tiering.s3.compact import (
     with_lease,
 )
 from tiering.s3.estimate import estimate
-from tiering.s3.journal import Pending, Status
+from tiering.s3.journal import Cause, Pending, Status
 from tiering.s3.layout import reserved_key
 from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseHeld, RunLease, lease_key
 from tiering.s3.protocol import FAILED, SKIPPED, Context, SegmentResult, journal_key, recover_partition
@@ -105,7 +105,7 @@ def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, e
         plan = apply_policy(store, plan, policy, prices or load_prices(), log=print)
     chosen, left = select(plan, budget)
     over = {(r.directory, r.base_offset): r.reason for r in left}
-    plan.segments = [dataclasses.replace(s, action=SKIP, reason=over[(s.directory, s.base_offset)])
+    plan.segments = [dataclasses.replace(s, action=SKIP, reason=over[(s.directory, s.base_offset)], cause=Cause.BUDGET)
                      if (s.directory, s.base_offset) in over else s for s in plan.segments]
     if estimate_savings:
         plan.estimate = estimate(store, plan, RewriteOptions(Codec.parse(settings.codec), settings.level))
@@ -219,7 +219,7 @@ def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] 
         plan = Plan.from_json(store.get_json(settings.key("plan.json"))[0])
         run.started_at = plan.created_at
         for s in plan.segments:
-            if s.action == SKIP and "budget" in s.reason:
+            if s.cause is Cause.BUDGET:
                 by_segment[(s.directory, s.base_offset)] = {"directory": s.directory, "base_offset": s.base_offset,
                                                             "status": SKIPPED, "reason": s.reason}
     except ObjectNotFound:

@@ -14,6 +14,7 @@ from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.s3.compact import CompactOptions, compact
 from tiering.s3.estimate import estimate
+from tiering.s3.journal import Cause
 from tiering.s3.layout import parse_dir, partition_key, segment_key
 from tiering.s3.protocol import Context
 from tiering.s3.scan import COMPACT, REPAIR, SKIP, Plan, ScanOptions, classify_partition, scan
@@ -66,6 +67,12 @@ def test_each_segment_gets_an_action_and_a_reason() -> None:
     assert got[700][1].startswith("active: the highest base offset")
     assert 650 not in got
     assert _classify(objects, min_age_minutes=0)[100] == (COMPACT, "sealed")
+    # Decisions read the cause, not the text: one per skip, none for the work.
+    causes = {s.base_offset: s.cause for s in classify_partition(parse_dir("t-0"), "p/t-0/", objects, {}, NOW,
+                                                                  ScanOptions("zstd"), lambda k, r: None)}
+    assert causes == {0: None, 100: Cause.TOO_YOUNG, 200: Cause.ARCHIVED, 250: Cause.ARCHIVED, 260: None,
+                      300: Cause.INCOMPLETE, 400: Cause.EMPTY, 500: Cause.TOO_YOUNG, 600: Cause.INVALID,
+                      700: Cause.ACTIVE}
 
 
 def test_state_tells_already_compacted_and_a_mirror_reupload() -> None:

@@ -33,6 +33,7 @@ from tiering.plan.tier import max_timestamp
 from tiering.report.model import REQUESTS_PER_SEGMENT
 from tiering.report.prices import DAYS_PER_MONTH, GB, PriceBook
 from tiering.s3.estimate import sample_batches, spread
+from tiering.s3.journal import Cause
 from tiering.s3.scan import COMPACT, SKIP, Plan, PlannedSegment
 from tiering.s3.store import S3Store
 
@@ -101,8 +102,9 @@ def apply_policy(store: S3Store, plan: Plan, policy: Policy, prices: PriceBook,
             continue
         hours = (clock.timestamp() * 1000 - newest) / 3_600_000
         if hours < need:
-            segments[i] = dataclasses.replace(seg, action=SKIP, reason=f"too young by its records: the newest is "
-                                              f"{hours:.1f} h old, the policy's min.segment.age.hours is {need:g}")
+            segments[i] = dataclasses.replace(seg, action=SKIP, cause=Cause.TOO_YOUNG,
+                                              reason=f"too young by its records: the newest is {hours:.1f} h old, "
+                                              f"the policy's min.segment.age.hours is {need:g}")
     by_topic: dict[str, list[int]] = {}
     for i, seg in enumerate(segments):
         if seg.action == COMPACT and seg.codec == AUTO:
@@ -118,7 +120,8 @@ def apply_policy(store: S3Store, plan: Plan, policy: Policy, prices: PriceBook,
             log(f"auto: {topic}: " + (f"{chosen['codec']}:{chosen['level']}" if chosen else "left alone"))
         for i in idx:
             if chosen is None:
-                segments[i] = dataclasses.replace(segments[i], action=SKIP, reason="auto: no candidate codec pays "
+                segments[i] = dataclasses.replace(segments[i], action=SKIP, cause=Cause.AUTO_DECLINED,
+                                                  reason="auto: no candidate codec pays "
                                                   f"off within {tp.auto_horizon_months:g} months (see the plan's "
                                                   "auto section)")
             else:

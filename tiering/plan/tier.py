@@ -33,7 +33,7 @@ from tiering.kafka.rewrite import RewriteOptions
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
 from tiering.report.prices import GB, PriceBook
 from tiering.s3.compact import RUNS_DIR, with_lease
-from tiering.s3.journal import Status
+from tiering.s3.journal import Cause, Status
 from tiering.s3.layout import reserved_key
 from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost, clock_key
 from tiering.s3.protocol import FAILED, SKIPPED, Context, SegmentResult, journal_key
@@ -194,7 +194,7 @@ def plan_tiering(store: S3Store, prefix: str, policy: Policy, prices: PriceBook,
     for seg in listing.segments:
         t = SegmentTiering(seg.directory, seg.topic, seg.base_offset, None, None, "")
         plan.segments.append(t)
-        sealed = seg.action == COMPACT or seg.reason.startswith(("already compacted", "too young"))
+        sealed = seg.action == COMPACT or seg.cause in (Cause.ALREADY_COMPACTED, Cause.TOO_YOUNG)
         if seg.log is None or not sealed:
             t.reason = f"not tiered: {seg.reason}"
             continue

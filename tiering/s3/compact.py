@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from tiering.errors import ConfigError, InvalidDataError, ProofError, StorageError, TieringError
 from tiering.kafka.files import parse_segment_name
-from tiering.s3.journal import Pending, Status
+from tiering.s3.journal import NOTHING_TO_GAIN, Cause, Pending, Status
 from tiering.s3.layout import normalize_prefix, reserved_key
 from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseGuard, LeaseHeld, LeaseLost, clock_key, lease_key
 from tiering.s3.protocol import (
@@ -40,7 +40,6 @@ from tiering.s3.protocol import (
     stage_segment,
 )
 from tiering.s3.scan import (
-    NOTHING_TO_GAIN,
     OUTCOME_INVALID,
     OUTCOME_NO_SAVINGS,
     OUTCOME_UNREADABLE,
@@ -121,9 +120,11 @@ def select(plan: Plan, o: CompactOptions) -> tuple[list[PlannedSegment], list[Se
                                                                                        s.base_offset))
     for seg in todo:
         if o.max_segments is not None and len(chosen) >= o.max_segments:
-            left.append(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "over the --max-segments budget"))
+            left.append(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "over the --max-segments budget",
+                                      cause=Cause.BUDGET))
         elif o.max_bytes is not None and total + seg.size > o.max_bytes:
-            left.append(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "over the --max-bytes budget"))
+            left.append(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "over the --max-bytes budget",
+                                      cause=Cause.BUDGET))
         else:
             chosen.append(seg)
             total += seg.size
@@ -139,7 +140,7 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
             return repair_segment(ctx, seg, lease)
         staged = stage_segment(ctx, seg, lease)
         if not isinstance(staged, Staged):
-            if staged.status == SKIPPED and staged.reason.startswith(NOTHING_TO_GAIN):
+            if staged.cause in NOTHING_TO_GAIN:
                 remember(ctx, seg, OUTCOME_NO_SAVINGS, staged.reason)
             return staged
         if not commit:

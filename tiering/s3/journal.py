@@ -47,6 +47,28 @@ class Status(StrEnum):
     MOVED = "moved"  # storage tiering: objects moved to another storage class
 
 
+class Cause(StrEnum):
+    """Why a segment is left as it is: what decisions read (the human reason beside it is the detail)."""
+
+    ACTIVE = "active"  # the highest base offset of its partition
+    TOO_YOUNG = "too young"  # uploaded (or, by a policy, written) too recently
+    ALREADY_COMPACTED = "already compacted"
+    ARCHIVED = "archived"
+    INCOMPLETE = "incomplete"  # index files without a .log
+    EMPTY = "empty"
+    INVALID = "invalid"
+    REMEMBERED = "remembered"  # a rewrite of this very object gave nothing, or it was invalid or unreadable
+    POLICY = "policy"  # compression.type producer
+    AUTO_DECLINED = "auto declined"  # no candidate codec pays off
+    BUDGET = "budget"  # over --max-segments / --max-bytes
+    NO_SAVINGS = "no savings"  # the rewrite would not shrink it
+    BELOW_MIN_SAVINGS = "below min savings"  # it would shrink less than the policy's min.savings.ratio
+
+
+# The causes a finished rewrite is not swapped in for: remembered, so the object is not read again.
+NOTHING_TO_GAIN: Final = frozenset({Cause.NO_SAVINGS, Cause.BELOW_MIN_SAVINGS})
+
+
 class Pending(Enum):
     """Why work the run was asked to do is still to do, and what makes a later run succeed."""
 

@@ -34,7 +34,7 @@ from tiering.errors import ConflictError, ProofError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import segment_name
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
-from tiering.s3.journal import FILES, INDEX_FILES, Journal, JournalState, NewFiles, OpKind, Pending, Status
+from tiering.s3.journal import FILES, INDEX_FILES, Cause, Journal, JournalState, NewFiles, OpKind, Pending, Status
 from tiering.s3.layout import dir_segment_key, normalize_prefix, reserved_key, sibling_key
 from tiering.s3.lease import LeaseGuard
 from tiering.s3.scan import PlannedSegment
@@ -103,6 +103,7 @@ class SegmentResult:
     run_id: str | None = None  # the run whose operation this is (differs from ours for a recovery)
     encryption: str | None = None  # "aws:kms" or "aws:kms+bucket-key" when the objects use SSE-KMS (costs KMS calls)
     pending: Pending | None = None  # set when the segment is still to do and a later run can do it
+    cause: Cause | None = None  # why a skipped segment was left as it is
 
     def to_json(self) -> dict[str, object]:
         doc = {k: v for k, v in self.__dict__.items() if v is not None}
@@ -185,12 +186,13 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
             spool.close()
             return SegmentResult(d, base, SKIPPED, f"no savings: {ctx.options.codec.label} would not shrink it "
                                  f"({stats.bytes_in} -> {stats.bytes_out} bytes)", stats.bytes_in, stats.bytes_in,
-                                 stats=stats.to_json())
+                                 stats=stats.to_json(), cause=Cause.NO_SAVINGS)
         if 1 - stats.bytes_out / stats.bytes_in < ctx.min_savings_ratio:
             spool.close()
             return SegmentResult(d, base, SKIPPED, f"below min.savings.ratio: {ctx.options.codec.label} saves "
                                  f"{1 - stats.bytes_out / stats.bytes_in:.1%}, the policy asks for "
-                                 f"{ctx.min_savings_ratio:.1%}", stats.bytes_in, stats.bytes_in, stats=stats.to_json())
+                                 f"{ctx.min_savings_ratio:.1%}", stats.bytes_in, stats.bytes_in, stats=stats.to_json(),
+                                 cause=Cause.BELOW_MIN_SAVINGS)
         lease.check()
         new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in FILES}
         spool.seek(0)

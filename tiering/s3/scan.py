@@ -36,6 +36,7 @@ from tiering.kafka.files import (
 )
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
 from tiering.plan.policy import AUTO, PRODUCER, Policy
+from tiering.s3.journal import Cause
 from tiering.s3.layout import PARTITION_FILES, DirKind, PartitionDir, normalize_prefix, parse_dir
 from tiering.s3.lease import clock_key
 from tiering.s3.state import load_state
@@ -53,7 +54,6 @@ REPAIR: Final = "repair"
 OUTCOME_NO_SAVINGS: Final = "no-savings"
 OUTCOME_INVALID: Final = "invalid"
 OUTCOME_UNREADABLE: Final = "unreadable"  # S3 will not give us the bytes (SSE-C, an archived object)
-NOTHING_TO_GAIN: Final = ("no savings", "below min.savings.ratio")  # the reasons a rewrite is not swapped in
 SKIP: Final = "skip"
 
 
@@ -87,6 +87,7 @@ class PlannedSegment:
     level: int | None = None
     min_savings_ratio: float = 0.0
     compacted_by: str | None = None  # a skip because it is compacted already: the run that did it
+    cause: Cause | None = None  # why it is skipped
 
 
     @property
@@ -101,7 +102,8 @@ class PlannedSegment:
         refs = {k: ObjectRef(**doc[k]) if doc.get(k) else None for k in ("log", "index", "timeindex", "txnindex")}
         return cls(doc["directory"], doc["topic"], int(doc["partition"]), int(doc["base_offset"]), doc["action"],
                    doc["reason"], **refs, codec=doc.get("codec"), level=doc.get("level"),
-                   min_savings_ratio=float(doc.get("min_savings_ratio", 0.0)), compacted_by=doc.get("compacted_by"))
+                   min_savings_ratio=float(doc.get("min_savings_ratio", 0.0)), compacted_by=doc.get("compacted_by"),
+                   cause=Cause(doc["cause"]) if doc.get("cause") else None)
 
 
 @dataclass
@@ -229,53 +231,59 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
         refs = {"log": log, "index": g.get(INDEX_SUFFIX), "timeindex": g.get(TIME_INDEX_SUFFIX),
                 "txnindex": g.get(TXN_INDEX_SUFFIX)}
         ours = state.get(str(base))
-        action, reason = _classify(base, log, refs, active, ours, now, grace, target)
+        action, reason, cause = _classify(base, log, refs, active, ours, now, grace, target)
         if action == COMPACT and target.codec == PRODUCER:
-            action, reason = SKIP, "policy: compression.type producer (keep what the producer wrote)"
+            action, cause = SKIP, Cause.POLICY
+            reason = "policy: compression.type producer (keep what the producer wrote)"
         files: dict[str, Any] = {k: ObjectRef.of(v) if v else None for k, v in refs.items()}
         own = per_topic if action == COMPACT else {}  # a repair rewrites nothing: no codec of its own
         done = ours is not None and log is not None and "outcome" not in ours and ours.get("log_etag") == log.etag
         out.append(PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **own,
-                                  compacted_by=str(ours["run_id"]) if done and action == SKIP and ours else None))
+                                  compacted_by=str(ours["run_id"]) if done and action == SKIP and ours else None,
+                                  cause=cause))
     return out
 
 
 def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | None], active: int | None,
-              ours: dict[str, Any] | None, now: datetime, grace: timedelta, o: ScanOptions) -> tuple[str, str]:
+              ours: dict[str, Any] | None, now: datetime, grace: timedelta,
+              o: ScanOptions) -> tuple[str, str, Cause | None]:
     if log is None:
-        return SKIP, "incomplete: index files without a .log (orphans; a broker ignores them)"
+        return SKIP, "incomplete: index files without a .log (orphans; a broker ignores them)", Cause.INCOMPLETE
     if ours is not None and "outcome" in ours:  # a rewrite of this very object gave nothing, or it was invalid
         same_target = o.codec == AUTO or (ours.get("codec"), ours.get("level")) == (o.codec, o.level)
         if ours.get("log_etag") == log.etag and (same_target or ours["outcome"] in (OUTCOME_INVALID,
                                                                                   OUTCOME_UNREADABLE)):
             return SKIP, (f"{ours['outcome']} last time ({ours.get('codec')} by run {ours.get('run_id')}): not read "
-                          "again until the .log or the target codec changes")
+                          "again until the .log or the target codec changes"), Cause.REMEMBERED
         ours = None
     if ours is not None and ours.get("log_etag") != log.etag:
         stale = [k for k in ("index", "timeindex") if (r := refs[k]) and ours.get(f"{k}_etag") == r.etag]
         if stale:
             return REPAIR, (f"the .log was replaced after run {ours.get('run_id')} compacted it (a mirroring tool?); "
-                            f"our rebuilt {' and '.join(stale)} no longer match it and are removed")
+                            f"our rebuilt {' and '.join(stale)} no longer match it and are removed"), None
         ours = None  # a new original: judged like any other segment
     if base == active:
-        return SKIP, "active: the highest base offset of its partition (a broker may still append to it)"
+        return SKIP, "active: the highest base offset of its partition (a broker may still append to it)", Cause.ACTIVE
     archived = [f"the .{name} is {r.storage_class}" for name in ("log", "index", "timeindex")
                 if (r := refs[name]) is not None and r.storage_class in ARCHIVED_CLASSES]
     if archived:  # the .txnindex is never read or replaced
-        return SKIP, f"archived: {' and '.join(archived)} (cannot be read or replaced without a restore)"
+        return (SKIP, f"archived: {' and '.join(archived)} (cannot be read or replaced without a restore)",
+                Cause.ARCHIVED)
     youngest = max(r.last_modified for r in refs.values() if r is not None)
     if now - youngest < grace:
         minutes = max(0, int((now - youngest).total_seconds() // 60))
-        return SKIP, f"too young: uploaded {minutes} min ago, within the {o.min_age_minutes}-minute grace period"
+        return (SKIP, f"too young: uploaded {minutes} min ago, within the {o.min_age_minutes}-minute grace period",
+                Cause.TOO_YOUNG)
     if log.size == 0:
-        return SKIP, "empty: the .log holds no batches"
+        return SKIP, "empty: the .log holds no batches", Cause.EMPTY
     if log.size > MAX_SEGMENT_BYTES:
-        return SKIP, f"invalid: {log.size} bytes is beyond Kafka's 2 GiB segment limit"
+        return SKIP, f"invalid: {log.size} bytes is beyond Kafka's 2 GiB segment limit", Cause.INVALID
     if ours is not None and o.codec == AUTO:
-        return SKIP, f"already compacted: {ours.get('codec')} (chosen automatically) by run {ours.get('run_id')}"
+        return (SKIP, f"already compacted: {ours.get('codec')} (chosen automatically) by run {ours.get('run_id')}",
+                Cause.ALREADY_COMPACTED)
     if ours is not None and ours.get("codec") == o.codec and ours.get("level") == o.level:
-        return SKIP, f"already compacted: {o.codec} by run {ours.get('run_id')}"
-    return COMPACT, "sealed"
+        return SKIP, f"already compacted: {o.codec} by run {ours.get('run_id')}", Cause.ALREADY_COMPACTED
+    return COMPACT, "sealed", None
 
 
 def scan(store: S3Store, prefix: str, options: ScanOptions,
