@@ -43,7 +43,7 @@ from tiering.kafka.batch import TimestampType
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec, compress, decompress
 from tiering.kafka.records import Record
-from tiering.kafka.rewrite import RewriteOptions, RewriteStats, rewrite_segment
+from tiering.kafka.rewrite import RewriteOptions, RewriteStats, read_back, rewrite_segment
 from tiering.kafka.segment import DecodedBatch, iter_decoded, verify_segment
 
 T0 = 1_717_000_000_000
@@ -360,7 +360,7 @@ def rewrite(data: bytes, codec: Codec, base_offset: int) -> tuple[bytes, Rewrite
     out = io.BytesIO()
     result = rewrite_segment(io.BytesIO(data), out, base_offset=base_offset,
                              options=RewriteOptions(codec=codec, force=True))
-    assert result.stats.payload_xxh3_in == result.stats.payload_xxh3_out
+    assert read_back(io.BytesIO(out.getvalue()), base_offset=base_offset).payload_xxh3 == result.stats.payload_xxh3
     return out.getvalue(), result.stats
 
 

@@ -134,8 +134,10 @@ class RewriteStats:
     kept: Counter[str] = field(default_factory=Counter)
     codecs_before: Counter[str] = field(default_factory=Counter)
     codecs_after: Counter[str] = field(default_factory=Counter)
-    payload_xxh3_in: str = ""
-    payload_xxh3_out: str = ""
+    # xxh3-128 over the per-batch xxh3-128 digests of the source's records. One figure, not "in" and "out":
+    # every written batch was decoded again and compared byte for byte with these records (the proof), so
+    # the output holds them; read_back of the output computes the same figure independently.
+    payload_xxh3: str = ""
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, object]:
@@ -155,8 +157,7 @@ class RewriteStats:
             "codecs_before": dict(self.codecs_before),
             "codecs_after": dict(self.codecs_after),
             "uncompressed_bytes": self.uncompressed_bytes,
-            "payload_xxh3_in": self.payload_xxh3_in,
-            "payload_xxh3_out": self.payload_xxh3_out,
+            "payload_xxh3": self.payload_xxh3,
             "seconds": round(self.seconds, 3),
         }
 
@@ -566,7 +567,7 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
 
     Raises an :class:`~tiering.errors.InvalidDataError` naming the file, byte and batch at the first
     problem (in file order); the caller discards ``dst`` then (the CLI writes to a temporary file).
-    ``payload_xxh3_in``/``_out`` are xxh3-128 over the per-batch xxh3-128 digests of the records.
+    ``payload_xxh3`` is xxh3-128 over the per-batch xxh3-128 digests of the records.
     """
     started = time.perf_counter()
     stats = RewriteStats(path, base_offset, options.codec.label, options.level)
@@ -600,7 +601,7 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     if progress is not None:
         progress(stats.bytes_in)
     stats.bytes_out = out.position
-    stats.payload_xxh3_in = stats.payload_xxh3_out = out.digest.hexdigest()
+    stats.payload_xxh3 = out.digest.hexdigest()
     stats.seconds = time.perf_counter() - started
     return RewriteResult(stats, indexes)
 
@@ -612,7 +613,7 @@ class ReadBack:
     size: int
     batches: int
     records: int
-    payload_xxh3: str  # comparable with RewriteStats.payload_xxh3_in of the rewrite that produced it
+    payload_xxh3: str  # comparable with RewriteStats.payload_xxh3 of the rewrite that produced it
     indexes: Indexes  # rebuilt from the bytes read back
 
 

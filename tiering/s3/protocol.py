@@ -205,7 +205,7 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
                              index_interval_bytes=ctx.options.index_interval_bytes,
                              decompression_limit=ctx.options.decompression_limit)
         _check_read_back(store, new, back.size, back.payload_xxh3, back.indexes.offset_index,
-                         back.indexes.time_index, stats.bytes_out, stats.payload_xxh3_in)
+                         back.indexes.time_index, stats.bytes_out, stats.payload_xxh3)
         if back.indexes != result.indexes:
             raise ProofError("the staged indexes differ from a rebuild of the staged .log",
                              path=_uri(store, new["log"]))
@@ -217,10 +217,10 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
             NewFiles(new["log"], stats.bytes_out, new["index"], new["timeindex"]),
             {name: attrs.get(name, attrs["log"]).with_metadata(marks) for name, _ in FILES}, sizes,
             {name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if source[name] else None for name, sfx in FILES},
-            stats.payload_xxh3_in,
+            stats.payload_xxh3,
             {"codec": ctx.options.codec.label, "level": ctx.options.level, "run_id": ctx.run_id,
              "source_log_etag": seg.log.etag, "bytes_before": stats.bytes_in, "bytes_after": stats.bytes_out,
-             "payload_xxh3": stats.payload_xxh3_in})
+             "payload_xxh3": stats.payload_xxh3})
         try:
             etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
         except PreconditionFailed:
