@@ -283,7 +283,9 @@ def test_cleanup_deletes_kept_originals_after_the_grace_period_only(store: S3Sto
     # Leftovers a crash would leave: a staging object and an incomplete multipart upload.
     store.put(f"{PREFIX}/_tiering/staging/dead-run/{DIR}/00000000000000000000.log", b"x")
     store.client.create_multipart_upload(Bucket=store.bucket, Key=f"{PREFIX}/_tiering/staging/dead-run/big.log")
+    before = store.requests["DeleteObject"]
     result = cleanup(store, context(store, "clean-2"), grace_days=0, stale_hours=0)
+    assert store.requests["DeleteObject"] == before  # one DeleteObjects per kind of leftover, not one per key
     assert result.backups_deleted == 6
     assert result.backup_bytes_deleted == sum(k.size for k in kept)
     assert result.staging_deleted == 1

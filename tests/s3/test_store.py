@@ -93,6 +93,20 @@ def test_list_pages_past_1000_keys(store: S3Store) -> None:
     assert keys[0] == "logs/t-0/00000000000000000000.log"
 
 
+def test_delete_many_batches_1000_keys_a_request_each_conditional_on_its_etag(store: S3Store) -> None:
+    for i in range(1205):
+        store.client.put_object(Bucket=BUCKET, Key=f"gone/{i:05d}", Body=b"x")
+    sent: list[list[dict[str, str]]] = []
+    store.client.meta.events.register("before-parameter-build.s3.DeleteObjects",
+                                      lambda params, **_: sent.append(params["Delete"]["Objects"]))
+    listed = [(o.key, o.etag) for o in store.list("gone/")]
+    deleted = store.delete_many([*listed, ("gone/never-there", '"0"')])
+    assert deleted == {k for k, _ in listed} | {"gone/never-there"}  # an absent key counts as deleted
+    assert [len(objects) for objects in sent] == [1000, 206]
+    assert all(o["ETag"] == dict(listed).get(o["Key"], '"0"') for objects in sent for o in objects)  # moto ignores it
+    assert not list(store.list("gone/"))
+
+
 class _Counting(io.RawIOBase):
     """A stream of ``size`` bytes generated as it is read, never held whole."""
 

@@ -48,7 +48,7 @@ from tiering.s3.scan import (
     PlannedSegment,
 )
 from tiering.s3.state import load_state, record_segment
-from tiering.s3.store import EncryptedWithCustomerKey, S3Store
+from tiering.s3.store import EncryptedWithCustomerKey, ObjectInfo, S3Store
 
 RUN_SCHEMA_VERSION: Final = 1
 RUNS_DIR: Final = "runs"
@@ -388,18 +388,20 @@ def cleanup(store: S3Store, ctx: Context, *, grace_days: float = DEFAULT_GRACE_D
         referenced.update(v for v in (journal.backup or {}).values() if v)
     now = store.now(clock_key(prefix))
     for sub, age in ((BACKUP_DIR, timedelta(days=grace_days)), (STAGING_DIR, timedelta(hours=stale_hours))):
+        expired: dict[str, ObjectInfo] = {}
         for info in store.list(reserved_key(prefix, sub) + "/"):
             if now - info.last_modified < age:
                 continue
             if info.key in referenced:
                 out.kept_referenced += 1
                 continue
-            store.delete(info.key, if_match=info.etag, missing_ok=True)
-            if sub == BACKUP_DIR:
-                out.backups_deleted += 1
-                out.backup_bytes_deleted += info.size
-            else:
-                out.staging_deleted += 1
+            expired[info.key] = info
+        deleted = store.delete_many([(info.key, info.etag) for info in expired.values()])
+        if sub == BACKUP_DIR:
+            out.backups_deleted += len(deleted)
+            out.backup_bytes_deleted += sum(expired[key].size for key in deleted)
+        else:
+            out.staging_deleted += len(deleted)
     for key, upload_id, initiated in store.list_uploads(reserved_key(prefix) + "/"):
         if now - initiated > timedelta(hours=stale_hours):
             store.abort_upload(key, upload_id)

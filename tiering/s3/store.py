@@ -51,6 +51,7 @@ DEFAULT_MAX_ATTEMPTS: Final = 8  # requests in all, the first included
 MIN_PART_BYTES: Final = 5 * 1024 * 1024  # S3's smallest part (all but the last)
 DEFAULT_PART_BYTES: Final = 16 * 1024 * 1024
 MAX_PARTS: Final = 10_000
+MAX_DELETE_KEYS: Final = 1000  # DeleteObjects takes at most this many keys a request
 
 
 class ObjectNotFound(StorageError):
@@ -386,6 +387,19 @@ class S3Store:
         except ObjectNotFound:
             if not missing_ok:
                 raise
+
+    def delete_many(self, objects: list[tuple[str, str]]) -> set[str]:
+        """Delete ``(key, etag)`` pairs with DeleteObjects, 1,000 a request, each only if its ETag is still that
+        one (S3 checks the per-object ``ETag``; a key rewritten since it was listed stays). Returns the keys
+        deleted (an absent key counts as deleted); per-key refusals are left out, not raised."""
+        deleted: set[str] = set()
+        for at in range(0, len(objects), MAX_DELETE_KEYS):
+            chunk = objects[at:at + MAX_DELETE_KEYS]
+            r = self._call("delete_objects", None, Delete={
+                "Objects": [{"Key": key, "ETag": etag} for key, etag in chunk], "Quiet": True})
+            refused = {str(e["Key"]) for e in r.get("Errors", []) if e.get("Code") != "NoSuchKey"}
+            deleted.update(key for key, _ in chunk if key not in refused)
+        return deleted
 
     def now(self, clock_key: str) -> datetime:
         """S3's current time: the ``Date`` of a HEAD of the bucket; where an endpoint sends no ``Date`` (moto
