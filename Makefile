@@ -1,11 +1,13 @@
 # The README's commands. `make demo` runs the main job on the embedded default, `make test` runs the
-# whole check (install if needed, ruff, mypy, pytest). Both install into .venv/ from requirements.lock.
+# whole check (install if needed, Kafka's jars for the broker tests, ruff, mypy, pytest). Both install into
+# .venv/ from requirements.lock; only `make test` needs Maven (scripts/fetch-kafka.sh).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo airflow-ui bench bench-s3 bench-spark lock clean
+.PHONY: install test lint typecheck pytest demo airflow-ui bench bench-s3 bench-spark chaos kafka-jars test-kafka \
+	kafka-fixtures lock clean
 
 install: $(STAMP)
 
@@ -25,9 +27,26 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) kafka-jars
 	@bash scripts/ensure-chromium.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Apache Kafka's jars (pinned in tools/kafka/pom.xml) into the git-ignored tools/kafka/lib/, for the tests that
+# run a real broker; cached: a no-op once fetched.
+# Without Java or Maven it says so in one line; the broker tests then skip, except where TIERING_REQUIRE_KAFKA=1
+# (CI), where that fails the run.
+kafka-jars:
+	@bash scripts/fetch-kafka.sh || [ "$$TIERING_REQUIRE_KAFKA" != 1 ]
+
+test-kafka: $(STAMP) kafka-jars
+	$(BIN)/python -m pytest -q tests/kafka_broker $(PYTEST_ARGS)
+
+kafka-fixtures: $(STAMP) kafka-jars
+	$(BIN)/python -m tests.kafka_broker.make_fixtures
+
+# The chaos suite's long mode: many seeded trials (SIGKILLs, a flaky S3, racing runs, a mirror) and a table.
+chaos: $(STAMP)
+	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
 
 test: lint typecheck pytest
 

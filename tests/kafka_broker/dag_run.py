@@ -1,0 +1,34 @@
+"""Run the Airflow DAG ``kafka_segment_compaction`` (dag.test(), SQLite, Spark local[2]) once on a logdir tree
+already on an S3 endpoint, in its own process (Airflow's configuration stays out of pytest's), and print the
+run's state and compact document as one JSON line.
+
+    python tests/kafka_broker/dag_run.py WORKDIR ENDPOINT BUCKET PREFIX
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from tiering.demo_s3 import airflow_env, prepare_airflow, run_dag
+from tiering.s3.store import S3Store, make_client
+
+
+def main() -> None:
+    work, endpoint, bucket, prefix = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    home = work / "airflow"
+    os.environ.update(airflow_env(home))
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                      AWS_DEFAULT_REGION="us-east-1")
+    prepare_airflow(home)
+    state, run_id = run_dag({"bucket": bucket, "prefix": prefix, "codec": "zstd", "min_segment_age_minutes": 0,
+                             "spark_master": "local[2]"})
+    store = S3Store(make_client(), bucket)
+    doc = store.get_json(f"{prefix}/_tiering/runs/{run_id}/compact.json")[0]
+    print(json.dumps({"state": state, "run_id": run_id, "document": doc}))
+
+
+if __name__ == "__main__":
+    main()
