@@ -42,6 +42,7 @@ OPERATION_ACTIONS: dict[str, set[str]] = {
     "copy_object": {"s3:GetObject", "s3:GetObjectTagging", "s3:PutObject", "s3:PutObjectTagging"},
     "get_object_tagging": {"s3:GetObjectTagging"},
     "delete_object": {"s3:DeleteObject"},
+    "delete_objects": {"s3:DeleteObject"},  # DeleteObjects is authorised per key as s3:DeleteObject
     "create_multipart_upload": {"s3:PutObject"},
     "upload_part": {"s3:PutObject"},
     "complete_multipart_upload": {"s3:PutObject"},

@@ -317,3 +317,53 @@ def test_a_segment_s3_refuses_to_read_without_its_customer_key_is_named_and_not_
     assert again.action == "skip"
     assert again.reason.startswith("unreadable last time")
     assert store.get(key(target)) == originals[target].log
+
+
+def _takeover(store: S3Store, originals: dict[int, Any]) -> Any:
+    """Run B compacting the partition once run A's lease (TTL 1 s) has expired: what a stalled A finds."""
+    def run_b(**_: Any) -> None:
+        time.sleep(2.1)
+        other = fresh_store()
+        results.append(compact(other, plan_for(store), context(other, "run-b"), CompactOptions(lease_ttl_seconds=1)))
+
+    results: list[Any] = []
+    return run_b, results
+
+
+def test_a_run_stalled_before_its_backup_copy_never_spoils_the_backup_of_the_run_that_took_over(
+        store: S3Store) -> None:
+    """A stalls before copying the original to its backup; B takes the partition over. B abandons A's staged
+    operation (it never rolls forward into A's backup keys) and compacts the segment itself; A's copy,
+    arriving after B's swap, lands in A's own backup, and A stops. Rolling B back restores the original."""
+    originals = seed(store)
+    target = sorted(originals)[0]
+    run_b, results = _takeover(store, originals)
+    worker = fresh_store()
+    Step(worker, "CopyObject", lambda p: str(p["Key"]).endswith(f"{target:020d}.log"), run_b)
+    run_a = compact(worker, plan_for(store), context(worker, "run-a"), CompactOptions(lease_ttl_seconds=1))
+    a, b = by_base(run_a)[target], by_base(results[0])[target]
+    assert b.status == "compacted"
+    assert any(r.status == "aborted" and "interrupted before its backup" in r.reason for r in results[0].segments)
+    assert (a.status, a.pending) in {("aborted", Pending.BUSY), ("skipped", Pending.BUSY)}, a.reason
+    assert no_pending(store)
+    check_consistent(store, originals)
+    rollback(store, context(store, "undo-b"), "run-b")
+    assert store.get(key(target)) == originals[target].log
+
+
+def test_a_run_stalled_after_an_index_delete_stops_as_a_conflict_when_another_finished_its_operation(
+        store: S3Store) -> None:
+    originals = seed(store)
+    target = sorted(originals)[0]
+    run_b, results = _takeover(store, originals)
+    worker = fresh_store()
+    Step(worker, "DeleteObject", lambda p: p["Key"] == key(target, INDEX_SUFFIX), run_b, after=True)
+    run_a = compact(worker, plan_for(store), context(worker, "run-a"), CompactOptions(lease_ttl_seconds=1))
+    a = by_base(run_a)[target]
+    assert (a.status, a.pending) == ("aborted", Pending.BUSY), a.reason
+    assert "took this operation over" in a.reason
+    assert not run_a.failed
+    finished = [r for r in results[0].segments if r.base_offset == target]
+    assert [(r.status, r.recovered) for r in finished] == [("compacted", True)]  # B rolled A's op forward, once
+    assert no_pending(store)
+    check_consistent(store, originals)

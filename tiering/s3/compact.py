@@ -275,11 +275,16 @@ def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
         segments = by_dir.get(directory, [])
 
         def work(lease: Lease, out: list[SegmentResult]) -> None:
+            finished = set()
             for result in recover_partition(ctx, directory, lease):
                 out.append(result)
+                if result.status is Status.COMPACTED:
+                    finished.add(result.base_offset)  # its planned objects are gone: nothing left to do
                 if progress is not None:
                     progress(result)
             for seg in segments:
+                if seg.base_offset in finished:
+                    continue
                 out.append(run_segment(ctx, seg, lease))
                 if progress is not None:
                     progress(out[-1])

@@ -68,6 +68,11 @@ class SourceChanged(ConflictError):
     """An object changed (or vanished) since it was planned: the segment is left as it is."""
 
 
+class TakenOver(ConflictError):
+    """Another run took this very operation over (our lease had expired while we were stalled) and changed
+    its journal entry: we stop and touch nothing more; the other run finishes or abandons it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     store: S3Store
@@ -306,11 +311,20 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
             if journal.state is JournalState.STAGED and journal.backup:
                 _back_up(ctx, journal)
                 journal = journal.advanced(JournalState.BACKED_UP)
-                etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_match=etag)
+                try:
+                    etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_match=etag)
+                except (PreconditionFailed, ObjectNotFound):
+                    raise TakenOver("another run took this operation over while it was stalled (its lease had "
+                                    "expired): left to that run", path=_uri(store, final["log"])) from None
             lease.check()
-            for name in ("index", "timeindex"):
+            for name in INDEX_FILES:
                 if source[name]:
-                    store.delete(final[name], if_match=source[name], missing_ok=True)
+                    try:
+                        store.delete(final[name], if_match=source[name], missing_ok=True)
+                    except PreconditionFailed:
+                        _still_ours(ctx, journal, etag)
+                        raise SourceChanged(f"the .{name} changed after planning", path=_uri(store, final[name]),
+                                            expected=source[name]) from None
             lease.check()
             spool.seek(0)
             try:
@@ -322,6 +336,8 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
                 if current.metadata.get(META_OP) != journal.op:
                     return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is "
                                     "left untouched")
+        except TakenOver as e:
+            return SegmentResult(d, base, ABORTED, e.message, run_id=journal.run_id, pending=Pending.BUSY)
         except SourceChanged as e:
             return _abandon(ctx, journal, etag, e.message)
         finally:
@@ -349,6 +365,18 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
     record_segment(store, ctx.prefix, d, base, {**entry, **etags} if kind is OpKind.COMPACT else None)
     _forget(ctx, journal, etag)
     return done
+
+
+def _still_ours(ctx: Context, journal: Journal, etag: str) -> None:
+    """:class:`TakenOver` unless the journal entry is still the one we last wrote."""
+    key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
+    try:
+        _, there = ctx.store.get_json(key)
+    except ObjectNotFound:
+        there = None
+    if there != etag:
+        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
+                        "to that run", path=_uri(ctx.store, key))
 
 
 def _forget(ctx: Context, journal: Journal, etag: str) -> None:
@@ -457,10 +485,21 @@ def pending_journals(store: S3Store, prefix: str, directory: str | None = None) 
 
 
 def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[SegmentResult]:
-    """Finish (or abandon) every journal entry of the partition; the caller holds its lease."""
+    """Finish (or abandon) every journal entry of the partition; the caller holds its lease.
+
+    A compaction of ANOTHER run still ``staged`` (nothing final changed, no backup made yet) is abandoned,
+    not rolled forward: that run may only be stalled, with a backup copy in flight to the keys its journal
+    names, and a copy landing after our swap would put the new ``.log`` where the original must be kept
+    (S3 refuses such a copy by its ``x-amz-copy-source-if-match``; moto does not). Its segment is planned
+    and compacted again like any other. Entries of this run (a retry, or the pipeline's commit step) and
+    entries past their backup are finished."""
     results = []
     for journal, etag in list(pending_journals(ctx.store, ctx.prefix, directory)):
-        result = finish(ctx, journal, etag, lease)
+        if journal.kind is OpKind.COMPACT and journal.state is JournalState.STAGED and journal.run_id != ctx.run_id:
+            result = _abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}): abandoned; "
+                              "the segment is compacted anew", pending=None)
+        else:
+            result = finish(ctx, journal, etag, lease)
         result.recovered = journal.run_id != ctx.run_id  # not a recovery: a staged segment of this run
         results.append(result)
     return results
