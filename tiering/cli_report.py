@@ -24,7 +24,7 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                    help="region whose prices apply (default: TIERING_PRICE_REGION, else the AWS region, else "
                         "us-east-1)")
     p.add_argument("--prices", default=None, metavar="FILE",
-                   help="a JSON prices file merged over the built-in list prices (same shape; see README)")
+                   help="a JSON prices file merged over the built-in list prices (same shape; see docs/cost-report.md)")
     p.add_argument("--account-standard-tb", type=float, default=None, metavar="TB",
                    help="the account's current S3 Standard volume in the region, in TB (2^40 bytes); decides "
                         "which volume tier the savings come off (default: the first tier)")

@@ -384,8 +384,11 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                        description="Scan (or read --plan), then for each planned segment, under its partition's "
                                    "lease: rewrite, stage, verify by reading back, back up the originals, swap "
                                    "(indexes removed, .log replaced only if unchanged, new indexes put). "
-                                   "Interrupted runs are finished by the next run. Exit 1 if a segment failed "
-                                   "(it is left untouched), else 0.")
+                                   "Operations an interrupted run left in flight are finished (or, for another "
+                                   "run's, abandoned before their backup) by the next run that covers their "
+                                   "partition. Exit 0 done; 1 a segment's data is invalid (left untouched); 4 S3 "
+                                   "or the network failed for some segments (retry); 3 some were left to a busy "
+                                   "partition or a concurrent writer (run again later).")
     _common(p)
     _scan_args(p, codec_required=True)
     p.add_argument("--plan", default=None, metavar="PLAN.json", help="a plan from 'tiering s3 scan --out' "
@@ -419,7 +422,9 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
 
     p = sub.add_parser("rollback", help="restore the originals a run replaced",
                        description="Put back, from the kept backups, every original that run RUN_ID replaced and "
-                                   "whose replacement is still in place (same swap order as a compaction).")
+                                   "whose replacement is still in place (same swap order as a compaction). Exit 3 "
+                                   "if a partition was busy (another run's lease: run again once it expires), 4 if "
+                                   "S3 failed.")
     _common(p)
     p.add_argument("--run-id", required=True, help="the compaction run to undo")
     p.set_defaults(func=_cmd_rollback)
@@ -427,7 +432,8 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p = sub.add_parser("cleanup", help="delete kept originals past the grace period and abandoned leftovers",
                        description="Finish interrupted segment operations, then delete kept originals older than "
                                    "the grace period, abandoned staging objects, and abort incomplete multipart "
-                                   "uploads (billed but invisible to a listing). Ages by S3's clock.")
+                                   "uploads (billed but invisible to a listing). Ages by S3's clock. Exit 3 if an "
+                                   "interrupted operation was left in flight (its partition busy), 4 if S3 failed.")
     _common(p)
     p.add_argument("--grace-days", type=float, default=DEFAULT_GRACE_DAYS,
                    help="keep originals this long after their replacement (default %(default)s)")

@@ -27,7 +27,7 @@ LOCAL_DEFAULTS: Final = {
     DAEMON_CONF: DAEMON_MODULE,
     # In local mode the driver JVM only coordinates (the work is in the Python workers), yet its C2 JIT and
     # parallel GC threads took ~4 s of CPU during a 12 s stage on 2 vCPUs, competing with the tasks. C1 only and
-    # the serial collector cut that to ~1.4 s (see README, "The Spark path").
+    # the serial collector cut that to ~1.4 s (see docs/benchmarks.md, "The Spark path").
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
 }
 """Configuration for ``local`` masters (the embedded default); anything the caller passes wins."""
