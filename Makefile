@@ -46,7 +46,7 @@ kafka-fixtures: $(STAMP) kafka-jars
 
 # The chaos suite's long mode: many seeded trials (SIGKILLs, a flaky S3, racing runs, a mirror) and a table.
 chaos: $(STAMP)
-	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
+	$(BIN)/python bench/chaos.py --json bench/out/chaos.json $(CHAOS_ARGS)
 
 test: lint typecheck pytest
 

@@ -25,7 +25,6 @@ from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
 from tiering.s3.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, compact, new_run_id, rollback
 from tiering.s3.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, estimate
-from tiering.s3.journal import Pending
 from tiering.s3.lease import DEFAULT_TTL_SECONDS
 from tiering.s3.protocol import Context, SegmentResult
 from tiering.s3.scan import DEFAULT_MIN_AGE_MINUTES, Plan, ScanOptions, scan
@@ -178,25 +177,17 @@ def _run_table(run: RunResult) -> Table:
     return t
 
 
-def _outcome(failed: bool, pending: set[Pending]) -> ExitCode:
-    """A run's exit code: invalid data first (a retry does not fix it), then work left to a retry."""
-    if failed:
-        return ExitCode.INVALID
-    if Pending.TRANSIENT in pending:
-        return ExitCode.RETRY
-    if Pending.BUSY in pending:
-        return ExitCode.BUSY
-    return ExitCode.OK
-
-
 def _finish_run(args: argparse.Namespace, run: RunResult) -> int:
     if args.json:
         _emit_json(args.stdout, run.to_json())
     else:
         _console(args.stdout).print(_run_table(run))
-    code = _outcome(run.failed, run.pending())
+    code = run.exit_code()
     left = sum(s.pending is not None for s in run.segments)
-    why = {ExitCode.INVALID: "segments failed (see the run document)",
+    why = {ExitCode.INTERNAL: "a proof failed: what was written does not hold the source's records (nothing was "
+                              "swapped in; please report it with the run document)",
+           ExitCode.INVALID: "segments failed: invalid or unreadable data (see the run document)",
+           ExitCode.USAGE: "segments failed: S3 refused requests (access or configuration; see the run document)",
            ExitCode.RETRY: f"{left} segments left for a later run: S3 or the network failed",
            ExitCode.BUSY: f"{left} segments left for a later run: partitions busy or segments changed"}
     if code in why:
@@ -265,7 +256,7 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
         for r in result.recovered:
             if r.pending is not None:
                 args.stdout.write(f"  left pending: {r.directory}/{r.base_offset:020d}: {r.reason}\n")
-    code = _outcome(any(r.status == "failed" and r.pending is None for r in result.recovered), result.pending())
+    code = result.exit_code()
     if code != ExitCode.OK:
         print(f"tiering: cleanup left {len(doc['left_pending'])} interrupted operations in flight (see above); "
               "run it again later", file=sys.stderr)

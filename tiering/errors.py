@@ -3,7 +3,7 @@
 Every error says what was expected and what was found, and where: the file, the byte position and the
 batch base offset when they are known. ``retryable`` tells automation whether trying again can help.
 The CLI maps these classes to exit codes in one place (``tiering.cli``): invalid data 1, usage or
-configuration 2, busy/conflict 3, a transient S3 or network failure (``retryable``) 4.
+configuration 2, busy/conflict 3, a transient S3 or network failure (``retryable``) 4, a failed proof 5.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # usage or configuration (bad arguments, missing credentials, access denied)
     BUSY = 3  # work left because another run holds a partition or a writer changed a segment: retry later
     RETRY = 4  # S3 or the network failed (throttling, 5xx, a connection cut or refused): retry
+    INTERNAL = 5  # a proof failed: what we wrote does not hold the source's records (report it; nothing changed)
     INTERRUPTED = 130
 
 
@@ -111,8 +112,10 @@ class IndexMismatchError(InvalidDataError):
     """An index file is not valid for its log segment."""
 
 
-class ProofError(InvalidDataError):
-    """A rewritten batch does not decode back to the original records: nothing is written."""
+class ProofError(TieringError):
+    """A rewritten batch does not decode back to the original records, or what storage holds is not what we
+    wrote: nothing is written or swapped in. The source is not at fault (CLI exit code 5: our bug, or the
+    machine's or the store's); it is never remembered as invalid."""
 
 
 class ConfigError(TieringError):
@@ -141,6 +144,8 @@ class ConflictError(TieringError):
 
 def exit_code(error: TieringError) -> ExitCode:
     """The exit code of a command that stopped on ``error``."""
+    if isinstance(error, ProofError):
+        return ExitCode.INTERNAL
     if isinstance(error, ConflictError):
         return ExitCode.BUSY
     if error.retryable:

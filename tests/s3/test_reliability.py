@@ -227,7 +227,7 @@ def test_work_left_to_a_dead_runs_lease_is_reported_and_not_exit_0(store: S3Stor
         compact(worker, plan_for(store), context(worker, "dead"), CompactOptions())
     other = fresh_store()
     result = cleanup(other, context(other, "sweeper"))
-    assert result.pending() == {Pending.BUSY}
+    assert result.exit_code() == ExitCode.BUSY
     assert all("partition busy" in r.reason for r in result.recovered)
     where = ["--bucket", store.bucket, "--prefix", PREFIX]
     assert main(["s3", "cleanup", *where]) == ExitCode.BUSY
@@ -367,3 +367,23 @@ def test_a_run_stalled_after_an_index_delete_stops_as_a_conflict_when_another_fi
     assert [(r.status, r.recovered) for r in finished] == [("compacted", True)]  # B rolled A's op forward, once
     assert no_pending(store)
     check_consistent(store, originals)
+
+
+def test_a_run_s_exit_code_is_its_worst_segment() -> None:
+    from tiering.s3.compact import outcome
+    from tiering.s3.journal import Cause, Status
+    from tiering.s3.protocol import SegmentResult
+
+    def seg(status: Status, cause: Cause | None = None, pending: Pending | None = None) -> SegmentResult:
+        return SegmentResult("t-0", 0, status, cause=cause, pending=pending)
+
+    done, busy = seg(Status.COMPACTED), seg(Status.SKIPPED, pending=Pending.BUSY)
+    retry = seg(Status.FAILED, pending=Pending.TRANSIENT)
+    refused, invalid = seg(Status.FAILED), seg(Status.FAILED, Cause.INVALID)
+    proof = seg(Status.FAILED, Cause.PROOF_FAILED)
+    assert outcome([]) == outcome([done, seg(Status.SKIPPED, Cause.ACTIVE)]) == ExitCode.OK
+    assert outcome([done, busy]) == ExitCode.BUSY
+    assert outcome([busy, retry]) == ExitCode.RETRY
+    assert outcome([retry, refused]) == ExitCode.USAGE
+    assert outcome([refused, invalid, busy]) == ExitCode.INVALID
+    assert outcome([invalid, proof]) == ExitCode.INTERNAL

@@ -11,11 +11,11 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from tiering.errors import ConfigError, InvalidDataError, ProofError, StorageError, TieringError
+from tiering.errors import ConfigError, ExitCode, InvalidDataError, ProofError, StorageError, TieringError
 from tiering.kafka.files import parse_segment_name
 from tiering.s3.journal import NOTHING_TO_GAIN, Cause, Pending, Status
 from tiering.s3.layout import normalize_prefix, reserved_key
@@ -95,15 +95,33 @@ class RunResult:
         """A segment failed for a reason a retry does not fix (invalid data, a proof failure, a refusal)."""
         return any(s.status == FAILED and s.pending is None for s in self.segments)
 
-    def pending(self) -> set[Pending]:
-        """Why work the run was asked to do is left for a later run (busy partitions, S3 failures)."""
-        return {s.pending for s in self.segments if s.pending is not None}
+    def exit_code(self) -> ExitCode:
+        return outcome(self.segments)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": RUN_SCHEMA_VERSION, "kind": self.kind, "run_id": self.run_id,
                 "bucket": self.bucket, "prefix": self.prefix, "started_at": self.started_at,
                 "finished_at": self.finished_at, "settings": self.settings, "totals": self.totals(),
                 "segments": [s.to_json() for s in self.segments], **({"usage": self.usage} if self.usage else {})}
+
+
+def outcome(results: list[SegmentResult]) -> ExitCode:
+    """The exit code of a run from its segments, the worst first: a failed proof (our bug, or the store's),
+    invalid or unreadable data, a refusal (access, configuration), S3 failing (retry), work left to a busy
+    partition or a concurrent writer (run again later), else done."""
+    codes = {ExitCode.OK}
+    for r in results:
+        if r.status == FAILED and r.pending is None:
+            codes.add(ExitCode.INTERNAL if r.cause is Cause.PROOF_FAILED else
+                      ExitCode.INVALID if r.cause in (Cause.INVALID, Cause.UNREADABLE) else ExitCode.USAGE)
+        elif r.pending is Pending.TRANSIENT:
+            codes.add(ExitCode.RETRY)
+        elif r.pending is Pending.BUSY:
+            codes.add(ExitCode.BUSY)
+    for worst in (ExitCode.INTERNAL, ExitCode.INVALID, ExitCode.USAGE, ExitCode.RETRY, ExitCode.BUSY):
+        if worst in codes:
+            return worst
+    return ExitCode.OK
 
 
 def run_result_key(prefix: str, run_id: str, kind: str) -> str:
@@ -155,7 +173,7 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
                              pending=Pending.BUSY)
     except ProofError as e:  # what we wrote or what S3 stored disagrees with the source: not the source's fault
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"proof failed, original untouched: {e}",
-                             seg.size, error=e.to_dict())
+                             seg.size, error=e.to_dict(), cause=Cause.PROOF_FAILED)
     except InvalidDataError as e:
         return _judged_invalid(ctx, seg, e)
     except LeaseLost:
@@ -163,6 +181,8 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
     except StorageError as e:
         if isinstance(e, EncryptedWithCustomerKey) or e.code == "InvalidObjectState":
             remember(ctx, seg, OUTCOME_UNREADABLE, str(e))  # this very object stays unreadable: do not retry it
+            return replace(_failed(seg.directory, seg.base_offset, e, "unreadable, original untouched"),
+                           cause=Cause.UNREADABLE)
         return _failed(seg.directory, seg.base_offset, e, "S3 error, original untouched")
     except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict())
@@ -182,7 +202,7 @@ def _judged_invalid(ctx: Context, seg: PlannedSegment, e: InvalidDataError) -> S
     except InvalidDataError as again:
         remember(ctx, seg, OUTCOME_INVALID, str(again))
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"invalid data, original untouched: {again}",
-                             seg.size, error=again.to_dict())
+                             seg.size, error=again.to_dict(), cause=Cause.INVALID)
     except StorageError as check:
         return _failed(seg.directory, seg.base_offset, check, f"could not confirm that the data is invalid ({e})")
     return SegmentResult(seg.directory, seg.base_offset, FAILED, "the first download was damaged on the way (a "
@@ -365,9 +385,8 @@ class CleanupResult:
     kept_referenced: int = 0
     recovered: list[SegmentResult] = field(default_factory=list)
 
-    def pending(self) -> set[Pending]:
-        """Why interrupted operations are still in flight (their partition busy, S3 failing)."""
-        return {r.pending for r in self.recovered if r.pending is not None}
+    def exit_code(self) -> ExitCode:
+        return outcome(self.recovered)
 
     def to_json(self) -> dict[str, Any]:
         return {"backups_deleted": self.backups_deleted, "backup_bytes_deleted": self.backup_bytes_deleted,

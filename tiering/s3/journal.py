@@ -63,6 +63,8 @@ class Cause(StrEnum):
     BUDGET = "budget"  # over --max-segments / --max-bytes
     NO_SAVINGS = "no savings"  # the rewrite would not shrink it
     BELOW_MIN_SAVINGS = "below min savings"  # it would shrink less than the policy's min.savings.ratio
+    UNREADABLE = "unreadable"  # S3 will not give us the bytes (SSE-C without its key, an archived object)
+    PROOF_FAILED = "proof failed"  # what we wrote, or what storage holds, is not the source's records
 
 
 # The causes a finished rewrite is not swapped in for: remembered, so the object is not read again.
