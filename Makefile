@@ -6,8 +6,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo airflow-ui bench bench-s3 bench-spark chaos kafka-jars test-kafka \
-	kafka-fixtures lock clean
+.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-spark chaos kafka-jars \
+	test-kafka kafka-fixtures lock clean
 
 install: $(STAMP)
 
@@ -40,6 +40,11 @@ kafka-jars:
 
 test-kafka: $(STAMP) kafka-jars
 	$(BIN)/python -m pytest -q tests/kafka_broker $(PYTEST_ARGS)
+
+# The restore story on a real broker, to watch: Kafka 4.3 writes, S3 (moto) holds, tiering s3 compact rewrites, a
+# broker restarted on the result serves every record again (a table per partition; exit 1 on any difference).
+demo-kafka: $(STAMP) kafka-jars
+	$(BIN)/python -m tests.kafka_broker.demo $(DEMO_ARGS)
 
 kafka-fixtures: $(STAMP) kafka-jars
 	$(BIN)/python -m tests.kafka_broker.make_fixtures

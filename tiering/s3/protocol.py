@@ -350,21 +350,40 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
     for name in INDEX_FILES:
         if journal.new.key(name) and not superseded:
             put = _put_index(ctx, journal, name)
+            if put is None and _log_is_ours(ctx, journal):
+                put = _replace_foreign_index(ctx, journal, name)
             if put is None:
                 superseded = f"another writer put a .{name} beside our .log after the swap"
             else:
                 etags[f"{name}_etag"] = put
-    if not superseded:
-        try:
-            still = store.head(final["log"]).metadata.get(META_OP) == journal.op
-        except ObjectNotFound:
-            still = False
-        superseded = "" if still else "another writer replaced the .log after our swap"
+    if not superseded and not _log_is_ours(ctx, journal):
+        superseded = "another writer replaced the .log after our swap"
     if superseded:
         return _superseded(ctx, journal, etag, etags, superseded)
     record_segment(store, ctx.prefix, d, base, {**entry, **etags} if kind is OpKind.COMPACT else None)
     _forget(ctx, journal, etag)
     return done
+
+
+def _log_is_ours(ctx: Context, journal: Journal) -> bool:
+    try:
+        return ctx.store.head(journal.final["log"]).metadata.get(META_OP) == journal.op
+    except ObjectNotFound:
+        return False
+
+
+def _replace_foreign_index(ctx: Context, journal: Journal, name: str) -> str | None:
+    """Another writer's index sits beside OUR ``.log`` (e.g. a mirror re-uploading a byte-identical original:
+    its ``.log`` kept the planned ETag, so our swap went through, and its index arrived after our delete).
+    It cannot be valid for our bytes, and a broker trusts a present index: delete it (``If-Match`` the ETag
+    seen; the original is in the backup) and put ours. None if yet another index arrives meanwhile."""
+    key = journal.final[name]
+    try:
+        there = ctx.store.head(key)
+        ctx.store.delete(key, if_match=there.etag, missing_ok=True)
+    except (ObjectNotFound, PreconditionFailed):
+        pass  # gone already, or replaced again: the put below decides
+    return _put_index(ctx, journal, name)
 
 
 def _still_ours(ctx: Context, journal: Journal, etag: str) -> None:
