@@ -8,6 +8,7 @@ configuration 2, busy/conflict 3, a transient S3 or network failure (``retryable
 
 from __future__ import annotations
 
+import copy
 from enum import IntEnum
 
 
@@ -62,15 +63,14 @@ class TieringError(Exception):
     def located(
         self, *, path: str | None = None, position: int | None = None, base_offset: int | None = None
     ) -> TieringError:
-        """Return a copy of this error that also names where it happened (fields already set win)."""
-        return type(self)(
-            self.message,
-            path=self.path if self.path is not None else path,
-            position=self.position if self.position is not None else position,
-            base_offset=self.base_offset if self.base_offset is not None else base_offset,
-            expected=self.expected,
-            found=self.found,
-        )
+        """Return a copy of this error that also names where it happened (fields already set win; every other
+        attribute, such as an S3 error's code, status and retryability, is kept)."""
+        err = copy.copy(self)
+        err.path = self.path if self.path is not None else path
+        err.position = self.position if self.position is not None else position
+        err.base_offset = self.base_offset if self.base_offset is not None else base_offset
+        err.args = (err._render(),)
+        return err
 
     def inside(self, what: str, *, position: int | None, base_offset: int | None) -> TieringError:
         """This error, raised while reading something nested (a legacy wrapper's inner message set), moved

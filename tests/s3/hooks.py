@@ -20,6 +20,7 @@ class Step:
     def __init__(self, store: S3Store, operation: str, match: Match, action: Callable[..., None], *,
                  after: bool = False, times: int = 1) -> None:
         self.match, self.action, self.after, self.left, self.fired = match, action, after, times, 0
+        self._mark = f"step-matched-{id(self)}"  # several steps may watch the same operation
         events = store.client.meta.events
         events.register(f"before-parameter-build.s3.{operation}", self._before)
         events.register(f"after-call.s3.{operation}", self._after)
@@ -32,12 +33,12 @@ class Step:
     def _before(self, params: Mapping[str, Any], context: dict[str, Any], **_: Any) -> None:
         if self.left > 0 and self.match(params):
             if self.after:
-                context["step-matched"] = True
+                context[self._mark] = True
             else:
                 self._fire()
 
     def _after(self, context: dict[str, Any], **kwargs: Any) -> None:
-        if context.pop("step-matched", False) and self.left > 0:
+        if context.pop(self._mark, False) and self.left > 0:
             self._fire(**kwargs)
 
 

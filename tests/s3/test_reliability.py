@@ -408,3 +408,51 @@ def test_a_mirror_re_uploading_a_byte_identical_original_never_leaves_its_index_
     assert all(store.get(key(target, sfx)) != data for sfx, data in theirs.items())
     assert no_pending(store)
     check_consistent(store, originals)
+
+
+def test_a_crash_while_giving_a_segment_up_never_strands_its_partition(store: S3Store) -> None:
+    """The journal goes before the staging copies: a crash in between leaves only orphan staging objects."""
+    originals = seed(store)
+    target = sorted(originals)[0]
+    worker = fresh_store()
+    # A writer changes the .index before our delete (the segment is given up), and the process dies right
+    # after S3 deleted the journal entry.
+    Step(worker, "DeleteObject", lambda p: p["Key"] == key(target, INDEX_SUFFIX),
+         lambda: fresh_store().put(key(target, INDEX_SUFFIX), b"\x00" * 8))
+    dead: list[bool] = []
+
+    def die(**_: Any) -> None:
+        dead.append(True)
+        raise Crash
+
+    worker.client.meta.events.register("before-call.s3", lambda **_: (_ for _ in ()).throw(Crash) if dead else None)
+    Step(worker, "DeleteObject", lambda p: "/_tiering/journal/" in str(p["Key"]), die, after=True)
+    with pytest.raises(Crash):
+        compact(worker, plan_for(store), context(worker, "run-a"), CompactOptions(lease_ttl_seconds=1))
+    time.sleep(2.1)
+    again = compact(fresh_store(), plan_for(store), context(store, "run-b"), CompactOptions(lease_ttl_seconds=1))
+    assert again.exit_code() == ExitCode.OK, [r.reason for r in again.segments]
+    assert no_pending(store)
+
+
+def test_a_log_deleted_by_retention_right_before_the_swap_is_given_up_not_failed(store: S3Store) -> None:
+    originals = seed(store)
+    target = sorted(originals)[0]
+    worker = fresh_store()
+    Step(worker, "PutObject", final_log_swap(target), lambda: fresh_store().delete(key(target)))
+    run = compact(worker, plan_for(store), context(worker), CompactOptions())
+    got = by_base(run)[target]
+    assert (got.status, got.pending) == ("aborted", None), got.reason
+    assert "disappeared" in got.reason
+    assert run.exit_code() == ExitCode.OK
+    assert no_pending(store)
+
+
+def test_an_s3_error_keeps_its_category_when_it_is_located() -> None:
+    from tiering.errors import StorageError
+
+    err = StorageError("put_object failed", path="s3://b/lease")
+    err.retryable, err.code, err.status = True, "InternalError", 500
+    moved = err.located(path="s3://b/seg.log", position=4096, base_offset=7)
+    assert (type(moved), moved.retryable, moved.code, moved.status) == (StorageError, True, "InternalError", 500)
+    assert str(moved) == "s3://b/lease, byte 4096, batch base offset 7: put_object failed"

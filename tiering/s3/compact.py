@@ -30,8 +30,10 @@ from tiering.s3.protocol import (
     Context,
     SegmentResult,
     SourceChanged,
+    SourceGone,
     Staged,
     finish,
+    finish_one,
     pending_journals,
     recheck_source,
     recover_partition,
@@ -166,11 +168,15 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
                 staged.spool.close()
             staged.result.status = STAGED_STATUS
             return staged.result
-        result = finish(ctx, staged.journal, staged.etag, lease, staged.spool)
+        try:
+            result = finish(ctx, staged.journal, staged.etag, lease, staged.spool)
+        finally:
+            if staged.spool is not None:
+                staged.spool.close()
         return staged.result if result.status == staged.result.status else result
-    except SourceChanged as e:
+    except SourceChanged as e:  # a .log gone (retention) leaves nothing to do; any other change is left to a re-plan
         return SegmentResult(seg.directory, seg.base_offset, SKIPPED, e.message, error=e.to_dict(),
-                             pending=Pending.BUSY)
+                             pending=None if isinstance(e, SourceGone) else Pending.BUSY)
     except ProofError as e:  # what we wrote or what S3 stored disagrees with the source: not the source's fault
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"proof failed, original untouched: {e}",
                              seg.size, error=e.to_dict(), cause=Cause.PROOF_FAILED)
@@ -186,6 +192,9 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
         return _failed(seg.directory, seg.base_offset, e, "S3 error, original untouched")
     except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict())
+    except OSError as e:  # this machine's side: a full disk or an unwritable --work-dir for the spool files
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"local error, original untouched: "
+                             f"{e.strerror or e}", error={"error": type(e).__name__, "path": e.filename})
 
 
 def _failed(directory: str, base: int, e: TieringError, what: str) -> SegmentResult:
@@ -368,7 +377,7 @@ def rollback(store: S3Store, ctx: Context, target_run: str, lease_ttl: int = DEF
             out += recover_partition(ctx, directory, lease)
             for base in sorted(bases):
                 staged = stage_rollback(ctx, directory, base, target_run)
-                out.append(staged if isinstance(staged, SegmentResult) else finish(ctx, *staged, lease))
+                out.append(staged if isinstance(staged, SegmentResult) else finish_one(ctx, *staged, lease))
 
         run.segments += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)])
     run.finished_at = datetime.now(UTC).isoformat()

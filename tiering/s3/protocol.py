@@ -30,13 +30,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, Final
 
-from tiering.errors import ConflictError, ProofError
+from tiering.errors import ConflictError, InvalidDataError, ProofError, StorageError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import segment_name
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
 from tiering.s3.journal import FILES, INDEX_FILES, Cause, Journal, JournalState, NewFiles, OpKind, Pending, Status
 from tiering.s3.layout import dir_segment_key, normalize_prefix, reserved_key, sibling_key
-from tiering.s3.lease import LeaseGuard
+from tiering.s3.lease import LeaseGuard, LeaseLost
 from tiering.s3.scan import PlannedSegment
 from tiering.s3.state import load_state, record_segment
 from tiering.s3.store import DEFAULT_PART_BYTES, ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
@@ -53,6 +53,7 @@ META_SOURCE_ETAG: Final = "tiering-source-etag"
 META_RESTORED: Final = "tiering-restored-from-run"
 
 COPY_CHUNK: Final = 1 << 20
+REPLACE_ATTEMPTS: Final = 3  # another writer's index beside our .log: deleted and ours put, at most this often
 
 # Segment outcomes (the names other modules use).
 COMPACTED: Final = Status.COMPACTED
@@ -66,6 +67,10 @@ SUPERSEDED: Final = Status.SUPERSEDED
 
 class SourceChanged(ConflictError):
     """An object changed (or vanished) since it was planned: the segment is left as it is."""
+
+
+class SourceGone(SourceChanged):
+    """The planned ``.log`` no longer exists (deleted by retention): nothing is left to do for it."""
 
 
 class TakenOver(ConflictError):
@@ -169,7 +174,8 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
             if ref is None:
                 source[name] = None
                 continue
-            raise SourceChanged(f"the {name} file disappeared after planning", path=_uri(store, ref.key)) from None
+            gone = SourceGone if name == "log" else SourceChanged
+            raise gone(f"the {name} file disappeared after planning", path=_uri(store, ref.key)) from None
         if ref is None:
             raise SourceChanged(f"the {name} file appeared after planning", path=_uri(store, final[name]),
                                 expected="no object", found=info.etag)
@@ -184,8 +190,9 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
             with store.open(seg.log.key, if_match=seg.log.etag) as body:
                 result = rewrite_segment(body, spool, base_offset=base, options=ctx.options, path=log_uri,
                                          size=seg.log.size, progress=lambda _: lease.keep_alive())
-        except PreconditionFailed:
-            raise SourceChanged("the .log changed after planning", path=log_uri, expected=seg.log.etag) from None
+        except (PreconditionFailed, ObjectNotFound):
+            raise SourceChanged("the .log changed or disappeared after planning", path=log_uri,
+                                expected=seg.log.etag) from None
         stats = result.stats
         if stats.bytes_out >= stats.bytes_in:
             spool.close()
@@ -307,7 +314,11 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
         return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is left untouched")
     if not swapped:
         try:
-            spool = spool or _download_verified(ctx, journal)
+            try:
+                spool = spool or _download_verified(ctx, journal)
+            except ObjectNotFound:
+                raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
+                                    path=_uri(store, journal.new.log)) from None
             if journal.state is JournalState.STAGED and journal.backup:
                 _back_up(ctx, journal)
                 journal = journal.advanced(JournalState.BACKED_UP)
@@ -329,17 +340,25 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
             spool.seek(0)
             try:
                 current = store.put_object(final["log"], spool, journal.attrs["log"], if_match=source["log"])
+            except ObjectNotFound:
+                raise SourceGone("the .log disappeared (deleted by retention?) before the swap",
+                                 path=_uri(store, final["log"])) from None
             except PreconditionFailed:
                 # Either someone replaced the .log, or this PUT happened and only its answer was lost (the
                 # retry then fails its own condition): our op id on the object tells them apart.
-                current, _ = store.describe(final["log"])
+                try:
+                    current, _ = store.describe(final["log"])
+                except ObjectNotFound:
+                    raise SourceGone("the .log disappeared (deleted by retention?) before the swap",
+                                     path=_uri(store, final["log"])) from None
                 if current.metadata.get(META_OP) != journal.op:
                     return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is "
                                     "left untouched")
         except TakenOver as e:
             return SegmentResult(d, base, ABORTED, e.message, run_id=journal.run_id, pending=Pending.BUSY)
         except SourceChanged as e:
-            return _abandon(ctx, journal, etag, e.message)
+            return _abandon(ctx, journal, etag, e.message,
+                            pending=None if isinstance(e, SourceGone) else Pending.BUSY)
         finally:
             if spool is not None:
                 spool.close()
@@ -350,8 +369,15 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
     for name in INDEX_FILES:
         if journal.new.key(name) and not superseded:
             put = _put_index(ctx, journal, name)
-            if put is None and _log_is_ours(ctx, journal):
+            for _ in range(REPLACE_ATTEMPTS):
+                if put is not None or not _log_is_ours(ctx, journal):
+                    break
                 put = _replace_foreign_index(ctx, journal, name)
+            if put is None and _log_is_ours(ctx, journal):  # still a foreign index beside our .log: the journal
+                # stays, so the next run that covers the partition tries again
+                return SegmentResult(d, base, FAILED, f"another writer keeps putting a .{name} beside our .log: "
+                                     "left in flight for the next run", run_id=journal.run_id,
+                                     pending=Pending.TRANSIENT)
             if put is None:
                 superseded = f"another writer put a .{name} beside our .log after the swap"
             else:
@@ -361,7 +387,8 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
     if superseded:
         return _superseded(ctx, journal, etag, etags, superseded)
     record_segment(store, ctx.prefix, d, base, {**entry, **etags} if kind is OpKind.COMPACT else None)
-    _forget(ctx, journal, etag)
+    with contextlib.suppress(TakenOver):  # done all the same: the run that took the entry over forgets it
+        _forget(ctx, journal, etag)
     return done
 
 
@@ -386,6 +413,22 @@ def _replace_foreign_index(ctx: Context, journal: Journal, name: str) -> str | N
     return _put_index(ctx, journal, name)
 
 
+def finish_one(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> SegmentResult:
+    """:func:`finish` with every per-segment problem as a result (the partition's other entries go on); a lost
+    lease still stops the partition."""
+    try:
+        return finish(ctx, journal, etag, lease)
+    except LeaseLost:
+        raise
+    except (ProofError, InvalidDataError) as e:  # a staged or backup copy that does not verify: nothing swapped
+        return SegmentResult(journal.directory, journal.base_offset, FAILED, f"proof failed, left in flight: {e}",
+                             error=e.to_dict(), run_id=journal.run_id, cause=Cause.PROOF_FAILED)
+    except StorageError as e:
+        return SegmentResult(journal.directory, journal.base_offset, FAILED, f"S3 error, left in flight: {e}",
+                             error=e.to_dict(), run_id=journal.run_id,
+                             pending=Pending.TRANSIENT if e.retryable else None)
+
+
 def _still_ours(ctx: Context, journal: Journal, etag: str) -> None:
     """:class:`TakenOver` unless the journal entry is still the one we last wrote."""
     key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
@@ -399,11 +442,18 @@ def _still_ours(ctx: Context, journal: Journal, etag: str) -> None:
 
 
 def _forget(ctx: Context, journal: Journal, etag: str) -> None:
-    """Delete a finished (or given up) operation's staging objects, then its journal entry."""
+    """Delete a finished (or given up) operation's journal entry, then its staging objects: a crash in between
+    leaves only staging objects that no journal names (cleanup removes them), never a journal whose staged
+    copy is gone. :class:`TakenOver` if the entry is no longer the one we wrote (nothing is deleted then)."""
+    try:
+        ctx.store.delete(journal_key(ctx.prefix, journal.directory, journal.base_offset), if_match=etag,
+                         missing_ok=True)
+    except PreconditionFailed:
+        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
+                        "to that run", path=_uri(ctx.store, journal.final["log"])) from None
     if journal.kind is OpKind.COMPACT:
         for key in journal.new.present():
             ctx.store.delete(key, missing_ok=True)
-    ctx.store.delete(journal_key(ctx.prefix, journal.directory, journal.base_offset), if_match=etag, missing_ok=True)
 
 
 def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str], why: str) -> SegmentResult:
@@ -415,7 +465,8 @@ def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str],
         if f"{name}_etag" in ours:
             with contextlib.suppress(PreconditionFailed):  # replaced by the other writer already: theirs
                 ctx.store.delete(journal.final[name], if_match=ours[f"{name}_etag"], missing_ok=True)
-    _forget(ctx, journal, etag)
+    with contextlib.suppress(TakenOver):
+        _forget(ctx, journal, etag)
     return SegmentResult(journal.directory, journal.base_offset, SUPERSEDED,
                          f"{why}: its objects are left as they are", run_id=journal.run_id, pending=Pending.BUSY)
 
@@ -487,7 +538,11 @@ def _abandon(ctx: Context, journal: Journal, etag: str, reason: str,
         if there.metadata.get(META_OP) == journal.op:
             with contextlib.suppress(PreconditionFailed):
                 store.delete(journal.final[name], if_match=there.etag, missing_ok=True)
-    _forget(ctx, journal, etag)
+    try:
+        _forget(ctx, journal, etag)
+    except TakenOver as e:
+        return SegmentResult(journal.directory, journal.base_offset, ABORTED, e.message, run_id=journal.run_id,
+                             pending=Pending.BUSY)
     return SegmentResult(journal.directory, journal.base_offset, ABORTED, reason, run_id=journal.run_id,
                          pending=pending)
 
@@ -518,7 +573,7 @@ def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[S
             result = _abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}): abandoned; "
                               "the segment is compacted anew", pending=None)
         else:
-            result = finish(ctx, journal, etag, lease)
+            result = finish_one(ctx, journal, etag, lease)
         result.recovered = journal.run_id != ctx.run_id  # not a recovery: a staged segment of this run
         results.append(result)
     return results
