@@ -106,15 +106,17 @@ def segment_objects(store: S3Store) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def moto_server(log: Callable[[str], None]) -> Iterator[str]:
-    """A moto S3 server on 127.0.0.1 (a free port) for the duration of the block; its endpoint URL."""
+def moto_server(log: Callable[[str], None] | None = None) -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 (a free port, quiet) for the duration of the block; its endpoint URL,
+    also given to ``log`` when there is one."""
     from moto.server import ThreadedMotoServer  # noqa: PLC0415 - only the demo and tests start one
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    log(f"moto S3 server on http://{host}:{port}")
+    if log is not None:
+        log(f"moto S3 server on http://{host}:{port}")
     try:
         yield f"http://{host}:{port}"
     finally:

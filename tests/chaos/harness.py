@@ -26,7 +26,6 @@ import functools
 import hashlib
 import io
 import json
-import logging
 import os
 import random
 import re
@@ -37,14 +36,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
 import boto3
 from botocore.config import Config
-from moto.server import ThreadedMotoServer
 
 from tests.chaos.proxy import Action, Decider, Flaky, Proxy, Request, Response, Rule
 from tests.s3.conftest import PREFIX
@@ -71,17 +69,6 @@ _RESERVED_SEGMENT: Final = re.compile(
     rf"{re.escape(RESERVED)}(?:journal|backup/[^/]+|staging/[^/]+)/(?P<dir>[^/]+)/(?P<base>[0-9]{{20}})\.[a-z]+")
 
 
-@contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """A moto S3 server on a free loopback port (in this process, quiet); its endpoint URL."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
 
 
 # --- protocol steps, as requests on the wire -----------------------------------------------------------

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-from moto.server import ThreadedMotoServer
 
 from tests.kafka_broker import producers as P
 from tests.kafka_broker import test_restore as R
 from tests.kafka_broker.broker import Broker, jars_present
 from tests.kafka_broker.conftest import Source, note
+from tiering.demo_s3 import moto_server
 
 TP = tuple[str, int]
 ISOLATIONS = ("read_uncommitted", "read_committed")
@@ -68,11 +68,7 @@ def run(root: Path) -> dict[str, Any]:
         source.stop()
     src = Source(source, specs, produced, partitions, before, [], [], [], [])
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
+    with moto_server() as endpoint:
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
                               aws_secret_access_key="testing")
         client.create_bucket(Bucket=R.BUCKET)
@@ -83,8 +79,6 @@ def run(root: Path) -> dict[str, Any]:
         restored = source.copy_to(root / "restored" / "data", root / "restored" / "logs")
         changed = R.download(client, R.BUCKET, restored.data_dir)
         note(f"{len(changed)} rewritten files downloaded into a fresh copy of the data directory")
-    finally:
-        server.stop()
     restored.start()
     try:
         P.wait_leaders(restored.bootstrap, partitions)

@@ -27,12 +27,12 @@ from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from tests.kafka_broker import producers as P
 from tests.kafka_broker.broker import Broker, recovery_lines
 from tests.kafka_broker.conftest import Source, note
 from tests.kafka_broker.dumplog import DumpResult, dump, seg_name
+from tiering.demo_s3 import moto_server
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per S3 request in failure reports
 
@@ -129,11 +129,7 @@ def restored(source: Source, tmp_path_factory: pytest.TempPathFactory,
     """The source broker's partitions compacted on S3 by ``tiering s3 compact`` (cli) or by the Airflow DAG
     with Spark (dag), restored into a copy of its data directory, a broker running on it."""
     root = tmp_path_factory.mktemp(f"kafka-restored-{request.param}")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
+    with moto_server() as endpoint:
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
                               aws_secret_access_key="testing")
         bucket = f"{BUCKET}-{request.param}"
@@ -146,8 +142,6 @@ def restored(source: Source, tmp_path_factory: pytest.TempPathFactory,
         broker = source.broker.copy_to(root / "data", root / "logs")
         rewritten = download(client, bucket, broker.data_dir)
         note(f"{len(rewritten)} rewritten files downloaded")
-    finally:
-        server.stop()
     pristine = root / "pristine"
     shutil.copytree(broker.data_dir, pristine)
     broker.extra["log.cleaner.enable"] = "false"  # the log stays exactly as restored while we read it
