@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-spark chaos kafka-jars \
+.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-spark bench-scan bench-plan-scale chaos kafka-jars \
 	test-kafka kafka-fixtures lock clean
 
 install: $(STAMP)
@@ -69,6 +69,12 @@ bench-s3: $(STAMP)
 
 bench-spark: $(STAMP)
 	$(BIN)/python bench/bench_spark.py $(BENCH_ARGS)
+
+bench-scan: $(STAMP)
+	$(BIN)/python bench/bench_scan.py $(BENCH_ARGS)
+
+bench-plan-scale: $(STAMP)
+	$(BIN)/python bench/bench_plan_scale.py $(BENCH_ARGS)
 
 lock:
 	rm -rf /tmp/tiering-lock && $(PYTHON) -m venv /tmp/tiering-lock

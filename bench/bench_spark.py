@@ -83,7 +83,7 @@ def _spark_path(store: S3Store, prefix: str, master: str, server_pid: int, daemo
     stage = float(next(line.split(":")[1] for line in lines if line.startswith("stage seconds:")))
     started = time.perf_counter()
     for chunk in planned["chunks"]:
-        commit_chunk(store, settings, chunk["partitions"], chunk["name"])
+        commit_chunk(store, settings, chunk["name"])
     commit_seconds = time.perf_counter() - started
     run = collect_run(store, settings)
     assert run.totals().get("compacted") == planned["segments"], run.totals()

@@ -5,11 +5,12 @@ Recompresses the sealed Kafka log segments of an S3 `logdir` prefix with a stron
 in with a crash-safe commit protocol (see `docs/commit-protocol.md`), and reports what was saved.
 
 **Tasks**: `scan` (list the prefix, classify every segment) → `plan` (apply the budget, largest segments
-first; split the partitions into chunks) → `spark_compaction` (one Spark task per segment: rewrite, stage,
-read back and verify) → `commit` (mapped over chunks of partitions, each task named after the partitions
-it holds: swap the staged segments in under the partition leases) → `report` (the run document and the
-cost savings report: JSON, Markdown, CSV and an HTML page with charts under `PREFIX/_tiering/reports/<run>/`
-and `.../reports/latest/`, the ledger of all runs; a summary table in the log; publishes the report asset)
+first; the plan is written as chunks of whole partitions) → `spark_compaction` (Spark tasks of up to 64
+segments: rewrite, stage, read back and verify) → `commit` (mapped over the plan's chunks, each task named
+after the partitions it holds: swap the staged segments in under the partition leases) → `report` (the run
+document and the cost savings report: JSON, Markdown, CSV and an HTML page with charts under
+`PREFIX/_tiering/reports/<run>/` and `.../reports/latest/`, the ledger of all runs; a summary table in the
+log; publishes the report asset)
 → `cleanup` (kept originals past their grace period, abandoned staging objects, incomplete multipart
 uploads).
 
@@ -33,6 +34,9 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | `spark_master` | where the Spark job runs: `local[*]` (embedded), `spark://host:7077` (standalone, |
 | | client mode), `yarn`, `k8s://...`, or `conn:<conn_id>`: the host and port of that Airflow connection |
 | `cleanup_grace_days` | keep replaced originals this many days before `cleanup` deletes them |
+| `inventory` | `s3://BUCKET/.../manifest.json` of an S3 Inventory report (CSV) of the bucket: plan from it |
+| | instead of listing (for buckets too large to list; each segment's ETag is still checked before it is |
+| | touched, so a stale inventory only costs skips); empty: list the prefix |
 | `policy` | a policy YAML file on the workers (default `TIERING_POLICY_FILE`): per-topic codec, `producer` |
 | | (left alone) or `auto` (chosen by net dollars, shown in the report), level, minimum savings ratio and |
 | | minimum record age; with a policy, `codec` and `level` are not used |
@@ -123,6 +127,8 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
         "dry_run": Param(False, type="boolean", description="plan and estimate only"),
         "spark_master": Param(SPARK_MASTER, type="string", minLength=1, description="Spark master"),
         "cleanup_grace_days": Param(7, type="number", minimum=0, description="days originals are kept"),
+        "inventory": Param("", type="string", pattern=r"^(s3://[^/]+/.+/manifest\.json)?$",
+                           description="an S3 Inventory manifest.json to plan from; empty: list the prefix"),
         "policy": Param(os.environ.get("TIERING_POLICY_FILE", ""), type="string",
                         description="policy YAML file on the workers; empty: codec and level for every topic"),
     },
@@ -137,7 +143,7 @@ def kafka_segment_compaction() -> None:
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
         options = ScanOptions(params["codec"], params["level"], params["topics"] or None,
                               params["min_segment_age_minutes"], policy=_policy(params))
-        result = scan_run(settings.store(), settings, options)
+        result = scan_run(settings.store(), settings, options, inventory=(params["inventory"] or "").strip() or None)
         print(f"scanned s3://{settings.bucket}/{settings.prefix}: {result['objects']} objects, {result['totals']}")
         return result
 
@@ -160,7 +166,7 @@ def kafka_segment_compaction() -> None:
 
     @task
     def spark_compaction(planned: dict[str, Any]) -> list[dict[str, Any]]:
-        """Stage every planned segment with Spark; returns the chunks of partitions for the commit."""
+        """Stage every planned segment with Spark; returns the plan's chunks (names) for the commit."""
         import json  # noqa: PLC0415
 
         from tiering.sparksubmit import submit  # noqa: PLC0415
@@ -181,10 +187,10 @@ def kafka_segment_compaction() -> None:
         from tiering.pipeline import commit_chunk  # noqa: PLC0415
 
         ctx = get_current_context()
-        ctx["chunk_name"] = chunk["name"]  # type: ignore[typeddict-unknown-key]  # names the mapped task
+        ctx["chunk_name"] = chunk["label"]  # type: ignore[typeddict-unknown-key]  # names the mapped task
         settings = _settings(ctx["params"], ctx["run_id"])
-        result = commit_chunk(settings.store(), settings, chunk["partitions"], chunk["name"])
-        print(f"committed {chunk['name']}: {result}")
+        result = commit_chunk(settings.store(), settings, chunk["name"])
+        print(f"committed {chunk['name']} ({chunk['label']}): {result}")
         return result
 
     @task(trigger_rule="none_failed", outlets=[REPORT_ASSET])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -24,11 +25,21 @@ from tiering.plan.policy import load_policy
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
 from tiering.s3.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, compact, new_run_id, rollback
-from tiering.s3.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, estimate
+from tiering.s3.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, WorkSample, estimate, estimate_work
+from tiering.s3.inventory import iter_inventory, read_manifest
 from tiering.s3.lease import DEFAULT_TTL_SECONDS
 from tiering.s3.protocol import Context, SegmentResult
-from tiering.s3.scan import DEFAULT_MIN_AGE_MINUTES, Plan, ScanOptions, scan
-from tiering.s3.store import S3Store, make_client
+from tiering.s3.scan import (
+    COMPACT,
+    DEFAULT_MIN_AGE_MINUTES,
+    Plan,
+    PlannedSegment,
+    PlanTotals,
+    ScanOptions,
+    scan,
+    scan_partitions,
+)
+from tiering.s3.store import ObjectInfo, S3Store, make_client
 
 CODEC_CHOICES = [c.label for c in Codec]
 
@@ -65,38 +76,58 @@ def _scan_options(args: argparse.Namespace) -> ScanOptions:
                        args.include_special, args.scan_workers, policy)
 
 
-def _scan(args: argparse.Namespace, store: S3Store) -> Plan:
-    _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
+def _source(args: argparse.Namespace, store: S3Store) -> Iterator[ObjectInfo] | None:
+    """The objects of ``--inventory``'s report, or None: list the prefix."""
+    if not getattr(args, "inventory", None):
+        return None
+    manifest = read_manifest(store, args.inventory)
+    if manifest.source_bucket != args.bucket:
+        raise ConfigError("the inventory lists another bucket", path=args.inventory, expected=args.bucket,
+                          found=manifest.source_bucket)
+    _log(args, f"reading the inventory {args.inventory} ({len(manifest.files)} files, made "
+               f"{manifest.created_at.isoformat() if manifest.created_at else 'at an unknown time'}) ...")
+    return iter_inventory(store, manifest, args.prefix.strip("/") + "/")
+
+
+def _progress(args: argparse.Namespace) -> Callable[[int], None]:
     shown = [0]
 
     def progress(listed: int) -> None:
-        if listed // 10_000 > shown[0] // 10_000:
-            _log(args, f"  {listed:,} objects listed")
+        if listed // 100_000 > shown[0] // 100_000:
+            _log(args, f"  {listed:,} objects read")
         shown[0] = listed
 
+    return progress
+
+
+def _scan(args: argparse.Namespace, store: S3Store) -> Plan:
+    _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
     options = _scan_options(args)
-    plan = scan(store, args.prefix, options, progress=progress)
+    plan = scan(store, args.prefix, options, progress=_progress(args), source=_source(args, store))
     if options.policy is not None:
         prices = cost_config(region=getattr(args, "price_region", None), prices_file=getattr(args, "prices", None))[0]
         plan = apply_policy(store, plan, options.policy, prices, log=lambda line: _log(args, line))
-    totals = plan.totals()
-    _log(args, f"{plan.objects_listed:,} objects, {totals['segments']:,} segments: {totals['to_compact']:,} to "
-               f"compact ({_human(totals['bytes_to_compact'])}), {totals['skipped']:,} skipped")
     return plan
 
 
-def _plan_table(plan: Plan) -> Table:
-    doc = plan.to_json()
-    t = Table(title=f"plan for s3://{plan.bucket}/{plan.prefix} → {plan.codec}", title_justify="left")
+class _Rows:
+    """The scan table's rows (segments and bytes by action and skip reason), added up as segments stream by."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[int]] = {}
+
+    def add(self, segments: Iterable[PlannedSegment]) -> None:
+        for s in segments:
+            row = self.rows.setdefault(s.action if s.action != "skip" else "skip: " + s.reason.split(":")[0], [0, 0])
+            row[0] += 1
+            row[1] += s.size
+
+
+def _plan_table(doc: dict[str, Any], rows: _Rows) -> Table:
+    t = Table(title=f"plan for s3://{doc['bucket']}/{doc['prefix']} → {doc['codec']}", title_justify="left")
     for col in ("action", "segments", "bytes"):
         t.add_column(col, justify="right" if col != "action" else "left")
-    buckets: dict[str, list[int]] = {}
-    for s in plan.segments:
-        key = s.action if s.action != "skip" else "skip: " + s.reason.split(":")[0]
-        row = buckets.setdefault(key, [0, 0])
-        row[0] += 1
-        row[1] += s.size
-    for key, (n, size) in sorted(buckets.items()):
+    for key, (n, size) in sorted(rows.rows.items()):
         t.add_row(key, f"{n:,}", _human(size))
     for d in doc["skipped_dirs"][:20]:
         t.add_row(f"skip dir {d['directory']}", "", d["reason"])
@@ -121,16 +152,41 @@ def _write_plan(args: argparse.Namespace, plan: Plan) -> None:
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
+    """Without --out or a policy the scan streams: it holds a few partitions, never the whole plan."""
     store = _store(args)
-    plan = _scan(args, store)
-    if args.estimate:
-        plan.estimate = estimate(store, plan, _rewrite_options(args), segments=args.sample_segments,
-                                 sample_bytes=args.sample_bytes)
-    _write_plan(args, plan)
-    if args.json:
-        _emit_json(args.stdout, plan.to_json())
+    rows = _Rows()
+    if args.out is not None or args.policy:
+        plan = _scan(args, store)
+        rows.add(plan.segments)
+        totals = plan.totals()
+        if args.estimate:
+            plan.estimate = estimate(store, plan, _rewrite_options(args), segments=args.sample_segments,
+                                     sample_bytes=args.sample_bytes)
+        _write_plan(args, plan)
     else:
-        _console(args.stdout).print(_plan_table(plan))
+        _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
+        counted, sample = PlanTotals(), WorkSample()
+
+        def emit(segments: list[PlannedSegment]) -> None:
+            rows.add(segments)
+            for seg in segments:
+                counted.add(seg)
+                if seg.action == COMPACT:
+                    sample.add(seg)
+
+        plan = scan_partitions(store, args.prefix, _scan_options(args), emit, source=_source(args, store),
+                               progress=_progress(args))
+        totals = counted.to_json()
+        if args.estimate:
+            plan.estimate = estimate_work(store, sample, _rewrite_options(args), segments=args.sample_segments,
+                                          sample_bytes=args.sample_bytes)
+    _log(args, f"{plan.objects_listed:,} objects, {totals['segments']:,} segments: {totals['to_compact']:,} to "
+               f"compact ({_human(totals['bytes_to_compact'])}), {totals['skipped']:,} skipped")
+    summary = plan.summary(totals, args.inventory or "listing")
+    if args.json:
+        _emit_json(args.stdout, summary)
+    else:
+        _console(args.stdout).print(_plan_table(summary, rows))
     return 0
 
 
@@ -205,7 +261,9 @@ def _cmd_compact(args: argparse.Namespace) -> int:
         if args.json:
             _emit_json(args.stdout, doc)
         else:
-            _console(args.stdout).print(_plan_table(plan))
+            rows = _Rows()
+            rows.add(plan.segments)
+            _console(args.stdout).print(_plan_table(plan.to_json(), rows))
             _console(args.stdout).print("dry run: nothing was written")
         return 0
     run_id = args.run_id or new_run_id()
@@ -344,6 +402,10 @@ def _scan_args(p: argparse.ArgumentParser, *, codec_required: bool) -> None:
     p.add_argument("--include-special", action="store_true",
                    help="include Kafka's -delete, -future and -stray directories")
     p.add_argument("--scan-workers", type=int, default=8, help="partitions listed at once (default %(default)s)")
+    p.add_argument("--inventory", default=None, metavar="s3://BUCKET/.../manifest.json",
+                   help="plan from this S3 Inventory report (CSV) of the bucket instead of listing it: for buckets "
+                        "too large to list. An inventory is stale: every segment's ETag is still checked before "
+                        "it is touched, and one that changed since is skipped")
     p.add_argument("--policy", default=None, metavar="FILE",
                    help="a policy file (see 'tiering policy'): it decides each topic's codec (or producer: left "
                         "alone, auto: chosen by net dollars), level, minimum savings and record age; --codec and "

@@ -209,7 +209,7 @@ def run_pipeline_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | 
                 "min_segment_age_minutes": 0, "spark_master": spark_master}
         log("run 0: dry run (scan, plan with a savings estimate from sampled batches; nothing changes) ...")
         state, run_id = run_dag({**conf, "dry_run": True})
-        plan = store.get_json(f"{PREFIX}/{RESERVED_DIR}/runs/{run_id}/plan.json")[0]
+        plan = store.get_json(f"{PREFIX}/{RESERVED_DIR}/runs/{run_id}/plan/manifest.json")[0]
         dry_run = {"state": state, "run_id": run_id, "estimate": plan["estimate"],
                    "report": store.get_json(report_key(PREFIX, run_id))[0],
                    "changed": sorted(k for k, v in segment_objects(store).items() if before.get(k) != v)}

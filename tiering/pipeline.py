@@ -1,37 +1,41 @@
 """The pipeline's steps as plain functions: what the Airflow DAG's tasks and the Spark job call.
 
-    scan+plan  ->  stage (one Spark task per segment)  ->  commit (per chunk of partitions)  ->  report
+    scan  ->  plan  ->  stage (Spark: one task per unit of whole partitions)  ->  commit (per chunk)  ->  report
 
-- :func:`plan_run` scans, applies the run's budget and writes the run's plan to
-  ``PREFIX/_tiering/runs/<run>/plan.json``; it returns the chunks of partitions the commit step maps over.
-- :func:`begin_stage` (Spark driver) takes the leases of the plan's partitions for the run; the driver
-  renews them while the executors run :func:`stage_task` (rewrite, stage, read back, journal ``staged``).
-  The leases are not released at the end: the commit step takes them back (same owner, the run id).
-- :func:`commit_chunk` finishes every journal entry of its partitions under their leases (this is the
+- :func:`scan_run` lists the prefix (or reads an S3 Inventory report) into chunk files under
+  ``PREFIX/_tiering/runs/<run>/scan/`` (see :mod:`tiering.s3.planfile`), one partition at a time.
+- :func:`plan_run` streams the scan through the policy and the budget into ``runs/<run>/plan/``; the
+  chunks it returns (names only) are what the commit step maps over.
+- :func:`stage_units` (Spark driver) cuts the plan's work into units; :func:`stage_unit` (executor) takes
+  the leases of its partitions, renews them while it stages (rewrite, stage, read back, journal
+  ``staged``) and writes its results to ``runs/<run>/stage/``. The leases are not released: the commit
+  step takes them back (same owner, the run id).
+- :func:`commit_chunk` finishes every journal entry of a chunk's partitions under their leases (the
   protocol's recovery path: a staged segment is rolled forward), then releases the leases.
 - :func:`collect_run` merges the stage and commit results into the run document.
 
-Every result document lives under ``PREFIX/_tiering/runs/<run>/``, so that no step needs a disk shared
-with another; XComs carry only keys, chunk names and counts.
+Every document lives under ``PREFIX/_tiering/runs/<run>/``, so that no step needs a disk shared with
+another; XComs carry only keys, chunk names and counts; no step holds more than a chunk of the plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import itertools
 import re
 import time
+from array import array
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from tiering.errors import TieringError
+from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.plan.auto import apply_policy
-from tiering.plan.policy import Policy
+from tiering.plan.auto import decide_auto, record_age, with_auto
+from tiering.plan.policy import AUTO, Policy
 from tiering.report.prices import PriceBook, load_prices
 from tiering.s3.compact import (
     RUNS_DIR,
@@ -40,19 +44,33 @@ from tiering.s3.compact import (
     RunResult,
     run_result_key,
     run_segment,
-    select,
     with_lease,
 )
-from tiering.s3.estimate import estimate
+from tiering.s3.estimate import WorkSample, estimate_work
+from tiering.s3.inventory import iter_inventory, read_manifest
 from tiering.s3.journal import Cause, Pending, Status
-from tiering.s3.layout import reserved_key
-from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseHeld, RunLease, lease_key
+from tiering.s3.layout import normalize_prefix, reserved_key
+from tiering.s3.lease import DEFAULT_TTL_SECONDS, Lease, LeaseHeld, LeaseKeeper, RunLease, lease_key
+from tiering.s3.planfile import (
+    MANIFEST,
+    Budget,
+    ChunkedPlan,
+    PlanManifest,
+    by_partition,
+    chunk_limits,
+)
 from tiering.s3.protocol import FAILED, SKIPPED, Context, SegmentResult, journal_key, recover_partition
-from tiering.s3.scan import SKIP, Plan, PlannedSegment, ScanOptions, scan
+from tiering.s3.scan import COMPACT, REPAIR, PlannedSegment, ScanOptions, scan_partitions
 from tiering.s3.store import ObjectNotFound, S3Store, make_client
 
 RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
-DEFAULT_CHUNK_PARTITIONS: Final = 64  # partitions per commit task (Airflow maps at most 1024 tasks)
+SCAN: Final = "scan"
+POLICIED: Final = "policy"  # the scan with the policy's record-age verdicts (between the plan's two passes)
+PLAN: Final = "plan"
+DEFAULT_MAX_CHUNKS: Final = 512  # commit tasks of a run at most (Airflow maps up to 1024 by default)
+DEFAULT_CHUNK_WORK: Final = 1_000  # segments to compact per commit chunk, unless that makes too many chunks
+UNIT_SEGMENTS: Final = 64  # a Spark task's segments at most
+UNIT_BYTES: Final = 4 << 30  # and its .log bytes (a partition is never split, so one may be larger)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,79 +104,203 @@ class RunSettings:
         return reserved_key(self.prefix, RUNS_DIR, self.run_id, name)
 
 
-def scan_run(store: S3Store, settings: RunSettings, options: ScanOptions) -> dict[str, Any]:
-    """Scan the prefix into ``runs/<run>/scan.json``; its key and totals."""
-    plan = scan(store, settings.prefix, options)
-    store.put_json(settings.key("scan.json"), plan.to_json())
+def plan_files(store: S3Store, settings: RunSettings, name: str = PLAN) -> ChunkedPlan:
+    """The run's scan (``name="scan"``) or plan as chunk files under ``runs/<run>/<name>/``."""
+    return ChunkedPlan(store, settings.prefix, settings.run_id, name)
+
+
+def scan_run(store: S3Store, settings: RunSettings, options: ScanOptions, *, inventory: str | None = None,
+             progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Scan the prefix (a listing, or the S3 Inventory report whose ``manifest.json`` is ``inventory``) into
+    chunk files under ``runs/<run>/scan/``; the manifest's key and the totals."""
+    out = plan_files(store, settings, SCAN)
+    writer = out.writer()
+    source = None
+    if inventory is not None:
+        manifest = read_manifest(store, inventory)
+        if manifest.source_bucket != store.bucket:
+            raise ConfigError("the inventory lists another bucket", path=inventory, expected=store.bucket,
+                              found=manifest.source_bucket)
+        source = iter_inventory(store, manifest, normalize_prefix(settings.prefix) + "/")
+    header = scan_partitions(store, settings.prefix, options, writer.add, source=source, progress=progress)
+    chunks = writer.close()
+    out.write_manifest(PlanManifest(header, writer.totals.to_json(), chunks, inventory or "listing"))
     put_usage(store, settings, "scan")
-    return {"scan_key": settings.key("scan.json"), "objects": plan.objects_listed, "totals": plan.totals()}
+    return {"scan_key": out.manifest_key, "objects": header.objects_listed, "totals": writer.totals.to_json()}
 
 
 def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, estimate_savings: bool = False,
-             chunk_partitions: int = DEFAULT_CHUNK_PARTITIONS, policy: Policy | None = None,
-             prices: PriceBook | None = None) -> dict[str, Any]:
-    """From the run's scan, keep what the budget allows (largest first) and store ``runs/<run>/plan.json``;
-    return its key, totals and the chunks of partitions to commit (each named after what it holds).
-    ``estimate_savings`` adds the dry-run estimate (sampled batches) to the plan."""
-    plan = Plan.from_json(store.get_json(settings.key("scan.json"))[0])
-    if policy is not None:  # record-age minimums and the automatic codec choices
-        plan = apply_policy(store, plan, policy, prices or load_prices(), log=print)
-    chosen, left = select(plan, budget)
-    over = {(r.directory, r.base_offset): r.reason for r in left}
-    plan.segments = [dataclasses.replace(s, action=SKIP, reason=over[(s.directory, s.base_offset)], cause=Cause.BUDGET)
-                     if (s.directory, s.base_offset) in over else s for s in plan.segments]
+             policy: Policy | None = None, prices: PriceBook | None = None, max_chunks: int = DEFAULT_MAX_CHUNKS,
+             chunk_work: int = DEFAULT_CHUNK_WORK) -> dict[str, Any]:
+    """From the run's scan, apply the policy (record ages, automatic codecs) and the budget (largest first)
+    and write the plan's chunks under ``runs/<run>/plan/``; return its manifest key, totals and chunk names.
+    Chunks hold whole partitions, at most ``chunk_work`` segments to compact each (more when that would
+    make more than ``max_chunks``: the commit step maps one task per chunk). Streams: memory holds a chunk,
+    8 bytes per segment to compact (the budget's sizes) and samples. ``estimate_savings`` adds the dry-run
+    estimate (sampled batches)."""
+    scanned = plan_files(store, settings, SCAN)
+    scan_manifest = scanned.manifest()
+    source = scanned
+    # Pass 1: the record-age minimum (one ranged read per segment, so its verdicts are written down), the
+    # sizes the budget needs, and what the automatic codec choice samples.
+    sizes: dict[str | None, array[int]] = {None: array("q")}  # by auto topic; None: every other segment
+    topics: dict[str, WorkSample] = {}
+    repairs = 0
+    policied = plan_files(store, settings, POLICIED) if policy is not None else None
+    writer = policied.writer() if policied is not None else None
+    clock = datetime.fromisoformat(scan_manifest.header.created_at)
+    for listed in by_partition(scanned.segments(scan_manifest)):
+        part = [record_age(store, seg, policy, clock) for seg in listed] if policy is not None else listed
+        for seg in part:
+            if seg.action == REPAIR:
+                repairs += 1
+            elif seg.action == COMPACT:
+                auto = seg.codec == AUTO
+                sizes.setdefault(seg.topic if auto else None, array("q")).append(seg.size)
+                if auto:
+                    topics.setdefault(seg.topic, WorkSample(seed=seg.topic)).add(seg)
+        if writer is not None:
+            writer.add(part)
+    if policied is not None and writer is not None:
+        policied.write_manifest(PlanManifest(scan_manifest.header, writer.totals.to_json(), writer.close(),
+                                             scan_manifest.source))
+        source = policied
+    choices = decide_auto(store, topics, policy, prices or load_prices(), log=print) if policy and topics else {}
+    chosen = Budget(budget.max_segments, budget.max_bytes)
+    counted = [a for topic, a in sizes.items() if topic is None or choices[topic]["chosen"] is not None]
+    work_count, work_bytes = chosen.measure(itertools.chain.from_iterable(counted))
+    # Pass 2: the plan's chunks, sized so that there are at most max_chunks of them.
+    planned = plan_files(store, settings, PLAN)
+    writer = planned.writer(**chunk_limits(max_chunks, segments=scan_manifest.totals["segments"],
+                                           work=work_count + repairs, work_bytes=work_bytes, min_work=chunk_work))
+    sample = WorkSample(seed=settings.run_id)
+    for policied_part in by_partition(source.segments()):
+        part = [chosen.apply(with_auto(seg, choices, policy) if policy else seg) for seg in policied_part]
+        for seg in part:
+            if seg.action == COMPACT:
+                sample.add(seg)
+        writer.add(part)
+    chunks = writer.close()
+    header = dataclasses.replace(scan_manifest.header, policy=policy.path if policy else None, auto=choices or None)
     if estimate_savings:
-        plan.estimate = estimate(store, plan, RewriteOptions(Codec.parse(settings.codec), settings.level))
-    store.put_json(settings.key("plan.json"), plan.to_json())
+        header.estimate = estimate_work(store, sample, RewriteOptions(Codec.parse(settings.codec), settings.level))
+    totals = writer.totals.to_json()
+    planned.write_manifest(PlanManifest(header, totals, chunks, scan_manifest.source))
     put_usage(store, settings, "plan")
-    directories = sorted({s.directory for s in chosen})
-    chunks = [directories[i : i + chunk_partitions] for i in range(0, len(directories), chunk_partitions)]
-    return {"plan_key": settings.key("plan.json"), "totals": plan.totals(), "segments": len(chosen),
-            "bytes": sum(s.size for s in chosen), "estimate": plan.estimate,
-            "chunks": [{"name": f"{c[0]}..{c[-1]}" if len(c) > 1 else c[0], "partitions": c} for c in chunks]}
+    return {"plan_key": planned.manifest_key, "totals": totals, "segments": sum(c.to_compact for c in chunks),
+            "bytes": sum(c.bytes_to_compact for c in chunks), "estimate": header.estimate,
+            "chunks": [{"name": c.name, "label": c.first if c.first == c.last else f"{c.first}..{c.last}"}
+                       for c in chunks if c.to_compact]}
 
 
-def load_plan(store: S3Store, where: str) -> Plan:
-    """A plan from an ``s3://bucket/key`` URI (read with ``store``'s client) or a local path."""
-    if where.startswith("s3://"):
-        bucket, _, key = where[5:].partition("/")
-        return Plan.from_json(S3Store(store.client, bucket).get_json(key)[0])
-    with open(where, encoding="utf-8") as f:
-        return Plan.from_json(json.load(f))
+def load_manifest(store: S3Store, uri: str) -> tuple[ChunkedPlan, PlanManifest]:
+    """A run's chunked plan from the ``s3://BUCKET/.../runs/<run>/<name>/manifest.json`` of it."""
+    if not uri.startswith("s3://") or not uri.endswith("/" + MANIFEST):
+        raise ConfigError("a plan is named by its manifest on S3", expected=f"s3://BUCKET/.../{MANIFEST}", found=uri)
+    bucket, _, key = uri[5:].partition("/")
+    store = S3Store(store.client, bucket)
+    manifest = PlanManifest.from_json(store.get_json(key)[0])
+    run_dir = key.removesuffix("/" + MANIFEST)
+    run_id, name = run_dir.split("/")[-2:]
+    return ChunkedPlan(store, manifest.header.prefix, run_id, name), manifest
 
 
-def begin_stage(store: S3Store, settings: RunSettings, plan: Plan
-                ) -> tuple[list[PlannedSegment], list[Lease], list[SegmentResult]]:
-    """Driver side of the stage step: take the run's lease on each partition of the plan. Returns the
-    segments to stage, largest first (the tail of the job is short), the leases to keep renewed, and
-    the segments of busy partitions as skipped results."""
-    todo = plan.to_compact()
-    leases, skipped = [], []
-    for directory in sorted({s.directory for s in todo}):
-        lease = Lease(store, lease_key(settings.prefix, directory), settings.run_id, settings.lease_ttl_seconds)
-        try:
-            lease.acquire(settings.prefix)
-            leases.append(lease)
-        except LeaseHeld as e:
-            skipped += [SegmentResult(s.directory, s.base_offset, SKIPPED, f"partition busy: {e.message}",
-                                      pending=Pending.BUSY) for s in todo if s.directory == directory]
-        except TieringError as e:  # S3 failing for this partition's lease: the others go on
-            skipped += [SegmentResult(s.directory, s.base_offset, FAILED, f"partition not touched: {e}",
-                                      error=e.to_dict(), pending=Pending.TRANSIENT if e.retryable else None)
-                        for s in todo if s.directory == directory]
-    held = {lease.key for lease in leases}
-    ordered = sorted((s for s in todo if lease_key(settings.prefix, s.directory) in held),
-                     key=lambda s: (-s.size, s.directory, s.base_offset))
-    return ordered, leases, skipped
+@dataclass(frozen=True, slots=True)
+class StageUnit:
+    """One Spark task's work: lines ``start`` to ``stop`` of a plan chunk (whole partitions)."""
+
+    chunk_key: str
+    start: int
+    stop: int
+    segments: int  # segments to stage in it
+    bytes: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.chunk_key.rsplit('/', 1)[-1].removesuffix('.jsonl.gz')}-{self.start:06d}"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> StageUnit:
+        return cls(str(doc["chunk_key"]), int(doc["start"]), int(doc["stop"]), int(doc["segments"]),
+                   int(doc["bytes"]))
 
 
-def stage_task(segment: dict[str, Any], settings: dict[str, Any], work_dir: str | None = None) -> dict[str, Any]:
-    """Executor side: stage one segment (or repair it) under the run's lease; a result document. A
-    segment this run already staged (a re-run of the job) is reported as staged again."""
-    started = time.perf_counter()
+def stage_units(plan: ChunkedPlan, manifest: PlanManifest, *, parallelism: int = 1) -> list[StageUnit]:
+    """The plan's work cut into Spark tasks of whole partitions, largest first (the job's tail is short):
+    up to 64 segments or 4 GiB each, smaller when that leaves fewer than three tasks per core of the
+    cluster (``parallelism``). The driver holds these, never the segments."""
+    spread = 3 * max(1, parallelism)
+    total = sum(c.to_compact for c in manifest.chunks)
+    max_segments = max(1, min(UNIT_SEGMENTS, -(-total // spread)))
+    max_bytes = max(1, min(UNIT_BYTES, -(-sum(c.bytes_to_compact for c in manifest.chunks) // spread)))
+    units: list[StageUnit] = []
+    for info in manifest.chunks:
+        if not info.to_compact:
+            continue
+        line = start = count = size = 0
+        for part in by_partition(plan.chunk(info.key)):
+            todo = [s for s in part if s.action in (COMPACT, REPAIR)]
+            if not todo and not count:
+                start = line + len(part)  # nothing to stage before this partition: begin after it
+            line += len(part)
+            count += len(todo)
+            size += sum(s.size for s in todo)
+            if count >= max_segments or size >= max_bytes:
+                units.append(StageUnit(info.key, start, line, count, size))
+                start, count, size = line, 0, 0
+        if count:
+            units.append(StageUnit(info.key, start, line, count, size))
+    return sorted(units, key=lambda u: (-u.bytes, u.chunk_key, u.start))
+
+
+def take_lease(store: S3Store, settings: RunSettings, directory: str, segments: Iterable[PlannedSegment]
+               ) -> Lease | list[SegmentResult]:
+    """The run's lease on ``directory``; if it cannot be had, its segments as skipped (busy) or failed results."""
+    lease = Lease(store, lease_key(settings.prefix, directory), settings.run_id, settings.lease_ttl_seconds)
+    try:
+        lease.acquire(settings.prefix)
+        return lease
+    except LeaseHeld as e:
+        return [SegmentResult(s.directory, s.base_offset, SKIPPED, f"partition busy: {e.message}",
+                              pending=Pending.BUSY) for s in segments]
+    except TieringError as e:  # S3 failing for this partition's lease: the others go on
+        return [SegmentResult(s.directory, s.base_offset, FAILED, f"partition not touched: {e}", error=e.to_dict(),
+                              pending=Pending.TRANSIENT if e.retryable else None) for s in segments]
+
+
+def stage_unit(unit: dict[str, Any], settings: dict[str, Any], work_dir: str | None = None) -> dict[str, int]:
+    """Executor side: stage the segments of one unit, each partition under the run's lease (taken here and
+    renewed while the unit runs; the commit step takes it back). A segment this run already staged (a
+    retried task) is reported as staged again. The results go to ``runs/<run>/stage/<unit>.json``; the
+    counts by status come back."""
     run = RunSettings.from_json(settings)
-    seg = PlannedSegment.from_json(segment)
+    work = StageUnit.from_json(unit)
     store = run.store()
+    ctx = run.context(store, work_dir, one_core=True)
+    plan = ChunkedPlan(store, run.prefix, run.run_id, PLAN)
+    results: list[dict[str, Any]] = []
+    requests: dict[str, dict[str, int]] = {}
+    for part in by_partition(plan.chunk(work.chunk_key, work.start, work.stop)):
+        todo = [s for s in part if s.action in (COMPACT, REPAIR)]
+        if not todo:
+            continue
+        before = Counter(store.requests)
+        lease = take_lease(store, run, todo[0].directory, todo)
+        if isinstance(lease, list):
+            results += [r.to_json() for r in lease]
+        else:
+            with LeaseKeeper([lease]):
+                for seg in todo:
+                    results.append(_stage_one(store, run, ctx, seg))
+        requests[todo[0].directory] = dict(store.requests - before)
+    return write_results(store, run.key(f"stage/{work.name}.json"), results, usage=requests)
+
+
+def _stage_one(store: S3Store, run: RunSettings, ctx: Context, seg: PlannedSegment) -> dict[str, Any]:
+    started = time.perf_counter()
     result: SegmentResult | None = None
     try:
         doc, _ = store.get_json(journal_key(run.prefix, seg.directory, seg.base_offset))
@@ -169,10 +311,9 @@ def stage_task(segment: dict[str, Any], settings: dict[str, Any], work_dir: str 
         pass
     if result is None:
         lease = RunLease(store, lease_key(run.prefix, seg.directory), run.run_id)
-        result = run_segment(run.context(store, work_dir, one_core=True), seg, lease, commit=False)
-    # What the cost report prices: this task's S3 requests and its time on one executor core.
-    return {**result.to_json(), "usage": {"requests": dict(store.requests),
-                                          "seconds": round(time.perf_counter() - started, 3)}}
+        result = run_segment(ctx, seg, lease, commit=False)
+    # What the cost report prices: the segment's time on one executor core (requests: per partition).
+    return {**result.to_json(), "usage": {"requests": {}, "seconds": round(time.perf_counter() - started, 3)}}
 
 
 def put_usage(store: S3Store, settings: RunSettings, step: str) -> None:
@@ -191,9 +332,15 @@ def write_results(store: S3Store, key: str, results: Iterable[dict[str, Any]],
     return counts
 
 
-def commit_chunk(store: S3Store, settings: RunSettings, partitions: list[str], name: str) -> dict[str, Any]:
-    """Finish every journal entry of ``partitions`` under their leases, then release them; the results go
-    to ``runs/<run>/commit/<name>.json``. Idempotent: a retry finds nothing left to finish."""
+def commit_chunk(store: S3Store, settings: RunSettings, name: str) -> dict[str, Any]:
+    """Finish every journal entry of the partitions with work in plan chunk ``name``, under their leases,
+    then release them; the results go to ``runs/<run>/commit/<name>.json``. Idempotent: a retry finds
+    nothing left to finish."""
+    plan = plan_files(store, settings)
+    info = next((c for c in plan.manifest().chunks if c.name == name), None)
+    if info is None:
+        raise ConfigError("no such chunk in the run's plan", path=plan.manifest_key, found=name)
+    partitions = sorted({s.directory for s in plan.chunk(info.key) if s.action in (COMPACT, REPAIR)})
     ctx = settings.context(store)
     results: list[SegmentResult] = []
     requests: dict[str, dict[str, int]] = {}
@@ -215,10 +362,11 @@ def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] 
     run = RunResult("compact", settings.run_id, settings.bucket, settings.prefix, "",
                     settings={"codec": settings.codec, "level": settings.level, "estimate": estimate})
     by_segment: dict[tuple[str, int], dict[str, Any]] = {}
+    plan = plan_files(store, settings)
     try:
-        plan = Plan.from_json(store.get_json(settings.key("plan.json"))[0])
-        run.started_at = plan.created_at
-        for s in plan.segments:
+        manifest = plan.manifest()
+        run.started_at = manifest.header.created_at
+        for s in plan.segments(manifest):
             if s.cause is Cause.BUDGET:
                 by_segment[(s.directory, s.base_offset)] = {"directory": s.directory, "base_offset": s.base_offset,
                                                             "status": SKIPPED, "reason": s.reason}
@@ -226,7 +374,7 @@ def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] 
         pass
     requests: dict[str, Counter[str]] = {}
     seconds = 0.0
-    for prefix in ("stage.json", "commit/"):
+    for prefix in ("stage/", "commit/"):
         for info in store.list(settings.key(prefix)):
             doc = store.get_json(info.key)[0]
             for directory, counts in doc.get("usage", {}).items():

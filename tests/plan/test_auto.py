@@ -123,14 +123,13 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     """scan -> plan (policy applied) -> stage tasks as Spark runs them (from the plan's JSON) -> commit."""
     from tiering.pipeline import (
         RunSettings,
-        begin_stage,
         collect_run,
         commit_chunk,
-        load_plan,
+        load_manifest,
         plan_run,
         scan_run,
-        stage_task,
-        write_results,
+        stage_unit,
+        stage_units,
     )
 
     originals = _seed_topics(store)
@@ -138,15 +137,13 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     settings = RunSettings(store.bucket, PREFIX, "policy-pipeline", "zstd")
     scan_run(store, settings, ScanOptions("zstd", min_age_minutes=0, policy=policy))
     planned = plan_run(store, settings, CompactOptions(), policy=policy, prices=PRICES)
-    plan = load_plan(store, f"s3://{store.bucket}/{planned['plan_key']}")
-    assert plan.auto is not None
-    assert plan.auto["events"]["chosen"]["codec"] == "zstd"
-    segments, _leases, busy = begin_stage(store, settings, plan)
-    assert busy == []
-    results = [stage_task(s.to_json(), settings.to_json()) for s in segments]
-    write_results(store, settings.key("stage.json"), results)
+    chunked, manifest = load_manifest(store, f"s3://{store.bucket}/{planned['plan_key']}")
+    assert manifest.header.auto is not None
+    assert manifest.header.auto["events"]["chosen"]["codec"] == "zstd"
+    for unit in stage_units(chunked, manifest):  # as the Spark job runs them, from their JSON
+        assert "failed" not in stage_unit(unit.to_json(), settings.to_json())
     for chunk in planned["chunks"]:
-        commit_chunk(store, settings, chunk["partitions"], chunk["name"])
+        commit_chunk(store, settings, chunk["name"])
     run = collect_run(store, settings)
     assert run.totals().get("failed", 0) == 0
     codecs = {t: check_consistent(store, o, topic=t) for t, o in originals.items()}
@@ -163,6 +160,6 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     scan_run(store, settings2, ScanOptions("zstd", min_age_minutes=0, policy=policy))
     again = plan_run(store, settings2, CompactOptions(), policy=policy, prices=PRICES)
     assert again["segments"] == 0  # the picky segment's outcome is remembered: it is not read again
-    plan2 = load_plan(store, f"s3://{store.bucket}/{again['plan_key']}")
-    [picky2] = [s for s in plan2.segments if s.directory == "picky-0" and s.base_offset == 0]
+    chunked2, _ = load_manifest(store, f"s3://{store.bucket}/{again['plan_key']}")
+    [picky2] = [s for s in chunked2.segments() if s.directory == "picky-0" and s.base_offset == 0]
     assert picky2.reason.startswith("no-savings last time")

@@ -32,7 +32,7 @@ from tiering.plan.policy import AUTO, Policy
 from tiering.plan.tier import max_timestamp
 from tiering.report.model import REQUESTS_PER_SEGMENT
 from tiering.report.prices import DAYS_PER_MONTH, GB, PriceBook
-from tiering.s3.estimate import sample_batches, spread
+from tiering.s3.estimate import WorkSample, sample_batches, spread
 from tiering.s3.journal import Cause
 from tiering.s3.scan import COMPACT, SKIP, Plan, PlannedSegment
 from tiering.s3.store import S3Store
@@ -45,9 +45,14 @@ AUTO_SAMPLE_BYTES: Final = 2 << 20
 
 def choose_codec(store: S3Store, segments: list[PlannedSegment], candidates: tuple[tuple[str, int | None], ...],
                  prices: PriceBook, *, horizon_months: float = HORIZON_MONTHS, grace_days: float = GRACE_DAYS,
-                 sample_segments: int = AUTO_SAMPLE_SEGMENTS, sample_bytes: int = AUTO_SAMPLE_BYTES
-                 ) -> dict[str, Any]:
-    """The candidate with the best net dollars for ``segments`` (one topic), with every candidate's numbers."""
+                 sample_segments: int = AUTO_SAMPLE_SEGMENTS, sample_bytes: int = AUTO_SAMPLE_BYTES,
+                 work: WorkSample | None = None) -> dict[str, Any]:
+    """The candidate with the best net dollars for ``segments`` (one topic), with every candidate's numbers.
+    ``work``: the topic's whole work when ``segments`` is only a sample of it."""
+    if work is None:
+        work = WorkSample()
+        for seg in segments:
+            work.add(seg)
     batches: list[RawBatch] = []
     for seg in spread(segments, sample_segments):
         try:
@@ -55,11 +60,10 @@ def choose_codec(store: S3Store, segments: list[PlannedSegment], candidates: tup
         except TieringError:
             continue  # a corrupt segment is reported by the compaction itself
     sampled = sum(raw.header.size for raw in batches)
-    total = sum(s.size for s in segments)
-    classes = {s.log.storage_class if s.log else "STANDARD" for s in segments}
+    total, classes = work.bytes, work.classes
     rate = max(prices.of(c).rate() for c in classes)  # the dearest class present: the bytes that matter most
     std = prices.of("STANDARD")
-    fixed = (len(segments) * (REQUESTS_PER_SEGMENT["tier1"] * std.put_per_1000
+    fixed = (work.count * (REQUESTS_PER_SEGMENT["tier1"] * std.put_per_1000
                               + REQUESTS_PER_SEGMENT["tier2"] * std.get_per_1000) / 1000
              + total / GB * rate * grace_days / DAYS_PER_MONTH)
     rows: list[dict[str, Any]] = []
@@ -83,47 +87,63 @@ def choose_codec(store: S3Store, segments: list[PlannedSegment], candidates: tup
                                                                       "level": chosen["level"]}}
 
 
-def apply_policy(store: S3Store, plan: Plan, policy: Policy, prices: PriceBook,
-                 log: Callable[[str], None] | None = None) -> Plan:
-    """The plan with the policy's record-age minimum applied and every ``auto`` topic's codec chosen."""
-    clock = datetime.fromisoformat(plan.created_at)
-    segments = list(plan.segments)
-    for i, seg in enumerate(segments):
-        if seg.action != COMPACT:
-            continue
-        need = policy.resolve(seg.topic).min_age_hours
-        if need <= 0:
-            continue
-        try:
-            newest, _ = max_timestamp(store, seg)
-        except TieringError:
-            continue  # the compaction reports it
-        if newest is None:
-            continue
-        hours = (clock.timestamp() * 1000 - newest) / 3_600_000
-        if hours < need:
-            segments[i] = dataclasses.replace(seg, action=SKIP, cause=Cause.TOO_YOUNG,
-                                              reason=f"too young by its records: the newest is {hours:.1f} h old, "
-                                              f"the policy's min.segment.age.hours is {need:g}")
-    by_topic: dict[str, list[int]] = {}
-    for i, seg in enumerate(segments):
-        if seg.action == COMPACT and seg.codec == AUTO:
-            by_topic.setdefault(seg.topic, []).append(i)
+def record_age(store: S3Store, seg: PlannedSegment, policy: Policy, clock: datetime) -> PlannedSegment:
+    """``seg`` skipped when its newest record is younger than its topic's ``min.segment.age.hours``."""
+    if seg.action != COMPACT:
+        return seg
+    need = policy.resolve(seg.topic).min_age_hours
+    if need <= 0:
+        return seg
+    try:
+        newest, _ = max_timestamp(store, seg)
+    except TieringError:
+        return seg  # the compaction reports it
+    if newest is None:
+        return seg
+    hours = (clock.timestamp() * 1000 - newest) / 3_600_000
+    if hours >= need:
+        return seg
+    return dataclasses.replace(seg, action=SKIP, cause=Cause.TOO_YOUNG,
+                               reason=f"too young by its records: the newest is {hours:.1f} h old, "
+                               f"the policy's min.segment.age.hours is {need:g}")
+
+
+def decide_auto(store: S3Store, topics: dict[str, WorkSample], policy: Policy, prices: PriceBook,
+                log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every ``auto`` topic's decision (see the module docstring), by topic."""
     choices: dict[str, Any] = {}
-    for topic, idx in sorted(by_topic.items()):
+    for topic, work in sorted(topics.items()):
         tp = policy.resolve(topic)
-        decision = choose_codec(store, [segments[i] for i in idx], tp.auto_candidates, prices,
-                                horizon_months=tp.auto_horizon_months)
+        decision = choose_codec(store, work.sample, tp.auto_candidates, prices,
+                                horizon_months=tp.auto_horizon_months, work=work)
         choices[topic] = decision
         chosen = decision["chosen"]
         if log is not None:
             log(f"auto: {topic}: " + (f"{chosen['codec']}:{chosen['level']}" if chosen else "left alone"))
-        for i in idx:
-            if chosen is None:
-                segments[i] = dataclasses.replace(segments[i], action=SKIP, cause=Cause.AUTO_DECLINED,
-                                                  reason="auto: no candidate codec pays "
-                                                  f"off within {tp.auto_horizon_months:g} months (see the plan's "
-                                                  "auto section)")
-            else:
-                segments[i] = dataclasses.replace(segments[i], codec=chosen["codec"], level=chosen["level"])
-    return dataclasses.replace(plan, segments=segments, policy=policy.path, auto=choices or None)
+    return choices
+
+
+def with_auto(seg: PlannedSegment, choices: dict[str, Any], policy: Policy) -> PlannedSegment:
+    """``seg`` with its topic's automatic choice: the chosen codec, or skipped when none pays off."""
+    if seg.action != COMPACT or seg.codec != AUTO:
+        return seg
+    chosen = choices[seg.topic]["chosen"]
+    if chosen is None:
+        return dataclasses.replace(seg, action=SKIP, cause=Cause.AUTO_DECLINED, reason="auto: no candidate codec "
+                                   f"pays off within {policy.resolve(seg.topic).auto_horizon_months:g} months "
+                                   "(see the plan's auto section)")
+    return dataclasses.replace(seg, codec=chosen["codec"], level=chosen["level"])
+
+
+def apply_policy(store: S3Store, plan: Plan, policy: Policy, prices: PriceBook,
+                 log: Callable[[str], None] | None = None) -> Plan:
+    """The plan with the policy's record-age minimum applied and every ``auto`` topic's codec chosen."""
+    clock = datetime.fromisoformat(plan.created_at)
+    segments = [record_age(store, seg, policy, clock) for seg in plan.segments]
+    topics: dict[str, WorkSample] = {}
+    for seg in segments:
+        if seg.action == COMPACT and seg.codec == AUTO:
+            topics.setdefault(seg.topic, WorkSample(seed=seg.topic)).add(seg)
+    choices = decide_auto(store, topics, policy, prices, log)
+    return dataclasses.replace(plan, segments=[with_auto(seg, choices, policy) for seg in segments],
+                               policy=policy.path, auto=choices or None)

@@ -23,6 +23,7 @@ from tiering.report.prices import DEFAULT_REGION, PriceBook, load_prices
 from tiering.report.render import render
 from tiering.s3.compact import RUNS_DIR, run_result_key
 from tiering.s3.layout import reserved_key
+from tiering.s3.planfile import ChunkedPlan
 from tiering.s3.scan import Plan
 from tiering.s3.store import ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
 
@@ -73,8 +74,14 @@ def record_in_ledger(store: S3Store, prefix: str, entry: Mapping[str, Any]) -> l
 
 def _plan(store: S3Store, prefix: str, run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The run's plan: its segment entries and its automatic codec choices."""
+    chunked = ChunkedPlan(store, prefix, run_id, "plan")
     try:
-        doc = store.get_json(reserved_key(prefix, RUNS_DIR, run_id, "plan.json"))[0]
+        manifest = chunked.manifest()
+        return [s.to_json() for s in chunked.segments(manifest)], manifest.header.auto or {}
+    except ObjectNotFound:
+        pass
+    try:
+        doc = store.get_json(reserved_key(prefix, RUNS_DIR, run_id, "plan.json"))[0]  # a CLI run's whole plan
     except ObjectNotFound:
         return [], {}
     plan = Plan.from_json(doc)

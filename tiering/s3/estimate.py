@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import math
+import random
 import statistics
 from dataclasses import replace
 from typing import Any, Final
@@ -23,7 +24,29 @@ from tiering.s3.scan import COMPACT, Plan, PlannedSegment
 from tiering.s3.store import S3Store
 
 DEFAULT_SAMPLE_SEGMENTS: Final = 16
+RESERVOIR: Final = 256  # segments kept to sample from, whatever the plan's size (the sample spreads over them)
 DEFAULT_SAMPLE_BYTES: Final = 4 << 20
+
+
+class WorkSample:
+    """Segments to compact, summed up as they stream by: their count, bytes, storage classes, and a bounded
+    random sample of them (reservoir sampling, seeded: the same plan samples the same segments)."""
+
+    def __init__(self, keep: int = RESERVOIR, seed: str = "") -> None:
+        self.count = self.bytes = 0
+        self.classes: set[str] = set()
+        self.sample: list[PlannedSegment] = []
+        self._keep = keep
+        self._random = random.Random(seed)  # noqa: S311 - a sample, not a secret
+
+    def add(self, seg: PlannedSegment) -> None:
+        self.count += 1
+        self.bytes += seg.size
+        self.classes.add(seg.log.storage_class if seg.log else "STANDARD")
+        if len(self.sample) < self._keep:
+            self.sample.append(seg)
+        elif (i := self._random.randrange(self.count)) < self._keep:
+            self.sample[i] = seg
 
 
 def spread(segments: list[PlannedSegment], k: int) -> list[PlannedSegment]:
@@ -62,12 +85,22 @@ def _sample(store: S3Store, seg: PlannedSegment, options: RewriteOptions, sample
 def estimate(store: S3Store, plan: Plan, options: RewriteOptions, *, segments: int = DEFAULT_SAMPLE_SEGMENTS,
              sample_bytes: int = DEFAULT_SAMPLE_BYTES) -> dict[str, Any]:
     """Estimated bytes after compaction of the plan's ``compact`` segments, with its uncertainty."""
-    todo = [s for s in plan.segments if s.action == COMPACT]
-    total = sum(s.size for s in todo)
+    work = WorkSample()
+    for seg in plan.segments:
+        if seg.action == COMPACT:
+            work.add(seg)
+    return estimate_work(store, work, options, segments=segments, sample_bytes=sample_bytes)
+
+
+def estimate_work(store: S3Store, work: WorkSample, options: RewriteOptions, *,
+                  segments: int = DEFAULT_SAMPLE_SEGMENTS, sample_bytes: int = DEFAULT_SAMPLE_BYTES
+                  ) -> dict[str, Any]:
+    """:func:`estimate` of segments seen as a stream (their sample stands for them)."""
+    total = work.bytes
     ratios: list[float] = []
     sampled_in = sampled_out = 0
     problems = []
-    for seg in spread(todo, segments):
+    for seg in spread(work.sample, segments):
         own = options if seg.codec is None else replace(options, codec=Codec.parse(seg.codec), level=seg.level)
         try:
             b_in, b_out = _sample(store, seg, own, sample_bytes)
@@ -82,7 +115,7 @@ def estimate(store: S3Store, plan: Plan, options: RewriteOptions, *, segments: i
     stderr = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else (0.0 if ratios else 1.0)
     low, high = max(0.0, ratio - 2 * stderr), min(1.0, ratio + 2 * stderr)
     return {"estimate": True, "method": f"first {sample_bytes} bytes of up to {segments} segments, recompressed",
-            "segments_planned": len(todo), "segments_sampled": len(ratios), "bytes_sampled": sampled_in,
+            "segments_planned": work.count, "segments_sampled": len(ratios), "bytes_sampled": sampled_in,
             "ratio": round(ratio, 6), "ratio_stderr": round(stderr, 6), "bytes_before": total,
             "bytes_after_estimate": round(total * ratio), "saved_bytes_estimate": round(total * (1 - ratio)),
             "saved_bytes_low": round(total * (1 - high)), "saved_bytes_high": round(total * (1 - low)),

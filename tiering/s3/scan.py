@@ -17,9 +17,14 @@ and internal topics (``__*``) are skipped unless included. The result is a versi
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+import tempfile
+import zlib
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -37,9 +42,9 @@ from tiering.kafka.files import (
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
 from tiering.plan.policy import AUTO, PRODUCER, Policy
 from tiering.s3.journal import Cause
-from tiering.s3.layout import PARTITION_FILES, DirKind, PartitionDir, normalize_prefix, parse_dir
+from tiering.s3.layout import PARTITION_FILES, DirKind, PartitionDir, normalize_prefix, parse_dir, reserved_key
 from tiering.s3.lease import clock_key
-from tiering.s3.state import load_state
+from tiering.s3.state import STATE_DIR, load_state
 from tiering.s3.store import ObjectInfo, S3Store
 
 PLAN_SCHEMA_VERSION: Final = 1
@@ -47,6 +52,7 @@ DEFAULT_MIN_AGE_MINUTES: Final = 15
 DEFAULT_SCAN_WORKERS: Final = 8
 ARCHIVED_CLASSES: Final = frozenset({"GLACIER", "DEEP_ARCHIVE"})  # GLACIER_IR is readable at once
 MAX_IGNORED_LISTED: Final = 1000
+INVENTORY_SHARDS: Final = 256  # spill files of an inventory scan: memory holds one
 
 COMPACT: Final = "compact"
 REPAIR: Final = "repair"
@@ -106,6 +112,29 @@ class PlannedSegment:
                    cause=Cause(doc["cause"]) if doc.get("cause") else None)
 
 
+class PlanTotals:
+    """Counts of a plan, added up one segment at a time (the figures :meth:`Plan.totals` gives)."""
+
+    def __init__(self) -> None:
+        self.segments = self.to_compact = self.to_repair = self.bytes_to_compact = 0
+        self.skipped_by_reason: Counter[str] = Counter()
+
+    def add(self, seg: PlannedSegment) -> None:
+        self.segments += 1
+        if seg.action == COMPACT:
+            self.to_compact += 1
+            self.bytes_to_compact += seg.size
+        elif seg.action == REPAIR:
+            self.to_repair += 1
+        elif seg.action == SKIP:
+            self.skipped_by_reason[seg.reason.split(":")[0]] += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"segments": self.segments, "to_compact": self.to_compact, "to_repair": self.to_repair,
+                "bytes_to_compact": self.bytes_to_compact, "skipped": sum(self.skipped_by_reason.values()),
+                "skipped_by_reason": dict(sorted(self.skipped_by_reason.items()))}
+
+
 @dataclass
 class Plan:
     bucket: str
@@ -128,15 +157,16 @@ class Plan:
         return [s for s in self.segments if s.action in (COMPACT, REPAIR)]
 
     def totals(self) -> dict[str, Any]:
-        by_reason: dict[str, int] = {}
+        totals = PlanTotals()
         for s in self.segments:
-            if s.action == SKIP:
-                key = s.reason.split(":")[0]
-                by_reason[key] = by_reason.get(key, 0) + 1
-        todo = [s for s in self.segments if s.action == COMPACT]
-        return {"segments": len(self.segments), "to_compact": len(todo), "to_repair":
-                sum(s.action == REPAIR for s in self.segments), "bytes_to_compact": sum(s.size for s in todo),
-                "skipped": sum(by_reason.values()), "skipped_by_reason": dict(sorted(by_reason.items()))}
+            totals.add(s)
+        return totals.to_json()
+
+    def summary(self, totals: dict[str, Any], source: str) -> dict[str, Any]:
+        """What a scan found, as numbers, without its segments (``totals``: from a streamed scan)."""
+        doc = self.to_json()
+        doc.pop("segments")
+        return {**doc, "kind": "tiering.scan-summary", "totals": totals, "source": source}
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": PLAN_SCHEMA_VERSION, "kind": "tiering.plan", "bucket": self.bucket,
@@ -286,9 +316,23 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
     return COMPACT, "sealed", None
 
 
-def scan(store: S3Store, prefix: str, options: ScanOptions,
-         progress: Callable[[int], None] | None = None) -> Plan:
-    """List ``prefix`` (paginated, parallel per partition) into a :class:`Plan`."""
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """One partition directory's objects (in key order) and our state document of it."""
+
+    directory: PartitionDir
+    dir_key: str
+    objects: list[ObjectInfo]
+    state: dict[str, Any]
+
+
+def scan_partitions(store: S3Store, prefix: str, options: ScanOptions, emit: Callable[[list[PlannedSegment]], None],
+                    *, source: Iterator[ObjectInfo] | None = None, progress: Callable[[int], None] | None = None
+                    ) -> Plan:
+    """Scan ``prefix`` one partition at a time, handing each partition's planned segments to ``emit``; the
+    plan's settings and totals come back (its ``segments`` stay empty). Memory is bounded by a few
+    partitions, not by the bucket. ``source``: the objects of an S3 Inventory report instead of a listing
+    (see :func:`inventory_partitions`)."""
     root = normalize_prefix(prefix)
     now = store.now(clock_key(root))
     plan = Plan(store.bucket, root, options.codec, options.level, options.min_age_minutes, options.topics,
@@ -299,31 +343,113 @@ def scan(store: S3Store, prefix: str, options: ScanOptions,
         if len(plan.ignored_keys) < MAX_IGNORED_LISTED:
             plan.ignored_keys.append({"key": key, "reason": reason})
 
-    partitions: list[PartitionDir] = []
-    for dir_prefix in store.list_dirs(root + "/" if root else ""):
-        d = parse_dir(dir_prefix[len(root) + 1 if root else 0 :].rstrip("/"))
+    def wanted(name: str) -> PartitionDir | None:
+        d = parse_dir(name)
         if d.kind is DirKind.RESERVED:
-            continue
+            return None
         reason = _dir_skip_reason(d, options)
-        if reason is None:
-            partitions.append(d)
-        else:
+        if reason is not None:
             plan.skipped_dirs.append({"directory": d.name, "reason": reason})
+            return None
+        return d
 
-    def one(d: PartitionDir) -> tuple[PartitionDir, list[ObjectInfo], dict[str, Any]]:
-        return d, list(store.list(_dir_key(root, d.name))), load_state(store, root, d.name)
-
+    if source is None:
+        partitions: Iterable[Listed] = _listed_partitions(store, root, options, wanted)
+    else:
+        partitions = inventory_partitions(store, root, source, wanted, ignored)
     listed = 0
-    with ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="scan") as pool:
-        for d, objects, state in pool.map(one, partitions):
-            listed += len(objects)
-            plan.segments += classify_partition(d, _dir_key(root, d.name), objects, state, now, options, ignored)
-            if progress is not None:
-                progress(listed)
+    for part in partitions:
+        listed += len(part.objects)
+        emit(classify_partition(part.directory, part.dir_key, part.objects, part.state, now, options, ignored))
+        if progress is not None:
+            progress(listed)
     plan.objects_listed = listed
+    plan.skipped_dirs.sort(key=lambda d: d["directory"])
     return plan
 
 
+def scan(store: S3Store, prefix: str, options: ScanOptions, progress: Callable[[int], None] | None = None,
+         *, source: Iterator[ObjectInfo] | None = None) -> Plan:
+    """The whole plan in memory (for a CLI run or a test); :func:`scan_partitions` streams it."""
+    segments: list[PlannedSegment] = []
+    plan = scan_partitions(store, prefix, options, segments.extend, source=source, progress=progress)
+    plan.segments = segments
+    return plan
+
+
+def _listed_partitions(store: S3Store, root: str, options: ScanOptions,
+                       wanted: Callable[[str], PartitionDir | None]) -> Iterator[Listed]:
+    """Partition directories listed in parallel (``options.workers`` at once), yielded in name order; at
+    most twice as many listings are held as there are workers."""
+    names = [d for p in store.list_dirs(root + "/" if root else "")
+             if (d := wanted(p[len(root) + 1 if root else 0 :].rstrip("/"))) is not None]
+
+    def one(d: PartitionDir) -> Listed:
+        key = _dir_key(root, d.name)
+        return Listed(d, key, list(store.list(key)), load_state(store, root, d.name))
+
+    with ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="scan") as pool:
+        window: deque[Future[Listed]] = deque()
+        todo = iter(names)
+        for d in itertools.islice(todo, 2 * options.workers):
+            window.append(pool.submit(one, d))
+        while window:
+            yield window.popleft().result()
+            for d in itertools.islice(todo, 1):
+                window.append(pool.submit(one, d))
+
+
+def inventory_partitions(store: S3Store, root: str, objects: Iterator[ObjectInfo],
+                         wanted: Callable[[str], PartitionDir | None], ignored: Callable[[str, str], None],
+                         *, shards: int = INVENTORY_SHARDS) -> Iterator[Listed]:
+    """Partitions from an inventory's objects, which come in no promised order: each object is spilled to
+    one of ``shards`` local files by its directory, then one shard at a time is grouped by directory. Memory
+    holds one shard. Our state documents are read only for partitions the inventory shows one for (an
+    inventory is stale: a segment compacted since is planned again, and its changed ETag stops it)."""
+    base = root + "/" if root else ""
+    state_dir = reserved_key(root, STATE_DIR) + "/"
+    with_state: set[str] = set()
+    decided: dict[str, PartitionDir | None] = {}
+    with tempfile.TemporaryDirectory(prefix="tiering-inventory-") as tmp:
+        files = [open(os.path.join(tmp, f"{i:04d}.tsv"), "w+", encoding="utf-8", newline="\n")  # noqa: SIM115
+                 for i in range(shards)]
+        try:
+            for info in objects:
+                if not info.key.startswith(base):
+                    continue
+                if info.key.startswith(state_dir):
+                    with_state.add(info.key[len(state_dir):].removesuffix(".json"))
+                    continue
+                name, slash, _ = info.key[len(base):].partition("/")
+                if not slash:
+                    continue  # an object directly under PREFIX, not in a directory: not listed either
+                if name not in decided:
+                    decided[name] = wanted(name)
+                if decided[name] is None:
+                    continue
+                if any(c in info.key for c in "\t\n\r"):
+                    ignored(info.key, "not a Kafka segment or partition file")
+                    continue
+                f = files[zlib.crc32(name.encode()) % shards]
+                f.write(f"{info.key}\t{info.size}\t{info.etag}\t{info.last_modified.isoformat()}\t"
+                        f"{info.storage_class}\n")
+            for f in files:
+                f.seek(0)
+                groups: dict[str, list[ObjectInfo]] = {}
+                for line in f:
+                    key, size, etag, modified, storage_class = line.rstrip("\n").split("\t")
+                    name = key[len(base):].partition("/")[0]
+                    groups.setdefault(name, []).append(
+                        ObjectInfo(key, int(size), etag, datetime.fromisoformat(modified), storage_class))
+                f.close()
+                for name in sorted(groups):
+                    d = decided[name]
+                    assert d is not None
+                    state = load_state(store, root, name) if name in with_state else {}
+                    yield Listed(d, _dir_key(root, name), sorted(groups.pop(name), key=lambda o: o.key), state)
+        finally:
+            for f in files:
+                f.close()
 
 def _dir_key(root: str, name: str) -> str:
     return f"{root}/{name}/" if root else f"{name}/"

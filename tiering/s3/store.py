@@ -27,6 +27,7 @@ from typing import Any, BinaryIO, Final, cast
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import boto3
+import botocore.utils
 from botocore.config import Config
 from botocore.exceptions import (
     ClientError,
@@ -189,7 +190,21 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None,
     # session per client keeps credentials current; its loader is shared, so the service model is parsed once.
     session = boto3.session.Session()
     session._session.register_component("data_loader", _LOADER)
+    session._session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_time)
     return session.client("s3", endpoint_url=endpoint_url, config=config)
+
+
+def parse_time(value: str) -> datetime:
+    """botocore's timestamp parser with a fast path for S3's ISO 8601 times (``2026-11-24T00:44:43.000Z``,
+    every object of a listing): dateutil's general parser cost a third of a listing's CPU time."""
+    try:
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is not None:
+            return parsed
+    except (TypeError, ValueError):
+        pass
+    stamp: datetime = botocore.utils.parse_timestamp(value)  # RFC 822 headers, epoch numbers
+    return stamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,9 +369,12 @@ class S3Store:
         (not a multipart upload, not SSE-KMS) the bytes are checked against it too (True), and a mismatch is
         a :class:`TransportError`: bytes damaged on the way. False when the ETag could not vouch for them."""
         digest = etag.strip('"')
-        plain = len(digest) == 32 and all(c in "0123456789abcdef" for c in digest)
         md5 = hashlib.md5(usedforsecurity=False)
-        with self.open(key, if_match=etag) as body:
+        r = self._call("get_object", key, IfMatch=etag)
+        # SSE-KMS and SSE-C objects have 32 hex digits of ETag too, but not the MD5 of their bytes.
+        encrypted = str(r.get("ServerSideEncryption", "")).startswith("aws:kms") or "SSECustomerAlgorithm" in r
+        plain = not encrypted and len(digest) == 32 and all(c in "0123456789abcdef" for c in digest)
+        with Body(r["Body"], int(r["ContentLength"]), self, key) as body:
             while chunk := body.read(1 << 20):
                 md5.update(chunk)
                 out.write(chunk)

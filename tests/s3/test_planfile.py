@@ -1,0 +1,169 @@
+"""The chunked plan: chunk files, their bounds, the streaming budget, and a scan from an S3 Inventory report
+that plans what a listing plans."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import random
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench.synth_inventory import write_inventory
+from tests.s3.conftest import BUCKET, PREFIX, TOPIC
+from tiering.errors import InvalidDataError
+from tiering.kafka.codecs import Codec
+from tiering.pipeline import RunSettings, load_manifest, plan_run, scan_run, stage_units
+from tiering.s3.compact import CompactOptions, select
+from tiering.s3.journal import Cause
+from tiering.s3.planfile import Budget, ChunkWriter, by_partition, chunk_limits, read_chunk
+from tiering.s3.scan import COMPACT, REPAIR, SKIP, ObjectRef, Plan, PlannedSegment, ScanOptions, scan
+from tiering.s3.seed import generate_partition, upload_partition
+from tiering.s3.store import S3Store
+
+
+def _segment(directory: str, base: int, size: int, action: str = COMPACT) -> PlannedSegment:
+    ref = ObjectRef(f"p/{directory}/{base:020d}.log", size, f'"{base:032x}"', "2026-01-01T00:00:00+00:00", "STANDARD")
+    return PlannedSegment(directory, directory.rsplit("-", 1)[0], int(directory.rsplit("-", 1)[1]), base, action,
+                          "sealed" if action == COMPACT else "active: highest", log=ref,
+                          cause=None if action != SKIP else Cause.ACTIVE)
+
+
+def _plan(sizes: list[list[int]]) -> list[PlannedSegment]:
+    return [_segment(f"t-{p}", 100 * i, size) for p, part in enumerate(sizes) for i, size in enumerate(part)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(1, 40), min_size=1, max_size=6), min_size=1, max_size=8),
+       st.one_of(st.none(), st.integers(0, 30)), st.one_of(st.none(), st.integers(0, 400)))
+def test_the_streaming_budget_chooses_what_the_whole_plan_selection_chooses(
+        sizes: list[list[int]], max_segments: int | None, max_bytes: int | None) -> None:
+    """Same segments and same reasons as :func:`select` on the whole plan (ties of equal sizes: plan order,
+    which is the whole-plan selection's directory and offset order here)."""
+    segments = _plan(sizes)
+    plan = Plan(BUCKET, PREFIX, "zstd", None, 0, None, "2026-01-01T00:00:00+00:00", segments)
+    chosen, left = select(plan, CompactOptions(max_segments, max_bytes))
+    budget = Budget(max_segments, max_bytes)
+    count, total = budget.measure(s.size for s in segments)
+    streamed = [budget.apply(s) for s in segments]
+    assert {(s.directory, s.base_offset) for s in streamed if s.action == COMPACT} == {
+        (s.directory, s.base_offset) for s in chosen}
+    assert (count, total) == (len(chosen), sum(s.size for s in chosen))
+    assert {(s.directory, s.base_offset, s.reason) for s in streamed if s.action == SKIP} == {
+        (r.directory, r.base_offset, r.reason) for r in left}
+    assert all(s.cause is Cause.BUDGET for s in streamed if s.action == SKIP)
+
+
+def test_repairs_and_skips_are_never_budgeted() -> None:
+    segments = [_segment("t-0", 0, 50, REPAIR), _segment("t-0", 100, 50, SKIP), _segment("t-0", 200, 50)]
+    budget = Budget(0, None)
+    budget.measure([50])
+    assert [budget.apply(s).action for s in segments] == [REPAIR, SKIP, SKIP]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(0, 300), st.integers(0, 1 << 40)), min_size=1,
+                max_size=60), st.integers(2, 12))
+def test_a_plan_never_makes_more_chunks_than_allowed(partitions: list[tuple[int, int, int]], max_chunks: int) -> None:
+    """Partitions of (segments, segments to compact, bytes to compact): chunked with the limits
+    :func:`chunk_limits` gives for their totals, never more than ``max_chunks`` chunks."""
+    parts = [(n, min(w, n), b if min(w, n) else 0) for n, w, b in partitions]
+    limits = chunk_limits(max_chunks, segments=sum(n for n, _, _ in parts), work=sum(w for _, w, _ in parts),
+                          work_bytes=sum(b for _, _, b in parts), min_work=1, min_segments=1, min_bytes=1)
+    writer = ChunkWriter(lambda name, data: name, **limits)
+    for p, (n, w, b) in enumerate(parts):
+        writer.add([_segment(f"t-{p}", i, (b // w if i < w else 1), COMPACT if i < w else SKIP) for i in range(n)])
+    assert 1 <= len(writer.close()) <= max_chunks
+
+
+def test_chunks_keep_partitions_whole_and_read_back_line_by_line() -> None:
+    files: dict[str, bytes] = {}
+    writer = ChunkWriter(lambda name, data: files.setdefault(name, data) and name, max_segments=5)
+    parts = [[_segment(f"t-{p}", 100 * i, 10 + i) for i in range(n)] for p, n in enumerate([3, 4, 1, 6, 2])]
+    for part in parts:
+        writer.add(part)
+    chunks = writer.close()
+    assert [c.partitions for c in chunks] == [2, 2, 1]  # cut once 5 segments are reached, never inside one
+    assert [(c.first, c.last) for c in chunks] == [("t-0", "t-1"), ("t-2", "t-3"), ("t-4", "t-4")]
+    assert writer.totals.segments == 16
+    assert writer.totals.bytes_to_compact == sum(s.size for p in parts for s in p)
+    back = [s for c in chunks for s in read_chunk(io.BytesIO(files[c.key]), c.key)]
+    assert back == [s for p in parts for s in p]
+    assert [list(g) for g in by_partition(back)] == parts
+    middle = list(read_chunk(io.BytesIO(files[chunks[1].key]), "x", start=1, stop=3))
+    assert middle == [parts[3][0], parts[3][1]]  # lines 1 and 2 of the chunk (t-2 holds line 0)
+
+
+def test_a_damaged_chunk_names_its_file_and_line() -> None:
+    lines = b'{"directory": "t-0"}\n'  # not a planned segment
+    body = zlib.compressobj(6, zlib.DEFLATED, 31)
+    data = body.compress(lines) + body.flush()
+    with pytest.raises(InvalidDataError, match="damaged") as e:
+        list(read_chunk(io.BytesIO(data), "s3://b/k.jsonl.gz"))
+    assert e.value.path == "s3://b/k.jsonl.gz"
+    assert e.value.found == "line 1"
+    with pytest.raises(InvalidDataError, match="damaged"):
+        list(read_chunk(io.BytesIO(data[:-6]), "s3://b/k.jsonl.gz"))  # cut short
+
+
+def _seed(store: S3Store, partitions: int) -> None:
+    for p in range(partitions):
+        generated = generate_partition(segments=3, kind="json", codec=Codec.SNAPPY, segment_bytes=20_000, seed=p)
+        upload_partition(store, PREFIX, TOPIC, p, generated)
+    store.put(f"{PREFIX}/{TOPIC}-0/stray.txt", b"not a segment")
+    store.put(f"{PREFIX}/bogus/00000000000000000000.log", b"")
+
+
+def test_a_scan_from_an_inventory_plans_what_a_listing_plans(store: S3Store) -> None:
+    _seed(store, 5)
+    options = ScanOptions("zstd", 3, min_age_minutes=0)
+    listed = scan(store, PREFIX, options)
+    objects = list(store.list(""))
+    random.Random(7).shuffle(objects)  # an inventory promises no order
+    uri = write_inventory(store, BUCKET, "inventory/segments/daily", objects, rows_per_file=7)
+    settings_ = RunSettings(BUCKET, PREFIX, "inv-run", "zstd", 3)
+    result = scan_run(store, settings_, options, inventory=uri)
+    scanned, manifest = load_manifest(store, f"s3://{BUCKET}/{result['scan_key']}")
+    from_inventory = sorted(scanned.segments(manifest), key=lambda s: (s.directory, s.base_offset))
+    assert from_inventory == listed.segments
+    assert manifest.source == uri
+    assert manifest.totals == listed.totals()
+    assert result["totals"] == listed.totals()
+    assert manifest.header.objects_listed == listed.objects_listed
+    assert manifest.header.ignored_keys == listed.ignored_keys
+    assert manifest.header.skipped_dirs == listed.skipped_dirs
+
+
+def test_an_inventory_of_another_bucket_is_refused(store: S3Store) -> None:
+    from tiering.errors import ConfigError
+
+    store.client.create_bucket(Bucket="other", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    uri = write_inventory(store, "other", "inventory/other/daily", [])
+    with pytest.raises(ConfigError, match="another bucket"):
+        scan_run(store, RunSettings(BUCKET, PREFIX, "r", "zstd"), ScanOptions("zstd"), inventory=uri)
+
+
+def test_the_plan_is_chunked_within_its_limit_and_staged_in_units_of_whole_partitions(store: S3Store) -> None:
+    _seed(store, 6)
+    run = RunSettings(BUCKET, PREFIX, "chunked", "zstd", 3)
+    scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
+    planned = plan_run(store, run, CompactOptions(max_segments=9), max_chunks=20, chunk_work=1)
+    chunked, manifest = load_manifest(store, f"s3://{BUCKET}/{planned['plan_key']}")
+    assert 1 < len(manifest.chunks) <= 20
+    assert [c["name"] for c in planned["chunks"]] == [c.name for c in manifest.chunks if c.to_compact]
+    assert planned["segments"] == 9 == manifest.totals["to_compact"]
+    assert manifest.totals["skipped_by_reason"]["over the --max-segments budget"] == 12 - 9
+    # Every segment of the plan is in exactly one chunk; partitions are never split.
+    segments = list(chunked.segments(manifest))
+    assert len(segments) == manifest.totals["segments"] == 18
+    assert len({s.directory for s in segments}) == len(list(by_partition(segments)))
+    units = stage_units(chunked, manifest, parallelism=2)
+    assert sum(u.segments for u in units) == 9
+    staged = list(itertools.chain.from_iterable(chunked.chunk(u.chunk_key, u.start, u.stop) for u in units))
+    assert {(s.directory, s.base_offset) for s in staged if s.action == COMPACT} == {
+        (s.directory, s.base_offset) for s in segments if s.action == COMPACT}
+    assert [u.bytes for u in units] == sorted((u.bytes for u in units), reverse=True)
+
