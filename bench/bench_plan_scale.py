@@ -49,6 +49,12 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+def _reset_peak() -> None:
+    """Start the high-water mark (VmHWM) afresh: each step's peak is its own."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -64,15 +70,18 @@ def child(endpoint: str, uri: str, run_id: str) -> dict[str, Any]:
     settings = RunSettings(BUCKET, PREFIX, run_id, "zstd", 3)
     baseline = _status_kib("VmRSS")
     steps: dict[str, dict[str, float]] = {}
+    _reset_peak()
     wall, cpu = time.perf_counter(), _cpu()
     scanned = scan_run(store, settings, ScanOptions("zstd", 3, min_age_minutes=0), inventory=uri)
-    steps["scan"] = {"wall_s": time.perf_counter() - wall, "cpu_s": _cpu() - cpu}
+    steps["scan"] = {"wall_s": time.perf_counter() - wall, "cpu_s": _cpu() - cpu, "peak_rss_kib": _status_kib("VmHWM")}
+    _reset_peak()
     wall, cpu = time.perf_counter(), _cpu()
     planned = plan_run(store, settings, CompactOptions())
-    steps["plan"] = {"wall_s": time.perf_counter() - wall, "cpu_s": _cpu() - cpu}
+    steps["plan"] = {"wall_s": time.perf_counter() - wall, "cpu_s": _cpu() - cpu, "peak_rss_kib": _status_kib("VmHWM")}
     return {"objects": scanned["objects"], "segments": scanned["totals"]["segments"],
             "to_compact": planned["segments"], "chunks": len(planned["chunks"]), "steps": steps,
-            "baseline_rss_kib": baseline, "peak_rss_kib": _status_kib("VmHWM"), "requests": dict(store.requests)}
+            "baseline_rss_kib": baseline, "peak_rss_kib": max(s["peak_rss_kib"] for s in steps.values()),
+            "requests": dict(store.requests)}
 
 
 def run_size(endpoint: str, segments: int) -> dict[str, Any]:
@@ -94,14 +103,15 @@ def run_size(endpoint: str, segments: int) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'segments':>10} {'objects':>10} {'chunks':>6} {'scan s':>8} {'scan CPU':>9} {'plan s':>8} "
-            f"{'plan CPU':>9} {'CPU s/M obj':>11} {'base MiB':>8} {'peak MiB':>8}")
+            f"{'plan CPU':>9} {'CPU s/M obj':>11} {'base MiB':>8} {'scan peak':>9} {'plan peak':>9}")
     lines = [head]
     for r in rows:
         scan, plan = r["steps"]["scan"], r["steps"]["plan"]
         per_million = (scan["cpu_s"] + plan["cpu_s"]) / r["objects"] * 1e6
         lines.append(f"{r['segments']:>10,} {r['objects']:>10,} {r['chunks']:>6} {scan['wall_s']:>8.1f} "
                      f"{scan['cpu_s']:>9.1f} {plan['wall_s']:>8.1f} {plan['cpu_s']:>9.1f} {per_million:>11.1f} "
-                     f"{r['baseline_rss_kib'] / 1024:>8.0f} {r['peak_rss_kib'] / 1024:>8.0f}")
+                     f"{r['baseline_rss_kib'] / 1024:>8.0f} {scan['peak_rss_kib'] / 1024:>9.0f} "
+                     f"{plan['peak_rss_kib'] / 1024:>9.0f}")
     return "\n".join(lines)
 
 

@@ -141,7 +141,7 @@ def run_child(endpoint: str, bucket: str, entry: str, workers: int | None, tree:
     """One measured scan in a fresh process; ``tree``: a directory whose ``tiering`` package it imports."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--endpoint", endpoint, "--bucket", bucket,
            "--entry", entry] + (["--workers", str(workers)] if workers else [])
-    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{ROOT}"} if tree else None
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*([tree] if tree else []), str(ROOT)])}
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"the scan of {bucket} failed ({proc.returncode}): {proc.stderr[-3000:]}")

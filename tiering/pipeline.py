@@ -21,10 +21,8 @@ another; XComs carry only keys, chunk names and counts; no step holds more than 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import re
 import time
-from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -56,6 +54,7 @@ from tiering.s3.planfile import (
     Budget,
     ChunkedPlan,
     PlanManifest,
+    SizeTally,
     by_partition,
     chunk_limits,
 )
@@ -136,14 +135,15 @@ def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, e
     and write the plan's chunks under ``runs/<run>/plan/``; return its manifest key, totals and chunk names.
     Chunks hold whole partitions, at most ``chunk_work`` segments to compact each (more when that would
     make more than ``max_chunks``: the commit step maps one task per chunk). Streams: memory holds a chunk,
-    8 bytes per segment to compact (the budget's sizes) and samples. ``estimate_savings`` adds the dry-run
+    with a budget 8 bytes per segment to compact (their sizes), and samples. ``estimate_savings`` adds the dry-run
     estimate (sampled batches)."""
     scanned = plan_files(store, settings, SCAN)
     scan_manifest = scanned.manifest()
     source = scanned
     # Pass 1: the record-age minimum (one ranged read per segment, so its verdicts are written down), the
     # sizes the budget needs, and what the automatic codec choice samples.
-    sizes: dict[str | None, array[int]] = {None: array("q")}  # by auto topic; None: every other segment
+    chosen = Budget(budget.max_segments, budget.max_bytes)
+    sizes: dict[str | None, SizeTally] = {None: chosen.tally()}  # by auto topic; None: every other segment
     topics: dict[str, WorkSample] = {}
     repairs = 0
     policied = plan_files(store, settings, POLICIED) if policy is not None else None
@@ -156,7 +156,7 @@ def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, e
                 repairs += 1
             elif seg.action == COMPACT:
                 auto = seg.codec == AUTO
-                sizes.setdefault(seg.topic if auto else None, array("q")).append(seg.size)
+                sizes.setdefault(seg.topic if auto else None, chosen.tally()).add(seg.size)
                 if auto:
                     topics.setdefault(seg.topic, WorkSample(seed=seg.topic)).add(seg)
         if writer is not None:
@@ -166,9 +166,8 @@ def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, e
                                              scan_manifest.source))
         source = policied
     choices = decide_auto(store, topics, policy, prices or load_prices(), log=print) if policy and topics else {}
-    chosen = Budget(budget.max_segments, budget.max_bytes)
-    counted = [a for topic, a in sizes.items() if topic is None or choices[topic]["chosen"] is not None]
-    work_count, work_bytes = chosen.measure(itertools.chain.from_iterable(counted))
+    work_count, work_bytes = chosen.measure(t for topic, t in sizes.items()
+                                            if topic is None or choices[topic]["chosen"] is not None)
     # Pass 2: the plan's chunks, sized so that there are at most max_chunks of them.
     planned = plan_files(store, settings, PLAN)
     writer = planned.writer(**chunk_limits(max_chunks, segments=scan_manifest.totals["segments"],

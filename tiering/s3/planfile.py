@@ -12,10 +12,12 @@ bounded. Nothing here holds more than one chunk: a million segments cost the mem
 from __future__ import annotations
 
 import gzip
+import heapq
 import io
+import itertools
 import json
 import zlib
-from collections import Counter
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -232,49 +234,82 @@ def by_partition(segments: Iterable[PlannedSegment]) -> Iterator[list[PlannedSeg
         yield group
 
 
+class SizeTally:
+    """Sizes of segments to compact: their count and bytes, and (``keep``) the sizes themselves, 8 bytes each,
+    for a budget to choose from."""
+
+    def __init__(self, *, keep: bool) -> None:
+        self.count = self.bytes = 0
+        self.sizes: array[int] | None = array("q") if keep else None
+
+    def add(self, size: int) -> None:
+        self.count += 1
+        self.bytes += size
+        if self.sizes is not None:
+            self.sizes.append(size)
+
+
 @dataclass(slots=True)
 class Budget:
     """``--max-segments`` / ``--max-bytes`` over a plan read as a stream, with the choices of the whole
-    plan's largest-first selection: a first pass takes the sizes of the segments to compact (a count per
-    size); the greedy walk over the sizes, largest first, decides how many of each size fit; a second pass
-    keeps, of each size, that many in the plan's order (equal sizes: the plan's order decides). Repairs are
-    never budgeted."""
+    plan's largest-first selection (which fills what is left of the bytes with smaller segments). A first
+    pass tallies the sizes of the segments to compact (8 bytes each, only when there is a budget); the
+    greedy walk over them, largest first (sorted in runs and merged: no more than the sizes in memory),
+    finds the size above which every segment fits and, below it, how many of each size still fit; a second
+    pass keeps, of each such size, that many in the plan's order (equal sizes: the plan's order decides).
+    Repairs are never budgeted."""
 
     max_segments: int | None
     max_bytes: int | None
-    _take: dict[int, int] = field(default_factory=dict)  # size -> how many of that size may still be taken
-    _why: dict[int, str] = field(default_factory=dict)  # size -> the limit that leaves the rest of it out
+    _above: int = 0  # every segment larger than this fits
+    _quota: dict[int, int] = field(default_factory=dict)  # size (at most _above) -> how many more fit
+    _counted_out: int = -1  # sizes at most this are left out by --max-segments (else by --max-bytes)
 
     @property
     def limited(self) -> bool:
         return self.max_segments is not None or self.max_bytes is not None
 
-    def measure(self, sizes: Iterable[int]) -> tuple[int, int]:
-        """Take the sizes of the segments to compact; how many of them the budget keeps, and their bytes."""
-        counts = Counter(sizes)
+    def tally(self) -> SizeTally:
+        return SizeTally(keep=self.limited)
+
+    def measure(self, tallies: Iterable[SizeTally]) -> tuple[int, int]:
+        """Decide from the first pass's tallies; how many segments the budget keeps, and their bytes."""
+        tallies = list(tallies)
         if not self.limited:
-            return sum(counts.values()), sum(size * n for size, n in counts.items())
+            return sum(t.count for t in tallies), sum(t.bytes for t in tallies)
+        runs = []
+        for t in tallies:
+            assert t.sizes is not None
+            for at in range(0, len(t.sizes), 1 << 16):
+                runs.append(array("q", sorted(t.sizes[at : at + (1 << 16)], reverse=True)))
         chosen = total = 0
-        for size in sorted(counts, reverse=True):
-            n = counts[size]
+        partial = False
+        for size, group in itertools.groupby(heapq.merge(*runs, reverse=True)):
+            n = sum(1 for _ in group)
+            take = n
             if self.max_segments is not None:
-                n = min(n, max(0, self.max_segments - chosen))
+                take = min(take, max(0, self.max_segments - chosen))
             if self.max_bytes is not None:
-                n = min(n, max(0, self.max_bytes - total) // size if size else n)
-            self._take[size] = n
-            chosen += n
-            total += n * size
-            count_bound = self.max_segments is not None and chosen >= self.max_segments
-            self._why[size] = "--max-segments" if count_bound else "--max-bytes"
+                take = min(take, max(0, self.max_bytes - total) // size if size else take)
+            chosen += take
+            total += take * size
+            if take < n and not partial:
+                partial, self._above = True, size
+            if partial and take:
+                self._quota[size] = take
+            if self.max_segments is not None and chosen >= self.max_segments and self._counted_out < 0:
+                self._counted_out = size
+        if not partial:
+            self._above = -1  # everything fits
         return chosen, total
 
     def apply(self, seg: PlannedSegment) -> PlannedSegment:
         """The segment as the budget leaves it: unchanged, or skipped as over the budget."""
-        if seg.action != COMPACT or not self.limited:
+        if seg.action != COMPACT or not self.limited or seg.size > self._above:
             return seg
-        left = self._take.get(seg.size, 0)
+        left = self._quota.get(seg.size, 0)
         if left > 0:
-            self._take[seg.size] = left - 1
+            self._quota[seg.size] = left - 1
             return seg
-        return replace(seg, action=SKIP, reason=f"over the {self._why.get(seg.size, '--max-bytes')} budget",
-                       cause=Cause.BUDGET)
+        which = "--max-segments" if seg.size <= self._counted_out else "--max-bytes"
+        return replace(seg, action=SKIP, reason=f"over the {which} budget", cause=Cause.BUDGET)
