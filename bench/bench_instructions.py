@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_rewrite import bare_loop
 
+from tiering.demo.sample import write_segment
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
-from tiering.sample import write_segment
 
 
 def main(mode: str) -> None:

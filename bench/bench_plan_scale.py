@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_plan_scale.py                          # 100,000 and 1,000,000 segments
     .venv/bin/python bench/bench_plan_scale.py --segments 20000 --json bench/out/bench_plan_scale.json
 
-One moto server (``tiering.demo_s3.moto_server``, in this process) holds, per size, an inventory report of
+One moto server (``tiering.demo.s3.moto_server``, in this process) holds, per size, an inventory report of
 a Kafka ``logdir`` (``bench/synth_inventory.py``: 4 objects a segment, 100 segments a partition, gzip CSV
 files of 250,000 rows, written as AWS writes them; not measured). Each size is then planned by a fresh
 child process running what the DAG's tasks run: ``scan_run(..., inventory=URI)`` (read the report, spill
@@ -29,10 +29,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from synth_inventory import kafka_layout_rows, write_inventory  # same directory: on sys.path as the script's
 
-from bench.synth_inventory import kafka_layout_rows, write_inventory
-from tiering.s3.store import S3Store, make_client
+from tiering.storage.store import S3Store, make_client
 
 BUCKET: Final = "segments"
 PREFIX: Final = "logs"
@@ -62,9 +61,9 @@ def _cpu() -> float:
 
 def child(endpoint: str, uri: str, run_id: str) -> dict[str, Any]:
     """Scan and plan from the inventory at ``uri``, in this fresh process; what each step cost."""
-    from tiering.pipeline import RunSettings, plan_run, scan_run  # noqa: PLC0415
-    from tiering.s3.compact import CompactOptions  # noqa: PLC0415
-    from tiering.s3.scan import ScanOptions  # noqa: PLC0415
+    from tiering.plan.scan import ScanOptions  # noqa: PLC0415
+    from tiering.run.compact import CompactOptions  # noqa: PLC0415
+    from tiering.run.pipeline import RunSettings, plan_run, scan_run  # noqa: PLC0415
 
     store = S3Store(make_client(endpoint_url=endpoint), BUCKET)
     settings = RunSettings(BUCKET, PREFIX, run_id, "zstd", 3)
@@ -130,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(args.endpoint, args.uri, args.run_id)))
         return 0
-    from tiering.demo_s3 import moto_server  # noqa: PLC0415
+    from tiering.demo.s3 import moto_server  # noqa: PLC0415
 
     sizes = [int(s) for s in args.segments.split(",")]
     rows = []

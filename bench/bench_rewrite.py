@@ -44,10 +44,10 @@ from typing import Any
 
 import crc32c
 
+from tiering.demo.sample import write_segment
 from tiering.kafka import _proof
 from tiering.kafka.codecs import Codec, compress, decompress
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
-from tiering.sample import write_segment
 
 MIB = 1024 * 1024
 OUT_DIR = Path(__file__).parent / "out"

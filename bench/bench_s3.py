@@ -39,14 +39,14 @@ from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.s3.models import s3_backends
 from moto.server import ThreadedMotoServer
 
+from tiering.commit.protocol import Context
+from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.local import rewrite_file
-from tiering.s3.compact import CompactOptions, compact
-from tiering.s3.protocol import Context
-from tiering.s3.scan import ScanOptions, scan
-from tiering.s3.seed import generate_partition, upload_partition
-from tiering.s3.store import S3Store, make_client
+from tiering.plan.scan import ScanOptions, scan
+from tiering.run.compact import CompactOptions, compact
+from tiering.storage.store import S3Store, make_client
 
 MIB = 1024 * 1024
 OUT_DIR = Path(__file__).parent / "out"

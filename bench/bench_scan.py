@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_scan.py                       # 100,000 objects
     .venv/bin/python bench/bench_scan.py --objects 30000,100000 --json bench/out/bench_scan.json
 
-One moto server (``tiering.demo_s3.moto_server``, in this process) holds one bucket per size, seeded
+One moto server (``tiering.demo.s3.moto_server``, in this process) holds one bucket per size, seeded
 through moto's backend (not measured; HTTP PUTs to a server sharing this process's GIL go at ~160/s):
 a Kafka ``logdir`` under ``logs/``, partitions ``<topic>-<p>`` of up to 100 segments, each segment
 ``<20-digit base offset>.log``, ``.index``, ``.timeindex`` and ``.snapshot`` with 16-byte bodies (the scan
@@ -41,8 +41,8 @@ from collections.abc import Iterable, Sized
 from pathlib import Path
 from typing import Any
 
-from tiering.s3.scan import ScanOptions
-from tiering.s3.store import S3Store, make_client
+from tiering.plan.scan import ScanOptions
+from tiering.storage.store import S3Store, make_client
 
 OUT_DIR = Path(__file__).parent / "out"
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ SEGMENTS_PER_PARTITION = 100
 FILES_PER_SEGMENT = (".log", ".index", ".timeindex", ".snapshot")
 TOPICS = 20
 BODY = b"\0" * 16
-DEFAULT_ENTRY = "tiering.s3.scan:scan"
+DEFAULT_ENTRY = "tiering.plan.scan:scan"
 
 
 def _status_kib(field: str) -> int:
@@ -86,9 +86,9 @@ def _counts(result: Any) -> tuple[int, int | None]:
 
 
 def scan_step(store: S3Store, prefix: str, options: ScanOptions) -> dict[str, Any]:
-    """The DAG's scan step (``tiering.pipeline.scan_run``): the scan and the plan documents it writes to S3.
+    """The DAG's scan step (``tiering.run.pipeline.scan_run``): the scan and the plan documents it writes to S3.
     The same call works on earlier versions of the package, so that one command compares them."""
-    from tiering.pipeline import RunSettings, scan_run  # noqa: PLC0415 - the entry measured is imported late
+    from tiering.run.pipeline import RunSettings, scan_run  # noqa: PLC0415 - the entry measured is imported late
 
     result = scan_run(store, RunSettings(store.bucket, prefix, "bench-scan", "zstd"), options)
     return {"totals": result["totals"], "objects_listed": result["objects"]}
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(args.endpoint, args.bucket, args.entry, args.workers)))
         return 0
-    from tiering.demo_s3 import moto_server  # noqa: PLC0415 - not in the child: its baseline stays the scanner's
+    from tiering.demo.s3 import moto_server  # noqa: PLC0415 - not in the child: its baseline stays the scanner's
 
     rows = []
     with moto_server() as endpoint:

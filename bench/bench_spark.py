@@ -39,15 +39,15 @@ from typing import Any
 
 from bench_s3 import moto_process
 
+from tiering.demo.sample import write_segment
+from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
-from tiering.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
-from tiering.s3.compact import CompactOptions
-from tiering.s3.scan import ScanOptions
-from tiering.s3.seed import generate_partition, upload_partition
-from tiering.s3.store import S3Store
-from tiering.sample import write_segment
-from tiering.spark_daemon import DAEMON_CONF, DAEMON_MODULE
-from tiering.sparksubmit import submit
+from tiering.plan.scan import ScanOptions
+from tiering.run.compact import CompactOptions
+from tiering.run.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
+from tiering.spark.daemon import DAEMON_CONF, DAEMON_MODULE
+from tiering.spark.submit import submit
+from tiering.storage.store import S3Store
 
 MIB = 1024 * 1024
 OUT_DIR = Path(__file__).parent / "out"

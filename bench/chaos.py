@@ -25,7 +25,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.chaos
 
 from tests.chaos.harness import FULL, KINDS, SMALL, Lab, TrialResult, random_spec, run_trial
-from tiering.demo_s3 import moto_server
+from tiering.demo.s3 import moto_server
 
 
 def _table(results: list[TrialResult], seconds: float) -> Table:

@@ -1,9 +1,9 @@
 """Synthetic S3 Inventory reports in AWS's CSV format, for the tests and the benchmark of
-:mod:`tiering.s3.inventory`.
+:mod:`tiering.plan.inventory`.
 
     .venv/bin/python bench/synth_inventory.py --segments 1000000   # write and read back, in moto
 
-:func:`write_inventory` writes what S3 writes (see :mod:`tiering.s3.inventory` for the format and its
+:func:`write_inventory` writes what S3 writes (see :mod:`tiering.plan.inventory` for the format and its
 sources): gzip-compressed CSV data files without a header row, every field double-quoted, keys
 URL-encoded with a space as "+", ETags unquoted, times as ``2018-07-18T19:17:48.000Z``; then
 ``manifest.json`` listing them with their sizes and MD5s, and ``manifest.checksum`` (the MD5 of the
@@ -16,7 +16,7 @@ Rows stream through: one data file at a time is built in a temporary file, then 
 :func:`kafka_layout_rows` generates the objects of a Kafka ``logdir`` (seeded, as a generator).
 
 As a script: writes an inventory of ``--segments`` segments (four objects each) to moto in this process,
-reads it back with :func:`tiering.s3.inventory.iter_inventory`, and prints the time of each step and the
+reads it back with :func:`tiering.plan.inventory.iter_inventory`, and prints the time of each step and the
 process's peak RSS (moto's copy of the report included: it keeps objects in this process's memory).
 """
 
@@ -44,8 +44,8 @@ from urllib.parse import quote_plus
 
 from moto import mock_aws
 
-from tiering.s3.inventory import iter_inventory, read_manifest
-from tiering.s3.store import ObjectInfo, S3Store, make_client
+from tiering.plan.inventory import iter_inventory, read_manifest
+from tiering.storage.store import ObjectInfo, S3Store, make_client
 
 MANIFEST_VERSION: Final = "2016-11-30"
 COLUMNS: Final = ("Bucket", "Key", "Size", "LastModifiedDate", "ETag", "StorageClass")

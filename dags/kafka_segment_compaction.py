@@ -98,7 +98,7 @@ def _policy(params: dict[str, Any]) -> Any:
 
 
 def _settings(params: dict[str, Any], run_id: str) -> Any:
-    from tiering.pipeline import RunSettings, safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
+    from tiering.run.pipeline import RunSettings, safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
 
     return RunSettings(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id),
                        params["codec"], params["level"])
@@ -136,8 +136,8 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
 def kafka_segment_compaction() -> None:
     @task
     def scan() -> dict[str, Any]:
-        from tiering.pipeline import scan_run  # noqa: PLC0415
-        from tiering.s3.scan import ScanOptions  # noqa: PLC0415
+        from tiering.plan.scan import ScanOptions  # noqa: PLC0415
+        from tiering.run.pipeline import scan_run  # noqa: PLC0415
 
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
@@ -149,9 +149,9 @@ def kafka_segment_compaction() -> None:
 
     @task
     def plan(scanned: dict[str, Any]) -> dict[str, Any]:
-        from tiering.pipeline import plan_run  # noqa: PLC0415
         from tiering.report.publish import cost_config  # noqa: PLC0415
-        from tiering.s3.compact import CompactOptions  # noqa: PLC0415
+        from tiering.run.compact import CompactOptions  # noqa: PLC0415
+        from tiering.run.pipeline import plan_run  # noqa: PLC0415
 
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
@@ -169,7 +169,7 @@ def kafka_segment_compaction() -> None:
         """Stage every planned segment with Spark; returns the plan's chunks (names) for the commit."""
         import json  # noqa: PLC0415
 
-        from tiering.sparksubmit import submit  # noqa: PLC0415
+        from tiering.spark.submit import submit  # noqa: PLC0415
 
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
@@ -184,7 +184,7 @@ def kafka_segment_compaction() -> None:
 
     @task(map_index_template="{{ chunk_name }}")
     def commit(chunk: dict[str, Any]) -> dict[str, Any]:
-        from tiering.pipeline import commit_chunk  # noqa: PLC0415
+        from tiering.run.pipeline import commit_chunk  # noqa: PLC0415
 
         ctx = get_current_context()
         ctx["chunk_name"] = chunk["label"]  # type: ignore[typeddict-unknown-key]  # names the mapped task
@@ -195,9 +195,9 @@ def kafka_segment_compaction() -> None:
 
     @task(trigger_rule="none_failed", outlets=[REPORT_ASSET])
     def report(planned: dict[str, Any]) -> dict[str, Any]:
-        from tiering.pipeline import collect_run, run_summary  # noqa: PLC0415
         from tiering.report.publish import cost_config, publish_report  # noqa: PLC0415
         from tiering.report.render import to_table  # noqa: PLC0415
+        from tiering.run.pipeline import collect_run, run_summary  # noqa: PLC0415
 
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
@@ -220,7 +220,7 @@ def kafka_segment_compaction() -> None:
 
     @task(trigger_rule="none_failed")
     def cleanup() -> dict[str, Any]:
-        from tiering.s3.compact import cleanup as clean  # noqa: PLC0415
+        from tiering.run.compact import cleanup as clean  # noqa: PLC0415
 
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])

@@ -46,8 +46,8 @@ REPORT_ASSET = Asset(name="kafka_segment_tiering_report", uri="tiering://kafka_s
 
 
 def _where(ctx: Any) -> tuple[Any, str, str]:
-    from tiering.pipeline import safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
-    from tiering.s3.store import S3Store, make_client  # noqa: PLC0415
+    from tiering.run.pipeline import safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
+    from tiering.storage.store import S3Store, make_client  # noqa: PLC0415
 
     params = ctx["params"]
     return S3Store(make_client(), params["bucket"]), params["prefix"].strip("/"), safe_run_id(ctx["run_id"])
@@ -76,10 +76,10 @@ def kafka_segment_tiering() -> None:
     @task
     def plan() -> dict[str, Any]:
         from tiering.plan.policy import load_policy  # noqa: PLC0415
-        from tiering.plan.tier import plan_tiering  # noqa: PLC0415
         from tiering.report.publish import cost_config  # noqa: PLC0415
-        from tiering.s3.compact import RUNS_DIR  # noqa: PLC0415
-        from tiering.s3.layout import reserved_key  # noqa: PLC0415
+        from tiering.run.compact import RUNS_DIR  # noqa: PLC0415
+        from tiering.run.tier import plan_tiering  # noqa: PLC0415
+        from tiering.storage.layout import reserved_key  # noqa: PLC0415
 
         ctx = get_current_context()
         path = ctx["params"]["policy"].strip()
@@ -97,7 +97,7 @@ def kafka_segment_tiering() -> None:
 
     @task
     def apply(planned: dict[str, Any]) -> dict[str, Any]:
-        from tiering.plan.tier import TierPlan, apply_tiering  # noqa: PLC0415
+        from tiering.run.tier import TierPlan, apply_tiering  # noqa: PLC0415
 
         ctx = get_current_context()
         store, _, run_id = _where(ctx)
@@ -110,9 +110,9 @@ def kafka_segment_tiering() -> None:
 
     @task(outlets=[REPORT_ASSET])
     def report(planned: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
-        from tiering.plan.tier import TierPlan, tier_report, tier_table  # noqa: PLC0415
         from tiering.report.publish import REPORTS_DIR  # noqa: PLC0415
-        from tiering.s3.layout import reserved_key  # noqa: PLC0415
+        from tiering.run.tier import TierPlan, tier_report, tier_table  # noqa: PLC0415
+        from tiering.storage.layout import reserved_key  # noqa: PLC0415
 
         ctx = get_current_context()
         store, prefix, run_id = _where(ctx)

@@ -3,7 +3,7 @@
     spark-submit --master 'local[*]' spark_jobs/compact_segments.py \\
         --plan s3://BUCKET/PREFIX/_tiering/runs/RUN/plan/manifest.json --run-id RUN [--lease-ttl-seconds 600]
 
-Thin on purpose: argument parsing, the SparkSession, and calls into ``tiering.pipeline``. The driver reads
+Thin on purpose: argument parsing, the SparkSession, and calls into ``tiering.run.pipeline``. The driver reads
 the plan's chunks one at a time and cuts their work into units (up to 64 segments or 4 GiB of whole
 partitions); each task takes the run's leases of its partitions and renews them while it streams each
 segment from S3, rewrites it, stages the new objects, reads them back to verify them and journals the
@@ -23,9 +23,9 @@ from collections import Counter
 
 from pyspark.sql import SparkSession
 
-from tiering.pipeline import RunSettings, load_manifest, put_usage, stage_unit, stage_units
-from tiering.s3.lease import DEFAULT_TTL_SECONDS
-from tiering.s3.store import S3Store, make_client
+from tiering.commit.lease import DEFAULT_TTL_SECONDS
+from tiering.run.pipeline import RunSettings, load_manifest, put_usage, stage_unit, stage_units
+from tiering.storage.store import S3Store, make_client
 
 
 def main(argv: list[str] | None = None) -> int:

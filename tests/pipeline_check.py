@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tiering.demo_s3 import run_pipeline_demo
+from tiering.demo.s3 import run_pipeline_demo
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.rewrite import read_back
 

@@ -22,7 +22,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_only_the_store_module_imports_boto3() -> None:
     users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if _imports(p) & {"boto3", "botocore"})
-    assert users == ["s3/store.py"]
+    assert users == ["storage/store.py"]
 
 
 def test_the_format_package_is_pure() -> None:
@@ -47,3 +47,64 @@ def test_full_pyspark_is_installed_without_the_pyspark_client_that_would_overwri
     assert (Path(pyspark.__file__).parent / "bin" / "spark-submit").exists()
     with pytest.raises(metadata.PackageNotFoundError):
         metadata.version("pyspark-client")
+
+
+# The layers, lowest first: a module may import from its own layer and the layers below it, never above.
+# What each holds: docs/architecture.md.
+LAYERS: dict[str, int] = {
+    "errors": 0,
+    "kafka": 1, "cost": 1,  # the format; prices and the cost model (both pure)
+    "storage": 2, "local": 2,  # the object store and key naming; segment files on a local disk
+    "lifecycle": 3,  # the lifecycle's typed vocabulary and the journal entry
+    "plan": 4,  # scan, inventory, policy, the plan's chunks, estimates, our per-partition record
+    "commit": 5,  # the commit protocol and partition leases
+    "run": 6,  # runs over a bucket: the pipeline's steps, compact, rollback, cleanup, tiering
+    "report": 7, "spark": 7,
+    "demo": 8,  # demos and their generated data: apart from the product
+    "cli": 9,
+    "__main__": 10,
+}
+
+
+def _layer(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0].removesuffix(".py")
+
+
+def _tiering_imports(path: Path) -> set[str]:
+    """The top-level parts (``tiering.<part>``) this module imports, at any depth of the file."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "tiering" and len(parts) > 1:
+                found.add(parts[1])
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                      if p.name != "__init__.py" or p.parent != PACKAGE if _layer(p) not in LAYERS)
+    assert unplaced == []
+
+
+def test_no_layer_imports_one_above_it() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent == PACKAGE and path.name == "__init__.py":
+            continue
+        own = LAYERS[_layer(path)]
+        for target in _tiering_imports(path):
+            if target in LAYERS and LAYERS[target] > own:
+                upward.append(f"{path.relative_to(PACKAGE)} imports tiering.{target}")
+    assert upward == []
+
+
+def test_the_demo_is_apart_from_the_product() -> None:
+    """Only the command line (and the demo itself) may import tiering.demo."""
+    users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                   if "demo" in _tiering_imports(p) and _layer(p) not in ("demo", "cli"))
+    assert users == []
+

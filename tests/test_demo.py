@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tiering.cli import main
-from tiering.demo import CORRUPT_SEGMENT, DEMO_TOPICS, run_demo
+from tiering.demo.local import CORRUPT_SEGMENT, DEMO_TOPICS, run_demo
 from tiering.kafka.files import parse_segment_name
 from tiering.local import verify_file
 

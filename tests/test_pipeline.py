@@ -102,7 +102,7 @@ def test_the_dry_run_changes_nothing_and_estimates_close_to_the_real_savings(dem
 
 
 def test_the_cost_report_matches_the_run_and_the_price_list(demo: dict[str, Any]) -> None:
-    from tiering.report.prices import GB, load_prices
+    from tiering.cost.prices import GB, load_prices
 
     run, report = demo["runs"][0]["document"], demo["runs"][0]["report"]
     t = report["totals"]
@@ -125,8 +125,8 @@ def test_the_cost_report_matches_the_run_and_the_price_list(demo: dict[str, Any]
 
 
 def test_the_measured_requests_per_segment_match_the_dry_run_constant(demo: dict[str, Any]) -> None:
-    from tiering.report.model import REQUESTS_PER_SEGMENT
-    from tiering.report.prices import FREE_OPERATIONS, TIER1_OPERATIONS
+    from tiering.cost.model import REQUESTS_PER_SEGMENT
+    from tiering.cost.prices import FREE_OPERATIONS, TIER1_OPERATIONS
 
     run = demo["runs"][0]["document"]
     compacted = {r["directory"] for r in run["segments"] if r["status"] == "compacted"}

@@ -1,7 +1,7 @@
 """Seed the compose stack's S3 (a moto server) with the demo ``logdir`` tree, once.
 
 Run by the ``s3-seed`` service of docker-compose.yml after the ``s3`` service is healthy: creates the
-demo bucket and uploads what ``make demo`` uploads (``tiering.demo_s3.seed_demo``: snappy, lz4, gzip,
+demo bucket and uploads what ``make demo`` uploads (``tiering.demo.s3.seed_demo``: snappy, lz4, gzip,
 uncompressed, zstd and incompressible topics, an index-less and a corrupt segment,
 ``__consumer_offsets``). If the prefix already holds objects (``docker compose up`` again while the
 moto server kept running), it changes nothing: re-seeding would put the originals back over segments
@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 import sys
 
-from tiering.demo_s3 import BUCKET, PREFIX, seed_demo
-from tiering.s3.store import S3Store, make_client
+from tiering.demo.s3 import BUCKET, PREFIX, seed_demo
+from tiering.storage.store import S3Store, make_client
 
 
 def main() -> int:

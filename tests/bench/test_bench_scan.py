@@ -20,7 +20,7 @@ def test_scan_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
-    assert doc["entry"] == "tiering.s3.scan:scan"
+    assert doc["entry"] == "tiering.plan.scan:scan"
     assert doc["entry_file"].endswith("scan.py")
     assert doc["machine"]["cpus"] > 0
     assert doc["machine"]["moto"]

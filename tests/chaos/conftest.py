@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tiering.demo_s3 import moto_server
+from tiering.demo.s3 import moto_server
 
 
 @pytest.fixture(scope="module")

@@ -46,13 +46,13 @@ from botocore.config import Config
 
 from tests.chaos.proxy import Action, Decider, Flaky, Proxy, Request, Response, Rule
 from tests.s3.conftest import PREFIX
+from tiering.demo.seed import GeneratedSegment, generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.index import build_indexes
 from tiering.kafka.segment import verify_segment
-from tiering.s3.layout import segment_key
-from tiering.s3.seed import GeneratedSegment, generate_partition, upload_partition
-from tiering.s3.store import S3Store
+from tiering.storage.layout import segment_key
+from tiering.storage.store import S3Store
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 GOLDEN: Final = ROOT / "tests" / "data" / "golden" / "logdir"

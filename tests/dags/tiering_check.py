@@ -10,10 +10,10 @@ from pathlib import Path
 
 import yaml
 
-from tiering.demo_s3 import airflow_env, load_dag, moto_server, prepare_airflow, run_dag
+from tiering.demo.s3 import airflow_env, load_dag, moto_server, prepare_airflow, run_dag
+from tiering.demo.seed import seed_partition
 from tiering.kafka.codecs import Codec
-from tiering.s3.seed import seed_partition
-from tiering.s3.store import S3Store, make_client
+from tiering.storage.store import S3Store, make_client
 
 BUCKET, PREFIX = "tier-dag", "kafka/logs"
 

@@ -15,11 +15,11 @@ import pytest
 from cfnlint.api import lint_file
 from cfnlint.decode import decode
 
-from tiering.s3.compact import DEFAULT_GRACE_DAYS
-from tiering.s3.layout import RESERVED_DIR
-from tiering.s3.lease import LEASES_DIR
-from tiering.s3.protocol import BACKUP_DIR, JOURNAL_DIR, STAGING_DIR
-from tiering.s3.state import STATE_DIR
+from tiering.commit.lease import LEASES_DIR
+from tiering.commit.protocol import BACKUP_DIR, JOURNAL_DIR, STAGING_DIR
+from tiering.plan.state import STATE_DIR
+from tiering.run.compact import DEFAULT_GRACE_DAYS
+from tiering.storage.layout import RESERVED_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "infra" / "cloudformation" / "tiering.yaml"
@@ -52,7 +52,7 @@ OPERATION_ACTIONS: dict[str, set[str]] = {
     "list_multipart_uploads": {"s3:ListBucketMultipartUploads"},
     "get_bucket_versioning": {"s3:GetBucketVersioning"},
     "get_bucket_lifecycle_configuration": {"s3:GetLifecycleConfiguration"},
-    "create_bucket": set(),  # tiering/demo_s3.py only, against the embedded moto server; never on AWS
+    "create_bucket": set(),  # tiering/demo/s3.py only, against the embedded moto server; never on AWS
 }
 COST_REPORT_ACTIONS = {"s3:GetBucketVersioning", "s3:GetLifecycleConfiguration"}
 OBJECT_ACTIONS = {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:GetObjectTagging", "s3:PutObjectTagging",

@@ -193,7 +193,7 @@ def test_spark_runs_in_client_mode_with_the_driver_in_the_scheduler(services: di
     conf = json.loads(env(scheduler)["TIERING_SPARK_CONF"])
     assert all(isinstance(v, str) for v in conf.values())  # spark-submit --conf key=value
     assert conf["spark.submit.deployMode"] == "client"
-    assert conf["spark.python.daemon.module"] == "tiering.spark_daemon"  # tiering is installed in the image
+    assert conf["spark.python.daemon.module"] == "tiering.spark.daemon"  # tiering is installed in the image
     assert conf["spark.driver.host"] in {SCHEDULER, scheduler["hostname"]}
     assert scheduler["hostname"] == SCHEDULER
     ports = {int(conf["spark.driver.port"]), int(conf["spark.blockManager.port"])}
@@ -221,7 +221,7 @@ def test_the_s3_endpoint_is_the_moto_service_for_driver_executors_and_seed(servi
 
 
 def test_the_dag_defaults_name_the_seeded_demo_bucket(services: dict[str, Any]) -> None:
-    from tiering.demo_s3 import BUCKET, PREFIX
+    from tiering.demo.s3 import BUCKET, PREFIX
 
     for name in (SEED, *AIRFLOW):
         assert (env(services[name])["TIERING_BUCKET"], env(services[name])["TIERING_PREFIX"]) == (BUCKET, PREFIX)
@@ -336,8 +336,8 @@ def test_seed_refuses_a_bucket_or_prefix_the_demo_does_not_seed(monkeypatch: pyt
 def test_seed_leaves_a_bucket_that_already_holds_the_prefix_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     from moto import mock_aws
 
-    from tiering.demo_s3 import BUCKET, PREFIX
-    from tiering.s3.store import make_client
+    from tiering.demo.s3 import BUCKET, PREFIX
+    from tiering.storage.store import make_client
 
     seed = _load_seed_script()
     for key, value in {"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo", "AWS_DEFAULT_REGION": "us-east-1",

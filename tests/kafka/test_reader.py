@@ -9,12 +9,12 @@ import tracemalloc
 
 import pytest
 
+from tiering.demo.sample import write_segment
 from tiering.errors import CorruptBatchError
 from tiering.kafka import _walker, reader
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import SPARE_CHUNKS, _Chunks, iter_batches, iter_entries
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
-from tiering.sample import write_segment
 
 CHUNK = 4096
 

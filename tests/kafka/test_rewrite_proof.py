@@ -12,12 +12,12 @@ from collections.abc import Callable
 import crc32c
 import pytest
 
+from tiering.demo.sample import write_segment
 from tiering.errors import ConfigError, CorruptBatchError, InvalidDataError, ProofError
 from tiering.kafka import _proof, reader, rewrite
 from tiering.kafka.codecs import Codec, decompress_all_known_size
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
-from tiering.sample import write_segment
 
 
 @pytest.fixture(autouse=True, params=["compiled prover", "zstandard package"])

@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from tiering.demo_s3 import airflow_env, prepare_airflow, run_dag
-from tiering.s3.store import S3Store, make_client
+from tiering.demo.s3 import airflow_env, prepare_airflow, run_dag
+from tiering.storage.store import S3Store, make_client
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ from tests.kafka_broker import producers as P
 from tests.kafka_broker import test_restore as R
 from tests.kafka_broker.broker import Broker, jars_present
 from tests.kafka_broker.conftest import Source, note
-from tiering.demo_s3 import moto_server
+from tiering.demo.s3 import moto_server
 
 TP = tuple[str, int]
 ISOLATIONS = ("read_uncommitted", "read_committed")

@@ -32,7 +32,7 @@ from tests.kafka_broker import producers as P
 from tests.kafka_broker.broker import Broker, recovery_lines
 from tests.kafka_broker.conftest import Source, note
 from tests.kafka_broker.dumplog import DumpResult, dump, seg_name
-from tiering.demo_s3 import moto_server
+from tiering.demo.s3 import moto_server
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per S3 request in failure reports
 

@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 
 from tests.s3.conftest import PREFIX, check_consistent, context, seed
+from tiering.cost.model import CostOptions
+from tiering.cost.prices import load_prices
 from tiering.kafka.codecs import Codec
 from tiering.plan.auto import apply_policy, choose_codec
 from tiering.plan.policy import parse_policy
-from tiering.report.model import CostOptions
-from tiering.report.prices import load_prices
+from tiering.plan.scan import COMPACT, SKIP, ScanOptions, scan
 from tiering.report.publish import publish_report
-from tiering.s3.compact import CompactOptions, compact
-from tiering.s3.scan import COMPACT, SKIP, ScanOptions, scan
-from tiering.s3.store import S3Store
+from tiering.run.compact import CompactOptions, compact
+from tiering.storage.store import S3Store
 
 PRICES = load_prices("us-east-1")
 POLICY: dict[str, Any] = {
@@ -121,7 +121,7 @@ def test_a_compaction_under_the_policy(store: S3Store) -> None:
 
 def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3Store) -> None:
     """scan -> plan (policy applied) -> stage tasks as Spark runs them (from the plan's JSON) -> commit."""
-    from tiering.pipeline import (
+    from tiering.run.pipeline import (
         RunSettings,
         collect_run,
         commit_chunk,
@@ -150,7 +150,7 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     assert {codecs["logs"][b] for b in sorted(originals["logs"])[:-1]} == {"gzip"}
     assert {codecs["events"][b] for b in sorted(originals["events"])[:-1]} == {"zstd"}
     assert set(codecs["payments"].values()) == {"snappy"}
-    from tiering.s3.state import load_state
+    from tiering.plan.state import load_state
 
     assert load_state(store, PREFIX, "logs-0")["0"]["level"] == 9  # the topic's level reached the executor
     picky = next(r for r in run.segments if r.directory == "picky-0" and r.base_offset == 0)

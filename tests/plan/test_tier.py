@@ -14,13 +14,13 @@ import yaml
 
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC, context, plan_for, seed
 from tiering.cli import main
+from tiering.cost.prices import GB, load_prices
 from tiering.plan.policy import parse_policy
-from tiering.plan.tier import MOVE, STAY, apply_tiering, lifecycle_configuration, plan_tiering
-from tiering.report.prices import GB, load_prices
-from tiering.s3.compact import CompactOptions, compact
-from tiering.s3.layout import segment_key
-from tiering.s3.state import load_state
-from tiering.s3.store import S3Store
+from tiering.plan.state import load_state
+from tiering.run.compact import CompactOptions, compact
+from tiering.run.tier import MOVE, STAY, apply_tiering, lifecycle_configuration, plan_tiering
+from tiering.storage.layout import segment_key
+from tiering.storage.store import S3Store
 
 PRICES = load_prices("us-east-1")
 DOC: dict[str, Any] = {"cluster": {"storage.tiers": [{"after.days": 30, "storage.class": "STANDARD_IA"},
@@ -144,8 +144,8 @@ def test_lifecycle_configuration_states_what_s3_cannot_do() -> None:
 
 
 def test_the_state_entry_follows_a_changed_etag(store: S3Store) -> None:
-    from tiering.plan.tier import SegmentTiering, _follow_etags
-    from tiering.s3.state import record_segment
+    from tiering.plan.state import record_segment
+    from tiering.run.tier import SegmentTiering, _follow_etags
 
     record_segment(store, PREFIX, f"{TOPIC}-0", 0, {"codec": "zstd", "log_etag": '"old"', "index_etag": '"i"'})
     seg = SegmentTiering(f"{TOPIC}-0", TOPIC, 0, None, None, "")
@@ -184,12 +184,12 @@ def test_cli_tier_dry_run_then_apply(store: S3Store, tmp_path: Path) -> None:
 
 
 def test_an_invalid_policy_stops_before_any_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tiering.cli_s3
+    import tiering.cli.s3
 
     def no_s3(*_: Any) -> Any:
         raise AssertionError("an S3 client was made before the policy was checked")
 
-    monkeypatch.setattr(tiering.cli_s3, "_store", no_s3)
+    monkeypatch.setattr(tiering.cli.s3, "_store", no_s3)
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump({"cluster": {"storage.tiers": [{"after.days": 1, "storage.class": "GLACIER"}]}}))
     err = StringIO()
@@ -200,7 +200,7 @@ def test_an_invalid_policy_stops_before_any_request(tmp_path: Path, monkeypatch:
 
 
 def test_archive_classes_only_when_allowed_and_the_report_says_so(store: S3Store) -> None:
-    from tiering.plan.tier import tier_report, tier_table
+    from tiering.run.tier import tier_report, tier_table
 
     seed(store, segments=2, segment_bytes=BIG)
     doc = {"cluster": {"storage.allow.archive": True,

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from tiering.report.model import CostOptions, build_report
-from tiering.report.prices import GB, load_prices
+from tiering.cost.model import CostOptions, build_report
+from tiering.cost.prices import GB, load_prices
 from tiering.report.render import AFTER, BEFORE, LINE, SAVED, to_html
 
 pytestmark = pytest.mark.slow

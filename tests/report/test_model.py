@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tiering.report.model import KMS_CALLS_PER_SEGMENT, CostOptions, build_report, cumulative, source_codec
-from tiering.report.prices import GB, load_prices
+from tiering.cost.model import KMS_CALLS_PER_SEGMENT, CostOptions, build_report, cumulative, source_codec
+from tiering.cost.prices import GB, load_prices
 from tiering.report.render import FORMATS, render
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tiering.cost.prices import DAYS_PER_MONTH, GB, default_prices, load_prices
 from tiering.errors import ConfigError
-from tiering.report.prices import DAYS_PER_MONTH, GB, default_prices, load_prices
 
 
 def test_the_defaults_say_where_and_when_they_come_from() -> None:

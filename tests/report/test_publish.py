@@ -15,8 +15,8 @@ from moto.server import ThreadedMotoServer
 
 from tests.s3.conftest import BUCKET, PREFIX, context, plan_for, seed
 from tiering.cli import main
-from tiering.report.model import CostOptions
-from tiering.report.prices import GB, load_prices
+from tiering.cost.model import CostOptions
+from tiering.cost.prices import GB, load_prices
 from tiering.report.publish import (
     LATEST,
     ledger_key,
@@ -26,8 +26,8 @@ from tiering.report.publish import (
     record_in_ledger,
     report_key,
 )
-from tiering.s3.compact import CompactOptions, compact
-from tiering.s3.store import S3Store, make_client
+from tiering.run.compact import CompactOptions, compact
+from tiering.storage.store import S3Store, make_client
 
 PRICES = load_prices("us-east-1")
 

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
+from tiering.commit.protocol import BACKUP_DIR, Context, pending_journals
+from tiering.demo.seed import DEFAULT_START_MS, GeneratedSegment, generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.index import build_indexes
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.kafka.segment import verify_segment
-from tiering.s3.layout import segment_key
-from tiering.s3.protocol import BACKUP_DIR, Context, pending_journals
-from tiering.s3.scan import Plan, ScanOptions, scan
-from tiering.s3.seed import DEFAULT_START_MS, GeneratedSegment, generate_partition, upload_partition
-from tiering.s3.store import ObjectNotFound, S3Store, make_client
+from tiering.plan.scan import Plan, ScanOptions, scan
+from tiering.storage.layout import segment_key
+from tiering.storage.store import ObjectNotFound, S3Store, make_client
 
 BUCKET = "segments"
 PREFIX = "prod/kafka"

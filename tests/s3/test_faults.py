@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from tests.s3.conftest import FAULT_REPORT, Original, check_consistent, context, fresh_store, no_pending, plan_for, seed
-from tiering.s3.compact import CompactOptions, compact
-from tiering.s3.store import S3Store
+from tiering.run.compact import CompactOptions, compact
+from tiering.storage.store import S3Store
 
 
 class Crash(Exception):
@@ -79,7 +79,7 @@ def test_crash_at_every_call_then_rerun_converges(aws_env: None) -> None:
     from moto import mock_aws
 
     from tests.s3.conftest import BUCKET
-    from tiering.s3.store import make_client
+    from tiering.storage.store import make_client
 
     def fresh() -> S3Store:
         client = make_client()

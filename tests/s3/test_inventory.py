@@ -16,8 +16,8 @@ import pytest
 from bench.synth_inventory import COLUMNS, Version, kafka_layout_rows, write_inventory
 from tests.s3.conftest import BUCKET
 from tiering.errors import ConfigError, InvalidDataError
-from tiering.s3.inventory import InventoryManifest, iter_inventory, read_manifest
-from tiering.s3.store import ObjectInfo, ObjectNotFound, S3Store
+from tiering.plan.inventory import InventoryManifest, iter_inventory, read_manifest
+from tiering.storage.store import ObjectInfo, ObjectNotFound, S3Store
 
 SOURCE = "kafka-logs"
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

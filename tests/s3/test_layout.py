@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tiering.errors import ConfigError
-from tiering.s3.layout import (
+from tiering.storage.layout import (
     DirKind,
     normalize_prefix,
     parse_dir,

@@ -25,9 +25,9 @@ import pytest
 
 from tests.s3.conftest import BUCKET
 from tiering.errors import ConfigError, StorageError, TieringError
-from tiering.s3.memory import ManualClock, MemoryStore
-from tiering.s3.objects import ObjectStore
-from tiering.s3.store import (
+from tiering.storage.memory import ManualClock, MemoryStore
+from tiering.storage.objects import ObjectStore
+from tiering.storage.store import (
     MIN_PART_BYTES,
     BucketFacts,
     ObjectAttrs,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from tests.s3.conftest import PREFIX, TOPIC, context, plan_for, seed
 from tiering.kafka.codecs import Codec
-from tiering.s3.compact import CompactOptions, compact
-from tiering.s3.layout import segment_key
-from tiering.s3.scan import COMPACT, SKIP, Plan, PlannedSegment
-from tiering.s3.state import load_state
-from tiering.s3.store import S3Store
+from tiering.plan.scan import COMPACT, SKIP, Plan, PlannedSegment
+from tiering.plan.state import load_state
+from tiering.run.compact import CompactOptions, compact
+from tiering.storage.layout import segment_key
+from tiering.storage.store import S3Store
 
 
 def _by_base(plan: Plan) -> dict[int, PlannedSegment]:

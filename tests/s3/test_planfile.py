@@ -14,15 +14,15 @@ from hypothesis import strategies as st
 
 from bench.synth_inventory import write_inventory
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC
+from tiering.demo.seed import generate_partition, upload_partition
 from tiering.errors import InvalidDataError
 from tiering.kafka.codecs import Codec
-from tiering.pipeline import RunSettings, load_manifest, plan_run, scan_run, stage_units
-from tiering.s3.compact import CompactOptions, select
-from tiering.s3.journal import Cause
-from tiering.s3.planfile import Budget, ChunkWriter, by_partition, chunk_limits, read_chunk
-from tiering.s3.scan import COMPACT, REPAIR, SKIP, ObjectRef, Plan, PlannedSegment, ScanOptions, scan
-from tiering.s3.seed import generate_partition, upload_partition
-from tiering.s3.store import S3Store
+from tiering.lifecycle.journal import Cause
+from tiering.plan.planfile import Budget, ChunkWriter, by_partition, chunk_limits, read_chunk
+from tiering.plan.scan import COMPACT, REPAIR, SKIP, ObjectRef, Plan, PlannedSegment, ScanOptions, scan
+from tiering.run.compact import CompactOptions, select
+from tiering.run.pipeline import RunSettings, load_manifest, plan_run, scan_run, stage_units
+from tiering.storage.store import S3Store
 
 
 def _segment(directory: str, base: int, size: int, action: str = COMPACT) -> PlannedSegment:

@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC, Original, check_consistent, context, no_pending, plan_for, seed
+from tiering.commit.lease import Lease, lease_key
+from tiering.commit.protocol import META_OP, META_RUN, META_SOURCE_ETAG, Pending, pending_journals
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.s3.compact import CompactOptions, cleanup, compact, rollback
-from tiering.s3.journal import JournalState
-from tiering.s3.layout import segment_key
-from tiering.s3.lease import Lease, lease_key
-from tiering.s3.memory import ManualClock, MemoryStore
-from tiering.s3.protocol import META_OP, META_RUN, META_SOURCE_ETAG, Pending, pending_journals
-from tiering.s3.scan import SKIP
-from tiering.s3.state import load_state
-from tiering.s3.store import PreconditionFailed
+from tiering.lifecycle.journal import JournalState
+from tiering.plan.scan import SKIP
+from tiering.plan.state import load_state
+from tiering.run.compact import CompactOptions, cleanup, compact, rollback
+from tiering.storage.layout import segment_key
+from tiering.storage.memory import ManualClock, MemoryStore
+from tiering.storage.store import PreconditionFailed
 
 DIR = f"{TOPIC}-0"
 SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)

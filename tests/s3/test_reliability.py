@@ -23,14 +23,14 @@ from tests.s3.conftest import (
     seed,
 )
 from tests.s3.hooks import Step, key_ends
+from tiering.commit.lease import Lease, LeaseHeld, lease_key
+from tiering.commit.protocol import Pending
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.s3.compact import CompactOptions, cleanup, compact, rollback
-from tiering.s3.layout import DirKind, parse_dir, segment_key
-from tiering.s3.lease import Lease, LeaseHeld, lease_key
-from tiering.s3.protocol import Pending
-from tiering.s3.state import load_state
-from tiering.s3.store import S3Store, TransportError
+from tiering.plan.state import load_state
+from tiering.run.compact import CompactOptions, cleanup, compact, rollback
+from tiering.storage.layout import DirKind, parse_dir, segment_key
+from tiering.storage.store import S3Store, TransportError
 
 DIR = f"{TOPIC}-0"
 INDEXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
@@ -370,9 +370,9 @@ def test_a_run_stalled_after_an_index_delete_stops_as_a_conflict_when_another_fi
 
 
 def test_a_run_s_exit_code_is_its_worst_segment() -> None:
-    from tiering.s3.compact import outcome
-    from tiering.s3.journal import Cause, Status
-    from tiering.s3.protocol import SegmentResult
+    from tiering.commit.protocol import SegmentResult
+    from tiering.lifecycle.journal import Cause, Status
+    from tiering.run.compact import outcome
 
     def seg(status: Status, cause: Cause | None = None, pending: Pending | None = None) -> SegmentResult:
         return SegmentResult("t-0", 0, status, cause=cause, pending=pending)

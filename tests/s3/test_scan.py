@@ -8,17 +8,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.s3.conftest import PREFIX, TOPIC, plan_for, seed
+from tiering.commit.protocol import Context
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.s3.compact import CompactOptions, compact
-from tiering.s3.estimate import estimate
-from tiering.s3.journal import Cause
-from tiering.s3.layout import parse_dir, partition_key, segment_key
-from tiering.s3.protocol import Context
-from tiering.s3.scan import COMPACT, REPAIR, SKIP, Plan, ScanOptions, classify_partition, scan
-from tiering.s3.store import ObjectAttrs, ObjectInfo, S3Store
+from tiering.lifecycle.journal import Cause
+from tiering.plan.estimate import estimate
+from tiering.plan.scan import COMPACT, REPAIR, SKIP, Plan, ScanOptions, classify_partition, scan
+from tiering.run.compact import CompactOptions, compact
+from tiering.storage.layout import parse_dir, partition_key, segment_key
+from tiering.storage.store import ObjectAttrs, ObjectInfo, S3Store
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""tiering.s3.store against moto's in-process S3 (mock_aws)."""
+"""tiering.storage.store against moto's in-process S3 (mock_aws)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from moto import mock_aws
 
 from tiering.errors import ConfigError
-from tiering.s3.store import (
+from tiering.storage.store import (
     MIN_PART_BYTES,
     AccessDenied,
     ObjectAttrs,

@@ -10,11 +10,11 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from tests.s3.conftest import PREFIX, check_consistent, seed
-from tiering.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
-from tiering.s3.compact import CompactOptions
-from tiering.s3.scan import ScanOptions
-from tiering.s3.store import S3Store, make_client
-from tiering.sparksubmit import submit
+from tiering.plan.scan import ScanOptions
+from tiering.run.compact import CompactOptions
+from tiering.run.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
+from tiering.spark.submit import submit
+from tiering.storage.store import S3Store, make_client
 
 JOB = Path(__file__).parents[2] / "spark_jobs" / "compact_segments.py"
 

@@ -1,4 +1,4 @@
-"""tiering.spark_daemon: the installed pyspark replaces Spark's zip only when it is the same version, the preloaded
+"""tiering.spark.daemon: the installed pyspark replaces Spark's zip only when it is the same version, the preloaded
 imports start no thread (the daemon forks after them), and spark-submit gets the daemon for local masters only."""
 
 from __future__ import annotations
@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tiering.spark_daemon import DAEMON_CONF, DAEMON_MODULE
-from tiering.sparksubmit import LOCAL_DEFAULTS, spark_home, submit_command
+from tiering.spark.daemon import DAEMON_CONF, DAEMON_MODULE
+from tiering.spark.submit import LOCAL_DEFAULTS, spark_home, submit_command
 
 SPARK_LIB = spark_home() / "python" / "lib"
 _PROBE = """
 import json, sys, threading
-from tiering.spark_daemon import prefer_installed_pyspark
+from tiering.spark.daemon import prefer_installed_pyspark
 before = list(sys.path)
 done = prefer_installed_pyspark()
-import pyspark.worker, tiering.pipeline
+import pyspark.worker, tiering.run.pipeline
 print(json.dumps({"done": done, "same_path": sys.path == before, "pyspark": __import__("pyspark").__file__,
                   "threads": threading.active_count()}))
 """

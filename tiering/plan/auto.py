@@ -24,18 +24,18 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final
 
+from tiering.cost.model import REQUESTS_PER_SEGMENT
+from tiering.cost.prices import DAYS_PER_MONTH, GB, PriceBook
 from tiering.errors import TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import RawBatch
 from tiering.kafka.rewrite import RewriteOptions, process_batch
+from tiering.lifecycle.journal import Cause
+from tiering.plan.ages import max_timestamp
+from tiering.plan.estimate import WorkSample, sample_batches, spread
 from tiering.plan.policy import AUTO, Policy
-from tiering.plan.tier import max_timestamp
-from tiering.report.model import REQUESTS_PER_SEGMENT
-from tiering.report.prices import DAYS_PER_MONTH, GB, PriceBook
-from tiering.s3.estimate import WorkSample, sample_batches, spread
-from tiering.s3.journal import Cause
-from tiering.s3.scan import COMPACT, SKIP, Plan, PlannedSegment
-from tiering.s3.store import S3Store
+from tiering.plan.scan import COMPACT, SKIP, Plan, PlannedSegment
+from tiering.storage.store import S3Store
 
 HORIZON_MONTHS: Final = 12.0
 GRACE_DAYS: Final = 7.0  # the cleanup's default grace period

@@ -17,15 +17,15 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from tiering.cost.model import CostOptions, build_report, cumulative, ledger_entry
+from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
 from tiering.errors import ConfigError, StorageError
-from tiering.report.model import CostOptions, build_report, cumulative, ledger_entry
-from tiering.report.prices import DEFAULT_REGION, PriceBook, load_prices
+from tiering.plan.planfile import ChunkedPlan
+from tiering.plan.scan import Plan
 from tiering.report.render import render
-from tiering.s3.compact import RUNS_DIR, run_result_key
-from tiering.s3.layout import reserved_key
-from tiering.s3.planfile import ChunkedPlan
-from tiering.s3.scan import Plan
-from tiering.s3.store import ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
+from tiering.run.compact import RUNS_DIR, run_result_key
+from tiering.storage.layout import reserved_key
+from tiering.storage.store import ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
 
 REPORTS_DIR: Final = "reports"
 LATEST: Final = "latest"

@@ -1,0 +1,478 @@
+"""The ``tiering`` command line: ``main(argv) -> int``, one place that maps errors to exit codes.
+
+Exit codes (the contract automation relies on, :class:`tiering.errors.ExitCode`): 0 ok, 1 the data is
+invalid (corrupt, unsupported), 2 usage or configuration error, 3 busy/conflict (work left to a later run:
+a partition held by another run, a segment changed by another writer), 4 a transient S3 or network
+failure (retry). Text for people on stdout, progress on stderr, ``--json`` for machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from tiering import __version__
+from tiering.cli.policy import add_policy_commands
+from tiering.cli.report import add_report_command
+from tiering.cli.s3 import add_s3_commands
+from tiering.demo.local import render_table, run_demo
+from tiering.errors import ConfigError, ExitCode, InvalidDataError, TieringError, exit_code
+from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
+from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES
+from tiering.kafka.records import Record
+from tiering.kafka.rewrite import RewriteOptions
+from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
+from tiering.local import open_segment, reindex_file, rewrite_file, verify_file
+from tiering.report.render import to_table
+from tiering.run.pipeline import by_topic
+
+EXIT_OK = ExitCode.OK
+EXIT_INVALID = ExitCode.INVALID
+EXIT_USAGE = ExitCode.USAGE
+
+CODEC_CHOICES = [c.label for c in Codec]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors raise instead of exiting, so ``main`` keeps one exit-code mapping."""
+
+    def error(self, message: str) -> Any:  # argparse's signature says NoReturn
+        raise ConfigError(f"{message} (see: {self.prog} --help)")
+
+
+def _out(args: argparse.Namespace) -> TextIO:
+    stream: TextIO = args.stdout
+    return stream
+
+
+def _print_json(args: argparse.Namespace, doc: object) -> None:
+    json.dump(doc, _out(args), separators=(",", ":") if getattr(args, "lines", False) else None,
+              indent=None if getattr(args, "lines", False) else 2, sort_keys=False)
+    _out(args).write("\n")
+
+
+def _console(args: argparse.Namespace) -> Console:
+    out = _out(args)
+    # A pipe or a file gets full lines (rich would wrap tables at 80 columns); a terminal its own width.
+    return Console(file=out, highlight=False, width=None if out.isatty() else 160)
+
+
+@contextmanager
+def _progress(label: str, total: int, enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    """A byte progress bar on stderr while long work runs (only when stderr is a terminal)."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda done: bar.update(task, completed=done)
+
+
+# --- segment dump ------------------------------------------------------------------------------
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _record_json(r: Record) -> dict[str, object]:
+    return {
+        "offset": r.offset,
+        "timestamp": r.timestamp,
+        "key_size": -1 if r.key is None else len(r.key),
+        "value_size": -1 if r.value is None else len(r.value),
+        "key_b64": _b64(r.key),
+        "value_b64": _b64(r.value),
+        "headers": [{"key": hk.decode("utf-8", "replace"), "value_b64": _b64(hv)} for hk, hv in r.headers],
+    }
+
+
+def _preview(data: bytes | None, width: int = 60) -> str:
+    if data is None:
+        return "null"
+    text = data[:width].decode("utf-8", "replace")
+    text = "".join(ch if ch.isprintable() else "." for ch in text)
+    return repr(text + ("…" if len(data) > width else ""))
+
+
+def _batch_line(b: DecodedBatch) -> str:
+    j = b.to_json()
+    parts = [f"baseOffset: {j['base_offset']}", f"lastOffset: {j['last_offset']}", f"count: {j['record_count']}",
+             f"position: {j['position']}", f"size: {j['size']}", f"magic: {j['magic']}",
+             f"compresscodec: {j['codec']}", f"{j['timestamp_type']}: {j['max_timestamp']}",
+             f"producerId: {j['producer_id']}", f"producerEpoch: {j['producer_epoch']}",
+             f"baseSequence: {j['base_sequence']}", f"isTransactional: {str(j['is_transactional']).lower()}",
+             f"isControl: {str(j['is_control']).lower()}", f"partitionLeaderEpoch: {j['partition_leader_epoch']}",
+             f"crc: {j['crc']}"]
+    if j["delete_horizon_ms"] is not None:
+        parts.append(f"deleteHorizonMs: {j['delete_horizon_ms']}")
+    if j["control_type"] is not None:
+        parts.append(f"endTxnMarker: {j['control_type']}")
+    return " ".join(parts)
+
+
+def _cmd_dump(args: argparse.Namespace) -> int:
+    out = _out(args)
+    with open_segment(args.path) as f:
+        for batch in iter_decoded(f, path=str(args.path), limit=args.decompression_limit):
+            if args.json:
+                doc = batch.to_json()
+                if args.deep:
+                    doc["records"] = [_record_json(r) for r in batch.records]
+                out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+                continue
+            out.write(_batch_line(batch) + "\n")
+            if args.deep:
+                for r in batch.records:
+                    headers = ", ".join(f"{hk.decode('utf-8', 'replace')}={_preview(hv, 20)}" for hk, hv in r.headers)
+                    out.write(f"| offset: {r.offset} timestamp: {r.timestamp} keySize: "
+                              f"{-1 if r.key is None else len(r.key)} valueSize: "
+                              f"{-1 if r.value is None else len(r.value)} headers: [{headers}] "
+                              f"key: {_preview(r.key, 30)} value: {_preview(r.value)}\n")
+    return EXIT_OK
+
+
+# --- segment verify ----------------------------------------------------------------------------
+
+
+def _summary_table(summary: SegmentSummary, title: str) -> Table:
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column("field", style="bold")
+    t.add_column("value")
+    j = summary.to_json()
+    for key in ("size_bytes", "batch_count", "record_count", "control_batch_count", "empty_batch_count", "magics",
+                "codecs", "first_offset", "last_offset", "max_timestamp", "records_sha256", "batches_sha256"):
+        t.add_row(key, str(j[key]))
+    return t
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    try:
+        summary = verify_file(args.path, indexes=args.indexes, base_offset=args.base_offset,
+                              index_interval_bytes=args.index_interval_bytes,
+                              decompression_limit=args.decompression_limit)
+    except InvalidDataError as e:
+        if args.json:
+            _print_json(args, {"path": str(args.path), "valid": False, "error": e.to_dict()})
+            return EXIT_INVALID
+        raise
+    valid = not summary.index_problems
+    if args.json:
+        _print_json(args, summary.to_json())
+    else:
+        console = _console(args)
+        console.print(_summary_table(summary, str(args.path)))
+        for name in summary.index_missing:
+            console.print(f"note: no .{name} beside the log (a broker rebuilds a missing index)")
+        broken = {p.file for p in summary.index_problems}
+        for name, same in summary.index_equals_rebuild.items():
+            if name in broken:
+                continue
+            console.print(f".{name}: valid, {'equal to' if same else 'differs from'} a rebuild "
+                          f"(index.interval.bytes={args.index_interval_bytes}; a broker's own index may differ "
+                          "and still be valid)")
+        for problem in summary.index_problems:
+            console.print(f"invalid: {problem}")
+        console.print("valid" if valid else "INVALID")
+    return EXIT_OK if valid else EXIT_INVALID
+
+
+# --- segment rewrite / reindex -----------------------------------------------------------------
+
+
+def _rewrite_table(stats: dict[str, Any], title: str) -> Table:
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column("field", style="bold")
+    t.add_column("value")
+    t.add_row("bytes in → out", f"{stats['bytes_in']:,} → {stats['bytes_out']:,} (ratio {stats['ratio']})")
+    t.add_row("saved", f"{stats['saved_bytes']:,} bytes")
+    t.add_row("batches", f"{stats['batches']:,} ({stats['batches_rewritten']:,} recompressed)")
+    for reason, n in stats["batches_kept"].items():
+        t.add_row("  kept as they were", f"{n:,}: {reason}")
+    t.add_row("records", f"{stats['records']:,}")
+    t.add_row("codecs before", json.dumps(stats["codecs_before"]))
+    t.add_row("codecs after", json.dumps(stats["codecs_after"]))
+    t.add_row("records xxh3", f"{stats['payload_xxh3']} (every written batch proven to hold these records)")
+    t.add_row("seconds", str(stats["seconds"]))
+    return t
+
+
+def _cmd_rewrite(args: argparse.Namespace) -> int:
+    options = RewriteOptions(
+        codec=Codec.parse(args.codec), level=args.level, force=args.force,
+        deep_validation=not args.no_deep_validation, proof=not args.no_proof,
+        index_interval_bytes=args.index_interval_bytes, decompression_limit=args.decompression_limit)
+    size = args.path.stat().st_size if args.path.exists() else 0
+    with _progress(f"rewrite {args.path.name}", size, not args.json) as progress:
+        result, written = rewrite_file(args.path, args.out, options, base_offset=args.base_offset,
+                                       progress=progress)
+    doc = result.stats.to_json()
+    doc["outputs"] = {"log": str(written.log), "index": str(written.index), "timeindex": str(written.time_index)}
+    if args.json:
+        _print_json(args, doc)
+    else:
+        _console(args).print(_rewrite_table(doc, f"{args.path} → {written.log}"))
+    return EXIT_OK
+
+
+def _cmd_reindex(args: argparse.Namespace) -> int:
+    summary, written = reindex_file(args.path, args.out, base_offset=args.base_offset,
+                                    index_interval_bytes=args.index_interval_bytes,
+                                    decompression_limit=args.decompression_limit)
+    doc = {"path": str(args.path), "batches": summary.batch_count, "index_interval_bytes": args.index_interval_bytes,
+           "index": str(written.index), "index_bytes": written.index.stat().st_size,
+           "timeindex": str(written.time_index), "timeindex_bytes": written.time_index.stat().st_size}
+    if args.json:
+        _print_json(args, doc)
+    else:
+        _out(args).write(f"wrote {doc['index']} ({doc['index_bytes']} bytes) and {doc['timeindex']} "
+                         f"({doc['timeindex_bytes']} bytes) from {summary.batch_count} batches\n")
+    return EXIT_OK
+
+
+# --- demo ----------------------------------------------------------------------------------------
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    report = run_demo(args.out, codec=Codec.parse(args.codec), level=args.level, scale=args.scale,
+                      log=None if args.json else lambda line: print(line, file=sys.stderr))
+    if args.json:
+        _print_json(args, report)
+    else:
+        console = _console(args)
+        console.print(render_table(report))
+        console.print(f"outputs under {args.out}; JSON summary: {report['summary_path']}")
+    return EXIT_OK if report["totals"]["failed"] == 0 or report["expected_failures_only"] else EXIT_INVALID
+
+
+def _cmd_pipeline_demo(args: argparse.Namespace) -> int:
+    from tiering.demo.s3 import run_pipeline_demo  # noqa: PLC0415 - Airflow and moto load only here
+
+    def log(line: str) -> None:
+        print(f"[demo] {line}", file=sys.stderr, flush=True)
+
+    with redirect_stdout(sys.stderr):  # task logs are progress: stdout keeps only the result
+        demo = run_pipeline_demo(args.out, codec=Codec.parse(args.codec), level=args.level, scale=args.scale,
+                                 spark_master=args.spark_master, log=log)
+    first, second = (r["document"] for r in demo["runs"])
+    states = [r["state"] for r in demo["runs"]]
+    dry = demo["dry_run"]
+    doc = {"states": states, "run_1": first,
+           "dry_run": {"state": dry["state"], "estimate": dry["estimate"], "segment_objects_changed": dry["changed"]},
+           "run_2": {"run_id": second["run_id"], "totals": second["totals"]},
+           "segment_objects_changed_by_run_2": demo["changed_by_second_run"], "reports": demo["report_keys"],
+           "report_totals": [r["report"]["totals"] for r in demo["runs"]],
+           "local_copies": demo["local_copies"]}
+    if args.json:
+        _print_json(args, doc)
+    else:
+        console = _console(args)
+        est = dry["estimate"]
+        console.print(f"dry run first: estimated savings {est['saved_bytes_estimate'] / 2**20:,.2f} MiB "
+                      f"({est['saved_bytes_low'] / 2**20:,.2f} to {est['saved_bytes_high'] / 2**20:,.2f} MiB, from "
+                      f"{est['segments_sampled']} sampled segments); it changed {len(dry['changed'])} objects")
+        console.print(pipeline_table(first))
+        console.print(to_table(demo["runs"][0]["report"]), markup=False)
+        console.print(f"second run: {second['totals']}; segment objects it changed: "
+                      f"{len(demo['changed_by_second_run'])}")
+        console.print(f"reports: {', '.join(demo['report_keys'])} (JSON, Markdown and CSV beside them); open the "
+                      f"local copies in a browser: {', '.join(demo['local_copies'])}")
+    ok = states == ["success", "success"] and dry["state"] == "success" and not dry["changed"]
+    return EXIT_OK if ok and not demo["changed_by_second_run"] else EXIT_INVALID
+
+
+def pipeline_table(run: dict[str, Any]) -> Table:
+    """A run document as a table: one row per topic, then what was skipped or failed and why."""
+    t = Table(title=f"run {run['run_id']}: compaction to {run['settings']['codec']}", title_justify="left",
+              show_footer=True)
+    rows, outcomes = by_topic(run["segments"])
+    notes = {f"{topic}: {status} ({reason})": n for (topic, status, reason), n in outcomes.items()}
+    before, after = run["totals"]["bytes_before"], run["totals"]["bytes_after"]
+    t.add_column("topic", footer="total")
+    t.add_column("segments", justify="right", footer=str(sum(r[0] for r in rows.values())))
+    t.add_column("before", justify="right", footer=f"{before / 2**20:,.2f} MiB")
+    t.add_column("after", justify="right", footer=f"{after / 2**20:,.2f} MiB")
+    t.add_column("saved", justify="right", footer=f"{1 - after / before:.1%}" if before else "")
+    for topic, (n, b, a) in sorted(rows.items()):
+        t.add_row(topic, str(n), f"{b / 2**20:,.2f} MiB", f"{a / 2**20:,.2f} MiB", f"{1 - a / b:.1%}")
+    for note, n in sorted(notes.items()):
+        t.add_row(f"[dim]{note}[/dim]", str(n), "", "", "")
+    return t
+
+
+# --- parser ----------------------------------------------------------------------------------------
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, found {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, found {value}")
+    return value
+
+
+def _add_segment_args(p: argparse.ArgumentParser, *, index_interval: bool = True) -> None:
+    p.add_argument("path", type=Path, help="a segment file: <20-digit base offset>.log")
+    p.add_argument("--base-offset", type=_nonneg_int, default=None,
+                   help="the segment's base offset, when the file is not named after it")
+    p.add_argument("--decompression-limit", type=_nonneg_int, default=DEFAULT_DECOMPRESSION_LIMIT,
+                   metavar="BYTES",
+                   help="largest decompressed records section accepted per batch: a larger one (a bomb, or a "
+                        "lying length) is reported as invalid data (default %(default)s)")
+    if index_interval:
+        p.add_argument("--index-interval-bytes", type=_nonneg_int, default=DEFAULT_INDEX_INTERVAL_BYTES,
+                       metavar="N", help="Kafka's index.interval.bytes for the indexes (default %(default)s)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="tiering",
+        description="Recompress and re-index Kafka log segments, exactly as Kafka would write them.",
+        epilog="Exit codes: 0 ok, 1 invalid data (corrupt or unsupported), 2 usage or configuration error.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    verbs = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    segment = verbs.add_parser("segment", help="work on one local segment file",
+                               description="Read, verify, recompress and re-index one Kafka segment file.")
+    seg = segment.add_subparsers(dest="segment_command", metavar="VERB", parser_class=_Parser)
+
+    p = seg.add_parser("dump", help="print batches (and records with --deep)",
+                       description="Print every batch of a segment like kafka-dump-log. With --json, one JSON "
+                                   "object per batch per line (JSON Lines); --deep adds the records (keys and "
+                                   "values base64-encoded).")
+    _add_segment_args(p, index_interval=False)
+    p.add_argument("--deep", action="store_true", help="also print every record (kafka-dump-log --deep-iteration)")
+    p.add_argument("--json", action="store_true", help="JSON Lines on stdout")
+    p.set_defaults(func=_cmd_dump)
+
+    p = seg.add_parser("verify", help="check CRCs, every record, offsets (and indexes); exit 0 valid, 1 invalid",
+                       description="Check every batch: header sanity, CRC-32C (v2) or CRC-32 (v0/v1), "
+                                   "decompression within the limit, every record (count, offsets, varints, "
+                                   "lengths), offsets increasing across batches. Prints the canonical "
+                                   "records_sha256 and batches_sha256 digests. With --indexes, also judges "
+                                   "the .index and .timeindex beside the log like kafka-dump-log "
+                                   "--verify-index-only (sorted, in range, each entry naming the batch at its "
+                                   "position) and says whether each equals a rebuild.")
+    _add_segment_args(p)
+    p.add_argument("--indexes", action="store_true", help="also verify the .index and .timeindex beside the log")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=_cmd_verify)
+
+    p = seg.add_parser("rewrite", help="recompress every batch into DIR/<base>.log with rebuilt indexes",
+                       description="Recompress every batch with the target codec, keeping every offset and "
+                                   "header field; prove each rewritten batch decodes to the original records; "
+                                   "write DIR/<base>.log, .index and .timeindex (rebuilt as Kafka's "
+                                   "LogSegment.recover does). Control batches, batches already in the target "
+                                   "codec (unless --force) and batches that would not shrink are copied as "
+                                   "they are. On invalid input: exit 1 and nothing is left in DIR.")
+    _add_segment_args(p)
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (created if needed)")
+    p.add_argument("--codec", required=True, choices=CODEC_CHOICES, help="target codec")
+    p.add_argument("--level", type=int, default=None,
+                   help="codec level as Kafka's compression.<codec>.level (gzip 1-9, lz4 1-17, zstd -131072-22; "
+                        "default: Kafka's)")
+    p.add_argument("--force", action="store_true", help="recompress batches already in the target codec too")
+    p.add_argument("--no-deep-validation", action="store_true",
+                   help="skip the per-record walk (CRC and decompression are still checked)")
+    p.add_argument("--no-proof", action="store_true",
+                   help="skip decoding each rewritten batch again and comparing it with the original")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=_cmd_rewrite)
+
+    p = seg.add_parser("reindex", help="rebuild .index and .timeindex of a segment into DIR",
+                       description="Rebuild the offset and time indexes of a valid segment exactly as Kafka's "
+                                   "LogSegment.recover does, into DIR/<base>.index and DIR/<base>.timeindex.")
+    _add_segment_args(p)
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (created if needed)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=_cmd_reindex)
+
+    p = verbs.add_parser("demo-local", help="the same on the local disk: generate partitions, rewrite, savings",
+                         description="Generate sample Kafka partitions on the local disk (several topics and "
+                                     "producer codecs, an incompressible topic, an already-zstd topic, a corrupt "
+                                     "segment), rewrite every sealed segment, verify the digests of each rewrite "
+                                     "against its source and print what was saved.")
+    p.add_argument("--out", type=Path, default=Path("demo-out"), metavar="DIR",
+                   help="working directory (default %(default)s; replaced on each run)")
+    p.add_argument("--codec", default="zstd", choices=CODEC_CHOICES, help="target codec (default %(default)s)")
+    p.add_argument("--level", type=int, default=None, help="codec level (default: Kafka's default for the codec)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply the sample's size (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=_cmd_demo)
+
+    p = verbs.add_parser("demo", help="the whole pipeline on an embedded S3: scan, Spark, verified swap, savings",
+                         description="Start a moto S3 server on 127.0.0.1, fill a bucket with a realistic Kafka "
+                                     "logdir tree (JSON events from snappy/lz4/gzip producers, log lines, an "
+                                     "already-zstd topic, an incompressible one, an index-less and a corrupt "
+                                     "segment, an internal topic), run the Airflow DAG kafka_segment_compaction "
+                                     "twice with dag.test() and local Spark, and print the savings. No AWS "
+                                     "account is used.")
+    p.add_argument("--out", type=Path, default=Path("demo-out"), metavar="DIR",
+                   help="working directory (default %(default)s; replaced on each run)")
+    p.add_argument("--codec", default="zstd", choices=CODEC_CHOICES, help="target codec (default %(default)s)")
+    p.add_argument("--level", type=int, default=None, help="codec level (default: Kafka's default for the codec)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply the segments' size (default %(default)s)")
+    p.add_argument("--spark-master", default="local[2]", help="Spark master (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=_cmd_pipeline_demo)
+    add_s3_commands(verbs, _Parser)
+    add_report_command(verbs, _Parser)
+    add_policy_commands(verbs, _Parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    err = stderr if stderr is not None else sys.stderr
+    out = stdout if stdout is not None else sys.stdout
+    parser = build_parser()
+    args: argparse.Namespace | None = None
+
+    def fail(code: int, line: str, doc: dict[str, object]) -> int:
+        print(f"tiering: {line}", file=err)
+        if args is not None and getattr(args, "json", False):  # machines get the error as JSON too
+            print(json.dumps({"type": "error", "exit_code": code, "error": doc}), file=out)
+        return code
+
+    try:
+        try:
+            with redirect_stdout(out):  # --help and --version print to stdout and exit
+                args = parser.parse_args(argv)
+        except SystemExit as e:
+            return e.code if isinstance(e.code, int) else EXIT_OK
+        args.stdout = out
+        func = getattr(args, "func", None)
+        if func is None:
+            parser.print_help(err)
+            return EXIT_USAGE
+        code: int = func(args)
+        return code
+    except TieringError as e:
+        code = exit_code(e)
+        return fail(code, f"invalid: {e}" if isinstance(e, InvalidDataError) else str(e), e.to_dict())
+    except BrokenPipeError:
+        return EXIT_OK
+    except OSError as e:  # the machine's side: permissions, a full disk, a directory where a file was expected
+        where = f"{e.filename}: " if e.filename else ""
+        return fail(EXIT_USAGE, f"{where}{e.strerror or e}",
+                    {"error": type(e).__name__, "message": e.strerror or str(e), "path": e.filename})
+    except KeyboardInterrupt:
+        print("tiering: interrupted", file=err)
+        return ExitCode.INTERRUPTED
+
+
+def entrypoint() -> None:
+    sys.exit(main())

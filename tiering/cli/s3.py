@@ -1,0 +1,495 @@
+"""``tiering s3 ...``: scan, compact, roll back and clean up segment prefixes on S3.
+
+The S3 endpoint and credentials come from the standard AWS environment (``AWS_ENDPOINT_URL``,
+``AWS_REGION``, the credentials chain) or ``--endpoint-url``; nothing here prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from tiering.cli.report import add_cost_args, cost_from_args
+from tiering.commit.lease import DEFAULT_TTL_SECONDS
+from tiering.commit.protocol import Context, SegmentResult
+from tiering.errors import ConfigError, ExitCode, StorageError
+from tiering.kafka.codecs import Codec
+from tiering.kafka.rewrite import RewriteOptions
+from tiering.plan.auto import apply_policy
+from tiering.plan.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, WorkSample, estimate, estimate_work
+from tiering.plan.inventory import iter_inventory, read_manifest
+from tiering.plan.policy import load_policy
+from tiering.plan.scan import (
+    COMPACT,
+    DEFAULT_MIN_AGE_MINUTES,
+    Plan,
+    PlannedSegment,
+    PlanTotals,
+    ScanOptions,
+    scan,
+    scan_partitions,
+)
+from tiering.report.publish import cost_config, publish_report
+from tiering.report.render import to_table
+from tiering.run.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, compact, new_run_id, rollback
+from tiering.storage.store import ObjectInfo, S3Store, make_client
+
+CODEC_CHOICES = [c.label for c in Codec]
+
+
+def _store(args: argparse.Namespace) -> S3Store:
+    return S3Store(make_client(endpoint_url=args.endpoint_url, region=args.region), args.bucket)
+
+
+def _emit_json(out: TextIO, doc: object) -> None:
+    json.dump(doc, out, indent=2)
+    out.write("\n")
+
+
+def _console(out: TextIO) -> Console:
+    return Console(file=out, highlight=False, width=None if out.isatty() else 160)
+
+
+def _log(args: argparse.Namespace, line: str) -> None:
+    if not args.json or args.verbose:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _scan_options(args: argparse.Namespace) -> ScanOptions:
+    policy = load_policy(args.policy) if getattr(args, "policy", None) else None
+    return ScanOptions(args.codec, args.level, args.topics, args.min_age_minutes, args.include_internal,
+                       args.include_special, args.scan_workers, policy)
+
+
+def _source(args: argparse.Namespace, store: S3Store) -> Iterator[ObjectInfo] | None:
+    """The objects of ``--inventory``'s report, or None: list the prefix."""
+    if not getattr(args, "inventory", None):
+        return None
+    manifest = read_manifest(store, args.inventory)
+    if manifest.source_bucket != args.bucket:
+        raise ConfigError("the inventory lists another bucket", path=args.inventory, expected=args.bucket,
+                          found=manifest.source_bucket)
+    _log(args, f"reading the inventory {args.inventory} ({len(manifest.files)} files, made "
+               f"{manifest.created_at.isoformat() if manifest.created_at else 'at an unknown time'}) ...")
+    return iter_inventory(store, manifest, args.prefix.strip("/") + "/")
+
+
+def _progress(args: argparse.Namespace) -> Callable[[int], None]:
+    shown = [0]
+
+    def progress(listed: int) -> None:
+        if listed // 100_000 > shown[0] // 100_000:
+            _log(args, f"  {listed:,} objects read")
+        shown[0] = listed
+
+    return progress
+
+
+def _scan(args: argparse.Namespace, store: S3Store) -> Plan:
+    _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
+    options = _scan_options(args)
+    plan = scan(store, args.prefix, options, progress=_progress(args), source=_source(args, store))
+    if options.policy is not None:
+        prices = cost_config(region=getattr(args, "price_region", None), prices_file=getattr(args, "prices", None))[0]
+        plan = apply_policy(store, plan, options.policy, prices, log=lambda line: _log(args, line))
+    return plan
+
+
+class _Rows:
+    """The scan table's rows (segments and bytes by action and skip reason), added up as segments stream by."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[int]] = {}
+
+    def add(self, segments: Iterable[PlannedSegment]) -> None:
+        for s in segments:
+            row = self.rows.setdefault(s.action if s.action != "skip" else "skip: " + s.reason.split(":")[0], [0, 0])
+            row[0] += 1
+            row[1] += s.size
+
+
+def _plan_table(doc: dict[str, Any], rows: _Rows) -> Table:
+    t = Table(title=f"plan for s3://{doc['bucket']}/{doc['prefix']} → {doc['codec']}", title_justify="left")
+    for col in ("action", "segments", "bytes"):
+        t.add_column(col, justify="right" if col != "action" else "left")
+    for key, (n, size) in sorted(rows.rows.items()):
+        t.add_row(key, f"{n:,}", _human(size))
+    for d in doc["skipped_dirs"][:20]:
+        t.add_row(f"skip dir {d['directory']}", "", d["reason"])
+    if doc["ignored_count"]:
+        t.add_row("ignored keys", f"{doc['ignored_count']:,}", "not Kafka segment files")
+    est = doc.get("estimate")
+    if est:
+        t.add_row("estimated savings", f"ratio {est['ratio']:.3f} ± {2 * est['ratio_stderr']:.3f}",
+                  f"{_human(est['saved_bytes_estimate'])} ({_human(est['saved_bytes_low'])} – "
+                  f"{_human(est['saved_bytes_high'])})")
+    return t
+
+
+def _rewrite_options(args: argparse.Namespace) -> RewriteOptions:
+    return RewriteOptions(Codec.parse(args.codec), args.level)
+
+
+def _write_plan(args: argparse.Namespace, plan: Plan) -> None:
+    if args.out is not None:
+        args.out.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+        _log(args, f"plan written to {args.out}")
+
+
+def _cmd_scan(args: argparse.Namespace) -> int:
+    """Without --out or a policy the scan streams: it holds a few partitions, never the whole plan."""
+    store = _store(args)
+    rows = _Rows()
+    if args.out is not None or args.policy:
+        plan = _scan(args, store)
+        rows.add(plan.segments)
+        totals = plan.totals()
+        if args.estimate:
+            plan.estimate = estimate(store, plan, _rewrite_options(args), segments=args.sample_segments,
+                                     sample_bytes=args.sample_bytes)
+        _write_plan(args, plan)
+    else:
+        _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
+        counted, sample = PlanTotals(), WorkSample()
+
+        def emit(segments: list[PlannedSegment]) -> None:
+            rows.add(segments)
+            for seg in segments:
+                counted.add(seg)
+                if seg.action == COMPACT:
+                    sample.add(seg)
+
+        plan = scan_partitions(store, args.prefix, _scan_options(args), emit, source=_source(args, store),
+                               progress=_progress(args))
+        totals = counted.to_json()
+        if args.estimate:
+            plan.estimate = estimate_work(store, sample, _rewrite_options(args), segments=args.sample_segments,
+                                          sample_bytes=args.sample_bytes)
+    _log(args, f"{plan.objects_listed:,} objects, {totals['segments']:,} segments: {totals['to_compact']:,} to "
+               f"compact ({_human(totals['bytes_to_compact'])}), {totals['skipped']:,} skipped")
+    summary = plan.summary(totals, args.inventory or "listing")
+    if args.json:
+        _emit_json(args.stdout, summary)
+    else:
+        _console(args.stdout).print(_plan_table(summary, rows))
+    return 0
+
+
+def _load_plan(args: argparse.Namespace, store: S3Store) -> Plan:
+    text = args.plan
+    if text.startswith("s3://"):
+        bucket, _, key = text[5:].partition("/")
+        doc = S3Store(store.client, bucket).get_json(key)[0]
+    else:
+        try:
+            doc = json.loads(Path(text).read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read the plan: {e}", path=text) from None
+    plan = Plan.from_json(doc)
+    if (plan.bucket, plan.prefix) != (args.bucket, args.prefix.strip("/")) or plan.codec != Codec.parse(
+            args.codec).label:
+        raise ConfigError("the plan was made for another bucket, prefix or codec", path=text,
+                          expected=f"s3://{args.bucket}/{args.prefix} {args.codec}",
+                          found=f"s3://{plan.bucket}/{plan.prefix} {plan.codec}")
+    return plan
+
+
+def _segment_line(i: int, r: SegmentResult) -> str:
+    sizes = f" {_human(r.bytes_before)} → {_human(r.bytes_after)}" if r.status == "compacted" else ""
+    why = f": {r.reason}" if r.reason else ""
+    return f"[{i}] {r.directory}/{r.base_offset:020d}: {r.status}{' (recovered)' if r.recovered else ''}{sizes}{why}"
+
+
+def _run_table(run: RunResult) -> Table:
+    totals = run.totals()
+    t = Table(title=f"{run.kind} run {run.run_id} on s3://{run.bucket}/{run.prefix}", title_justify="left")
+    for col in ("segment", "status", "before", "after", "note"):
+        t.add_column(col, justify="right" if col in ("before", "after") else "left")
+    for r in run.segments[:200]:
+        t.add_row(f"{r.directory}/{r.base_offset:020d}", r.status + (" (recovered)" if r.recovered else ""),
+                  _human(r.bytes_before) if r.bytes_before else "", _human(r.bytes_after) if r.bytes_after else "",
+                  r.reason)
+    if len(run.segments) > 200:
+        t.add_row(f"... {len(run.segments) - 200:,} more (see --json)", "", "", "", "")
+    before, after = totals["bytes_before"], totals["bytes_after"]
+    ratio = f" (ratio {after / before:.3f}, saved {_human(before - after)})" if before else ""
+    t.caption = (", ".join(f"{k}: {v}" for k, v in totals.items() if k not in ("bytes_before", "bytes_after"))
+                 + f"; {_human(before)} → {_human(after)}{ratio}")
+    return t
+
+
+def _finish_run(args: argparse.Namespace, run: RunResult) -> int:
+    if args.json:
+        _emit_json(args.stdout, run.to_json())
+    else:
+        _console(args.stdout).print(_run_table(run))
+    code = run.exit_code()
+    left = sum(s.pending is not None for s in run.segments)
+    why = {ExitCode.INTERNAL: "a proof failed: what was written does not hold the source's records (nothing was "
+                              "swapped in; please report it with the run document)",
+           ExitCode.INVALID: "segments failed: invalid or unreadable data (see the run document)",
+           ExitCode.USAGE: "segments failed: S3 refused requests (access or configuration; see the run document)",
+           ExitCode.RETRY: f"{left} segments left for a later run: S3 or the network failed",
+           ExitCode.BUSY: f"{left} segments left for a later run: partitions busy or segments changed"}
+    if code in why:
+        print(f"tiering: {run.kind} run {run.run_id}: {why[code]}", file=sys.stderr)
+    return code
+
+
+def _cmd_compact(args: argparse.Namespace) -> int:
+    store = _store(args)
+    options = _rewrite_options(args)
+    plan = _load_plan(args, store) if args.plan else _scan(args, store)
+    if args.dry_run:
+        plan.estimate = estimate(store, plan, options, segments=args.sample_segments, sample_bytes=args.sample_bytes)
+        doc = {"dry_run": True, "plan": plan.to_json()}
+        if args.json:
+            _emit_json(args.stdout, doc)
+        else:
+            rows = _Rows()
+            rows.add(plan.segments)
+            _console(args.stdout).print(_plan_table(plan.to_json(), rows))
+            _console(args.stdout).print("dry run: nothing was written")
+        return 0
+    run_id = args.run_id or new_run_id()
+    _log(args, f"run {run_id}: compacting to {options.codec.label} ...")
+    ctx = Context(store, args.prefix, run_id, options, work_dir=args.work_dir)
+    done = [0]
+
+    def progress(r: SegmentResult) -> None:
+        done[0] += 1
+        _log(args, _segment_line(done[0], r))
+
+    run = compact(store, plan, ctx, CompactOptions(args.max_segments, args.max_bytes, args.lease_ttl_seconds,
+                                                   args.workers), progress=progress)
+    code = _finish_run(args, run)
+    if not args.no_report:
+        prices, cost = cost_from_args(args)
+        try:
+            report, keys = publish_report(store, ctx.prefix, run_id, prices, cost)
+        except StorageError as e:  # the run's outcome is on S3 and printed already: only the report is missing
+            print(f"tiering: the savings report was not published ('tiering report' can publish it later): {e}",
+                  file=sys.stderr)
+            return code or (ExitCode.RETRY if e.retryable else ExitCode.USAGE)
+        _log(args, to_table(report))
+        _log(args, f"report: s3://{store.bucket}/{keys['html']} (and .json .md .csv; 'tiering report' prints it)")
+    return code
+
+
+def _cmd_rollback(args: argparse.Namespace) -> int:
+    store = _store(args)
+    ctx = Context(store, args.prefix, new_run_id(), RewriteOptions(Codec.NONE))
+    _log(args, f"restoring the originals that run {args.run_id} replaced ...")
+    return _finish_run(args, rollback(store, ctx, args.run_id, args.lease_ttl_seconds))
+
+
+def _cmd_cleanup(args: argparse.Namespace) -> int:
+    store = _store(args)
+    ctx = Context(store, args.prefix, new_run_id(), RewriteOptions(Codec.NONE))
+    result = cleanup(store, ctx, grace_days=args.grace_days, stale_hours=args.stale_hours,
+                     lease_ttl=args.lease_ttl_seconds)
+    doc = result.to_json()
+    if args.json:
+        _emit_json(args.stdout, doc)
+    else:
+        args.stdout.write(f"deleted {doc['backups_deleted']} kept originals ({_human(doc['backup_bytes_deleted'])}) "
+                          f"past {args.grace_days} days, {doc['staging_deleted']} abandoned staging objects; "
+                          f"aborted {doc['uploads_aborted']} incomplete multipart uploads; finished "
+                          f"{len(doc['recovered']) - len(doc['left_pending'])} interrupted segment operations\n")
+        for r in result.recovered:
+            if r.pending is not None:
+                args.stdout.write(f"  left pending: {r.directory}/{r.base_offset:020d}: {r.reason}\n")
+    code = result.exit_code()
+    if code != ExitCode.OK:
+        print(f"tiering: cleanup left {len(doc['left_pending'])} interrupted operations in flight (see above); "
+              "run it again later", file=sys.stderr)
+    return code
+
+
+def _tier_table(plan: Any) -> Table:
+    totals = plan.totals()
+    t = Table(title=f"storage tiering of s3://{plan.bucket}/{plan.prefix}", title_justify="left")
+    for col in ("transition", "objects", "bytes"):
+        t.add_column(col, justify="left" if col == "transition" else "right")
+    for name, row in sorted(totals["by_transition"].items()):
+        t.add_row(name, str(int(row["objects"])), _human(row["bytes"]))
+    for reason, n in sorted(totals["staying"].items()):
+        t.add_row(f"[dim]stays: {reason}[/dim]", str(n), "")
+    payback = totals["payback_months"]
+    t.caption = (f"saves ${totals['monthly_savings_usd']:.6f}/month; one-off ${totals['one_off_usd']:.6f} "
+                 f"(copy requests, retrieval); payback "
+                 + ("never" if payback is None else f"{payback:.1f} months"))
+    return t
+
+
+def _cmd_tier(args: argparse.Namespace) -> int:
+    from tiering.plan.policy import load_policy  # noqa: PLC0415
+    from tiering.run.tier import apply_tiering, lifecycle_configuration, plan_tiering  # noqa: PLC0415
+
+    policy = load_policy(args.policy)  # a bad policy stops here, before any request
+    if args.emit_lifecycle:
+        config, notes = lifecycle_configuration(policy, args.prefix)
+        _emit_json(args.stdout, config)  # as put-bucket-lifecycle-configuration takes it
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+        return 0
+    store = _store(args)
+    prices, _ = cost_from_args(args)
+    _log(args, f"planning storage tiers of s3://{args.bucket}/{args.prefix} ...")
+    plan = plan_tiering(store, args.prefix, policy, prices, include_internal=args.include_internal)
+    if args.dry_run:
+        if args.json:
+            _emit_json(args.stdout, {"dry_run": True, "plan": plan.to_json()})
+        else:
+            _console(args.stdout).print(_tier_table(plan))
+            _console(args.stdout).print("dry run: nothing was moved")
+        return 0
+    run_id = args.run_id or new_run_id()
+    results = apply_tiering(store, plan, run_id, lease_ttl=args.lease_ttl_seconds,
+                            progress=lambda r: _log(args, f"  {r.directory}/{r.base_offset:020d}: {r.status} "
+                                                          f"{r.reason}"))
+    doc = {"run_id": run_id, "plan": plan.to_json(), "results": [r.to_json() for r in results]}
+    if args.json:
+        _emit_json(args.stdout, doc)
+    else:
+        _console(args.stdout).print(_tier_table(plan))
+        moved = 0
+        for r in results:
+            items = (r.stats or {}).get("moved")
+            moved += len(items) if isinstance(items, list) else 0
+        _console(args.stdout).print(f"run {run_id}: {moved} objects moved in {len(results)} segments")
+    return 1 if any(r.status == "failed" for r in results) else 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bucket", required=True, help="the bucket holding the logdir tree")
+    p.add_argument("--prefix", required=True, help="PREFIX of s3://BUCKET/PREFIX/<topic>-<partition>/...")
+    p.add_argument("--endpoint-url", default=None,
+                   help="S3 endpoint (default: AWS_ENDPOINT_URL, else AWS); credentials come from the AWS chain")
+    p.add_argument("--region", default=None, help="region (default: AWS_REGION / AWS_DEFAULT_REGION)")
+    p.add_argument("--lease-ttl-seconds", type=int, default=DEFAULT_TTL_SECONDS,
+                   help="a partition lease not renewed for this long (by S3's clock) may be taken over "
+                        "(default %(default)s)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("-v", "--verbose", action="store_true", help="progress lines on stderr even with --json")
+
+
+def _scan_args(p: argparse.ArgumentParser, *, codec_required: bool) -> None:
+    p.add_argument("--codec", required=codec_required, default=None if codec_required else "zstd",
+                   choices=CODEC_CHOICES, help="target codec" + ("" if codec_required else " (default zstd)"))
+    p.add_argument("--level", type=int, default=None, help="codec level (default: Kafka's default for the codec)")
+    p.add_argument("--topics", default=None, metavar="REGEX",
+                   help="only topics whose whole name matches this regular expression")
+    p.add_argument("--min-age-minutes", type=int, default=DEFAULT_MIN_AGE_MINUTES,
+                   help="leave segments whose objects were uploaded less than this long ago, by S3's "
+                        "LastModified (a guard against racing the uploader; default %(default)s)")
+    p.add_argument("--include-internal", action="store_true", help="include internal topics (names starting __)")
+    p.add_argument("--include-special", action="store_true",
+                   help="include Kafka's -delete, -future and -stray directories")
+    p.add_argument("--scan-workers", type=int, default=8, help="partitions listed at once (default %(default)s)")
+    p.add_argument("--inventory", default=None, metavar="s3://BUCKET/.../manifest.json",
+                   help="plan from this S3 Inventory report (CSV) of the bucket instead of listing it: for buckets "
+                        "too large to list. An inventory is stale: every segment's ETag is still checked before "
+                        "it is touched, and one that changed since is skipped")
+    p.add_argument("--policy", default=None, metavar="FILE",
+                   help="a policy file (see 'tiering policy'): it decides each topic's codec (or producer: left "
+                        "alone, auto: chosen by net dollars), level, minimum savings and record age; --codec and "
+                        "--level are then not used")
+    p.add_argument("--sample-segments", type=int, default=DEFAULT_SAMPLE_SEGMENTS,
+                   help="segments sampled by an estimate (default %(default)s)")
+    p.add_argument("--sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES,
+                   help="bytes read from the start of each sampled segment (default %(default)s)")
+
+
+def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+    s3 = verbs.add_parser("s3", help="scan, compact, roll back and clean up segment prefixes on S3",
+                          description="Work on a Kafka logdir tree in S3: s3://BUCKET/PREFIX/<topic>-<partition>/"
+                                      "<20-digit base>.{log,index,timeindex}. Our own objects live under "
+                                      "PREFIX/_tiering/.")
+    sub = s3.add_subparsers(dest="s3_command", metavar="VERB", parser_class=parser_class)
+
+    p = sub.add_parser("scan", help="list a prefix and plan what a compaction would do",
+                       description="List every partition (paginated, in parallel) and classify each segment: "
+                                   "compact, or skip with the reason (active, too young, already compacted, "
+                                   "archived, incomplete, empty). Writes a versioned JSON plan with --out.")
+    _common(p)
+    _scan_args(p, codec_required=False)
+    p.add_argument("--out", type=Path, default=None, metavar="PLAN.json", help="write the plan to this file")
+    p.add_argument("--estimate", action="store_true", help="estimate the savings by recompressing sampled batches")
+    p.set_defaults(func=_cmd_scan)
+
+    p = sub.add_parser("compact", help="recompress sealed segments and swap them in with the commit protocol",
+                       description="Scan (or read --plan), then for each planned segment, under its partition's "
+                                   "lease: rewrite, stage, verify by reading back, back up the originals, swap "
+                                   "(indexes removed, .log replaced only if unchanged, new indexes put). "
+                                   "Operations an interrupted run left in flight are finished (or, for another "
+                                   "run's, abandoned before their backup) by the next run that covers their "
+                                   "partition. Exit 0 done; 1 a segment's data is invalid (left untouched); 4 S3 "
+                                   "or the network failed for some segments (retry); 3 some were left to a busy "
+                                   "partition or a concurrent writer (run again later).")
+    _common(p)
+    _scan_args(p, codec_required=True)
+    p.add_argument("--plan", default=None, metavar="PLAN.json", help="a plan from 'tiering s3 scan --out' "
+                   "(a local path or an s3:// URI) instead of scanning now")
+    p.add_argument("--max-segments", type=int, default=None, help="compact at most this many (largest first)")
+    p.add_argument("--max-bytes", type=int, default=None, help="compact at most this many .log bytes")
+    p.add_argument("--dry-run", action="store_true", help="plan and estimate the savings; write nothing")
+    p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
+    p.add_argument("--workers", type=int, default=1, help="partitions compacted at once (default %(default)s)")
+    p.add_argument("--work-dir", default=None, help="directory for spool files (default: the system's temp dir)")
+    p.add_argument("--no-report", action="store_true", help="do not publish the cost savings report")
+    add_cost_args(p)
+    p.set_defaults(func=_cmd_compact)
+
+    p = sub.add_parser("tier", help="move old segments to colder storage classes as a policy says",
+                       description="Plan and apply storage-class transitions by the age of each segment's newest "
+                                   "record (its max timestamp, not LastModified), per the policy's storage.tiers. "
+                                   "A transition is an in-place copy with the new class, keeping metadata, tags "
+                                   "and encryption, under the partition lease. Objects under 128 KiB never go to "
+                                   "IA classes; GLACIER / DEEP_ARCHIVE only where the policy allows them.")
+    _common(p)
+    p.add_argument("--policy", required=True, metavar="FILE", help="the policy YAML file (see 'tiering policy')")
+    p.add_argument("--dry-run", action="store_true", help="plan only: what would move, and why the rest stays")
+    p.add_argument("--emit-lifecycle", action="store_true",
+                   help="print an approximate S3 Lifecycle configuration instead (S3 sees object age, not record "
+                        "age: read its notes)")
+    p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
+    p.add_argument("--include-internal", action="store_true", help="include internal topics (names starting __)")
+    add_cost_args(p)
+    p.set_defaults(func=_cmd_tier)
+
+    p = sub.add_parser("rollback", help="restore the originals a run replaced",
+                       description="Put back, from the kept backups, every original that run RUN_ID replaced and "
+                                   "whose replacement is still in place (same swap order as a compaction). Exit 3 "
+                                   "if a partition was busy (another run's lease: run again once it expires), 4 if "
+                                   "S3 failed.")
+    _common(p)
+    p.add_argument("--run-id", required=True, help="the compaction run to undo")
+    p.set_defaults(func=_cmd_rollback)
+
+    p = sub.add_parser("cleanup", help="delete kept originals past the grace period and abandoned leftovers",
+                       description="Finish interrupted segment operations, then delete kept originals older than "
+                                   "the grace period, abandoned staging objects, and abort incomplete multipart "
+                                   "uploads (billed but invisible to a listing). Ages by S3's clock. Exit 3 if an "
+                                   "interrupted operation was left in flight (its partition busy), 4 if S3 failed.")
+    _common(p)
+    p.add_argument("--grace-days", type=float, default=DEFAULT_GRACE_DAYS,
+                   help="keep originals this long after their replacement (default %(default)s)")
+    p.add_argument("--stale-hours", type=float, default=24.0,
+                   help="staging objects and uploads older than this are abandoned (default %(default)s)")
+    p.set_defaults(func=_cmd_cleanup)

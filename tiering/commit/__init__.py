@@ -1,0 +1,1 @@
+"""The commit protocol, per segment, under partition leases."""

@@ -1,0 +1,194 @@
+"""Partition leases: at most one run stages or commits a partition at a time (invariant 4).
+
+A lease is a small JSON object at ``PREFIX/_tiering/leases/<topic>-<partition>.json``:
+
+- acquire: ``PutObject`` with ``If-None-Match: *`` (exactly one contender creates it);
+- renew: ``PutObject`` with ``If-Match: <our ETag>`` (fails, and we stop, if anyone took it over);
+- expiry: by S3's clock only: the lease's ``LastModified`` plus its TTL is before S3's current time (the
+  ``Date`` of a response), so hosts with wrong clocks cannot steal a live lease;
+- takeover of an expired lease: ``PutObject`` with ``If-Match: <the expired lease's ETag>``: of several
+  contenders exactly one wins, and a holder that renewed in the meantime makes them all lose;
+- the same owner (a retried task of the same run) takes its own lease back at once;
+- release: ``DeleteObject`` with ``If-Match: <our ETag>`` (never deletes a successor's lease).
+
+Renewal is cooperative: the worker calls :meth:`Lease.keep_alive` at checkpoints (every MiB of a
+rewrite, before every commit step). The local monotonic clock only decides WHEN to renew; whether a
+lease is alive is always judged by S3's clock. Before each step that changes a final key, the protocol
+calls :meth:`Lease.check`, which renews unconditionally: a holder that lost its lease stops there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Final, Protocol
+
+from tiering.errors import ConflictError, StorageError, TieringError
+from tiering.storage.layout import clock_key, reserved_key
+from tiering.storage.store import ObjectNotFound, PreconditionFailed, S3Store
+
+DEFAULT_TTL_SECONDS: Final = 600
+ACQUIRE_ATTEMPTS: Final = 4
+LEASES_DIR: Final = "leases"
+
+
+class LeaseHeld(ConflictError):
+    """Another run holds the partition's lease (the partition is skipped, not failed)."""
+
+
+class LeaseLost(ConflictError):
+    """Our lease was taken over (it expired while we were stalled): stop touching the partition."""
+
+
+def lease_key(prefix: str, directory: str) -> str:
+    return reserved_key(prefix, LEASES_DIR, f"{directory}.json")
+
+
+@dataclass
+class Lease:
+    store: S3Store
+    key: str
+    owner: str
+    ttl_seconds: int = DEFAULT_TTL_SECONDS
+    etag: str | None = None
+    renewals: int = 0
+    _renewed_at: float = field(default=0.0, repr=False)
+
+    def _body(self) -> dict[str, object]:
+        return {"schema_version": 1, "owner": self.owner, "host": socket.gethostname(),
+                "ttl_seconds": self.ttl_seconds, "renewals": self.renewals, "token": secrets.token_hex(8)}
+
+    def acquire(self, prefix: str) -> None:
+        """Create the lease, take back our own, or take over an expired one; :class:`LeaseHeld` otherwise.
+
+        Every race ends in one of those: a lease released between our refused create and our read is
+        created again, one that changes while we read it is read again (a few times at most)."""
+        for _ in range(ACQUIRE_ATTEMPTS):
+            try:
+                self.etag = self.store.put_json(self.key, self._body(), if_none_match=True)
+            except PreconditionFailed:
+                if not self._take_over(prefix):
+                    continue
+            self._renewed_at = time.monotonic()
+            return
+        raise LeaseHeld(f"the partition's lease changed under us {ACQUIRE_ATTEMPTS} times in a row (other runs "
+                        "contend for it)", path=self._where())
+
+    def _take_over(self, prefix: str) -> bool:
+        """Take the existing lease if it is ours or expired (True); False when it moved while we looked."""
+        try:
+            doc, etag = self.store.get_json(self.key)
+            info = self.store.head(self.key)
+        except ObjectNotFound:  # released in between
+            return False
+        if info.etag != etag:
+            return False
+        owner = str(doc.get("owner", "?")) if isinstance(doc, dict) else "?"
+        if owner != self.owner:
+            ttl = int(doc.get("ttl_seconds", DEFAULT_TTL_SECONDS)) if isinstance(doc, dict) else 0
+            age = self.store.now(clock_key(prefix)) - info.last_modified
+            if age <= timedelta(seconds=ttl):
+                left = ttl - age.total_seconds()
+                raise LeaseHeld(f"run {owner} holds the partition's lease (renewed {age.total_seconds():.0f} s "
+                                f"ago by S3's clock; it expires in {left:.0f} s unless renewed)", path=self._where())
+        try:
+            self.etag = self.store.put_json(self.key, self._body(), if_match=etag)
+        except (PreconditionFailed, ObjectNotFound):  # another contender won, or the holder released it
+            return False
+        return True
+
+    def check(self) -> None:
+        """Renew now; :class:`LeaseLost` when someone else holds the lease."""
+        if self.etag is None:
+            raise LeaseLost("the lease is not held", path=self._where())
+        self.renewals += 1
+        try:
+            self.etag = self.store.put_json(self.key, self._body(), if_match=self.etag)
+        except (PreconditionFailed, ObjectNotFound):
+            self.etag = None
+            raise LeaseLost("the partition's lease was taken over: another run owns the partition now",
+                            path=self._where()) from None
+        self._renewed_at = time.monotonic()
+
+    def keep_alive(self) -> None:
+        """Renew when a third of the TTL has passed since the last renewal (local time decides only when)."""
+        if time.monotonic() - self._renewed_at >= self.ttl_seconds / 3:
+            self.check()
+
+    def release(self) -> None:
+        """Delete our lease. A successor's lease is not ours to delete; a release that fails on the way
+        (S3 or the network) leaves the lease to expire by its TTL, or to be taken back by a retry of this run."""
+        if self.etag is not None:
+            with contextlib.suppress(PreconditionFailed, StorageError):
+                self.store.delete(self.key, if_match=self.etag, missing_ok=True)
+            self.etag = None
+
+    def _where(self) -> str:
+        return f"s3://{self.store.bucket}/{self.key}"
+
+
+class LeaseGuard(Protocol):
+    """What the per-segment protocol needs of a lease: renew when due, and stop if it is lost."""
+
+    def keep_alive(self) -> None: ...
+
+    def check(self) -> None: ...
+
+
+@dataclass
+class RunLease:
+    """A partition lease held (and renewed) by the run's driver, as a worker sees it: checked before each
+    step that needs it, never renewed or released from here (that would change the driver's ETag)."""
+
+    store: S3Store
+    key: str
+    owner: str
+
+    def keep_alive(self) -> None:
+        """Nothing to do: the driver renews."""
+
+    def check(self) -> None:
+        try:
+            doc, _ = self.store.get_json(self.key)
+        except ObjectNotFound:
+            raise LeaseLost("the run's lease on the partition is gone", path=self._where()) from None
+        if doc.get("owner") != self.owner:
+            raise LeaseLost(f"the partition's lease belongs to run {doc.get('owner')} now", path=self._where())
+
+    def _where(self) -> str:
+        return f"s3://{self.store.bucket}/{self.key}"
+
+
+class LeaseKeeper:
+    """Renews a set of leases every TTL/3 from a background thread while a long job (a Spark stage) runs;
+    a lease that cannot be renewed is dropped and named in ``lost``."""
+
+    def __init__(self, leases: Iterable[Lease]) -> None:
+        self.leases = list(leases)
+        self.lost: list[str] = []
+        self._stop = threading.Event()
+        interval = min((lease.ttl_seconds for lease in self.leases), default=DEFAULT_TTL_SECONDS) / 3
+        self._thread = threading.Thread(target=self._run, args=(interval,), name="lease-keeper", daemon=True)
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            for lease in list(self.leases):
+                try:
+                    lease.check()
+                except TieringError:
+                    self.leases.remove(lease)
+                    self.lost.append(lease.key)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,652 @@
+"""The commit protocol: replace one segment's objects on S3 without ever losing data.
+
+See ``docs/commit-protocol.md`` for the state diagram and the reasoning behind every step. In short, per
+segment, under the partition's lease (:mod:`tiering.commit.lease`):
+
+1. **stage**: stream the ``.log`` (``GET If-Match`` the planned ETag) through the rewriter into a local
+   spool file; upload the new ``.log``, ``.index`` and ``.timeindex`` under ``_tiering/staging/``; read them
+   back from S3 and check them (CRCs, every record, the records digest equals the source's, the indexes
+   equal a rebuild); then create the segment's journal (``If-None-Match: *``) in state ``staged``;
+2. **back up**: server-side copy of the originals to ``_tiering/backup/<run>/`` (metadata, tags, storage
+   class and encryption kept); journal state ``backed-up``;
+3. **swap**: delete the old ``.index``/``.timeindex`` (``If-Match``), put the new ``.log`` over the old one
+   (``If-Match`` the planned ETag: a changed source is never overwritten), put the new indexes;
+4. **finish**: record the segment in the partition's state document, delete the staging objects, then the
+   journal.
+
+:func:`finish` is also the recovery: given a journal left by a crash it looks at the final ``.log`` (the
+planned original, ours, or someone else's) and rolls forward from wherever the crash happened, or
+abandons a segment whose source changed. Rollback of a run is the same swap with the backups as the
+new objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, BinaryIO, Final
+
+from tiering.commit.lease import LeaseGuard, LeaseLost
+from tiering.errors import ConflictError, InvalidDataError, ProofError, StorageError
+from tiering.kafka.codecs import Codec
+from tiering.kafka.files import segment_name
+from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
+from tiering.lifecycle.journal import (
+    FILES,
+    INDEX_FILES,
+    Cause,
+    Journal,
+    JournalState,
+    NewFiles,
+    OpKind,
+    Pending,
+    Status,
+)
+from tiering.plan.scan import PlannedSegment
+from tiering.plan.state import load_state, record_segment
+from tiering.storage.layout import dir_segment_key, normalize_prefix, reserved_key, sibling_key
+from tiering.storage.store import DEFAULT_PART_BYTES, ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
+
+JOURNAL_DIR: Final = "journal"
+STAGING_DIR: Final = "staging"
+BACKUP_DIR: Final = "backup"
+
+# User metadata on the objects we write to final keys (S3 shows them as x-amz-meta-*).
+META_RUN: Final = "tiering-run"
+META_OP: Final = "tiering-op"
+META_CODEC: Final = "tiering-codec"
+META_SOURCE_ETAG: Final = "tiering-source-etag"
+META_RESTORED: Final = "tiering-restored-from-run"
+
+COPY_CHUNK: Final = 1 << 20
+REPLACE_ATTEMPTS: Final = 3  # another writer's index beside our .log: deleted and ours put, at most this often
+
+# Segment outcomes (the names other modules use).
+COMPACTED: Final = Status.COMPACTED
+ROLLED_BACK: Final = Status.ROLLED_BACK
+REPAIRED: Final = Status.REPAIRED
+SKIPPED: Final = Status.SKIPPED
+FAILED: Final = Status.FAILED
+ABORTED: Final = Status.ABORTED
+SUPERSEDED: Final = Status.SUPERSEDED
+
+
+class SourceChanged(ConflictError):
+    """An object changed (or vanished) since it was planned: the segment is left as it is."""
+
+
+class SourceGone(SourceChanged):
+    """The planned ``.log`` no longer exists (deleted by retention): nothing is left to do for it."""
+
+
+class TakenOver(ConflictError):
+    """Another run took this very operation over (our lease had expired while we were stalled) and changed
+    its journal entry: we stop and touch nothing more; the other run finishes or abandons it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    store: S3Store
+    prefix: str
+    run_id: str
+    options: RewriteOptions
+    work_dir: str | None = None  # where spool files go (the system's temporary directory by default)
+    part_bytes: int = DEFAULT_PART_BYTES
+    min_savings_ratio: float = 0.0  # a rewrite saving less than this fraction is not swapped in
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
+
+    def for_segment(self, seg: PlannedSegment) -> Context:
+        """This context with the segment's own codec, level and minimum savings (set by a policy)."""
+        if seg.codec is None:
+            return self
+        options = replace(self.options, codec=Codec.parse(seg.codec), level=seg.level)
+        return replace(self, options=options, min_savings_ratio=seg.min_savings_ratio)
+
+
+@dataclass
+class SegmentResult:
+    directory: str
+    base_offset: int
+    status: Status
+    reason: str = ""
+    bytes_before: int = 0
+    bytes_after: int = 0
+    recovered: bool = False
+    stats: dict[str, object] | None = None
+    error: dict[str, object] | None = None
+    run_id: str | None = None  # the run whose operation this is (differs from ours for a recovery)
+    encryption: str | None = None  # "aws:kms" or "aws:kms+bucket-key" when the objects use SSE-KMS (costs KMS calls)
+    pending: Pending | None = None  # set when the segment is still to do and a later run can do it
+    cause: Cause | None = None  # why a skipped segment was left as it is
+
+    def to_json(self) -> dict[str, object]:
+        doc = {k: v for k, v in self.__dict__.items() if v is not None}
+        if self.pending is not None:
+            doc["pending"] = self.pending.value
+        return doc
+
+
+def journal_key(prefix: str, directory: str, base_offset: int) -> str:
+    return reserved_key(prefix, JOURNAL_DIR, directory, segment_name(base_offset, ".json"))
+
+
+def staging_key(prefix: str, run_id: str, directory: str, base_offset: int, suffix: str) -> str:
+    return reserved_key(prefix, STAGING_DIR, run_id, directory, segment_name(base_offset, suffix))
+
+
+def backup_key(prefix: str, run_id: str, directory: str, base_offset: int, suffix: str) -> str:
+    return reserved_key(prefix, BACKUP_DIR, run_id, directory, segment_name(base_offset, suffix))
+
+
+def _uri(store: S3Store, key: str) -> str:
+    return f"s3://{store.bucket}/{key}"
+
+
+def _spool(ctx: Context) -> BinaryIO:
+    return tempfile.TemporaryFile(prefix="tiering-", dir=ctx.work_dir)
+
+
+@dataclass
+class Staged:
+    """A journal entry in state ``staged``, with the local copy of the new ``.log`` when we still have it."""
+
+    journal: Journal
+    etag: str
+    spool: BinaryIO | None = None
+    result: SegmentResult = field(default_factory=lambda: SegmentResult("", 0, Status.STAGED))
+
+
+def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Staged | SegmentResult:
+    """Step 1: rewrite, upload to staging, verify by reading back, journal. Raises :class:`SourceChanged`
+    when the planned objects changed, an InvalidDataError for a corrupt source; returns a skipped
+    :class:`SegmentResult` when the rewrite would not save anything. Nothing outside ``_tiering/`` changes."""
+    store, base, d = ctx.store, seg.base_offset, seg.directory
+    assert seg.log is not None
+    attrs: dict[str, ObjectAttrs] = {}
+    source: dict[str, str | None] = {}
+    sizes: dict[str, int] = {}
+    # The keys as listed (never rebuilt from a parsed topic and number); an index the plan did not see is
+    # looked for too: one that appeared since (a restore or a mirror in progress) would be overwritten
+    # without a backup, so it stops the segment like any other change.
+    final = {name: getattr(seg, name).key if getattr(seg, name) else sibling_key(seg.log.key, sfx)
+             for name, sfx in FILES}
+    for name, _ in FILES:
+        ref = getattr(seg, name)
+        try:
+            info, attrs[name] = store.describe(final[name])
+        except ObjectNotFound:
+            if ref is None:
+                source[name] = None
+                continue
+            gone = SourceGone if name == "log" else SourceChanged
+            raise gone(f"the {name} file disappeared after planning", path=_uri(store, ref.key)) from None
+        if ref is None:
+            raise SourceChanged(f"the {name} file appeared after planning", path=_uri(store, final[name]),
+                                expected="no object", found=info.etag)
+        if info.etag != ref.etag:
+            raise SourceChanged(f"the {name} file changed after planning", path=_uri(store, ref.key),
+                                expected=ref.etag, found=info.etag)
+        source[name], sizes[name] = info.etag, info.size
+    log_uri = _uri(store, seg.log.key)
+    spool = _spool(ctx)
+    try:
+        try:
+            with store.open(seg.log.key, if_match=seg.log.etag) as body:
+                result = rewrite_segment(body, spool, base_offset=base, options=ctx.options, path=log_uri,
+                                         size=seg.log.size, progress=lambda _: lease.keep_alive())
+        except (PreconditionFailed, ObjectNotFound):
+            raise SourceChanged("the .log changed or disappeared after planning", path=log_uri,
+                                expected=seg.log.etag) from None
+        stats = result.stats
+        if stats.bytes_out >= stats.bytes_in:
+            spool.close()
+            return SegmentResult(d, base, SKIPPED, f"no savings: {ctx.options.codec.label} would not shrink it "
+                                 f"({stats.bytes_in} -> {stats.bytes_out} bytes)", stats.bytes_in, stats.bytes_in,
+                                 stats=stats.to_json(), cause=Cause.NO_SAVINGS)
+        if 1 - stats.bytes_out / stats.bytes_in < ctx.min_savings_ratio:
+            spool.close()
+            return SegmentResult(d, base, SKIPPED, f"below min.savings.ratio: {ctx.options.codec.label} saves "
+                                 f"{1 - stats.bytes_out / stats.bytes_in:.1%}, the policy asks for "
+                                 f"{ctx.min_savings_ratio:.1%}", stats.bytes_in, stats.bytes_in, stats=stats.to_json(),
+                                 cause=Cause.BELOW_MIN_SAVINGS)
+        lease.check()
+        new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in FILES}
+        spool.seek(0)
+        store.upload(new["log"], spool, part_bytes=ctx.part_bytes)
+        store.put(new["index"], result.indexes.offset_index)
+        store.put(new["timeindex"], result.indexes.time_index)
+        # Read back what S3 now holds and check it against what the source held.
+        with store.open(new["log"]) as body:
+            back = read_back(body, base_offset=base, path=_uri(store, new["log"]), size=stats.bytes_out,
+                             index_interval_bytes=ctx.options.index_interval_bytes,
+                             decompression_limit=ctx.options.decompression_limit)
+        _check_read_back(store, new, back.size, back.payload_xxh3, back.indexes.offset_index,
+                         back.indexes.time_index, stats.bytes_out, stats.payload_xxh3)
+        if back.indexes != result.indexes:
+            raise ProofError("the staged indexes differ from a rebuild of the staged .log",
+                             path=_uri(store, new["log"]))
+        op = f"{ctx.run_id}.{secrets.token_hex(4)}"
+        marks = {META_RUN: ctx.run_id, META_OP: op, META_CODEC: ctx.options.codec.label,
+                 META_SOURCE_ETAG: seg.log.etag.strip('"')}
+        journal = Journal(
+            OpKind.COMPACT, op, ctx.run_id, JournalState.STAGED, d, base, final, source,
+            NewFiles(new["log"], stats.bytes_out, new["index"], new["timeindex"]),
+            {name: attrs.get(name, attrs["log"]).with_metadata(marks) for name, _ in FILES}, sizes,
+            {name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if source[name] else None for name, sfx in FILES},
+            stats.payload_xxh3,
+            {"codec": ctx.options.codec.label, "level": ctx.options.level, "run_id": ctx.run_id,
+             "source_log_etag": seg.log.etag, "bytes_before": stats.bytes_in, "bytes_after": stats.bytes_out,
+             "payload_xxh3": stats.payload_xxh3})
+        try:
+            etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
+        except PreconditionFailed:
+            raise SourceChanged("a journal entry of another operation exists for this segment (recover first)",
+                                path=_uri(store, journal_key(ctx.prefix, d, base))) from None
+        return Staged(journal, etag, spool, SegmentResult(d, base, COMPACTED, "", stats.bytes_in, stats.bytes_out,
+                                                          stats=stats.to_json(), run_id=ctx.run_id))
+    except BaseException:
+        spool.close()
+        raise
+
+
+def recheck_source(ctx: Context, seg: PlannedSegment) -> None:
+    """Before a source that failed validation is called invalid: download it again, checked against its
+    length and (where it is a plain MD5) its ETag, and validate it again the same way. Raises the
+    :class:`~tiering.errors.InvalidDataError` if the object itself is invalid, a ``TransportError`` if the
+    bytes do not match the ETag; returns when the fresh copy is valid (the first read was damaged)."""
+    assert seg.log is not None
+    with _spool(ctx) as copy, _spool(ctx) as sink:
+        ctx.store.download(seg.log.key, copy, etag=seg.log.etag)
+        copy.seek(0)
+        rewrite_segment(copy, sink, base_offset=seg.base_offset, options=ctx.options,
+                        path=_uri(ctx.store, seg.log.key), size=seg.log.size)
+
+
+def _check_read_back(store: S3Store, new: dict[str, str], size: int, digest: str, offset_index: bytes,
+                     time_index: bytes, expected_size: int, expected_digest: str) -> None:
+    where = _uri(store, new["log"])
+    if size != expected_size:
+        raise ProofError("the staged .log read back has another size", path=where, expected=expected_size,
+                         found=size)
+    if digest != expected_digest:
+        raise ProofError("the staged .log does not hold the source's records", path=where,
+                         expected=f"records xxh3 {expected_digest}", found=digest)
+    for name, want in (("index", offset_index), ("timeindex", time_index)):
+        got = store.get(new[name])
+        if got != want:
+            raise ProofError(f"the staged .{name} is not the rebuild of the staged .log", path=_uri(store, new[name]),
+                             expected=f"{len(want)} bytes", found=f"{len(got)} bytes")
+
+
+def _download_verified(ctx: Context, journal: Journal) -> BinaryIO:
+    """The new ``.log`` of a journal entry (staged, or a backup), copied to a spool file and checked again."""
+    store, key = ctx.store, journal.new.log
+    spool = _spool(ctx)
+    try:
+        with store.open(key) as body:
+            shutil.copyfileobj(body, spool, COPY_CHUNK)
+        spool.seek(0)
+        back = read_back(spool, base_offset=journal.base_offset, path=_uri(store, key),
+                         decompression_limit=ctx.options.decompression_limit)
+        expected = journal.payload_xxh3
+        if expected and back.payload_xxh3 != expected:
+            raise ProofError("the object to put in place does not hold the expected records", path=_uri(store, key),
+                             expected=f"records xxh3 {expected}", found=back.payload_xxh3)
+        spool.seek(0)
+        return spool
+    except BaseException:
+        spool.close()
+        raise
+
+
+def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
+           spool: BinaryIO | None = None) -> SegmentResult:
+    """Steps 2-4 (or the rest of them, after a crash): idempotent, and safe to call with any journal entry."""
+    store = ctx.store
+    d, base, kind = journal.directory, journal.base_offset, journal.kind
+    final, source, entry = journal.final, journal.source, journal.entry
+    done = SegmentResult(d, base, COMPACTED if kind is OpKind.COMPACT else ROLLED_BACK, "",
+                         int(entry.get("bytes_before", 0)), int(entry.get("bytes_after", 0)),
+                         run_id=journal.run_id, encryption=_kms(journal.attrs["log"].headers))
+    try:
+        current, _ = store.describe(final["log"])
+    except ObjectNotFound:
+        return _abandon(ctx, journal, etag, "the .log disappeared (deleted by retention?): nothing to replace",
+                        pending=None)
+    swapped = current.metadata.get(META_OP) == journal.op
+    if not swapped and current.etag != source["log"]:
+        return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is left untouched")
+    if not swapped:
+        try:
+            try:
+                spool = spool or _download_verified(ctx, journal)
+            except ObjectNotFound:
+                raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
+                                    path=_uri(store, journal.new.log)) from None
+            if journal.state is JournalState.STAGED and journal.backup:
+                _back_up(ctx, journal)
+                journal = journal.advanced(JournalState.BACKED_UP)
+                try:
+                    etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_match=etag)
+                except (PreconditionFailed, ObjectNotFound):
+                    raise TakenOver("another run took this operation over while it was stalled (its lease had "
+                                    "expired): left to that run", path=_uri(store, final["log"])) from None
+            lease.check()
+            for name in INDEX_FILES:
+                if source[name]:
+                    try:
+                        store.delete(final[name], if_match=source[name], missing_ok=True)
+                    except PreconditionFailed:
+                        _still_ours(ctx, journal, etag)
+                        raise SourceChanged(f"the .{name} changed after planning", path=_uri(store, final[name]),
+                                            expected=source[name]) from None
+            lease.check()
+            spool.seek(0)
+            try:
+                current = store.put_object(final["log"], spool, journal.attrs["log"], if_match=source["log"])
+            except ObjectNotFound:
+                raise SourceGone("the .log disappeared (deleted by retention?) before the swap",
+                                 path=_uri(store, final["log"])) from None
+            except PreconditionFailed:
+                # Either someone replaced the .log, or this PUT happened and only its answer was lost (the
+                # retry then fails its own condition): our op id on the object tells them apart.
+                try:
+                    current, _ = store.describe(final["log"])
+                except ObjectNotFound:
+                    raise SourceGone("the .log disappeared (deleted by retention?) before the swap",
+                                     path=_uri(store, final["log"])) from None
+                if current.metadata.get(META_OP) != journal.op:
+                    return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is "
+                                    "left untouched")
+        except TakenOver as e:
+            return SegmentResult(d, base, ABORTED, e.message, run_id=journal.run_id, pending=Pending.BUSY)
+        except SourceChanged as e:
+            return _abandon(ctx, journal, etag, e.message,
+                            pending=None if isinstance(e, SourceGone) else Pending.BUSY)
+        finally:
+            if spool is not None:
+                spool.close()
+    # The new .log is in place (maybe by a run that crashed): put its indexes where none is (another
+    # writer's index is never overwritten), check that the .log is still ours, then forget the journal.
+    etags = {"log_etag": current.etag}
+    superseded = ""
+    for name in INDEX_FILES:
+        if journal.new.key(name) and not superseded:
+            put = _put_index(ctx, journal, name)
+            for _ in range(REPLACE_ATTEMPTS):
+                if put is not None or not _log_is_ours(ctx, journal):
+                    break
+                put = _replace_foreign_index(ctx, journal, name)
+            if put is None and _log_is_ours(ctx, journal):  # still a foreign index beside our .log: the journal
+                # stays, so the next run that covers the partition tries again
+                return SegmentResult(d, base, FAILED, f"another writer keeps putting a .{name} beside our .log: "
+                                     "left in flight for the next run", run_id=journal.run_id,
+                                     pending=Pending.TRANSIENT)
+            if put is None:
+                superseded = f"another writer put a .{name} beside our .log after the swap"
+            else:
+                etags[f"{name}_etag"] = put
+    if not superseded and not _log_is_ours(ctx, journal):
+        superseded = "another writer replaced the .log after our swap"
+    if superseded:
+        return _superseded(ctx, journal, etag, etags, superseded)
+    record_segment(store, ctx.prefix, d, base, {**entry, **etags} if kind is OpKind.COMPACT else None)
+    with contextlib.suppress(TakenOver):  # done all the same: the run that took the entry over forgets it
+        _forget(ctx, journal, etag)
+    return done
+
+
+def _log_is_ours(ctx: Context, journal: Journal) -> bool:
+    try:
+        return ctx.store.head(journal.final["log"]).metadata.get(META_OP) == journal.op
+    except ObjectNotFound:
+        return False
+
+
+def _replace_foreign_index(ctx: Context, journal: Journal, name: str) -> str | None:
+    """Another writer's index sits beside OUR ``.log`` (e.g. a mirror re-uploading a byte-identical original:
+    its ``.log`` kept the planned ETag, so our swap went through, and its index arrived after our delete).
+    It cannot be valid for our bytes, and a broker trusts a present index: delete it (``If-Match`` the ETag
+    seen; the original is in the backup) and put ours. None if yet another index arrives meanwhile."""
+    key = journal.final[name]
+    try:
+        there = ctx.store.head(key)
+        ctx.store.delete(key, if_match=there.etag, missing_ok=True)
+    except (ObjectNotFound, PreconditionFailed):
+        pass  # gone already, or replaced again: the put below decides
+    return _put_index(ctx, journal, name)
+
+
+def finish_one(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> SegmentResult:
+    """:func:`finish` with every per-segment problem as a result (the partition's other entries go on); a lost
+    lease still stops the partition."""
+    try:
+        return finish(ctx, journal, etag, lease)
+    except LeaseLost:
+        raise
+    except (ProofError, InvalidDataError) as e:  # a staged or backup copy that does not verify: nothing swapped
+        return SegmentResult(journal.directory, journal.base_offset, FAILED, f"proof failed, left in flight: {e}",
+                             error=e.to_dict(), run_id=journal.run_id, cause=Cause.PROOF_FAILED)
+    except StorageError as e:
+        return SegmentResult(journal.directory, journal.base_offset, FAILED, f"S3 error, left in flight: {e}",
+                             error=e.to_dict(), run_id=journal.run_id,
+                             pending=Pending.TRANSIENT if e.retryable else None)
+
+
+def _still_ours(ctx: Context, journal: Journal, etag: str) -> None:
+    """:class:`TakenOver` unless the journal entry is still the one we last wrote."""
+    key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
+    try:
+        _, there = ctx.store.get_json(key)
+    except ObjectNotFound:
+        there = None
+    if there != etag:
+        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
+                        "to that run", path=_uri(ctx.store, key))
+
+
+def _forget(ctx: Context, journal: Journal, etag: str) -> None:
+    """Delete a finished (or given up) operation's journal entry, then its staging objects: a crash in between
+    leaves only staging objects that no journal names (cleanup removes them), never a journal whose staged
+    copy is gone. :class:`TakenOver` if the entry is no longer the one we wrote (nothing is deleted then)."""
+    try:
+        ctx.store.delete(journal_key(ctx.prefix, journal.directory, journal.base_offset), if_match=etag,
+                         missing_ok=True)
+    except PreconditionFailed:
+        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
+                        "to that run", path=_uri(ctx.store, journal.final["log"])) from None
+    if journal.kind is OpKind.COMPACT:
+        for key in journal.new.present():
+            ctx.store.delete(key, missing_ok=True)
+
+
+def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str], why: str) -> SegmentResult:
+    """Another writer replaced the segment after our ``.log`` swap: remove the indexes we put (``If-Match``:
+    only ours; a broker rebuilds a missing index, but would trust ours beside a ``.log`` they do not belong
+    to), leave every object of the other writer as it is, and forget the operation. The originals stay
+    in the backup for the grace period."""
+    for name in INDEX_FILES:
+        if f"{name}_etag" in ours:
+            with contextlib.suppress(PreconditionFailed):  # replaced by the other writer already: theirs
+                ctx.store.delete(journal.final[name], if_match=ours[f"{name}_etag"], missing_ok=True)
+    with contextlib.suppress(TakenOver):
+        _forget(ctx, journal, etag)
+    return SegmentResult(journal.directory, journal.base_offset, SUPERSEDED,
+                         f"{why}: its objects are left as they are", run_id=journal.run_id, pending=Pending.BUSY)
+
+
+def _kms(headers: dict[str, Any]) -> str | None:
+    if headers.get("ServerSideEncryption") != "aws:kms":
+        return None
+    return "aws:kms+bucket-key" if headers.get("BucketKeyEnabled") else "aws:kms"
+
+
+def _put_index(ctx: Context, journal: Journal, name: str) -> str | None:
+    """Put one new index in place where no index is (``If-None-Match``: the old one was deleted before the
+    swap) unless a crashed run of this operation already did; its ETag. None when another writer's index
+    is there: it is left alone."""
+    store, final, op = ctx.store, journal.final, journal.op
+    try:
+        there = store.head(final[name])
+        return there.etag if there.metadata.get(META_OP) == op else None
+    except ObjectNotFound:
+        pass
+    staged = journal.new.key(name)
+    assert staged is not None
+    try:
+        data = store.get(staged)
+    except ObjectNotFound:  # only if the staging copy went first: rebuild from the .log in place
+        with store.open(final["log"]) as body:
+            rebuilt = read_back(body, base_offset=journal.base_offset, path=_uri(store, final["log"]),
+                                index_interval_bytes=ctx.options.index_interval_bytes,
+                                decompression_limit=ctx.options.decompression_limit).indexes
+        data = rebuilt.offset_index if name == "index" else rebuilt.time_index
+    try:
+        return store.put_object(final[name], data, journal.attrs[name], if_none_match=True).etag
+    except PreconditionFailed:
+        # Another writer's index, or this very PUT whose answer was lost (the retry then fails its own
+        # condition): our op id tells them apart.
+        there = store.head(final[name])
+        return there.etag if there.metadata.get(META_OP) == op else None
+
+
+def _back_up(ctx: Context, journal: Journal) -> None:
+    """Server-side copies of the originals. moto ignores CopySourceIfMatch, so the source ETag is checked
+    again after the copy: a source that changed meanwhile stops the swap before anything is replaced."""
+    store, final, source, backup = ctx.store, journal.final, journal.source, journal.backup or {}
+    for name, _ in FILES:
+        etag, target = source[name], backup.get(name)
+        if not etag or not target:
+            continue
+        try:
+            store.copy(final[name], target, source_etag=etag, attrs=journal.attrs[name])
+            copied, after = store.head(target), store.head(final[name])
+        except (PreconditionFailed, ObjectNotFound):
+            raise SourceChanged(f"the {name} file changed while it was backed up",
+                                path=_uri(store, final[name])) from None
+        if after.etag != etag or copied.size != journal.source_sizes[name]:
+            raise SourceChanged(f"the {name} file changed while it was backed up", path=_uri(store, final[name]),
+                                expected=etag, found=after.etag)
+
+
+def _abandon(ctx: Context, journal: Journal, etag: str, reason: str,
+             pending: Pending | None = Pending.BUSY) -> SegmentResult:
+    """Give up a segment whose ``.log`` is not (or no longer) ours: drop staging and the journal; backups stay.
+    Indexes this operation had put beside a ``.log`` that has since been replaced are removed (only ours)."""
+    store = ctx.store
+    for name in INDEX_FILES:
+        try:
+            there = store.head(journal.final[name])
+        except ObjectNotFound:
+            continue
+        if there.metadata.get(META_OP) == journal.op:
+            with contextlib.suppress(PreconditionFailed):
+                store.delete(journal.final[name], if_match=there.etag, missing_ok=True)
+    try:
+        _forget(ctx, journal, etag)
+    except TakenOver as e:
+        return SegmentResult(journal.directory, journal.base_offset, ABORTED, e.message, run_id=journal.run_id,
+                             pending=Pending.BUSY)
+    return SegmentResult(journal.directory, journal.base_offset, ABORTED, reason, run_id=journal.run_id,
+                         pending=pending)
+
+
+def pending_journals(store: S3Store, prefix: str, directory: str | None = None) -> Iterator[tuple[Journal, str]]:
+    """Journal entries left in flight (by a crash, or by a stage step waiting for its commit)."""
+    under = reserved_key(prefix, JOURNAL_DIR, directory) + "/" if directory else reserved_key(prefix, JOURNAL_DIR) + "/"
+    for info in store.list(under):
+        try:
+            doc, etag = store.get_json(info.key)
+        except ObjectNotFound:
+            continue  # finished in between
+        yield Journal.from_json(doc, where=_uri(store, info.key)), etag
+
+
+def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[SegmentResult]:
+    """Finish (or abandon) every journal entry of the partition; the caller holds its lease.
+
+    A compaction of ANOTHER run still ``staged`` (nothing final changed, no backup made yet) is abandoned,
+    not rolled forward: that run may only be stalled, with a backup copy in flight to the keys its journal
+    names, and a copy landing after our swap would put the new ``.log`` where the original must be kept
+    (S3 refuses such a copy by its ``x-amz-copy-source-if-match``; moto does not). Its segment is planned
+    and compacted again like any other. Entries of this run (a retry, or the pipeline's commit step) and
+    entries past their backup are finished."""
+    results = []
+    for journal, etag in list(pending_journals(ctx.store, ctx.prefix, directory)):
+        if journal.kind is OpKind.COMPACT and journal.state is JournalState.STAGED and journal.run_id != ctx.run_id:
+            result = _abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}): abandoned; "
+                              "the segment is compacted anew", pending=None)
+        else:
+            result = finish_one(ctx, journal, etag, lease)
+        result.recovered = journal.run_id != ctx.run_id  # not a recovery: a staged segment of this run
+        results.append(result)
+    return results
+
+
+def repair_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> SegmentResult:
+    """Remove the indexes we rebuilt for a ``.log`` that has since been replaced (``If-Match``: only ours)."""
+    lease.check()
+    for ref in (seg.index, seg.timeindex):
+        if ref is not None:
+            try:
+                ctx.store.delete(ref.key, if_match=ref.etag, missing_ok=True)
+            except PreconditionFailed:
+                raise SourceChanged("an index changed after planning", path=_uri(ctx.store, ref.key)) from None
+    record_segment(ctx.store, ctx.prefix, seg.directory, seg.base_offset, None)
+    return SegmentResult(seg.directory, seg.base_offset, REPAIRED, seg.reason)
+
+
+def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> tuple[Journal, str] | SegmentResult:
+    """Journal the restore of one segment from ``target_run``'s backups, if that run's ``.log`` is still the
+    one in place; otherwise a skipped result saying what is there instead."""
+    store = ctx.store
+    final = {name: dir_segment_key(ctx.prefix, directory, base, sfx) for name, sfx in FILES}
+    backups = {name: backup_key(ctx.prefix, target_run, directory, base, sfx) for name, sfx in FILES}
+    try:
+        current, _ = store.describe(final["log"])
+    except ObjectNotFound:
+        return SegmentResult(directory, base, SKIPPED, "the .log is gone: nothing to restore over")
+    owner = current.metadata.get(META_RUN)
+    if owner != target_run:
+        what = f"run {owner}" if owner else "an object we did not write (the original, or a replacement)"
+        return SegmentResult(directory, base, SKIPPED, f"the .log in place is from {what}, not from run {target_run}")
+    source: dict[str, str | None] = {"log": current.etag}
+    attrs: dict[str, ObjectAttrs] = {}
+    new: dict[str, str | None] = {}
+    log_size = 0
+    op = f"{ctx.run_id}.{secrets.token_hex(4)}"
+    for name, _ in FILES:
+        if name != "log":
+            try:
+                source[name] = store.head(final[name]).etag
+            except ObjectNotFound:
+                source[name] = None
+        try:
+            info, original = store.describe(backups[name])
+        except ObjectNotFound:
+            if name == "log":
+                return SegmentResult(directory, base, FAILED, "the backup of the .log is missing",
+                                     error={"path": _uri(store, backups[name])})
+            new[name] = None
+            continue
+        new[name] = backups[name]
+        attrs[name] = original.with_metadata({META_RESTORED: target_run, META_OP: op})
+        if name == "log":
+            log_size = info.size
+    entry = load_state(store, ctx.prefix, directory).get(str(base), {})
+    journal = Journal(OpKind.ROLLBACK, op, ctx.run_id, JournalState.BACKED_UP, directory, base, final, source,
+                      NewFiles(backups["log"], log_size, new["index"], new["timeindex"]), attrs,
+                      payload_xxh3=entry.get("payload_xxh3"), restores_run=target_run,
+                      entry={"bytes_before": current.size, "bytes_after": log_size})
+    try:
+        etag = store.put_json(journal_key(ctx.prefix, directory, base), journal.to_json(), if_none_match=True)
+    except PreconditionFailed:
+        return SegmentResult(directory, base, SKIPPED, "another operation's journal entry is pending for it",
+                             pending=Pending.BUSY)
+    return journal, etag

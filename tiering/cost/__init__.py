@@ -1,0 +1,1 @@
+"""Prices and the cost model (pure)."""

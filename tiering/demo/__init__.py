@@ -1,0 +1,1 @@
+"""Demos and the generated data they use; not imported by the product's layers."""

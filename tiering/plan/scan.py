@@ -1,0 +1,462 @@
+"""The scanner: list a ``logdir`` prefix and decide, per segment, what a compaction run may touch.
+
+Listing is paginated and runs one partition per worker thread (boto3 clients are thread-safe); nothing
+is read but listings and, per partition, our own small state document. Each segment gets an action:
+
+- ``compact``: sealed, readable, unchanged since we last saw it (or never compacted to this codec);
+- ``repair``: we compacted it, then something (a mirroring tool) put another ``.log`` back beside the
+  indexes we rebuilt: those indexes no longer match their log and must go (a broker rebuilds a missing
+  index, but trusts a present one);
+- ``skip``, with the reason: the active segment (highest base offset), uploaded within the grace period,
+  already compacted to the target codec, archived (GLACIER / DEEP_ARCHIVE: unreadable without a restore),
+  incomplete (index files without a ``.log``), empty, or too large to be a Kafka segment.
+
+Partition directories Kafka is deleting, moving or found stray (``-delete``, ``-future``, ``-stray``)
+and internal topics (``__*``) are skipped unless included. The result is a versioned JSON plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import tempfile
+import zlib
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from tiering.errors import ConfigError
+from tiering.kafka.codecs import Codec, check_level
+from tiering.kafka.files import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SNAPSHOT_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
+    parse_segment_name,
+)
+from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
+from tiering.lifecycle.journal import Cause
+from tiering.plan.policy import AUTO, PRODUCER, Policy
+from tiering.plan.state import STATE_DIR, load_state
+from tiering.storage.layout import (
+    PARTITION_FILES,
+    DirKind,
+    PartitionDir,
+    clock_key,
+    normalize_prefix,
+    parse_dir,
+    reserved_key,
+)
+from tiering.storage.store import ObjectInfo, S3Store
+
+PLAN_SCHEMA_VERSION: Final = 1
+DEFAULT_MIN_AGE_MINUTES: Final = 15
+DEFAULT_SCAN_WORKERS: Final = 8
+ARCHIVED_CLASSES: Final = frozenset({"GLACIER", "DEEP_ARCHIVE"})  # GLACIER_IR is readable at once
+MAX_IGNORED_LISTED: Final = 1000
+INVENTORY_SHARDS: Final = 256  # spill files of an inventory scan: memory holds one
+
+COMPACT: Final = "compact"
+REPAIR: Final = "repair"
+# Outcomes remembered in the partition state (see compact.remember): such a segment is not read again.
+OUTCOME_NO_SAVINGS: Final = "no-savings"
+OUTCOME_INVALID: Final = "invalid"
+OUTCOME_UNREADABLE: Final = "unreadable"  # S3 will not give us the bytes (SSE-C, an archived object)
+SKIP: Final = "skip"
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    key: str
+    size: int
+    etag: str
+    last_modified: str  # ISO 8601, S3's clock
+    storage_class: str
+
+    @classmethod
+    def of(cls, info: ObjectInfo) -> ObjectRef:
+        return cls(info.key, info.size, info.etag, info.last_modified.isoformat(), info.storage_class)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedSegment:
+    directory: str
+    topic: str
+    partition: int
+    base_offset: int
+    action: str
+    reason: str
+    log: ObjectRef | None = None
+    index: ObjectRef | None = None
+    timeindex: ObjectRef | None = None
+    txnindex: ObjectRef | None = None
+    # Set by a policy (per topic); None: the plan's codec and level.
+    codec: str | None = None
+    level: int | None = None
+    min_savings_ratio: float = 0.0
+    compacted_by: str | None = None  # a skip because it is compacted already: the run that did it
+    cause: Cause | None = None  # why it is skipped
+
+
+    @property
+    def size(self) -> int:
+        return self.log.size if self.log else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> PlannedSegment:
+        refs = {k: ObjectRef(**doc[k]) if doc.get(k) else None for k in ("log", "index", "timeindex", "txnindex")}
+        return cls(doc["directory"], doc["topic"], int(doc["partition"]), int(doc["base_offset"]), doc["action"],
+                   doc["reason"], **refs, codec=doc.get("codec"), level=doc.get("level"),
+                   min_savings_ratio=float(doc.get("min_savings_ratio", 0.0)), compacted_by=doc.get("compacted_by"),
+                   cause=Cause(doc["cause"]) if doc.get("cause") else None)
+
+
+class PlanTotals:
+    """Counts of a plan, added up one segment at a time (the figures :meth:`Plan.totals` gives)."""
+
+    def __init__(self) -> None:
+        self.segments = self.to_compact = self.to_repair = self.bytes_to_compact = 0
+        self.skipped_by_reason: Counter[str] = Counter()
+
+    def add(self, seg: PlannedSegment) -> None:
+        self.segments += 1
+        if seg.action == COMPACT:
+            self.to_compact += 1
+            self.bytes_to_compact += seg.size
+        elif seg.action == REPAIR:
+            self.to_repair += 1
+        elif seg.action == SKIP:
+            self.skipped_by_reason[seg.reason.split(":")[0]] += 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"segments": self.segments, "to_compact": self.to_compact, "to_repair": self.to_repair,
+                "bytes_to_compact": self.bytes_to_compact, "skipped": sum(self.skipped_by_reason.values()),
+                "skipped_by_reason": dict(sorted(self.skipped_by_reason.items()))}
+
+
+@dataclass
+class Plan:
+    bucket: str
+    prefix: str
+    codec: str
+    level: int | None
+    min_age_minutes: int
+    topics: str | None
+    created_at: str
+    segments: list[PlannedSegment] = field(default_factory=list)
+    skipped_dirs: list[dict[str, str]] = field(default_factory=list)
+    ignored_keys: list[dict[str, str]] = field(default_factory=list)
+    ignored_count: int = 0
+    objects_listed: int = 0
+    estimate: dict[str, Any] | None = None
+    policy: str | None = None  # the policy file the plan followed
+    auto: dict[str, Any] | None = None  # per topic, the automatic codec choice and its numbers
+
+    def to_compact(self) -> list[PlannedSegment]:
+        return [s for s in self.segments if s.action in (COMPACT, REPAIR)]
+
+    def totals(self) -> dict[str, Any]:
+        totals = PlanTotals()
+        for s in self.segments:
+            totals.add(s)
+        return totals.to_json()
+
+    def summary(self, totals: dict[str, Any], source: str) -> dict[str, Any]:
+        """What a scan found, as numbers, without its segments (``totals``: from a streamed scan)."""
+        doc = self.to_json()
+        doc.pop("segments")
+        return {**doc, "kind": "tiering.scan-summary", "totals": totals, "source": source}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": PLAN_SCHEMA_VERSION, "kind": "tiering.plan", "bucket": self.bucket,
+                "prefix": self.prefix, "codec": self.codec, "level": self.level,
+                "min_age_minutes": self.min_age_minutes, "topics": self.topics, "created_at": self.created_at,
+                "objects_listed": self.objects_listed, "totals": self.totals(), "estimate": self.estimate,
+                "skipped_dirs": self.skipped_dirs, "ignored_keys": self.ignored_keys,
+                "ignored_count": self.ignored_count, "policy": self.policy, "auto": self.auto,
+                "segments": [s.to_json() for s in self.segments]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Plan:
+        if doc.get("kind") != "tiering.plan" or doc.get("schema_version") != PLAN_SCHEMA_VERSION:
+            raise ConfigError("not a plan this version can read", expected=f"tiering.plan v{PLAN_SCHEMA_VERSION}",
+                              found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+        return cls(doc["bucket"], doc["prefix"], doc["codec"], doc["level"], int(doc["min_age_minutes"]),
+                   doc["topics"], doc["created_at"], [PlannedSegment.from_json(s) for s in doc["segments"]],
+                   list(doc["skipped_dirs"]), list(doc["ignored_keys"]), int(doc["ignored_count"]),
+                   int(doc["objects_listed"]), doc.get("estimate"), doc.get("policy"), doc.get("auto"))
+
+
+@dataclass(frozen=True, slots=True)
+class ScanOptions:
+    codec: str
+    level: int | None = None
+    topics: str | None = None  # a regex the whole topic name must match
+    min_age_minutes: int = DEFAULT_MIN_AGE_MINUTES
+    include_internal: bool = False
+    include_special: bool = False  # -delete / -future / -stray directories
+    workers: int = DEFAULT_SCAN_WORKERS
+    policy: Policy | None = None  # per-topic codec, level and minimum savings (codec and level: the default)
+
+    def __post_init__(self) -> None:
+        if self.codec not in (PRODUCER, AUTO):  # those two come only from a policy
+            codec = Codec.parse(self.codec)
+            object.__setattr__(self, "codec", codec.label)
+            object.__setattr__(self, "level", check_level(codec, self.level))
+        if self.min_age_minutes < 0:
+            raise ConfigError("--min-age-minutes must not be negative", expected=">= 0", found=self.min_age_minutes)
+        if self.workers < 1:
+            raise ConfigError("scan workers must be at least 1", expected=">= 1", found=self.workers)
+        if self.topics is not None:
+            try:
+                re.compile(self.topics)
+            except re.error as e:
+                raise ConfigError(f"--topics is not a valid regular expression: {e}", found=self.topics) from None
+
+
+def _dir_skip_reason(d: PartitionDir, o: ScanOptions) -> str | None:
+    if d.kind is DirKind.OTHER:
+        return "not a Kafka partition directory (<topic>-<partition>)"
+    if d.kind in (DirKind.DELETE, DirKind.FUTURE, DirKind.STRAY) and not o.include_special:
+        return f"Kafka '-{d.kind.value}' directory (pass --include-special to include it)"
+    if d.internal and not o.include_internal:
+        return "internal topic (pass --include-internal to include it)"
+    if o.topics is not None and d.topic is not None and not re.fullmatch(o.topics, d.topic):
+        return "topic does not match --topics"
+    return None
+
+
+def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectInfo], state: dict[str, Any],
+                       now: datetime, o: ScanOptions, ignored: Callable[[str, str], None]) -> list[PlannedSegment]:
+    """Segments of one partition directory (its objects listed under ``dir_key``), each with its action and
+    reason (pure: no S3 here)."""
+    assert d.topic is not None
+    assert d.partition is not None
+    groups: dict[int, dict[str, ObjectInfo]] = {}
+    for info in objects:
+        file = info.key[len(dir_key):]
+        if file in PARTITION_FILES:
+            continue
+        parsed = parse_segment_name(file) if "/" not in file else None
+        if parsed is None:
+            ignored(info.key, "not a Kafka segment or partition file")
+            continue
+        groups.setdefault(parsed[0], {})[parsed[1]] = info
+    with_log = [base for base, g in groups.items() if LOG_SUFFIX in g]
+    active = max(with_log) if with_log else None
+    grace = timedelta(minutes=o.min_age_minutes)
+    target = o
+    per_topic: dict[str, Any] = {}  # PlannedSegment's codec, level and min_savings_ratio, from a policy
+    if o.policy is not None:
+        tp = o.policy.resolve(d.topic)
+        target = replace(o, codec=tp.compression_type, level=tp.level, policy=None)
+        per_topic = {"codec": target.codec, "level": target.level, "min_savings_ratio": tp.min_savings_ratio}
+    out = []
+    for base in sorted(groups):
+        g = groups[base]
+        if set(g) <= {SNAPSHOT_SUFFIX}:
+            continue  # producer-state snapshots are partition state, not segment files
+        log = g.get(LOG_SUFFIX)
+        refs = {"log": log, "index": g.get(INDEX_SUFFIX), "timeindex": g.get(TIME_INDEX_SUFFIX),
+                "txnindex": g.get(TXN_INDEX_SUFFIX)}
+        ours = state.get(str(base))
+        action, reason, cause = _classify(base, log, refs, active, ours, now, grace, target)
+        if action == COMPACT and target.codec == PRODUCER:
+            action, cause = SKIP, Cause.POLICY
+            reason = "policy: compression.type producer (keep what the producer wrote)"
+        files: dict[str, Any] = {k: ObjectRef.of(v) if v else None for k, v in refs.items()}
+        own = per_topic if action == COMPACT else {}  # a repair rewrites nothing: no codec of its own
+        done = ours is not None and log is not None and "outcome" not in ours and ours.get("log_etag") == log.etag
+        out.append(PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **own,
+                                  compacted_by=str(ours["run_id"]) if done and action == SKIP and ours else None,
+                                  cause=cause))
+    return out
+
+
+def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | None], active: int | None,
+              ours: dict[str, Any] | None, now: datetime, grace: timedelta,
+              o: ScanOptions) -> tuple[str, str, Cause | None]:
+    if log is None:
+        return SKIP, "incomplete: index files without a .log (orphans; a broker ignores them)", Cause.INCOMPLETE
+    if ours is not None and "outcome" in ours:  # a rewrite of this very object gave nothing, or it was invalid
+        same_target = o.codec == AUTO or (ours.get("codec"), ours.get("level")) == (o.codec, o.level)
+        if ours.get("log_etag") == log.etag and (same_target or ours["outcome"] in (OUTCOME_INVALID,
+                                                                                  OUTCOME_UNREADABLE)):
+            return SKIP, (f"{ours['outcome']} last time ({ours.get('codec')} by run {ours.get('run_id')}): not read "
+                          "again until the .log or the target codec changes"), Cause.REMEMBERED
+        ours = None
+    if ours is not None and ours.get("log_etag") != log.etag:
+        stale = [k for k in ("index", "timeindex") if (r := refs[k]) and ours.get(f"{k}_etag") == r.etag]
+        if stale:
+            return REPAIR, (f"the .log was replaced after run {ours.get('run_id')} compacted it (a mirroring tool?); "
+                            f"our rebuilt {' and '.join(stale)} no longer match it and are removed"), None
+        ours = None  # a new original: judged like any other segment
+    if base == active:
+        return SKIP, "active: the highest base offset of its partition (a broker may still append to it)", Cause.ACTIVE
+    archived = [f"the .{name} is {r.storage_class}" for name in ("log", "index", "timeindex")
+                if (r := refs[name]) is not None and r.storage_class in ARCHIVED_CLASSES]
+    if archived:  # the .txnindex is never read or replaced
+        return (SKIP, f"archived: {' and '.join(archived)} (cannot be read or replaced without a restore)",
+                Cause.ARCHIVED)
+    youngest = max(r.last_modified for r in refs.values() if r is not None)
+    if now - youngest < grace:
+        minutes = max(0, int((now - youngest).total_seconds() // 60))
+        return (SKIP, f"too young: uploaded {minutes} min ago, within the {o.min_age_minutes}-minute grace period",
+                Cause.TOO_YOUNG)
+    if log.size == 0:
+        return SKIP, "empty: the .log holds no batches", Cause.EMPTY
+    if log.size > MAX_SEGMENT_BYTES:
+        return SKIP, f"invalid: {log.size} bytes is beyond Kafka's 2 GiB segment limit", Cause.INVALID
+    if ours is not None and o.codec == AUTO:
+        return (SKIP, f"already compacted: {ours.get('codec')} (chosen automatically) by run {ours.get('run_id')}",
+                Cause.ALREADY_COMPACTED)
+    if ours is not None and ours.get("codec") == o.codec and ours.get("level") == o.level:
+        return SKIP, f"already compacted: {o.codec} by run {ours.get('run_id')}", Cause.ALREADY_COMPACTED
+    return COMPACT, "sealed", None
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """One partition directory's objects (in key order) and our state document of it."""
+
+    directory: PartitionDir
+    dir_key: str
+    objects: list[ObjectInfo]
+    state: dict[str, Any]
+
+
+def scan_partitions(store: S3Store, prefix: str, options: ScanOptions, emit: Callable[[list[PlannedSegment]], None],
+                    *, source: Iterator[ObjectInfo] | None = None, progress: Callable[[int], None] | None = None
+                    ) -> Plan:
+    """Scan ``prefix`` one partition at a time, handing each partition's planned segments to ``emit``; the
+    plan's settings and totals come back (its ``segments`` stay empty). Memory is bounded by a few
+    partitions, not by the bucket. ``source``: the objects of an S3 Inventory report instead of a listing
+    (see :func:`inventory_partitions`)."""
+    root = normalize_prefix(prefix)
+    now = store.now(clock_key(root))
+    plan = Plan(store.bucket, root, options.codec, options.level, options.min_age_minutes, options.topics,
+                now.isoformat())
+
+    def ignored(key: str, reason: str) -> None:
+        plan.ignored_count += 1
+        if len(plan.ignored_keys) < MAX_IGNORED_LISTED:
+            plan.ignored_keys.append({"key": key, "reason": reason})
+
+    def wanted(name: str) -> PartitionDir | None:
+        d = parse_dir(name)
+        if d.kind is DirKind.RESERVED:
+            return None
+        reason = _dir_skip_reason(d, options)
+        if reason is not None:
+            plan.skipped_dirs.append({"directory": d.name, "reason": reason})
+            return None
+        return d
+
+    if source is None:
+        partitions: Iterable[Listed] = _listed_partitions(store, root, options, wanted)
+    else:
+        partitions = inventory_partitions(store, root, source, wanted, ignored)
+    listed = 0
+    for part in partitions:
+        listed += len(part.objects)
+        emit(classify_partition(part.directory, part.dir_key, part.objects, part.state, now, options, ignored))
+        if progress is not None:
+            progress(listed)
+    plan.objects_listed = listed
+    plan.skipped_dirs.sort(key=lambda d: d["directory"])
+    return plan
+
+
+def scan(store: S3Store, prefix: str, options: ScanOptions, progress: Callable[[int], None] | None = None,
+         *, source: Iterator[ObjectInfo] | None = None) -> Plan:
+    """The whole plan in memory (for a CLI run or a test); :func:`scan_partitions` streams it."""
+    segments: list[PlannedSegment] = []
+    plan = scan_partitions(store, prefix, options, segments.extend, source=source, progress=progress)
+    plan.segments = segments
+    return plan
+
+
+def _listed_partitions(store: S3Store, root: str, options: ScanOptions,
+                       wanted: Callable[[str], PartitionDir | None]) -> Iterator[Listed]:
+    """Partition directories listed in parallel (``options.workers`` at once), yielded in name order; at
+    most twice as many listings are held as there are workers."""
+    names = [d for p in store.list_dirs(root + "/" if root else "")
+             if (d := wanted(p[len(root) + 1 if root else 0 :].rstrip("/"))) is not None]
+
+    def one(d: PartitionDir) -> Listed:
+        key = _dir_key(root, d.name)
+        return Listed(d, key, list(store.list(key)), load_state(store, root, d.name))
+
+    with ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="scan") as pool:
+        window: deque[Future[Listed]] = deque()
+        todo = iter(names)
+        for d in itertools.islice(todo, 2 * options.workers):
+            window.append(pool.submit(one, d))
+        while window:
+            yield window.popleft().result()
+            for d in itertools.islice(todo, 1):
+                window.append(pool.submit(one, d))
+
+
+def inventory_partitions(store: S3Store, root: str, objects: Iterator[ObjectInfo],
+                         wanted: Callable[[str], PartitionDir | None], ignored: Callable[[str, str], None],
+                         *, shards: int = INVENTORY_SHARDS) -> Iterator[Listed]:
+    """Partitions from an inventory's objects, which come in no promised order: each object is spilled to
+    one of ``shards`` local files by its directory, then one shard at a time is grouped by directory. Memory
+    holds one shard. Our state documents are read only for partitions the inventory shows one for (an
+    inventory is stale: a segment compacted since is planned again, and its changed ETag stops it)."""
+    base = root + "/" if root else ""
+    state_dir = reserved_key(root, STATE_DIR) + "/"
+    with_state: set[str] = set()
+    decided: dict[str, PartitionDir | None] = {}
+    with tempfile.TemporaryDirectory(prefix="tiering-inventory-") as tmp:
+        files = [open(os.path.join(tmp, f"{i:04d}.tsv"), "w+", encoding="utf-8", newline="\n")  # noqa: SIM115
+                 for i in range(shards)]
+        try:
+            for info in objects:
+                if not info.key.startswith(base):
+                    continue
+                if info.key.startswith(state_dir):
+                    with_state.add(info.key[len(state_dir):].removesuffix(".json"))
+                    continue
+                name, slash, _ = info.key[len(base):].partition("/")
+                if not slash:
+                    continue  # an object directly under PREFIX, not in a directory: not listed either
+                if name not in decided:
+                    decided[name] = wanted(name)
+                if decided[name] is None:
+                    continue
+                if any(c in info.key for c in "\t\n\r"):
+                    ignored(info.key, "not a Kafka segment or partition file")
+                    continue
+                f = files[zlib.crc32(name.encode()) % shards]
+                f.write(f"{info.key}\t{info.size}\t{info.etag}\t{info.last_modified.isoformat()}\t"
+                        f"{info.storage_class}\n")
+            for f in files:
+                f.seek(0)
+                groups: dict[str, list[ObjectInfo]] = {}
+                for line in f:
+                    key, size, etag, modified, storage_class = line.rstrip("\n").split("\t")
+                    name = key[len(base):].partition("/")[0]
+                    groups.setdefault(name, []).append(
+                        ObjectInfo(key, int(size), etag, datetime.fromisoformat(modified), storage_class))
+                f.close()
+                for name in sorted(groups):
+                    d = decided[name]
+                    assert d is not None
+                    state = load_state(store, root, name) if name in with_state else {}
+                    yield Listed(d, _dir_key(root, name), sorted(groups.pop(name), key=lambda o: o.key), state)
+        finally:
+            for f in files:
+                f.close()
+
+def _dir_key(root: str, name: str) -> str:
+    return f"{root}/{name}/" if root else f"{name}/"

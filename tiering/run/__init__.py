@@ -1,0 +1,1 @@
+"""Runs over a bucket: the pipeline's steps, compaction, rollback, cleanup, tiering."""

@@ -1,0 +1,445 @@
+"""Runs on a bucket: compact a plan, roll a run back, clean up after the grace period.
+
+The per-segment protocol lives in :mod:`tiering.commit.protocol`; this module takes partition leases, applies
+the run's budget (``max_segments``/``max_bytes``, largest segments first), recovers what a crashed run
+left in flight, turns every per-segment problem into a result (never a crash of the whole run), and
+writes the run's result document to ``_tiering/runs/<run_id>/result.json``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseGuard, LeaseHeld, LeaseLost, lease_key
+from tiering.commit.protocol import (
+    BACKUP_DIR,
+    COMPACTED,
+    FAILED,
+    JOURNAL_DIR,
+    SKIPPED,
+    STAGING_DIR,
+    Context,
+    SegmentResult,
+    SourceChanged,
+    SourceGone,
+    Staged,
+    finish,
+    finish_one,
+    pending_journals,
+    recheck_source,
+    recover_partition,
+    repair_segment,
+    stage_rollback,
+    stage_segment,
+)
+from tiering.errors import ConfigError, ExitCode, InvalidDataError, ProofError, StorageError, TieringError
+from tiering.kafka.files import parse_segment_name
+from tiering.lifecycle.journal import NOTHING_TO_GAIN, Cause, Pending, Status
+from tiering.plan.scan import (
+    OUTCOME_INVALID,
+    OUTCOME_NO_SAVINGS,
+    OUTCOME_UNREADABLE,
+    REPAIR,
+    Plan,
+    PlannedSegment,
+)
+from tiering.plan.state import load_state, record_segment
+from tiering.storage.layout import clock_key, normalize_prefix, reserved_key
+from tiering.storage.store import EncryptedWithCustomerKey, ObjectInfo, S3Store
+
+RUN_SCHEMA_VERSION: Final = 1
+RUNS_DIR: Final = "runs"
+DEFAULT_GRACE_DAYS: Final = 7
+STAGED_STATUS: Final = Status.STAGED  # staged by a worker, waiting for the commit step
+DEFAULT_STALE_HOURS: Final = 24  # staging objects and multipart uploads older than this are abandoned
+
+
+def new_run_id() -> str:
+    """A sortable, unique run id (the local clock only names it; nothing is decided by it)."""
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True)
+class CompactOptions:
+    max_segments: int | None = None
+    max_bytes: int | None = None
+    lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
+    workers: int = 1  # partitions compacted at once
+
+
+@dataclass
+class RunResult:
+    kind: str
+    run_id: str
+    bucket: str
+    prefix: str
+    started_at: str
+    finished_at: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+    segments: list[SegmentResult] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)  # S3 requests by partition, Spark task seconds
+
+    def totals(self) -> dict[str, int]:
+        done = [s for s in self.segments if s.status in ("compacted", "rolled-back")]
+        counts: dict[str, int] = {}
+        for s in self.segments:
+            counts[s.status] = counts.get(s.status, 0) + 1
+        return {"segments": len(self.segments), **dict(sorted(counts.items())),
+                "bytes_before": sum(s.bytes_before for s in done), "bytes_after": sum(s.bytes_after for s in done)}
+
+    @property
+    def failed(self) -> bool:
+        """A segment failed for a reason a retry does not fix (invalid data, a proof failure, a refusal)."""
+        return any(s.status == FAILED and s.pending is None for s in self.segments)
+
+    def exit_code(self) -> ExitCode:
+        return outcome(self.segments)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": RUN_SCHEMA_VERSION, "kind": self.kind, "run_id": self.run_id,
+                "bucket": self.bucket, "prefix": self.prefix, "started_at": self.started_at,
+                "finished_at": self.finished_at, "settings": self.settings, "totals": self.totals(),
+                "segments": [s.to_json() for s in self.segments], **({"usage": self.usage} if self.usage else {})}
+
+
+def outcome(results: list[SegmentResult]) -> ExitCode:
+    """The exit code of a run from its segments, the worst first: a failed proof (our bug, or the store's),
+    invalid or unreadable data, a refusal (access, configuration), S3 failing (retry), work left to a busy
+    partition or a concurrent writer (run again later), else done."""
+    codes = {ExitCode.OK}
+    for r in results:
+        if r.status == FAILED and r.pending is None:
+            codes.add(ExitCode.INTERNAL if r.cause is Cause.PROOF_FAILED else
+                      ExitCode.INVALID if r.cause in (Cause.INVALID, Cause.UNREADABLE) else ExitCode.USAGE)
+        elif r.pending is Pending.TRANSIENT:
+            codes.add(ExitCode.RETRY)
+        elif r.pending is Pending.BUSY:
+            codes.add(ExitCode.BUSY)
+    for worst in (ExitCode.INTERNAL, ExitCode.INVALID, ExitCode.USAGE, ExitCode.RETRY, ExitCode.BUSY):
+        if worst in codes:
+            return worst
+    return ExitCode.OK
+
+
+def run_result_key(prefix: str, run_id: str, kind: str) -> str:
+    return reserved_key(prefix, RUNS_DIR, run_id, f"{kind}.json")
+
+
+def select(plan: Plan, o: CompactOptions) -> tuple[list[PlannedSegment], list[SegmentResult]]:
+    """The plan's work within the budget, largest first; what the budget leaves out is reported."""
+    chosen: list[PlannedSegment] = []
+    left: list[SegmentResult] = []
+    total = 0
+    repairs = [s for s in plan.to_compact() if s.action == REPAIR]
+    todo = sorted((s for s in plan.to_compact() if s.action != REPAIR), key=lambda s: (-s.size, s.directory,
+                                                                                       s.base_offset))
+    for seg in todo:
+        if o.max_segments is not None and len(chosen) >= o.max_segments:
+            left.append(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "over the --max-segments budget",
+                                      cause=Cause.BUDGET))
+        elif o.max_bytes is not None and total + seg.size > o.max_bytes:
+            left.append(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "over the --max-bytes budget",
+                                      cause=Cause.BUDGET))
+        else:
+            chosen.append(seg)
+            total += seg.size
+    return repairs + chosen, left
+
+
+def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit: bool = True) -> SegmentResult:
+    """One planned segment: repair, or stage and (with ``commit``) swap; every per-segment problem becomes
+    a result. Without ``commit`` the segment is left journalled as ``staged`` for a later commit step."""
+    try:
+        ctx = ctx.for_segment(seg)
+        if seg.action == REPAIR:
+            return repair_segment(ctx, seg, lease)
+        staged = stage_segment(ctx, seg, lease)
+        if not isinstance(staged, Staged):
+            if staged.cause in NOTHING_TO_GAIN:
+                remember(ctx, seg, OUTCOME_NO_SAVINGS, staged.reason)
+            return staged
+        if not commit:
+            if staged.spool is not None:
+                staged.spool.close()
+            staged.result.status = STAGED_STATUS
+            return staged.result
+        try:
+            result = finish(ctx, staged.journal, staged.etag, lease, staged.spool)
+        finally:
+            if staged.spool is not None:
+                staged.spool.close()
+        return staged.result if result.status == staged.result.status else result
+    except SourceChanged as e:  # a .log gone (retention) leaves nothing to do; any other change is left to a re-plan
+        return SegmentResult(seg.directory, seg.base_offset, SKIPPED, e.message, error=e.to_dict(),
+                             pending=None if isinstance(e, SourceGone) else Pending.BUSY)
+    except ProofError as e:  # what we wrote or what S3 stored disagrees with the source: not the source's fault
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"proof failed, original untouched: {e}",
+                             seg.size, error=e.to_dict(), cause=Cause.PROOF_FAILED)
+    except InvalidDataError as e:
+        return _judged_invalid(ctx, seg, e)
+    except LeaseLost:
+        raise
+    except StorageError as e:
+        if isinstance(e, EncryptedWithCustomerKey) or e.code == "InvalidObjectState":
+            remember(ctx, seg, OUTCOME_UNREADABLE, str(e))  # this very object stays unreadable: do not retry it
+            return replace(_failed(seg.directory, seg.base_offset, e, "unreadable, original untouched"),
+                           cause=Cause.UNREADABLE)
+        return _failed(seg.directory, seg.base_offset, e, "S3 error, original untouched")
+    except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict())
+    except OSError as e:  # this machine's side: a full disk or an unwritable --work-dir for the spool files
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"local error, original untouched: "
+                             f"{e.strerror or e}", error={"error": type(e).__name__, "path": e.filename})
+
+
+def _failed(directory: str, base: int, e: TieringError, what: str) -> SegmentResult:
+    return SegmentResult(directory, base, FAILED, f"{what}: {e}", error=e.to_dict(),
+                         pending=Pending.TRANSIENT if e.retryable else None)
+
+
+def _judged_invalid(ctx: Context, seg: PlannedSegment, e: InvalidDataError) -> SegmentResult:
+    """The source's bytes failed validation. Before the segment is called invalid (and remembered as such),
+    a second download, checked against the ``.log``'s length and ETag, is validated again: bytes damaged on
+    the way are a transport failure, never invalid data."""
+    try:
+        recheck_source(ctx, seg)
+    except InvalidDataError as again:
+        remember(ctx, seg, OUTCOME_INVALID, str(again))
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"invalid data, original untouched: {again}",
+                             seg.size, error=again.to_dict(), cause=Cause.INVALID)
+    except StorageError as check:
+        return _failed(seg.directory, seg.base_offset, check, f"could not confirm that the data is invalid ({e})")
+    return SegmentResult(seg.directory, seg.base_offset, FAILED, "the first download was damaged on the way (a "
+                         f"second one is valid; retryable), original untouched: {e}", error=e.to_dict(),
+                         pending=Pending.TRANSIENT)
+
+
+def remember(ctx: Context, seg: PlannedSegment, outcome: str, reason: str) -> None:
+    """Note in the partition's state that this very ``.log`` (its ETag) gave nothing with this codec and level,
+    so that later scans do not read it again until the object or the target changes. Best effort: a failure
+    here only means the next run reads the segment once more. An entry of a segment we compacted is kept."""
+    if seg.log is None:
+        return
+    try:
+        current = load_state(ctx.store, ctx.prefix, seg.directory).get(str(seg.base_offset))
+        if current is not None and "outcome" not in current:
+            return
+        record_segment(ctx.store, ctx.prefix, seg.directory, seg.base_offset, {
+            "outcome": outcome, "codec": ctx.options.codec.label, "level": ctx.options.level,
+            "log_etag": seg.log.etag, "run_id": ctx.run_id, "reason": reason[:300]})
+    except TieringError:
+        pass
+
+
+Work = Callable[[Lease, list[SegmentResult]], None]
+
+
+def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tuple[str, int]]) -> list[SegmentResult]:
+    """Run ``work`` under the partition's lease; it appends its results to the list it is given. Whatever
+    stops it (the lease busy or lost, S3 failing, a journal it cannot read), the segments of ``todo`` it has
+    not reported are reported with the reason, so the rest of the run goes on."""
+    lease = Lease(ctx.store, lease_key(ctx.prefix, directory), ctx.run_id, ttl)
+    try:
+        lease.acquire(ctx.prefix)
+    except LeaseHeld as e:
+        return [SegmentResult(d, b, SKIPPED, f"partition busy: {e.message}", pending=Pending.BUSY) for d, b in todo]
+    except TieringError as e:
+        return [_failed(d, b, e, "partition not touched") for d, b in todo]
+    results: list[SegmentResult] = []
+
+    stopped: TieringError | None = None
+    try:
+        work(lease, results)
+    except TieringError as e:
+        stopped = e
+    finally:
+        lease.release()
+    if stopped is not None:
+        seen = {(r.directory, r.base_offset) for r in results}
+        for d, b in dict.fromkeys(todo):
+            if (d, b) in seen:
+                continue
+            if isinstance(stopped, LeaseLost):
+                results.append(SegmentResult(d, b, SKIPPED, f"stopped: {stopped.message}", pending=Pending.BUSY))
+            else:
+                results.append(_failed(d, b, stopped, "stopped"))
+    return results
+
+
+def pending_bases(store: S3Store, prefix: str) -> dict[str, list[int]]:
+    """The segments with a journal entry in flight, by partition directory (keys only: nothing is read)."""
+    root = reserved_key(prefix, JOURNAL_DIR) + "/"
+    out: dict[str, list[int]] = {}
+    for info in store.list(root):
+        directory, _, name = info.key[len(root):].partition("/")
+        parsed = parse_segment_name(name.removesuffix(".json") + ".log") if name.endswith(".json") else None
+        if parsed is not None and "/" not in name:
+            out.setdefault(directory, []).append(parsed[0])
+    return out
+
+
+def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
+            progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
+    """Compact what ``plan`` selected (see the module docstring); per-segment problems become results."""
+    run = RunResult("compact", ctx.run_id, store.bucket, ctx.prefix, datetime.now(UTC).isoformat(),
+                    settings={"codec": ctx.options.codec.label, "level": ctx.options.level,
+                              "max_segments": options.max_segments, "max_bytes": options.max_bytes,
+                              "plan_created_at": plan.created_at})
+    chosen, left = select(plan, options)
+    run.segments += left
+    by_dir: dict[str, list[PlannedSegment]] = {}
+    for seg in chosen:
+        by_dir.setdefault(seg.directory, []).append(seg)
+    # Operations that an interrupted run left in flight are finished in every partition the plan covers,
+    # whether or not it has new work (its segments may all read "already compacted" by now).
+    in_flight = {d: bases for d, bases in pending_bases(store, ctx.prefix).items()
+                 if d in {s.directory for s in plan.segments}}
+
+    def partition(directory: str) -> list[SegmentResult]:
+        segments = by_dir.get(directory, [])
+
+        def work(lease: Lease, out: list[SegmentResult]) -> None:
+            finished = set()
+            for result in recover_partition(ctx, directory, lease):
+                out.append(result)
+                if result.status is Status.COMPACTED:
+                    finished.add(result.base_offset)  # its planned objects are gone: nothing left to do
+                if progress is not None:
+                    progress(result)
+            for seg in segments:
+                if seg.base_offset in finished:
+                    continue
+                out.append(run_segment(ctx, seg, lease))
+                if progress is not None:
+                    progress(out[-1])
+
+        todo = [(directory, b) for b in in_flight.get(directory, [])] + [(s.directory, s.base_offset) for s in segments]
+        return with_lease(ctx, directory, options.lease_ttl_seconds, work, todo)
+
+    with ThreadPoolExecutor(max_workers=max(1, options.workers), thread_name_prefix="compact") as pool:
+        for results in pool.map(partition, sorted(set(by_dir) | set(in_flight))):
+            run.segments += results
+    run.segments += earlier_attempts(store, ctx, plan, {(r.directory, r.base_offset) for r in run.segments})
+    run.segments.sort(key=lambda r: (r.directory, r.base_offset))
+    run.finished_at = datetime.now(UTC).isoformat()
+    # What the cost report needs: the plan (segment facts, skip reasons) and what the run used.
+    store.put_json(reserved_key(ctx.prefix, RUNS_DIR, ctx.run_id, "plan.json"), plan.to_json())
+    seconds = sum(float(str((r.stats or {}).get("seconds", 0.0))) for r in run.segments)
+    run.usage = {"requests": {"_run": dict(store.requests)}, "compute_seconds": round(seconds, 3)}
+    store.put_json(run_result_key(ctx.prefix, ctx.run_id, "compact"), run.to_json())
+    return run
+
+
+def earlier_attempts(store: S3Store, ctx: Context, plan: Plan, reported: set[tuple[str, int]]) -> list[SegmentResult]:
+    """Segments an earlier attempt of this very run (killed, then retried with the same run id) compacted: the
+    plan skips them as compacted already, and the run's document still counts them, from the partition state
+    (what is on S3), so that the run's savings are whole whatever attempt did the work."""
+    by_dir: dict[str, list[PlannedSegment]] = {}
+    for seg in plan.segments:
+        if seg.compacted_by == ctx.run_id and (seg.directory, seg.base_offset) not in reported:
+            by_dir.setdefault(seg.directory, []).append(seg)
+    out = []
+    for directory, segments in sorted(by_dir.items()):
+        try:
+            state = load_state(store, ctx.prefix, directory)
+        except TieringError:  # the work is done and safe; only its count in this document is missing
+            continue
+        for seg in segments:
+            entry = state.get(str(seg.base_offset), {})
+            if entry.get("run_id") == ctx.run_id:
+                out.append(SegmentResult(directory, seg.base_offset, COMPACTED, "by an earlier attempt of this run",
+                                         int(entry.get("bytes_before", 0)), int(entry.get("bytes_after", 0)),
+                                         run_id=ctx.run_id))
+    return out
+
+
+def rollback(store: S3Store, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult:
+    """Put back the originals that run ``target_run`` replaced (wherever its ``.log`` is still in place)."""
+    run = RunResult("rollback", ctx.run_id, store.bucket, ctx.prefix, datetime.now(UTC).isoformat(),
+                    settings={"restores_run": target_run})
+    root = reserved_key(ctx.prefix, BACKUP_DIR, target_run) + "/"
+    segments: dict[str, set[int]] = {}
+    for info in store.list(root):
+        directory, _, name = info.key[len(root):].partition("/")
+        parsed = parse_segment_name(name)
+        if parsed is not None:
+            segments.setdefault(directory, set()).add(parsed[0])
+    if not segments:
+        raise ConfigError("no backups of that run: nothing to roll back (or its grace period is over)",
+                          path=f"s3://{store.bucket}/{root}")
+    for directory, bases in sorted(segments.items()):
+        def work(lease: Lease, out: list[SegmentResult], directory: str = directory, bases: set[int] = bases) -> None:
+            out += recover_partition(ctx, directory, lease)
+            for base in sorted(bases):
+                staged = stage_rollback(ctx, directory, base, target_run)
+                out.append(staged if isinstance(staged, SegmentResult) else finish_one(ctx, *staged, lease))
+
+        run.segments += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)])
+    run.finished_at = datetime.now(UTC).isoformat()
+    store.put_json(run_result_key(ctx.prefix, ctx.run_id, "rollback"), run.to_json())
+    return run
+
+
+@dataclass
+class CleanupResult:
+    backups_deleted: int = 0
+    backup_bytes_deleted: int = 0
+    staging_deleted: int = 0
+    uploads_aborted: int = 0
+    kept_referenced: int = 0
+    recovered: list[SegmentResult] = field(default_factory=list)
+
+    def exit_code(self) -> ExitCode:
+        return outcome(self.recovered)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backups_deleted": self.backups_deleted, "backup_bytes_deleted": self.backup_bytes_deleted,
+                "staging_deleted": self.staging_deleted, "uploads_aborted": self.uploads_aborted,
+                "kept_referenced": self.kept_referenced, "recovered": [r.to_json() for r in self.recovered],
+                "left_pending": [r.to_json() for r in self.recovered if r.pending is not None]}
+
+
+def cleanup(store: S3Store, ctx: Context, *, grace_days: float = DEFAULT_GRACE_DAYS,
+            stale_hours: float = DEFAULT_STALE_HOURS, lease_ttl: int = DEFAULT_TTL_SECONDS) -> CleanupResult:
+    """Converge journal entries left by crashed runs, then delete kept originals past the grace period,
+    abandoned staging objects, and incomplete multipart uploads; ages by S3's clock (LastModified)."""
+    prefix = normalize_prefix(ctx.prefix)
+    out = CleanupResult()
+    for directory, bases in sorted(pending_bases(store, prefix).items()):
+        def work(lease: Lease, done: list[SegmentResult], directory: str = directory) -> None:
+            done += recover_partition(ctx, directory, lease)
+
+        out.recovered += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in bases])
+    referenced: set[str] = set()
+    for journal, _ in pending_journals(store, prefix):  # those still pending (their partition was busy)
+        referenced.update(journal.new.present())
+        referenced.update(v for v in (journal.backup or {}).values() if v)
+    now = store.now(clock_key(prefix))
+    for sub, age in ((BACKUP_DIR, timedelta(days=grace_days)), (STAGING_DIR, timedelta(hours=stale_hours))):
+        expired: dict[str, ObjectInfo] = {}
+        for info in store.list(reserved_key(prefix, sub) + "/"):
+            if now - info.last_modified < age:
+                continue
+            if info.key in referenced:
+                out.kept_referenced += 1
+                continue
+            expired[info.key] = info
+        deleted = store.delete_many([(info.key, info.etag) for info in expired.values()])
+        if sub == BACKUP_DIR:
+            out.backups_deleted += len(deleted)
+            out.backup_bytes_deleted += sum(expired[key].size for key in deleted)
+        else:
+            out.staging_deleted += len(deleted)
+    for key, upload_id, initiated in store.list_uploads(reserved_key(prefix) + "/"):
+        if now - initiated > timedelta(hours=stale_hours):
+            store.abort_upload(key, upload_id)
+            out.uploads_aborted += 1
+    return out
+
+
+__all__ = ["JOURNAL_DIR", "CompactOptions", "RunResult", "cleanup", "compact", "new_run_id", "rollback"]

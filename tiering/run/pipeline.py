@@ -1,0 +1,448 @@
+"""The pipeline's steps as plain functions: what the Airflow DAG's tasks and the Spark job call.
+
+    scan  ->  plan  ->  stage (Spark: one task per unit of whole partitions)  ->  commit (per chunk)  ->  report
+
+- :func:`scan_run` lists the prefix (or reads an S3 Inventory report) into chunk files under
+  ``PREFIX/_tiering/runs/<run>/scan/`` (see :mod:`tiering.plan.planfile`), one partition at a time.
+- :func:`plan_run` streams the scan through the policy and the budget into ``runs/<run>/plan/``; the
+  chunks it returns (names only) are what the commit step maps over.
+- :func:`stage_units` (Spark driver) cuts the plan's work into units; :func:`stage_unit` (executor) takes
+  the leases of its partitions, renews them while it stages (rewrite, stage, read back, journal
+  ``staged``) and writes its results to ``runs/<run>/stage/``. The leases are not released: the commit
+  step takes them back (same owner, the run id).
+- :func:`commit_chunk` finishes every journal entry of a chunk's partitions under their leases (the
+  protocol's recovery path: a staged segment is rolled forward), then releases the leases.
+- :func:`collect_run` merges the stage and commit results into the run document.
+
+Every document lives under ``PREFIX/_tiering/runs/<run>/``, so that no step needs a disk shared with
+another; XComs carry only keys, chunk names and counts; no step holds more than a chunk of the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseHeld, LeaseKeeper, RunLease, lease_key
+from tiering.commit.protocol import FAILED, SKIPPED, Context, SegmentResult, journal_key, recover_partition
+from tiering.cost.prices import PriceBook, load_prices
+from tiering.errors import ConfigError, TieringError
+from tiering.kafka.codecs import Codec
+from tiering.kafka.rewrite import RewriteOptions
+from tiering.lifecycle.journal import Cause, Pending, Status
+from tiering.plan.auto import decide_auto, record_age, with_auto
+from tiering.plan.estimate import WorkSample, estimate_work
+from tiering.plan.inventory import iter_inventory, read_manifest
+from tiering.plan.planfile import (
+    MANIFEST,
+    Budget,
+    ChunkedPlan,
+    PlanManifest,
+    SizeTally,
+    by_partition,
+    chunk_limits,
+)
+from tiering.plan.policy import AUTO, Policy
+from tiering.plan.scan import COMPACT, REPAIR, PlannedSegment, ScanOptions, scan_partitions
+from tiering.run.compact import (
+    RUNS_DIR,
+    STAGED_STATUS,
+    CompactOptions,
+    RunResult,
+    run_result_key,
+    run_segment,
+    with_lease,
+)
+from tiering.storage.layout import normalize_prefix, reserved_key
+from tiering.storage.store import ObjectNotFound, S3Store, make_client
+
+RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
+SCAN: Final = "scan"
+POLICIED: Final = "policy"  # the scan with the policy's record-age verdicts (between the plan's two passes)
+PLAN: Final = "plan"
+DEFAULT_MAX_CHUNKS: Final = 512  # commit tasks of a run at most (Airflow maps up to 1024 by default)
+DEFAULT_CHUNK_WORK: Final = 1_000  # segments to compact per commit chunk, unless that makes too many chunks
+UNIT_SEGMENTS: Final = 64  # a Spark task's segments at most
+UNIT_BYTES: Final = 4 << 30  # and its .log bytes (a partition is never split, so one may be larger)
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """What every step of one run needs; small and JSON-able (it travels to Spark executors)."""
+
+    bucket: str
+    prefix: str
+    run_id: str
+    codec: str
+    level: int | None = None
+    lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RunSettings:
+        return cls(**doc)
+
+    def store(self) -> S3Store:
+        """A client from this process's AWS environment (endpoint and credentials are never in settings)."""
+        return S3Store(make_client(), self.bucket)
+
+    def context(self, store: S3Store, work_dir: str | None = None, *, one_core: bool = False) -> Context:
+        """``one_core``: the rewrite proves inline instead of on a second thread (a Spark task has one core)."""
+        options = RewriteOptions(Codec.parse(self.codec), self.level, proof_thread=not one_core)
+        return Context(store, self.prefix, self.run_id, options, work_dir=work_dir)
+
+    def key(self, name: str) -> str:
+        return reserved_key(self.prefix, RUNS_DIR, self.run_id, name)
+
+
+def plan_files(store: S3Store, settings: RunSettings, name: str = PLAN) -> ChunkedPlan:
+    """The run's scan (``name="scan"``) or plan as chunk files under ``runs/<run>/<name>/``."""
+    return ChunkedPlan(store, settings.prefix, settings.run_id, name)
+
+
+def scan_run(store: S3Store, settings: RunSettings, options: ScanOptions, *, inventory: str | None = None,
+             progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Scan the prefix (a listing, or the S3 Inventory report whose ``manifest.json`` is ``inventory``) into
+    chunk files under ``runs/<run>/scan/``; the manifest's key and the totals."""
+    out = plan_files(store, settings, SCAN)
+    writer = out.writer()
+    source = None
+    if inventory is not None:
+        manifest = read_manifest(store, inventory)
+        if manifest.source_bucket != store.bucket:
+            raise ConfigError("the inventory lists another bucket", path=inventory, expected=store.bucket,
+                              found=manifest.source_bucket)
+        source = iter_inventory(store, manifest, normalize_prefix(settings.prefix) + "/")
+    header = scan_partitions(store, settings.prefix, options, writer.add, source=source, progress=progress)
+    chunks = writer.close()
+    out.write_manifest(PlanManifest(header, writer.totals.to_json(), chunks, inventory or "listing"))
+    put_usage(store, settings, "scan")
+    return {"scan_key": out.manifest_key, "objects": header.objects_listed, "totals": writer.totals.to_json()}
+
+
+def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, estimate_savings: bool = False,
+             policy: Policy | None = None, prices: PriceBook | None = None, max_chunks: int = DEFAULT_MAX_CHUNKS,
+             chunk_work: int = DEFAULT_CHUNK_WORK) -> dict[str, Any]:
+    """From the run's scan, apply the policy (record ages, automatic codecs) and the budget (largest first)
+    and write the plan's chunks under ``runs/<run>/plan/``; return its manifest key, totals and chunk names.
+    Chunks hold whole partitions, at most ``chunk_work`` segments to compact each (more when that would
+    make more than ``max_chunks``: the commit step maps one task per chunk). Streams: memory holds a chunk,
+    with a budget 8 bytes per segment to compact (their sizes), and samples. ``estimate_savings`` adds the dry-run
+    estimate (sampled batches)."""
+    scanned = plan_files(store, settings, SCAN)
+    scan_manifest = scanned.manifest()
+    source = scanned
+    # Pass 1: the record-age minimum (one ranged read per segment, so its verdicts are written down), the
+    # sizes the budget needs, and what the automatic codec choice samples.
+    chosen = Budget(budget.max_segments, budget.max_bytes)
+    sizes: dict[str | None, SizeTally] = {None: chosen.tally()}  # by auto topic; None: every other segment
+    topics: dict[str, WorkSample] = {}
+    repairs = 0
+    policied = plan_files(store, settings, POLICIED) if policy is not None else None
+    writer = policied.writer() if policied is not None else None
+    clock = datetime.fromisoformat(scan_manifest.header.created_at)
+    for listed in by_partition(scanned.segments(scan_manifest)):
+        part = [record_age(store, seg, policy, clock) for seg in listed] if policy is not None else listed
+        for seg in part:
+            if seg.action == REPAIR:
+                repairs += 1
+            elif seg.action == COMPACT:
+                auto = seg.codec == AUTO
+                sizes.setdefault(seg.topic if auto else None, chosen.tally()).add(seg.size)
+                if auto:
+                    topics.setdefault(seg.topic, WorkSample(seed=seg.topic)).add(seg)
+        if writer is not None:
+            writer.add(part)
+    if policied is not None and writer is not None:
+        policied.write_manifest(PlanManifest(scan_manifest.header, writer.totals.to_json(), writer.close(),
+                                             scan_manifest.source))
+        source = policied
+    choices = decide_auto(store, topics, policy, prices or load_prices(), log=print) if policy and topics else {}
+    work_count, work_bytes = chosen.measure(t for topic, t in sizes.items()
+                                            if topic is None or choices[topic]["chosen"] is not None)
+    # Pass 2: the plan's chunks, sized so that there are at most max_chunks of them.
+    planned = plan_files(store, settings, PLAN)
+    writer = planned.writer(**chunk_limits(max_chunks, segments=scan_manifest.totals["segments"],
+                                           work=work_count + repairs, work_bytes=work_bytes, min_work=chunk_work))
+    sample = WorkSample(seed=settings.run_id)
+    for policied_part in by_partition(source.segments()):
+        part = [chosen.apply(with_auto(seg, choices, policy) if policy else seg) for seg in policied_part]
+        for seg in part:
+            if seg.action == COMPACT:
+                sample.add(seg)
+        writer.add(part)
+    chunks = writer.close()
+    header = dataclasses.replace(scan_manifest.header, policy=policy.path if policy else None, auto=choices or None)
+    if estimate_savings:
+        header.estimate = estimate_work(store, sample, RewriteOptions(Codec.parse(settings.codec), settings.level))
+    totals = writer.totals.to_json()
+    planned.write_manifest(PlanManifest(header, totals, chunks, scan_manifest.source))
+    put_usage(store, settings, "plan")
+    return {"plan_key": planned.manifest_key, "totals": totals, "segments": sum(c.to_compact for c in chunks),
+            "bytes": sum(c.bytes_to_compact for c in chunks), "estimate": header.estimate,
+            "chunks": [{"name": c.name, "label": c.first if c.first == c.last else f"{c.first}..{c.last}"}
+                       for c in chunks if c.to_compact]}
+
+
+def load_manifest(store: S3Store, uri: str) -> tuple[ChunkedPlan, PlanManifest]:
+    """A run's chunked plan from the ``s3://BUCKET/.../runs/<run>/<name>/manifest.json`` of it."""
+    if not uri.startswith("s3://") or not uri.endswith("/" + MANIFEST):
+        raise ConfigError("a plan is named by its manifest on S3", expected=f"s3://BUCKET/.../{MANIFEST}", found=uri)
+    bucket, _, key = uri[5:].partition("/")
+    store = S3Store(store.client, bucket)
+    manifest = PlanManifest.from_json(store.get_json(key)[0])
+    run_dir = key.removesuffix("/" + MANIFEST)
+    run_id, name = run_dir.split("/")[-2:]
+    return ChunkedPlan(store, manifest.header.prefix, run_id, name), manifest
+
+
+@dataclass(frozen=True, slots=True)
+class StageUnit:
+    """One Spark task's work: lines ``start`` to ``stop`` of a plan chunk (whole partitions)."""
+
+    chunk_key: str
+    start: int
+    stop: int
+    segments: int  # segments to stage in it
+    bytes: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.chunk_key.rsplit('/', 1)[-1].removesuffix('.jsonl.gz')}-{self.start:06d}"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> StageUnit:
+        return cls(str(doc["chunk_key"]), int(doc["start"]), int(doc["stop"]), int(doc["segments"]),
+                   int(doc["bytes"]))
+
+
+def stage_units(plan: ChunkedPlan, manifest: PlanManifest, *, parallelism: int = 1) -> list[StageUnit]:
+    """The plan's work cut into Spark tasks of whole partitions, largest first (the job's tail is short):
+    up to 64 segments or 4 GiB each, smaller when that leaves fewer than three tasks per core of the
+    cluster (``parallelism``). The driver holds these, never the segments."""
+    spread = 3 * max(1, parallelism)
+    total = sum(c.to_compact for c in manifest.chunks)
+    max_segments = max(1, min(UNIT_SEGMENTS, -(-total // spread)))
+    max_bytes = max(1, min(UNIT_BYTES, -(-sum(c.bytes_to_compact for c in manifest.chunks) // spread)))
+    units: list[StageUnit] = []
+    for info in manifest.chunks:
+        if not info.to_compact:
+            continue
+        line = start = count = size = 0
+        for part in by_partition(plan.chunk(info.key)):
+            todo = [s for s in part if s.action in (COMPACT, REPAIR)]
+            if not todo and not count:
+                start = line + len(part)  # nothing to stage before this partition: begin after it
+            line += len(part)
+            count += len(todo)
+            size += sum(s.size for s in todo)
+            if count >= max_segments or size >= max_bytes:
+                units.append(StageUnit(info.key, start, line, count, size))
+                start, count, size = line, 0, 0
+        if count:
+            units.append(StageUnit(info.key, start, line, count, size))
+    return sorted(units, key=lambda u: (-u.bytes, u.chunk_key, u.start))
+
+
+def take_lease(store: S3Store, settings: RunSettings, directory: str, segments: Iterable[PlannedSegment]
+               ) -> Lease | list[SegmentResult]:
+    """The run's lease on ``directory``; if it cannot be had, its segments as skipped (busy) or failed results."""
+    lease = Lease(store, lease_key(settings.prefix, directory), settings.run_id, settings.lease_ttl_seconds)
+    try:
+        lease.acquire(settings.prefix)
+        return lease
+    except LeaseHeld as e:
+        return [SegmentResult(s.directory, s.base_offset, SKIPPED, f"partition busy: {e.message}",
+                              pending=Pending.BUSY) for s in segments]
+    except TieringError as e:  # S3 failing for this partition's lease: the others go on
+        return [SegmentResult(s.directory, s.base_offset, FAILED, f"partition not touched: {e}", error=e.to_dict(),
+                              pending=Pending.TRANSIENT if e.retryable else None) for s in segments]
+
+
+def stage_unit(unit: dict[str, Any], settings: dict[str, Any], work_dir: str | None = None) -> dict[str, int]:
+    """Executor side: stage the segments of one unit, each partition under the run's lease (taken here and
+    renewed while the unit runs; the commit step takes it back). A segment this run already staged (a
+    retried task) is reported as staged again. The results go to ``runs/<run>/stage/<unit>.json``; the
+    counts by status come back."""
+    run = RunSettings.from_json(settings)
+    work = StageUnit.from_json(unit)
+    store = run.store()
+    ctx = run.context(store, work_dir, one_core=True)
+    plan = ChunkedPlan(store, run.prefix, run.run_id, PLAN)
+    results: list[dict[str, Any]] = []
+    requests: dict[str, dict[str, int]] = {}
+    for part in by_partition(plan.chunk(work.chunk_key, work.start, work.stop)):
+        todo = [s for s in part if s.action in (COMPACT, REPAIR)]
+        if not todo:
+            continue
+        before = Counter(store.requests)
+        lease = take_lease(store, run, todo[0].directory, todo)
+        if isinstance(lease, list):
+            results += [r.to_json() for r in lease]
+        else:
+            with LeaseKeeper([lease]):
+                for seg in todo:
+                    results.append(_stage_one(store, run, ctx, seg))
+        requests[todo[0].directory] = dict(store.requests - before)
+    return write_results(store, run.key(f"stage/{work.name}.json"), results, usage=requests)
+
+
+def _stage_one(store: S3Store, run: RunSettings, ctx: Context, seg: PlannedSegment) -> dict[str, Any]:
+    started = time.perf_counter()
+    result: SegmentResult | None = None
+    try:
+        doc, _ = store.get_json(journal_key(run.prefix, seg.directory, seg.base_offset))
+        if doc.get("run_id") == run.run_id:
+            result = SegmentResult(seg.directory, seg.base_offset, STAGED_STATUS, "staged by an earlier attempt",
+                                   run_id=run.run_id)
+    except ObjectNotFound:
+        pass
+    if result is None:
+        lease = RunLease(store, lease_key(run.prefix, seg.directory), run.run_id)
+        result = run_segment(ctx, seg, lease, commit=False)
+    # What the cost report prices: the segment's time on one executor core (requests: per partition).
+    return {**result.to_json(), "usage": {"requests": {}, "seconds": round(time.perf_counter() - started, 3)}}
+
+
+def put_usage(store: S3Store, settings: RunSettings, step: str) -> None:
+    """Record the S3 requests ``store`` made for this run outside any partition's work (``usage/<step>``)."""
+    store.put_json(settings.key(f"usage/{step}.json"), {"schema_version": 1, "requests": dict(store.requests)})
+
+
+def write_results(store: S3Store, key: str, results: Iterable[dict[str, Any]],
+                  usage: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
+    """Store a step's result documents (and the S3 requests per partition it made); counts by status."""
+    docs = list(results)
+    counts: dict[str, int] = {}
+    for d in docs:
+        counts[str(d["status"])] = counts.get(str(d["status"]), 0) + 1
+    store.put_json(key, {"schema_version": 1, "results": docs, "usage": usage or {}})
+    return counts
+
+
+def commit_chunk(store: S3Store, settings: RunSettings, name: str) -> dict[str, Any]:
+    """Finish every journal entry of the partitions with work in plan chunk ``name``, under their leases,
+    then release them; the results go to ``runs/<run>/commit/<name>.json``. Idempotent: a retry finds
+    nothing left to finish."""
+    plan = plan_files(store, settings)
+    info = next((c for c in plan.manifest().chunks if c.name == name), None)
+    if info is None:
+        raise ConfigError("no such chunk in the run's plan", path=plan.manifest_key, found=name)
+    partitions = sorted({s.directory for s in plan.chunk(info.key) if s.action in (COMPACT, REPAIR)})
+    ctx = settings.context(store)
+    results: list[SegmentResult] = []
+    requests: dict[str, dict[str, int]] = {}
+    for directory in partitions:
+        def work(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
+            out += recover_partition(ctx, directory, lease)
+
+        before = Counter(store.requests)
+        results += with_lease(ctx, directory, settings.lease_ttl_seconds, work, [])
+        requests[directory] = dict(store.requests - before)
+    counts = write_results(store, settings.key(f"commit/{name}.json"), (r.to_json() for r in results),
+                           usage=requests)
+    return {"chunk": name, "partitions": len(partitions), **counts}
+
+
+def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] | None = None) -> RunResult:
+    """The run document from the stage and commit results: one entry per planned segment, with its final
+    outcome (a staged segment's commit result wins over its staging result)."""
+    run = RunResult("compact", settings.run_id, settings.bucket, settings.prefix, "",
+                    settings={"codec": settings.codec, "level": settings.level, "estimate": estimate})
+    by_segment: dict[tuple[str, int], dict[str, Any]] = {}
+    plan = plan_files(store, settings)
+    try:
+        manifest = plan.manifest()
+        run.started_at = manifest.header.created_at
+        for s in plan.segments(manifest):
+            if s.cause is Cause.BUDGET:
+                by_segment[(s.directory, s.base_offset)] = {"directory": s.directory, "base_offset": s.base_offset,
+                                                            "status": SKIPPED, "reason": s.reason}
+    except ObjectNotFound:
+        pass
+    requests: dict[str, Counter[str]] = {}
+    seconds = 0.0
+    for prefix in ("stage/", "commit/"):
+        for info in store.list(settings.key(prefix)):
+            doc = store.get_json(info.key)[0]
+            for directory, counts in doc.get("usage", {}).items():
+                requests.setdefault(directory, Counter()).update(counts)
+            for r in doc["results"]:
+                used = r.pop("usage", None)
+                key = (r["directory"], int(r["base_offset"]))
+                by_segment[key] = {**by_segment.get(key, {}), **r}  # commit after stage: its outcome wins
+                if used:
+                    requests.setdefault(r["directory"], Counter()).update(used["requests"])
+                    seconds += float(used["seconds"])
+    for info in store.list(settings.key("usage/")):
+        requests.setdefault(RUN_SCOPE, Counter()).update(store.get_json(info.key)[0]["requests"])
+    run.usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items())},
+                 "compute_seconds": round(seconds, 3)}
+    for key in sorted(by_segment):
+        d = by_segment[key]
+        run.segments.append(SegmentResult(d["directory"], int(d["base_offset"]), Status(d["status"]),
+                                          d.get("reason", ""), int(d.get("bytes_before", 0)),
+                                          int(d.get("bytes_after", 0)),
+                                          bool(d.get("recovered", False)), d.get("stats"), d.get("error"),
+                                          d.get("run_id"), d.get("encryption"),
+                                          Pending(d["pending"]) if d.get("pending") else None))
+    run.finished_at = datetime.now(UTC).isoformat()
+    store.put_json(run_result_key(settings.prefix, settings.run_id, "compact"), run.to_json())
+    return run
+
+
+def safe_run_id(run_id: str) -> str:
+    """An Airflow run id made key-safe: it names S3 keys and lease owners."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", run_id)
+
+
+def by_topic(segments: Iterable[dict[str, Any]]) -> tuple[dict[str, list[int]], dict[tuple[str, str, str], int]]:
+    """Per topic, [segments compacted, bytes before, bytes after]; and the count of every other outcome by
+    (topic, status, the reason's first clause)."""
+    rows: dict[str, list[int]] = {}
+    notes: dict[tuple[str, str, str], int] = {}
+    for r in segments:
+        topic = str(r["directory"]).rsplit("-", 1)[0]
+        if r["status"] == "compacted":
+            row = rows.setdefault(topic, [0, 0, 0])
+            row[0] += 1
+            row[1] += int(r["bytes_before"])
+            row[2] += int(r["bytes_after"])
+        else:
+            key = (topic, str(r["status"]), str(r.get("reason") or "").split(":")[0])
+            notes[key] = notes.get(key, 0) + 1
+    return rows, notes
+
+
+def run_summary(run: RunResult) -> tuple[dict[str, Any], str]:
+    """Headline numbers and a plain-text table (per topic, then the skip reasons) for task logs."""
+    totals = run.totals()
+    before, after = totals["bytes_before"], totals["bytes_after"]
+    headline = {"run_id": run.run_id, "segments": totals["segments"],
+                "compacted": totals.get("compacted", 0), "failed": totals.get("failed", 0),
+                "skipped": totals.get("skipped", 0), "bytes_before": before, "bytes_after": after,
+                "saved_bytes": before - after, "ratio": round(after / before, 4) if before else None}
+    rows, notes = by_topic(r.to_json() for r in run.segments)
+    reasons: dict[str, int] = {}
+    for (_, status, reason), n in notes.items():
+        key = f"{status}: {reason}" if reason else status
+        reasons[key] = reasons.get(key, 0) + n
+    lines = [f"{'topic':<32} {'segments':>8} {'before':>14} {'after':>14} {'ratio':>6}"]
+    for topic, (n, b, a) in sorted(rows.items()):
+        lines.append(f"{topic:<32} {n:>8} {b:>14,} {a:>14,} {a / b if b else 0:>6.3f}")
+    lines.append(f"{'total':<32} {headline['compacted']:>8} {before:>14,} {after:>14,} "
+                 f"{after / before if before else 0:>6.3f}")
+    for reason, n in sorted(reasons.items()):
+        lines.append(f"  {n:>6} {reason}")
+    return headline, "\n".join(lines)

@@ -1,0 +1,362 @@
+"""Storage-class tiering by age: plan which segment objects move to a colder class, then move them.
+
+Age is the age of a segment's newest record: its max timestamp, read from the batches after the last
+``.index`` entry (one ranged GET of the ``.log``'s tail; the whole ``.log`` when there is no index), never
+S3's ``LastModified`` (a rewrite resets it). A segment without record timestamps (magic v0) falls back to
+``LastModified`` and says so.
+
+For each object of a sealed segment (``.log``, ``.index``, ``.timeindex``, ``.txnindex``) the topic's policy
+gives the target class (the coldest rule due at that age). An object stays, with its reason, when it is
+already that cold; when it is under 128 KiB and the target bills 128 KiB at least (IA, Glacier IR); when it
+has not yet spent its current class's minimum duration there (moving it would bill the rest); or when the
+move saves nothing. A move is an in-place copy with the new class (:meth:`S3Store.transition`: metadata,
+tags and encryption kept; conditional on the planned ETag), done under the partition's lease like a
+compaction, and our state document follows any ETag the copy changed. Re-running finds the moved objects
+already there.
+
+The one-off cost of a move is the copy request (priced as a PUT of the target class) and the retrieval fee
+of an IA / Glacier IR source; its saving is the monthly storage price difference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
+from tiering.commit.protocol import FAILED, SKIPPED, Context, SegmentResult, journal_key
+from tiering.cost.prices import GB, PriceBook
+from tiering.errors import ConfigError, TieringError
+from tiering.kafka.codecs import Codec
+from tiering.kafka.rewrite import RewriteOptions
+from tiering.lifecycle.journal import Cause, Status
+from tiering.plan.ages import max_timestamp
+from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
+from tiering.plan.scan import COMPACT, ScanOptions, scan
+from tiering.plan.state import load_state, record_segment
+from tiering.run.compact import RUNS_DIR, with_lease
+from tiering.storage.layout import clock_key, reserved_key
+from tiering.storage.store import ObjectNotFound, S3Store
+
+TIER_SCHEMA_VERSION: Final = 1
+MOVE: Final = "move"
+STAY: Final = "stay"
+MOVED: Final = Status.MOVED
+FILES: Final = ("log", "index", "timeindex", "txnindex")
+IA_CLASSES: Final = frozenset({"STANDARD_IA", "ONEZONE_IA"})
+S3_IA_MIN_DAYS: Final = 30  # S3 Lifecycle refuses transitions to the IA classes before 30 days
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMove:
+    key: str
+    file: str
+    size: int
+    etag: str
+    storage_class: str
+    target: str | None
+    action: str  # move / stay
+    reason: str
+    monthly_savings_usd: float = 0.0
+    one_off_usd: float = 0.0
+
+
+@dataclass
+class SegmentTiering:
+    directory: str
+    topic: str
+    base_offset: int
+    max_timestamp_ms: int | None
+    age_days: float | None
+    age_source: str
+    objects: list[ObjectMove] = field(default_factory=list)
+    reason: str = ""  # why the whole segment stays (active, no age, ...)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "objects": [asdict(o) for o in self.objects]}
+
+
+@dataclass
+class TierPlan:
+    bucket: str
+    prefix: str
+    created_at: str
+    policy: str | None
+    prices: dict[str, Any]
+    segments: list[SegmentTiering] = field(default_factory=list)
+
+    def moves(self) -> list[tuple[SegmentTiering, ObjectMove]]:
+        return [(s, o) for s in self.segments for o in s.objects if o.action == MOVE]
+
+    def totals(self) -> dict[str, Any]:
+        moves = self.moves()
+        by_class: dict[str, dict[str, float]] = {}
+        for _, o in moves:
+            row = by_class.setdefault(f"{o.storage_class} -> {o.target}", {"objects": 0, "bytes": 0})
+            row["objects"] += 1
+            row["bytes"] += o.size
+        monthly = sum(o.monthly_savings_usd for _, o in moves)
+        one_off = sum(o.one_off_usd for _, o in moves)
+        reasons: dict[str, int] = {}
+        for s in self.segments:
+            for o in s.objects:
+                if o.action == STAY:
+                    reasons[o.reason.split(":")[0]] = reasons.get(o.reason.split(":")[0], 0) + 1
+            if s.reason:
+                reasons[s.reason.split(":")[0]] = reasons.get(s.reason.split(":")[0], 0) + 1
+        return {"segments": len(self.segments), "objects_to_move": len(moves),
+                "bytes_to_move": sum(o.size for _, o in moves), "by_transition": by_class,
+                "monthly_savings_usd": monthly, "one_off_usd": one_off,
+                "payback_months": one_off / monthly if monthly > 0 else None, "staying": reasons}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": TIER_SCHEMA_VERSION, "kind": "tier-plan", "bucket": self.bucket,
+                "prefix": self.prefix, "created_at": self.created_at, "policy": self.policy, "prices": self.prices,
+                "totals": self.totals(), "segments": [s.to_json() for s in self.segments]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> TierPlan:
+        if doc.get("kind") != "tier-plan" or doc.get("schema_version") != TIER_SCHEMA_VERSION:
+            raise ConfigError("not a tiering plan this version can read", expected=f"tier-plan v{TIER_SCHEMA_VERSION}",
+                              found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+        segments = []
+        for s in doc["segments"]:
+            fields = {k: v for k, v in s.items() if k != "objects"}
+            segments.append(SegmentTiering(**fields, objects=[ObjectMove(**o) for o in s["objects"]]))
+        return cls(doc["bucket"], doc["prefix"], doc["created_at"], doc["policy"], doc["prices"], segments)
+
+
+def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: datetime) -> ObjectMove:
+    base = {"key": ref.key, "file": file, "size": ref.size, "etag": ref.etag, "storage_class": ref.storage_class,
+            "target": target}
+    if target is None:
+        return ObjectMove(**base, action=STAY, reason="not old enough for any storage tier")
+    current = ref.storage_class if ref.storage_class in STORAGE_ORDER else "STANDARD"
+    if STORAGE_ORDER.index(current) >= STORAGE_ORDER.index(target):
+        return ObjectMove(**base, action=STAY, reason=f"already in {ref.storage_class}")
+    to, frm = prices.of(target), prices.of(current)
+    if to.min_object_bytes and ref.size < to.min_object_bytes:
+        return ObjectMove(**base, action=STAY, reason=f"under {to.min_object_bytes // 1024} KiB: {target} would bill "
+                          f"it as {to.min_object_bytes // 1024} KiB (costs more than {current})")
+    in_class_days = (now - datetime.fromisoformat(ref.last_modified)).total_seconds() / 86400
+    if frm.min_days and in_class_days < frm.min_days:
+        return ObjectMove(**base, action=STAY, reason=f"in {current} for {in_class_days:.0f} days, under its "
+                          f"{frm.min_days}-day minimum (moving now bills the rest)")
+    std = prices.of("STANDARD").rate()
+    monthly = (ref.size / GB * (frm.rate() - to.rate()) - max(0, to.min_object_bytes - ref.size) / GB * to.rate()
+               - (to.overhead_bytes_class * to.rate() + to.overhead_bytes_standard * std) / GB)
+    if monthly <= 0:
+        return ObjectMove(**base, action=STAY, reason=f"no saving: in {target} it would cost more than in {current} "
+                          "(per-object minimum size and metadata overhead)")
+    one_off = to.put_per_1000 / 1000 + ref.size / GB * frm.retrieval_per_gb
+    return ObjectMove(**base, action=MOVE, reason=f"{target} after its newest record's age",
+                      monthly_savings_usd=monthly, one_off_usd=one_off)
+
+
+def plan_tiering(store: S3Store, prefix: str, policy: Policy, prices: PriceBook, *,
+                 include_internal: bool = False, progress: Callable[[int], None] | None = None) -> TierPlan:
+    """Which objects move where, and why the others stay (reads listings, and each sealed segment's tail)."""
+    listing = scan(store, prefix, ScanOptions("none", min_age_minutes=0, include_internal=include_internal))
+    now = datetime.fromisoformat(listing.created_at)
+    plan = TierPlan(store.bucket, listing.prefix, now.isoformat(), policy.path, prices.describe())
+    for seg in listing.segments:
+        t = SegmentTiering(seg.directory, seg.topic, seg.base_offset, None, None, "")
+        plan.segments.append(t)
+        sealed = seg.action == COMPACT or seg.cause in (Cause.ALREADY_COMPACTED, Cause.TOO_YOUNG)
+        if seg.log is None or not sealed:
+            t.reason = f"not tiered: {seg.reason}"
+            continue
+        try:
+            t.max_timestamp_ms, t.age_source = max_timestamp(store, seg)
+        except (TieringError, ObjectNotFound) as e:
+            t.reason = f"not tiered: cannot read its newest timestamp: {e}"
+            continue
+        if t.max_timestamp_ms is None:
+            t.age_source = f"S3 LastModified ({t.age_source})"
+            newest = datetime.fromisoformat(seg.log.last_modified)
+        else:
+            newest = datetime.fromtimestamp(t.max_timestamp_ms / 1000, UTC)
+        t.age_days = (now - newest).total_seconds() / 86400
+        target = policy.resolve(seg.topic).tier_for(t.age_days)
+        for file in FILES:
+            ref = getattr(seg, file)
+            if ref is not None:
+                t.objects.append(_decide(ref, file, target, prices, now))
+        if progress is not None:
+            progress(len(plan.segments))
+    return plan
+
+
+def apply_tiering(store: S3Store, plan: TierPlan, run_id: str, *, lease_ttl: int = DEFAULT_TTL_SECONDS,
+                  progress: Callable[[SegmentResult], None] | None = None) -> list[SegmentResult]:
+    """Move the planned objects, partition by partition under its lease; one result per segment with moves.
+    An object whose ETag is no longer the planned one stays (someone rewrote it since planning)."""
+    ctx = Context(store, plan.prefix, run_id, RewriteOptions(Codec.NONE))
+    by_dir: dict[str, list[SegmentTiering]] = {}
+    for s in plan.segments:
+        if any(o.action == MOVE for o in s.objects):
+            by_dir.setdefault(s.directory, []).append(s)
+    results: list[SegmentResult] = []
+    for directory, segments in sorted(by_dir.items()):
+        def work(lease: Lease, out: list[SegmentResult], segments: list[SegmentTiering] = segments) -> None:
+            for s in segments:
+                out.append(_apply_segment(store, plan.prefix, s, lease))
+                if progress is not None:
+                    progress(out[-1])
+
+        results += with_lease(ctx, directory, lease_ttl, work, [(s.directory, s.base_offset) for s in segments])
+    doc = {"schema_version": TIER_SCHEMA_VERSION, "kind": "tier", "run_id": run_id, "plan": plan.to_json(),
+           "results": [r.to_json() for r in results], "finished_at": store.now(clock_key(plan.prefix)).isoformat()}
+    store.put_json(reserved_key(plan.prefix, RUNS_DIR, run_id, "tier.json"), doc)
+    return results
+
+
+def _apply_segment(store: S3Store, prefix: str, s: SegmentTiering, lease: Lease) -> SegmentResult:
+    moved: list[dict[str, Any]] = []
+    notes: list[str] = []
+    etags: dict[str, tuple[str, str]] = {}
+    try:
+        store.head(journal_key(prefix, s.directory, s.base_offset))
+        return SegmentResult(s.directory, s.base_offset, SKIPPED, "a compaction of this segment is in progress "
+                             "(its journal entry exists): left for a later run")
+    except ObjectNotFound:
+        pass
+    try:
+        for o in s.objects:
+            if o.action != MOVE:
+                continue
+            assert o.target is not None
+            lease.check()
+            info, attrs = store.describe(o.key)
+            if info.storage_class == o.target:
+                moved.append({"key": o.key, "to": o.target, "already": True})
+                continue
+            if info.etag != o.etag:
+                notes.append(f"{o.file} changed since planning: left as it is")
+                continue
+            new_etag = store.transition(o.key, etag=o.etag, attrs=attrs, storage_class=o.target)
+            etags[o.file] = (o.etag, new_etag)
+            moved.append({"key": o.key, "from": o.storage_class, "to": o.target, "bytes": o.size,
+                          "monthly_savings_usd": o.monthly_savings_usd, "one_off_usd": o.one_off_usd})
+    except LeaseLost:
+        raise  # with_lease reports the rest of the partition as skipped
+    except TieringError as e:
+        return SegmentResult(s.directory, s.base_offset, FAILED, f"stopped: {e}",
+                             stats={"moved": moved}, error=e.to_dict())
+    finally:
+        _follow_etags(store, prefix, s, etags)  # whatever moved, our state document must name it
+    status = MOVED if moved else SKIPPED
+    reason = "; ".join(notes) or ("" if moved else "nothing left to move")
+    return SegmentResult(s.directory, s.base_offset, status, reason, sum(int(m.get("bytes", 0)) for m in moved),
+                         stats={"moved": moved})
+
+
+def _follow_etags(store: S3Store, prefix: str, s: SegmentTiering, etags: dict[str, tuple[str, str]]) -> None:
+    """Keep our state entry of a compacted segment pointing at its objects: a copy of a multipart object gets
+    a new ETag, and a stale one would read as "replaced by someone else"."""
+    entry = load_state(store, prefix, s.directory).get(str(s.base_offset))
+    if entry is None or not etags:
+        return
+    updated = dict(entry)
+    for file, (old, new) in etags.items():
+        if updated.get(f"{file}_etag") == old:
+            updated[f"{file}_etag"] = new
+    if updated != entry:
+        record_segment(store, prefix, s.directory, s.base_offset, updated)
+
+
+
+def tier_report(plan: TierPlan, results: list[dict[str, Any]], run_id: str, *, dry_run: bool) -> dict[str, Any]:
+    """What a tiering run moved (or, dry, would move), what it saves and costs, and why the rest stays."""
+    totals = plan.totals()
+    moved = [m for r in results for m in (r.get("stats") or {}).get("moved", []) if not m.get("already")]
+    monthly = sum(float(m.get("monthly_savings_usd", 0.0)) for m in moved)
+    one_off = sum(float(m.get("one_off_usd", 0.0)) for m in moved)
+    return {"achieved": {"monthly_savings_usd": monthly, "one_off_usd": one_off,
+                         "payback_months": one_off / monthly if monthly > 0 else None},
+            "schema_version": TIER_SCHEMA_VERSION, "kind": "tier-report", "run_id": run_id, "dry_run": dry_run,
+            "bucket": plan.bucket, "prefix": plan.prefix, "planned_at": plan.created_at, "policy": plan.policy,
+            "prices": plan.prices, "planned": totals, "objects_moved": len(moved),
+            "bytes_moved": sum(int(m.get("bytes", 0)) for m in moved),
+            "segments_failed": [r for r in results if r["status"] == FAILED],
+            "segments_left": [r for r in results if r["status"] == SKIPPED],
+            "warnings": [f"{n} objects go to {cls}: they cannot be read (by Kafka, a consumer or the compaction) "
+                         f"without a restore first" for cls, n in sorted(_archived(plan).items())]}
+
+
+def _archived(plan: TierPlan) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for _, o in plan.moves():
+        if o.target in ARCHIVE_CLASSES:
+            counts[o.target] = counts.get(o.target, 0) + 1
+    return counts
+
+
+def tier_table(report: dict[str, Any]) -> str:
+    """The tiering report as plain text (task logs, the CLI)."""
+    t = report["planned"]
+    head = "DRY RUN (nothing moved)" if report["dry_run"] else f"moved {report['objects_moved']} objects"
+    lines = [f"storage tiering of s3://{report['bucket']}/{report['prefix']} run {report['run_id']}: {head}",
+             f"  {'transition':<32} {'objects':>8} {'bytes':>14}"]
+    for name, row in sorted(t["by_transition"].items()):
+        lines.append(f"  {name:<32} {int(row['objects']):>8} {int(row['bytes']):>14,}")
+    money = t if report["dry_run"] else report["achieved"]  # a run reports what it did, not what it planned
+    payback = money["payback_months"]
+    lines.append(f"  {'would save' if report['dry_run'] else 'saves'} ${money['monthly_savings_usd']:.6f}/month, "
+                 f"one-off ${money['one_off_usd']:.6f}, payback " + ("never" if payback is None else
+                                                                   f"{payback:.1f} months"))
+    for reason, n in sorted(t["staying"].items()):
+        lines.append(f"  stays ({n}): {reason}")
+    for r in report["segments_failed"]:
+        lines.append(f"  FAILED {r['directory']}/{r['base_offset']}: {r['reason']}")
+    lines += [f"  WARNING: {w}" for w in report["warnings"]]
+    return "\n".join(lines)
+
+
+def lifecycle_configuration(policy: Policy, prefix: str) -> tuple[dict[str, Any], list[str]]:
+    """An approximate S3 Lifecycle configuration for the policy's storage tiers (what
+    ``put-bucket-lifecycle-configuration`` accepts), for users who would rather let S3 move objects, and notes
+    on where it differs: S3 sees only an object's age since it was written (not its records' age), its key
+    prefix, tags and size."""
+    root = prefix.strip("/")
+    rules: list[dict[str, Any]] = []
+    notes = [
+        "S3 counts days from when an object was written (a compaction resets it), not from the newest record "
+        "in the segment: segments uploaded late or rewritten move later than the policy says.",
+        "Objects of 128 KiB or less are excluded (ObjectSizeGreaterThan), as the policy never moves them to IA.",
+        "S3 applies every matching rule and the coldest transition wins: a topic entry cannot exempt a topic "
+        "from the cluster rule, and regex entries cannot be expressed at all.",
+        "The reserved prefix _tiering/ matches the cluster rule too; its objects are small or short-lived.",
+    ]
+
+    def rule(rule_id: str, key_prefix: str, tiers: Any) -> dict[str, Any]:
+        where: dict[str, Any] = {"ObjectSizeGreaterThan": 131072}
+        if key_prefix:
+            where = {"And": {"Prefix": key_prefix, **where}}
+        transitions = []
+        for t in tiers:
+            days = max(1, math.ceil(t.after_days))
+            if t.storage_class in IA_CLASSES and days < S3_IA_MIN_DAYS:
+                notes.append(f"{rule_id}: S3 moves objects to {t.storage_class} after {S3_IA_MIN_DAYS} days at the "
+                             f"earliest; the policy's {t.after_days:g} days became {S3_IA_MIN_DAYS}.")
+                days = S3_IA_MIN_DAYS
+            transitions.append({"Days": days, "StorageClass": t.storage_class})
+        return {"ID": rule_id[:255], "Status": "Enabled", "Filter": where, "Transitions": transitions}
+
+    cluster = policy.resolve("\x00 no entry names this topic")
+    if cluster.tiers:
+        rules.append(rule("kafka-tiering-cluster", f"{root}/" if root else "", cluster.tiers))
+    for scope in policy.topics:
+        if scope.exact is not None and "storage.tiers" in scope.settings:
+            resolved = policy.resolve(scope.exact)
+            if resolved.tiers:
+                rules.append(rule(f"kafka-tiering-topic-{scope.exact}", f"{root}/{scope.exact}-" if root else
+                                  f"{scope.exact}-", resolved.tiers))
+            notes.append(f"topic {scope.exact}: its rule's prefix {root}/{scope.exact}- also matches topics named "
+                         f"{scope.exact}-<something>.")
+        elif scope.pattern is not None and "storage.tiers" in scope.settings:
+            notes.append(f"{scope.name}: a regex cannot be a lifecycle filter; not emitted.")
+    return {"Rules": rules}, notes

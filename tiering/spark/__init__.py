@@ -1,0 +1,1 @@
+"""Submitting the Spark job; the executors' worker daemon."""

@@ -1,0 +1,147 @@
+"""Key naming of the ``logdir`` layout, as pure functions (no S3 here).
+
+    s3://BUCKET/PREFIX/<topic>-<partition>/<20-digit base offset>.{log,index,timeindex,txnindex,snapshot}
+    s3://BUCKET/PREFIX/<topic>-<partition>/{leader-epoch-checkpoint,partition.metadata}   never touched
+    s3://BUCKET/PREFIX/_tiering/...                                                        our own objects
+
+Topic names may contain ``.``, ``_`` and ``-``: the partition number is what follows the LAST ``-``.
+Kafka renames a partition directory it is deleting, moving or has found stray to
+``<topic>-<partition>.<id>-delete`` / ``-future`` / ``-stray``; those, and internal topics (names
+starting with ``__``), are left alone unless explicitly included. The reserved prefix has no
+``-<partition>`` suffix, so it can never be read as a partition directory.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+from tiering.errors import ConfigError
+from tiering.kafka.files import parse_segment_name, segment_name
+
+RESERVED_DIR: Final = "_tiering"
+PARTITION_FILES: Final = frozenset({"leader-epoch-checkpoint", "partition.metadata"})
+# The partition number as Kafka writes it: ASCII digits without leading zeros (``alias-01`` is not
+# partition 1 of ``alias``, and ``\d`` would take other scripts' digits too).
+_NUMBER: Final = r"(?P<partition>0|[1-9][0-9]{0,9})"
+_PARTITION_DIR: Final = re.compile(rf"(?P<topic>.+)-{_NUMBER}")
+_SPECIAL_DIR: Final = re.compile(rf"(?P<topic>.+)-{_NUMBER}\.(?P<id>[^.]+)-(?P<kind>delete|future|stray)")
+_TOPIC_CHARS: Final = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+class DirKind(Enum):
+    PARTITION = "partition"
+    DELETE = "delete"  # Kafka is deleting it
+    FUTURE = "future"  # a replica being moved between log directories
+    STRAY = "stray"  # a replica the broker no longer hosts
+    RESERVED = "reserved"  # our own prefix
+    OTHER = "other"  # not Kafka's: never touched
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDir:
+    name: str
+    kind: DirKind
+    topic: str | None = None
+    partition: int | None = None
+
+    @property
+    def internal(self) -> bool:
+        """Kafka's internal topics (``__consumer_offsets``, ``__cluster_metadata``, ...)."""
+        return self.topic is not None and self.topic.startswith("__")
+
+
+def parse_dir(name: str) -> PartitionDir:
+    """What a directory name directly under PREFIX is."""
+    if name == RESERVED_DIR:
+        return PartitionDir(name, DirKind.RESERVED)
+    special = _SPECIAL_DIR.fullmatch(name)
+    if special is not None and _TOPIC_CHARS.fullmatch(special["topic"]):
+        return PartitionDir(name, DirKind(special["kind"]), special["topic"], int(special["partition"]))
+    plain = _PARTITION_DIR.fullmatch(name)
+    if plain is not None and _TOPIC_CHARS.fullmatch(plain["topic"]):
+        return PartitionDir(name, DirKind.PARTITION, plain["topic"], int(plain["partition"]))
+    return PartitionDir(name, DirKind.OTHER)
+
+
+def normalize_prefix(prefix: str) -> str:
+    """``PREFIX`` without leading or trailing slashes (``""`` for the bucket's root)."""
+    cleaned = prefix.strip("/")
+    if "//" in cleaned:
+        raise ConfigError("prefix has an empty path segment", expected="a/b/c", found=prefix)
+    return cleaned
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p for p in parts if p)
+
+
+def partition_key(prefix: str, topic: str, partition: int) -> str:
+    """The key prefix of a partition directory, with its trailing slash."""
+    return _join(normalize_prefix(prefix), f"{topic}-{partition}") + "/"
+
+
+def segment_key(prefix: str, topic: str, partition: int, base_offset: int, suffix: str) -> str:
+    return dir_segment_key(prefix, f"{topic}-{partition}", base_offset, suffix)
+
+
+def dir_segment_key(prefix: str, directory: str, base_offset: int, suffix: str) -> str:
+    """The key of a segment file in the partition directory named ``directory`` as listed."""
+    return _join(normalize_prefix(prefix), directory, segment_name(base_offset, suffix))
+
+
+def sibling_key(key: str, suffix: str) -> str:
+    """The key of the same segment's file with another suffix (``.../00000000000000000042.log`` ->
+    ``.../00000000000000000042.index``), built from a key as listed."""
+    stem, dot, _ = key.rpartition(".")
+    if not dot:
+        raise ValueError(f"not a segment file key: {key}")
+    return stem + suffix
+
+
+def clock_key(prefix: str) -> str:
+    """The object whose PUT reads S3's clock (leases and grace periods never use a local one)."""
+    return reserved_key(prefix, "clock")
+
+
+def reserved_key(prefix: str, *parts: str) -> str:
+    """A key under our one reserved prefix (leases, staging, journal, kept originals, results, reports)."""
+    return _join(normalize_prefix(prefix), RESERVED_DIR, *parts)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """What a key under PREFIX is: a segment file, a partition file, ours, or something else."""
+
+    directory: PartitionDir
+    file: str
+    base_offset: int | None = None
+    suffix: str | None = None
+
+    @property
+    def is_segment_file(self) -> bool:
+        return self.base_offset is not None
+
+    @property
+    def is_partition_file(self) -> bool:
+        return self.file in PARTITION_FILES
+
+
+def parse_key(prefix: str, key: str) -> KeyInfo | None:
+    """Classify ``key``; None when it is not under PREFIX or not of the form ``PREFIX/<dir>/<file>``."""
+    root = normalize_prefix(prefix)
+    rest = key[len(root) + 1 :] if root else key
+    if root and not key.startswith(root + "/"):
+        return None
+    directory, sep, file = rest.partition("/")
+    if not sep or not directory:
+        return None
+    info = parse_dir(directory)
+    if info.kind is not DirKind.RESERVED and "/" in file:
+        return None  # Kafka's partition directories are flat
+    parsed = parse_segment_name(file) if info.kind is not DirKind.RESERVED else None
+    if parsed is None:
+        return KeyInfo(info, file)
+    return KeyInfo(info, file, parsed[0], parsed[1])
