@@ -45,7 +45,8 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.local import rewrite_file
 from tiering.plan.scan import ScanOptions, scan
-from tiering.run.compact import CompactOptions, compact
+from tiering.run.compact import CompactOptions
+from tiering.run.pipeline import compact
 from tiering.storage.store import S3Store, make_client
 
 MIB = 1024 * 1024

@@ -16,7 +16,8 @@ from tiering.plan.auto import apply_policy, choose_codec
 from tiering.plan.policy import parse_policy
 from tiering.plan.scan import COMPACT, SKIP, ScanOptions, scan
 from tiering.report.publish import publish_report
-from tiering.run.compact import CompactOptions, compact
+from tiering.run.compact import CompactOptions
+from tiering.run.pipeline import compact
 from tiering.storage.store import S3Store
 
 PRICES = load_prices("us-east-1")

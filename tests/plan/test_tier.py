@@ -17,7 +17,8 @@ from tiering.cli import main
 from tiering.cost.prices import GB, load_prices
 from tiering.plan.policy import parse_policy
 from tiering.plan.state import load_state
-from tiering.run.compact import CompactOptions, compact
+from tiering.run.compact import CompactOptions
+from tiering.run.pipeline import compact
 from tiering.run.tier import MOVE, STAY, apply_tiering, lifecycle_configuration, plan_tiering
 from tiering.storage.layout import segment_key
 from tiering.storage.store import S3Store

@@ -26,7 +26,8 @@ from tiering.report.publish import (
     record_in_ledger,
     report_key,
 )
-from tiering.run.compact import CompactOptions, compact
+from tiering.run.compact import CompactOptions
+from tiering.run.pipeline import compact
 from tiering.storage.store import S3Store, make_client
 
 PRICES = load_prices("us-east-1")

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from tests.s3.conftest import FAULT_REPORT, Original, check_consistent, context, fresh_store, no_pending, plan_for, seed
-from tiering.run.compact import CompactOptions, compact
+from tiering.run.compact import CompactOptions
+from tiering.run.pipeline import compact
 from tiering.storage.store import S3Store
 
 

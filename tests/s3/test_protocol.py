@@ -25,7 +25,8 @@ from tiering.commit.protocol import META_CODEC, META_RUN, META_SOURCE_ETAG, pend
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.plan.scan import SKIP
-from tiering.run.compact import CompactOptions, cleanup, compact, rollback
+from tiering.run.compact import CompactOptions, cleanup, rollback
+from tiering.run.pipeline import compact
 from tiering.storage.layout import segment_key
 from tiering.storage.store import ObjectAttrs, ObjectNotFound, S3Store
 

@@ -28,7 +28,8 @@ from tiering.commit.protocol import Pending
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.plan.state import load_state
-from tiering.run.compact import CompactOptions, cleanup, compact, rollback
+from tiering.run.compact import CompactOptions, cleanup, rollback
+from tiering.run.pipeline import compact
 from tiering.storage.layout import DirKind, parse_dir, segment_key
 from tiering.storage.store import S3Store, TransportError
 

@@ -16,7 +16,8 @@ from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Cause
 from tiering.plan.estimate import estimate
 from tiering.plan.scan import COMPACT, REPAIR, SKIP, Plan, ScanOptions, classify_partition, scan
-from tiering.run.compact import CompactOptions, compact
+from tiering.run.compact import CompactOptions
+from tiering.run.pipeline import compact
 from tiering.storage.layout import parse_dir, partition_key, segment_key
 from tiering.storage.store import ObjectAttrs, ObjectInfo, S3Store
 

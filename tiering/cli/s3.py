@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,7 +39,8 @@ from tiering.plan.scan import (
 )
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
-from tiering.run.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, compact, new_run_id, rollback
+from tiering.run.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, new_run_id, rollback
+from tiering.run.pipeline import RunSettings, compact, plan_run, run_local, scan_run
 from tiering.storage.store import ObjectInfo, S3Store, make_client
 
 CODEC_CHOICES = [c.label for c in Codec]
@@ -254,8 +256,8 @@ def _finish_run(args: argparse.Namespace, run: RunResult) -> int:
 def _cmd_compact(args: argparse.Namespace) -> int:
     store = _store(args)
     options = _rewrite_options(args)
-    plan = _load_plan(args, store) if args.plan else _scan(args, store)
     if args.dry_run:
+        plan = _load_plan(args, store) if args.plan else _scan(args, store)
         plan.estimate = estimate(store, plan, options, segments=args.sample_segments, sample_bytes=args.sample_bytes)
         doc = {"dry_run": True, "plan": plan.to_json()}
         if args.json:
@@ -267,16 +269,32 @@ def _cmd_compact(args: argparse.Namespace) -> int:
             _console(args.stdout).print("dry run: nothing was written")
         return 0
     run_id = args.run_id or new_run_id()
-    _log(args, f"run {run_id}: compacting to {options.codec.label} ...")
     ctx = Context(store, args.prefix, run_id, options, work_dir=args.work_dir)
+    budget = CompactOptions(args.max_segments, args.max_bytes, args.lease_ttl_seconds, args.workers)
     done = [0]
+    lock = threading.Lock()
 
     def progress(r: SegmentResult) -> None:
-        done[0] += 1
-        _log(args, _segment_line(done[0], r))
+        with lock:
+            done[0] += 1
+            _log(args, _segment_line(done[0], r))
 
-    run = compact(store, plan, ctx, CompactOptions(args.max_segments, args.max_bytes, args.lease_ttl_seconds,
-                                                   args.workers), progress=progress)
+    if args.plan:
+        _log(args, f"run {run_id}: compacting to {options.codec.label} ...")
+        run = compact(store, _load_plan(args, store), ctx, budget, progress=progress)
+    else:  # the DAG's steps, in this process: nothing holds the whole plan
+        settings = RunSettings(store.bucket, args.prefix.strip("/"), run_id, options.codec.label, options.level,
+                               args.lease_ttl_seconds)
+        scan_options = _scan_options(args)
+        _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
+        scanned = scan_run(store, settings, scan_options, inventory=args.inventory, progress=_progress(args))
+        prices = cost_config(region=args.price_region, prices_file=args.prices)[0] if scan_options.policy else None
+        planned = plan_run(store, settings, budget, policy=scan_options.policy, prices=prices)
+        totals = scanned["totals"]
+        _log(args, f"{scanned['objects']:,} objects, {totals['segments']:,} segments: {planned['segments']:,} to "
+                   f"compact ({_human(planned['bytes'])}), {planned['totals']['skipped']:,} skipped")
+        _log(args, f"run {run_id}: compacting to {options.codec.label} ...")
+        run = run_local(store, settings, ctx, budget, progress=progress)
     code = _finish_run(args, run)
     if not args.no_report:
         prices, cost = cost_from_args(args)

@@ -124,6 +124,7 @@ class SegmentResult:
     encryption: str | None = None  # "aws:kms" or "aws:kms+bucket-key" when the objects use SSE-KMS (costs KMS calls)
     pending: Pending | None = None  # set when the segment is still to do and a later run can do it
     cause: Cause | None = None  # why a skipped segment was left as it is
+    seconds: float | None = None  # the segment's time on one core, start to result (the report's compute)
 
     def to_json(self) -> dict[str, object]:
         doc = {k: v for k, v in self.__dict__.items() if v is not None}

@@ -1,16 +1,15 @@
-"""Runs on a bucket: compact a plan, roll a run back, clean up after the grace period.
+"""What runs are made of: one segment's work turned into a result, a partition's work under its lease, the
+run document and its exit code; rolling a run back; cleaning up after the grace period.
 
-The per-segment protocol lives in :mod:`tiering.commit.protocol`; this module takes partition leases, applies
-the run's budget (``max_segments``/``max_bytes``, largest segments first), recovers what a crashed run
-left in flight, turns every per-segment problem into a result (never a crash of the whole run), and
-writes the run's result document to ``_tiering/runs/<run_id>/result.json``.
+The per-segment protocol lives in :mod:`tiering.commit.protocol`; compaction runs are driven by the one
+orchestrator, :mod:`tiering.run.pipeline`. Every per-segment problem becomes a result, never a crash of
+the whole run.
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -18,7 +17,6 @@ from typing import Any, Final
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseGuard, LeaseHeld, LeaseLost, lease_key
 from tiering.commit.protocol import (
     BACKUP_DIR,
-    COMPACTED,
     FAILED,
     JOURNAL_DIR,
     SKIPPED,
@@ -45,7 +43,6 @@ from tiering.plan.scan import (
     OUTCOME_NO_SAVINGS,
     OUTCOME_UNREADABLE,
     REPAIR,
-    Plan,
     PlannedSegment,
 )
 from tiering.plan.state import load_state, record_segment
@@ -128,27 +125,6 @@ def outcome(results: list[SegmentResult]) -> ExitCode:
 
 def run_result_key(prefix: str, run_id: str, kind: str) -> str:
     return reserved_key(prefix, RUNS_DIR, run_id, f"{kind}.json")
-
-
-def select(plan: Plan, o: CompactOptions) -> tuple[list[PlannedSegment], list[SegmentResult]]:
-    """The plan's work within the budget, largest first; what the budget leaves out is reported."""
-    chosen: list[PlannedSegment] = []
-    left: list[SegmentResult] = []
-    total = 0
-    repairs = [s for s in plan.to_compact() if s.action == REPAIR]
-    todo = sorted((s for s in plan.to_compact() if s.action != REPAIR), key=lambda s: (-s.size, s.directory,
-                                                                                       s.base_offset))
-    for seg in todo:
-        if o.max_segments is not None and len(chosen) >= o.max_segments:
-            left.append(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "over the --max-segments budget",
-                                      cause=Cause.BUDGET))
-        elif o.max_bytes is not None and total + seg.size > o.max_bytes:
-            left.append(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "over the --max-bytes budget",
-                                      cause=Cause.BUDGET))
-        else:
-            chosen.append(seg)
-            total += seg.size
-    return repairs + chosen, left
 
 
 def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit: bool = True) -> SegmentResult:
@@ -239,10 +215,12 @@ def remember(ctx: Context, seg: PlannedSegment, outcome: str, reason: str) -> No
 Work = Callable[[Lease, list[SegmentResult]], None]
 
 
-def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tuple[str, int]]) -> list[SegmentResult]:
+def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tuple[str, int]], *,
+               keep: bool = False) -> list[SegmentResult]:
     """Run ``work`` under the partition's lease; it appends its results to the list it is given. Whatever
     stops it (the lease busy or lost, S3 failing, a journal it cannot read), the segments of ``todo`` it has
-    not reported are reported with the reason, so the rest of the run goes on."""
+    not reported are reported with the reason, so the rest of the run goes on. ``keep``: the lease is not
+    released at the end (a later step of the same run takes it back)."""
     lease = Lease(ctx.store, lease_key(ctx.prefix, directory), ctx.run_id, ttl)
     try:
         lease.acquire(ctx.prefix)
@@ -258,7 +236,8 @@ def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tu
     except TieringError as e:
         stopped = e
     finally:
-        lease.release()
+        if not keep or stopped is not None:
+            lease.release()
     if stopped is not None:
         seen = {(r.directory, r.base_offset) for r in results}
         for d, b in dict.fromkeys(todo):
@@ -280,81 +259,6 @@ def pending_bases(store: S3Store, prefix: str) -> dict[str, list[int]]:
         parsed = parse_segment_name(name.removesuffix(".json") + ".log") if name.endswith(".json") else None
         if parsed is not None and "/" not in name:
             out.setdefault(directory, []).append(parsed[0])
-    return out
-
-
-def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
-            progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
-    """Compact what ``plan`` selected (see the module docstring); per-segment problems become results."""
-    run = RunResult("compact", ctx.run_id, store.bucket, ctx.prefix, datetime.now(UTC).isoformat(),
-                    settings={"codec": ctx.options.codec.label, "level": ctx.options.level,
-                              "max_segments": options.max_segments, "max_bytes": options.max_bytes,
-                              "plan_created_at": plan.created_at})
-    chosen, left = select(plan, options)
-    run.segments += left
-    by_dir: dict[str, list[PlannedSegment]] = {}
-    for seg in chosen:
-        by_dir.setdefault(seg.directory, []).append(seg)
-    # Operations that an interrupted run left in flight are finished in every partition the plan covers,
-    # whether or not it has new work (its segments may all read "already compacted" by now).
-    in_flight = {d: bases for d, bases in pending_bases(store, ctx.prefix).items()
-                 if d in {s.directory for s in plan.segments}}
-
-    def partition(directory: str) -> list[SegmentResult]:
-        segments = by_dir.get(directory, [])
-
-        def work(lease: Lease, out: list[SegmentResult]) -> None:
-            finished = set()
-            for result in recover_partition(ctx, directory, lease):
-                out.append(result)
-                if result.status is Status.COMPACTED:
-                    finished.add(result.base_offset)  # its planned objects are gone: nothing left to do
-                if progress is not None:
-                    progress(result)
-            for seg in segments:
-                if seg.base_offset in finished:
-                    continue
-                out.append(run_segment(ctx, seg, lease))
-                if progress is not None:
-                    progress(out[-1])
-
-        todo = [(directory, b) for b in in_flight.get(directory, [])] + [(s.directory, s.base_offset) for s in segments]
-        return with_lease(ctx, directory, options.lease_ttl_seconds, work, todo)
-
-    with ThreadPoolExecutor(max_workers=max(1, options.workers), thread_name_prefix="compact") as pool:
-        for results in pool.map(partition, sorted(set(by_dir) | set(in_flight))):
-            run.segments += results
-    run.segments += earlier_attempts(store, ctx, plan, {(r.directory, r.base_offset) for r in run.segments})
-    run.segments.sort(key=lambda r: (r.directory, r.base_offset))
-    run.finished_at = datetime.now(UTC).isoformat()
-    # What the cost report needs: the plan (segment facts, skip reasons) and what the run used.
-    store.put_json(reserved_key(ctx.prefix, RUNS_DIR, ctx.run_id, "plan.json"), plan.to_json())
-    seconds = sum(float(str((r.stats or {}).get("seconds", 0.0))) for r in run.segments)
-    run.usage = {"requests": {"_run": dict(store.requests)}, "compute_seconds": round(seconds, 3)}
-    store.put_json(run_result_key(ctx.prefix, ctx.run_id, "compact"), run.to_json())
-    return run
-
-
-def earlier_attempts(store: S3Store, ctx: Context, plan: Plan, reported: set[tuple[str, int]]) -> list[SegmentResult]:
-    """Segments an earlier attempt of this very run (killed, then retried with the same run id) compacted: the
-    plan skips them as compacted already, and the run's document still counts them, from the partition state
-    (what is on S3), so that the run's savings are whole whatever attempt did the work."""
-    by_dir: dict[str, list[PlannedSegment]] = {}
-    for seg in plan.segments:
-        if seg.compacted_by == ctx.run_id and (seg.directory, seg.base_offset) not in reported:
-            by_dir.setdefault(seg.directory, []).append(seg)
-    out = []
-    for directory, segments in sorted(by_dir.items()):
-        try:
-            state = load_state(store, ctx.prefix, directory)
-        except TieringError:  # the work is done and safe; only its count in this document is missing
-            continue
-        for seg in segments:
-            entry = state.get(str(seg.base_offset), {})
-            if entry.get("run_id") == ctx.run_id:
-                out.append(SegmentResult(directory, seg.base_offset, COMPACTED, "by an earlier attempt of this run",
-                                         int(entry.get("bytes_before", 0)), int(entry.get("bytes_after", 0)),
-                                         run_id=ctx.run_id))
     return out
 
 
@@ -442,4 +346,4 @@ def cleanup(store: S3Store, ctx: Context, *, grace_days: float = DEFAULT_GRACE_D
     return out
 
 
-__all__ = ["JOURNAL_DIR", "CompactOptions", "RunResult", "cleanup", "compact", "new_run_id", "rollback"]
+__all__ = ["JOURNAL_DIR", "CompactOptions", "RunResult", "cleanup", "new_run_id", "rollback"]

@@ -1,18 +1,20 @@
-"""The pipeline's steps as plain functions: what the Airflow DAG's tasks and the Spark job call.
+"""The one orchestrator of compaction runs: the steps the Airflow DAG's tasks, the Spark job and the CLI call.
 
-    scan  ->  plan  ->  stage (Spark: one task per unit of whole partitions)  ->  commit (per chunk)  ->  report
+    scan  ->  plan  ->  units of whole partitions (stage, or stage and commit)  ->  commit (per chunk)  ->  collect
 
 - :func:`scan_run` lists the prefix (or reads an S3 Inventory report) into chunk files under
   ``PREFIX/_tiering/runs/<run>/scan/`` (see :mod:`tiering.plan.planfile`), one partition at a time.
 - :func:`plan_run` streams the scan through the policy and the budget into ``runs/<run>/plan/``; the
   chunks it returns (names only) are what the commit step maps over.
-- :func:`stage_units` (Spark driver) cuts the plan's work into units; :func:`stage_unit` (executor) takes
-  the leases of its partitions, renews them while it stages (rewrite, stage, read back, journal
-  ``staged``) and writes its results to ``runs/<run>/stage/``. The leases are not released: the commit
-  step takes them back (same owner, the run id).
+- :func:`stage_units` cuts the plan's work into units; :func:`run_unit` does one: under each partition's
+  lease, it finishes what earlier runs left in flight there, then each planned segment (:func:`partition_work`),
+  and writes the results to ``runs/<run>/stage/``. Spark runs units with :func:`stage_unit`: segments are
+  left journalled ``staged`` and the leases kept; the CLI runs them in this process with
+  :func:`run_local`, committing each segment at once.
 - :func:`commit_chunk` finishes every journal entry of a chunk's partitions under their leases (the
   protocol's recovery path: a staged segment is rolled forward), then releases the leases.
-- :func:`collect_run` merges the stage and commit results into the run document.
+- :func:`collect_run` builds the run document from what the steps wrote: the one place results, usage
+  and the run document come together.
 
 Every document lives under ``PREFIX/_tiering/runs/<run>/``, so that no step needs a disk shared with
 another; XComs carry only keys, chunk names and counts; no step holds more than a chunk of the plan.
@@ -25,12 +27,13 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseHeld, LeaseKeeper, RunLease, lease_key
-from tiering.commit.protocol import FAILED, SKIPPED, Context, SegmentResult, journal_key, recover_partition
+from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
+from tiering.commit.protocol import SKIPPED, Context, SegmentResult, recover_partition
 from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
@@ -49,12 +52,14 @@ from tiering.plan.planfile import (
     chunk_limits,
 )
 from tiering.plan.policy import AUTO, Policy
-from tiering.plan.scan import COMPACT, REPAIR, PlannedSegment, ScanOptions, scan_partitions
+from tiering.plan.scan import COMPACT, REPAIR, Plan, PlannedSegment, ScanOptions, scan_partitions
+from tiering.plan.state import load_state
 from tiering.run.compact import (
     RUNS_DIR,
-    STAGED_STATUS,
     CompactOptions,
     RunResult,
+    Work,
+    pending_bases,
     run_result_key,
     run_segment,
     with_lease,
@@ -180,7 +185,9 @@ def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, e
                 sample.add(seg)
         writer.add(part)
     chunks = writer.close()
-    header = dataclasses.replace(scan_manifest.header, policy=policy.path if policy else None, auto=choices or None)
+    header = scan_manifest.header  # a plan made elsewhere keeps the policy and choices it was made with
+    if policy is not None:
+        header = dataclasses.replace(header, policy=policy.path, auto=choices or None)
     if estimate_savings:
         header.estimate = estimate_work(store, sample, RewriteOptions(Codec.parse(settings.codec), settings.level))
     totals = writer.totals.to_json()
@@ -255,64 +262,63 @@ def stage_units(plan: ChunkedPlan, manifest: PlanManifest, *, parallelism: int =
     return sorted(units, key=lambda u: (-u.bytes, u.chunk_key, u.start))
 
 
-def take_lease(store: S3Store, settings: RunSettings, directory: str, segments: Iterable[PlannedSegment]
-               ) -> Lease | list[SegmentResult]:
-    """The run's lease on ``directory``; if it cannot be had, its segments as skipped (busy) or failed results."""
-    lease = Lease(store, lease_key(settings.prefix, directory), settings.run_id, settings.lease_ttl_seconds)
-    try:
-        lease.acquire(settings.prefix)
-        return lease
-    except LeaseHeld as e:
-        return [SegmentResult(s.directory, s.base_offset, SKIPPED, f"partition busy: {e.message}",
-                              pending=Pending.BUSY) for s in segments]
-    except TieringError as e:  # S3 failing for this partition's lease: the others go on
-        return [SegmentResult(s.directory, s.base_offset, FAILED, f"partition not touched: {e}", error=e.to_dict(),
-                              pending=Pending.TRANSIENT if e.retryable else None) for s in segments]
+def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment], *, commit: bool,
+                   progress: Callable[[SegmentResult], None] | None = None) -> Work:
+    """What the holder of a partition's lease does there: finish (or abandon) the operations a crashed or
+    earlier run left in flight, then each planned segment they did not finish. With ``commit`` a segment is
+    swapped in at once (the CLI), else it is left journalled ``staged`` for the commit step (Spark)."""
+
+    def work(lease: Lease, out: list[SegmentResult]) -> None:
+        finished = set()
+        for result in recover_partition(ctx, directory, lease):
+            out.append(result)
+            if result.status is Status.COMPACTED:
+                finished.add(result.base_offset)  # its planned objects are gone: nothing left to do
+            if progress is not None:
+                progress(result)
+        for seg in segments:
+            if seg.base_offset in finished:
+                continue
+            started = time.perf_counter()
+            out.append(run_segment(ctx, seg, lease, commit=commit))
+            out[-1].seconds = round(time.perf_counter() - started, 3)
+            if progress is not None:
+                progress(out[-1])
+
+    return work
 
 
-def stage_unit(unit: dict[str, Any], settings: dict[str, Any], work_dir: str | None = None) -> dict[str, int]:
-    """Executor side: stage the segments of one unit, each partition under the run's lease (taken here and
-    renewed while the unit runs; the commit step takes it back). A segment this run already staged (a
-    retried task) is reported as staged again. The results go to ``runs/<run>/stage/<unit>.json``; the
-    counts by status come back."""
-    run = RunSettings.from_json(settings)
-    work = StageUnit.from_json(unit)
-    store = run.store()
-    ctx = run.context(store, work_dir, one_core=True)
-    plan = ChunkedPlan(store, run.prefix, run.run_id, PLAN)
-    results: list[dict[str, Any]] = []
+def run_unit(store: S3Store, settings: RunSettings, ctx: Context, unit: StageUnit, *, commit: bool,
+             pending: dict[str, list[int]] | None = None,
+             progress: Callable[[SegmentResult], None] | None = None) -> dict[str, int]:
+    """The work of one unit, partition by partition under the run's leases: staged for the commit step
+    (kept leases, which it takes back) or committed at once (released leases). The results go to
+    ``runs/<run>/stage/<unit>.json``; the counts by status come back."""
+    plan = ChunkedPlan(store, settings.prefix, settings.run_id, PLAN)
+    results: list[SegmentResult] = []
     requests: dict[str, dict[str, int]] = {}
-    for part in by_partition(plan.chunk(work.chunk_key, work.start, work.stop)):
+    for part in by_partition(plan.chunk(unit.chunk_key, unit.start, unit.stop)):
         todo = [s for s in part if s.action in (COMPACT, REPAIR)]
         if not todo:
             continue
+        directory = todo[0].directory
         before = Counter(store.requests)
-        lease = take_lease(store, run, todo[0].directory, todo)
-        if isinstance(lease, list):
-            results += [r.to_json() for r in lease]
-        else:
-            with LeaseKeeper([lease]):
-                for seg in todo:
-                    results.append(_stage_one(store, run, ctx, seg))
-        requests[todo[0].directory] = dict(store.requests - before)
-    return write_results(store, run.key(f"stage/{work.name}.json"), results, usage=requests)
+        in_flight = [(directory, b) for b in (pending or {}).get(directory, [])]
+        results += with_lease(ctx, directory, settings.lease_ttl_seconds,
+                              partition_work(ctx, directory, todo, commit=commit, progress=progress),
+                              in_flight + [(s.directory, s.base_offset) for s in todo], keep=not commit)
+        requests[directory] = dict(store.requests - before)
+    return write_results(store, settings.key(f"stage/{unit.name}.json"), results, usage=requests)
 
 
-def _stage_one(store: S3Store, run: RunSettings, ctx: Context, seg: PlannedSegment) -> dict[str, Any]:
-    started = time.perf_counter()
-    result: SegmentResult | None = None
-    try:
-        doc, _ = store.get_json(journal_key(run.prefix, seg.directory, seg.base_offset))
-        if doc.get("run_id") == run.run_id:
-            result = SegmentResult(seg.directory, seg.base_offset, STAGED_STATUS, "staged by an earlier attempt",
-                                   run_id=run.run_id)
-    except ObjectNotFound:
-        pass
-    if result is None:
-        lease = RunLease(store, lease_key(run.prefix, seg.directory), run.run_id)
-        result = run_segment(ctx, seg, lease, commit=False)
-    # What the cost report prices: the segment's time on one executor core (requests: per partition).
-    return {**result.to_json(), "usage": {"requests": {}, "seconds": round(time.perf_counter() - started, 3)}}
+def stage_unit(unit: dict[str, Any], settings: dict[str, Any], work_dir: str | None = None) -> dict[str, int]:
+    """Spark executor side: stage the segments of one unit (see :func:`run_unit`), each partition under the
+    run's lease, taken here and kept for the commit step. A retried task finds what it staged before in
+    the journal and finishes it."""
+    run = RunSettings.from_json(settings)
+    store = run.store()
+    return run_unit(store, run, run.context(store, work_dir, one_core=True), StageUnit.from_json(unit),
+                    commit=False)
 
 
 def put_usage(store: S3Store, settings: RunSettings, step: str) -> None:
@@ -320,10 +326,10 @@ def put_usage(store: S3Store, settings: RunSettings, step: str) -> None:
     store.put_json(settings.key(f"usage/{step}.json"), {"schema_version": 1, "requests": dict(store.requests)})
 
 
-def write_results(store: S3Store, key: str, results: Iterable[dict[str, Any]],
+def write_results(store: S3Store, key: str, results: Iterable[SegmentResult],
                   usage: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
-    """Store a step's result documents (and the S3 requests per partition it made); counts by status."""
-    docs = list(results)
+    """Store a step's results (and the S3 requests per partition it made); counts by status."""
+    docs = [r.to_json() for r in results]
     counts: dict[str, int] = {}
     for d in docs:
         counts[str(d["status"])] = counts.get(str(d["status"]), 0) + 1
@@ -331,16 +337,21 @@ def write_results(store: S3Store, key: str, results: Iterable[dict[str, Any]],
     return counts
 
 
-def commit_chunk(store: S3Store, settings: RunSettings, name: str) -> dict[str, Any]:
-    """Finish every journal entry of the partitions with work in plan chunk ``name``, under their leases,
-    then release them; the results go to ``runs/<run>/commit/<name>.json``. Idempotent: a retry finds
-    nothing left to finish."""
+def commit_chunk(store: S3Store, settings: RunSettings, name: str, *, ctx: Context | None = None,
+                 pending: dict[str, list[int]] | None = None, worked: bool = True) -> dict[str, Any]:
+    """Finish every journal entry in the partitions of plan chunk ``name`` (those with work, unless not
+    ``worked``, and those with an operation in flight, from ``pending`` or a listing of the journal), under
+    their leases, then release them; the results go to ``runs/<run>/commit/<name>.json``. Idempotent: a
+    retry finds nothing left to finish."""
     plan = plan_files(store, settings)
     info = next((c for c in plan.manifest().chunks if c.name == name), None)
     if info is None:
         raise ConfigError("no such chunk in the run's plan", path=plan.manifest_key, found=name)
-    partitions = sorted({s.directory for s in plan.chunk(info.key) if s.action in (COMPACT, REPAIR)})
-    ctx = settings.context(store)
+    in_flight = pending_bases(store, settings.prefix) if pending is None else pending
+    segments = list(plan.chunk(info.key))
+    partitions = sorted({s.directory for s in segments if worked and s.action in (COMPACT, REPAIR)}
+                        | {s.directory for s in segments if s.directory in in_flight})
+    ctx = ctx or settings.context(store)
     results: list[SegmentResult] = []
     requests: dict[str, dict[str, int]] = {}
     for directory in partitions:
@@ -348,27 +359,35 @@ def commit_chunk(store: S3Store, settings: RunSettings, name: str) -> dict[str, 
             out += recover_partition(ctx, directory, lease)
 
         before = Counter(store.requests)
-        results += with_lease(ctx, directory, settings.lease_ttl_seconds, work, [])
+        results += with_lease(ctx, directory, settings.lease_ttl_seconds, work,
+                              [(directory, b) for b in in_flight.get(directory, [])])
         requests[directory] = dict(store.requests - before)
-    counts = write_results(store, settings.key(f"commit/{name}.json"), (r.to_json() for r in results),
-                           usage=requests)
+    counts = write_results(store, settings.key(f"commit/{name}.json"), results, usage=requests)
     return {"chunk": name, "partitions": len(partitions), **counts}
 
 
-def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] | None = None) -> RunResult:
+def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] | None = None, *,
+                extra: dict[str, Any] | None = None) -> RunResult:
     """The run document from the stage and commit results: one entry per planned segment, with its final
-    outcome (a staged segment's commit result wins over its staging result)."""
+    outcome (a staged segment's commit result wins over its staging result), and the segments an earlier
+    attempt of this very run compacted (the plan found them compacted already, by this run id). ``extra``:
+    more settings of the run to record."""
     run = RunResult("compact", settings.run_id, settings.bucket, settings.prefix, "",
-                    settings={"codec": settings.codec, "level": settings.level, "estimate": estimate})
-    by_segment: dict[tuple[str, int], dict[str, Any]] = {}
+                    settings={"codec": settings.codec, "level": settings.level, "estimate": estimate, **(extra or {})})
+    # One entry per segment and kind of result: a segment's own outcome (a commit result wins over its staging
+    # result), and apart from it an operation of another run this one finished or abandoned there.
+    by_segment: dict[tuple[str, int, bool], dict[str, Any]] = {}
+    earlier: dict[str, list[int]] = {}
     plan = plan_files(store, settings)
     try:
         manifest = plan.manifest()
         run.started_at = manifest.header.created_at
         for s in plan.segments(manifest):
             if s.cause is Cause.BUDGET:
-                by_segment[(s.directory, s.base_offset)] = {"directory": s.directory, "base_offset": s.base_offset,
-                                                            "status": SKIPPED, "reason": s.reason}
+                by_segment[(s.directory, s.base_offset, False)] = {
+                    "directory": s.directory, "base_offset": s.base_offset, "status": SKIPPED, "reason": s.reason}
+            elif s.compacted_by == settings.run_id:
+                earlier.setdefault(s.directory, []).append(s.base_offset)
     except ObjectNotFound:
         pass
     requests: dict[str, Counter[str]] = {}
@@ -379,27 +398,93 @@ def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] 
             for directory, counts in doc.get("usage", {}).items():
                 requests.setdefault(directory, Counter()).update(counts)
             for r in doc["results"]:
-                used = r.pop("usage", None)
-                key = (r["directory"], int(r["base_offset"]))
+                key = (r["directory"], int(r["base_offset"]), bool(r.get("recovered")))
                 by_segment[key] = {**by_segment.get(key, {}), **r}  # commit after stage: its outcome wins
-                if used:
-                    requests.setdefault(r["directory"], Counter()).update(used["requests"])
-                    seconds += float(used["seconds"])
+                seconds += float(r.get("seconds") or 0.0)
+    for directory, bases in sorted(earlier.items()):
+        by_segment.update(_earlier_attempts(store, settings, directory, bases, by_segment))
     for info in store.list(settings.key("usage/")):
         requests.setdefault(RUN_SCOPE, Counter()).update(store.get_json(info.key)[0]["requests"])
     run.usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items())},
                  "compute_seconds": round(seconds, 3)}
-    for key in sorted(by_segment):
+    for key in sorted(by_segment, key=lambda k: (k[0], k[1], not k[2])):  # a recovery before its segment
         d = by_segment[key]
         run.segments.append(SegmentResult(d["directory"], int(d["base_offset"]), Status(d["status"]),
                                           d.get("reason", ""), int(d.get("bytes_before", 0)),
                                           int(d.get("bytes_after", 0)),
                                           bool(d.get("recovered", False)), d.get("stats"), d.get("error"),
                                           d.get("run_id"), d.get("encryption"),
-                                          Pending(d["pending"]) if d.get("pending") else None))
+                                          Pending(d["pending"]) if d.get("pending") else None,
+                                          Cause(d["cause"]) if d.get("cause") else None, d.get("seconds")))
     run.finished_at = datetime.now(UTC).isoformat()
     store.put_json(run_result_key(settings.prefix, settings.run_id, "compact"), run.to_json())
     return run
+
+
+def _earlier_attempts(store: S3Store, settings: RunSettings, directory: str, bases: list[int],
+                      reported: dict[tuple[str, int, bool], dict[str, Any]]
+                      ) -> dict[tuple[str, int, bool], dict[str, Any]]:
+    """Segments an earlier attempt of this run (killed, then run again with the same id) compacted, counted
+    from the partition's state (what is on S3), so that the run's savings are whole whatever attempt did
+    the work."""
+    try:
+        state = load_state(store, settings.prefix, directory)
+    except TieringError:  # the work is done and safe; only its count in this document is missing
+        return {}
+    out = {}
+    for base in bases:
+        entry = state.get(str(base), {})
+        if (directory, base, False) not in reported and entry.get("run_id") == settings.run_id:
+            out[(directory, base, False)] = {
+                "directory": directory, "base_offset": base, "status": Status.COMPACTED.value,
+                "reason": "by an earlier attempt of this run", "bytes_before": int(entry.get("bytes_before", 0)),
+                "bytes_after": int(entry.get("bytes_after", 0)), "run_id": settings.run_id}
+    return out
+
+
+def write_scan(store: S3Store, settings: RunSettings, plan: Plan) -> str:
+    """A plan made elsewhere (``tiering s3 scan --out``, or in memory) as the run's scan; its manifest key."""
+    out = plan_files(store, settings, SCAN)
+    writer = out.writer()
+    for part in by_partition(sorted(plan.segments, key=lambda s: (s.directory, s.base_offset))):
+        writer.add(part)
+    chunks = writer.close()
+    header = dataclasses.replace(plan, segments=[])
+    return out.write_manifest(PlanManifest(header, writer.totals.to_json(), chunks, "plan"))
+
+
+def run_local(store: S3Store, settings: RunSettings, ctx: Context, options: CompactOptions,
+              progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
+    """The run's planned work in this process (the CLI): its units on ``options.workers`` threads, each
+    segment committed at once; then the operations left in flight in the plan's other partitions; then
+    the run document. Results an earlier attempt of this run id left are replaced."""
+    plan = plan_files(store, settings)
+    manifest = plan.manifest()
+    stale = [(info.key, info.etag) for step in ("stage/", "commit/") for info in store.list(settings.key(step))]
+    store.delete_many(stale)
+    pending = pending_bases(store, settings.prefix)
+    units = stage_units(plan, manifest, parallelism=options.workers)
+    with ThreadPoolExecutor(max_workers=max(1, options.workers), thread_name_prefix="compact") as pool:
+        list(pool.map(lambda u: run_unit(store, settings, ctx, u, commit=True, pending=pending, progress=progress),
+                      units))
+    worked = {s.directory for u in units for s in plan.chunk(u.chunk_key, u.start, u.stop)}
+    left = {d: b for d, b in pending.items() if d not in worked}
+    if left:
+        for info in manifest.chunks:
+            commit_chunk(store, settings, info.name, ctx=ctx, pending=left, worked=False)
+    return collect_run(store, settings, extra={"max_segments": options.max_segments, "max_bytes": options.max_bytes,
+                                               "plan_created_at": manifest.header.created_at})
+
+
+def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
+            progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
+    """Compact what ``plan`` selected, in this process, through the same steps as the DAG: the plan becomes
+    the run's scan, the budget is applied (largest first), then :func:`run_local`."""
+    settings = RunSettings(store.bucket, ctx.prefix, ctx.run_id, ctx.options.codec.label, ctx.options.level,
+                           options.lease_ttl_seconds)
+    write_scan(store, settings, plan)
+    plan_run(store, settings, options)
+    return run_local(store, settings, ctx, options, progress)
 
 
 def safe_run_id(run_id: str) -> str:
