@@ -44,7 +44,8 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
 `TIERING_SPARK_MASTER` (default `local[*]`); extra `spark-submit --conf` pairs come from
-`TIERING_SPARK_CONF` (JSON object). S3 endpoint and credentials come from the worker's AWS environment.
+`TIERING_SPARK_CONF` (JSON object); a commit task finishes `TIERING_COMMIT_WORKERS` partitions at once
+(default 4). S3 endpoint and credentials come from the worker's AWS environment.
 The report's prices: `TIERING_PRICE_REGION` (default the AWS region), `TIERING_PRICES_FILE` (a JSON file
 merged over the built-in list prices), `TIERING_ACCOUNT_STANDARD_TB` (the account's S3 Standard volume,
 which decides the volume tier); the grace period is `cleanup_grace_days`.
@@ -67,6 +68,7 @@ SPARK_JOB = Path(os.environ.get("TIERING_SPARK_JOB", Path(__file__).resolve().pa
 # other DAGs can be scheduled on it. Static: bucket and prefix are runtime params, the asset is not.
 REPORT_ASSET = Asset(name="kafka_segment_compaction_report", uri="tiering://kafka_segment_compaction/report")
 CODECS = ["zstd", "lz4", "gzip", "snappy", "none"]
+COMMIT_WORKERS = int(os.environ.get("TIERING_COMMIT_WORKERS", "4"))  # partitions a commit task finishes at once
 
 DEFAULT_ARGS: dict[str, Any] = {
     "retries": 2,
@@ -189,7 +191,7 @@ def kafka_segment_compaction() -> None:
         ctx = get_current_context()
         ctx["chunk_name"] = chunk["label"]  # type: ignore[typeddict-unknown-key]  # names the mapped task
         settings = _settings(ctx["params"], ctx["run_id"])
-        result = commit_chunk(settings.store(), settings, chunk["name"])
+        result = commit_chunk(settings.store(), settings, chunk["name"], workers=COMMIT_WORKERS)
         print(f"committed {chunk['name']} ({chunk['label']}): {result}")
         return result
 

@@ -77,9 +77,8 @@ def kafka_segment_tiering() -> None:
     def plan() -> dict[str, Any]:
         from tiering.plan.policy import load_policy  # noqa: PLC0415
         from tiering.report.publish import cost_config  # noqa: PLC0415
-        from tiering.run.compact import RUNS_DIR  # noqa: PLC0415
         from tiering.run.tier import plan_tiering  # noqa: PLC0415
-        from tiering.storage.layout import reserved_key  # noqa: PLC0415
+        from tiering.storage.layout import run_key  # noqa: PLC0415
 
         ctx = get_current_context()
         path = ctx["params"]["policy"].strip()
@@ -88,7 +87,7 @@ def kafka_segment_tiering() -> None:
         policy = load_policy(path)  # a bad policy fails here, before any request
         store, prefix, run_id = _where(ctx)
         planned = plan_tiering(store, prefix, policy, cost_config()[0])
-        key = reserved_key(prefix, RUNS_DIR, run_id, "tier-plan.json")
+        key = run_key(prefix, run_id, "tier-plan.json")
         store.put_json(key, planned.to_json())
         totals = planned.totals()
         print(f"plan: {totals['objects_to_move']} objects to move ({totals['bytes_to_move']:,} bytes); "
@@ -110,9 +109,8 @@ def kafka_segment_tiering() -> None:
 
     @task(outlets=[REPORT_ASSET])
     def report(planned: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
-        from tiering.report.publish import REPORTS_DIR  # noqa: PLC0415
         from tiering.run.tier import TierPlan, tier_report, tier_table  # noqa: PLC0415
-        from tiering.storage.layout import reserved_key  # noqa: PLC0415
+        from tiering.storage.layout import tier_report_key  # noqa: PLC0415
 
         ctx = get_current_context()
         store, prefix, run_id = _where(ctx)
@@ -120,9 +118,9 @@ def kafka_segment_tiering() -> None:
                           dry_run=ctx["params"]["dry_run"])
         text = tier_table(doc)
         print(text)
-        key = reserved_key(prefix, REPORTS_DIR, run_id, "tiering.json")
+        key = tier_report_key(prefix, run_id, "json")
         store.put_json(key, doc)
-        store.put(reserved_key(prefix, REPORTS_DIR, run_id, "tiering.md"), ("```\n" + text + "\n```\n").encode())
+        store.put(tier_report_key(prefix, run_id, "md"), ("```\n" + text + "\n```\n").encode())
         t = doc["planned"] if doc["dry_run"] else doc["achieved"]  # a run reports what it did
         out = {"run_id": run_id, "dry_run": doc["dry_run"], "objects_moved": doc["objects_moved"],
                "bytes_moved": doc["bytes_moved"], "monthly_savings_usd": round(t["monthly_savings_usd"], 6),

@@ -108,3 +108,19 @@ def test_the_demo_is_apart_from_the_product() -> None:
                    if "demo" in _tiering_imports(p) and _layer(p) not in ("demo", "cli"))
     assert users == []
 
+
+
+def _names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return ({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+            | {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names})
+
+
+def test_our_keys_are_named_in_one_module() -> None:
+    """Every key under PREFIX/_tiering/ is built by a function of storage/layout.py: no other module of the
+    package, the DAGs or the Spark job reaches for the reserved prefix itself."""
+    root = PACKAGE.parent
+    sources = [*PACKAGE.rglob("*.py"), *(root / "dags").glob("*.py"), *(root / "spark_jobs").glob("*.py")]
+    naming = sorted(str(p.relative_to(root)) for p in sources if p != PACKAGE / "storage" / "layout.py"
+                    and _names(p) & {"reserved_key", "RESERVED_DIR"})
+    assert naming == []

@@ -15,11 +15,8 @@ import pytest
 from cfnlint.api import lint_file
 from cfnlint.decode import decode
 
-from tiering.commit.lease import LEASES_DIR
-from tiering.commit.protocol import BACKUP_DIR, JOURNAL_DIR, STAGING_DIR
-from tiering.plan.state import STATE_DIR
 from tiering.run.compact import DEFAULT_GRACE_DAYS
-from tiering.storage.layout import RESERVED_DIR
+from tiering.storage.layout import BACKUP_DIR, JOURNAL_DIR, LEASES_DIR, RESERVED_DIR, STAGING_DIR, STATE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "infra" / "cloudformation" / "tiering.yaml"

@@ -17,17 +17,10 @@ from tests.s3.conftest import BUCKET, PREFIX, context, plan_for, seed
 from tiering.cli import main
 from tiering.cost.model import CostOptions
 from tiering.cost.prices import GB, load_prices
-from tiering.report.publish import (
-    LATEST,
-    ledger_key,
-    load_report,
-    publish_report,
-    read_ledger,
-    record_in_ledger,
-    report_key,
-)
+from tiering.report.publish import LATEST, load_report, publish_report, read_ledger, record_in_ledger
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
+from tiering.storage.layout import ledger_key, report_key
 from tiering.storage.store import S3Store, make_client
 
 PRICES = load_prices("us-east-1")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
-from tiering.commit.protocol import BACKUP_DIR, Context, pending_journals
+from tiering.commit.protocol import Context, pending_journals
 from tiering.demo.seed import DEFAULT_START_MS, GeneratedSegment, generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
@@ -21,7 +21,7 @@ from tiering.kafka.index import build_indexes
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.kafka.segment import verify_segment
 from tiering.plan.scan import Plan, ScanOptions, scan
-from tiering.storage.layout import segment_key
+from tiering.storage.layout import BACKUP_DIR, segment_key
 from tiering.storage.store import ObjectNotFound, S3Store, make_client
 
 BUCKET = "segments"

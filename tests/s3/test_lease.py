@@ -7,7 +7,8 @@ import time
 import pytest
 
 from tests.s3.conftest import PREFIX, fresh_store
-from tiering.commit.lease import Lease, LeaseHeld, LeaseLost, lease_key
+from tiering.commit.lease import Lease, LeaseHeld, LeaseLost
+from tiering.storage.layout import lease_key
 from tiering.storage.store import S3Store
 
 KEY = lease_key(PREFIX, "orders-0")

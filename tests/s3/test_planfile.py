@@ -190,3 +190,26 @@ def test_the_plan_is_chunked_within_its_limit_and_staged_in_units_of_whole_parti
         (s.directory, s.base_offset) for s in segments if s.action == COMPACT}
     assert [u.bytes for u in units] == sorted((u.bytes for u in units), reverse=True)
 
+
+
+def test_a_commit_task_finishes_its_partitions_in_parallel_each_counted_apart(store: S3Store) -> None:
+    """Staged as the Spark job stages (from the units' JSON), then one commit task of 4 threads, each with its
+    own client: every segment compacted, and each partition's requests are its own (3 copies a segment:
+    the backups of .log, .index and .timeindex)."""
+    from tiering.run.pipeline import collect_run, commit_chunk, stage_unit
+
+    _seed(store, 6)
+    run = RunSettings(BUCKET, PREFIX, "parallel", "zstd", 3)
+    scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
+    planned = plan_run(store, run, CompactOptions())
+    chunked, manifest = load_manifest(store, f"s3://{BUCKET}/{planned['plan_key']}")
+    for unit in stage_units(chunked, manifest, parallelism=2):
+        assert set(stage_unit(unit.to_json(), run.to_json())) == {"staged"}
+    [chunk] = planned["chunks"]
+    result = commit_chunk(store, run, chunk["name"], workers=4)
+    assert result["partitions"] == 6
+    assert result["compacted"] == planned["segments"] == 12
+    doc = store.get_json(run.key(f"commit/{chunk['name']}.json"))[0]
+    assert {d: used["CopyObject"] for d, used in doc["usage"].items()} == {f"{TOPIC}-{p}": 3 * 2 for p in range(6)}
+    assert collect_run(store, run).totals()["compacted"] == 12
+    assert not list(store.list(f"{PREFIX}/_tiering/leases/"))

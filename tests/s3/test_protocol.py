@@ -20,14 +20,14 @@ from tests.s3.conftest import (
     plan_for,
     seed,
 )
-from tiering.commit.lease import Lease, lease_key
+from tiering.commit.lease import Lease
 from tiering.commit.protocol import META_CODEC, META_RUN, META_SOURCE_ETAG, pending_journals
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.plan.scan import SKIP
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
-from tiering.storage.layout import segment_key
+from tiering.storage.layout import lease_key, segment_key
 from tiering.storage.store import ObjectAttrs, ObjectNotFound, S3Store
 
 DIR = f"{TOPIC}-0"

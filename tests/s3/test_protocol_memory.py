@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC, Original, check_consistent, context, no_pending, plan_for, seed
-from tiering.commit.lease import Lease, lease_key
+from tiering.commit.lease import Lease
 from tiering.commit.protocol import META_OP, META_RUN, META_SOURCE_ETAG, Pending, pending_journals
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
@@ -22,7 +22,7 @@ from tiering.plan.scan import SKIP
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
-from tiering.storage.layout import segment_key
+from tiering.storage.layout import lease_key, segment_key
 from tiering.storage.memory import ManualClock, MemoryStore
 from tiering.storage.store import PreconditionFailed
 

@@ -23,14 +23,14 @@ from tests.s3.conftest import (
     seed,
 )
 from tests.s3.hooks import Step, key_ends
-from tiering.commit.lease import Lease, LeaseHeld, lease_key
+from tiering.commit.lease import Lease, LeaseHeld
 from tiering.commit.protocol import Pending
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
-from tiering.storage.layout import DirKind, parse_dir, segment_key
+from tiering.storage.layout import DirKind, lease_key, parse_dir, segment_key
 from tiering.storage.store import S3Store, TransportError
 
 DIR = f"{TOPIC}-0"

@@ -30,12 +30,11 @@ from datetime import timedelta
 from typing import Final, Protocol
 
 from tiering.errors import ConflictError, StorageError, TieringError
-from tiering.storage.layout import clock_key, reserved_key
+from tiering.storage.layout import clock_key
 from tiering.storage.store import ObjectNotFound, PreconditionFailed, S3Store
 
 DEFAULT_TTL_SECONDS: Final = 600
 ACQUIRE_ATTEMPTS: Final = 4
-LEASES_DIR: Final = "leases"
 
 
 class LeaseHeld(ConflictError):
@@ -44,10 +43,6 @@ class LeaseHeld(ConflictError):
 
 class LeaseLost(ConflictError):
     """Our lease was taken over (it expired while we were stalled): stop touching the partition."""
-
-
-def lease_key(prefix: str, directory: str) -> str:
-    return reserved_key(prefix, LEASES_DIR, f"{directory}.json")
 
 
 @dataclass

@@ -33,7 +33,6 @@ from typing import Any, BinaryIO, Final
 from tiering.commit.lease import LeaseGuard, LeaseLost
 from tiering.errors import ConflictError, InvalidDataError, ProofError, StorageError
 from tiering.kafka.codecs import Codec
-from tiering.kafka.files import segment_name
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
 from tiering.lifecycle.journal import (
     FILES,
@@ -48,12 +47,16 @@ from tiering.lifecycle.journal import (
 )
 from tiering.plan.scan import PlannedSegment
 from tiering.plan.state import load_state, record_segment
-from tiering.storage.layout import dir_segment_key, normalize_prefix, reserved_key, sibling_key
+from tiering.storage.layout import (
+    backup_key,
+    dir_segment_key,
+    journal_dir,
+    journal_key,
+    normalize_prefix,
+    sibling_key,
+    staging_key,
+)
 from tiering.storage.store import DEFAULT_PART_BYTES, ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
-
-JOURNAL_DIR: Final = "journal"
-STAGING_DIR: Final = "staging"
-BACKUP_DIR: Final = "backup"
 
 # User metadata on the objects we write to final keys (S3 shows them as x-amz-meta-*).
 META_RUN: Final = "tiering-run"
@@ -131,18 +134,6 @@ class SegmentResult:
         if self.pending is not None:
             doc["pending"] = self.pending.value
         return doc
-
-
-def journal_key(prefix: str, directory: str, base_offset: int) -> str:
-    return reserved_key(prefix, JOURNAL_DIR, directory, segment_name(base_offset, ".json"))
-
-
-def staging_key(prefix: str, run_id: str, directory: str, base_offset: int, suffix: str) -> str:
-    return reserved_key(prefix, STAGING_DIR, run_id, directory, segment_name(base_offset, suffix))
-
-
-def backup_key(prefix: str, run_id: str, directory: str, base_offset: int, suffix: str) -> str:
-    return reserved_key(prefix, BACKUP_DIR, run_id, directory, segment_name(base_offset, suffix))
 
 
 def _uri(store: S3Store, key: str) -> str:
@@ -560,7 +551,7 @@ def _abandon(ctx: Context, journal: Journal, etag: str, reason: str,
 
 def pending_journals(store: S3Store, prefix: str, directory: str | None = None) -> Iterator[tuple[Journal, str]]:
     """Journal entries left in flight (by a crash, or by a stage step waiting for its commit)."""
-    under = reserved_key(prefix, JOURNAL_DIR, directory) + "/" if directory else reserved_key(prefix, JOURNAL_DIR) + "/"
+    under = journal_dir(prefix, directory)
     for info in store.list(under):
         try:
             doc, etag = store.get_json(info.key)

@@ -29,9 +29,8 @@ from tiering.demo.seed import generate_partition, upload_partition
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.report.publish import report_key
 from tiering.run.pipeline import safe_run_id
-from tiering.storage.layout import RESERVED_DIR, segment_key
+from tiering.storage.layout import report_key, reserved_dir, run_key, run_result_key, segment_key
 from tiering.storage.store import ObjectNotFound, S3Store, make_client
 
 BUCKET: Final = "kafka-demo"
@@ -101,7 +100,7 @@ def seed_demo(store: S3Store, scale: float = 1.0) -> Seeded:
 
 def segment_objects(store: S3Store) -> dict[str, str]:
     """Every object outside our reserved prefix, with its ETag."""
-    reserved = f"{PREFIX}/{RESERVED_DIR}/"
+    reserved = reserved_dir(PREFIX)
     return {o.key: o.etag for o in store.list(PREFIX + "/") if not o.key.startswith(reserved)}
 
 
@@ -209,7 +208,7 @@ def run_pipeline_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | 
                 "min_segment_age_minutes": 0, "spark_master": spark_master}
         log("run 0: dry run (scan, plan with a savings estimate from sampled batches; nothing changes) ...")
         state, run_id = run_dag({**conf, "dry_run": True})
-        plan = store.get_json(f"{PREFIX}/{RESERVED_DIR}/runs/{run_id}/plan/manifest.json")[0]
+        plan = store.get_json(run_key(PREFIX, run_id, "plan", "manifest.json"))[0]
         dry_run = {"state": state, "run_id": run_id, "estimate": plan["estimate"],
                    "report": store.get_json(report_key(PREFIX, run_id))[0],
                    "changed": sorted(k for k, v in segment_objects(store).items() if before.get(k) != v)}
@@ -220,7 +219,7 @@ def run_pipeline_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | 
             log(f"run {n}: dag kafka_segment_compaction (scan → plan → Spark {spark_master} → commit → report "
                 "→ cleanup) ...")
             state, run_id = run_dag(conf)
-            doc = store.get_json(f"{PREFIX}/{RESERVED_DIR}/runs/{run_id}/compact.json")[0]
+            doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
             (workdir / f"run-{n}.json").write_text(json.dumps(doc, indent=2) + "\n")
             runs.append({"state": state, "run_id": run_id, "document": doc, "objects": segment_objects(store),
                          "report": store.get_json(report_key(PREFIX, run_id))[0]})

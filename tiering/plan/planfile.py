@@ -25,7 +25,7 @@ from typing import Any, Final
 from tiering.errors import ConfigError, InvalidDataError
 from tiering.lifecycle.journal import Cause
 from tiering.plan.scan import COMPACT, PLAN_SCHEMA_VERSION, REPAIR, SKIP, Plan, PlannedSegment, PlanTotals
-from tiering.storage.layout import reserved_key
+from tiering.storage.layout import run_key
 from tiering.storage.store import S3Store
 
 MANIFEST_KIND: Final = "tiering.plan-manifest"
@@ -192,7 +192,7 @@ class ChunkedPlan:
         self.prefix, self.run_id, self.name = prefix, run_id, name
 
     def key(self, file: str) -> str:
-        return reserved_key(self.prefix, "runs", self.run_id, self.name, file)
+        return run_key(self.prefix, self.run_id, self.name, file)
 
     @property
     def manifest_key(self) -> str:

@@ -42,15 +42,17 @@ from tiering.kafka.files import (
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
 from tiering.lifecycle.journal import Cause
 from tiering.plan.policy import AUTO, PRODUCER, Policy
-from tiering.plan.state import STATE_DIR, load_state
+from tiering.plan.state import load_state
 from tiering.storage.layout import (
     PARTITION_FILES,
+    STATE_DIR,
     DirKind,
     PartitionDir,
     clock_key,
     normalize_prefix,
     parse_dir,
-    reserved_key,
+    partition_prefix,
+    reserved_dir,
 )
 from tiering.storage.store import ObjectInfo, S3Store
 
@@ -392,7 +394,7 @@ def _listed_partitions(store: S3Store, root: str, options: ScanOptions,
              if (d := wanted(p[len(root) + 1 if root else 0 :].rstrip("/"))) is not None]
 
     def one(d: PartitionDir) -> Listed:
-        key = _dir_key(root, d.name)
+        key = partition_prefix(root, d.name)
         return Listed(d, key, list(store.list(key)), load_state(store, root, d.name))
 
     with ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="scan") as pool:
@@ -414,7 +416,7 @@ def inventory_partitions(store: S3Store, root: str, objects: Iterator[ObjectInfo
     holds one shard. Our state documents are read only for partitions the inventory shows one for (an
     inventory is stale: a segment compacted since is planned again, and its changed ETag stops it)."""
     base = root + "/" if root else ""
-    state_dir = reserved_key(root, STATE_DIR) + "/"
+    state_dir = reserved_dir(root, STATE_DIR)
     with_state: set[str] = set()
     decided: dict[str, PartitionDir | None] = {}
     with tempfile.TemporaryDirectory(prefix="tiering-inventory-") as tmp:
@@ -453,10 +455,7 @@ def inventory_partitions(store: S3Store, root: str, objects: Iterator[ObjectInfo
                     d = decided[name]
                     assert d is not None
                     state = load_state(store, root, name) if name in with_state else {}
-                    yield Listed(d, _dir_key(root, name), sorted(groups.pop(name), key=lambda o: o.key), state)
+                    yield Listed(d, partition_prefix(root, name), sorted(groups.pop(name), key=lambda o: o.key), state)
         finally:
             for f in files:
                 f.close()
-
-def _dir_key(root: str, name: str) -> str:
-    return f"{root}/{name}/" if root else f"{name}/"

@@ -14,16 +14,11 @@ from __future__ import annotations
 from typing import Any, Final
 
 from tiering.errors import TieringError
-from tiering.storage.layout import reserved_key
+from tiering.storage.layout import state_key
 from tiering.storage.store import ObjectNotFound, PreconditionFailed, S3Store
 
 STATE_SCHEMA_VERSION: Final = 1
-STATE_DIR: Final = "state"
 CAS_ATTEMPTS: Final = 5
-
-
-def state_key(prefix: str, directory: str) -> str:
-    return reserved_key(prefix, STATE_DIR, f"{directory}.json")
 
 
 def _read(store: S3Store, key: str) -> tuple[dict[str, Any], str | None]:

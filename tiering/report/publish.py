@@ -23,26 +23,15 @@ from tiering.errors import ConfigError, StorageError
 from tiering.plan.planfile import ChunkedPlan
 from tiering.plan.scan import Plan
 from tiering.report.render import render
-from tiering.run.compact import RUNS_DIR, run_result_key
-from tiering.storage.layout import reserved_key
+from tiering.storage.layout import ledger_key, report_key, run_key, run_result_key
 from tiering.storage.store import ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
 
-REPORTS_DIR: Final = "reports"
 LATEST: Final = "latest"
 LEDGER_SCHEMA_VERSION: Final = 1
 MAX_LEDGER_ATTEMPTS: Final = 20
 CONTENT_TYPES: Final = {"json": "application/json", "md": "text/markdown; charset=utf-8",
                         "csv": "text/csv; charset=utf-8", "html": "text/html; charset=utf-8"}
 
-
-def report_key(prefix: str, run_id: str, fmt: str = "json") -> str:
-    if fmt not in CONTENT_TYPES:
-        raise ValueError(f"no report format {fmt!r}")
-    return reserved_key(prefix, REPORTS_DIR, run_id, f"report.{fmt}")
-
-
-def ledger_key(prefix: str) -> str:
-    return reserved_key(prefix, REPORTS_DIR, "ledger.json")
 
 
 def read_ledger(store: S3Store, prefix: str) -> tuple[list[dict[str, Any]], str | None]:
@@ -81,7 +70,7 @@ def _plan(store: S3Store, prefix: str, run_id: str) -> tuple[list[dict[str, Any]
     except ObjectNotFound:
         pass
     try:
-        doc = store.get_json(reserved_key(prefix, RUNS_DIR, run_id, "plan.json"))[0]  # a CLI run's whole plan
+        doc = store.get_json(run_key(prefix, run_id, "plan.json"))[0]  # a CLI run's whole plan
     except ObjectNotFound:
         return [], {}
     plan = Plan.from_json(doc)

@@ -14,13 +14,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseGuard, LeaseHeld, LeaseLost, lease_key
+from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseGuard, LeaseHeld, LeaseLost
 from tiering.commit.protocol import (
-    BACKUP_DIR,
     FAILED,
-    JOURNAL_DIR,
     SKIPPED,
-    STAGING_DIR,
     Context,
     SegmentResult,
     SourceChanged,
@@ -46,11 +43,20 @@ from tiering.plan.scan import (
     PlannedSegment,
 )
 from tiering.plan.state import load_state, record_segment
-from tiering.storage.layout import clock_key, normalize_prefix, reserved_key
+from tiering.storage.layout import (
+    BACKUP_DIR,
+    JOURNAL_DIR,
+    STAGING_DIR,
+    clock_key,
+    journal_dir,
+    lease_key,
+    normalize_prefix,
+    reserved_dir,
+    run_result_key,
+)
 from tiering.storage.store import EncryptedWithCustomerKey, ObjectInfo, S3Store
 
 RUN_SCHEMA_VERSION: Final = 1
-RUNS_DIR: Final = "runs"
 DEFAULT_GRACE_DAYS: Final = 7
 STAGED_STATUS: Final = Status.STAGED  # staged by a worker, waiting for the commit step
 DEFAULT_STALE_HOURS: Final = 24  # staging objects and multipart uploads older than this are abandoned
@@ -121,10 +127,6 @@ def outcome(results: list[SegmentResult]) -> ExitCode:
         if worst in codes:
             return worst
     return ExitCode.OK
-
-
-def run_result_key(prefix: str, run_id: str, kind: str) -> str:
-    return reserved_key(prefix, RUNS_DIR, run_id, f"{kind}.json")
 
 
 def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit: bool = True) -> SegmentResult:
@@ -252,7 +254,7 @@ def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tu
 
 def pending_bases(store: S3Store, prefix: str) -> dict[str, list[int]]:
     """The segments with a journal entry in flight, by partition directory (keys only: nothing is read)."""
-    root = reserved_key(prefix, JOURNAL_DIR) + "/"
+    root = journal_dir(prefix)
     out: dict[str, list[int]] = {}
     for info in store.list(root):
         directory, _, name = info.key[len(root):].partition("/")
@@ -266,7 +268,7 @@ def rollback(store: S3Store, ctx: Context, target_run: str, lease_ttl: int = DEF
     """Put back the originals that run ``target_run`` replaced (wherever its ``.log`` is still in place)."""
     run = RunResult("rollback", ctx.run_id, store.bucket, ctx.prefix, datetime.now(UTC).isoformat(),
                     settings={"restores_run": target_run})
-    root = reserved_key(ctx.prefix, BACKUP_DIR, target_run) + "/"
+    root = reserved_dir(ctx.prefix, BACKUP_DIR, target_run)
     segments: dict[str, set[int]] = {}
     for info in store.list(root):
         directory, _, name = info.key[len(root):].partition("/")
@@ -326,7 +328,7 @@ def cleanup(store: S3Store, ctx: Context, *, grace_days: float = DEFAULT_GRACE_D
     now = store.now(clock_key(prefix))
     for sub, age in ((BACKUP_DIR, timedelta(days=grace_days)), (STAGING_DIR, timedelta(hours=stale_hours))):
         expired: dict[str, ObjectInfo] = {}
-        for info in store.list(reserved_key(prefix, sub) + "/"):
+        for info in store.list(reserved_dir(prefix, sub)):
             if now - info.last_modified < age:
                 continue
             if info.key in referenced:
@@ -339,7 +341,7 @@ def cleanup(store: S3Store, ctx: Context, *, grace_days: float = DEFAULT_GRACE_D
             out.backup_bytes_deleted += sum(expired[key].size for key in deleted)
         else:
             out.staging_deleted += len(deleted)
-    for key, upload_id, initiated in store.list_uploads(reserved_key(prefix) + "/"):
+    for key, upload_id, initiated in store.list_uploads(reserved_dir(prefix)):
         if now - initiated > timedelta(hours=stale_hours):
             store.abort_upload(key, upload_id)
             out.uploads_aborted += 1

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -54,17 +55,8 @@ from tiering.plan.planfile import (
 from tiering.plan.policy import AUTO, Policy
 from tiering.plan.scan import COMPACT, REPAIR, Plan, PlannedSegment, ScanOptions, scan_partitions
 from tiering.plan.state import load_state
-from tiering.run.compact import (
-    RUNS_DIR,
-    CompactOptions,
-    RunResult,
-    Work,
-    pending_bases,
-    run_result_key,
-    run_segment,
-    with_lease,
-)
-from tiering.storage.layout import normalize_prefix, reserved_key
+from tiering.run.compact import CompactOptions, RunResult, Work, pending_bases, run_segment, with_lease
+from tiering.storage.layout import normalize_prefix, run_key, run_result_key
 from tiering.storage.store import ObjectNotFound, S3Store, make_client
 
 RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
@@ -105,7 +97,7 @@ class RunSettings:
         return Context(store, self.prefix, self.run_id, options, work_dir=work_dir)
 
     def key(self, name: str) -> str:
-        return reserved_key(self.prefix, RUNS_DIR, self.run_id, name)
+        return run_key(self.prefix, self.run_id, name)
 
 
 def plan_files(store: S3Store, settings: RunSettings, name: str = PLAN) -> ChunkedPlan:
@@ -338,11 +330,13 @@ def write_results(store: S3Store, key: str, results: Iterable[SegmentResult],
 
 
 def commit_chunk(store: S3Store, settings: RunSettings, name: str, *, ctx: Context | None = None,
-                 pending: dict[str, list[int]] | None = None, worked: bool = True) -> dict[str, Any]:
+                 pending: dict[str, list[int]] | None = None, worked: bool = True, workers: int = 1
+                 ) -> dict[str, Any]:
     """Finish every journal entry in the partitions of plan chunk ``name`` (those with work, unless not
     ``worked``, and those with an operation in flight, from ``pending`` or a listing of the journal), under
     their leases, then release them; the results go to ``runs/<run>/commit/<name>.json``. Idempotent: a
-    retry finds nothing left to finish."""
+    retry finds nothing left to finish. ``workers`` > 1: that many partitions at once, each thread with
+    its own client from the environment (partitions are independent: one lease, one journal each)."""
     plan = plan_files(store, settings)
     info = next((c for c in plan.manifest().chunks if c.name == name), None)
     if info is None:
@@ -351,17 +345,31 @@ def commit_chunk(store: S3Store, settings: RunSettings, name: str, *, ctx: Conte
     segments = list(plan.chunk(info.key))
     partitions = sorted({s.directory for s in segments if worked and s.action in (COMPACT, REPAIR)}
                         | {s.directory for s in segments if s.directory in in_flight})
-    ctx = ctx or settings.context(store)
+    local = threading.local()
+
+    def one(directory: str) -> tuple[list[SegmentResult], dict[str, int]]:
+        if workers == 1:
+            own, own_ctx = store, ctx or settings.context(store)
+        else:
+            if not hasattr(local, "store"):
+                local.store = settings.store()
+                local.ctx = settings.context(local.store)
+            own, own_ctx = local.store, local.ctx
+
+        def work(lease: Lease, out: list[SegmentResult]) -> None:
+            out += recover_partition(own_ctx, directory, lease)
+
+        before = Counter(own.requests)
+        done = with_lease(own_ctx, directory, settings.lease_ttl_seconds, work,
+                          [(directory, b) for b in in_flight.get(directory, [])])
+        return done, dict(own.requests - before)
+
     results: list[SegmentResult] = []
     requests: dict[str, dict[str, int]] = {}
-    for directory in partitions:
-        def work(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
-            out += recover_partition(ctx, directory, lease)
-
-        before = Counter(store.requests)
-        results += with_lease(ctx, directory, settings.lease_ttl_seconds, work,
-                              [(directory, b) for b in in_flight.get(directory, [])])
-        requests[directory] = dict(store.requests - before)
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="commit") as pool:
+        for directory, (done, used) in zip(partitions, pool.map(one, partitions), strict=True):
+            results += done
+            requests[directory] = used
     counts = write_results(store, settings.key(f"commit/{name}.json"), results, usage=requests)
     return {"chunk": name, "partitions": len(partitions), **counts}
 

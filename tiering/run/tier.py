@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
-from tiering.commit.protocol import FAILED, SKIPPED, Context, SegmentResult, journal_key
+from tiering.commit.protocol import FAILED, SKIPPED, Context, SegmentResult
 from tiering.cost.prices import GB, PriceBook
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
@@ -37,8 +37,8 @@ from tiering.plan.ages import max_timestamp
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
 from tiering.plan.scan import COMPACT, ScanOptions, scan
 from tiering.plan.state import load_state, record_segment
-from tiering.run.compact import RUNS_DIR, with_lease
-from tiering.storage.layout import clock_key, reserved_key
+from tiering.run.compact import with_lease
+from tiering.storage.layout import clock_key, journal_key, run_result_key
 from tiering.storage.store import ObjectNotFound, S3Store
 
 TIER_SCHEMA_VERSION: Final = 1
@@ -210,7 +210,7 @@ def apply_tiering(store: S3Store, plan: TierPlan, run_id: str, *, lease_ttl: int
         results += with_lease(ctx, directory, lease_ttl, work, [(s.directory, s.base_offset) for s in segments])
     doc = {"schema_version": TIER_SCHEMA_VERSION, "kind": "tier", "run_id": run_id, "plan": plan.to_json(),
            "results": [r.to_json() for r in results], "finished_at": store.now(clock_key(plan.prefix)).isoformat()}
-    store.put_json(reserved_key(plan.prefix, RUNS_DIR, run_id, "tier.json"), doc)
+    store.put_json(run_result_key(plan.prefix, run_id, "tier"), doc)
     return results
 
 

@@ -101,9 +101,78 @@ def sibling_key(key: str, suffix: str) -> str:
     return stem + suffix
 
 
+# Our own objects, all under PREFIX/_tiering/:
+JOURNAL_DIR: Final = "journal"  # journal/<dir>/<base>.json: one operation in flight per segment
+STAGING_DIR: Final = "staging"  # staging/<run>/<dir>/<base>.<suffix>: new objects, verified before the swap
+BACKUP_DIR: Final = "backup"  # backup/<run>/<dir>/<base>.<suffix>: the originals, kept for the grace period
+LEASES_DIR: Final = "leases"  # leases/<dir>.json: a partition's lease
+STATE_DIR: Final = "state"  # state/<dir>.json: what each segment of the partition became
+RUNS_DIR: Final = "runs"  # runs/<run>/...: a run's plan, results and documents
+REPORTS_DIR: Final = "reports"  # reports/<run or latest>/report.<fmt>, reports/ledger.json
+
+
+def partition_prefix(prefix: str, directory: str) -> str:
+    """The listing prefix of a partition directory (``PREFIX/<topic>-<partition>/``)."""
+    return _join(normalize_prefix(prefix), directory) + "/"
+
+
 def clock_key(prefix: str) -> str:
     """The object whose PUT reads S3's clock (leases and grace periods never use a local one)."""
     return reserved_key(prefix, "clock")
+
+
+def journal_key(prefix: str, directory: str, base_offset: int) -> str:
+    return reserved_key(prefix, JOURNAL_DIR, directory, segment_name(base_offset, ".json"))
+
+
+def journal_dir(prefix: str, directory: str | None = None) -> str:
+    """The listing prefix of the journal: of one partition, or of all (ends with ``/``)."""
+    return reserved_key(prefix, JOURNAL_DIR, *([directory] if directory else [])) + "/"
+
+
+def staging_key(prefix: str, run_id: str, directory: str, base_offset: int, suffix: str) -> str:
+    return reserved_key(prefix, STAGING_DIR, run_id, directory, segment_name(base_offset, suffix))
+
+
+def backup_key(prefix: str, run_id: str, directory: str, base_offset: int, suffix: str) -> str:
+    return reserved_key(prefix, BACKUP_DIR, run_id, directory, segment_name(base_offset, suffix))
+
+
+def reserved_dir(prefix: str, *parts: str) -> str:
+    """The listing prefix of one of our directories (``backup/<run>``, ``staging``, ...; ends with ``/``)."""
+    return reserved_key(prefix, *parts) + "/"
+
+
+def lease_key(prefix: str, directory: str) -> str:
+    return reserved_key(prefix, LEASES_DIR, f"{directory}.json")
+
+
+def state_key(prefix: str, directory: str) -> str:
+    return reserved_key(prefix, STATE_DIR, f"{directory}.json")
+
+
+def run_key(prefix: str, run_id: str, *parts: str) -> str:
+    """A document of a run: ``runs/<run>/<parts...>`` (its plan, results, usage, run document)."""
+    return reserved_key(prefix, RUNS_DIR, run_id, *parts)
+
+
+def run_result_key(prefix: str, run_id: str, kind: str) -> str:
+    """The run document of a ``compact``, ``rollback`` or ``tier`` run."""
+    return run_key(prefix, run_id, f"{kind}.json")
+
+
+def report_key(prefix: str, run_id: str, fmt: str = "json") -> str:
+    """A run's report (``run_id`` may be ``latest``) in one of its formats."""
+    return reserved_key(prefix, REPORTS_DIR, run_id, f"report.{fmt}")
+
+
+def tier_report_key(prefix: str, run_id: str, fmt: str) -> str:
+    """A storage-class tiering run's report (``json`` or ``md``)."""
+    return reserved_key(prefix, REPORTS_DIR, run_id, f"tiering.{fmt}")
+
+
+def ledger_key(prefix: str) -> str:
+    return reserved_key(prefix, REPORTS_DIR, "ledger.json")
 
 
 def reserved_key(prefix: str, *parts: str) -> str:
