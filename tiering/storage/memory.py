@@ -38,7 +38,6 @@ from tiering.errors import ConfigError, StorageError, TieringError
 from tiering.storage.store import (
     _CONTENT_HEADERS,
     _ENCRYPTION,
-    _JSON_ATTRS,
     DEFAULT_PART_BYTES,
     MAX_DELETE_KEYS,
     MAX_PARTS,
@@ -49,6 +48,7 @@ from tiering.storage.store import (
     ObjectNotFound,
     PreconditionFailed,
     TransportError,
+    put_json,
 )
 
 PAGE: Final = 1000  # entries a listing page holds (keys and common prefixes), uploads a ListMultipartUploads page
@@ -299,19 +299,8 @@ class MemoryStore:
                                expected="JSON", found=f"{len(obj.data)} bytes") from None
 
     def put_json(self, key: str, doc: object, *, if_match: str | None = None, if_none_match: bool = False) -> str:
-        """As :meth:`S3Store.put_json`: on ``PreconditionFailed`` the document is read back, and if it is
-        exactly ours, our write happened (on S3, a retry of a write whose answer was lost)."""
-        data = json.dumps(doc, indent=1, sort_keys=True).encode()
-        try:
-            return self.put_object(key, data, _JSON_ATTRS, if_match=if_match, if_none_match=if_none_match).etag
-        except PreconditionFailed as refused:
-            try:
-                there, etag = self.get_json(key)
-            except ObjectNotFound:
-                raise refused from None
-            if there == json.loads(data):
-                return etag
-            raise
+        """As :meth:`S3Store.put_json` (the same read-back on ``PreconditionFailed``)."""
+        return put_json(self, key, doc, if_match=if_match, if_none_match=if_none_match)
 
     def facts(self, prefix: str) -> BucketFacts:
         with self._lock:

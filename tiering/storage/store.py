@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, BinaryIO, Final, cast
+from typing import Any, BinaryIO, Final, Protocol, cast
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import boto3
@@ -271,6 +271,34 @@ class BucketFacts:
     noncurrent_expiry_days: int | None  # the lifecycle rule that expires noncurrent versions under the prefix
 
 
+class _JsonWriter(Protocol):
+    def put_object(self, key: str, body: bytes | BinaryIO, attrs: ObjectAttrs, *, if_match: str | None = None,
+                   if_none_match: bool = False) -> ObjectInfo: ...
+
+    def get_json(self, key: str) -> tuple[Any, str]: ...
+
+
+def put_json(store: _JsonWriter, key: str, doc: object, *, if_match: str | None = None,
+             if_none_match: bool = False) -> str:
+    """Write a JSON document through ``store``, conditionally; returns its ETag.
+
+    A conditional write that S3 performed but whose answer was lost (a 5xx or a dropped connection) is
+    retried by botocore, and the retry then fails its own condition. So on ``PreconditionFailed`` the
+    document is read back: if it is exactly ours, our write happened. Documents that must never be
+    mistaken for another writer's carry a unique token (leases, journal entries)."""
+    data = json.dumps(doc, indent=1, sort_keys=True).encode()
+    try:
+        return store.put_object(key, data, _JSON_ATTRS, if_match=if_match, if_none_match=if_none_match).etag
+    except PreconditionFailed as refused:
+        try:
+            there, etag = store.get_json(key)
+        except ObjectNotFound:
+            raise refused from None  # deleted since: the condition failed all the same
+        if there == json.loads(data):
+            return etag
+        raise
+
+
 class Body(io.RawIOBase):
     """A GET's body, read in pieces: failures while reading become :class:`TransportError`, and the end of
     the stream is checked against the Content-Length S3 announced, so a body cut short (a connection
@@ -487,23 +515,8 @@ class S3Store:
                                expected="JSON", found=f"{len(data)} bytes") from None
 
     def put_json(self, key: str, doc: object, *, if_match: str | None = None, if_none_match: bool = False) -> str:
-        """Write a JSON document, conditionally like :meth:`put`; returns its ETag.
-
-        A conditional write that S3 performed but whose answer was lost (a 5xx or a dropped connection)
-        is retried by botocore, and the retry then fails its own condition. So on ``PreconditionFailed``
-        the document is read back: if it is exactly ours, our write happened. Documents that must never
-        be mistaken for another writer's carry a unique token (leases, journal entries)."""
-        data = json.dumps(doc, indent=1, sort_keys=True).encode()
-        try:
-            return self.put_object(key, data, _JSON_ATTRS, if_match=if_match, if_none_match=if_none_match).etag
-        except PreconditionFailed as refused:
-            try:
-                there, etag = self.get_json(key)
-            except ObjectNotFound:
-                raise refused from None  # deleted since: the condition failed all the same
-            if there == json.loads(data):
-                return etag
-            raise
+        """Write a JSON document, conditionally like :meth:`put`; returns its ETag (see :func:`put_json`)."""
+        return put_json(self, key, doc, if_match=if_match, if_none_match=if_none_match)
 
     def facts(self, prefix: str) -> BucketFacts:
         """Whether the bucket keeps versions, and after how many days a lifecycle rule that covers ``prefix``
