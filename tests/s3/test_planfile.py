@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import random
 import zlib
 
@@ -213,3 +214,22 @@ def test_a_commit_task_finishes_its_partitions_in_parallel_each_counted_apart(st
     assert {d: used["CopyObject"] for d, used in doc["usage"].items()} == {f"{TOPIC}-{p}": 3 * 2 for p in range(6)}
     assert collect_run(store, run).totals()["compacted"] == 12
     assert not list(store.list(f"{PREFIX}/_tiering/leases/"))
+
+
+def test_step_documents_are_typed_and_versioned() -> None:
+    from tiering.commit.protocol import SegmentResult
+    from tiering.errors import ConfigError
+    from tiering.lifecycle.journal import Pending, Status
+    from tiering.run.compact import StepResults, StepUsage
+
+    results = (SegmentResult("t-0", 0, Status.STAGED, "sealed", 10, 4, seconds=0.5),
+               SegmentResult("t-0", 100, Status.SKIPPED, "partition busy: x", pending=Pending.BUSY,
+                             cause=Cause.BUDGET),
+               SegmentResult("t-1", 0, Status.ABORTED, "abandoned", recovered=True, run_id="other"))
+    step = StepResults(results, {"t-0": {"PutObject": 3}})
+    again = StepResults.from_json(json.loads(json.dumps(step.to_json())), "s3://b/k")
+    assert again == step
+    assert step.counts() == {"staged": 1, "skipped": 1, "aborted": 1}
+    assert StepUsage.from_json(StepUsage({"GetObject": 2}).to_json(), "k") == StepUsage({"GetObject": 2})
+    with pytest.raises(ConfigError, match="not step results"):
+        StepResults.from_json({**step.to_json(), "schema_version": 2}, "s3://b/k")

@@ -26,7 +26,7 @@ import contextlib
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, Final
 
@@ -134,6 +134,15 @@ class SegmentResult:
         if self.pending is not None:
             doc["pending"] = self.pending.value
         return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> SegmentResult:
+        return cls(str(doc["directory"]), int(doc["base_offset"]), Status(doc["status"]), str(doc.get("reason", "")),
+                   int(doc.get("bytes_before", 0)), int(doc.get("bytes_after", 0)), bool(doc.get("recovered", False)),
+                   doc.get("stats"), doc.get("error"), doc.get("run_id"), doc.get("encryption"),
+                   Pending(doc["pending"]) if doc.get("pending") else None,
+                   Cause(doc["cause"]) if doc.get("cause") else None,
+                   float(doc["seconds"]) if doc.get("seconds") is not None else None)
 
 
 def _uri(store: S3Store, key: str) -> str:

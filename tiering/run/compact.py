@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseGuard, LeaseHeld, LeaseLost
 from tiering.commit.protocol import (
@@ -108,6 +108,58 @@ class RunResult:
                 "bucket": self.bucket, "prefix": self.prefix, "started_at": self.started_at,
                 "finished_at": self.finished_at, "settings": self.settings, "totals": self.totals(),
                 "segments": [s.to_json() for s in self.segments], **({"usage": self.usage} if self.usage else {})}
+
+
+@dataclass(frozen=True, slots=True)
+class StepResults:
+    """What one step of a run (a Spark unit, a commit task) did: its segments' results and the S3 requests it
+    made, by partition. Stored at ``runs/<run>/stage/<unit>.json`` and ``runs/<run>/commit/<chunk>.json``."""
+
+    KIND: ClassVar[str] = "tiering.step-results"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    results: tuple[SegmentResult, ...]
+    requests: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.results:
+            out[str(r.status)] = out.get(str(r.status), 0) + 1
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": self.SCHEMA_VERSION, "kind": self.KIND,
+                "results": [r.to_json() for r in self.results], "usage": self.requests}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], where: str) -> StepResults:
+        if doc.get("kind") != cls.KIND or doc.get("schema_version") != cls.SCHEMA_VERSION:
+            raise ConfigError("not step results this version can read", path=where,
+                              expected=f"{cls.KIND} v{cls.SCHEMA_VERSION}",
+                              found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+        return cls(tuple(SegmentResult.from_json(r) for r in doc["results"]),
+                   {k: dict(v) for k, v in doc.get("usage", {}).items()})
+
+
+@dataclass(frozen=True, slots=True)
+class StepUsage:
+    """The S3 requests a step made for the run outside any partition's work (``runs/<run>/usage/<step>.json``)."""
+
+    KIND: ClassVar[str] = "tiering.step-usage"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    requests: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": self.SCHEMA_VERSION, "kind": self.KIND, "requests": self.requests}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any], where: str) -> StepUsage:
+        if doc.get("kind") != cls.KIND or doc.get("schema_version") != cls.SCHEMA_VERSION:
+            raise ConfigError("not step usage this version can read", path=where,
+                              expected=f"{cls.KIND} v{cls.SCHEMA_VERSION}",
+                              found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+        return cls({str(k): int(v) for k, v in doc["requests"].items()})
 
 
 def outcome(results: list[SegmentResult]) -> ExitCode:

@@ -39,7 +39,7 @@ from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Cause, Pending, Status
+from tiering.lifecycle.journal import Cause, Status
 from tiering.plan.auto import decide_auto, record_age, with_auto
 from tiering.plan.estimate import WorkSample, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
@@ -55,7 +55,16 @@ from tiering.plan.planfile import (
 from tiering.plan.policy import AUTO, Policy
 from tiering.plan.scan import COMPACT, REPAIR, Plan, PlannedSegment, ScanOptions, scan_partitions
 from tiering.plan.state import load_state
-from tiering.run.compact import CompactOptions, RunResult, Work, pending_bases, run_segment, with_lease
+from tiering.run.compact import (
+    CompactOptions,
+    RunResult,
+    StepResults,
+    StepUsage,
+    Work,
+    pending_bases,
+    run_segment,
+    with_lease,
+)
 from tiering.storage.layout import normalize_prefix, run_key, run_result_key
 from tiering.storage.store import ObjectNotFound, S3Store, make_client
 
@@ -315,18 +324,15 @@ def stage_unit(unit: dict[str, Any], settings: dict[str, Any], work_dir: str | N
 
 def put_usage(store: S3Store, settings: RunSettings, step: str) -> None:
     """Record the S3 requests ``store`` made for this run outside any partition's work (``usage/<step>``)."""
-    store.put_json(settings.key(f"usage/{step}.json"), {"schema_version": 1, "requests": dict(store.requests)})
+    store.put_json(settings.key(f"usage/{step}.json"), StepUsage(dict(store.requests)).to_json())
 
 
 def write_results(store: S3Store, key: str, results: Iterable[SegmentResult],
                   usage: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
     """Store a step's results (and the S3 requests per partition it made); counts by status."""
-    docs = [r.to_json() for r in results]
-    counts: dict[str, int] = {}
-    for d in docs:
-        counts[str(d["status"])] = counts.get(str(d["status"]), 0) + 1
-    store.put_json(key, {"schema_version": 1, "results": docs, "usage": usage or {}})
-    return counts
+    step = StepResults(tuple(results), usage or {})
+    store.put_json(key, step.to_json())
+    return step.counts()
 
 
 def commit_chunk(store: S3Store, settings: RunSettings, name: str, *, ctx: Context | None = None,
@@ -402,28 +408,23 @@ def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] 
     seconds = 0.0
     for prefix in ("stage/", "commit/"):
         for info in store.list(settings.key(prefix)):
-            doc = store.get_json(info.key)[0]
-            for directory, counts in doc.get("usage", {}).items():
+            step = StepResults.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
+            for directory, counts in step.requests.items():
                 requests.setdefault(directory, Counter()).update(counts)
-            for r in doc["results"]:
-                key = (r["directory"], int(r["base_offset"]), bool(r.get("recovered")))
+            for result in step.results:
+                r = result.to_json()
+                key = (result.directory, result.base_offset, result.recovered)
                 by_segment[key] = {**by_segment.get(key, {}), **r}  # commit after stage: its outcome wins
-                seconds += float(r.get("seconds") or 0.0)
+                seconds += result.seconds or 0.0
     for directory, bases in sorted(earlier.items()):
         by_segment.update(_earlier_attempts(store, settings, directory, bases, by_segment))
     for info in store.list(settings.key("usage/")):
-        requests.setdefault(RUN_SCOPE, Counter()).update(store.get_json(info.key)[0]["requests"])
+        used = StepUsage.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
+        requests.setdefault(RUN_SCOPE, Counter()).update(used.requests)
     run.usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items())},
                  "compute_seconds": round(seconds, 3)}
     for key in sorted(by_segment, key=lambda k: (k[0], k[1], not k[2])):  # a recovery before its segment
-        d = by_segment[key]
-        run.segments.append(SegmentResult(d["directory"], int(d["base_offset"]), Status(d["status"]),
-                                          d.get("reason", ""), int(d.get("bytes_before", 0)),
-                                          int(d.get("bytes_after", 0)),
-                                          bool(d.get("recovered", False)), d.get("stats"), d.get("error"),
-                                          d.get("run_id"), d.get("encryption"),
-                                          Pending(d["pending"]) if d.get("pending") else None,
-                                          Cause(d["cause"]) if d.get("cause") else None, d.get("seconds")))
+        run.segments.append(SegmentResult.from_json(by_segment[key]))
     run.finished_at = datetime.now(UTC).isoformat()
     store.put_json(run_result_key(settings.prefix, settings.run_id, "compact"), run.to_json())
     return run
