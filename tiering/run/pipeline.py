@@ -303,13 +303,23 @@ def run_unit(store: S3Store, settings: RunSettings, ctx: Context, unit: StageUni
         if not todo:
             continue
         directory = todo[0].directory
-        before = Counter(store.requests)
+        before = _snapshot(store.requests)
         in_flight = [(directory, b) for b in (pending or {}).get(directory, [])]
         results += with_lease(ctx, directory, settings.lease_ttl_seconds,
                               partition_work(ctx, directory, todo, commit=commit, progress=progress),
                               in_flight + [(s.directory, s.base_offset) for s in todo], keep=not commit)
-        requests[directory] = dict(store.requests - before)
+        requests[directory] = dict(_snapshot(store.requests) - before)
     return write_results(store, settings.key(f"stage/{unit.name}.json"), results, usage=requests)
+
+
+def _snapshot(requests: Counter[str]) -> Counter[str]:
+    """A copy of a request counter that other threads may be adding to (``run_local`` with several workers
+    shares one client: a new operation name can appear while it is copied)."""
+    while True:
+        try:
+            return Counter(requests)
+        except RuntimeError:  # the dictionary changed size during the copy
+            continue
 
 
 def stage_unit(unit: dict[str, Any], settings: dict[str, Any], work_dir: str | None = None) -> dict[str, int]:
@@ -414,7 +424,13 @@ def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] 
             for result in step.results:
                 r = result.to_json()
                 key = (result.directory, result.base_offset, result.recovered)
-                by_segment[key] = {**by_segment.get(key, {}), **r}  # commit after stage: its outcome wins
+                # A commit after its staging: the outcome is the commit's, what the staging measured (stats,
+                # seconds) stays; a failure of the earlier result (error, cause, pending) does not.
+                merged = {**by_segment.get(key, {}), **r}
+                for field in ("error", "cause", "pending"):
+                    if field not in r:
+                        merged.pop(field, None)
+                by_segment[key] = merged
                 seconds += result.seconds or 0.0
     for directory, bases in sorted(earlier.items()):
         by_segment.update(_earlier_attempts(store, settings, directory, bases, by_segment))
@@ -476,7 +492,8 @@ def run_local(store: S3Store, settings: RunSettings, ctx: Context, options: Comp
     with ThreadPoolExecutor(max_workers=max(1, options.workers), thread_name_prefix="compact") as pool:
         list(pool.map(lambda u: run_unit(store, settings, ctx, u, commit=True, pending=pending, progress=progress),
                       units))
-    worked = {s.directory for u in units for s in plan.chunk(u.chunk_key, u.start, u.stop)}
+    worked = {s.directory for u in units for s in plan.chunk(u.chunk_key, u.start, u.stop)
+              if s.action in (COMPACT, REPAIR)}  # a unit's line range may hold partitions without work
     left = {d: b for d, b in pending.items() if d not in worked}
     if left:
         for info in manifest.chunks:
