@@ -233,3 +233,48 @@ def test_step_documents_are_typed_and_versioned() -> None:
     assert StepUsage.from_json(StepUsage({"GetObject": 2}).to_json(), "k") == StepUsage({"GetObject": 2})
     with pytest.raises(ConfigError, match="not step results"):
         StepResults.from_json({**step.to_json(), "schema_version": 2}, "s3://b/k")
+
+
+class _Killed(BaseException):
+    """Stands for the process dying: nothing of the run catches it."""
+
+
+def test_an_operation_left_in_a_partition_without_work_inside_a_unit_is_finished(store: S3Store) -> None:
+    """A run killed at a .log swap leaves its journal past the backup in partition 3. The next run plans no
+    work there, but partition 3 lies inside the line range of a unit (between partitions with work): the
+    run still finishes the operation, and nothing is left in flight."""
+    import dataclasses
+    import time
+
+    from tests.s3.conftest import check_consistent, context, fresh_store, plan_for, seed
+    from tests.s3.hooks import Step, key_ends
+    from tiering.run.compact import pending_bases
+    from tiering.run.pipeline import compact, plan_files
+
+    originals = {p: seed(store, partition=p) for p in range(7)}
+    killed = fresh_store()
+    first = sorted(originals[3])[0]
+
+    def die(**_: object) -> None:
+        raise _Killed
+
+    Step(killed, "PutObject", key_ends(f"{TOPIC}-3/{first:020d}.log", IfMatch=True), die)
+    everything = plan_for(store)
+    only_3 = dataclasses.replace(everything, segments=[s for s in everything.segments if s.directory == f"{TOPIC}-3"])
+    with pytest.raises(_Killed):
+        compact(killed, only_3, context(killed, "run-x"), CompactOptions(lease_ttl_seconds=1))
+    assert f"{TOPIC}-3" in pending_bases(store, PREFIX)
+    time.sleep(1.5)  # run-x's lease expires
+    nothing_in_3 = dataclasses.replace(plan_for(store), segments=[
+        dataclasses.replace(s, action=SKIP, reason="active: held back by the test", cause=Cause.ACTIVE)
+        if s.directory == f"{TOPIC}-3" else s for s in plan_for(store).segments])
+    run = compact(store, nothing_in_3, context(store, "run-y"), CompactOptions())
+    plan = plan_files(store, RunSettings(BUCKET, PREFIX, "run-y", "zstd"))
+    manifest = plan.manifest()
+    inside = [u for u in stage_units(plan, manifest)
+              if f"{TOPIC}-3" in {s.directory for s in plan.chunk(u.chunk_key, u.start, u.stop)}]
+    assert inside  # the case under test: partition 3 is in a unit's range, with no work of its own
+    assert pending_bases(store, PREFIX) == {}
+    [finished] = [r for r in run.segments if r.directory == f"{TOPIC}-3" and r.recovered]
+    assert (finished.base_offset, finished.status) == (first, "compacted")
+    check_consistent(store, originals[3], partition=3)
