@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench_s3 import moto_process  # same directory: on sys.path as the script's
+from bench_scan import _status_kib
 
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
@@ -67,8 +68,7 @@ def child(endpoint: str, master: str) -> dict[str, Any]:
     requests = sum(sum(v.values()) for v in doc["usage"]["requests"].values())
     sizes = {info.key.removeprefix(run_key(PREFIX, run_id) + "/"): info.size
              for info in store.list(run_key(PREFIX, run_id) + "/")}
-    with open("/proc/self/status") as f:
-        peak_kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    peak_kib = _status_kib("VmHWM")
     compacted = int(doc["totals"].get("compacted", 0))
     return {"state": state, "run_id": run_id, "wall_s": round(wall, 1), "steps_s": steps,
             "totals": doc["totals"], "requests": requests,

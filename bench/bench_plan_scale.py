@@ -29,7 +29,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
-from synth_inventory import kafka_layout_rows, write_inventory  # same directory: on sys.path as the script's
+from bench_scan import _status_kib  # same directory: on sys.path as the script's
+from synth_inventory import kafka_layout_rows, write_inventory
 
 from tiering.storage.store import S3Store, make_client
 
@@ -38,14 +39,6 @@ PREFIX: Final = "logs"
 PER_PARTITION: Final = 100
 PEAK_LIMIT_MIB: Final = 512
 GROWTH_LIMIT: Final = 1.5
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def _reset_peak() -> None:

@@ -22,14 +22,12 @@ from __future__ import annotations
 import contextlib
 import secrets
 import socket
-import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Final, Protocol
 
-from tiering.errors import ConflictError, StorageError, TieringError
+from tiering.errors import ConflictError, StorageError
 from tiering.storage.layout import clock_key
 from tiering.storage.store import ObjectNotFound, PreconditionFailed, S3Store
 
@@ -158,32 +156,3 @@ class RunLease:
 
     def _where(self) -> str:
         return f"s3://{self.store.bucket}/{self.key}"
-
-
-class LeaseKeeper:
-    """Renews a set of leases every TTL/3 from a background thread while a long job (a Spark stage) runs;
-    a lease that cannot be renewed is dropped and named in ``lost``."""
-
-    def __init__(self, leases: Iterable[Lease]) -> None:
-        self.leases = list(leases)
-        self.lost: list[str] = []
-        self._stop = threading.Event()
-        interval = min((lease.ttl_seconds for lease in self.leases), default=DEFAULT_TTL_SECONDS) / 3
-        self._thread = threading.Thread(target=self._run, args=(interval,), name="lease-keeper", daemon=True)
-
-    def _run(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            for lease in list(self.leases):
-                try:
-                    lease.check()
-                except TieringError:
-                    self.leases.remove(lease)
-                    self.lost.append(lease.key)
-
-    def __enter__(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
