@@ -175,13 +175,14 @@ def kafka_segment_compaction() -> None:
 
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
+        chunks: list[dict[str, Any]] = planned["chunks"]
         if planned["dry_run"] or not planned["segments"]:
-            print("nothing to stage" + (" (dry run)" if planned["dry_run"] else ""))
-            return []
+            print("nothing to stage" + (" (dry run)" if planned["dry_run"] else "")
+                  + (f"; {len(chunks)} chunks with operations in flight to finish" if chunks else ""))
+            return chunks
         conf = {"spark.log.level": "WARN", **json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))}
         submit(SPARK_JOB, ["--plan", f"s3://{settings.bucket}/{planned['plan_key']}", "--run-id", settings.run_id],
                master=spark_master(params["spark_master"]), conf=conf)
-        chunks: list[dict[str, Any]] = planned["chunks"]
         return chunks
 
     @task(map_index_template="{{ chunk_name }}")

@@ -153,7 +153,7 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     assert set(codecs["payments"].values()) == {"snappy"}
     from tiering.plan.state import load_state
 
-    assert load_state(store, PREFIX, "logs-0")["0"]["level"] == 9  # the topic's level reached the executor
+    assert load_state(store, PREFIX, "logs-0").segments[0].level == 9  # the topic's level reached the executor
     picky = next(r for r in run.segments if r.directory == "picky-0" and r.base_offset == 0)
     assert picky.reason.startswith("below min.savings.ratio")  # so did its minimum savings
     # A second run under the same policy finds nothing left to do.

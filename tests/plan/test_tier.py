@@ -123,8 +123,9 @@ def test_the_compaction_state_follows_the_tiered_objects(store: S3Store) -> None
     run = compact(store, plan_for(store), context(store), CompactOptions())
     assert run.totals().get("compacted") == 1
     apply_tiering(store, plan_tiering(store, PREFIX, parse_policy(DOC), PRICES), "tier-1")
-    entry = load_state(store, PREFIX, f"{TOPIC}-0")["0"]
-    assert entry["log_etag"] == store.head(_key(0)).etag
+    entry = load_state(store, PREFIX, f"{TOPIC}-0").get(0)
+    assert entry is not None
+    assert entry.log_etag == store.head(_key(0)).etag
     [first] = [s for s in plan_for(store).segments if s.base_offset == 0]
     assert first.reason.startswith("already compacted")  # not mistaken for a mirror re-upload
 
@@ -145,15 +146,16 @@ def test_lifecycle_configuration_states_what_s3_cannot_do() -> None:
 
 
 def test_the_state_entry_follows_a_changed_etag(store: S3Store) -> None:
-    from tiering.plan.state import record_segment
+    from tiering.plan.state import SegmentState, record_segment
     from tiering.run.tier import SegmentTiering, _follow_etags
 
-    record_segment(store, PREFIX, f"{TOPIC}-0", 0, {"codec": "zstd", "log_etag": '"old"', "index_etag": '"i"'})
+    record_segment(store, PREFIX, f"{TOPIC}-0", 0, SegmentState('"old"', "r1", "zstd", index_etag='"i"'))
     seg = SegmentTiering(f"{TOPIC}-0", TOPIC, 0, None, None, "")
     _follow_etags(store, PREFIX, seg, {"log": ('"old"', '"new-3"'), "timeindex": ('"t"', '"t2"')})
-    entry = load_state(store, PREFIX, f"{TOPIC}-0")["0"]
-    assert (entry["log_etag"], entry["index_etag"]) == ('"new-3"', '"i"')
-    assert "timeindex_etag" not in entry  # only ETags we wrote are followed
+    entry = load_state(store, PREFIX, f"{TOPIC}-0").get(0)
+    assert entry is not None
+    assert (entry.log_etag, entry.index_etag) == ('"new-3"', '"i"')
+    assert entry.timeindex_etag is None  # only ETags we wrote are followed
 
 
 def test_a_segment_being_compacted_is_not_moved(store: S3Store) -> None:

@@ -216,6 +216,41 @@ def test_a_commit_task_finishes_its_partitions_in_parallel_each_counted_apart(st
     assert not list(store.list(f"{PREFIX}/_tiering/leases/"))
 
 
+def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(store: S3Store) -> None:
+    """A crashed run's operation in a partition this run does not work in (all its segments over the
+    budget) is finished by the commit of that partition's chunk, which the plan hands to the DAG's commit
+    step for that reason alone."""
+    from tiering.commit.lease import Lease
+    from tiering.commit.protocol import Staged, stage_segment
+    from tiering.lifecycle.journal import Status
+    from tiering.run.compact import pending_bases
+    from tiering.run.pipeline import commit_chunk, plan_files
+    from tiering.storage.layout import lease_key
+
+    _seed(store, 6)
+    run = RunSettings(BUCKET, PREFIX, "budgeted", "zstd", 3)
+    scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
+    budget = CompactOptions(max_segments=2)
+    plan_run(store, run, budget, chunk_work=1)
+    manifest = plan_files(store, run).manifest()
+    idle = next(c for c in manifest.chunks if not c.to_compact)
+    seg = next(s for s in plan_files(store, run, "scan").segments() if s.directory == idle.first
+               and s.action == COMPACT)
+    crashed = RunSettings(BUCKET, PREFIX, "crashed", "zstd", 3)
+    lease = Lease(store, lease_key(PREFIX, seg.directory), "crashed", 60)
+    lease.acquire(PREFIX)
+    assert isinstance(stage_segment(crashed.context(store), seg, lease), Staged)  # then the process died
+    lease.release()
+    planned = plan_run(store, run, budget, chunk_work=1)
+    assert planned["in_flight"] == 1
+    names = [c["name"] for c in planned["chunks"]]
+    assert idle.name in names
+    assert len(names) == sum(1 for c in manifest.chunks if c.to_compact) + 1
+    result = commit_chunk(store, run, idle.name)
+    assert (result["partitions"], result.get(str(Status.ABORTED))) == (1, 1)  # staged by another run: abandoned
+    assert pending_bases(store, PREFIX) == {}
+
+
 def test_step_documents_are_typed_and_versioned() -> None:
     from tiering.commit.protocol import SegmentResult
     from tiering.errors import ConfigError

@@ -171,13 +171,13 @@ def test_compaction_journals_records_state_and_leaves_only_backups(mem: MemorySt
     assert [codecs[b] for b in sealed] == ["zstd"] * len(sealed)
     assert codecs[active] == "snappy"
     state = load_state(mem, PREFIX, DIR)
-    assert sorted(state) == [str(b) for b in sealed]
+    assert sorted(state.segments) == sealed
     for b in sealed:
-        entry, info = state[str(b)], mem.head(key(b))
-        assert (entry["codec"], entry["run_id"], entry["source_log_etag"]) == ("zstd", "run-1", etags[b, LOG_SUFFIX])
-        assert [entry[f"{n}_etag"] for n in ("log", "index", "timeindex")] == [
+        entry, info = state.segments[b], mem.head(key(b))
+        assert (entry.codec, entry.run_id, entry.source_log_etag) == ("zstd", "run-1", etags[b, LOG_SUFFIX])
+        assert [entry.log_etag, entry.index_etag, entry.timeindex_etag] == [
             mem.head(key(b, sfx)).etag for sfx in SUFFIXES]
-        assert (entry["bytes_before"], entry["bytes_after"]) == (len(originals[b].log), info.size)
+        assert (entry.bytes_before, entry.bytes_after) == (len(originals[b].log), info.size)
         assert info.metadata[META_SOURCE_ETAG] == etags[b, LOG_SUFFIX].strip('"')
         assert info.metadata[META_OP].startswith("run-1.")
         for sfx in SUFFIXES:  # the backups are the originals, ETag for ETag (plain MD5s: byte for byte)
@@ -201,7 +201,7 @@ def test_rollback_then_cleanup_by_the_store_s_clock(mem: MemoryStore, clock: Man
     assert [(r.base_offset, r.status) for r in run.segments] == [(b, "rolled-back") for b in sealed]
     assert {k: mem.get(k) for k in outside(mem)} == seeded  # every original byte, indexes included
     assert all(META_RUN not in mem.head(key(b)).metadata for b in sealed)
-    assert load_state(mem, PREFIX, DIR) == {}
+    assert load_state(mem, PREFIX, DIR).segments == {}
     assert no_pending(mem)
     assert {r.status for r in rollback(mem, context(mem, "undo-2"), "run-1").segments} == {"skipped"}
     # Leftovers of a crash: an orphan staging object and an incomplete multipart upload.
@@ -319,7 +319,7 @@ def test_a_crash_at_any_step_is_recoverable_and_loses_nothing(
     codecs = check_consistent(mem, originals)
     assert [codecs[b] for b in sealed] == ["zstd"] * len(sealed)
     assert outside(mem) == set(seeded)
-    assert sorted(load_state(mem, PREFIX, DIR)) == [str(b) for b in sealed]
+    assert sorted(load_state(mem, PREFIX, DIR).segments) == sealed
 
     clock.advance(hours=25)
     cleanup(mem, context(mem, "clean"), lease_ttl=TTL)

@@ -26,7 +26,7 @@ import contextlib
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, Final
 
@@ -46,7 +46,7 @@ from tiering.lifecycle.journal import (
     Status,
 )
 from tiering.plan.scan import PlannedSegment
-from tiering.plan.state import load_state, record_segment
+from tiering.plan.state import SegmentState, StateBatch, load_state, record_segment, stamped
 from tiering.storage.layout import (
     backup_key,
     dir_segment_key,
@@ -100,6 +100,7 @@ class Context:
     work_dir: str | None = None  # where spool files go (the system's temporary directory by default)
     part_bytes: int = DEFAULT_PART_BYTES
     min_savings_ratio: float = 0.0  # a rewrite saving less than this fraction is not swapped in
+    state: StateBatch | None = None  # the partition's state changes, written together (else one at a time)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
@@ -397,10 +398,32 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
         superseded = "another writer replaced the .log after our swap"
     if superseded:
         return _superseded(ctx, journal, etag, etags, superseded)
-    record_segment(store, ctx.prefix, d, base, {**entry, **etags} if kind is OpKind.COMPACT else None)
-    with contextlib.suppress(TakenOver):  # done all the same: the run that took the entry over forgets it
-        _forget(ctx, journal, etag)
+
+    def forget() -> None:
+        with contextlib.suppress(TakenOver):  # done all the same: the run that took the entry over forgets it
+            _forget(ctx, journal, etag)
+
+    record_state(ctx, d, base, stamped(SegmentState.from_json({**entry, **etags})) if kind is OpKind.COMPACT
+                 else None, then=forget)
     return done
+
+
+def record_state(ctx: Context, directory: str, base: int, entry: SegmentState | None,
+                 then: Callable[[], None] | None = None) -> None:
+    """Set (None: remove) a segment's state entry, then run ``then``: now, or with the partition's batch."""
+    if ctx.state is not None and ctx.state.directory == directory:
+        ctx.state.put(base, entry, then)
+        return
+    record_segment(ctx.store, ctx.prefix, directory, base, entry)
+    if then is not None:
+        then()
+
+
+def state_entry(ctx: Context, directory: str, base: int) -> SegmentState | None:
+    """A segment's state entry, the partition's batch's pending change included."""
+    if ctx.state is not None and ctx.state.directory == directory:
+        return ctx.state.get(base)
+    return load_state(ctx.store, ctx.prefix, directory).get(base)
 
 
 def _log_is_ours(ctx: Context, journal: Journal) -> bool:
@@ -578,16 +601,22 @@ def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[S
     (S3 refuses such a copy by its ``x-amz-copy-source-if-match``; moto does not). Its segment is planned
     and compacted again like any other. Entries of this run (a retry, or the pipeline's commit step) and
     entries past their backup are finished."""
-    results = []
+    return list(iter_recover(ctx, directory, lease))
+
+
+def iter_recover(ctx: Context, directory: str, lease: LeaseGuard) -> Iterator[SegmentResult]:
+    """:func:`recover_partition`, one result at a time (the partition's state batch is written between two
+    operations when it is full, so that a failed write stops the work after the results already given)."""
     for journal, etag in list(pending_journals(ctx.store, ctx.prefix, directory)):
+        if ctx.state is not None and ctx.state.full:
+            ctx.state.flush()
         if journal.kind is OpKind.COMPACT and journal.state is JournalState.STAGED and journal.run_id != ctx.run_id:
             result = _abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}): abandoned; "
                               "the segment is compacted anew", pending=None)
         else:
             result = finish_one(ctx, journal, etag, lease)
         result.recovered = journal.run_id != ctx.run_id  # not a recovery: a staged segment of this run
-        results.append(result)
-    return results
+        yield result
 
 
 def repair_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> SegmentResult:
@@ -599,7 +628,7 @@ def repair_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Segm
                 ctx.store.delete(ref.key, if_match=ref.etag, missing_ok=True)
             except PreconditionFailed:
                 raise SourceChanged("an index changed after planning", path=_uri(ctx.store, ref.key)) from None
-    record_segment(ctx.store, ctx.prefix, seg.directory, seg.base_offset, None)
+    record_state(ctx, seg.directory, seg.base_offset, None)
     return SegmentResult(seg.directory, seg.base_offset, REPAIRED, seg.reason)
 
 
@@ -640,10 +669,10 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
         attrs[name] = original.with_metadata({META_RESTORED: target_run, META_OP: op})
         if name == "log":
             log_size = info.size
-    entry = load_state(store, ctx.prefix, directory).get(str(base), {})
+    entry = state_entry(ctx, directory, base)
     journal = Journal(OpKind.ROLLBACK, op, ctx.run_id, JournalState.BACKED_UP, directory, base, final, source,
                       NewFiles(backups["log"], log_size, new["index"], new["timeindex"]), attrs,
-                      payload_xxh3=entry.get("payload_xxh3"), restores_run=target_run,
+                      payload_xxh3=entry.payload_xxh3 if entry else None, restores_run=target_run,
                       entry={"bytes_before": current.size, "bytes_after": log_size})
     try:
         etag = store.put_json(journal_key(ctx.prefix, directory, base), journal.to_json(), if_none_match=True)

@@ -135,10 +135,15 @@ class ChunkWriter:
         return (self._segments / segments + (self._todo / work if work else 0.0)
                 + (self._bytes / size if size else 0.0))
 
+    @property
+    def open_chunk(self) -> str:
+        """The name of the chunk the next :meth:`add` goes into."""
+        return f"part-{len(self.chunks):05d}"
+
     def _flush(self) -> None:
         if not self._segments:
             return
-        name = f"part-{len(self.chunks):05d}"
+        name = self.open_chunk
         self._pieces.append(self._zip.flush())
         key = self._put(f"{name}.jsonl.gz", b"".join(self._pieces))
         self.chunks.append(ChunkInfo(name, key, self._partitions, self._segments, self._todo, self._bytes,

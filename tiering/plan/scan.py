@@ -42,7 +42,7 @@ from tiering.kafka.files import (
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
 from tiering.lifecycle.journal import Cause
 from tiering.plan.policy import AUTO, PRODUCER, Policy
-from tiering.plan.state import load_state
+from tiering.plan.state import Outcome, PartitionState, SegmentState, load_state
 from tiering.storage.layout import (
     PARTITION_FILES,
     STATE_DIR,
@@ -65,10 +65,6 @@ INVENTORY_SHARDS: Final = 256  # spill files of an inventory scan: memory holds 
 
 COMPACT: Final = "compact"
 REPAIR: Final = "repair"
-# Outcomes remembered in the partition state (see compact.remember): such a segment is not read again.
-OUTCOME_NO_SAVINGS: Final = "no-savings"
-OUTCOME_INVALID: Final = "invalid"
-OUTCOME_UNREADABLE: Final = "unreadable"  # S3 will not give us the bytes (SSE-C, an archived object)
 SKIP: Final = "skip"
 
 
@@ -236,7 +232,7 @@ def _dir_skip_reason(d: PartitionDir, o: ScanOptions) -> str | None:
     return None
 
 
-def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectInfo], state: dict[str, Any],
+def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectInfo], state: PartitionState,
                        now: datetime, o: ScanOptions, ignored: Callable[[str, str], None]) -> list[PlannedSegment]:
     """Segments of one partition directory (its objects listed under ``dir_key``), each with its action and
     reason (pure: no S3 here)."""
@@ -269,36 +265,36 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
         log = g.get(LOG_SUFFIX)
         refs = {"log": log, "index": g.get(INDEX_SUFFIX), "timeindex": g.get(TIME_INDEX_SUFFIX),
                 "txnindex": g.get(TXN_INDEX_SUFFIX)}
-        ours = state.get(str(base))
+        ours = state.get(base)
         action, reason, cause = _classify(base, log, refs, active, ours, now, grace, target)
         if action == COMPACT and target.codec == PRODUCER:
             action, cause = SKIP, Cause.POLICY
             reason = "policy: compression.type producer (keep what the producer wrote)"
         files: dict[str, Any] = {k: ObjectRef.of(v) if v else None for k, v in refs.items()}
         own = per_topic if action == COMPACT else {}  # a repair rewrites nothing: no codec of its own
-        done = ours is not None and log is not None and "outcome" not in ours and ours.get("log_etag") == log.etag
+        done = ours is not None and log is not None and ours.compacted and ours.log_etag == log.etag
         out.append(PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **own,
-                                  compacted_by=str(ours["run_id"]) if done and action == SKIP and ours else None,
+                                  compacted_by=ours.run_id if done and action == SKIP and ours else None,
                                   cause=cause))
     return out
 
 
 def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | None], active: int | None,
-              ours: dict[str, Any] | None, now: datetime, grace: timedelta,
+              ours: SegmentState | None, now: datetime, grace: timedelta,
               o: ScanOptions) -> tuple[str, str, Cause | None]:
     if log is None:
         return SKIP, "incomplete: index files without a .log (orphans; a broker ignores them)", Cause.INCOMPLETE
-    if ours is not None and "outcome" in ours:  # a rewrite of this very object gave nothing, or it was invalid
-        same_target = o.codec == AUTO or (ours.get("codec"), ours.get("level")) == (o.codec, o.level)
-        if ours.get("log_etag") == log.etag and (same_target or ours["outcome"] in (OUTCOME_INVALID,
-                                                                                  OUTCOME_UNREADABLE)):
-            return SKIP, (f"{ours['outcome']} last time ({ours.get('codec')} by run {ours.get('run_id')}): not read "
+    if ours is not None and ours.outcome is not None:  # a rewrite of this very object gave nothing, or it was invalid
+        same_target = o.codec == AUTO or (ours.codec, ours.level) == (o.codec, o.level)
+        if ours.log_etag == log.etag and (same_target or ours.outcome in (Outcome.INVALID, Outcome.UNREADABLE)):
+            return SKIP, (f"{ours.outcome} last time ({ours.codec} by run {ours.run_id}): not read "
                           "again until the .log or the target codec changes"), Cause.REMEMBERED
         ours = None
-    if ours is not None and ours.get("log_etag") != log.etag:
-        stale = [k for k in ("index", "timeindex") if (r := refs[k]) and ours.get(f"{k}_etag") == r.etag]
+    if ours is not None and ours.log_etag != log.etag:
+        etags = {"index": ours.index_etag, "timeindex": ours.timeindex_etag}
+        stale = [k for k in ("index", "timeindex") if (r := refs[k]) and etags[k] == r.etag]
         if stale:
-            return REPAIR, (f"the .log was replaced after run {ours.get('run_id')} compacted it (a mirroring tool?); "
+            return REPAIR, (f"the .log was replaced after run {ours.run_id} compacted it (a mirroring tool?); "
                             f"our rebuilt {' and '.join(stale)} no longer match it and are removed"), None
         ours = None  # a new original: judged like any other segment
     if base == active:
@@ -318,10 +314,10 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
     if log.size > MAX_SEGMENT_BYTES:
         return SKIP, f"invalid: {log.size} bytes is beyond Kafka's 2 GiB segment limit", Cause.INVALID
     if ours is not None and o.codec == AUTO:
-        return (SKIP, f"already compacted: {ours.get('codec')} (chosen automatically) by run {ours.get('run_id')}",
+        return (SKIP, f"already compacted: {ours.codec} (chosen automatically) by run {ours.run_id}",
                 Cause.ALREADY_COMPACTED)
-    if ours is not None and ours.get("codec") == o.codec and ours.get("level") == o.level:
-        return SKIP, f"already compacted: {o.codec} by run {ours.get('run_id')}", Cause.ALREADY_COMPACTED
+    if ours is not None and ours.codec == o.codec and ours.level == o.level:
+        return SKIP, f"already compacted: {o.codec} by run {ours.run_id}", Cause.ALREADY_COMPACTED
     return COMPACT, "sealed", None
 
 
@@ -332,7 +328,7 @@ class Listed:
     directory: PartitionDir
     dir_key: str
     objects: list[ObjectInfo]
-    state: dict[str, Any]
+    state: PartitionState
 
 
 def scan_partitions(store: S3Store, prefix: str, options: ScanOptions, emit: Callable[[list[PlannedSegment]], None],
@@ -454,7 +450,7 @@ def inventory_partitions(store: S3Store, root: str, objects: Iterator[ObjectInfo
                 for name in sorted(groups):
                     d = decided[name]
                     assert d is not None
-                    state = load_state(store, root, name) if name in with_state else {}
+                    state = load_state(store, root, name) if name in with_state else PartitionState()
                     yield Listed(d, partition_prefix(root, name), sorted(groups.pop(name), key=lambda o: o.key), state)
         finally:
             for f in files:

@@ -1,65 +1,230 @@
 """Our record of what each partition's segments became: ``PREFIX/_tiering/state/<topic>-<partition>.json``.
 
-One small document per partition, written only by the holder of the partition's lease, with a
-compare-and-swap (``If-Match``) all the same. The scanner reads it to tell "already compacted" without a
-HEAD per object, and to notice a ``.log`` that someone replaced after we compacted it (its ETag is no
-longer the one we wrote). Entries are keyed by the segment's base offset:
+One small document per partition (:class:`PartitionState`), written only by the holder of the partition's
+lease, with a compare-and-swap (``If-Match``) all the same. The scanner reads it to tell "already
+compacted" without a HEAD per object, and to notice a ``.log`` that someone replaced after we compacted it
+(its ETag is no longer the one we wrote). Entries (:class:`SegmentState`) are keyed by base offset.
 
-    {"codec", "level", "run_id", "log_etag", "index_etag", "timeindex_etag", "source_log_etag",
-     "bytes_before", "bytes_after"}
+The document stays as large as the partition's live segments: every write drops the entries of segments
+the run's scan no longer saw (Kafka's retention deleted them; see :class:`Pruning`). A partition's
+changes are written together (:class:`StateBatch`): one read and one write per batch, not per segment.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar, Final
 
-from tiering.errors import TieringError
+from tiering.errors import ConfigError, TieringError
 from tiering.storage.layout import state_key
-from tiering.storage.store import ObjectNotFound, PreconditionFailed, S3Store
+from tiering.storage.objects import ObjectStore
+from tiering.storage.store import ObjectNotFound, PreconditionFailed
 
-STATE_SCHEMA_VERSION: Final = 1
 CAS_ATTEMPTS: Final = 5
+BATCH_ENTRIES: Final = 100  # a batch writes itself once this many changes wait (bounds the bytes rewritten)
+PRUNE_MARGIN: Final = timedelta(hours=1)  # clocks of the hosts that record and scan may disagree this much
 
 
-def _read(store: S3Store, key: str) -> tuple[dict[str, Any], str | None]:
+class Outcome(enum.StrEnum):
+    """Why a segment we did not compact is remembered: it is not read again until its ``.log`` changes."""
+
+    NO_SAVINGS = "no-savings"  # with this codec and level (another target is tried)
+    INVALID = "invalid"
+    UNREADABLE = "unreadable"  # S3 will not give us the bytes (SSE-C, an archived object)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentState:
+    """One segment's entry: compacted by ``run_id`` (``outcome`` None), or remembered with its outcome."""
+
+    log_etag: str
+    run_id: str
+    codec: str | None = None
+    level: int | None = None
+    outcome: Outcome | None = None
+    reason: str | None = None
+    index_etag: str | None = None
+    timeindex_etag: str | None = None
+    source_log_etag: str | None = None
+    bytes_before: int = 0
+    bytes_after: int = 0
+    payload_xxh3: str | None = None
+    recorded_at: str | None = None  # ISO 8601, the recording host's clock (entries before it was kept: None)
+
+    @property
+    def compacted(self) -> bool:
+        return self.outcome is None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"log_etag": self.log_etag, "run_id": self.run_id, "codec": self.codec,
+                               "level": self.level}
+        for name in ("reason", "index_etag", "timeindex_etag", "source_log_etag", "payload_xxh3", "recorded_at"):
+            if (value := getattr(self, name)) is not None:
+                doc[name] = value
+        if self.outcome is not None:
+            doc["outcome"] = self.outcome.value
+        else:
+            doc.update(bytes_before=self.bytes_before, bytes_after=self.bytes_after)
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> SegmentState:
+        def text(name: str) -> str | None:
+            value = doc.get(name)
+            return None if value is None else str(value)
+
+        level = doc.get("level")
+        return cls(str(doc["log_etag"]), str(doc["run_id"]), text("codec"), None if level is None else int(level),
+                   Outcome(doc["outcome"]) if doc.get("outcome") is not None else None, text("reason"),
+                   text("index_etag"), text("timeindex_etag"), text("source_log_etag"),
+                   int(doc.get("bytes_before") or 0), int(doc.get("bytes_after") or 0), text("payload_xxh3"),
+                   text("recorded_at"))
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """The document: every entry of one partition, by base offset."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    segments: Mapping[int, SegmentState] = field(default_factory=dict)
+
+    def get(self, base: int) -> SegmentState | None:
+        return self.segments.get(base)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": self.SCHEMA_VERSION,
+                "segments": {str(b): e.to_json() for b, e in sorted(self.segments.items())}}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> PartitionState:
+        if not isinstance(doc, dict) or doc.get("schema_version") != cls.SCHEMA_VERSION:
+            raise ConfigError("partition state document of an unknown version", path=where,
+                              expected=cls.SCHEMA_VERSION,
+                              found=doc.get("schema_version") if isinstance(doc, dict) else type(doc).__name__)
+        try:
+            return cls({int(b): SegmentState.from_json(e) for b, e in doc["segments"].items()})
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError("partition state document unreadable", path=where,
+                              expected="segments of {log_etag, run_id, ...} by base offset",
+                              found=f"{type(e).__name__}: {e}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Pruning:
+    """Which entries a write drops: those of segments the run's scan did not see in the partition (``live``,
+    every base offset it found there). Below the lowest live base offset that is Kafka's retention at work,
+    always dropped. Above it (a broker's own compaction merged segments away), only entries recorded
+    before a listing made at ``listed_at``: an entry recorded after it (another run's, of a segment that
+    appeared since) is kept; None (an S3 Inventory, whose snapshot is older than the scan) keeps them
+    all. A dropped entry only costs a re-read: the segment, if it ever comes back, is judged like any
+    other."""
+
+    live: frozenset[int]
+    listed_at: datetime | None = None
+
+    def drops(self, base: int, entry: SegmentState) -> bool:
+        if base in self.live:
+            return False
+        if self.live and base < min(self.live):
+            return True
+        if entry.recorded_at is None or self.listed_at is None:
+            return False
+        return datetime.fromisoformat(entry.recorded_at) < self.listed_at - PRUNE_MARGIN
+
+
+def _read(store: ObjectStore, key: str) -> tuple[PartitionState, str | None]:
     try:
         doc, etag = store.get_json(key)
     except ObjectNotFound:
-        return {"schema_version": STATE_SCHEMA_VERSION, "segments": {}}, None
-    if not isinstance(doc, dict) or doc.get("schema_version") != STATE_SCHEMA_VERSION:
-        raise TieringError("partition state document of an unknown version", path=f"s3://{store.bucket}/{key}",
-                           expected=STATE_SCHEMA_VERSION, found=doc.get("schema_version") if isinstance(doc, dict)
-                           else type(doc).__name__)
-    return doc, etag
+        return PartitionState(), None
+    return PartitionState.from_json(doc, f"s3://{store.bucket}/{key}"), etag
 
 
-def load_state(store: S3Store, prefix: str, directory: str) -> dict[str, Any]:
-    """The partition's segment entries by base offset (as a string); empty when we never touched it."""
-    segments: dict[str, Any] = _read(store, state_key(prefix, directory))[0]["segments"]
-    return segments
+def load_state(store: ObjectStore, prefix: str, directory: str) -> PartitionState:
+    """The partition's entries; empty when we never touched it."""
+    return _read(store, state_key(prefix, directory))[0]
 
 
-def record_segment(store: S3Store, prefix: str, directory: str, base_offset: int,
-                   entry: dict[str, Any] | None) -> None:
-    """Set (or with None remove) one segment's entry, retrying the compare-and-swap if the document moved."""
+def record_segments(store: ObjectStore, prefix: str, directory: str,
+                    changes: Mapping[int, SegmentState | None], pruning: Pruning | None = None) -> None:
+    """Set (or with None remove) entries in one compare-and-swap, dropping what ``pruning`` says; retried
+    from a fresh read if the document moved. Nothing is written when nothing changes."""
     key = state_key(prefix, directory)
     for _ in range(CAS_ATTEMPTS):
-        doc, etag = _read(store, key)
-        if entry is None:
-            if str(base_offset) not in doc["segments"]:
-                return
-            doc["segments"].pop(str(base_offset))
-        else:
-            if doc["segments"].get(str(base_offset)) == entry:
-                return
-            doc["segments"][str(base_offset)] = entry
+        state, etag = _read(store, key)
+        segments = {b: e for b, e in state.segments.items() if pruning is None or not pruning.drops(b, e)}
+        for base, entry in changes.items():
+            if entry is None:
+                segments.pop(base, None)
+            elif (there := segments.get(base)) is None or replace(there, recorded_at=entry.recorded_at) != entry:
+                segments[base] = entry  # an entry equal but for its time stays as it was
+        if segments == state.segments:
+            return
         try:
             if etag is None:
-                store.put_json(key, doc, if_none_match=True)
+                store.put_json(key, PartitionState(segments).to_json(), if_none_match=True)
             else:
-                store.put_json(key, doc, if_match=etag)
+                store.put_json(key, PartitionState(segments).to_json(), if_match=etag)
             return
         except PreconditionFailed:
             continue
     raise TieringError("the partition state document kept changing under us", path=f"s3://{store.bucket}/{key}",
                        expected=f"a stable document within {CAS_ATTEMPTS} attempts", found="concurrent writers")
+
+
+def record_segment(store: ObjectStore, prefix: str, directory: str, base_offset: int,
+                   entry: SegmentState | None) -> None:
+    """Set (or with None remove) one segment's entry."""
+    record_segments(store, prefix, directory, {base_offset: entry})
+
+
+def stamped(entry: SegmentState) -> SegmentState:
+    """``entry`` with the time it is recorded (what pruning compares with a later scan's time)."""
+    return replace(entry, recorded_at=datetime.now(UTC).isoformat(timespec="seconds"))
+
+
+class StateBatch:
+    """One partition's state changes, written together by its lease holder: :meth:`put` queues an entry and
+    what to do once it is written (the protocol deletes the operation's journal then, never before, so a
+    crash before the write leaves the journal, and the recovery records the entry again); :meth:`flush`
+    writes them in one compare-and-swap and then runs those steps. Pending changes are visible to
+    :meth:`get`. Not thread-safe: one per partition's work. Work that stops before the flush leaves its
+    journals behind, which the next run covering the partition finishes."""
+
+    def __init__(self, store: ObjectStore, prefix: str, directory: str, pruning: Pruning | None = None,
+                 max_entries: int = BATCH_ENTRIES) -> None:
+        self.store, self.prefix, self.directory = store, prefix, directory
+        self.pruning = pruning
+        self.max_entries = max_entries
+        self._changes: dict[int, SegmentState | None] = {}
+        self._then: list[Callable[[], None]] = []
+        self._loaded: PartitionState | None = None
+
+    def get(self, base: int) -> SegmentState | None:
+        if base in self._changes:
+            return self._changes[base]
+        if self._loaded is None:
+            self._loaded = load_state(self.store, self.prefix, self.directory)
+        return self._loaded.get(base)
+
+    def put(self, base: int, entry: SegmentState | None, then: Callable[[], None] | None = None) -> None:
+        self._changes[base] = entry
+        if then is not None:
+            self._then.append(then)
+
+    @property
+    def full(self) -> bool:
+        """Time to :meth:`flush` (the caller does, between segments: a failed write is then nobody's result)."""
+        return len(self._changes) >= self.max_entries
+
+    def flush(self) -> None:
+        """Write the queued changes (and prune), then run what waited for them."""
+        if self._changes:  # pruning rides along with a write, never costs one of its own
+            record_segments(self.store, self.prefix, self.directory, self._changes, self.pruning)
+        self._changes, then, self._then, self._loaded = {}, self._then, [], None
+        for step in then:
+            step()

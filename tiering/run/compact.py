@@ -27,22 +27,18 @@ from tiering.commit.protocol import (
     finish_one,
     pending_journals,
     recheck_source,
+    record_state,
     recover_partition,
     repair_segment,
     stage_rollback,
     stage_segment,
+    state_entry,
 )
 from tiering.errors import ConfigError, ExitCode, InvalidDataError, ProofError, StorageError, TieringError
 from tiering.kafka.files import parse_segment_name
 from tiering.lifecycle.journal import NOTHING_TO_GAIN, Cause, Pending, Status
-from tiering.plan.scan import (
-    OUTCOME_INVALID,
-    OUTCOME_NO_SAVINGS,
-    OUTCOME_UNREADABLE,
-    REPAIR,
-    PlannedSegment,
-)
-from tiering.plan.state import load_state, record_segment
+from tiering.plan.scan import REPAIR, PlannedSegment
+from tiering.plan.state import Outcome, SegmentState, stamped
 from tiering.storage.layout import (
     BACKUP_DIR,
     JOURNAL_DIR,
@@ -191,7 +187,7 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
         staged = stage_segment(ctx, seg, lease)
         if not isinstance(staged, Staged):
             if staged.cause in NOTHING_TO_GAIN:
-                remember(ctx, seg, OUTCOME_NO_SAVINGS, staged.reason)
+                remember(ctx, seg, Outcome.NO_SAVINGS, staged.reason)
             return staged
         if not commit:
             if staged.spool is not None:
@@ -216,7 +212,7 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
         raise
     except StorageError as e:
         if isinstance(e, EncryptedWithCustomerKey) or e.code == "InvalidObjectState":
-            remember(ctx, seg, OUTCOME_UNREADABLE, str(e))  # this very object stays unreadable: do not retry it
+            remember(ctx, seg, Outcome.UNREADABLE, str(e))  # this very object stays unreadable: do not retry it
             return replace(_failed(seg.directory, seg.base_offset, e, "unreadable, original untouched"),
                            cause=Cause.UNREADABLE)
         return _failed(seg.directory, seg.base_offset, e, "S3 error, original untouched")
@@ -239,7 +235,7 @@ def _judged_invalid(ctx: Context, seg: PlannedSegment, e: InvalidDataError) -> S
     try:
         recheck_source(ctx, seg)
     except InvalidDataError as again:
-        remember(ctx, seg, OUTCOME_INVALID, str(again))
+        remember(ctx, seg, Outcome.INVALID, str(again))
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"invalid data, original untouched: {again}",
                              seg.size, error=again.to_dict(), cause=Cause.INVALID)
     except StorageError as check:
@@ -249,19 +245,18 @@ def _judged_invalid(ctx: Context, seg: PlannedSegment, e: InvalidDataError) -> S
                          pending=Pending.TRANSIENT)
 
 
-def remember(ctx: Context, seg: PlannedSegment, outcome: str, reason: str) -> None:
+def remember(ctx: Context, seg: PlannedSegment, outcome: Outcome, reason: str) -> None:
     """Note in the partition's state that this very ``.log`` (its ETag) gave nothing with this codec and level,
     so that later scans do not read it again until the object or the target changes. Best effort: a failure
     here only means the next run reads the segment once more. An entry of a segment we compacted is kept."""
     if seg.log is None:
         return
     try:
-        current = load_state(ctx.store, ctx.prefix, seg.directory).get(str(seg.base_offset))
-        if current is not None and "outcome" not in current:
+        current = state_entry(ctx, seg.directory, seg.base_offset)
+        if current is not None and current.compacted:
             return
-        record_segment(ctx.store, ctx.prefix, seg.directory, seg.base_offset, {
-            "outcome": outcome, "codec": ctx.options.codec.label, "level": ctx.options.level,
-            "log_etag": seg.log.etag, "run_id": ctx.run_id, "reason": reason[:300]})
+        record_state(ctx, seg.directory, seg.base_offset, stamped(SegmentState(
+            seg.log.etag, ctx.run_id, ctx.options.codec.label, ctx.options.level, outcome, reason[:300])))
     except TieringError:
         pass
 

@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
-from tiering.commit.protocol import SKIPPED, Context, SegmentResult, recover_partition
+from tiering.commit.protocol import SKIPPED, Context, SegmentResult, iter_recover
 from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
@@ -54,7 +54,7 @@ from tiering.plan.planfile import (
 )
 from tiering.plan.policy import AUTO, Policy
 from tiering.plan.scan import COMPACT, REPAIR, Plan, PlannedSegment, ScanOptions, scan_partitions
-from tiering.plan.state import load_state
+from tiering.plan.state import Pruning, StateBatch, load_state
 from tiering.run.compact import (
     CompactOptions,
     RunResult,
@@ -179,11 +179,15 @@ def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, e
     writer = planned.writer(**chunk_limits(max_chunks, segments=scan_manifest.totals["segments"],
                                            work=work_count + repairs, work_bytes=work_bytes, min_work=chunk_work))
     sample = WorkSample(seed=settings.run_id)
+    in_flight = pending_bases(store, settings.prefix)  # operations crashed runs left: their chunks get a commit
+    with_pending: set[str] = set()
     for policied_part in by_partition(source.segments()):
         part = [chosen.apply(with_auto(seg, choices, policy) if policy else seg) for seg in policied_part]
         for seg in part:
             if seg.action == COMPACT:
                 sample.add(seg)
+        if part and part[0].directory in in_flight:
+            with_pending.add(writer.open_chunk)
         writer.add(part)
     chunks = writer.close()
     header = scan_manifest.header  # a plan made elsewhere keeps the policy and choices it was made with
@@ -196,8 +200,9 @@ def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, e
     put_usage(store, settings, "plan")
     return {"plan_key": planned.manifest_key, "totals": totals, "segments": sum(c.to_compact for c in chunks),
             "bytes": sum(c.bytes_to_compact for c in chunks), "estimate": header.estimate,
+            "in_flight": sum(len(bases) for bases in in_flight.values()),
             "chunks": [{"name": c.name, "label": c.first if c.first == c.last else f"{c.first}..{c.last}"}
-                       for c in chunks if c.to_compact]}
+                       for c in chunks if c.to_compact or c.name in with_pending]}
 
 
 def load_manifest(store: S3Store, uri: str) -> tuple[ChunkedPlan, PlanManifest]:
@@ -264,14 +269,17 @@ def stage_units(plan: ChunkedPlan, manifest: PlanManifest, *, parallelism: int =
 
 
 def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment], *, commit: bool,
-                   progress: Callable[[SegmentResult], None] | None = None) -> Work:
+                   pruning: Pruning | None = None, progress: Callable[[SegmentResult], None] | None = None) -> Work:
     """What the holder of a partition's lease does there: finish (or abandon) the operations a crashed or
     earlier run left in flight, then each planned segment they did not finish. With ``commit`` a segment is
-    swapped in at once (the CLI), else it is left journalled ``staged`` for the commit step (Spark)."""
+    swapped in at once (the CLI), else it is left journalled ``staged`` for the commit step (Spark). The
+    partition's state changes are written in batches (pruned by ``pruning``)."""
 
     def work(lease: Lease, out: list[SegmentResult]) -> None:
+        batch = StateBatch(ctx.store, ctx.prefix, directory, pruning)
+        own = dataclasses.replace(ctx, state=batch)
         finished = set()
-        for result in recover_partition(ctx, directory, lease):
+        for result in iter_recover(own, directory, lease):
             out.append(result)
             if result.status is Status.COMPACTED:
                 finished.add(result.base_offset)  # its planned objects are gone: nothing left to do
@@ -280,13 +288,23 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
         for seg in segments:
             if seg.base_offset in finished:
                 continue
+            if batch.full:
+                batch.flush()
             started = time.perf_counter()
-            out.append(run_segment(ctx, seg, lease, commit=commit))
+            out.append(run_segment(own, seg, lease, commit=commit))
             out[-1].seconds = round(time.perf_counter() - started, 3)
             if progress is not None:
                 progress(out[-1])
+        batch.flush()
 
     return work
+
+
+def pruning_of(manifest: PlanManifest, partition: list[PlannedSegment]) -> Pruning:
+    """What a state write of this partition may drop: the entries of segments the plan's scan did not find
+    there (see :class:`Pruning`; an S3 Inventory's snapshot predates the scan, so only retention's)."""
+    listed_at = datetime.fromisoformat(manifest.header.created_at) if manifest.source == "listing" else None
+    return Pruning(frozenset(s.base_offset for s in partition), listed_at)
 
 
 def run_unit(store: S3Store, settings: RunSettings, ctx: Context, unit: StageUnit, *, commit: bool,
@@ -296,6 +314,7 @@ def run_unit(store: S3Store, settings: RunSettings, ctx: Context, unit: StageUni
     (kept leases, which it takes back) or committed at once (released leases). The results go to
     ``runs/<run>/stage/<unit>.json``; the counts by status come back."""
     plan = ChunkedPlan(store, settings.prefix, settings.run_id, PLAN)
+    manifest = plan.manifest()
     results: list[SegmentResult] = []
     requests: dict[str, dict[str, int]] = {}
     for part in by_partition(plan.chunk(unit.chunk_key, unit.start, unit.stop)):
@@ -306,7 +325,8 @@ def run_unit(store: S3Store, settings: RunSettings, ctx: Context, unit: StageUni
         before = _snapshot(store.requests)
         in_flight = [(directory, b) for b in (pending or {}).get(directory, [])]
         results += with_lease(ctx, directory, settings.lease_ttl_seconds,
-                              partition_work(ctx, directory, todo, commit=commit, progress=progress),
+                              partition_work(ctx, directory, todo, commit=commit, pruning=pruning_of(manifest, part),
+                                             progress=progress),
                               in_flight + [(s.directory, s.base_offset) for s in todo], keep=not commit)
         requests[directory] = dict(_snapshot(store.requests) - before)
     return write_results(store, settings.key(f"stage/{unit.name}.json"), results, usage=requests)
@@ -354,13 +374,16 @@ def commit_chunk(store: S3Store, settings: RunSettings, name: str, *, ctx: Conte
     retry finds nothing left to finish. ``workers`` > 1: that many partitions at once, each thread with
     its own client from the environment (partitions are independent: one lease, one journal each)."""
     plan = plan_files(store, settings)
-    info = next((c for c in plan.manifest().chunks if c.name == name), None)
+    manifest = plan.manifest()
+    info = next((c for c in manifest.chunks if c.name == name), None)
     if info is None:
         raise ConfigError("no such chunk in the run's plan", path=plan.manifest_key, found=name)
     in_flight = pending_bases(store, settings.prefix) if pending is None else pending
-    segments = list(plan.chunk(info.key))
-    partitions = sorted({s.directory for s in segments if worked and s.action in (COMPACT, REPAIR)}
-                        | {s.directory for s in segments if s.directory in in_flight})
+    segments: dict[str, list[PlannedSegment]] = {}
+    for s in plan.chunk(info.key):
+        segments.setdefault(s.directory, []).append(s)
+    partitions = sorted(d for d, part in segments.items()
+                        if d in in_flight or (worked and any(s.action in (COMPACT, REPAIR) for s in part)))
     local = threading.local()
 
     def one(directory: str) -> tuple[list[SegmentResult], dict[str, int]]:
@@ -373,7 +396,9 @@ def commit_chunk(store: S3Store, settings: RunSettings, name: str, *, ctx: Conte
             own, own_ctx = local.store, local.ctx
 
         def work(lease: Lease, out: list[SegmentResult]) -> None:
-            out += recover_partition(own_ctx, directory, lease)
+            batch = StateBatch(own, settings.prefix, directory, pruning_of(manifest, segments[directory]))
+            out.extend(iter_recover(dataclasses.replace(own_ctx, state=batch), directory, lease))
+            batch.flush()
 
         before = Counter(own.requests)
         done = with_lease(own_ctx, directory, settings.lease_ttl_seconds, work,
@@ -458,12 +483,12 @@ def _earlier_attempts(store: S3Store, settings: RunSettings, directory: str, bas
         return {}
     out = {}
     for base in bases:
-        entry = state.get(str(base), {})
-        if (directory, base, False) not in reported and entry.get("run_id") == settings.run_id:
+        entry = state.get(base)
+        if (directory, base, False) not in reported and entry is not None and entry.run_id == settings.run_id:
             out[(directory, base, False)] = {
                 "directory": directory, "base_offset": base, "status": Status.COMPACTED.value,
-                "reason": "by an earlier attempt of this run", "bytes_before": int(entry.get("bytes_before", 0)),
-                "bytes_after": int(entry.get("bytes_after", 0)), "run_id": settings.run_id}
+                "reason": "by an earlier attempt of this run", "bytes_before": entry.bytes_before,
+                "bytes_after": entry.bytes_after, "run_id": settings.run_id}
     return out
 
 

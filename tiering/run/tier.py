@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -257,13 +257,16 @@ def _apply_segment(store: S3Store, prefix: str, s: SegmentTiering, lease: Lease)
 def _follow_etags(store: S3Store, prefix: str, s: SegmentTiering, etags: dict[str, tuple[str, str]]) -> None:
     """Keep our state entry of a compacted segment pointing at its objects: a copy of a multipart object gets
     a new ETag, and a stale one would read as "replaced by someone else"."""
-    entry = load_state(store, prefix, s.directory).get(str(s.base_offset))
+    entry = load_state(store, prefix, s.directory).get(s.base_offset)
     if entry is None or not etags:
         return
-    updated = dict(entry)
-    for file, (old, new) in etags.items():
-        if updated.get(f"{file}_etag") == old:
-            updated[f"{file}_etag"] = new
+    def follow(file: str, etag: str | None) -> str | None:
+        old, new = etags.get(file, (None, None))
+        return new if etag is not None and etag == old else etag
+
+    updated = replace(entry, log_etag=follow("log", entry.log_etag) or entry.log_etag,
+                      index_etag=follow("index", entry.index_etag),
+                      timeindex_etag=follow("timeindex", entry.timeindex_etag))
     if updated != entry:
         record_segment(store, prefix, s.directory, s.base_offset, updated)
 

@@ -1,0 +1,121 @@
+"""The partition state document: typed entries, written once per batch, pruned to the live segments."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.s3.conftest import BUCKET, PREFIX, TOPIC, check_consistent, context, plan_for, seed
+from tiering.errors import ConfigError
+from tiering.kafka.files import SEGMENT_SUFFIXES
+from tiering.plan.state import (
+    PRUNE_MARGIN,
+    Outcome,
+    PartitionState,
+    Pruning,
+    SegmentState,
+    load_state,
+    record_segments,
+)
+from tiering.run.compact import CompactOptions
+from tiering.run.pipeline import compact
+from tiering.storage.layout import segment_key, state_key
+from tiering.storage.memory import MemoryStore
+
+DIR = f"{TOPIC}-0"
+LISTED = datetime(2026, 1, 1, 12, tzinfo=UTC)
+
+
+def at(delta: timedelta) -> str:
+    return (LISTED + delta).isoformat()
+
+
+class CountingStore(MemoryStore):
+    """A memory store that notes the key of every JSON document it writes."""
+
+    def __init__(self) -> None:
+        super().__init__(BUCKET)
+        self.json_writes: list[str] = []
+
+    def put_json(self, key: str, doc: object, **kwargs: Any) -> str:
+        self.json_writes.append(key)
+        return super().put_json(key, doc, **kwargs)
+
+
+def test_a_document_of_the_earlier_untyped_writer_reads_back_the_same() -> None:
+    doc = {"schema_version": 1, "segments": {
+        "0": {"codec": "zstd", "level": None, "run_id": "r1", "log_etag": '"l"', "index_etag": '"i"',
+              "timeindex_etag": '"t"', "source_log_etag": '"s"', "bytes_before": 10, "bytes_after": 4,
+              "payload_xxh3": "ab"},
+        "7": {"outcome": "no-savings", "codec": "lz4", "level": 3, "log_etag": '"m"', "run_id": "r2",
+              "reason": "no savings"}}}
+    state = PartitionState.from_json(doc, "here")
+    assert state.segments[0].compacted
+    assert state.segments[0].bytes_after == 4
+    assert state.segments[7].outcome is Outcome.NO_SAVINGS
+    assert not state.segments[7].compacted
+    assert state.to_json() == doc
+
+
+@pytest.mark.parametrize("doc", [{"schema_version": 2, "segments": {}}, [], {"schema_version": 1, "segments": {
+    "x": {"log_etag": "a", "run_id": "r"}}}, {"schema_version": 1, "segments": {"0": {"run_id": "r"}}}])
+def test_an_unreadable_document_is_named(doc: Any) -> None:
+    with pytest.raises(ConfigError) as e:
+        PartitionState.from_json(doc, "s3://b/state.json")
+    assert e.value.path == "s3://b/state.json"
+
+
+def test_pruning_drops_retention_s_segments_and_entries_older_than_the_listing() -> None:
+    old = SegmentState('"a"', "r", recorded_at=at(-PRUNE_MARGIN - timedelta(seconds=1)))
+    recent = SegmentState('"a"', "r", recorded_at=at(-PRUNE_MARGIN + timedelta(seconds=1)))
+    unknown = SegmentState('"a"', "r")
+    listing = Pruning(frozenset({100, 200, 300}), LISTED)
+    assert [listing.drops(b, unknown) for b in (50, 100, 200)] == [True, False, False]  # below the lowest: gone
+    assert (listing.drops(150, old), listing.drops(150, recent), listing.drops(150, unknown)) == (True, False, False)
+    assert listing.drops(400, old)
+    assert not listing.drops(400, recent)
+    inventory = Pruning(frozenset({100, 200}), None)  # a snapshot older than the scan: retention only
+    assert (inventory.drops(50, recent), inventory.drops(150, old)) == (True, False)
+
+
+def test_one_write_sets_many_entries_and_prunes_what_is_gone() -> None:
+    mem = MemoryStore(BUCKET)
+    record_segments(mem, PREFIX, DIR, {b: SegmentState(f'"{b}"', "r1", recorded_at=at(-timedelta(days=1)))
+                                       for b in (0, 10, 20, 30)})
+    record_segments(mem, PREFIX, DIR, {40: SegmentState('"40"', "r2"), 20: None},
+                    Pruning(frozenset({10, 30, 40}), LISTED))
+    assert sorted(load_state(mem, PREFIX, DIR).segments) == [10, 30, 40]
+    etag = mem.head(state_key(PREFIX, DIR)).etag
+    record_segments(mem, PREFIX, DIR, {40: SegmentState('"40"', "r2", recorded_at=at(timedelta()))})
+    assert mem.head(state_key(PREFIX, DIR)).etag == etag  # equal but for its time: not written again
+
+
+def test_a_run_writes_a_partition_s_state_once_and_forgets_journals_only_after() -> None:
+    mem = CountingStore()
+    originals = seed(mem, segments=6)
+    run = compact(mem, plan_for(mem), context(mem), CompactOptions())
+    assert run.totals()["compacted"] == 5
+    assert mem.json_writes.count(state_key(PREFIX, DIR)) == 1
+    state = load_state(mem, PREFIX, DIR)
+    assert sorted(state.segments) == sorted(originals)[:-1]
+    assert all(e.recorded_at is not None for e in state.segments.values())
+    check_consistent(mem, originals)
+
+
+def test_a_later_run_drops_the_entries_of_segments_retention_deleted() -> None:
+    mem = MemoryStore(BUCKET)
+    bases = sorted(seed(mem, segments=5))
+    first = compact(mem, plan_for(mem), context(mem), CompactOptions(max_segments=2))
+    compacted = sorted(r.base_offset for r in first.segments if r.status == "compacted")
+    assert sorted(load_state(mem, PREFIX, DIR).segments) == compacted
+    gone = [b for b in bases if b <= compacted[0]]  # Kafka's retention deletes the oldest segments
+    for base in gone:
+        for suffix in SEGMENT_SUFFIXES:
+            mem.delete(segment_key(PREFIX, TOPIC, 0, base, suffix), missing_ok=True)
+    todo = [b for b in bases[:-1] if b not in gone and b not in compacted]
+    assert todo  # the second run writes the state (and so prunes it)
+    second = compact(mem, plan_for(mem), context(mem, "run-2"), CompactOptions())
+    assert sorted(r.base_offset for r in second.segments if r.status == "compacted") == todo
+    assert sorted(load_state(mem, PREFIX, DIR).segments) == sorted(set(compacted + todo) - set(gone))
