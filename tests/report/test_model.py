@@ -217,3 +217,32 @@ def test_csv_has_one_row_per_segment() -> None:
     assert lines[0].startswith("topic,partition,base_offset,status")
     assert len(lines) == 3
     assert lines[1].split(",")[:4] == ["t", "0", "0", "compacted"]
+
+
+def test_a_report_folded_chunk_by_chunk_equals_the_whole_and_lists_within_its_limits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The streamed report (the plan and results a chunk at a time) gives the figures of the whole; past
+    its limits it lists fewer segments, failures and partitions, and says how many it left out, while the
+    totals and rollups still count every one."""
+    from tiering.cost import model
+
+    plan = [seg(f"t-{p}", b, size=GB // 8) for p in range(6) for b in (0, 100)]
+    results = [result(f"t-{p}", b, GB // 8, GB // 32) if p else result(f"t-{p}", b, 0, 0, status="failed",
+                                                                        reason="invalid data")
+               for p in range(6) for b in (0, 100)]
+    usage = {"requests": {"_run": {"ListObjectsV2": 3}}, "requests_by_class": {"STANDARD": {"ListObjectsV2": 3}},
+             "compute_seconds": 10.0}
+    whole = report(run_doc(results, usage), plan)
+    chunks = [(plan[i:i + 4], results[i:i + 4]) for i in range(0, len(plan), 4)]
+    streamed = report(run_doc([], usage), [], chunks=chunks)
+    assert streamed["totals"] == whole["totals"]
+    assert streamed["by_topic"] == whole["by_topic"]
+    assert streamed["segments"] == whole["segments"]
+    assert whole["listing"] == {"segments_omitted": 0, "failed_omitted": 0, "partitions_omitted": 0}
+    monkeypatch.setattr(model, "MAX_LISTED_ROWS", 1)
+    monkeypatch.setattr(model, "MAX_LISTED_PARTITIONS", 2)
+    small = report(run_doc([], usage), [], chunks=chunks)
+    assert small["totals"] == whole["totals"]
+    assert (len(small["segments"]), len(small["failed"]), len(small["by_partition"])) == (1, 1, 2)
+    assert small["listing"] == {"segments_omitted": 11, "failed_omitted": 1, "partitions_omitted": 3}
+    assert sum(r["segments"] for r in small["by_topic"]) == 10

@@ -16,6 +16,7 @@ from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Cause
 from tiering.plan.estimate import estimate
 from tiering.plan.scan import COMPACT, REPAIR, SKIP, Plan, ScanOptions, classify_partition, scan
+from tiering.plan.state import PartitionState
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.layout import parse_dir, partition_key, segment_key
@@ -32,7 +33,8 @@ def _obj(name: str, size: int = 1000, age_minutes: int = 60, storage_class: str 
 def _classify(objects: list[ObjectInfo], state: dict[str, object] | None = None,
               **options: object) -> dict[int, tuple[str, str]]:
     ignored: list[tuple[str, str]] = []
-    segs = classify_partition(parse_dir("t-0"), "p/t-0/", objects, state or {}, NOW,
+    known = PartitionState.from_json({"schema_version": 1, "segments": state or {}}, "state")
+    segs = classify_partition(parse_dir("t-0"), "p/t-0/", objects, known, NOW,
                               ScanOptions("zstd", **options),  # type: ignore[arg-type]
                               lambda k, r: ignored.append((k, r)))
     return {s.base_offset: (s.action, s.reason) for s in segs}
@@ -69,8 +71,9 @@ def test_each_segment_gets_an_action_and_a_reason() -> None:
     assert 650 not in got
     assert _classify(objects, min_age_minutes=0)[100] == (COMPACT, "sealed")
     # Decisions read the cause, not the text: one per skip, none for the work.
-    causes = {s.base_offset: s.cause for s in classify_partition(parse_dir("t-0"), "p/t-0/", objects, {}, NOW,
-                                                                  ScanOptions("zstd"), lambda k, r: None)}
+    segs = classify_partition(parse_dir("t-0"), "p/t-0/", objects, PartitionState(), NOW, ScanOptions("zstd"),
+                              lambda k, r: None)
+    causes = {s.base_offset: s.cause for s in segs}
     assert causes == {0: None, 100: Cause.TOO_YOUNG, 200: Cause.ARCHIVED, 250: Cause.ARCHIVED, 260: None,
                       300: Cause.INCOMPLETE, 400: Cause.EMPTY, 500: Cause.TOO_YOUNG, 600: Cause.INVALID,
                       700: Cause.ACTIVE}

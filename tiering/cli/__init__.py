@@ -34,7 +34,7 @@ from tiering.kafka.rewrite import RewriteOptions
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import open_segment, reindex_file, rewrite_file, verify_file
 from tiering.report.render import to_table
-from tiering.run.pipeline import by_topic
+from tiering.run.compact import RunResult
 
 EXIT_OK = ExitCode.OK
 EXIT_INVALID = ExitCode.INVALID
@@ -292,13 +292,14 @@ def _cmd_pipeline_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if ok and not demo["changed_by_second_run"] else EXIT_INVALID
 
 
-def pipeline_table(run: dict[str, Any]) -> Table:
+def pipeline_table(doc: dict[str, Any]) -> Table:
     """A run document as a table: one row per topic, then what was skipped or failed and why."""
-    t = Table(title=f"run {run['run_id']}: compaction to {run['settings']['codec']}", title_justify="left",
+    run = RunResult.from_json(doc, "run document")
+    t = Table(title=f"run {run.run_id}: compaction to {run.settings['codec']}", title_justify="left",
               show_footer=True)
-    rows, outcomes = by_topic(run["segments"])
-    notes = {f"{topic}: {status} ({reason})": n for (topic, status, reason), n in outcomes.items()}
-    before, after = run["totals"]["bytes_before"], run["totals"]["bytes_after"]
+    rows = run.topics
+    notes = {f"{topic}: {status} ({reason})": n for (topic, status, reason), n in run.outcomes.items()}
+    before, after = run.bytes_before, run.bytes_after
     t.add_column("topic", footer="total")
     t.add_column("segments", justify="right", footer=str(sum(r[0] for r in rows.values())))
     t.add_column("before", justify="right", footer=f"{before / 2**20:,.2f} MiB")

@@ -226,8 +226,9 @@ def _run_table(run: RunResult) -> Table:
         t.add_row(f"{r.directory}/{r.base_offset:020d}", r.status + (" (recovered)" if r.recovered else ""),
                   _human(r.bytes_before) if r.bytes_before else "", _human(r.bytes_after) if r.bytes_after else "",
                   r.reason)
-    if len(run.segments) > 200:
-        t.add_row(f"... {len(run.segments) - 200:,} more (see --json)", "", "", "", "")
+    if len(run.segments) + run.omitted > 200:
+        t.add_row(f"... {len(run.segments) + run.omitted - 200:,} more (see --json and the run's step documents)",
+                  "", "", "", "")
     before, after = totals["bytes_before"], totals["bytes_after"]
     ratio = f" (ratio {after / before:.3f}, saved {_human(before - after)})" if before else ""
     t.caption = (", ".join(f"{k}: {v}" for k, v in totals.items() if k not in ("bytes_before", "bytes_after"))
@@ -241,7 +242,7 @@ def _finish_run(args: argparse.Namespace, run: RunResult) -> int:
     else:
         _console(args.stdout).print(_run_table(run))
     code = run.exit_code()
-    left = sum(s.pending is not None for s in run.segments)
+    left = run.pending
     why = {ExitCode.INTERNAL: "a proof failed: what was written does not hold the source's records (nothing was "
                               "swapped in; please report it with the run document)",
            ExitCode.INVALID: "segments failed: invalid or unreadable data (see the run document)",

@@ -29,13 +29,13 @@ and the savings carry the sample's range.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from tiering.cost.prices import DAYS_PER_MONTH, GB, PriceBook, StoragePrice
+from tiering.cost.prices import DAYS_PER_MONTH, GB, PriceBook
 
 REPORT_SCHEMA_VERSION: Final = 1
 # KMS calls per SSE-KMS segment of three objects: a Decrypt to read the .log, a Decrypt and a GenerateDataKey
@@ -47,6 +47,9 @@ KMS_CALLS_PER_SEGMENT: Final = 10
 REQUESTS_PER_SEGMENT: Final = {"tier1": 15, "tier2": 28}
 DRY_RUN_BYTES_PER_CORE_SECOND: Final = 18 << 20
 DONE: Final = ("compacted",)
+ROLLUPS: Final = ("storage_class", "topic", "directory", "source_codec")
+MAX_LISTED_ROWS: Final = 10_000  # segment rows (and failures) a report lists; its figures count them all
+MAX_LISTED_PARTITIONS: Final = 1_000  # partitions listed by name (those that saved the most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,16 +83,15 @@ def _gb(n: float) -> float:
     return n / GB
 
 
-def _segments(run: Mapping[str, Any], plan: Sequence[Mapping[str, Any]], ratio: float | None
-              ) -> list[dict[str, Any]]:
+def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]], ratio: float | None
+          ) -> Iterator[dict[str, Any]]:
     """One row per segment the scan saw: its plan facts and the run's outcome (or, in a dry run, the
-    estimate applied to it)."""
-    results = {(r["directory"], int(r["base_offset"])): r for r in run.get("segments", [])}
-    rows = []
+    estimate applied to it); then the results without a plan entry (a rollback, say)."""
+    by_key = {(r["directory"], int(r["base_offset"])): r for r in results}
     for s in plan:
         key = (s["directory"], int(s["base_offset"]))
         log = s.get("log") or {}
-        r = results.pop(key, None)
+        r = by_key.pop(key, None)
         row = {"directory": s["directory"], "topic": s.get("topic") or topic_of(s["directory"]),
                "partition": int(s.get("partition", key[0].rsplit("-", 1)[-1])), "base_offset": key[1],
                "storage_class": log.get("storage_class") or "STANDARD", "last_modified": log.get("last_modified"),
@@ -107,15 +109,14 @@ def _segments(run: Mapping[str, Any], plan: Sequence[Mapping[str, Any]], ratio: 
             row.update(status="planned" if ratio is not None else "not run",
                        reason=s["reason"] if ratio is not None else "planned, but no result was recorded",
                        bytes_before=0, bytes_after=0)
-        rows.append(row)
-    for (directory, base), r in sorted(results.items()):  # results without a plan entry (a rollback, say)
-        rows.append({"directory": directory, "topic": topic_of(directory), "base_offset": base,
-                     "partition": int(directory.rsplit("-", 1)[-1]), "storage_class": "STANDARD",
-                     "last_modified": None, "size": 0, "status": r["status"], "reason": r.get("reason", ""),
-                     "bytes_before": int(r.get("bytes_before", 0)), "bytes_after": int(r.get("bytes_after", 0)),
-                     "source_codec": source_codec(r.get("stats")), "encryption": r.get("encryption"),
-                     "error": r.get("error")})
-    return rows
+        yield row
+    for (directory, base), r in sorted(by_key.items()):
+        yield {"directory": directory, "topic": topic_of(directory), "base_offset": base,
+               "partition": int(directory.rsplit("-", 1)[-1]), "storage_class": "STANDARD",
+               "last_modified": None, "size": 0, "status": r["status"], "reason": r.get("reason", ""),
+               "bytes_before": int(r.get("bytes_before", 0)), "bytes_after": int(r.get("bytes_after", 0)),
+               "source_codec": source_codec(r.get("stats")), "encryption": r.get("encryption"),
+               "error": r.get("error")}
 
 
 def _age_days(last_modified: str | None, now: datetime) -> float | None:
@@ -132,143 +133,217 @@ class _Line:
     quantity: float = 0.0
 
 
-def _savings(rows: list[dict[str, Any]], prices: PriceBook, options: CostOptions, factor: float = 1.0
-             ) -> dict[str, float]:
-    """Monthly $ saved per storage class; ``factor`` scales the bytes saved (a dry run's range)."""
-    out: dict[str, float] = {}
-    for cls, members in _by(rows, "storage_class").items():
-        p = prices.of(cls)
-        before = sum(p.billed_bytes(r["bytes_before"]) for r in members)
-        after = sum(p.billed_bytes(r["bytes_after"]) for r in members)
-        saved = (before - after) * factor
-        volume = max(float(options.account_bytes.get(cls, 0)), float(before))
-        out[cls] = p.monthly(_gb(volume)) - p.monthly(_gb(volume - saved))
-    return out
+@dataclass
+class _Group:
+    """A rollup's row while it is summed: segments, bytes, and billed bytes saved per storage class (its
+    share of the class's dollars)."""
+
+    segments: int = 0
+    before: int = 0
+    after: int = 0
+    saved_billed: Counter[str] = field(default_factory=Counter)
 
 
-def _by(rows: Iterable[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
-    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        groups[str(r[key])].append(r)
-    return dict(groups)
+class _Fold:
+    """The report's figures, folded one segment row at a time: memory for the groups (topics, partitions,
+    classes, codecs) and the listed rows, whatever the number of segments."""
 
+    def __init__(self, prices: PriceBook, options: CostOptions, now: datetime, facts: tuple[bool, int | None],
+                 dry_run: bool) -> None:
+        self.prices, self.options, self.now, self.dry_run = prices, options, now, dry_run
+        self.versioned, self.noncurrent_days = facts
+        self.statuses: Counter[str] = Counter()
+        self.reasons: Counter[tuple[str, str]] = Counter()
+        self.failed: list[dict[str, Any]] = []
+        self.failed_omitted = 0
+        self.rows: list[dict[str, Any]] = []
+        self.rows_omitted = 0
+        self.groups: dict[str, dict[str, _Group]] = {k: {} for k in ROLLUPS}
+        self.billed_before: Counter[str] = Counter()  # per storage class, of the rewritten segments
+        self.billed_after: Counter[str] = Counter()
+        self.added_usd = 0.0  # versioned without expiry: what stays billed instead, per month
+        self.class_of: dict[str, str] = {}  # a rewritten partition's storage class (prices its requests)
+        self.before = self.after = self.done = 0
+        self.dry_requests_usd = 0.0
+        self.retrieval = _Line("Retrieval fees (IA / Glacier IR sources)")
+        self.early = _Line("Early deletion (minimum storage duration)")
+        self.grace = _Line(f"Originals kept {options.grace_days:g} days (grace period)")
+        self.noncurrent = _Line("Noncurrent versions until they expire")
+        self.kms = _Line("KMS requests (SSE-KMS)")
 
-def _one_offs(done: list[dict[str, Any]], usage: Mapping[str, Any], prices: PriceBook, options: CostOptions,
-              facts: tuple[bool, int | None], now: datetime, dry_run: bool) -> tuple[list[_Line], dict[str, Any]]:
-    versioned, noncurrent_days = facts
-    lines: list[_Line] = []
-    # Requests: counted, priced at the class of the partition they served.
-    class_of = {r["directory"]: r["storage_class"] for r in done}
-    requests = usage.get("requests", {})
-    counts: Counter[str] = Counter()
-    req = _Line("S3 requests")
-    for scope, ops in requests.items():
-        cls = class_of.get(scope, "STANDARD")
-        for op, n in ops.items():
-            counts[op] += int(n)
-            req.usd += prices.request_usd(op, int(n), cls)
-    if dry_run:
-        for r in done:
-            p = prices.of(r["storage_class"])
-            req.usd += (REQUESTS_PER_SEGMENT["tier1"] * p.put_per_1000 + REQUESTS_PER_SEGMENT["tier2"] * p.get_per_1000
-                        ) / 1000
-        counts["(estimated, per segment)"] += len(done) * sum(REQUESTS_PER_SEGMENT.values())
-    req.quantity = sum(counts.values())
-    req.detail = f"{int(req.quantity):,} requests" + (" (partly estimated)" if dry_run else "")
-    lines.append(req)
-
-    seconds = float(usage.get("compute_seconds", 0.0))
-    if dry_run:
-        seconds = sum(r["bytes_before"] for r in done) / DRY_RUN_BYTES_PER_CORE_SECOND
-    lines.append(_Line("Compute (rewrite tasks)", seconds / 3600 * prices.vcpu_hour,
-                       f"{seconds / 3600:.4f} vCPU-hours at ${prices.vcpu_hour:.4f}", seconds / 3600))
-
-    retrieval = _Line("Retrieval fees (IA / Glacier IR sources)")
-    early = _Line("Early deletion (minimum storage duration)")
-    grace = _Line(f"Originals kept {options.grace_days:g} days (grace period)")
-    noncurrent = _Line("Noncurrent versions until they expire")
-    kms = _Line("KMS requests (SSE-KMS)")
-    std: StoragePrice = prices.of("STANDARD")
-    for r in done:
-        p = prices.of(r["storage_class"])
-        before_gb, after_gb = _gb(p.billed_bytes(r["bytes_before"])), _gb(r["bytes_after"])
-        rate = p.rate(_gb(options.account_bytes.get(r["storage_class"], 0)))
-        retrieval.usd += 2 * _gb(r["bytes_before"]) * p.retrieval_per_gb
-        retrieval.quantity += 2 * _gb(r["bytes_before"]) if p.retrieval_per_gb else 0
-        age = _age_days(r.get("last_modified"), now)
+    def add(self, row: dict[str, Any]) -> None:
+        self.statuses[row["status"]] += 1
+        if len(self.rows) < MAX_LISTED_ROWS:
+            self.rows.append(row)
+        else:
+            self.rows_omitted += 1
+        if row["status"] not in (*DONE, "estimated"):
+            self.reasons[(row["status"], str(row.get("reason") or "").split(":")[0].split(" (")[0])] += 1
+            if row["status"] == "failed":
+                if len(self.failed) < MAX_LISTED_ROWS:
+                    self.failed.append({"segment": f"{row['directory']}/{row['base_offset']}",
+                                        "reason": row["reason"], "error": row.get("error")})
+                else:
+                    self.failed_omitted += 1
+            return
+        cls = row["storage_class"]
+        p = self.prices.of(cls)
+        billed_before, billed_after = p.billed_bytes(row["bytes_before"]), p.billed_bytes(row["bytes_after"])
+        self.done += 1
+        self.before += row["bytes_before"]
+        self.after += row["bytes_after"]
+        self.billed_before[cls] += billed_before
+        self.billed_after[cls] += billed_after
+        self.class_of[row["directory"]] = cls
+        for key in ROLLUPS:
+            group = self.groups[key].setdefault(str(row[key]), _Group())
+            group.segments += 1
+            group.before += row["bytes_before"]
+            group.after += row["bytes_after"]
+            group.saved_billed[cls] += billed_before - billed_after
+        self.added_usd += _gb(billed_before) * p.rate() + 2 * _gb(row["bytes_after"]) * p.rate()
+        if self.dry_run:
+            self.dry_requests_usd += (REQUESTS_PER_SEGMENT["tier1"] * p.put_per_1000
+                                      + REQUESTS_PER_SEGMENT["tier2"] * p.get_per_1000) / 1000
+        before_gb, after_gb = _gb(billed_before), _gb(row["bytes_after"])
+        rate = p.rate(_gb(self.options.account_bytes.get(cls, 0)))
+        self.retrieval.usd += 2 * _gb(row["bytes_before"]) * p.retrieval_per_gb
+        self.retrieval.quantity += 2 * _gb(row["bytes_before"]) if p.retrieval_per_gb else 0
+        age = _age_days(row.get("last_modified"), self.now)
         if p.min_days and age is not None and age < p.min_days:
-            early.usd += before_gb * rate * (p.min_days - age) / DAYS_PER_MONTH
-            early.quantity += 1
-        grace.usd += before_gb * rate * max(options.grace_days, p.min_days) / DAYS_PER_MONTH
-        if versioned and noncurrent_days is not None:
-            keep = max(noncurrent_days, p.min_days) / DAYS_PER_MONTH
-            noncurrent.usd += 2 * before_gb * rate * keep + after_gb * std.rate() * noncurrent_days / DAYS_PER_MONTH
-        if r.get("encryption") == "aws:kms":
-            kms.quantity += KMS_CALLS_PER_SEGMENT
-    kms.usd = kms.quantity * prices.kms_per_10000 / 10000
-    retrieval.detail = f"{retrieval.quantity:.3f} GB read or copied from IA / Glacier IR objects"
-    early.detail = f"{int(early.quantity)} objects replaced before their class's minimum duration"
-    grace.detail = "a copy of each replaced .log, billed at least its class's minimum duration"
-    kms.detail = f"{int(kms.quantity):,} KMS calls (none with an S3 Bucket Key)"
-    noncurrent.detail = (f"replaced originals, deleted backups and staging copies for {noncurrent_days} days"
-                         if versioned and noncurrent_days is not None else
-                         "bucket not versioned" if not versioned else "no lifecycle rule expires them")
-    lines += [retrieval, early, grace, noncurrent, kms]
-    return lines, {"requests_by_operation": dict(sorted(counts.items()))}
+            self.early.usd += before_gb * rate * (p.min_days - age) / DAYS_PER_MONTH
+            self.early.quantity += 1
+        self.grace.usd += before_gb * rate * max(self.options.grace_days, p.min_days) / DAYS_PER_MONTH
+        if self.versioned and self.noncurrent_days is not None:
+            keep = max(self.noncurrent_days, p.min_days) / DAYS_PER_MONTH
+            standard = self.prices.of("STANDARD").rate()
+            self.noncurrent.usd += (2 * before_gb * rate * keep
+                                    + after_gb * standard * self.noncurrent_days / DAYS_PER_MONTH)
+        if row.get("encryption") == "aws:kms":
+            self.kms.quantity += KMS_CALLS_PER_SEGMENT
+
+    def savings(self, factor: float = 1.0) -> dict[str, float]:
+        """Monthly $ saved per storage class; ``factor`` scales the bytes saved (a dry run's range)."""
+        out: dict[str, float] = {}
+        for cls in sorted(self.billed_before):
+            p = self.prices.of(cls)
+            saved = (self.billed_before[cls] - self.billed_after[cls]) * factor
+            volume = max(float(self.options.account_bytes.get(cls, 0)), float(self.billed_before[cls]))
+            out[cls] = p.monthly(_gb(volume)) - p.monthly(_gb(volume - saved))
+        return out
+
+    def share(self, by_class: Mapping[str, float], saved_billed: Mapping[str, int]) -> float:
+        """The dollars of ``by_class`` that billed bytes ``saved_billed`` (per class) account for."""
+        total = 0.0
+        for cls, saved in saved_billed.items():
+            whole = self.billed_before[cls] - self.billed_after[cls]
+            if whole:
+                total += by_class.get(cls, 0.0) * saved / whole
+        return total
+
+    def one_offs(self, usage: Mapping[str, Any]) -> tuple[list[_Line], dict[str, Any]]:
+        # Requests: counted, priced at the class of the partition they served.
+        by_class: Mapping[str, Mapping[str, int]] | None = usage.get("requests_by_class")
+        if by_class is None:  # a run document that counts them by partition only
+            merged: dict[str, Counter[str]] = {}
+            for scope, ops in (usage.get("requests") or {}).items():
+                merged.setdefault(self.class_of.get(scope, "STANDARD"), Counter()).update(ops)
+            by_class = merged
+        counts: Counter[str] = Counter()
+        req = _Line("S3 requests")
+        for cls, ops in by_class.items():
+            for op, n in ops.items():
+                counts[op] += int(n)
+                req.usd += self.prices.request_usd(op, int(n), cls)
+        if self.dry_run:
+            req.usd += self.dry_requests_usd
+            counts["(estimated, per segment)"] += self.done * sum(REQUESTS_PER_SEGMENT.values())
+        req.quantity = sum(counts.values())
+        req.detail = f"{int(req.quantity):,} requests" + (" (partly estimated)" if self.dry_run else "")
+        seconds = float(usage.get("compute_seconds", 0.0))
+        if self.dry_run:
+            seconds = self.before / DRY_RUN_BYTES_PER_CORE_SECOND
+        compute = _Line("Compute (rewrite tasks)", seconds / 3600 * self.prices.vcpu_hour,
+                        f"{seconds / 3600:.4f} vCPU-hours at ${self.prices.vcpu_hour:.4f}", seconds / 3600)
+        self.kms.usd = self.kms.quantity * self.prices.kms_per_10000 / 10000
+        self.retrieval.detail = f"{self.retrieval.quantity:.3f} GB read or copied from IA / Glacier IR objects"
+        self.early.detail = f"{int(self.early.quantity)} objects replaced before their class's minimum duration"
+        self.grace.detail = "a copy of each replaced .log, billed at least its class's minimum duration"
+        self.kms.detail = f"{int(self.kms.quantity):,} KMS calls (none with an S3 Bucket Key)"
+        self.noncurrent.detail = (
+            f"replaced originals, deleted backups and staging copies for {self.noncurrent_days} days"
+            if self.versioned and self.noncurrent_days is not None else
+            "bucket not versioned" if not self.versioned else "no lifecycle rule expires them")
+        lines = [req, compute, self.retrieval, self.early, self.grace, self.noncurrent, self.kms]
+        return lines, {"requests_by_operation": dict(sorted(counts.items()))}
+
+    def rollup(self, key: str, by_class: Mapping[str, float], limit: int | None = None
+               ) -> tuple[list[dict[str, Any]], int]:
+        """The groups of ``key``, by name (the ``limit`` that saved the most bytes, when there are more);
+        and how many were left out."""
+        groups = self.groups[key]
+        names = sorted(groups)
+        omitted = 0
+        if limit is not None and len(names) > limit:
+            names = sorted(sorted(names, key=lambda n: groups[n].after - groups[n].before)[:limit])
+            omitted = len(groups) - limit
+        out = []
+        for name in names:
+            g = groups[name]
+            monthly = by_class[name] if key == "storage_class" else self.share(by_class, g.saved_billed)
+            out.append({key: name, "segments": g.segments, "bytes_before": g.before, "bytes_after": g.after,
+                        "saved_bytes": g.before - g.after, "ratio": g.after / g.before if g.before else None,
+                        "monthly_savings_usd": monthly})
+        return out, omitted
 
 
-def build_report(run: Mapping[str, Any], plan: Sequence[Mapping[str, Any]], prices: PriceBook,
+def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], prices: PriceBook,
                  options: CostOptions, *, versioned: bool | None, noncurrent_days: int | None,
                  ledger: Sequence[Mapping[str, Any]] = (), now: datetime,
-                 auto: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 auto: Mapping[str, Any] | None = None,
+                 chunks: Iterable[tuple[Iterable[Mapping[str, Any]], Iterable[Mapping[str, Any]]]] | None = None
+                 ) -> dict[str, Any]:
     """The report of one run. ``run`` is the run document (``compact.json``), ``plan`` the plan's segment
-    entries, ``ledger`` the earlier runs' ledger entries, ``now`` the time the costs are computed at."""
+    entries (joined with the run document's segments), or ``chunks``: the plan's entries and the run's
+    results a chunk at a time (a run of any size; ``plan`` is then ignored). ``ledger`` holds the earlier
+    runs' ledger entries, ``now`` is the time the costs are computed at. The report lists segments (and
+    failures, and partitions) up to a limit; its totals and rollups count them all."""
     estimate = (run.get("settings") or {}).get("estimate")
     dry_run = bool(estimate)
     ratio = float(estimate["ratio"]) if estimate else None
-    rows = _segments(run, plan, ratio)
-    done = [r for r in rows if r["status"] in (*DONE, "estimated")]
     versioned = options.versioned if options.versioned is not None else versioned
     noncurrent_days = options.noncurrent_days if options.noncurrent_days is not None else noncurrent_days
+    fold = _Fold(prices, options, now, (bool(versioned), noncurrent_days), dry_run)
+    for entries, results in chunks if chunks is not None else [(plan, run.get("segments", []))]:
+        for row in _rows(entries, results, ratio):
+            fold.add(row)
     warnings: list[str] = []
 
-    by_class = _savings(done, prices, options)
+    by_class = fold.savings()
     monthly = sum(by_class.values())
-    if versioned and noncurrent_days is None and done:
+    if versioned and noncurrent_days is None and fold.done:
         # Nothing is ever removed: the new objects, the deleted backups and the staging copies are added.
-        added = 0.0
-        for cls, members in _by(done, "storage_class").items():
-            p = prices.of(cls)
-            added += sum(_gb(p.billed_bytes(r["bytes_before"])) * p.rate() + 2 * _gb(r["bytes_after"]) * p.rate()
-                         for r in members)
         warnings.append("The bucket keeps versions and no lifecycle rule expires noncurrent ones: the replaced "
                         "originals stay billed forever, so this run ADDS storage instead of saving it. Add a "
                         "NoncurrentVersionExpiration rule (see infra/).")
         by_class = dict.fromkeys(by_class, 0.0)
-        monthly = -added
-    def delta(r: Mapping[str, Any]) -> int:
-        p = prices.of(r["storage_class"])
-        return p.billed_bytes(r["bytes_before"]) - p.billed_bytes(r["bytes_after"])
-
-    per_row_delta = {cls: sum(delta(r) for r in members) for cls, members in _by(done, "storage_class").items()}
-    done_ids = {id(r) for r in done}
-    for r in rows:
-        cls = r["storage_class"]
-        if id(r) in done_ids and per_row_delta.get(cls):
-            r["monthly_savings_usd"] = by_class[cls] * delta(r) / per_row_delta[cls]
+        monthly = -fold.added_usd
+    for r in fold.rows:
+        if r["status"] in (*DONE, "estimated"):
+            p = prices.of(r["storage_class"])
+            saved = p.billed_bytes(r["bytes_before"]) - p.billed_bytes(r["bytes_after"])
+            r["monthly_savings_usd"] = fold.share(by_class, {r["storage_class"]: saved})
         else:
             r["monthly_savings_usd"] = 0.0
 
-    lines, counted = _one_offs(done, run.get("usage") or {}, prices, options, (bool(versioned), noncurrent_days),
-                               now, dry_run)
+    lines, counted = fold.one_offs(run.get("usage") or {})
     one_off = sum(line.usd for line in lines)
-    before = sum(r["bytes_before"] for r in done)
-    after = sum(r["bytes_after"] for r in done)
+    before, after = fold.before, fold.after
     if after > before:
         warnings.append(f"This run made the rewritten segments bigger: {before:,} -> {after:,} bytes.")
-    statuses = Counter(r["status"] for r in rows)
+    statuses = fold.statuses
     totals = {
-        "segments_seen": len(rows), "segments_rewritten": statuses.get("compacted", 0),
+        "segments_seen": sum(statuses.values()), "segments_rewritten": statuses.get("compacted", 0),
         "segments_estimated": statuses.get("estimated", 0), "segments_skipped": statuses.get("skipped", 0),
         "segments_failed": statuses.get("failed", 0), "bytes_before": before, "bytes_after": after,
         "saved_bytes": before - after, "ratio": after / before if before else None,
@@ -277,6 +352,7 @@ def build_report(run: Mapping[str, Any], plan: Sequence[Mapping[str, Any]], pric
         "payback_months": one_off / monthly if monthly > 0 else None,
         "net_first_year_usd": monthly * 12 - one_off,
     }
+    partitions, partitions_omitted = fold.rollup("directory", by_class, MAX_LISTED_PARTITIONS)
     report: dict[str, Any] = {
         "schema_version": REPORT_SCHEMA_VERSION, "kind": "compaction-report", "run_id": run["run_id"],
         "bucket": run["bucket"], "prefix": run["prefix"], "started_at": run.get("started_at"),
@@ -286,16 +362,17 @@ def build_report(run: Mapping[str, Any], plan: Sequence[Mapping[str, Any]], pric
         "assumptions": {**options.to_json(), "versioned": versioned, "noncurrent_days": noncurrent_days,
                         "days_per_month": DAYS_PER_MONTH, "gb_bytes": GB},
         "totals": totals,
-        "by_storage_class": _rollup(done, "storage_class", by_class),
-        "by_topic": _rollup(done, "topic"),
-        "by_partition": _rollup(done, "directory"),
-        "by_source_codec": _rollup(done, "source_codec"),
+        "by_storage_class": fold.rollup("storage_class", by_class)[0],
+        "by_topic": fold.rollup("topic", by_class)[0],
+        "by_partition": partitions,
+        "by_source_codec": fold.rollup("source_codec", by_class)[0],
         "one_off": [{"item": line.item, "usd": line.usd, "detail": line.detail} for line in lines],
         "requests": counted,
-        "skipped": _reasons(r for r in rows if r["status"] not in (*DONE, "estimated")),
-        "failed": [{"segment": f"{r['directory']}/{r['base_offset']}", "reason": r["reason"],
-                    "error": r.get("error")} for r in rows if r["status"] == "failed"],
-        "segments": rows,
+        "skipped": [{"status": st, "reason": why, "segments": n} for (st, why), n in sorted(fold.reasons.items())],
+        "failed": fold.failed,
+        "segments": fold.rows,
+        "listing": {"segments_omitted": fold.rows_omitted, "failed_omitted": fold.failed_omitted,
+                    "partitions_omitted": partitions_omitted},
         "auto": dict(auto or {}),  # per topic: the automatic codec choice and every candidate's numbers
         "warnings": warnings,
     }
@@ -308,31 +385,12 @@ def build_report(run: Mapping[str, Any], plan: Sequence[Mapping[str, Any]], pric
             "saved_bytes_estimate"] else 0.0
         report["estimate_detail"] = {
             **estimate, "saved_bytes": saved,
-            "monthly_savings_usd_low": sum(_savings(done, prices, options, scale_low).values()),
-            "monthly_savings_usd_high": sum(_savings(done, prices, options, scale_high).values()),
+            "monthly_savings_usd_low": sum(fold.savings(scale_low).values()),
+            "monthly_savings_usd_high": sum(fold.savings(scale_high).values()),
         }
     report["ledger"] = cumulative([*[e for e in ledger if e.get("run_id") != run["run_id"]], ledger_entry(report)],
                                   now)
     return report
-
-
-def _rollup(rows: list[dict[str, Any]], key: str, usd: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
-    out = []
-    for name, members in sorted(_by(rows, key).items()):
-        before = sum(r["bytes_before"] for r in members)
-        after = sum(r["bytes_after"] for r in members)
-        monthly = usd[name] if usd is not None else sum(r["monthly_savings_usd"] for r in members)
-        out.append({key: name, "segments": len(members), "bytes_before": before, "bytes_after": after,
-                    "saved_bytes": before - after, "ratio": after / before if before else None,
-                    "monthly_savings_usd": monthly})
-    return out
-
-
-def _reasons(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    counts: Counter[tuple[str, str]] = Counter()
-    for r in rows:
-        counts[(r["status"], str(r.get("reason") or "").split(":")[0].split(" (")[0])] += 1
-    return [{"status": s, "reason": reason, "segments": n} for (s, reason), n in sorted(counts.items())]
 
 
 def ledger_entry(report: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,17 +13,16 @@ task) replaces the run's entry: the ledger holds each run once.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from tiering.cost.model import CostOptions, build_report, cumulative, ledger_entry
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
 from tiering.errors import ConfigError, StorageError
-from tiering.plan.planfile import ChunkedPlan
-from tiering.plan.scan import Plan
 from tiering.report.render import render
-from tiering.storage.layout import ledger_key, report_key, run_key, run_result_key
+from tiering.run.pipeline import RunSettings, plan_files, run_outcomes
+from tiering.storage.layout import ledger_key, report_key, run_result_key
 from tiering.storage.store import ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
 
 LATEST: Final = "latest"
@@ -61,32 +60,26 @@ def record_in_ledger(store: S3Store, prefix: str, entry: Mapping[str, Any]) -> l
                           path=f"s3://{store.bucket}/{ledger_key(prefix)}")
 
 
-def _plan(store: S3Store, prefix: str, run_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The run's plan: its segment entries and its automatic codec choices."""
-    chunked = ChunkedPlan(store, prefix, run_id, "plan")
-    try:
-        manifest = chunked.manifest()
-        return [s.to_json() for s in chunked.segments(manifest)], manifest.header.auto or {}
-    except ObjectNotFound:
-        pass
-    try:
-        doc = store.get_json(run_key(prefix, run_id, "plan.json"))[0]  # a CLI run's whole plan
-    except ObjectNotFound:
-        return [], {}
-    plan = Plan.from_json(doc)
-    return [s.to_json() for s in plan.segments], plan.auto or {}
-
-
 def assemble(store: S3Store, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
              ledger: list[dict[str, Any]], *, kind: str = "compact") -> dict[str, Any]:
-    """The report of ``run_id`` from its run document and plan on S3 (nothing is written)."""
+    """The report of ``run_id`` from its run document, and its plan and step results a chunk at a time
+    (nothing is written)."""
     run = store.get_json(run_result_key(prefix, run_id, kind))[0]
-    plan, auto = _plan(store, prefix, run_id)
+    settings = RunSettings(store.bucket, prefix, run_id, str((run.get("settings") or {}).get("codec", "")))
+    chunked = plan_files(store, settings)
+    try:
+        auto = chunked.manifest().header.auto or {}
+        chunks: Iterable[tuple[Iterable[dict[str, Any]], Iterable[dict[str, Any]]]] | None = (
+            ((s.to_json() for s in c.segments), (r.to_json() for r in c.results))
+            for c in run_outcomes(store, settings))
+    except ObjectNotFound:  # a run without a plan (a rollback): its document lists its segments
+        auto, chunks = {}, None
     facts = store.facts(prefix)
     finished = run.get("finished_at")
     now = datetime.fromisoformat(finished) if finished else datetime.now(UTC)
-    return build_report(run, plan, prices, options, versioned=facts.versioned,
-                        noncurrent_days=facts.noncurrent_expiry_days, ledger=ledger, now=now, auto=auto)
+    return build_report(run, [], prices, options, versioned=facts.versioned,
+                        noncurrent_days=facts.noncurrent_expiry_days, ledger=ledger, now=now, auto=auto,
+                        chunks=chunks)
 
 
 def publish_report(store: S3Store, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,

@@ -9,7 +9,8 @@ the whole run.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final
@@ -71,39 +72,140 @@ class CompactOptions:
     workers: int = 1  # partitions compacted at once
 
 
-@dataclass
+MAX_LISTED_SEGMENTS: Final = 10_000  # segments a run document names one by one (the rest are counted)
+DONE_STATUSES: Final = (Status.COMPACTED, Status.ROLLED_BACK)
+
+
+@dataclass(frozen=True, slots=True)
 class RunResult:
+    """A run's document (``runs/<run>/<kind>.json``): its totals, the outcome of every segment counted by
+    topic and reason, and the segments themselves up to :data:`MAX_LISTED_SEGMENTS` (those that failed or
+    were left to a later run first), so that it stays small whatever the run's size. Every segment's
+    result is in the run's step documents (``runs/<run>/stage/``, ``commit/``)."""
+
+    SCHEMA_VERSION: ClassVar[int] = 2
+
     kind: str
     run_id: str
     bucket: str
     prefix: str
     started_at: str
-    finished_at: str = ""
-    settings: dict[str, Any] = field(default_factory=dict)
-    segments: list[SegmentResult] = field(default_factory=list)
-    usage: dict[str, Any] = field(default_factory=dict)  # S3 requests by partition, Spark task seconds
+    finished_at: str
+    settings: Mapping[str, Any]
+    counts: Mapping[str, int]  # segments by status
+    bytes_before: int  # of the segments compacted (or rolled back)
+    bytes_after: int
+    exit: ExitCode
+    hard_failures: int  # failed for a reason a retry does not fix
+    pending: int  # left to a later run (busy, transient)
+    topics: Mapping[str, tuple[int, int, int]]  # compacted, bytes before, bytes after
+    outcomes: Mapping[tuple[str, str, str], int]  # every other outcome: (topic, status, reason's first clause)
+    segments: tuple[SegmentResult, ...]
+    omitted: int = 0  # segments not listed
+    usage: Mapping[str, Any] = field(default_factory=dict)  # S3 requests by partition and class, task seconds
 
     def totals(self) -> dict[str, int]:
-        done = [s for s in self.segments if s.status in ("compacted", "rolled-back")]
-        counts: dict[str, int] = {}
-        for s in self.segments:
-            counts[s.status] = counts.get(s.status, 0) + 1
-        return {"segments": len(self.segments), **dict(sorted(counts.items())),
-                "bytes_before": sum(s.bytes_before for s in done), "bytes_after": sum(s.bytes_after for s in done)}
+        return {"segments": sum(self.counts.values()), **dict(sorted(self.counts.items())),
+                "bytes_before": self.bytes_before, "bytes_after": self.bytes_after}
 
     @property
     def failed(self) -> bool:
         """A segment failed for a reason a retry does not fix (invalid data, a proof failure, a refusal)."""
-        return any(s.status == FAILED and s.pending is None for s in self.segments)
+        return self.hard_failures > 0
 
     def exit_code(self) -> ExitCode:
-        return outcome(self.segments)
+        return self.exit
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": RUN_SCHEMA_VERSION, "kind": self.kind, "run_id": self.run_id,
+        return {"schema_version": self.SCHEMA_VERSION, "kind": self.kind, "run_id": self.run_id,
                 "bucket": self.bucket, "prefix": self.prefix, "started_at": self.started_at,
-                "finished_at": self.finished_at, "settings": self.settings, "totals": self.totals(),
-                "segments": [s.to_json() for s in self.segments], **({"usage": self.usage} if self.usage else {})}
+                "finished_at": self.finished_at, "settings": dict(self.settings), "totals": self.totals(),
+                "exit_code": int(self.exit), "hard_failures": self.hard_failures, "pending": self.pending,
+                "by_topic": [{"topic": t, "compacted": n, "bytes_before": b, "bytes_after": a}
+                             for t, (n, b, a) in sorted(self.topics.items())],
+                "outcomes": [{"topic": t, "status": st, "reason": why, "segments": n}
+                             for (t, st, why), n in sorted(self.outcomes.items())],
+                "segments": [s.to_json() for s in self.segments], "segments_omitted": self.omitted,
+                **({"usage": dict(self.usage)} if self.usage else {})}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], where: str) -> RunResult:
+        version = doc.get("schema_version")
+        if version == 1:  # every segment listed: counted again
+            tally = RunTally()
+            for s in doc["segments"]:
+                tally.add(SegmentResult.from_json(s))
+            return tally.result(doc["kind"], doc["run_id"], doc["bucket"], doc["prefix"], doc["started_at"],
+                                doc.get("finished_at", ""), doc.get("settings") or {}, doc.get("usage") or {})
+        if version != cls.SCHEMA_VERSION:
+            raise ConfigError("not a run document this version can read", path=where,
+                              expected=f"schema_version {cls.SCHEMA_VERSION}", found=f"schema_version {version}")
+        totals = dict(doc["totals"])
+        before, after = int(totals.pop("bytes_before")), int(totals.pop("bytes_after"))
+        totals.pop("segments")
+        return cls(str(doc["kind"]), str(doc["run_id"]), str(doc["bucket"]), str(doc["prefix"]),
+                   str(doc["started_at"]), str(doc["finished_at"]), dict(doc.get("settings") or {}),
+                   {k: int(v) for k, v in totals.items()}, before, after, ExitCode(doc["exit_code"]),
+                   int(doc["hard_failures"]), int(doc["pending"]),
+                   {t["topic"]: (int(t["compacted"]), int(t["bytes_before"]), int(t["bytes_after"]))
+                    for t in doc["by_topic"]},
+                   {(o["topic"], o["status"], o["reason"]): int(o["segments"]) for o in doc["outcomes"]},
+                   tuple(SegmentResult.from_json(s) for s in doc["segments"]), int(doc["segments_omitted"]),
+                   dict(doc.get("usage") or {}))
+
+
+def topic_of(directory: str) -> str:
+    return directory.rsplit("-", 1)[0]
+
+
+class RunTally:
+    """Folds a run's results, one at a time, into its :class:`RunResult`: memory for the listed segments
+    and the counts, whatever the number of results."""
+
+    def __init__(self, max_listed: int | None = None) -> None:
+        self.max_listed = MAX_LISTED_SEGMENTS if max_listed is None else max_listed
+        self.counts: Counter[str] = Counter()
+        self.before = self.after = self.hard_failures = self.pending = self.omitted = 0
+        self.codes: set[ExitCode] = set()
+        self.topics: dict[str, list[int]] = {}
+        self.outcomes: Counter[tuple[str, str, str]] = Counter()
+        self.problems: list[SegmentResult] = []  # failed or left to a later run: listed first
+        self.others: list[SegmentResult] = []
+
+    def add(self, r: SegmentResult) -> None:
+        self.counts[str(r.status)] += 1
+        self.codes.add(exit_code_of(r))
+        topic = topic_of(r.directory)
+        if r.status in DONE_STATUSES:
+            self.before += r.bytes_before
+            self.after += r.bytes_after
+        if r.status is Status.COMPACTED:
+            row = self.topics.setdefault(topic, [0, 0, 0])
+            row[0] += 1
+            row[1] += r.bytes_before
+            row[2] += r.bytes_after
+        else:
+            self.outcomes[(topic, str(r.status), r.reason.split(":")[0])] += 1
+        problem = r.status is Status.FAILED or r.pending is not None
+        self.hard_failures += r.status is Status.FAILED and r.pending is None
+        self.pending += r.pending is not None
+        kept = self.problems if problem else self.others
+        if len(self.problems) + len(self.others) < self.max_listed:
+            kept.append(r)
+        elif problem and self.others:
+            self.others.pop()  # a problem is listed in place of a segment that went well
+            self.problems.append(r)
+            self.omitted += 1
+        else:
+            self.omitted += 1
+
+    def result(self, kind: str, run_id: str, bucket: str, prefix: str, started_at: str, finished_at: str,
+               settings: Mapping[str, Any], usage: Mapping[str, Any] | None = None) -> RunResult:
+        listed = sorted(self.problems + self.others, key=lambda r: (r.directory, r.base_offset, not r.recovered))
+        return RunResult(kind, run_id, bucket, prefix, started_at, finished_at, dict(settings), dict(self.counts),
+                         self.before, self.after, worst(self.codes), self.hard_failures, self.pending,
+                         {t: (n, b, a) for t, (n, b, a) in self.topics.items()}, dict(self.outcomes),
+                         tuple(listed), self.omitted, dict(usage or {}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,23 +260,30 @@ class StepUsage:
         return cls({str(k): int(v) for k, v in doc["requests"].items()})
 
 
-def outcome(results: list[SegmentResult]) -> ExitCode:
-    """The exit code of a run from its segments, the worst first: a failed proof (our bug, or the store's),
-    invalid or unreadable data, a refusal (access, configuration), S3 failing (retry), work left to a busy
-    partition or a concurrent writer (run again later), else done."""
-    codes = {ExitCode.OK}
-    for r in results:
-        if r.status == FAILED and r.pending is None:
-            codes.add(ExitCode.INTERNAL if r.cause is Cause.PROOF_FAILED else
-                      ExitCode.INVALID if r.cause in (Cause.INVALID, Cause.UNREADABLE) else ExitCode.USAGE)
-        elif r.pending is Pending.TRANSIENT:
-            codes.add(ExitCode.RETRY)
-        elif r.pending is Pending.BUSY:
-            codes.add(ExitCode.BUSY)
-    for worst in (ExitCode.INTERNAL, ExitCode.INVALID, ExitCode.USAGE, ExitCode.RETRY, ExitCode.BUSY):
-        if worst in codes:
-            return worst
+def exit_code_of(r: SegmentResult) -> ExitCode:
+    """What one result says about the run's exit: a failed proof (our bug, or the store's), invalid or
+    unreadable data, a refusal (access, configuration), S3 failing (retry), work left to a busy partition
+    or a concurrent writer (run again later), else done."""
+    if r.status == FAILED and r.pending is None:
+        return (ExitCode.INTERNAL if r.cause is Cause.PROOF_FAILED else
+                ExitCode.INVALID if r.cause in (Cause.INVALID, Cause.UNREADABLE) else ExitCode.USAGE)
+    if r.pending is Pending.TRANSIENT:
+        return ExitCode.RETRY
+    if r.pending is Pending.BUSY:
+        return ExitCode.BUSY
     return ExitCode.OK
+
+
+def worst(codes: Iterable[ExitCode]) -> ExitCode:
+    """The exit code that says the most, of several: in the order :func:`exit_code_of` lists them."""
+    seen = set(codes)
+    order = (ExitCode.INTERNAL, ExitCode.INVALID, ExitCode.USAGE, ExitCode.RETRY, ExitCode.BUSY)
+    return next((c for c in order if c in seen), ExitCode.OK)
+
+
+def outcome(results: list[SegmentResult]) -> ExitCode:
+    """The exit code of ``results`` (see :func:`exit_code_of`)."""
+    return worst(exit_code_of(r) for r in results)
 
 
 def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit: bool = True) -> SegmentResult:
@@ -313,8 +422,8 @@ def pending_bases(store: S3Store, prefix: str) -> dict[str, list[int]]:
 
 def rollback(store: S3Store, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult:
     """Put back the originals that run ``target_run`` replaced (wherever its ``.log`` is still in place)."""
-    run = RunResult("rollback", ctx.run_id, store.bucket, ctx.prefix, datetime.now(UTC).isoformat(),
-                    settings={"restores_run": target_run})
+    started = datetime.now(UTC).isoformat()
+    tally = RunTally()
     root = reserved_dir(ctx.prefix, BACKUP_DIR, target_run)
     segments: dict[str, set[int]] = {}
     for info in store.list(root):
@@ -332,8 +441,10 @@ def rollback(store: S3Store, ctx: Context, target_run: str, lease_ttl: int = DEF
                 staged = stage_rollback(ctx, directory, base, target_run)
                 out.append(staged if isinstance(staged, SegmentResult) else finish_one(ctx, *staged, lease))
 
-        run.segments += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)])
-    run.finished_at = datetime.now(UTC).isoformat()
+        for result in with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)]):
+            tally.add(result)
+    run = tally.result("rollback", ctx.run_id, store.bucket, ctx.prefix, started, datetime.now(UTC).isoformat(),
+                       {"restores_run": target_run})
     store.put_json(run_result_key(ctx.prefix, ctx.run_id, "rollback"), run.to_json())
     return run
 

@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -58,6 +58,7 @@ from tiering.plan.state import Pruning, StateBatch, load_state
 from tiering.run.compact import (
     CompactOptions,
     RunResult,
+    RunTally,
     StepResults,
     StepUsage,
     Work,
@@ -69,6 +70,9 @@ from tiering.storage.layout import normalize_prefix, run_key, run_result_key
 from tiering.storage.store import ObjectNotFound, S3Store, make_client
 
 RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
+OTHER_SCOPE: Final = "_other_partitions"  # requests of the partitions past the run document's limit
+MAX_LISTED_PARTITIONS: Final = 10_000
+STANDARD: Final = "STANDARD"
 SCAN: Final = "scan"
 POLICIED: Final = "policy"  # the scan with the policy's record-age verdicts (between the plan's two passes)
 PLAN: Final = "plan"
@@ -415,58 +419,110 @@ def commit_chunk(store: S3Store, settings: RunSettings, name: str, *, ctx: Conte
     return {"chunk": name, "partitions": len(partitions), **counts}
 
 
-def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] | None = None, *,
-                extra: dict[str, Any] | None = None) -> RunResult:
-    """The run document from the stage and commit results: one entry per planned segment, with its final
-    outcome (a staged segment's commit result wins over its staging result), and the segments an earlier
-    attempt of this very run compacted (the plan found them compacted already, by this run id). ``extra``:
-    more settings of the run to record."""
-    run = RunResult("compact", settings.run_id, settings.bucket, settings.prefix, "",
-                    settings={"codec": settings.codec, "level": settings.level, "estimate": estimate, **(extra or {})})
-    # One entry per segment and kind of result: a segment's own outcome (a commit result wins over its staging
-    # result), and apart from it an operation of another run this one finished or abandoned there.
-    by_segment: dict[tuple[str, int, bool], dict[str, Any]] = {}
-    earlier: dict[str, list[int]] = {}
+@dataclass(frozen=True, slots=True)
+class ChunkOutcome:
+    """What a run did in one chunk of its plan: the chunk's planned segments and every final result there
+    (see :func:`run_outcomes`), with the S3 requests by partition and the task seconds the steps spent."""
+
+    segments: list[PlannedSegment]
+    results: list[SegmentResult]
+    requests: dict[str, Counter[str]]
+    seconds: float
+
+
+def run_outcomes(store: S3Store, settings: RunSettings) -> Iterator[ChunkOutcome]:
+    """The run's results, one plan chunk at a time (memory: a chunk): per segment its final outcome (a
+    commit result wins over its staging result), apart from it an operation of another run finished or
+    abandoned there, the segments the budget left out, and those an earlier attempt of this very run id
+    compacted (the plan found them compacted already, by this run id). Results outside the plan's chunks
+    (none is expected) come last, with no segments."""
+    docs: dict[str, list[str]] = {}  # a chunk's step documents: its units' staging, then its commit
+    for step in ("stage/", "commit/"):
+        for info in store.list(settings.key(step)):
+            name = info.key.rsplit("/", 1)[-1].removesuffix(".json")
+            docs.setdefault(name.rsplit("-", 1)[0] if step == "stage/" else name, []).append(info.key)
     plan = plan_files(store, settings)
     try:
-        manifest = plan.manifest()
-        run.started_at = manifest.header.created_at
-        for s in plan.segments(manifest):
-            if s.cause is Cause.BUDGET:
-                by_segment[(s.directory, s.base_offset, False)] = {
-                    "directory": s.directory, "base_offset": s.base_offset, "status": SKIPPED, "reason": s.reason}
-            elif s.compacted_by == settings.run_id:
-                earlier.setdefault(s.directory, []).append(s.base_offset)
+        chunks = plan.manifest().chunks
     except ObjectNotFound:
-        pass
+        chunks = ()
+    for chunk in chunks:
+        yield _chunk_outcome(store, settings, list(plan.chunk(chunk.key)), docs.pop(chunk.name, []))
+    rest = [key for keys in docs.values() for key in keys]
+    if rest:
+        yield _chunk_outcome(store, settings, [], rest)
+
+
+def _chunk_outcome(store: S3Store, settings: RunSettings, segments: list[PlannedSegment],
+                   keys: list[str]) -> ChunkOutcome:
+    by_segment: dict[tuple[str, int, bool], dict[str, Any]] = {}
+    earlier: dict[str, list[int]] = {}
+    for s in segments:
+        if s.cause is Cause.BUDGET:
+            by_segment[(s.directory, s.base_offset, False)] = {
+                "directory": s.directory, "base_offset": s.base_offset, "status": SKIPPED, "reason": s.reason}
+        elif s.compacted_by == settings.run_id:
+            earlier.setdefault(s.directory, []).append(s.base_offset)
     requests: dict[str, Counter[str]] = {}
     seconds = 0.0
-    for prefix in ("stage/", "commit/"):
-        for info in store.list(settings.key(prefix)):
-            step = StepResults.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
-            for directory, counts in step.requests.items():
-                requests.setdefault(directory, Counter()).update(counts)
-            for result in step.results:
-                r = result.to_json()
-                key = (result.directory, result.base_offset, result.recovered)
-                # A commit after its staging: the outcome is the commit's, what the staging measured (stats,
-                # seconds) stays; a failure of the earlier result (error, cause, pending) does not.
-                merged = {**by_segment.get(key, {}), **r}
-                for field in ("error", "cause", "pending"):
-                    if field not in r:
-                        merged.pop(field, None)
-                by_segment[key] = merged
-                seconds += result.seconds or 0.0
+    for key in keys:
+        step = StepResults.from_json(store.get_json(key)[0], f"s3://{store.bucket}/{key}")
+        for directory, counts in step.requests.items():
+            requests.setdefault(directory, Counter()).update(counts)
+        for result in step.results:
+            r = result.to_json()
+            at = (result.directory, result.base_offset, result.recovered)
+            # A commit after its staging: the outcome is the commit's, what the staging measured (stats,
+            # seconds) stays; a failure of the earlier result (error, cause, pending) does not.
+            merged = {**by_segment.get(at, {}), **r}
+            for field in ("error", "cause", "pending"):
+                if field not in r:
+                    merged.pop(field, None)
+            by_segment[at] = merged
+            seconds += result.seconds or 0.0
     for directory, bases in sorted(earlier.items()):
         by_segment.update(_earlier_attempts(store, settings, directory, bases, by_segment))
+    results = [SegmentResult.from_json(by_segment[at])
+               for at in sorted(by_segment, key=lambda k: (k[0], k[1], not k[2]))]  # a recovery before its segment
+    return ChunkOutcome(segments, results, requests, seconds)
+
+
+def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] | None = None, *,
+                extra: dict[str, Any] | None = None) -> RunResult:
+    """The run document, folded from :func:`run_outcomes` one chunk at a time: totals, counts by topic and
+    reason, the segments up to the listing's limit, and the S3 requests (by partition up to a limit, and
+    by the storage class of the partition's compacted segments, which is what the report prices them at).
+    ``extra``: more settings of the run to record."""
+    tally = RunTally()
+    requests: dict[str, Counter[str]] = {}
+    by_class: dict[str, Counter[str]] = {}
+    seconds = 0.0
+    for chunk in run_outcomes(store, settings):
+        classes = {(s.directory, s.base_offset): s.log.storage_class for s in chunk.segments if s.log is not None}
+        class_of: dict[str, str] = {}
+        for result in chunk.results:
+            tally.add(result)
+            if result.status is Status.COMPACTED:
+                class_of[result.directory] = classes.get((result.directory, result.base_offset), STANDARD)
+        for directory, counts in chunk.requests.items():
+            by_class.setdefault(class_of.get(directory, STANDARD), Counter()).update(counts)
+            scope = directory if len(requests) < MAX_LISTED_PARTITIONS or directory in requests else OTHER_SCOPE
+            requests.setdefault(scope, Counter()).update(counts)
+        seconds += chunk.seconds
     for info in store.list(settings.key("usage/")):
         used = StepUsage.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
         requests.setdefault(RUN_SCOPE, Counter()).update(used.requests)
-    run.usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items())},
-                 "compute_seconds": round(seconds, 3)}
-    for key in sorted(by_segment, key=lambda k: (k[0], k[1], not k[2])):  # a recovery before its segment
-        run.segments.append(SegmentResult.from_json(by_segment[key]))
-    run.finished_at = datetime.now(UTC).isoformat()
+        by_class.setdefault(STANDARD, Counter()).update(used.requests)
+    try:
+        started = plan_files(store, settings).manifest().header.created_at
+    except ObjectNotFound:
+        started = ""
+    usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items())},
+             "requests_by_class": {k: dict(sorted(v.items())) for k, v in sorted(by_class.items())},
+             "compute_seconds": round(seconds, 3)}
+    run = tally.result("compact", settings.run_id, settings.bucket, settings.prefix, started,
+                       datetime.now(UTC).isoformat(),
+                       {"codec": settings.codec, "level": settings.level, "estimate": estimate, **(extra or {})}, usage)
     store.put_json(run_result_key(settings.prefix, settings.run_id, "compact"), run.to_json())
     return run
 
@@ -543,39 +599,19 @@ def safe_run_id(run_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", run_id)
 
 
-def by_topic(segments: Iterable[dict[str, Any]]) -> tuple[dict[str, list[int]], dict[tuple[str, str, str], int]]:
-    """Per topic, [segments compacted, bytes before, bytes after]; and the count of every other outcome by
-    (topic, status, the reason's first clause)."""
-    rows: dict[str, list[int]] = {}
-    notes: dict[tuple[str, str, str], int] = {}
-    for r in segments:
-        topic = str(r["directory"]).rsplit("-", 1)[0]
-        if r["status"] == "compacted":
-            row = rows.setdefault(topic, [0, 0, 0])
-            row[0] += 1
-            row[1] += int(r["bytes_before"])
-            row[2] += int(r["bytes_after"])
-        else:
-            key = (topic, str(r["status"]), str(r.get("reason") or "").split(":")[0])
-            notes[key] = notes.get(key, 0) + 1
-    return rows, notes
-
-
 def run_summary(run: RunResult) -> tuple[dict[str, Any], str]:
-    """Headline numbers and a plain-text table (per topic, then the skip reasons) for task logs."""
+    """Headline numbers and a plain-text table (per topic, then the other outcomes' reasons) for task logs."""
     totals = run.totals()
     before, after = totals["bytes_before"], totals["bytes_after"]
     headline = {"run_id": run.run_id, "segments": totals["segments"],
                 "compacted": totals.get("compacted", 0), "failed": totals.get("failed", 0),
                 "skipped": totals.get("skipped", 0), "bytes_before": before, "bytes_after": after,
                 "saved_bytes": before - after, "ratio": round(after / before, 4) if before else None}
-    rows, notes = by_topic(r.to_json() for r in run.segments)
-    reasons: dict[str, int] = {}
-    for (_, status, reason), n in notes.items():
-        key = f"{status}: {reason}" if reason else status
-        reasons[key] = reasons.get(key, 0) + n
+    reasons: Counter[str] = Counter()
+    for (_, status, reason), n in run.outcomes.items():
+        reasons[f"{status}: {reason}" if reason else status] += n
     lines = [f"{'topic':<32} {'segments':>8} {'before':>14} {'after':>14} {'ratio':>6}"]
-    for topic, (n, b, a) in sorted(rows.items()):
+    for topic, (n, b, a) in sorted(run.topics.items()):
         lines.append(f"{topic:<32} {n:>8} {b:>14,} {a:>14,} {a / b if b else 0:>6.3f}")
     lines.append(f"{'total':<32} {headline['compacted']:>8} {before:>14,} {after:>14,} "
                  f"{after / before if before else 0:>6.3f}")

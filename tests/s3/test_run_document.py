@@ -1,0 +1,74 @@
+"""The run document: typed and versioned, folded from the step results a chunk at a time, bounded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tiering.run.compact as compact_module
+from tests.s3.conftest import BUCKET, PREFIX
+from tests.s3.test_planfile import _seed
+from tiering.commit.protocol import SegmentResult
+from tiering.errors import ConfigError, ExitCode
+from tiering.lifecycle.journal import Cause, Pending, Status
+from tiering.plan.scan import ScanOptions
+from tiering.run.compact import CompactOptions, RunResult, RunTally
+from tiering.run.pipeline import RunSettings, collect_run, plan_run, run_local, scan_run
+from tiering.storage.layout import run_result_key
+from tiering.storage.store import S3Store
+
+
+def _results() -> list[SegmentResult]:
+    done = [SegmentResult(f"t-{p}", b, Status.COMPACTED, "", 100, 40) for p in range(3) for b in (0, 10)]
+    return [*done, SegmentResult("t-9", 0, Status.FAILED, "invalid data: crc", 50, cause=Cause.INVALID),
+            SegmentResult("u-1", 5, Status.SKIPPED, "partition busy: x", pending=Pending.BUSY)]
+
+
+def test_a_full_listing_lists_the_problems_first_and_counts_everything() -> None:
+    tally = RunTally(max_listed=3)
+    for r in _results():
+        tally.add(r)
+    run = tally.result("compact", "r", "b", "p", "s", "f", {"codec": "zstd"})
+    assert run.totals() == {"segments": 8, "compacted": 6, "failed": 1, "skipped": 1,
+                            "bytes_before": 600, "bytes_after": 240}
+    assert {(r.directory, r.status) for r in run.segments} >= {("t-9", Status.FAILED), ("u-1", Status.SKIPPED)}
+    assert (len(run.segments), run.omitted) == (3, 5)
+    assert (run.exit_code(), run.failed, run.pending) == (ExitCode.INVALID, True, 1)
+    assert run.topics == {"t": (6, 600, 240)}
+    assert run.outcomes == {("t", "failed", "invalid data"): 1, ("u", "skipped", "partition busy"): 1}
+
+
+def test_the_document_reads_back_equal_and_a_version_1_document_is_counted_again() -> None:
+    tally = RunTally()
+    for r in _results():
+        tally.add(r)
+    run = tally.result("compact", "r", "b", "p", "s", "f", {"codec": "zstd"}, {"compute_seconds": 1.5})
+    assert RunResult.from_json(json.loads(json.dumps(run.to_json())), "here") == run
+    v1 = {"schema_version": 1, "kind": "compact", "run_id": "r", "bucket": "b", "prefix": "p", "started_at": "s",
+          "finished_at": "f", "settings": {"codec": "zstd"}, "usage": {"compute_seconds": 1.5},
+          "segments": [r.to_json() for r in _results()]}
+    assert RunResult.from_json(v1, "here") == run
+    with pytest.raises(ConfigError, match="not a run document"):
+        RunResult.from_json({**run.to_json(), "schema_version": 3}, "here")
+
+
+def test_a_run_larger_than_the_listing_stays_bounded_and_whole_in_its_figures(
+        store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    _seed(store, 6)
+    run = RunSettings(BUCKET, PREFIX, "bounded", "zstd", 3)
+    scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
+    plan_run(store, run, CompactOptions(), chunk_work=1)  # several chunks, folded one at a time
+    whole = run_local(store, run, run.context(store), CompactOptions())
+    assert whole.totals()["compacted"] == 12
+    assert whole.omitted == 0
+    monkeypatch.setattr(compact_module, "MAX_LISTED_SEGMENTS", 5)
+    small = collect_run(store, run)
+    assert (len(small.segments), small.omitted) == (5, 7)
+    assert small.totals() == whole.totals()
+    assert small.topics == whole.topics
+    stored = RunResult.from_json(store.get_json(run_result_key(PREFIX, "bounded", "compact"))[0], "doc")
+    assert stored.totals() == whole.totals()
+    assert len(stored.segments) == 5
+    assert sum(sum(ops.values()) for ops in small.usage["requests_by_class"].values()) == sum(
+        sum(ops.values()) for ops in small.usage["requests"].values())
