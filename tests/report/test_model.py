@@ -246,3 +246,14 @@ def test_a_report_folded_chunk_by_chunk_equals_the_whole_and_lists_within_its_li
     assert (len(small["segments"]), len(small["failed"]), len(small["by_partition"])) == (1, 1, 2)
     assert small["listing"] == {"segments_omitted": 11, "failed_omitted": 1, "partitions_omitted": 3}
     assert sum(r["segments"] for r in small["by_topic"]) == 10
+
+
+def test_what_a_report_leaves_out_is_said_in_every_human_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tiering.cost.model as model
+
+    monkeypatch.setattr(model, "MAX_LISTED_ROWS", 1)
+    plan = [seg("t-0", 0), seg("t-0", 100)]
+    rep = report(run_doc([result("t-0", 0, GB, GB // 2), result("t-0", 100, GB, GB // 2)]), plan)
+    for fmt in ("md", "html"):
+        assert "Not listed: 1 segment rows" in render(rep, fmt)
+    assert "Not listed" not in render(report(run_doc([result("t-0", 0, GB, GB // 2)]), plan[:1]), "md")

@@ -173,6 +173,8 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     if report["failed"]:
         out += ["## Failed", "", *_md_table(("segment", "reason"), [[f["segment"], f["reason"]]
                                                                     for f in report["failed"]]), ""]
+    if left_out := listing_note(report):
+        out += [f"_{left_out}_", ""]
     runs = report["ledger"]["runs"]
     out += ["## All runs", "", *_md_table(("run", "finished", "rewritten", "saved/month", "one-off",
                                            "cumulative saved/month"),
@@ -183,6 +185,18 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     p = report["prices"]
     out += [f"Prices: {p['region']}, as of {p['as_of']} ({p['source']}). GB = 2^30 bytes, month = 730 hours."]
     return "\n".join(out) + "\n"
+
+
+def listing_note(report: Mapping[str, Any]) -> str:
+    """What a large run's report leaves out of its lists (its figures count everything), or ""."""
+    listing = report.get("listing") or {}
+    parts = [f"{n:,} {what}" for what, n in (("segment rows", listing.get("segments_omitted", 0)),
+                                             ("failures", listing.get("failed_omitted", 0)),
+                                             ("partitions", listing.get("partitions_omitted", 0))) if n]
+    if not parts:
+        return ""
+    return (f"Not listed: {', '.join(parts)} (every figure above counts them; each segment's result is in the "
+            "run's step documents under runs/<run>/).")
 
 
 def to_csv(report: Mapping[str, Any]) -> str:
@@ -340,6 +354,8 @@ def to_html(report: Mapping[str, Any]) -> str:
     if report["failed"]:
         body.append("<h2>Failed</h2>" + _html_table(("segment", "reason"), [[f["segment"], f["reason"]]
                                                                              for f in report["failed"]]))
+    if left_out := listing_note(report):
+        body.append(f"<p><em>{_e(left_out)}</em></p>")
     body.append("<h2>All runs</h2>" + _html_table(
         ("run", "finished", "rewritten", "saved/month", "one-off", "cumulative saved/month"),
         [[r["run_id"] + (" (estimate)" if r["estimate"] else ""), str(r["finished_at"])[:19],
