@@ -249,7 +249,7 @@ def test_a_report_folded_chunk_by_chunk_equals_the_whole_and_lists_within_its_li
 
 
 def test_what_a_report_leaves_out_is_said_in_every_human_format(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tiering.cost.model as model
+    from tiering.cost import model
 
     monkeypatch.setattr(model, "MAX_LISTED_ROWS", 1)
     plan = [seg("t-0", 0), seg("t-0", 100)]

@@ -72,3 +72,22 @@ def test_a_run_larger_than_the_listing_stays_bounded_and_whole_in_its_figures(
     assert len(stored.segments) == 5
     assert sum(sum(ops.values()) for ops in small.usage["requests_by_class"].values()) == sum(
         sum(ops.values()) for ops in small.usage["requests"].values())
+
+
+def test_a_kept_lease_is_released_when_the_work_fails_unexpectedly(store: S3Store) -> None:
+    """A Spark task keeps its partitions' leases for the commit step; a bug in its work must not leave the
+    partition busy for the lease's TTL."""
+    from tiering.run.compact import with_lease
+    from tiering.storage.layout import lease_key
+
+    run = RunSettings(BUCKET, PREFIX, "buggy", "zstd")
+
+    def work(lease: object, out: list[SegmentResult]) -> None:
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        with_lease(run.context(store), "t-0", 60, work, [("t-0", 0)], keep=True)
+    assert not list(store.list(lease_key(PREFIX, "t-0")))
+    kept = with_lease(run.context(store), "t-0", 60, lambda lease, out: None, [], keep=True)
+    assert kept == []
+    assert list(store.list(lease_key(PREFIX, "t-0")))  # kept when the work ends normally

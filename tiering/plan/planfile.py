@@ -95,7 +95,7 @@ class ChunkWriter:
 
     def __init__(self, put: Callable[[str, bytes], str], *, max_segments: int = DEFAULT_CHUNK_SEGMENTS,
                  max_work: int | None = None, max_bytes: int | None = None) -> None:
-        if min(max_segments, max_work or 1, max_bytes or 1) < 1:
+        if min(max_segments, 1 if max_work is None else max_work, 1 if max_bytes is None else max_bytes) < 1:
             raise ConfigError("plan chunks must hold at least one segment and one byte", expected=">= 1",
                               found=f"{max_segments} segments, {max_work} to compact, {max_bytes} bytes")
         self._put = put
@@ -124,7 +124,7 @@ class ChunkWriter:
         self._partitions += 1
         self._segments += len(segments)
         self._todo += len(work)
-        self._bytes += sum(s.size for s in work)
+        self._bytes += sum(s.size for s in work if s.action == COMPACT)  # a repair rewrites nothing
         if self._load() >= 1:
             self._flush()
 

@@ -393,9 +393,11 @@ def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tu
         work(lease, results)
     except TieringError as e:
         stopped = e
-    finally:
-        if not keep or stopped is not None:
-            lease.release()
+    except Exception:  # a bug: the partition is not left busy for the lease's TTL (a killed process is)
+        lease.release()
+        raise
+    if not keep or stopped is not None:
+        lease.release()
     if stopped is not None:
         seen = {(r.directory, r.base_offset) for r in results}
         for d, b in dict.fromkeys(todo):
