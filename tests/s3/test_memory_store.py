@@ -37,7 +37,8 @@ from tiering.storage.store import (
 )
 
 MEMBERS = ("head", "open", "get", "download", "put", "delete", "delete_many", "now", "describe", "put_object", "copy",
-           "transition", "get_json", "put_json", "facts", "list_dirs", "list_uploads", "abort_upload", "list", "upload")
+           "transition", "get_json", "put_json", "facts", "list_dirs", "list_uploads", "abort_upload", "list", "upload",
+           "for_bucket")
 ATTRIBUTES = ("bucket", "requests")
 
 

@@ -41,12 +41,13 @@ from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
 from tiering.run.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, new_run_id, rollback
 from tiering.run.pipeline import RunSettings, compact, plan_run, run_local, scan_run
+from tiering.storage.objects import ObjectStore
 from tiering.storage.store import ObjectInfo, S3Store, make_client
 
 CODEC_CHOICES = [c.label for c in Codec]
 
 
-def _store(args: argparse.Namespace) -> S3Store:
+def _store(args: argparse.Namespace) -> ObjectStore:
     return S3Store(make_client(endpoint_url=args.endpoint_url, region=args.region), args.bucket)
 
 
@@ -78,7 +79,7 @@ def _scan_options(args: argparse.Namespace) -> ScanOptions:
                        args.include_special, args.scan_workers, policy)
 
 
-def _source(args: argparse.Namespace, store: S3Store) -> Iterator[ObjectInfo] | None:
+def _source(args: argparse.Namespace, store: ObjectStore) -> Iterator[ObjectInfo] | None:
     """The objects of ``--inventory``'s report, or None: list the prefix."""
     if not getattr(args, "inventory", None):
         return None
@@ -102,7 +103,7 @@ def _progress(args: argparse.Namespace) -> Callable[[int], None]:
     return progress
 
 
-def _scan(args: argparse.Namespace, store: S3Store) -> Plan:
+def _scan(args: argparse.Namespace, store: ObjectStore) -> Plan:
     _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
     options = _scan_options(args)
     plan = scan(store, args.prefix, options, progress=_progress(args), source=_source(args, store))
@@ -192,11 +193,11 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_plan(args: argparse.Namespace, store: S3Store) -> Plan:
+def _load_plan(args: argparse.Namespace, store: ObjectStore) -> Plan:
     text = args.plan
     if text.startswith("s3://"):
         bucket, _, key = text[5:].partition("/")
-        doc = S3Store(store.client, bucket).get_json(key)[0]
+        doc = store.for_bucket(bucket).get_json(key)[0]
     else:
         try:
             doc = json.loads(Path(text).read_text())

@@ -29,7 +29,8 @@ from typing import Final, Protocol
 
 from tiering.errors import ConflictError, StorageError
 from tiering.storage.layout import clock_key
-from tiering.storage.store import ObjectNotFound, PreconditionFailed, S3Store
+from tiering.storage.objects import ObjectStore
+from tiering.storage.store import ObjectNotFound, PreconditionFailed
 
 DEFAULT_TTL_SECONDS: Final = 600
 ACQUIRE_ATTEMPTS: Final = 4
@@ -45,7 +46,7 @@ class LeaseLost(ConflictError):
 
 @dataclass
 class Lease:
-    store: S3Store
+    store: ObjectStore
     key: str
     owner: str
     ttl_seconds: int = DEFAULT_TTL_SECONDS
@@ -139,7 +140,7 @@ class RunLease:
     """A partition lease held (and renewed) by the run's driver, as a worker sees it: checked before each
     step that needs it, never renewed or released from here (that would change the driver's ETag)."""
 
-    store: S3Store
+    store: ObjectStore
     key: str
     owner: str
 

@@ -56,7 +56,8 @@ from tiering.storage.layout import (
     sibling_key,
     staging_key,
 )
-from tiering.storage.store import DEFAULT_PART_BYTES, ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
+from tiering.storage.objects import ObjectStore
+from tiering.storage.store import DEFAULT_PART_BYTES, ObjectAttrs, ObjectNotFound, PreconditionFailed
 
 # User metadata on the objects we write to final keys (S3 shows them as x-amz-meta-*).
 META_RUN: Final = "tiering-run"
@@ -93,7 +94,7 @@ class TakenOver(ConflictError):
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    store: S3Store
+    store: ObjectStore
     prefix: str
     run_id: str
     options: RewriteOptions
@@ -146,7 +147,7 @@ class SegmentResult:
                    float(doc["seconds"]) if doc.get("seconds") is not None else None)
 
 
-def _uri(store: S3Store, key: str) -> str:
+def _uri(store: ObjectStore, key: str) -> str:
     return f"s3://{store.bucket}/{key}"
 
 
@@ -270,7 +271,7 @@ def recheck_source(ctx: Context, seg: PlannedSegment) -> None:
                         path=_uri(ctx.store, seg.log.key), size=seg.log.size)
 
 
-def _check_read_back(store: S3Store, new: dict[str, str], size: int, digest: str, offset_index: bytes,
+def _check_read_back(store: ObjectStore, new: dict[str, str], size: int, digest: str, offset_index: bytes,
                      time_index: bytes, expected_size: int, expected_digest: str) -> None:
     where = _uri(store, new["log"])
     if size != expected_size:
@@ -581,7 +582,7 @@ def _abandon(ctx: Context, journal: Journal, etag: str, reason: str,
                          pending=pending)
 
 
-def pending_journals(store: S3Store, prefix: str, directory: str | None = None) -> Iterator[tuple[Journal, str]]:
+def pending_journals(store: ObjectStore, prefix: str, directory: str | None = None) -> Iterator[tuple[Journal, str]]:
     """Journal entries left in flight (by a crash, or by a stage step waiting for its commit)."""
     under = journal_dir(prefix, directory)
     for info in store.list(under):

@@ -31,6 +31,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.run.pipeline import safe_run_id
 from tiering.storage.layout import report_key, reserved_dir, run_key, run_result_key, segment_key
+from tiering.storage.objects import ObjectStore
 from tiering.storage.store import ObjectNotFound, S3Store, make_client
 
 BUCKET: Final = "kafka-demo"
@@ -71,7 +72,7 @@ class Seeded:
     indexless: str
 
 
-def seed_demo(store: S3Store, scale: float = 1.0) -> Seeded:
+def seed_demo(store: ObjectStore, scale: float = 1.0) -> Seeded:
     originals: dict[str, bytes] = {}
     active = []
     corrupt = indexless = ""
@@ -98,7 +99,7 @@ def seed_demo(store: S3Store, scale: float = 1.0) -> Seeded:
     return Seeded(originals, active, corrupt, indexless)
 
 
-def segment_objects(store: S3Store) -> dict[str, str]:
+def segment_objects(store: ObjectStore) -> dict[str, str]:
     """Every object outside our reserved prefix, with its ETag."""
     reserved = reserved_dir(PREFIX)
     return {o.key: o.etag for o in store.list(PREFIX + "/") if not o.key.startswith(reserved)}
@@ -165,7 +166,7 @@ def run_dag(conf: dict[str, Any], dag: Any = None) -> tuple[str, str]:
     return str(dag_run.state), safe_run_id(dag_run.run_id)
 
 
-def _get_or_none(store: S3Store, key: str) -> bytes | None:
+def _get_or_none(store: ObjectStore, key: str) -> bytes | None:
     try:
         return store.get(key)
     except ObjectNotFound:

@@ -16,7 +16,7 @@ from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.index import build_indexes
 from tiering.kafka.segment import verify_segment
 from tiering.storage.layout import partition_key, segment_key
-from tiering.storage.store import S3Store
+from tiering.storage.objects import ObjectStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,7 @@ class SeededSegment:
     size: int
 
 
-def upload_partition(store: S3Store, prefix: str, topic: str, partition: int,
+def upload_partition(store: ObjectStore, prefix: str, topic: str, partition: int,
                      generated: tuple[GeneratedSegment, ...]) -> list[SeededSegment]:
     """Put generated segments and the partition files a broker keeps beside them."""
     out = []
@@ -73,7 +73,7 @@ def upload_partition(store: S3Store, prefix: str, topic: str, partition: int,
     return out
 
 
-def seed_partition(store: S3Store, prefix: str, topic: str, partition: int, *, segments: int, kind: str,
+def seed_partition(store: ObjectStore, prefix: str, topic: str, partition: int, *, segments: int, kind: str,
                    codec: Codec, segment_bytes: int, seed: int = 0) -> list[SeededSegment]:
     generated = generate_partition(segments=segments, kind=kind, codec=codec, segment_bytes=segment_bytes, seed=seed)
     return upload_partition(store, prefix, topic, partition, generated)

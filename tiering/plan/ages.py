@@ -6,13 +6,13 @@ from typing import Final
 
 from tiering.kafka.reader import iter_batches
 from tiering.plan.scan import PlannedSegment
-from tiering.storage.store import S3Store
+from tiering.storage.objects import ObjectStore
 
 INDEX_ENTRY_BYTES: Final = 8
 TIME_INDEX_ENTRY_BYTES: Final = 12
 
 
-def max_timestamp(store: S3Store, seg: PlannedSegment) -> tuple[int | None, str]:
+def max_timestamp(store: ObjectStore, seg: PlannedSegment) -> tuple[int | None, str]:
     """The segment's newest record timestamp (ms) and how it was found: the larger of the ``.timeindex``'s
     last entry (Kafka's running maximum, appended again when a segment rolls) and the batches after the last
     ``.index`` entry (records appended since); the whole ``.log``, streamed, when there is no ``.index``."""

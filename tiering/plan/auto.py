@@ -35,7 +35,7 @@ from tiering.plan.ages import max_timestamp
 from tiering.plan.estimate import WorkSample, sample_batches, spread
 from tiering.plan.policy import AUTO, Policy
 from tiering.plan.scan import COMPACT, SKIP, Plan, PlannedSegment
-from tiering.storage.store import S3Store
+from tiering.storage.objects import ObjectStore
 
 HORIZON_MONTHS: Final = 12.0
 GRACE_DAYS: Final = 7.0  # the cleanup's default grace period
@@ -43,7 +43,7 @@ AUTO_SAMPLE_SEGMENTS: Final = 4
 AUTO_SAMPLE_BYTES: Final = 2 << 20
 
 
-def choose_codec(store: S3Store, segments: list[PlannedSegment], candidates: tuple[tuple[str, int | None], ...],
+def choose_codec(store: ObjectStore, segments: list[PlannedSegment], candidates: tuple[tuple[str, int | None], ...],
                  prices: PriceBook, *, horizon_months: float = HORIZON_MONTHS, grace_days: float = GRACE_DAYS,
                  sample_segments: int = AUTO_SAMPLE_SEGMENTS, sample_bytes: int = AUTO_SAMPLE_BYTES,
                  work: WorkSample | None = None) -> dict[str, Any]:
@@ -87,7 +87,7 @@ def choose_codec(store: S3Store, segments: list[PlannedSegment], candidates: tup
                                                                       "level": chosen["level"]}}
 
 
-def record_age(store: S3Store, seg: PlannedSegment, policy: Policy, clock: datetime) -> PlannedSegment:
+def record_age(store: ObjectStore, seg: PlannedSegment, policy: Policy, clock: datetime) -> PlannedSegment:
     """``seg`` skipped when its newest record is younger than its topic's ``min.segment.age.hours``."""
     if seg.action != COMPACT:
         return seg
@@ -108,7 +108,7 @@ def record_age(store: S3Store, seg: PlannedSegment, policy: Policy, clock: datet
                                f"the policy's min.segment.age.hours is {need:g}")
 
 
-def decide_auto(store: S3Store, topics: dict[str, WorkSample], policy: Policy, prices: PriceBook,
+def decide_auto(store: ObjectStore, topics: dict[str, WorkSample], policy: Policy, prices: PriceBook,
                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Every ``auto`` topic's decision (see the module docstring), by topic."""
     choices: dict[str, Any] = {}
@@ -135,7 +135,7 @@ def with_auto(seg: PlannedSegment, choices: dict[str, Any], policy: Policy) -> P
     return dataclasses.replace(seg, codec=chosen["codec"], level=chosen["level"])
 
 
-def apply_policy(store: S3Store, plan: Plan, policy: Policy, prices: PriceBook,
+def apply_policy(store: ObjectStore, plan: Plan, policy: Policy, prices: PriceBook,
                  log: Callable[[str], None] | None = None) -> Plan:
     """The plan with the policy's record-age minimum applied and every ``auto`` topic's codec chosen."""
     clock = datetime.fromisoformat(plan.created_at)

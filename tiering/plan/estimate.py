@@ -21,7 +21,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import RawBatch, iter_batches
 from tiering.kafka.rewrite import RewriteOptions, process_batch
 from tiering.plan.scan import COMPACT, Plan, PlannedSegment
-from tiering.storage.store import S3Store
+from tiering.storage.objects import ObjectStore
 
 DEFAULT_SAMPLE_SEGMENTS: Final = 16
 RESERVOIR: Final = 256  # segments kept to sample from, whatever the plan's size (the sample spreads over them)
@@ -57,7 +57,7 @@ def spread(segments: list[PlannedSegment], k: int) -> list[PlannedSegment]:
     return [ordered[round(i * (len(ordered) - 1) / (k - 1))] for i in range(k)] if k > 1 else [ordered[-1]]
 
 
-def sample_batches(store: S3Store, seg: PlannedSegment, sample_bytes: int) -> list[RawBatch]:
+def sample_batches(store: ObjectStore, seg: PlannedSegment, sample_bytes: int) -> list[RawBatch]:
     """The whole batches within the segment's first ``sample_bytes`` (one ranged GET; headers and CRCs
     checked). The sample's cut through a batch is not an error; anything else in it is."""
     assert seg.log is not None
@@ -73,7 +73,7 @@ def sample_batches(store: S3Store, seg: PlannedSegment, sample_bytes: int) -> li
     return batches
 
 
-def _sample(store: S3Store, seg: PlannedSegment, options: RewriteOptions, sample_bytes: int) -> tuple[int, int]:
+def _sample(store: ObjectStore, seg: PlannedSegment, options: RewriteOptions, sample_bytes: int) -> tuple[int, int]:
     """(bytes in, bytes out) over the whole batches within the segment's first ``sample_bytes``."""
     bytes_in = bytes_out = 0
     for raw in sample_batches(store, seg, sample_bytes):
@@ -82,7 +82,7 @@ def _sample(store: S3Store, seg: PlannedSegment, options: RewriteOptions, sample
     return bytes_in, bytes_out
 
 
-def estimate(store: S3Store, plan: Plan, options: RewriteOptions, *, segments: int = DEFAULT_SAMPLE_SEGMENTS,
+def estimate(store: ObjectStore, plan: Plan, options: RewriteOptions, *, segments: int = DEFAULT_SAMPLE_SEGMENTS,
              sample_bytes: int = DEFAULT_SAMPLE_BYTES) -> dict[str, Any]:
     """Estimated bytes after compaction of the plan's ``compact`` segments, with its uncertainty."""
     work = WorkSample()
@@ -92,7 +92,7 @@ def estimate(store: S3Store, plan: Plan, options: RewriteOptions, *, segments: i
     return estimate_work(store, work, options, segments=segments, sample_bytes=sample_bytes)
 
 
-def estimate_work(store: S3Store, work: WorkSample, options: RewriteOptions, *,
+def estimate_work(store: ObjectStore, work: WorkSample, options: RewriteOptions, *,
                   segments: int = DEFAULT_SAMPLE_SEGMENTS, sample_bytes: int = DEFAULT_SAMPLE_BYTES
                   ) -> dict[str, Any]:
     """:func:`estimate` of segments seen as a stream (their sample stands for them)."""

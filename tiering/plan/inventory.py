@@ -62,7 +62,8 @@ from typing import Any, BinaryIO, Final
 from urllib.parse import unquote_plus
 
 from tiering.errors import ConfigError, InvalidDataError, StorageError, TieringError
-from tiering.storage.store import ObjectInfo, S3Store
+from tiering.storage.objects import ObjectStore
+from tiering.storage.store import ObjectInfo
 
 CSV: Final = "CSV"
 UNREADABLE_FORMATS: Final = frozenset({"ORC", "Parquet"})  # real S3 formats, but no reader here (no pyarrow)
@@ -158,7 +159,7 @@ class InventoryManifest:
         return cls(source, destination, file_format, columns, tuple(files), created_at, version)
 
 
-def read_manifest(store: S3Store, uri: str) -> InventoryManifest:
+def read_manifest(store: ObjectStore, uri: str) -> InventoryManifest:
     """The manifest at ``uri`` (``s3://BUCKET/…/manifest.json``, read with ``store``'s client), checked to be
     one this module can read: CSV, with the columns planning needs (:class:`ConfigError` otherwise)."""
     m = re.fullmatch(r"s3://([^/]+)/(.+)", uri.strip())
@@ -167,7 +168,7 @@ def read_manifest(store: S3Store, uri: str) -> InventoryManifest:
                           found=uri)
     bucket, key = m.groups()
     try:
-        doc, _ = (store if store.bucket == bucket else S3Store(store.client, bucket)).get_json(key)
+        doc, _ = (store if store.bucket == bucket else store.for_bucket(bucket)).get_json(key)
     except StorageError:
         raise
     except TieringError as e:  # not JSON at all
@@ -215,7 +216,7 @@ class _Columns:
                    at.get("StorageClass"), at.get("IsLatest"), at.get("IsDeleteMarker"))
 
 
-def iter_inventory(store: S3Store, manifest: InventoryManifest, prefix: str = "") -> Iterator[ObjectInfo]:
+def iter_inventory(store: ObjectStore, manifest: InventoryManifest, prefix: str = "") -> Iterator[ObjectInfo]:
     """The current objects of the source bucket whose keys start with ``prefix`` ("" or ending with "/"), in
     the data files' order (no order is promised). Data files are read from the manifest's destination bucket
     with ``store``'s client. Errors: :class:`InvalidDataError` naming the file (and the row) for a file
@@ -223,8 +224,7 @@ def iter_inventory(store: S3Store, manifest: InventoryManifest, prefix: str = ""
     check_readable(manifest, f"s3://{manifest.destination_bucket}")  # here, not at the first row
     if prefix and not prefix.endswith("/"):
         raise ConfigError("an inventory prefix is empty or ends with '/'", expected="PATH/", found=prefix)
-    data = store if store.bucket == manifest.destination_bucket else S3Store(store.client,
-                                                                              manifest.destination_bucket)
+    data = store if store.bucket == manifest.destination_bucket else store.for_bucket(manifest.destination_bucket)
     columns = _Columns.of(manifest.columns)
     return itertools.chain.from_iterable(_read_file(data, file, columns, manifest.source_bucket, prefix)
                                          for file in manifest.files)
@@ -248,7 +248,7 @@ class _Digest:
         raise io.UnsupportedOperation("an inventory data file is read once, in order")
 
 
-def _read_file(store: S3Store, file: InventoryFile, columns: _Columns, source_bucket: str,
+def _read_file(store: ObjectStore, file: InventoryFile, columns: _Columns, source_bucket: str,
                prefix: str) -> Iterator[ObjectInfo]:
     """One data file's objects, streamed; its size and MD5 checked when it ends."""
     where = f"s3://{store.bucket}/{file.key}"

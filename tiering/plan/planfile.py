@@ -26,7 +26,7 @@ from tiering.errors import ConfigError, InvalidDataError
 from tiering.lifecycle.journal import Cause
 from tiering.plan.scan import COMPACT, PLAN_SCHEMA_VERSION, REPAIR, SKIP, Plan, PlannedSegment, PlanTotals
 from tiering.storage.layout import run_key
-from tiering.storage.store import S3Store
+from tiering.storage.objects import ObjectStore
 
 MANIFEST_KIND: Final = "tiering.plan-manifest"
 MANIFEST: Final = "manifest.json"
@@ -192,7 +192,7 @@ def read_chunk(stream: io.RawIOBase | io.BufferedIOBase | Any, where: str, start
 class ChunkedPlan:
     """A chunked plan on S3 under ``PREFIX/_tiering/runs/<run>/<name>/``."""
 
-    def __init__(self, store: S3Store, prefix: str, run_id: str, name: str) -> None:
+    def __init__(self, store: ObjectStore, prefix: str, run_id: str, name: str) -> None:
         self.store = store
         self.prefix, self.run_id, self.name = prefix, run_id, name
 

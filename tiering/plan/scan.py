@@ -54,7 +54,8 @@ from tiering.storage.layout import (
     partition_prefix,
     reserved_dir,
 )
-from tiering.storage.store import ObjectInfo, S3Store
+from tiering.storage.objects import ObjectStore
+from tiering.storage.store import ObjectInfo
 
 PLAN_SCHEMA_VERSION: Final = 1
 DEFAULT_MIN_AGE_MINUTES: Final = 15
@@ -331,7 +332,7 @@ class Listed:
     state: PartitionState
 
 
-def scan_partitions(store: S3Store, prefix: str, options: ScanOptions, emit: Callable[[list[PlannedSegment]], None],
+def scan_partitions(store: ObjectStore, prefix: str, options: ScanOptions, emit: Callable[[list[PlannedSegment]], None],
                     *, source: Iterator[ObjectInfo] | None = None, progress: Callable[[int], None] | None = None
                     ) -> Plan:
     """Scan ``prefix`` one partition at a time, handing each partition's planned segments to ``emit``; the
@@ -373,7 +374,7 @@ def scan_partitions(store: S3Store, prefix: str, options: ScanOptions, emit: Cal
     return plan
 
 
-def scan(store: S3Store, prefix: str, options: ScanOptions, progress: Callable[[int], None] | None = None,
+def scan(store: ObjectStore, prefix: str, options: ScanOptions, progress: Callable[[int], None] | None = None,
          *, source: Iterator[ObjectInfo] | None = None) -> Plan:
     """The whole plan in memory (for a CLI run or a test); :func:`scan_partitions` streams it."""
     segments: list[PlannedSegment] = []
@@ -382,7 +383,7 @@ def scan(store: S3Store, prefix: str, options: ScanOptions, progress: Callable[[
     return plan
 
 
-def _listed_partitions(store: S3Store, root: str, options: ScanOptions,
+def _listed_partitions(store: ObjectStore, root: str, options: ScanOptions,
                        wanted: Callable[[str], PartitionDir | None]) -> Iterator[Listed]:
     """Partition directories listed in parallel (``options.workers`` at once), yielded in name order; at
     most twice as many listings are held as there are workers."""
@@ -404,7 +405,7 @@ def _listed_partitions(store: S3Store, root: str, options: ScanOptions,
                 window.append(pool.submit(one, d))
 
 
-def inventory_partitions(store: S3Store, root: str, objects: Iterator[ObjectInfo],
+def inventory_partitions(store: ObjectStore, root: str, objects: Iterator[ObjectInfo],
                          wanted: Callable[[str], PartitionDir | None], ignored: Callable[[str, str], None],
                          *, shards: int = INVENTORY_SHARDS) -> Iterator[Listed]:
     """Partitions from an inventory's objects, which come in no promised order: each object is spilled to

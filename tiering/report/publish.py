@@ -23,7 +23,8 @@ from tiering.errors import ConfigError, StorageError
 from tiering.report.render import render
 from tiering.run.pipeline import RunSettings, plan_files, run_outcomes
 from tiering.storage.layout import ledger_key, report_key, run_result_key
-from tiering.storage.store import ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
+from tiering.storage.objects import ObjectStore
+from tiering.storage.store import ObjectAttrs, ObjectNotFound, PreconditionFailed
 
 LATEST: Final = "latest"
 LEDGER_SCHEMA_VERSION: Final = 1
@@ -33,7 +34,7 @@ CONTENT_TYPES: Final = {"json": "application/json", "md": "text/markdown; charse
 
 
 
-def read_ledger(store: S3Store, prefix: str) -> tuple[list[dict[str, Any]], str | None]:
+def read_ledger(store: ObjectStore, prefix: str) -> tuple[list[dict[str, Any]], str | None]:
     try:
         doc, etag = store.get_json(ledger_key(prefix))
     except ObjectNotFound:
@@ -41,7 +42,7 @@ def read_ledger(store: S3Store, prefix: str) -> tuple[list[dict[str, Any]], str 
     return list(doc["runs"]), etag
 
 
-def record_in_ledger(store: S3Store, prefix: str, entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+def record_in_ledger(store: ObjectStore, prefix: str, entry: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Add (or replace) ``entry`` in the ledger with a compare-and-swap; the ledger as written."""
     for _ in range(MAX_LEDGER_ATTEMPTS):
         runs, etag = read_ledger(store, prefix)
@@ -60,7 +61,7 @@ def record_in_ledger(store: S3Store, prefix: str, entry: Mapping[str, Any]) -> l
                           path=f"s3://{store.bucket}/{ledger_key(prefix)}")
 
 
-def assemble(store: S3Store, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
+def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
              ledger: list[dict[str, Any]], *, kind: str = "compact") -> dict[str, Any]:
     """The report of ``run_id`` from its run document, and its plan and step results a chunk at a time
     (nothing is written)."""
@@ -82,7 +83,7 @@ def assemble(store: S3Store, prefix: str, run_id: str, prices: PriceBook, option
                         chunks=chunks)
 
 
-def publish_report(store: S3Store, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
+def publish_report(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
                    *, kind: str = "compact") -> tuple[dict[str, Any], dict[str, str]]:
     """Build the report of ``run_id``, record it in the ledger, and write it in every format to the run's key
     and to ``latest``. Returns the report and its keys by format."""
@@ -106,7 +107,7 @@ def build_report_again(report: dict[str, Any], ledger: list[dict[str, Any]]) -> 
     return {**report, "ledger": cumulative(ledger, now)}
 
 
-def load_report(store: S3Store, prefix: str, run_id: str = LATEST) -> dict[str, Any]:
+def load_report(store: ObjectStore, prefix: str, run_id: str = LATEST) -> dict[str, Any]:
     doc: dict[str, Any] = store.get_json(report_key(prefix, run_id))[0]
     return doc
 

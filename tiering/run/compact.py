@@ -51,7 +51,8 @@ from tiering.storage.layout import (
     reserved_dir,
     run_result_key,
 )
-from tiering.storage.store import EncryptedWithCustomerKey, ObjectInfo, S3Store
+from tiering.storage.objects import ObjectStore
+from tiering.storage.store import EncryptedWithCustomerKey, ObjectInfo
 
 RUN_SCHEMA_VERSION: Final = 1
 DEFAULT_GRACE_DAYS: Final = 7
@@ -410,7 +411,7 @@ def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tu
     return results
 
 
-def pending_bases(store: S3Store, prefix: str) -> dict[str, list[int]]:
+def pending_bases(store: ObjectStore, prefix: str) -> dict[str, list[int]]:
     """The segments with a journal entry in flight, by partition directory (keys only: nothing is read)."""
     root = journal_dir(prefix)
     out: dict[str, list[int]] = {}
@@ -422,7 +423,7 @@ def pending_bases(store: S3Store, prefix: str) -> dict[str, list[int]]:
     return out
 
 
-def rollback(store: S3Store, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult:
+def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult:
     """Put back the originals that run ``target_run`` replaced (wherever its ``.log`` is still in place)."""
     started = datetime.now(UTC).isoformat()
     tally = RunTally()
@@ -470,7 +471,7 @@ class CleanupResult:
                 "left_pending": [r.to_json() for r in self.recovered if r.pending is not None]}
 
 
-def cleanup(store: S3Store, ctx: Context, *, grace_days: float = DEFAULT_GRACE_DAYS,
+def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRACE_DAYS,
             stale_hours: float = DEFAULT_STALE_HOURS, lease_ttl: int = DEFAULT_TTL_SECONDS) -> CleanupResult:
     """Converge journal entries left by crashed runs, then delete kept originals past the grace period,
     abandoned staging objects, and incomplete multipart uploads; ages by S3's clock (LastModified)."""

@@ -67,6 +67,7 @@ from tiering.run.compact import (
     with_lease,
 )
 from tiering.storage.layout import normalize_prefix, run_key, run_result_key
+from tiering.storage.objects import ObjectStore
 from tiering.storage.store import ObjectNotFound, S3Store, make_client
 
 RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
@@ -100,11 +101,11 @@ class RunSettings:
     def from_json(cls, doc: dict[str, Any]) -> RunSettings:
         return cls(**doc)
 
-    def store(self) -> S3Store:
+    def store(self) -> ObjectStore:
         """A client from this process's AWS environment (endpoint and credentials are never in settings)."""
         return S3Store(make_client(), self.bucket)
 
-    def context(self, store: S3Store, work_dir: str | None = None, *, one_core: bool = False) -> Context:
+    def context(self, store: ObjectStore, work_dir: str | None = None, *, one_core: bool = False) -> Context:
         """``one_core``: the rewrite proves inline instead of on a second thread (a Spark task has one core)."""
         options = RewriteOptions(Codec.parse(self.codec), self.level, proof_thread=not one_core)
         return Context(store, self.prefix, self.run_id, options, work_dir=work_dir)
@@ -113,12 +114,12 @@ class RunSettings:
         return run_key(self.prefix, self.run_id, name)
 
 
-def plan_files(store: S3Store, settings: RunSettings, name: str = PLAN) -> ChunkedPlan:
+def plan_files(store: ObjectStore, settings: RunSettings, name: str = PLAN) -> ChunkedPlan:
     """The run's scan (``name="scan"``) or plan as chunk files under ``runs/<run>/<name>/``."""
     return ChunkedPlan(store, settings.prefix, settings.run_id, name)
 
 
-def scan_run(store: S3Store, settings: RunSettings, options: ScanOptions, *, inventory: str | None = None,
+def scan_run(store: ObjectStore, settings: RunSettings, options: ScanOptions, *, inventory: str | None = None,
              progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Scan the prefix (a listing, or the S3 Inventory report whose ``manifest.json`` is ``inventory``) into
     chunk files under ``runs/<run>/scan/``; the manifest's key and the totals."""
@@ -138,7 +139,7 @@ def scan_run(store: S3Store, settings: RunSettings, options: ScanOptions, *, inv
     return {"scan_key": out.manifest_key, "objects": header.objects_listed, "totals": writer.totals.to_json()}
 
 
-def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, estimate_savings: bool = False,
+def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, *, estimate_savings: bool = False,
              policy: Policy | None = None, prices: PriceBook | None = None, max_chunks: int = DEFAULT_MAX_CHUNKS,
              chunk_work: int = DEFAULT_CHUNK_WORK) -> dict[str, Any]:
     """From the run's scan, apply the policy (record ages, automatic codecs) and the budget (largest first)
@@ -209,12 +210,12 @@ def plan_run(store: S3Store, settings: RunSettings, budget: CompactOptions, *, e
                        for c in chunks if c.to_compact or c.name in with_pending]}
 
 
-def load_manifest(store: S3Store, uri: str) -> tuple[ChunkedPlan, PlanManifest]:
+def load_manifest(store: ObjectStore, uri: str) -> tuple[ChunkedPlan, PlanManifest]:
     """A run's chunked plan from the ``s3://BUCKET/.../runs/<run>/<name>/manifest.json`` of it."""
     if not uri.startswith("s3://") or not uri.endswith("/" + MANIFEST):
         raise ConfigError("a plan is named by its manifest on S3", expected=f"s3://BUCKET/.../{MANIFEST}", found=uri)
     bucket, _, key = uri[5:].partition("/")
-    store = S3Store(store.client, bucket)
+    store = store.for_bucket(bucket)
     manifest = PlanManifest.from_json(store.get_json(key)[0])
     run_dir = key.removesuffix("/" + MANIFEST)
     run_id, name = run_dir.split("/")[-2:]
@@ -311,7 +312,7 @@ def pruning_of(manifest: PlanManifest, partition: list[PlannedSegment]) -> Pruni
     return Pruning(frozenset(s.base_offset for s in partition), listed_at)
 
 
-def run_unit(store: S3Store, settings: RunSettings, ctx: Context, unit: StageUnit, *, commit: bool,
+def run_unit(store: ObjectStore, settings: RunSettings, ctx: Context, unit: StageUnit, *, commit: bool,
              pending: dict[str, list[int]] | None = None,
              progress: Callable[[SegmentResult], None] | None = None) -> dict[str, int]:
     """The work of one unit, partition by partition under the run's leases: staged for the commit step
@@ -356,12 +357,12 @@ def stage_unit(unit: dict[str, Any], settings: dict[str, Any], work_dir: str | N
                     commit=False)
 
 
-def put_usage(store: S3Store, settings: RunSettings, step: str) -> None:
+def put_usage(store: ObjectStore, settings: RunSettings, step: str) -> None:
     """Record the S3 requests ``store`` made for this run outside any partition's work (``usage/<step>``)."""
     store.put_json(settings.key(f"usage/{step}.json"), StepUsage(dict(store.requests)).to_json())
 
 
-def write_results(store: S3Store, key: str, results: Iterable[SegmentResult],
+def write_results(store: ObjectStore, key: str, results: Iterable[SegmentResult],
                   usage: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
     """Store a step's results (and the S3 requests per partition it made); counts by status."""
     step = StepResults(tuple(results), usage or {})
@@ -369,7 +370,7 @@ def write_results(store: S3Store, key: str, results: Iterable[SegmentResult],
     return step.counts()
 
 
-def commit_chunk(store: S3Store, settings: RunSettings, name: str, *, ctx: Context | None = None,
+def commit_chunk(store: ObjectStore, settings: RunSettings, name: str, *, ctx: Context | None = None,
                  pending: dict[str, list[int]] | None = None, worked: bool = True, workers: int = 1
                  ) -> dict[str, Any]:
     """Finish every journal entry in the partitions of plan chunk ``name`` (those with work, unless not
@@ -430,7 +431,7 @@ class ChunkOutcome:
     seconds: float
 
 
-def run_outcomes(store: S3Store, settings: RunSettings) -> Iterator[ChunkOutcome]:
+def run_outcomes(store: ObjectStore, settings: RunSettings) -> Iterator[ChunkOutcome]:
     """The run's results, one plan chunk at a time (memory: a chunk): per segment its final outcome (a
     commit result wins over its staging result), apart from it an operation of another run finished or
     abandoned there, the segments the budget left out, and those an earlier attempt of this very run id
@@ -453,7 +454,7 @@ def run_outcomes(store: S3Store, settings: RunSettings) -> Iterator[ChunkOutcome
         yield _chunk_outcome(store, settings, [], rest)
 
 
-def _chunk_outcome(store: S3Store, settings: RunSettings, segments: list[PlannedSegment],
+def _chunk_outcome(store: ObjectStore, settings: RunSettings, segments: list[PlannedSegment],
                    keys: list[str]) -> ChunkOutcome:
     by_segment: dict[tuple[str, int, bool], dict[str, Any]] = {}
     earlier: dict[str, list[int]] = {}
@@ -487,7 +488,7 @@ def _chunk_outcome(store: S3Store, settings: RunSettings, segments: list[Planned
     return ChunkOutcome(segments, results, requests, seconds)
 
 
-def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] | None = None, *,
+def collect_run(store: ObjectStore, settings: RunSettings, estimate: dict[str, Any] | None = None, *,
                 extra: dict[str, Any] | None = None) -> RunResult:
     """The run document, folded from :func:`run_outcomes` one chunk at a time: totals, counts by topic and
     reason, the segments up to the listing's limit, and the S3 requests (by partition up to a limit, and
@@ -527,7 +528,7 @@ def collect_run(store: S3Store, settings: RunSettings, estimate: dict[str, Any] 
     return run
 
 
-def _earlier_attempts(store: S3Store, settings: RunSettings, directory: str, bases: list[int],
+def _earlier_attempts(store: ObjectStore, settings: RunSettings, directory: str, bases: list[int],
                       reported: dict[tuple[str, int, bool], dict[str, Any]]
                       ) -> dict[tuple[str, int, bool], dict[str, Any]]:
     """Segments an earlier attempt of this run (killed, then run again with the same id) compacted, counted
@@ -548,7 +549,7 @@ def _earlier_attempts(store: S3Store, settings: RunSettings, directory: str, bas
     return out
 
 
-def write_scan(store: S3Store, settings: RunSettings, plan: Plan) -> str:
+def write_scan(store: ObjectStore, settings: RunSettings, plan: Plan) -> str:
     """A plan made elsewhere (``tiering s3 scan --out``, or in memory) as the run's scan; its manifest key."""
     out = plan_files(store, settings, SCAN)
     writer = out.writer()
@@ -559,7 +560,7 @@ def write_scan(store: S3Store, settings: RunSettings, plan: Plan) -> str:
     return out.write_manifest(PlanManifest(header, writer.totals.to_json(), chunks, "plan"))
 
 
-def run_local(store: S3Store, settings: RunSettings, ctx: Context, options: CompactOptions,
+def run_local(store: ObjectStore, settings: RunSettings, ctx: Context, options: CompactOptions,
               progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
     """The run's planned work in this process (the CLI): its units on ``options.workers`` threads, each
     segment committed at once; then the operations left in flight in the plan's other partitions; then
@@ -583,7 +584,7 @@ def run_local(store: S3Store, settings: RunSettings, ctx: Context, options: Comp
                                                "plan_created_at": manifest.header.created_at})
 
 
-def compact(store: S3Store, plan: Plan, ctx: Context, options: CompactOptions,
+def compact(store: ObjectStore, plan: Plan, ctx: Context, options: CompactOptions,
             progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
     """Compact what ``plan`` selected, in this process, through the same steps as the DAG: the plan becomes
     the run's scan, the budget is applied (largest first), then :func:`run_local`."""

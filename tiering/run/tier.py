@@ -39,7 +39,8 @@ from tiering.plan.scan import COMPACT, ScanOptions, scan
 from tiering.plan.state import load_state, record_segment
 from tiering.run.compact import with_lease
 from tiering.storage.layout import clock_key, journal_key, run_result_key
-from tiering.storage.store import ObjectNotFound, S3Store
+from tiering.storage.objects import ObjectStore
+from tiering.storage.store import ObjectNotFound
 
 TIER_SCHEMA_VERSION: Final = 1
 MOVE: Final = "move"
@@ -156,7 +157,7 @@ def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: dat
                       monthly_savings_usd=monthly, one_off_usd=one_off)
 
 
-def plan_tiering(store: S3Store, prefix: str, policy: Policy, prices: PriceBook, *,
+def plan_tiering(store: ObjectStore, prefix: str, policy: Policy, prices: PriceBook, *,
                  include_internal: bool = False, progress: Callable[[int], None] | None = None) -> TierPlan:
     """Which objects move where, and why the others stay (reads listings, and each sealed segment's tail)."""
     listing = scan(store, prefix, ScanOptions("none", min_age_minutes=0, include_internal=include_internal))
@@ -190,7 +191,7 @@ def plan_tiering(store: S3Store, prefix: str, policy: Policy, prices: PriceBook,
     return plan
 
 
-def apply_tiering(store: S3Store, plan: TierPlan, run_id: str, *, lease_ttl: int = DEFAULT_TTL_SECONDS,
+def apply_tiering(store: ObjectStore, plan: TierPlan, run_id: str, *, lease_ttl: int = DEFAULT_TTL_SECONDS,
                   progress: Callable[[SegmentResult], None] | None = None) -> list[SegmentResult]:
     """Move the planned objects, partition by partition under its lease; one result per segment with moves.
     An object whose ETag is no longer the planned one stays (someone rewrote it since planning)."""
@@ -214,7 +215,7 @@ def apply_tiering(store: S3Store, plan: TierPlan, run_id: str, *, lease_ttl: int
     return results
 
 
-def _apply_segment(store: S3Store, prefix: str, s: SegmentTiering, lease: Lease) -> SegmentResult:
+def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Lease) -> SegmentResult:
     moved: list[dict[str, Any]] = []
     notes: list[str] = []
     etags: dict[str, tuple[str, str]] = {}
@@ -254,7 +255,7 @@ def _apply_segment(store: S3Store, prefix: str, s: SegmentTiering, lease: Lease)
                          stats={"moved": moved})
 
 
-def _follow_etags(store: S3Store, prefix: str, s: SegmentTiering, etags: dict[str, tuple[str, str]]) -> None:
+def _follow_etags(store: ObjectStore, prefix: str, s: SegmentTiering, etags: dict[str, tuple[str, str]]) -> None:
     """Keep our state entry of a compacted segment pointing at its objects: a copy of a multipart object gets
     a new ETag, and a stale one would read as "replaced by someone else"."""
     entry = load_state(store, prefix, s.directory).get(s.base_offset)

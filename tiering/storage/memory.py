@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, BinaryIO, Final, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, Final, TypeVar
 
 from tiering.errors import ConfigError, StorageError, TieringError
 from tiering.storage.store import (
@@ -50,6 +50,9 @@ from tiering.storage.store import (
     TransportError,
     put_json,
 )
+
+if TYPE_CHECKING:
+    from tiering.storage.objects import ObjectStore
 
 PAGE: Final = 1000  # entries a listing page holds (keys and common prefixes), uploads a ListMultipartUploads page
 DEFAULT_CONTENT_TYPE: Final = "binary/octet-stream"
@@ -351,6 +354,12 @@ class MemoryStore:
             self._count("AbortMultipartUpload")
             self._upload(key, upload_id, "abort_multipart_upload")
             del self._uploads[upload_id]
+
+    def for_bucket(self, bucket: str) -> ObjectStore:
+        """This store: it holds one bucket, and another cannot be reached from it."""
+        if bucket != self.bucket:
+            raise ConfigError("a memory store holds one bucket", expected=self.bucket, found=bucket)
+        return self
 
     def list(self, prefix: str, *, delimiter: str | None = None) -> Iterator[ObjectInfo]:
         for page in self._listing(prefix, delimiter):

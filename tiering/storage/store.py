@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any, BinaryIO, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Final, Protocol, cast
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import boto3
@@ -47,6 +47,9 @@ from botocore.loaders import create_loader
 from urllib3.exceptions import HTTPError as URLLib3Error
 
 from tiering.errors import ConfigError, StorageError, TieringError
+
+if TYPE_CHECKING:
+    from tiering.storage.objects import ObjectStore
 
 DEFAULT_MAX_ATTEMPTS: Final = 8  # requests in all, the first included
 MIN_PART_BYTES: Final = 5 * 1024 * 1024  # S3's smallest part (all but the last)
@@ -348,9 +351,11 @@ class S3Store:
     client: Any
     bucket: str
     requests: Counter[str] = field(default_factory=Counter)
+    counting: bool = field(default=True, repr=False)  # False: another store counts this client's calls
 
     def __post_init__(self) -> None:
-        self.client.meta.events.register("before-call.s3", self._count)
+        if self.counting:
+            self.client.meta.events.register("before-call.s3", self._count)
 
     def _count(self, model: Any, **_: Any) -> None:
         self.requests[str(model.name)] += 1
@@ -558,6 +563,10 @@ class S3Store:
 
     def abort_upload(self, key: str, upload_id: str) -> None:
         self._call("abort_multipart_upload", key, UploadId=upload_id)
+
+    def for_bucket(self, bucket: str) -> ObjectStore:
+        """The same client on another bucket (an inventory's, a plan's), its calls counted here too."""
+        return self if bucket == self.bucket else S3Store(self.client, bucket, self.requests, counting=False)
 
     def list(self, prefix: str, *, delimiter: str | None = None) -> Iterator[ObjectInfo]:
         """Every object under ``prefix``, page after page (1000 keys a request), in key order."""
