@@ -40,6 +40,8 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | `policy` | a policy YAML file on the workers (default `TIERING_POLICY_FILE`): per-topic codec, `producer` |
 | | (left alone) or `auto` (chosen by net dollars, shown in the report), level, minimum savings ratio and |
 | | minimum record age; with a policy, `codec` and `level` are not used |
+| `lease_ttl_seconds` | how long a partition stays locked once its holder stops renewing the lease (a crashed |
+| | run's partitions are free again after it; every step renews well within it); default 600 |
 
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
@@ -103,7 +105,7 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
     from tiering.run.pipeline import RunSettings, safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
 
     return RunSettings(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id),
-                       params["codec"], params["level"])
+                       params["codec"], params["level"], params["lease_ttl_seconds"])
 
 
 @dag(
@@ -129,6 +131,9 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
         "dry_run": Param(False, type="boolean", description="plan and estimate only"),
         "spark_master": Param(SPARK_MASTER, type="string", minLength=1, description="Spark master"),
         "cleanup_grace_days": Param(7, type="number", minimum=0, description="days originals are kept"),
+        "lease_ttl_seconds": Param(600, type="integer", minimum=30, maximum=86400,
+                                   description="how long a partition stays locked after its holder stopped renewing "
+                                   "(a crashed run's partitions are free again after it)"),
         "inventory": Param("", type="string", pattern=r"^(s3://[^/]+/.+/manifest\.json)?$",
                            description="an S3 Inventory manifest.json to plan from; empty: list the prefix"),
         "policy": Param(os.environ.get("TIERING_POLICY_FILE", ""), type="string",
@@ -181,7 +186,8 @@ def kafka_segment_compaction() -> None:
                   + (f"; {len(chunks)} chunks with operations in flight to finish" if chunks else ""))
             return chunks
         conf = {"spark.log.level": "WARN", **json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))}
-        submit(SPARK_JOB, ["--plan", f"s3://{settings.bucket}/{planned['plan_key']}", "--run-id", settings.run_id],
+        submit(SPARK_JOB, ["--plan", f"s3://{settings.bucket}/{planned['plan_key']}", "--run-id", settings.run_id,
+                           "--lease-ttl-seconds", str(settings.lease_ttl_seconds)],
                master=spark_master(params["spark_master"]), conf=conf)
         return chunks
 

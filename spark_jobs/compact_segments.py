@@ -24,6 +24,7 @@ from collections import Counter
 from pyspark.sql import SparkSession
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
+from tiering.errors import TieringError, exit_code
 from tiering.run.pipeline import RunSettings, load_manifest, put_usage, stage_unit, stage_units
 from tiering.storage.store import S3Store, make_client
 
@@ -37,25 +38,33 @@ def main(argv: list[str] | None = None) -> int:
 
     spark = SparkSession.builder.appName(f"kafka-segment-compaction {args.run_id}").getOrCreate()
     try:
-        plan, manifest = load_manifest(S3Store(make_client(), ""), args.plan)
-        header = manifest.header
-        settings = RunSettings(header.bucket, header.prefix, args.run_id, header.codec, header.level,
-                               args.lease_ttl_seconds)
-        units = stage_units(plan, manifest, parallelism=spark.sparkContext.defaultParallelism)
-        print(f"staging {sum(u.segments for u in units)} segments in {len(units)} tasks", file=sys.stderr,
-              flush=True)
-        conf = settings.to_json()
-        started = time.perf_counter()
-        counts: Counter[str] = Counter()
-        if units:
-            rdd = spark.sparkContext.parallelize([u.to_json() for u in units], len(units))
-            for done in rdd.map(lambda unit: stage_unit(unit, conf)).collect():
-                counts.update(done)
-        print(f"stage seconds: {time.perf_counter() - started:.3f}", file=sys.stderr, flush=True)
-        put_usage(plan.store, settings, "stage-driver")
-        print(f"stage results: {dict(sorted(counts.items()))}", file=sys.stderr, flush=True)
+        return stage(spark, args)
+    except TieringError as e:  # the driver's own failure (the plan unreadable, S3 refusing): said in one line
+        print(f"tiering: {e}", file=sys.stderr, flush=True)
+        return int(exit_code(e))
     finally:
         spark.stop()
+
+
+def stage(spark: SparkSession, args: argparse.Namespace) -> int:
+    """Cut the plan into units and stage them on the cluster; 0 (per-segment problems are results)."""
+    plan, manifest = load_manifest(S3Store(make_client(), ""), args.plan)
+    header = manifest.header
+    settings = RunSettings(header.bucket, header.prefix, args.run_id, header.codec, header.level,
+                           args.lease_ttl_seconds)
+    units = stage_units(plan, manifest, parallelism=spark.sparkContext.defaultParallelism)
+    print(f"staging {sum(u.segments for u in units)} segments in {len(units)} tasks", file=sys.stderr,
+          flush=True)
+    conf = settings.to_json()
+    started = time.perf_counter()
+    counts: Counter[str] = Counter()
+    if units:
+        rdd = spark.sparkContext.parallelize([u.to_json() for u in units], len(units))
+        for done in rdd.map(lambda unit: stage_unit(unit, conf)).collect():
+            counts.update(done)
+    print(f"stage seconds: {time.perf_counter() - started:.3f}", file=sys.stderr, flush=True)
+    put_usage(plan.store, settings, "stage-driver")
+    print(f"stage results: {dict(sorted(counts.items()))}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -9,8 +9,10 @@ it is (AWS endpoint and credentials included) and never printed.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
@@ -18,6 +20,7 @@ from typing import Final
 from tiering.errors import ConfigError, TieringError
 from tiering.spark.daemon import DAEMON_CONF, DAEMON_MODULE
 
+TAIL_LINES: Final = 400  # of a job's output, kept to say why it failed
 NOISE: Final = ("WARN NativeCodeLoader", "WARN Utils: Your hostname", "WARN Utils: Set SPARK_LOCAL_IP",
                 "Using Spark's default log4j profile", "Setting default log level", "To adjust logging level")
 
@@ -34,9 +37,54 @@ LOCAL_DEFAULTS: Final = {
 
 
 class SparkJobFailed(TieringError):
-    """spark-submit exited with an error (the job's log says why)."""
+    """spark-submit exited with an error that another attempt may not meet (a lost executor, a cluster
+    restarting, S3 failing for the driver): retryable. The job's log says why."""
 
     retryable = True
+
+
+class SparkJobMisconfigured(ConfigError):
+    """spark-submit failed for a reason another attempt meets again (a Python or program the cluster cannot
+    find, a module missing on the executors, a bad master URL, no credentials): not retried."""
+
+
+# Lines of a failed job's output that say why; and the markers of a configuration problem.
+OURS: Final = re.compile(r"^tiering: .*")
+RAISED: Final = re.compile(r"^(Exception in thread .*|[\w.$]*(Error|Exception)(: .*)?)$")
+CAUSE: Final = re.compile(r"^Caused by: .*")
+LOGGED: Final = re.compile(r".*\b(ERROR|FATAL)\b.*")
+MISCONFIGURED: Final = ("Cannot run program", "ModuleNotFoundError", "No module named", "ImportError",
+                        "ClassNotFoundException", "Could not parse Master URL", "Master must either be",
+                        "FileNotFoundException", "No such file or directory", "Unable to locate credentials",
+                        "NoCredentials", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Permission denied",
+                        "UnrecognizedOptionException", "Unrecognized option")
+EXIT_CONFIG: Final = 2  # the job's own exit for a configuration error (tiering.errors.ExitCode.USAGE)
+
+
+def failure_summary(lines: Sequence[str]) -> str:
+    """Why a job failed, from its output: our job's own ``tiering:`` line; else the last exception raised
+    with its deepest ``Caused by``; else the last ERROR line; else the last lines (a stack frame alone says
+    nothing, so frames are dropped)."""
+    text = [line.strip() for line in lines
+            if line.strip() and not line.strip().startswith(("at ", "..."))]
+    ours = [line for line in text if OURS.match(line)]
+    if ours:
+        return ours[-1][:500]
+    raised = [line for line in text if RAISED.match(line)]
+    causes = [line for line in text if CAUSE.match(line)]
+    if raised or causes:
+        return " | ".join(dict.fromkeys([*raised[-1:], *causes[-1:]]))[:500]
+    logged = [line for line in text if LOGGED.match(line)]
+    return (logged[-1] if logged else " | ".join(text[-3:]))[:500]
+
+
+def failure(code: int, lines: Sequence[str], job: Path) -> TieringError:
+    """The error for a spark-submit that exited with ``code``: retryable or not, by what its output says."""
+    summary = failure_summary(lines)
+    if code == EXIT_CONFIG or any(marker in line for line in lines for marker in MISCONFIGURED):
+        return SparkJobMisconfigured(f"spark-submit exited with {code}: the job is misconfigured, and another "
+                                     "attempt would fail the same way", path=str(job), found=summary)
+    return SparkJobFailed(f"spark-submit exited with {code}", path=str(job), found=summary)
 
 
 def spark_home() -> Path:
@@ -63,7 +111,8 @@ def submit_command(job: Path, job_args: Sequence[str], *, master: str,
 
 def submit(job: Path, job_args: Sequence[str], *, master: str, conf: Mapping[str, str] | None = None,
            py_files: Sequence[str] = (), log: Callable[[str], None] = print) -> None:
-    """Run the job to its end; :class:`SparkJobFailed` on a non-zero exit."""
+    """Run the job to its end; on a non-zero exit, :class:`SparkJobMisconfigured` (not retryable) or
+    :class:`SparkJobFailed` (retryable), with the line of its output that says why."""
     if not job.is_file():
         raise ConfigError("the Spark job file does not exist", path=str(job))
     cmd = submit_command(job, job_args, master=master, conf=conf, py_files=py_files)
@@ -76,12 +125,12 @@ def submit(job: Path, job_args: Sequence[str], *, master: str, conf: Mapping[str
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # noqa: S603
                           text=True, bufsize=1) as proc:
         assert proc.stdout is not None
-        tail: list[str] = []
+        tail: deque[str] = deque(maxlen=TAIL_LINES)
         for raw in proc.stdout:
             line = raw.rstrip()
             if line and not any(n in line for n in NOISE):
                 log(line)
-                tail = [*tail[-19:], line]
+                tail.append(line)
         code = proc.wait()
     if code != 0:
-        raise SparkJobFailed(f"spark-submit exited with {code}", path=str(job), found=" | ".join(tail[-5:]))
+        raise failure(code, list(tail), job)
