@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-spark bench-scan bench-plan-scale chaos kafka-jars \
+.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-spark bench-scan bench-plan-scale chaos kafka-jars spark-artifact \
 	test-kafka kafka-fixtures lock clean
 
 install: $(STAMP)
@@ -69,6 +69,9 @@ bench-s3: $(STAMP)
 
 bench-spark: $(STAMP)
 	$(BIN)/python bench/bench_spark.py $(BENCH_ARGS)
+
+spark-artifact: $(STAMP)  # dist/tiering-job-env.tar.gz: the Spark executors' environment (docs/dag.md)
+	$(BIN)/python -m tiering.spark.artifact --out dist
 
 bench-scan: $(STAMP)
 	$(BIN)/python bench/bench_scan.py $(BENCH_ARGS)
