@@ -65,7 +65,8 @@ def child(endpoint: str, master: str) -> dict[str, Any]:
                 steps[ti.task_id] = steps.get(ti.task_id, 0.0) + float(ti.duration)
     store = S3Store(make_client(endpoint_url=endpoint), BUCKET)
     doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
-    requests = sum(sum(v.values()) for v in doc["usage"]["requests"].values())
+    by_class = doc["usage"].get("requests_by_class") or doc["usage"]["requests"]  # every request, by class
+    requests = sum(sum(v.values()) for v in by_class.values())
     sizes = {info.key.removeprefix(run_key(PREFIX, run_id) + "/"): info.size
              for info in store.list(run_key(PREFIX, run_id) + "/")}
     peak_kib = _status_kib("VmHWM")
