@@ -41,7 +41,9 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | | (left alone) or `auto` (chosen by net dollars, shown in the report), level, minimum savings ratio and |
 | | minimum record age; with a policy, `codec` and `level` are not used |
 | `lease_ttl_seconds` | how long a partition stays locked once its holder stops renewing the lease (a crashed |
-| | run's partitions are free again after it; every step renews well within it); default 600 |
+| | run's partitions are free again after it); default 600. A partition staged by a Spark task waits, its |
+| | lease not renewed, until its commit task: longer than this, and another run may take the partition |
+| | over and abandon the staged work (nothing is lost; the segment is compacted again) |
 
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
@@ -55,10 +57,12 @@ which decides the volume tier); the grace period is `cleanup_grace_days`.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
@@ -72,12 +76,36 @@ REPORT_ASSET = Asset(name="kafka_segment_compaction_report", uri="tiering://kafk
 CODECS = ["zstd", "lz4", "gzip", "snappy", "none"]
 COMMIT_WORKERS = int(os.environ.get("TIERING_COMMIT_WORKERS", "4"))  # partitions a commit task finishes at once
 
+P = ParamSpec("P")
+R = TypeVar("R")
 DEFAULT_ARGS: dict[str, Any] = {
     "retries": 2,
     "retry_delay": timedelta(seconds=30),
     "retry_exponential_backoff": True,
     "max_retry_delay": timedelta(minutes=10),
 }
+
+
+def fail_fast(task_function: Callable[P, R]) -> Callable[P, R]:
+    """A task whose ``TieringError`` that another attempt would meet again (configuration, invalid input, a
+    failed proof: not ``retryable``) fails at once instead of using its retries; a retryable one (S3 or the
+    network failing, a busy partition) is raised as it is, and retried."""
+
+    @functools.wraps(task_function)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return task_function(*args, **kwargs)
+        except Exception as e:
+            from tiering.errors import TieringError  # noqa: PLC0415 - tiering loads inside tasks only
+
+            if not isinstance(e, TieringError) or e.retryable:
+                raise
+            from airflow.sdk.exceptions import AirflowFailException  # noqa: PLC0415
+
+            raise AirflowFailException(f"{type(e).__name__}: {e} (not retried: another attempt would fail the "
+                                       "same way)") from e
+
+    return run
 
 
 def spark_master(value: str) -> str:
@@ -142,6 +170,7 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
 )
 def kafka_segment_compaction() -> None:
     @task
+    @fail_fast
     def scan() -> dict[str, Any]:
         from tiering.plan.scan import ScanOptions  # noqa: PLC0415
         from tiering.run.pipeline import scan_run  # noqa: PLC0415
@@ -155,6 +184,7 @@ def kafka_segment_compaction() -> None:
         return result
 
     @task
+    @fail_fast
     def plan(scanned: dict[str, Any]) -> dict[str, Any]:
         from tiering.report.publish import cost_config  # noqa: PLC0415
         from tiering.run.compact import CompactOptions  # noqa: PLC0415
@@ -172,6 +202,7 @@ def kafka_segment_compaction() -> None:
         return planned
 
     @task
+    @fail_fast
     def spark_compaction(planned: dict[str, Any]) -> list[dict[str, Any]]:
         """Stage every planned segment with Spark; returns the plan's chunks (names) for the commit."""
         import json  # noqa: PLC0415
@@ -192,6 +223,7 @@ def kafka_segment_compaction() -> None:
         return chunks
 
     @task(map_index_template="{{ chunk_name }}")
+    @fail_fast
     def commit(chunk: dict[str, Any]) -> dict[str, Any]:
         from tiering.run.pipeline import commit_chunk  # noqa: PLC0415
 
@@ -203,6 +235,7 @@ def kafka_segment_compaction() -> None:
         return result
 
     @task(trigger_rule="none_failed", outlets=[REPORT_ASSET])
+    @fail_fast
     def report(planned: dict[str, Any]) -> dict[str, Any]:
         from tiering.report.publish import cost_config, publish_report  # noqa: PLC0415
         from tiering.report.render import to_table  # noqa: PLC0415
@@ -228,6 +261,7 @@ def kafka_segment_compaction() -> None:
         return out
 
     @task(trigger_rule="none_failed")
+    @fail_fast
     def cleanup() -> dict[str, Any]:
         from tiering.run.compact import cleanup as clean  # noqa: PLC0415
 

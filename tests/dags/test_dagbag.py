@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
 
 SCRIPT = r"""
@@ -90,3 +92,32 @@ def test_the_spark_master_can_come_from_an_airflow_connection(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [
         "spark://spark-master:7077", "spark://10.1.2.3:7078", "local[2]", "yarn"]
+
+
+def test_a_task_fails_at_once_on_what_another_attempt_would_meet_again() -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tiering.errors import ConfigError
+    from tiering.storage.store import TransportError
+
+    sys.path.insert(0, str(ROOT / "dags"))
+    try:
+        from kafka_segment_compaction import fail_fast
+    finally:
+        sys.path.remove(str(ROOT / "dags"))
+
+    @fail_fast
+    def misconfigured() -> None:
+        raise ConfigError("the policy file does not exist", path="policy.yaml")
+
+    @fail_fast
+    def flaky() -> None:
+        raise TransportError("S3 did not answer in time; retryable")
+
+    with pytest.raises(AirflowFailException, match=r"ConfigError: policy\.yaml: the policy file does not exist"):
+        misconfigured()
+    with pytest.raises(TransportError):
+        flaky()
+    with pytest.raises(KeyError):  # not ours: Airflow's retries decide
+        fail_fast(lambda: {}["x"])()
+    assert fail_fast(lambda: 3)() == 3

@@ -119,3 +119,40 @@ def test_a_later_run_drops_the_entries_of_segments_retention_deleted() -> None:
     second = compact(mem, plan_for(mem), context(mem, "run-2"), CompactOptions())
     assert sorted(r.base_offset for r in second.segments if r.status == "compacted") == todo
     assert sorted(load_state(mem, PREFIX, DIR).segments) == sorted(set(compacted + todo) - set(gone))
+
+
+class FailingStateWrites(MemoryStore):
+    """A memory store whose writes of the partition state fail (S3 answering 503) while ``failing``."""
+
+    def __init__(self) -> None:
+        super().__init__(BUCKET)
+        self.failing = True
+
+    def put_json(self, key: str, doc: object, **kwargs: Any) -> str:
+        if self.failing and key == state_key(PREFIX, DIR):
+            from tiering.storage.store import TransportError
+
+            raise TransportError("PutObject: S3 at memory did not answer in time; retryable", path=key)
+        return super().put_json(key, doc, **kwargs)
+
+
+def test_segments_whose_state_write_failed_are_left_in_flight_not_reported_done() -> None:
+    from tiering.errors import ExitCode
+    from tiering.lifecycle.journal import Pending
+    from tiering.run.compact import pending_bases
+
+    mem = FailingStateWrites()
+    originals = seed(mem, segments=4)
+    sealed = sorted(originals)[:-1]
+    first = compact(mem, plan_for(mem), context(mem), CompactOptions())
+    assert [(r.status, r.pending) for r in first.segments] == [("failed", Pending.TRANSIENT)] * 3
+    assert first.exit_code() == ExitCode.RETRY  # not 0: the work is not recorded
+    assert first.totals()["bytes_before"] == 0  # nothing counted as saved by this run
+    assert sorted(pending_bases(mem, PREFIX)[DIR]) == sealed  # the journals stay
+    check_consistent(mem, originals)  # the swaps themselves are whole
+    mem.failing = False
+    second = compact(mem, plan_for(mem), context(mem, "run-2"), CompactOptions())
+    assert sorted(r.base_offset for r in second.segments if r.status == "compacted") == sealed
+    assert all(r.recovered for r in second.segments if r.status == "compacted")
+    assert pending_bases(mem, PREFIX) == {}
+    assert sorted(load_state(mem, PREFIX, DIR).segments) == sealed

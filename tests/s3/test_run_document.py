@@ -91,3 +91,19 @@ def test_a_kept_lease_is_released_when_the_work_fails_unexpectedly(store: S3Stor
     kept = with_lease(run.context(store), "t-0", 60, lambda lease, out: None, [], keep=True)
     assert kept == []
     assert list(store.list(lease_key(PREFIX, "t-0")))  # kept when the work ends normally
+
+
+def test_a_run_planned_again_under_its_id_counts_each_segment_once(store: S3Store) -> None:
+    """A DAG run cleared and run again re-plans under the same run id, into other chunks: the first
+    attempt's step documents are not folded into the new chunks; its work is counted from the state."""
+    _seed(store, 6)
+    run = RunSettings(BUCKET, PREFIX, "cleared", "zstd", 3)
+    scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
+    plan_run(store, run, CompactOptions(), chunk_work=1)
+    first = run_local(store, run, run.context(store), CompactOptions())
+    assert first.totals()["compacted"] == 12
+    scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
+    plan_run(store, run, CompactOptions())  # one chunk now
+    again = collect_run(store, run)
+    assert again.totals() == first.totals()
+    assert {r.reason for r in again.segments if r.status == "compacted"} == {"by an earlier attempt of this run"}

@@ -133,27 +133,3 @@ class LeaseGuard(Protocol):
     def keep_alive(self) -> None: ...
 
     def check(self) -> None: ...
-
-
-@dataclass
-class RunLease:
-    """A partition lease held (and renewed) by the run's driver, as a worker sees it: checked before each
-    step that needs it, never renewed or released from here (that would change the driver's ETag)."""
-
-    store: ObjectStore
-    key: str
-    owner: str
-
-    def keep_alive(self) -> None:
-        """Nothing to do: the driver renews."""
-
-    def check(self) -> None:
-        try:
-            doc, _ = self.store.get_json(self.key)
-        except ObjectNotFound:
-            raise LeaseLost("the run's lease on the partition is gone", path=self._where()) from None
-        if doc.get("owner") != self.owner:
-            raise LeaseLost(f"the partition's lease belongs to run {doc.get('owner')} now", path=self._where())
-
-    def _where(self) -> str:
-        return f"s3://{self.store.bucket}/{self.key}"

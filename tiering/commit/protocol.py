@@ -610,7 +610,7 @@ def iter_recover(ctx: Context, directory: str, lease: LeaseGuard) -> Iterator[Se
     operations when it is full, so that a failed write stops the work after the results already given)."""
     for journal, etag in list(pending_journals(ctx.store, ctx.prefix, directory)):
         if ctx.state is not None and ctx.state.full:
-            ctx.state.flush()
+            ctx.state.flush(lease.check)
         if journal.kind is OpKind.COMPACT and journal.state is JournalState.STAGED and journal.run_id != ctx.run_id:
             result = _abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}): abandoned; "
                               "the segment is compacted anew", pending=None)

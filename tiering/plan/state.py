@@ -125,11 +125,15 @@ class Pruning:
 
     live: frozenset[int]
     listed_at: datetime | None = None
+    lowest: int | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lowest", min(self.live) if self.live else None)
 
     def drops(self, base: int, entry: SegmentState) -> bool:
         if base in self.live:
             return False
-        if self.live and base < min(self.live):
+        if self.lowest is not None and base < self.lowest:
             return True
         if entry.recorded_at is None or self.listed_at is None:
             return False
@@ -193,7 +197,8 @@ class StateBatch:
     crash before the write leaves the journal, and the recovery records the entry again); :meth:`flush`
     writes them in one compare-and-swap and then runs those steps. Pending changes are visible to
     :meth:`get`. Not thread-safe: one per partition's work. Work that stops before the flush leaves its
-    journals behind, which the next run covering the partition finishes."""
+    journals behind, which the next run covering the partition finishes; :meth:`unfinished` names those
+    segments (their results must not claim them done)."""
 
     def __init__(self, store: ObjectStore, prefix: str, directory: str, pruning: Pruning | None = None,
                  max_entries: int = BATCH_ENTRIES) -> None:
@@ -201,7 +206,7 @@ class StateBatch:
         self.pruning = pruning
         self.max_entries = max_entries
         self._changes: dict[int, SegmentState | None] = {}
-        self._then: list[Callable[[], None]] = []
+        self._then: list[tuple[int, Callable[[], None]]] = []
         self._loaded: PartitionState | None = None
 
     def get(self, base: int) -> SegmentState | None:
@@ -214,17 +219,26 @@ class StateBatch:
     def put(self, base: int, entry: SegmentState | None, then: Callable[[], None] | None = None) -> None:
         self._changes[base] = entry
         if then is not None:
-            self._then.append(then)
+            self._then.append((base, then))
 
     @property
     def full(self) -> bool:
         """Time to :meth:`flush` (the caller does, between segments: a failed write is then nobody's result)."""
         return len(self._changes) >= self.max_entries
 
-    def flush(self) -> None:
-        """Write the queued changes (and prune), then run what waited for them."""
+    def unfinished(self) -> set[int]:
+        """Segments whose entry is not written yet, or whose step after it has not run."""
+        return set(self._changes) | {base for base, _ in self._then}
+
+    def flush(self, check: Callable[[], None] | None = None) -> None:
+        """Write the queued changes (and prune), then run what waited for them, one at a time (a failure
+        leaves the rest queued). ``check`` runs first: the holder's lease check, so that a holder whose
+        lease expired writes nothing and deletes nothing (its journals stay for the new holder)."""
+        if check is not None and (self._changes or self._then):
+            check()
         if self._changes:  # pruning rides along with a write, never costs one of its own
             record_segments(self.store, self.prefix, self.directory, self._changes, self.pruning)
-        self._changes, then, self._then, self._loaded = {}, self._then, [], None
-        for step in then:
-            step()
+            self._changes, self._loaded = {}, None
+        while self._then:
+            self._then[0][1]()
+            self._then.pop(0)

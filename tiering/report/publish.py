@@ -20,9 +20,10 @@ from typing import Any, Final
 from tiering.cost.model import CostOptions, build_report, cumulative, ledger_entry
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
 from tiering.errors import ConfigError, StorageError
+from tiering.plan.scan import Plan
 from tiering.report.render import render
 from tiering.run.pipeline import RunSettings, plan_files, run_outcomes
-from tiering.storage.layout import ledger_key, report_key, run_result_key
+from tiering.storage.layout import ledger_key, report_key, run_key, run_result_key
 from tiering.storage.objects import ObjectStore
 from tiering.storage.store import ObjectAttrs, ObjectNotFound, PreconditionFailed
 
@@ -73,12 +74,19 @@ def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, op
         chunks: Iterable[tuple[Iterable[dict[str, Any]], Iterable[dict[str, Any]]]] | None = (
             ((s.to_json() for s in c.segments), (r.to_json() for r in c.results))
             for c in run_outcomes(store, settings))
-    except ObjectNotFound:  # a run without a plan (a rollback): its document lists its segments
+    except ObjectNotFound:  # no chunked plan: its document lists its segments
         auto, chunks = {}, None
+    plan: list[dict[str, Any]] = []
+    if chunks is None:
+        try:  # a run of an earlier version of the CLI kept its whole plan in one document
+            whole = Plan.from_json(store.get_json(run_key(prefix, run_id, "plan.json"))[0])
+            plan, auto = [s.to_json() for s in whole.segments], whole.auto or {}
+        except ObjectNotFound:
+            pass  # a rollback: no plan
     facts = store.facts(prefix)
     finished = run.get("finished_at")
     now = datetime.fromisoformat(finished) if finished else datetime.now(UTC)
-    return build_report(run, [], prices, options, versioned=facts.versioned,
+    return build_report(run, plan, prices, options, versioned=facts.versioned,
                         noncurrent_days=facts.noncurrent_expiry_days, ledger=ledger, now=now, auto=auto,
                         chunks=chunks)
 

@@ -22,6 +22,7 @@ another; XComs carry only keys, chunk names and counts; no step holds more than 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import threading
@@ -34,12 +35,12 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
-from tiering.commit.protocol import SKIPPED, Context, SegmentResult, iter_recover
+from tiering.commit.protocol import FAILED, SKIPPED, Context, SegmentResult, iter_recover
 from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Cause, Status
+from tiering.lifecycle.journal import Cause, Pending, Status
 from tiering.plan.auto import decide_auto, record_age, with_auto
 from tiering.plan.estimate import WorkSample, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
@@ -56,6 +57,7 @@ from tiering.plan.policy import AUTO, Policy
 from tiering.plan.scan import COMPACT, REPAIR, Plan, PlannedSegment, ScanOptions, scan_partitions
 from tiering.plan.state import Pruning, StateBatch, load_state
 from tiering.run.compact import (
+    DONE_STATUSES,
     CompactOptions,
     RunResult,
     RunTally,
@@ -180,6 +182,10 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
     work_count, work_bytes = chosen.measure(t for topic, t in sizes.items()
                                             if topic is None or choices[topic]["chosen"] is not None)
     # Pass 2: the plan's chunks, sized so that there are at most max_chunks of them.
+    # Results of an earlier attempt of this run id (a DAG run cleared and run again) belong to its plan's
+    # chunks, not to this one's: what it compacted is counted from the partitions' state instead.
+    store.delete_many([(info.key, info.etag) for step in ("stage/", "commit/")
+                       for info in store.list(settings.key(step))])
     planned = plan_files(store, settings, PLAN)
     writer = planned.writer(**chunk_limits(max_chunks, segments=scan_manifest.totals["segments"],
                                            work=work_count + repairs, work_bytes=work_bytes, min_work=chunk_work))
@@ -284,25 +290,43 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
         batch = StateBatch(ctx.store, ctx.prefix, directory, pruning)
         own = dataclasses.replace(ctx, state=batch)
         finished = set()
-        for result in iter_recover(own, directory, lease):
-            out.append(result)
-            if result.status is Status.COMPACTED:
-                finished.add(result.base_offset)  # its planned objects are gone: nothing left to do
-            if progress is not None:
-                progress(result)
-        for seg in segments:
-            if seg.base_offset in finished:
-                continue
-            if batch.full:
-                batch.flush()
-            started = time.perf_counter()
-            out.append(run_segment(own, seg, lease, commit=commit))
-            out[-1].seconds = round(time.perf_counter() - started, 3)
-            if progress is not None:
-                progress(out[-1])
-        batch.flush()
+        with recorded(batch, out):
+            for result in iter_recover(own, directory, lease):
+                out.append(result)
+                if result.status in (Status.COMPACTED, Status.ROLLED_BACK):
+                    finished.add(result.base_offset)  # its planned objects are gone: nothing left to do
+                if progress is not None:
+                    progress(result)
+            for seg in segments:
+                if seg.base_offset in finished:
+                    continue
+                if batch.full:
+                    batch.flush(lease.check)
+                started = time.perf_counter()
+                out.append(run_segment(own, seg, lease, commit=commit))
+                out[-1].seconds = round(time.perf_counter() - started, 3)
+                if progress is not None:
+                    progress(out[-1])
+            batch.flush(lease.check)
 
     return work
+
+
+@contextlib.contextmanager
+def recorded(batch: StateBatch, out: list[SegmentResult]) -> Iterator[None]:
+    """Work whose state records ``batch`` writes: if it stops (the state write failed, the lease was lost),
+    a segment swapped in whose record or journal delete is still queued is reported as left in flight,
+    not done (its journal stays; the next run covering the partition finishes and counts it)."""
+    try:
+        yield
+    except TieringError as e:
+        unfinished = batch.unfinished()
+        for i, r in enumerate(out):
+            if r.base_offset in unfinished and r.directory == batch.directory and r.status in DONE_STATUSES:
+                out[i] = SegmentResult(r.directory, r.base_offset, FAILED, f"swapped in, but not recorded ({e}): "
+                                       "left in flight for the next run", error=e.to_dict(), run_id=r.run_id,
+                                       pending=Pending.TRANSIENT, recovered=r.recovered, seconds=r.seconds)
+        raise
 
 
 def pruning_of(manifest: PlanManifest, partition: list[PlannedSegment]) -> Pruning:
@@ -402,8 +426,9 @@ def commit_chunk(store: ObjectStore, settings: RunSettings, name: str, *, ctx: C
 
         def work(lease: Lease, out: list[SegmentResult]) -> None:
             batch = StateBatch(own, settings.prefix, directory, pruning_of(manifest, segments[directory]))
-            out.extend(iter_recover(dataclasses.replace(own_ctx, state=batch), directory, lease))
-            batch.flush()
+            with recorded(batch, out):
+                out.extend(iter_recover(dataclasses.replace(own_ctx, state=batch), directory, lease))
+                batch.flush(lease.check)
 
         before = Counter(own.requests)
         done = with_lease(own_ctx, directory, settings.lease_ttl_seconds, work,
@@ -567,8 +592,6 @@ def run_local(store: ObjectStore, settings: RunSettings, ctx: Context, options: 
     the run document. Results an earlier attempt of this run id left are replaced."""
     plan = plan_files(store, settings)
     manifest = plan.manifest()
-    stale = [(info.key, info.etag) for step in ("stage/", "commit/") for info in store.list(settings.key(step))]
-    store.delete_many(stale)
     pending = pending_bases(store, settings.prefix)
     units = stage_units(plan, manifest, parallelism=options.workers)
     with ThreadPoolExecutor(max_workers=max(1, options.workers), thread_name_prefix="compact") as pool:

@@ -53,11 +53,12 @@ OURS: Final = re.compile(r"^tiering: .*")
 RAISED: Final = re.compile(r"^(Exception in thread .*|[\w.$]*(Error|Exception)(: .*)?)$")
 CAUSE: Final = re.compile(r"^Caused by: .*")
 LOGGED: Final = re.compile(r".*\b(ERROR|FATAL)\b.*")
+# Matched in the failure's summary only (a warning of a task attempt that was retried and succeeded is
+# not the failure).
 MISCONFIGURED: Final = ("Cannot run program", "ModuleNotFoundError", "No module named", "ImportError",
                         "ClassNotFoundException", "Could not parse Master URL", "Master must either be",
-                        "FileNotFoundException", "No such file or directory", "Unable to locate credentials",
-                        "NoCredentials", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Permission denied",
-                        "UnrecognizedOptionException", "Unrecognized option")
+                        "Unable to locate credentials", "NoCredentials", "InvalidAccessKeyId",
+                        "SignatureDoesNotMatch", "UnrecognizedOptionException", "Unrecognized option")
 EXIT_CONFIG: Final = 2  # the job's own exit for a configuration error (tiering.errors.ExitCode.USAGE)
 
 
@@ -81,7 +82,7 @@ def failure_summary(lines: Sequence[str]) -> str:
 def failure(code: int, lines: Sequence[str], job: Path) -> TieringError:
     """The error for a spark-submit that exited with ``code``: retryable or not, by what its output says."""
     summary = failure_summary(lines)
-    if code == EXIT_CONFIG or any(marker in line for line in lines for marker in MISCONFIGURED):
+    if code == EXIT_CONFIG or any(marker in summary for marker in MISCONFIGURED):
         return SparkJobMisconfigured(f"spark-submit exited with {code}: the job is misconfigured, and another "
                                      "attempt would fail the same way", path=str(job), found=summary)
     return SparkJobFailed(f"spark-submit exited with {code}", path=str(job), found=summary)
