@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench_scan import _status_kib  # same directory: on sys.path as the script's
-from synth_inventory import kafka_layout_rows, write_inventory
+from synth_inventory import kafka_layout_rows
 
+from tiering.demo.inventory import write_inventory
 from tiering.storage.store import S3Store, make_client
 
 BUCKET: Final = "segments"

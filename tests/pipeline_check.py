@@ -44,7 +44,8 @@ def main() -> None:
                      "timeindex_equals_rebuild": timeindex == after.indexes.time_index,
                      "index_missing": index is None}
         segments[key] = fact
-    runs = [{"state": r["state"], "document": r["document"], "report": r["report"]} for r in demo["runs"]]
+    runs = [{"state": r["state"], "document": r["document"], "report": r["report"], "plan_source": r["plan_source"]}
+            for r in demo["runs"]]
     print(json.dumps({"segments": segments, "runs": runs, "dry_run": demo["dry_run"],
                       "corrupt": seeded.corrupt, "indexless": seeded.indexless,
                       "local_reports": demo["local_copies"],

@@ -83,8 +83,14 @@ def test_report_totals_are_the_sum_of_the_segments(demo: dict[str, Any]) -> None
 
 
 def test_a_second_run_changes_no_segment_object(demo: dict[str, Any]) -> None:
+    """The second run plans from an S3 Inventory report of the bucket (the DAG's ``inventory`` param), made
+    after the first: it finds every segment compacted already, through the state documents it lists."""
+    assert demo["runs"][0]["plan_source"] == "listing"
+    assert demo["runs"][1]["plan_source"].endswith("/manifest.json")
     assert demo["changed_by_second_run"] == []
     assert demo["runs"][1]["document"]["totals"].get("compacted", 0) == 0
+    skipped = {s["reason"] for s in demo["runs"][1]["report"]["skipped"]}
+    assert "already compacted" in skipped
 
 
 def test_the_dry_run_changes_nothing_and_estimates_close_to_the_real_savings(demo: dict[str, Any]) -> None:

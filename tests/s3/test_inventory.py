@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from bench.synth_inventory import COLUMNS, Version, kafka_layout_rows, write_inventory
+from bench.synth_inventory import kafka_layout_rows
 from tests.s3.conftest import BUCKET
+from tiering.demo.inventory import COLUMNS, Version, write_inventory
 from tiering.errors import ConfigError, InvalidDataError
 from tiering.plan.inventory import InventoryManifest, iter_inventory, read_manifest
 from tiering.storage.store import ObjectInfo, ObjectNotFound, S3Store

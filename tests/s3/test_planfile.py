@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.synth_inventory import write_inventory
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC
+from tiering.demo.inventory import write_inventory
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.errors import InvalidDataError
 from tiering.kafka.codecs import Codec

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from tiering.demo.inventory import write_inventory
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
@@ -217,13 +218,19 @@ def run_pipeline_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | 
             f"({plan['estimate']['saved_bytes_low']:,} to {plan['estimate']['saved_bytes_high']:,})")
         runs = []
         for n in (1, 2):
+            run_conf = conf
+            if n == 2:  # the second run plans from an S3 Inventory report of the bucket, as a large bucket would
+                uri = write_inventory(store, BUCKET, "inventory/kafka-demo/daily", store.list(""))
+                run_conf = {**conf, "inventory": uri}
+                log(f"  an S3 Inventory report of the bucket: {uri}")
             log(f"run {n}: dag kafka_segment_compaction (scan → plan → Spark {spark_master} → commit → report "
                 "→ cleanup) ...")
-            state, run_id = run_dag(conf)
+            state, run_id = run_dag(run_conf)
             doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
             (workdir / f"run-{n}.json").write_text(json.dumps(doc, indent=2) + "\n")
             runs.append({"state": state, "run_id": run_id, "document": doc, "objects": segment_objects(store),
-                         "report": store.get_json(report_key(PREFIX, run_id))[0]})
+                         "report": store.get_json(report_key(PREFIX, run_id))[0],
+                         "plan_source": store.get_json(run_key(PREFIX, run_id, "plan", "manifest.json"))[0]["source"]})
             log(f"run {n}: {state}; {doc['totals']}")
             (workdir / f"report-run-{n}.html").write_bytes(store.get(report_key(PREFIX, run_id, "html")))
         after_first = runs[0]["objects"]
