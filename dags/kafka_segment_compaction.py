@@ -258,6 +258,13 @@ def kafka_segment_compaction() -> None:
         print(f"report: {uris['html']} (also {', '.join(sorted(uris))})")
         out = {**headline, **money, "report": uris["json"], "report_html": uris["html"]}
         ctx["outlet_events"][REPORT_ASSET].extra = {**out, "bucket": settings.bucket, "prefix": settings.prefix}
+        if run.pending and not headline["compacted"]:
+            from airflow.sdk.exceptions import AirflowFailException  # noqa: PLC0415
+
+            raise AirflowFailException(
+                f"nothing was compacted, and {run.pending} segments were left to a later run (partitions "
+                f"busy: another run holds their leases, which expire {params['lease_ttl_seconds']} s after its "
+                "last renewal; or S3 failing). The report above says which; run again later.")
         return out
 
     @task(trigger_rule="none_failed")

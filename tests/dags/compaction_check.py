@@ -1,0 +1,73 @@
+"""Runs the compaction DAG with dag.test() against a moto server in its own process, in the ways a run can
+fail, and prints the facts tests/dags/test_compaction_dag.py asserts: a policy that does not exist fails
+the first task at once (no retries), a run whose every partition is busy fails its report task with the
+reason (not "success"), and once the partitions are free the same DAG compacts everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tiering.commit.lease import Lease
+from tiering.demo.s3 import airflow_env, load_dag, moto_server, prepare_airflow, run_dag
+from tiering.demo.seed import seed_partition
+from tiering.kafka.codecs import Codec
+from tiering.run.pipeline import safe_run_id
+from tiering.storage.layout import lease_key, run_result_key
+from tiering.storage.store import S3Store, make_client
+
+BUCKET, PREFIX, TOPIC = "compaction-dag", "kafka/logs", "clicks"
+
+
+def tries(run_id: str) -> dict[str, list[Any]]:
+    """Each task's final state and try number in the DAG run."""
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return {ti.task_id: [str(ti.state), ti.try_number]
+                for ti in session.query(TaskInstance).filter(TaskInstance.dag_id == "kafka_segment_compaction")
+                if safe_run_id(ti.run_id) == run_id}
+
+
+def main() -> None:
+    work = Path(sys.argv[1])
+    home = work / "airflow"
+    os.environ.update(airflow_env(home))
+    os.environ.update(AWS_ACCESS_KEY_ID="demo", AWS_SECRET_ACCESS_KEY="demo", AWS_DEFAULT_REGION="us-east-1")
+    prepare_airflow(home)
+    with moto_server(lambda line: print(line, file=sys.stderr)) as endpoint:
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        store = S3Store(make_client(), BUCKET)
+        store.client.create_bucket(Bucket=BUCKET)
+        for partition in (0, 1):
+            seed_partition(store, PREFIX, TOPIC, partition, segments=3, kind="json", codec=Codec.SNAPPY,
+                           segment_bytes=40_000, seed=partition)
+        dag = load_dag()
+        conf = {"bucket": BUCKET, "prefix": PREFIX, "min_segment_age_minutes": 0, "spark_master": "local[1]",
+                "policy": ""}  # dag.test() keeps a param of an earlier run that is not given again
+        facts: dict[str, Any] = {}
+
+        state, run_id = run_dag({**conf, "policy": str(work / "missing.yaml")}, dag)
+        facts["missing_policy"] = {"state": state, "tasks": tries(run_id)}
+
+        leases = [Lease(store, lease_key(PREFIX, f"{TOPIC}-{p}"), "another-run", 600) for p in (0, 1)]
+        for lease in leases:
+            lease.acquire(PREFIX)
+        state, run_id = run_dag(conf, dag)
+        doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
+        facts["busy"] = {"state": state, "tasks": tries(run_id), "totals": doc["totals"], "pending": doc["pending"]}
+
+        for lease in leases:
+            lease.release()
+        state, run_id = run_dag(conf, dag)
+        doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
+        facts["free"] = {"state": state, "totals": doc["totals"]}
+        print(json.dumps(facts))
+
+
+if __name__ == "__main__":
+    main()

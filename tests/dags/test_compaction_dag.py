@@ -1,0 +1,45 @@
+"""The compaction DAG's failures with dag.test() (SQLite) against a moto server: what another attempt would
+meet again fails at once; a run that could do nothing because every partition was busy is not a success."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+CHECK = Path(__file__).parent / "compaction_check.py"
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("compaction-dag")
+    done = subprocess.run([sys.executable, str(CHECK), str(work)], capture_output=True, text=True, timeout=900,
+                          check=False, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return doc
+
+
+def test_a_missing_policy_fails_the_scan_once_without_retries(facts: dict[str, Any]) -> None:
+    run = facts["missing_policy"]
+    assert run["state"] == "failed"
+    assert run["tasks"]["scan"] == ["failed", 1]  # the DAG's tasks have two retries: not used
+
+
+def test_a_run_whose_partitions_are_all_busy_fails_with_the_work_left(facts: dict[str, Any]) -> None:
+    run = facts["busy"]
+    assert run["state"] == "failed"
+    assert run["tasks"]["report"][0] == "failed"
+    assert run["tasks"]["report"][1] == 1
+    assert run["totals"].get("compacted", 0) == 0
+    assert run["pending"] == run["totals"]["segments"] == 4  # two sealed segments in each of two partitions
+
+
+def test_the_same_dag_compacts_everything_once_the_partitions_are_free(facts: dict[str, Any]) -> None:
+    assert facts["free"]["state"] == "success"
+    assert facts["free"]["totals"]["compacted"] == 4
