@@ -107,3 +107,21 @@ def test_a_run_planned_again_under_its_id_counts_each_segment_once(store: S3Stor
     again = collect_run(store, run)
     assert again.totals() == first.totals()
     assert {r.reason for r in again.segments if r.status == "compacted"} == {"by an earlier attempt of this run"}
+
+
+def test_the_lease_and_the_ledger_are_typed_and_versioned() -> None:
+    from tiering.commit.lease import LeaseRecord
+    from tiering.report.publish import Ledger, LedgerEntry
+
+    record = LeaseRecord("run-1", 600, "host-a", 3, "ab12")
+    assert LeaseRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+    for other in ({"schema_version": 2, "owner": "x"}, {"schema_version": 1}, ["owner"],
+                  {"schema_version": 1, "owner": "x", "ttl_seconds": "soon"}):
+        assert LeaseRecord.from_json(other) is None  # nobody we can name: it expires by the default TTL
+    entry = LedgerEntry("r1", "2026-11-24T00:00:00+00:00", False, 3, 300, 100, 1.25, 0.5)
+    ledger = Ledger((entry,))
+    assert Ledger.from_json(json.loads(json.dumps(ledger.to_json())), "ledger") == ledger
+    with pytest.raises(ConfigError, match="not a ledger"):
+        Ledger.from_json({"schema_version": 2, "runs": []}, "ledger")
+    with pytest.raises(ConfigError, match="ledger unreadable"):
+        Ledger.from_json({"schema_version": 1, "runs": [{"run_id": "r"}]}, "ledger")

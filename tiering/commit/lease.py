@@ -25,7 +25,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Final, Protocol
+from typing import ClassVar, Final, Protocol
 
 from tiering.errors import ConflictError, StorageError
 from tiering.storage.layout import clock_key
@@ -44,6 +44,37 @@ class LeaseLost(ConflictError):
     """Our lease was taken over (it expired while we were stalled): stop touching the partition."""
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """The lease document (``leases/<topic>-<partition>.json``): who holds the partition and for how long
+    after the object's ``LastModified`` (S3's clock: every renewal rewrites it). ``token`` makes each
+    write's bytes, and so its ETag, unique."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    owner: str
+    ttl_seconds: int
+    host: str = ""
+    renewals: int = 0
+    token: str = ""
+
+    def to_json(self) -> dict[str, object]:
+        return {"schema_version": self.SCHEMA_VERSION, "owner": self.owner, "host": self.host,
+                "ttl_seconds": self.ttl_seconds, "renewals": self.renewals, "token": self.token}
+
+    @classmethod
+    def from_json(cls, doc: object) -> LeaseRecord | None:
+        """The record, or None for a document that is not one (held by nobody we can name: it expires by
+        the default TTL)."""
+        if not isinstance(doc, dict) or doc.get("schema_version") != cls.SCHEMA_VERSION or "owner" not in doc:
+            return None
+        try:
+            return cls(str(doc["owner"]), int(doc.get("ttl_seconds", DEFAULT_TTL_SECONDS)), str(doc.get("host", "")),
+                       int(doc.get("renewals", 0)), str(doc.get("token", "")))
+        except (TypeError, ValueError):
+            return None
+
+
 @dataclass
 class Lease:
     store: ObjectStore
@@ -55,8 +86,8 @@ class Lease:
     _renewed_at: float = field(default=0.0, repr=False)
 
     def _body(self) -> dict[str, object]:
-        return {"schema_version": 1, "owner": self.owner, "host": socket.gethostname(),
-                "ttl_seconds": self.ttl_seconds, "renewals": self.renewals, "token": secrets.token_hex(8)}
+        return LeaseRecord(self.owner, self.ttl_seconds, socket.gethostname(), self.renewals,
+                           secrets.token_hex(8)).to_json()
 
     def acquire(self, prefix: str) -> None:
         """Create the lease, take back our own, or take over an expired one; :class:`LeaseHeld` otherwise.
@@ -83,9 +114,10 @@ class Lease:
             return False
         if info.etag != etag:
             return False
-        owner = str(doc.get("owner", "?")) if isinstance(doc, dict) else "?"
+        record = LeaseRecord.from_json(doc)
+        owner = record.owner if record is not None else "?"
         if owner != self.owner:
-            ttl = int(doc.get("ttl_seconds", DEFAULT_TTL_SECONDS)) if isinstance(doc, dict) else 0
+            ttl = record.ttl_seconds if record is not None else DEFAULT_TTL_SECONDS
             age = self.store.now(clock_key(prefix)) - info.last_modified
             if age <= timedelta(seconds=ttl):
                 left = ttl - age.total_seconds()

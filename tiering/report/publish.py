@@ -12,10 +12,12 @@ task) replaces the run's entry: the ledger holds each run once.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from tiering.cost.model import CostOptions, build_report, cumulative, ledger_entry
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
@@ -35,21 +37,70 @@ CONTENT_TYPES: Final = {"json": "application/json", "md": "text/markdown; charse
 
 
 
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One run in the ledger: what it saved and cost (see :func:`tiering.cost.model.ledger_entry`)."""
+
+    run_id: str
+    finished_at: str
+    estimate: bool
+    segments_rewritten: int
+    bytes_before: int
+    bytes_after: int
+    monthly_savings_usd: float
+    one_off_usd: float
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> LedgerEntry:
+        return cls(str(doc["run_id"]), str(doc["finished_at"]), bool(doc["estimate"]), int(doc["segments_rewritten"]),
+                   int(doc["bytes_before"]), int(doc["bytes_after"]), float(doc["monthly_savings_usd"]),
+                   float(doc["one_off_usd"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """The ledger document: every run once, in the order they finished."""
+
+    SCHEMA_VERSION: ClassVar[int] = LEDGER_SCHEMA_VERSION
+
+    runs: tuple[LedgerEntry, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": self.SCHEMA_VERSION, "runs": [r.to_json() for r in self.runs]}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> Ledger:
+        if not isinstance(doc, dict) or doc.get("schema_version") != cls.SCHEMA_VERSION:
+            raise ConfigError("not a ledger this version can read", path=where,
+                              expected=f"schema_version {cls.SCHEMA_VERSION}",
+                              found=doc.get("schema_version") if isinstance(doc, dict) else type(doc).__name__)
+        try:
+            return cls(tuple(LedgerEntry.from_json(r) for r in doc["runs"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError("ledger unreadable", path=where, expected="runs of {run_id, finished_at, ...}",
+                              found=f"{type(e).__name__}: {e}") from None
+
+
 def read_ledger(store: ObjectStore, prefix: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The ledger's entries (checked against the :class:`Ledger` model) and its ETag; none yet: ([], None)."""
     try:
         doc, etag = store.get_json(ledger_key(prefix))
     except ObjectNotFound:
         return [], None
-    return list(doc["runs"]), etag
+    ledger = Ledger.from_json(doc, f"s3://{store.bucket}/{ledger_key(prefix)}")
+    return [r.to_json() for r in ledger.runs], etag
 
 
 def record_in_ledger(store: ObjectStore, prefix: str, entry: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Add (or replace) ``entry`` in the ledger with a compare-and-swap; the ledger as written."""
     for _ in range(MAX_LEDGER_ATTEMPTS):
         runs, etag = read_ledger(store, prefix)
-        runs = [*(r for r in runs if r["run_id"] != entry["run_id"]), dict(entry)]
+        runs = [*(r for r in runs if r["run_id"] != entry["run_id"]), LedgerEntry.from_json(entry).to_json()]
         runs.sort(key=lambda r: (str(r["finished_at"]), str(r["run_id"])))
-        doc = {"schema_version": LEDGER_SCHEMA_VERSION, "runs": runs}
+        doc = Ledger(tuple(LedgerEntry.from_json(r) for r in runs)).to_json()
         try:
             if etag is None:
                 store.put_json(ledger_key(prefix), doc, if_none_match=True)
