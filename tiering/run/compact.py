@@ -209,6 +209,13 @@ class RunTally:
                          tuple(listed), self.omitted, dict(usage or {}))
 
 
+def _check_kind(doc: dict[str, Any], kind: str, version: int, what: str, where: str) -> None:
+    """A :class:`ConfigError` unless ``doc`` is a ``kind`` document of ``version``."""
+    if doc.get("kind") != kind or doc.get("schema_version") != version:
+        raise ConfigError(f"not {what} this version can read", path=where, expected=f"{kind} v{version}",
+                          found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+
+
 @dataclass(frozen=True, slots=True)
 class StepResults:
     """What one step of a run (a Spark unit, a commit task) did: its segments' results and the S3 requests it
@@ -232,10 +239,7 @@ class StepResults:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], where: str) -> StepResults:
-        if doc.get("kind") != cls.KIND or doc.get("schema_version") != cls.SCHEMA_VERSION:
-            raise ConfigError("not step results this version can read", path=where,
-                              expected=f"{cls.KIND} v{cls.SCHEMA_VERSION}",
-                              found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+        _check_kind(doc, cls.KIND, cls.SCHEMA_VERSION, "step results", where)
         return cls(tuple(SegmentResult.from_json(r) for r in doc["results"]),
                    {k: dict(v) for k, v in doc.get("usage", {}).items()})
 
@@ -254,10 +258,7 @@ class StepUsage:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], where: str) -> StepUsage:
-        if doc.get("kind") != cls.KIND or doc.get("schema_version") != cls.SCHEMA_VERSION:
-            raise ConfigError("not step usage this version can read", path=where,
-                              expected=f"{cls.KIND} v{cls.SCHEMA_VERSION}",
-                              found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+        _check_kind(doc, cls.KIND, cls.SCHEMA_VERSION, "step usage", where)
         return cls({str(k): int(v) for k, v in doc["requests"].items()})
 
 
