@@ -250,10 +250,10 @@ def kafka_segment_compaction() -> None:
         prices, options = cost_config(grace_days=params["cleanup_grace_days"])
         doc, keys = publish_report(store, settings.prefix, settings.run_id, prices, options)
         print(to_table(doc))
-        t = doc["totals"]
-        money = {"estimate": doc["estimate"], "monthly_savings_usd": round(t["monthly_savings_usd"], 2),
-                 "yearly_savings_usd": round(t["yearly_savings_usd"], 2), "one_off_usd": round(t["one_off_usd"], 2),
-                 "payback_months": None if t["payback_months"] is None else round(t["payback_months"], 2)}
+        t = doc.totals
+        money = {"estimate": doc.estimate, "monthly_savings_usd": round(t.monthly_savings_usd, 2),
+                 "yearly_savings_usd": round(t.yearly_savings_usd, 2), "one_off_usd": round(t.one_off_usd, 2),
+                 "payback_months": None if t.payback_months is None else round(t.payback_months, 2)}
         uris = {fmt: f"s3://{settings.bucket}/{key}" for fmt, key in keys.items()}
         print(f"report: {uris['html']} (also {', '.join(sorted(uris))})")
         out = {**headline, **money, "report": uris["json"], "report_html": uris["html"]}

@@ -90,44 +90,46 @@ def kafka_segment_tiering() -> None:
         key = run_key(prefix, run_id, "tier-plan.json")
         store.put_json(key, planned.to_json())
         totals = planned.totals()
-        print(f"plan: {totals['objects_to_move']} objects to move ({totals['bytes_to_move']:,} bytes); "
-              f"staying: {totals['staying']}")
-        return {"plan_key": key, "objects_to_move": totals["objects_to_move"]}
+        print(f"plan: {totals.objects_to_move} objects to move ({totals.bytes_to_move:,} bytes); "
+              f"staying: {dict(totals.staying)}")
+        return {"plan_key": key, "objects_to_move": totals.objects_to_move}
 
     @task
     def apply(planned: dict[str, Any]) -> dict[str, Any]:
         from tiering.run.tier import TierPlan, apply_tiering  # noqa: PLC0415
+        from tiering.storage.layout import run_result_key  # noqa: PLC0415
 
         ctx = get_current_context()
         store, _, run_id = _where(ctx)
         if ctx["params"]["dry_run"] or not planned["objects_to_move"]:
             print("nothing to move" + (" (dry run)" if ctx["params"]["dry_run"] else ""))
-            return {"results": []}
-        results = apply_tiering(store, TierPlan.from_json(store.get_json(planned["plan_key"])[0]), run_id,
-                                progress=lambda r: print(f"  {r.directory}/{r.base_offset}: {r.status} {r.reason}"))
-        return {"results": [r.to_json() for r in results]}
+            return {"segments": 0}
+        run = apply_tiering(store, TierPlan.from_json(store.get_json(planned["plan_key"])[0]), run_id,
+                            progress=lambda r: print(f"  {r.directory}/{r.base_offset}: {r.status} {r.reason}"))
+        return {"run_key": run_result_key(run.plan.prefix, run_id, "tier"), "segments": len(run.results)}
 
     @task(outlets=[REPORT_ASSET])
     def report(planned: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
-        from tiering.run.tier import TierPlan, tier_report, tier_table  # noqa: PLC0415
+        from tiering.run.tier import TierPlan, TierRun, tier_report, tier_table  # noqa: PLC0415
         from tiering.storage.layout import tier_report_key  # noqa: PLC0415
 
         ctx = get_current_context()
         store, prefix, run_id = _where(ctx)
-        doc = tier_report(TierPlan.from_json(store.get_json(planned["plan_key"])[0]), applied["results"], run_id,
-                          dry_run=ctx["params"]["dry_run"])
+        plan = TierPlan.from_json(store.get_json(planned["plan_key"])[0])
+        results = TierRun.from_json(store.get_json(applied["run_key"])[0]).results if "run_key" in applied else ()
+        doc = tier_report(plan, results, run_id, dry_run=ctx["params"]["dry_run"])
         text = tier_table(doc)
         print(text)
         key = tier_report_key(prefix, run_id, "json")
-        store.put_json(key, doc)
+        store.put_json(key, doc.to_json())
         store.put(tier_report_key(prefix, run_id, "md"), ("```\n" + text + "\n```\n").encode())
-        t = doc["planned"] if doc["dry_run"] else doc["achieved"]  # a run reports what it did
-        out = {"run_id": run_id, "dry_run": doc["dry_run"], "objects_moved": doc["objects_moved"],
-               "bytes_moved": doc["bytes_moved"], "monthly_savings_usd": round(t["monthly_savings_usd"], 6),
-               "one_off_usd": round(t["one_off_usd"], 6), "report": f"s3://{store.bucket}/{key}"}
+        monthly, one_off = doc.money()  # a run reports what it did
+        out: dict[str, Any] = {"run_id": run_id, "dry_run": doc.dry_run, "objects_moved": doc.objects_moved,
+                               "bytes_moved": doc.bytes_moved, "monthly_savings_usd": round(monthly, 6),
+                               "one_off_usd": round(one_off, 6), "report": f"s3://{store.bucket}/{key}"}
         ctx["outlet_events"][REPORT_ASSET].extra = {**out, "bucket": store.bucket, "prefix": prefix}
-        if doc["segments_failed"]:
-            raise RuntimeError(f"{len(doc['segments_failed'])} segments failed to move (see the report)")
+        if doc.segments_failed:
+            raise RuntimeError(f"{len(doc.segments_failed)} segments failed to move (see the report)")
         return out
 
     planned = plan()

@@ -113,9 +113,9 @@ def test_a_compaction_under_the_policy(store: S3Store) -> None:
     assert picky.status == "skipped"
     assert picky.reason.startswith("below min.savings.ratio")
     report, _ = publish_report(store, PREFIX, "policy-run", PRICES, CostOptions())
-    assert report["auto"]["events"]["chosen"]["codec"] == "zstd"
-    assert report["auto"]["noise"]["chosen"] is None
-    assert {(s["status"], s["reason"]) for s in report["skipped"]} >= {
+    assert report.auto["events"]["chosen"]["codec"] == "zstd"
+    assert report.auto["noise"]["chosen"] is None
+    assert {(s.status, s.reason) for s in report.skipped} >= {
         ("skipped", "policy"), ("skipped", "auto"), ("skipped", "too young by its records"),
         ("skipped", "below min.savings.ratio")}
 

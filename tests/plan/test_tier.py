@@ -19,7 +19,18 @@ from tiering.plan.policy import parse_policy
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
-from tiering.run.tier import MOVE, STAY, apply_tiering, lifecycle_configuration, plan_tiering
+from tiering.run.tier import (
+    MOVE,
+    STAY,
+    TierPlan,
+    TierReport,
+    TierRun,
+    Transition,
+    apply_tiering,
+    lifecycle_configuration,
+    plan_tiering,
+    tier_report,
+)
 from tiering.storage.layout import segment_key
 from tiering.storage.store import S3Store
 
@@ -58,10 +69,10 @@ def test_old_records_move_small_and_active_objects_stay(store: S3Store) -> None:
         assert seg.age_days > 300
     assert next(s for s in plan.segments if s.base_offset == active).reason.startswith("not tiered: active")
     totals = plan.totals()
-    assert totals["objects_to_move"] == 2
-    assert totals["by_transition"] == {"STANDARD -> GLACIER_IR": {"objects": 2, "bytes": sum(
-        len(originals[b].log) for b in sealed)}}
-    assert totals["payback_months"] == pytest.approx(totals["one_off_usd"] / totals["monthly_savings_usd"])
+    assert totals.objects_to_move == 2
+    assert totals.by_transition == {"STANDARD -> GLACIER_IR": Transition(2, sum(len(originals[b].log) for b in sealed))}
+    assert totals.payback_months == pytest.approx(totals.one_off_usd / totals.monthly_savings_usd)
+    assert TierPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
 
 
 def test_age_comes_from_the_records_not_from_last_modified(store: S3Store) -> None:
@@ -82,8 +93,9 @@ def test_apply_keeps_the_object_and_a_rerun_moves_nothing(store: S3Store) -> Non
     store.client.put_object_tagging(Bucket=BUCKET, Key=key, Tagging={"TagSet": [{"Key": "team", "Value": "a"}]})
     before = store.client.head_object(Bucket=BUCKET, Key=key)
     plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
-    results = apply_tiering(store, plan, "tier-1")
-    assert [r.status for r in results] == ["moved"]
+    log_move = _moves(plan)[key]
+    run = apply_tiering(store, plan, "tier-1")
+    assert [r.status for r in run.results] == ["moved"]
     after = store.client.head_object(Bucket=BUCKET, Key=key)
     assert after["StorageClass"] == "GLACIER_IR"
     assert store.get(key) == originals[0].log
@@ -93,9 +105,14 @@ def test_apply_keeps_the_object_and_a_rerun_moves_nothing(store: S3Store) -> Non
     again = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
     log = _moves(again)[key]
     assert (log.action, log.reason) == (STAY, "already in GLACIER_IR")
-    assert apply_tiering(store, again, "tier-2") == []
-    doc = store.get_json(f"{PREFIX}/_tiering/runs/tier-1/tier.json")[0]
-    assert doc["results"][0]["stats"]["moved"][0]["to"] == "GLACIER_IR"
+    assert apply_tiering(store, again, "tier-2").results == ()
+    doc = TierRun.from_json(store.get_json(f"{PREFIX}/_tiering/runs/tier-1/tier.json")[0])
+    assert doc == run
+    assert [m["to"] for m in doc.moved()] == ["GLACIER_IR"]
+    report = tier_report(plan, doc.results, "tier-1", dry_run=False)
+    assert (report.objects_moved, report.bytes_moved) == (1, len(originals[0].log))
+    assert report.money() == pytest.approx((log_move.monthly_savings_usd, log_move.one_off_usd))
+    assert TierReport.from_json(json.loads(json.dumps(report.to_json()))) == report
 
 
 def test_an_object_changed_since_planning_is_left_alone(store: S3Store) -> None:
@@ -103,7 +120,7 @@ def test_an_object_changed_since_planning_is_left_alone(store: S3Store) -> None:
     plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
     data = store.get(_key(0))
     store.client.put_object(Bucket=BUCKET, Key=_key(0), Body=data[: len(data) // 2])  # someone wrote another one
-    [result] = apply_tiering(store, plan, "tier-1")
+    [result] = apply_tiering(store, plan, "tier-1").results
     assert result.status == "skipped"
     assert "changed since planning" in result.reason
     assert "StorageClass" not in store.client.head_object(Bucket=BUCKET, Key=_key(0))
@@ -162,7 +179,7 @@ def test_a_segment_being_compacted_is_not_moved(store: S3Store) -> None:
     seed(store, segments=2, segment_bytes=BIG)
     plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
     store.put_json(f"{PREFIX}/_tiering/journal/{TOPIC}-0/{0:020d}.json", {"state": "staged"})
-    [result] = apply_tiering(store, plan, "tier-1")
+    [result] = apply_tiering(store, plan, "tier-1").results
     assert result.status == "skipped"
     assert "compaction of this segment is in progress" in result.reason
     assert "StorageClass" not in store.client.head_object(Bucket=BUCKET, Key=_key(0))
@@ -203,7 +220,7 @@ def test_an_invalid_policy_stops_before_any_request(tmp_path: Path, monkeypatch:
 
 
 def test_archive_classes_only_when_allowed_and_the_report_says_so(store: S3Store) -> None:
-    from tiering.run.tier import tier_report, tier_table
+    from tiering.run.tier import tier_table
 
     seed(store, segments=2, segment_bytes=BIG)
     doc = {"cluster": {"storage.allow.archive": True,
@@ -216,6 +233,6 @@ def test_archive_classes_only_when_allowed_and_the_report_says_so(store: S3Store
     index = _moves(plan)[_key(0, ".index")]
     assert index.action == STAY  # a small index would cost more there than it saves
     report = tier_report(plan, [], "dry", dry_run=True)
-    assert report["warnings"] == ["1 objects go to GLACIER: they cannot be read (by Kafka, a consumer or the "
-                                  "compaction) without a restore first"]
+    assert report.warnings == ("1 objects go to GLACIER: they cannot be read (by Kafka, a consumer or the "
+                               "compaction) without a restore first",)
     assert "WARNING" in tier_table(report)

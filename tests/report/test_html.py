@@ -14,12 +14,12 @@ import zlib
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tiering.cost.model import CostOptions, build_report
 from tiering.cost.prices import GB, load_prices
+from tiering.cost.report import LedgerEntry, Report
 from tiering.report.render import AFTER, BEFORE, LINE, SAVED, to_html
 
 pytestmark = pytest.mark.slow
@@ -80,7 +80,7 @@ def _rgb(hex_color: str) -> tuple[int, int, int]:
     return int(hex_color[1:3], 16), int(hex_color[3:5], 16), int(hex_color[5:7], 16)
 
 
-def _report() -> dict[str, Any]:
+def _report() -> Report:
     now = datetime(2026, 11, 22, tzinfo=UTC)
     topics = {"events": (40, 8), "logs": (25, 7), "metrics": (10, 6)}
     plan, results = [], []
@@ -92,8 +92,8 @@ def _report() -> dict[str, Any]:
                         "bytes_before": before * GB, "bytes_after": after * GB})
     run = {"run_id": "r3", "bucket": "b", "prefix": "p", "finished_at": now.isoformat(), "settings": {},
            "segments": results, "usage": {"requests": {"_run": {"PutObject": 100}}, "compute_seconds": 7200}}
-    ledger = [{"run_id": f"r{i}", "finished_at": (now - timedelta(days=30 * (3 - i))).isoformat(), "estimate": False,
-               "monthly_savings_usd": 0.4 * i, "one_off_usd": 0.01, "segments_rewritten": 3} for i in (1, 2)]
+    ledger = [LedgerEntry(f"r{i}", (now - timedelta(days=30 * (3 - i))).isoformat(), False, 3, 0, 0, 0.4 * i, 0.01)
+              for i in (1, 2)]
     return build_report(run, plan, load_prices(), CostOptions(), versioned=False, noncurrent_days=None,
                         ledger=ledger, now=now)
 

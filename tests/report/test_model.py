@@ -3,6 +3,7 @@ dry runs, versioned buckets, and the edge cases (nothing, all skipped, bigger)."
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,6 +11,8 @@ import pytest
 
 from tiering.cost.model import KMS_CALLS_PER_SEGMENT, CostOptions, build_report, cumulative, source_codec
 from tiering.cost.prices import GB, load_prices
+from tiering.cost.report import LedgerEntry, Listing, NotRewritten, Report, RowStatus
+from tiering.errors import ConfigError
 from tiering.report.render import FORMATS, render
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -40,14 +43,14 @@ def run_doc(results: list[dict[str, Any]], usage: dict[str, Any] | None = None, 
 
 
 def report(run: dict[str, Any], plan: list[dict[str, Any]], options: CostOptions | None = None,
-           versioned: bool = False, noncurrent_days: int | None = None, **kw: Any) -> dict[str, Any]:
+           versioned: bool = False, noncurrent_days: int | None = None, **kw: Any) -> Report:
     return build_report(run, plan, PRICES, options or CostOptions(grace_days=7), versioned=versioned,
                         noncurrent_days=noncurrent_days, now=NOW, **kw)
 
 
-def one_off(rep: dict[str, Any], prefix: str) -> float:
-    (usd,) = [c["usd"] for c in rep["one_off"] if c["item"].startswith(prefix)]
-    return float(usd)
+def one_off(rep: Report, prefix: str) -> float:
+    (usd,) = [c.usd for c in rep.one_off if c.item.startswith(prefix)]
+    return usd
 
 
 def test_standard_and_infrequent_access_by_hand() -> None:
@@ -58,11 +61,11 @@ def test_standard_and_infrequent_access_by_hand() -> None:
              "compute_seconds": 3600.0}
     run = run_doc([result("events-0", 0, GB, GB // 4), result("logs-0", 0, 2 * GB, GB)], usage)
     rep = report(run, plan)
-    t = rep["totals"]
+    t = rep.totals
     monthly = 0.75 * 0.023 + 1.0 * 0.0125
-    assert t["monthly_savings_usd"] == pytest.approx(monthly)
-    assert t["yearly_savings_usd"] == pytest.approx(12 * monthly)
-    assert (t["bytes_before"], t["bytes_after"], t["saved_bytes"]) == (3 * GB, GB + GB // 4, 3 * GB - GB - GB // 4)
+    assert t.monthly_savings_usd == pytest.approx(monthly)
+    assert t.yearly_savings_usd == pytest.approx(12 * monthly)
+    assert (t.bytes_before, t.bytes_after, t.saved_bytes) == (3 * GB, GB + GB // 4, 3 * GB - GB - GB // 4)
     assert one_off(rep, "S3 requests") == pytest.approx(0.005 + 0.0004 + 0.01 + 2 * 0.001 + 10 * 0.005 / 1000)
     assert one_off(rep, "Compute") == pytest.approx(VCPU_HOUR)
     assert one_off(rep, "Retrieval") == pytest.approx(2 * 2 * 0.01)  # IA source read once, copied once
@@ -71,16 +74,16 @@ def test_standard_and_infrequent_access_by_hand() -> None:
     assert one_off(rep, "Originals kept") == pytest.approx(grace)
     assert one_off(rep, "Noncurrent") == 0
     assert one_off(rep, "KMS") == 0
-    assert t["one_off_usd"] == pytest.approx(sum(c["usd"] for c in rep["one_off"]))
-    assert t["payback_months"] == pytest.approx(t["one_off_usd"] / monthly)
-    assert t["net_first_year_usd"] == pytest.approx(12 * monthly - t["one_off_usd"])
-    by_class = {r["storage_class"]: r["monthly_savings_usd"] for r in rep["by_storage_class"]}
+    assert t.one_off_usd == pytest.approx(sum(c.usd for c in rep.one_off))
+    assert t.payback_months == pytest.approx(t.one_off_usd / monthly)
+    assert t.net_first_year_usd == pytest.approx(12 * monthly - t.one_off_usd)
+    by_class = {r.name: r.monthly_savings_usd for r in rep.by_storage_class}
     assert by_class == pytest.approx({"STANDARD": 0.75 * 0.023, "STANDARD_IA": 0.0125})
-    assert {r["topic"]: r["monthly_savings_usd"] for r in rep["by_topic"]} == pytest.approx(
+    assert {r.name: r.monthly_savings_usd for r in rep.by_topic} == pytest.approx(
         {"events": 0.75 * 0.023, "logs": 0.0125})
-    assert rep["by_source_codec"][0]["source_codec"] == "snappy"
-    assert rep["skipped"] == [{"status": "skipped", "reason": "active", "segments": 1}]
-    assert rep["requests"]["requests_by_operation"]["DeleteObject"] == 50
+    assert rep.by_source_codec[0].name == "snappy"
+    assert rep.skipped == (NotRewritten(RowStatus.SKIPPED, "active", 1),)
+    assert rep.requests_by_operation["DeleteObject"] == 50
 
 
 def test_savings_come_off_the_marginal_volume_tier() -> None:
@@ -88,10 +91,10 @@ def test_savings_come_off_the_marginal_volume_tier() -> None:
     volume = (51_200 + 100) * GB
     run = run_doc([result("t-0", 0, 300 * GB, 100 * GB)])
     rep = report(run, [seg("t-0", 0, size=300 * GB)], CostOptions({"STANDARD": volume}))
-    assert rep["totals"]["monthly_savings_usd"] == pytest.approx(100 * 0.022 + 100 * 0.023)
+    assert rep.totals.monthly_savings_usd == pytest.approx(100 * 0.022 + 100 * 0.023)
     # Deep in the third tier, everything is at 0.021.
     rep = report(run, [seg("t-0", 0, size=300 * GB)], CostOptions({"STANDARD": 600_000 * GB}))
-    assert rep["totals"]["monthly_savings_usd"] == pytest.approx(200 * 0.021)
+    assert rep.totals.monthly_savings_usd == pytest.approx(200 * 0.021)
 
 
 def test_minimum_billable_size_hides_savings_of_small_ia_objects() -> None:
@@ -101,10 +104,10 @@ def test_minimum_billable_size_hides_savings_of_small_ia_objects() -> None:
             seg("t-0", 1, size=300 * kib, storage_class="STANDARD_IA")]
     rep = report(run, plan)
     # 100 KiB -> 40 KiB: both billed as 128 KiB, nothing saved; 300 KiB -> 100 KiB: billed 300 -> 128 KiB.
-    assert rep["totals"]["monthly_savings_usd"] == pytest.approx((300 - 128) * kib / GB * 0.0125)
-    rows = {r["base_offset"]: r["monthly_savings_usd"] for r in rep["segments"]}
+    assert rep.totals.monthly_savings_usd == pytest.approx((300 - 128) * kib / GB * 0.0125)
+    rows = {r.base_offset: r.monthly_savings_usd for r in rep.segments}
     assert rows[0] == 0
-    assert rows[1] == pytest.approx(rep["totals"]["monthly_savings_usd"])
+    assert rows[1] == pytest.approx(rep.totals.monthly_savings_usd)
 
 
 def test_no_early_deletion_charge_past_the_minimum_duration() -> None:
@@ -128,26 +131,26 @@ def test_versioned_bucket_with_a_noncurrent_rule() -> None:
     rep = report(run, [seg("t-0", 0)], versioned=True, noncurrent_days=30)
     # The replaced original and the deleted backup (1 GiB each) and the staging copy (0.25 GiB), 30 days.
     assert one_off(rep, "Noncurrent") == pytest.approx((2 * 1 + 0.25) * 0.023 * 30 / M)
-    assert rep["totals"]["monthly_savings_usd"] == pytest.approx(0.75 * 0.023)
-    assert rep["warnings"] == []
+    assert rep.totals.monthly_savings_usd == pytest.approx(0.75 * 0.023)
+    assert rep.warnings == ()
 
 
 def test_versioned_bucket_without_a_rule_adds_storage_and_says_so() -> None:
     run = run_doc([result("t-0", 0, GB, GB // 4)])
     rep = report(run, [seg("t-0", 0)], versioned=True, noncurrent_days=None)
-    assert rep["totals"]["monthly_savings_usd"] == pytest.approx(-(1 + 2 * 0.25) * 0.023)
-    assert rep["totals"]["payback_months"] is None
-    assert "never" in rep["warnings"][0] or "forever" in rep["warnings"][0]
+    assert rep.totals.monthly_savings_usd == pytest.approx(-(1 + 2 * 0.25) * 0.023)
+    assert rep.totals.payback_months is None
+    assert "never" in rep.warnings[0] or "forever" in rep.warnings[0]
     # An explicit option wins over what the bucket said.
-    assert report(run, [seg("t-0", 0)], CostOptions(versioned=False), versioned=True)["warnings"] == []
+    assert report(run, [seg("t-0", 0)], CostOptions(versioned=False), versioned=True).warnings == ()
 
 
 def test_no_segments_at_all() -> None:
     rep = report(run_doc([]), [])
-    t = rep["totals"]
-    assert (t["segments_seen"], t["bytes_before"], t["monthly_savings_usd"], t["one_off_usd"]) == (0, 0, 0, 0)
-    assert t["payback_months"] is None
-    assert t["ratio"] is None
+    t = rep.totals
+    assert (t.segments_seen, t.bytes_before, t.monthly_savings_usd, t.one_off_usd) == (0, 0, 0, 0)
+    assert t.payback_months is None
+    assert t.ratio is None
     for fmt in FORMATS:
         assert render(rep, fmt)
 
@@ -157,9 +160,9 @@ def test_everything_skipped() -> None:
             seg("t-0", 1, action="skip", reason="active: the partition's newest")]
     run = run_doc([result("t-0", 2, 0, 0, status="skipped", reason="no savings: zstd would not shrink it (5 -> 9)")])
     rep = report(run, [*plan, seg("t-0", 2)])
-    assert rep["totals"]["segments_rewritten"] == 0
-    assert rep["totals"]["monthly_savings_usd"] == 0
-    assert {(s["reason"], s["segments"]) for s in rep["skipped"]} == {
+    assert rep.totals.segments_rewritten == 0
+    assert rep.totals.monthly_savings_usd == 0
+    assert {(s.reason, s.segments) for s in rep.skipped} == {
         ("already compacted", 1), ("active", 1), ("no savings", 1)}
     assert "never" in render(rep, "table")
 
@@ -167,10 +170,10 @@ def test_everything_skipped() -> None:
 def test_a_run_that_made_things_bigger_is_reported_honestly() -> None:
     run = run_doc([result("t-0", 0, GB, GB + GB // 2)])
     rep = report(run, [seg("t-0", 0)])
-    assert rep["totals"]["monthly_savings_usd"] == pytest.approx(-0.5 * 0.023)
-    assert rep["totals"]["saved_bytes"] == -(GB // 2)
-    assert rep["totals"]["payback_months"] is None
-    assert any("bigger" in w for w in rep["warnings"])
+    assert rep.totals.monthly_savings_usd == pytest.approx(-0.5 * 0.023)
+    assert rep.totals.saved_bytes == -(GB // 2)
+    assert rep.totals.payback_months is None
+    assert any("bigger" in w for w in rep.warnings)
     assert "-$0.01" in render(rep, "table")
 
 
@@ -179,29 +182,27 @@ def test_a_dry_run_is_an_estimate_with_a_range() -> None:
                 "saved_bytes_high": 750, "segments_sampled": 2, "bytes_sampled": 1000}
     run = run_doc([], estimate=estimate)
     rep = report(run, [seg("t-0", 0, size=1000), seg("t-0", 1, action="skip", reason="active")])
-    assert rep["estimate"] is True
-    assert rep["totals"]["segments_estimated"] == 1
-    assert (rep["totals"]["bytes_before"], rep["totals"]["bytes_after"]) == (1000, 400)
-    d = rep["estimate_detail"]
-    assert d["monthly_savings_usd_low"] == pytest.approx(450 / GB * 0.023)
-    assert d["monthly_savings_usd_high"] == pytest.approx(750 / GB * 0.023)
+    assert rep.estimate is True
+    assert rep.totals.segments_estimated == 1
+    assert (rep.totals.bytes_before, rep.totals.bytes_after) == (1000, 400)
+    d = rep.estimate_detail
+    assert d is not None
+    assert d.monthly_savings_usd_low == pytest.approx(450 / GB * 0.023)
+    assert d.monthly_savings_usd_high == pytest.approx(750 / GB * 0.023)
     assert one_off(rep, "S3 requests") > 0  # estimated per segment
     assert "ESTIMATE" in render(rep, "table")
     assert "ESTIMATE" in render(rep, "html")
-    assert rep["ledger"]["monthly_run_rate_usd"] == 0  # an estimate saves nothing
+    assert rep.ledger.monthly_run_rate_usd == 0  # an estimate saves nothing
 
 
 def test_cumulative_savings_accrue_from_each_run() -> None:
-    entries = [{"run_id": "a", "finished_at": (NOW - timedelta(days=2 * M)).isoformat(), "estimate": False,
-                "monthly_savings_usd": 10.0, "one_off_usd": 1.0, "segments_rewritten": 1},
-               {"run_id": "b", "finished_at": (NOW - timedelta(days=M)).isoformat(), "estimate": False,
-                "monthly_savings_usd": 5.0, "one_off_usd": 2.0, "segments_rewritten": 1},
-               {"run_id": "c", "finished_at": NOW.isoformat(), "estimate": True,
-                "monthly_savings_usd": 99.0, "one_off_usd": 0.0, "segments_rewritten": 0}]
+    entries = [LedgerEntry("a", (NOW - timedelta(days=2 * M)).isoformat(), False, 1, 0, 0, 10.0, 1.0),
+               LedgerEntry("b", (NOW - timedelta(days=M)).isoformat(), False, 1, 0, 0, 5.0, 2.0),
+               LedgerEntry("c", NOW.isoformat(), True, 0, 0, 0, 99.0, 0.0)]
     c = cumulative(entries, NOW)
-    assert c["monthly_run_rate_usd"] == 15
-    assert c["to_date_usd"] == pytest.approx(10 * 2 + 5 * 1 - 3)
-    assert [r["cumulative_monthly_usd"] for r in c["runs"]] == [10, 15, 15]
+    assert c.monthly_run_rate_usd == 15
+    assert c.to_date_usd == pytest.approx(10 * 2 + 5 * 1 - 3)
+    assert [r.cumulative_monthly_usd for r in c.runs] == [10, 15, 15]
 
 
 def test_source_codec_is_the_majority_or_mixed() -> None:
@@ -235,17 +236,17 @@ def test_a_report_folded_chunk_by_chunk_equals_the_whole_and_lists_within_its_li
     whole = report(run_doc(results, usage), plan)
     chunks = [(plan[i:i + 4], results[i:i + 4]) for i in range(0, len(plan), 4)]
     streamed = report(run_doc([], usage), [], chunks=chunks)
-    assert streamed["totals"] == whole["totals"]
-    assert streamed["by_topic"] == whole["by_topic"]
-    assert streamed["segments"] == whole["segments"]
-    assert whole["listing"] == {"segments_omitted": 0, "failed_omitted": 0, "partitions_omitted": 0}
+    assert streamed.totals == whole.totals
+    assert streamed.by_topic == whole.by_topic
+    assert streamed.segments == whole.segments
+    assert whole.listing == Listing(0, 0, 0)
     monkeypatch.setattr(model, "MAX_LISTED_ROWS", 1)
     monkeypatch.setattr(model, "MAX_LISTED_PARTITIONS", 2)
     small = report(run_doc([], usage), [], chunks=chunks)
-    assert small["totals"] == whole["totals"]
-    assert (len(small["segments"]), len(small["failed"]), len(small["by_partition"])) == (1, 1, 2)
-    assert small["listing"] == {"segments_omitted": 11, "failed_omitted": 1, "partitions_omitted": 3}
-    assert sum(r["segments"] for r in small["by_topic"]) == 10
+    assert small.totals == whole.totals
+    assert (len(small.segments), len(small.failed), len(small.by_partition)) == (1, 1, 2)
+    assert small.listing == Listing(11, 1, 3)
+    assert sum(r.segments for r in small.by_topic) == 10
 
 
 def test_what_a_report_leaves_out_is_said_in_every_human_format(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,3 +258,36 @@ def test_what_a_report_leaves_out_is_said_in_every_human_format(monkeypatch: pyt
     for fmt in ("md", "html"):
         assert "Not listed: 1 segment rows" in render(rep, fmt)
     assert "Not listed" not in render(report(run_doc([result("t-0", 0, GB, GB // 2)]), plan[:1]), "md")
+
+
+def test_the_report_document_reads_back_as_written() -> None:
+    """report.json is the typed report: from_json(to_json()) gives it back, for a run and for a dry run."""
+    run = run_doc([result("t-0", 0, GB, GB // 2), result("t-0", 5, 0, 0, status="failed", reason="invalid data",
+                                                         error="CRC mismatch")])
+    real = report(run, [seg("t-0", 0), seg("t-0", 5), seg("t-0", 9, action="skip", reason="active")])
+    estimate = {"estimate": True, "ratio": 0.4, "saved_bytes_estimate": 600, "saved_bytes_low": 450,
+                "saved_bytes_high": 750, "segments_sampled": 2, "bytes_sampled": 1000}
+    dry = report(run_doc([], estimate=estimate), [seg("t-0", 0, size=1000)])
+    for rep in (real, dry):
+        doc = json.loads(json.dumps(rep.to_json()))
+        assert Report.from_json(doc, "report.json") == rep
+        assert doc["totals"]["saved_bytes"] == rep.totals.saved_bytes
+    assert real.failed[0].error == "CRC mismatch"
+    assert dry.estimate_detail is not None
+    assert dry.estimate_detail.segments_sampled == 2
+
+
+def test_a_document_of_another_kind_or_version_is_refused_by_name() -> None:
+    doc = report(run_doc([]), []).to_json()
+    with pytest.raises(ConfigError, match="not a report this version can read") as e:
+        Report.from_json({**doc, "schema_version": 99}, "s3://b/p/_tiering/reports/r1/report.json")
+    assert "compaction-report v99" in str(e.value)
+    assert "reports/r1/report.json" in str(e.value)
+    with pytest.raises(ConfigError, match="report unreadable"):
+        Report.from_json({k: v for k, v in doc.items() if k != "totals"}, "report.json")
+
+
+def test_a_report_row_can_say_every_status_a_run_gives_a_segment() -> None:
+    from tiering.lifecycle.journal import Status
+
+    assert {str(s) for s in Status} <= {str(s) for s in RowStatus}

@@ -17,6 +17,7 @@ from tests.s3.conftest import BUCKET, PREFIX, context, plan_for, seed
 from tiering.cli import main
 from tiering.cost.model import CostOptions
 from tiering.cost.prices import GB, load_prices
+from tiering.cost.report import LedgerEntry
 from tiering.report.publish import LATEST, load_report, publish_report, read_ledger, record_in_ledger
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
@@ -43,17 +44,18 @@ def test_a_published_report_is_in_every_format_at_the_run_and_latest(store: S3St
         assert store.head(key).size == len(body) > 0
     assert store.client.head_object(Bucket=BUCKET, Key=keys["html"])["ContentType"].startswith("text/html")
     doc = load_report(store, PREFIX)
-    assert doc["schema_version"] == 1
-    t = doc["totals"]
+    assert json.loads(store.get(keys["json"]))["schema_version"] == 1
+    assert doc == report
+    t = doc.totals
     done = [s for s in run.segments if s.status == "compacted"]
-    assert t["bytes_before"] == sum(s.bytes_before for s in done) == run.totals()["bytes_before"]
-    assert t["bytes_after"] == sum(s.bytes_after for s in done)
-    assert t["monthly_savings_usd"] == pytest.approx((t["bytes_before"] - t["bytes_after"]) / GB * 0.023)
+    assert t.bytes_before == sum(s.bytes_before for s in done) == run.totals()["bytes_before"]
+    assert t.bytes_after == sum(s.bytes_after for s in done)
+    assert t.monthly_savings_usd == pytest.approx((t.bytes_before - t.bytes_after) / GB * 0.023)
     rows = list(csv.DictReader(io.StringIO(store.get(keys["csv"]).decode())))
-    assert len(rows) == len(report["segments"]) == 5  # 3 sealed + 2 active
+    assert len(rows) == len(report.segments) == 5  # 3 sealed + 2 active
     assert "## By topic" in store.get(keys["md"]).decode()
     # Requests were counted by the run: it listed, read, wrote and copied.
-    ops = doc["requests"]["requests_by_operation"]
+    ops = doc.requests_by_operation
     assert ops["ListObjectsV2"] > 0
     assert ops["CopyObject"] == 3 * len(done)  # .log, .index and .timeindex backed up
     assert ops["GetObject"] >= len(done)
@@ -64,13 +66,13 @@ def test_publishing_again_keeps_one_ledger_entry_per_run(store: S3Store) -> None
     first, _ = publish_report(store, PREFIX, "run-1", PRICES, CostOptions())
     again, _ = publish_report(store, PREFIX, "run-1", PRICES, CostOptions())
     runs, _ = read_ledger(store, PREFIX)
-    assert [r["run_id"] for r in runs] == ["run-1"]
-    assert again["totals"] == first["totals"]
+    assert [r.run_id for r in runs] == ["run-1"]
+    assert again.totals == first.totals
     second = compact(store, plan_for(store), context(store, "run-2"), CompactOptions())
     assert second.totals().get("compacted", 0) == 0
     rep, _ = publish_report(store, PREFIX, "run-2", PRICES, CostOptions())
-    assert [r["run_id"] for r in rep["ledger"]["runs"]] == ["run-1", "run-2"]
-    assert rep["ledger"]["monthly_run_rate_usd"] == pytest.approx(first["totals"]["monthly_savings_usd"])
+    assert [r.entry.run_id for r in rep.ledger.runs] == ["run-1", "run-2"]
+    assert rep.ledger.monthly_run_rate_usd == pytest.approx(first.totals.monthly_savings_usd)
 
 
 def test_concurrent_ledger_updates_lose_no_entry(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,9 +92,8 @@ def test_concurrent_ledger_updates_lose_no_entry(monkeypatch: pytest.MonkeyPatch
             own = S3Store(make_client(), "ledger")  # each writer its own client, as separate runs have
             barrier.wait()
             try:
-                record_in_ledger(own, PREFIX, {"run_id": f"r{i:02d}", "finished_at": f"2026-11-22T00:00:{i:02d}",
-                                               "estimate": False, "monthly_savings_usd": 1.0, "one_off_usd": 0.1,
-                                               "segments_rewritten": 1, "bytes_before": 2, "bytes_after": 1})
+                record_in_ledger(own, PREFIX, LedgerEntry(f"r{i:02d}", f"2026-11-22T00:00:{i:02d}", False, 1, 2, 1,
+                                                          1.0, 0.1))
             except BaseException as e:
                 errors.append(e)
 
@@ -104,7 +105,7 @@ def test_concurrent_ledger_updates_lose_no_entry(monkeypatch: pytest.MonkeyPatch
         assert errors == []
         check = S3Store(make_client(), "ledger")
         runs, etag = read_ledger(check, PREFIX)
-        assert sorted(r["run_id"] for r in runs) == [f"r{i:02d}" for i in range(8)]
+        assert sorted(r.run_id for r in runs) == [f"r{i:02d}" for i in range(8)]
         assert etag is not None
         assert json.loads(check.get(ledger_key(PREFIX)))["schema_version"] == 1
     finally:
@@ -127,9 +128,9 @@ def test_a_versioned_bucket_without_a_rule_is_warned_about(store: S3Store) -> No
     store.client.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
     _compact(store)
     report, _ = publish_report(store, PREFIX, "run-1", PRICES, CostOptions())
-    assert report["assumptions"]["versioned"] is True
-    assert report["totals"]["monthly_savings_usd"] < 0
-    assert report["warnings"]
+    assert report.assumptions.versioned is True
+    assert report.totals.monthly_savings_usd < 0
+    assert report.warnings
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
@@ -164,7 +165,7 @@ def test_cli_compact_publishes_and_report_prints_every_format(store: S3Store) ->
     code, out, _ = _cli("report", *where, "--json", "--account-standard-tb", "600")
     repriced = json.loads(out)
     assert repriced["totals"]["monthly_savings_usd"] == pytest.approx(doc["totals"]["saved_bytes"] / GB * 0.021)
-    assert load_report(store, PREFIX)["totals"]["monthly_savings_usd"] == pytest.approx(
+    assert load_report(store, PREFIX).totals.monthly_savings_usd == pytest.approx(
         doc["totals"]["monthly_savings_usd"])
 
 

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tiering.cost.model import ledger_entry
-from tiering.report.publish import LATEST, assemble, build_report_again, cost_config, load_report, read_ledger
+from tiering.cost.model import with_ledger
+from tiering.report.publish import LATEST, assemble, cost_config, load_report, read_ledger
 from tiering.report.render import FORMATS, render
 from tiering.run.compact import DEFAULT_GRACE_DAYS
 from tiering.storage.store import S3Store, make_client
@@ -43,9 +43,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if reprice:
         prices, options = cost_from_args(args, DEFAULT_GRACE_DAYS if args.grace_days is None else args.grace_days)
         ledger, _ = read_ledger(store, prefix)
-        fresh = assemble(store, prefix, report["run_id"], prices, options, [])
-        report = build_report_again(fresh, [*(e for e in ledger if e["run_id"] != fresh["run_id"]),
-                                            ledger_entry(fresh)])
+        report = with_ledger(assemble(store, prefix, report.run_id, prices, options, []), ledger)
     text = render(report, "json" if args.json else args.format)
     if args.output:
         Path(args.output).write_text(text, encoding="utf-8")

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from tiering.cli.report import add_cost_args, cost_from_args
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
-from tiering.commit.protocol import Context, SegmentResult
+from tiering.commit.protocol import FAILED, Context, SegmentResult
 from tiering.errors import ConfigError, ExitCode, StorageError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
@@ -346,12 +346,12 @@ def _tier_table(plan: Any) -> Table:
     t = Table(title=f"storage tiering of s3://{plan.bucket}/{plan.prefix}", title_justify="left")
     for col in ("transition", "objects", "bytes"):
         t.add_column(col, justify="left" if col == "transition" else "right")
-    for name, row in sorted(totals["by_transition"].items()):
-        t.add_row(name, str(int(row["objects"])), _human(row["bytes"]))
-    for reason, n in sorted(totals["staying"].items()):
+    for name, row in sorted(totals.by_transition.items()):
+        t.add_row(name, str(row.objects), _human(row.bytes))
+    for reason, n in sorted(totals.staying.items()):
         t.add_row(f"[dim]stays: {reason}[/dim]", str(n), "")
-    payback = totals["payback_months"]
-    t.caption = (f"saves ${totals['monthly_savings_usd']:.6f}/month; one-off ${totals['one_off_usd']:.6f} "
+    payback = totals.payback_months
+    t.caption = (f"saves ${totals.monthly_savings_usd:.6f}/month; one-off ${totals.one_off_usd:.6f} "
                  f"(copy requests, retrieval); payback "
                  + ("never" if payback is None else f"{payback:.1f} months"))
     return t
@@ -380,20 +380,14 @@ def _cmd_tier(args: argparse.Namespace) -> int:
             _console(args.stdout).print("dry run: nothing was moved")
         return 0
     run_id = args.run_id or new_run_id()
-    results = apply_tiering(store, plan, run_id, lease_ttl=args.lease_ttl_seconds,
-                            progress=lambda r: _log(args, f"  {r.directory}/{r.base_offset:020d}: {r.status} "
-                                                          f"{r.reason}"))
-    doc = {"run_id": run_id, "plan": plan.to_json(), "results": [r.to_json() for r in results]}
+    run = apply_tiering(store, plan, run_id, lease_ttl=args.lease_ttl_seconds,
+                        progress=lambda r: _log(args, f"  {r.directory}/{r.base_offset:020d}: {r.status} {r.reason}"))
     if args.json:
-        _emit_json(args.stdout, doc)
+        _emit_json(args.stdout, run.to_json())
     else:
         _console(args.stdout).print(_tier_table(plan))
-        moved = 0
-        for r in results:
-            items = (r.stats or {}).get("moved")
-            moved += len(items) if isinstance(items, list) else 0
-        _console(args.stdout).print(f"run {run_id}: {moved} objects moved in {len(results)} segments")
-    return 1 if any(r.status == "failed" for r in results) else 0
+        _console(args.stdout).print(f"run {run_id}: {len(run.moved())} objects moved in {len(run.results)} segments")
+    return 1 if any(r.status == FAILED for r in run.results) else 0
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -31,13 +31,29 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
 from tiering.cost.prices import DAYS_PER_MONTH, GB, PriceBook
+from tiering.cost.report import (
+    SAVING,
+    Assumptions,
+    EstimateDetail,
+    Failure,
+    GroupRow,
+    LedgerEntry,
+    LedgerRow,
+    LedgerSummary,
+    Listing,
+    NotRewritten,
+    OneOff,
+    Report,
+    RowStatus,
+    SegmentRow,
+    Totals,
+)
 
-REPORT_SCHEMA_VERSION: Final = 1
 # KMS calls per SSE-KMS segment of three objects: a Decrypt to read the .log, a Decrypt and a GenerateDataKey
 # per backup copy (3 objects), a GenerateDataKey per object put in place (3).
 KMS_CALLS_PER_SEGMENT: Final = 10
@@ -46,7 +62,6 @@ KMS_CALLS_PER_SEGMENT: Final = 10
 # (bench-s3: 18 MiB/s through S3).
 REQUESTS_PER_SEGMENT: Final = {"tier1": 15, "tier2": 28}
 DRY_RUN_BYTES_PER_CORE_SECOND: Final = 18 << 20
-DONE: Final = ("compacted",)
 ROLLUPS: Final = ("storage_class", "topic", "directory", "source_codec")
 MAX_LISTED_ROWS: Final = 10_000  # segment rows (and failures) a report lists; its figures count them all
 MAX_LISTED_PARTITIONS: Final = 1_000  # partitions listed by name (those that saved the most)
@@ -83,40 +98,44 @@ def _gb(n: float) -> float:
     return n / GB
 
 
+def _row(directory: str, base: int, r: Mapping[str, Any], plan: Mapping[str, Any] | None = None,
+         codec: str | None = None) -> SegmentRow:
+    """A segment's row from its result and its plan entry (none: a result the plan did not list, a rollback's
+    say); ``codec``: its source codec, else the result's."""
+    s = plan or {}
+    log = s.get("log") or {}
+    return SegmentRow(directory, s.get("topic") or topic_of(directory),
+                      int(s.get("partition", directory.rsplit("-", 1)[-1])), base,
+                      log.get("storage_class") or "STANDARD", log.get("last_modified"), int(log.get("size", 0)),
+                      RowStatus(r["status"]), str(r.get("reason", "")), int(r.get("bytes_before", 0)),
+                      int(r.get("bytes_after", 0)), source_codec(r.get("stats")) if codec is None else codec,
+                      r.get("encryption"), r.get("error"))
+
+
 def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]], ratio: float | None
-          ) -> Iterator[dict[str, Any]]:
+          ) -> Iterator[SegmentRow]:
     """One row per segment the scan saw: its plan facts and the run's outcome (or, in a dry run, the
     estimate applied to it); then the results without a plan entry (a rollback, say)."""
     by_key = {(r["directory"], int(r["base_offset"])): r for r in results}
     for s in plan:
         key = (s["directory"], int(s["base_offset"]))
-        log = s.get("log") or {}
         r = by_key.pop(key, None)
-        row = {"directory": s["directory"], "topic": s.get("topic") or topic_of(s["directory"]),
-               "partition": int(s.get("partition", key[0].rsplit("-", 1)[-1])), "base_offset": key[1],
-               "storage_class": log.get("storage_class") or "STANDARD", "last_modified": log.get("last_modified"),
-               "size": int(log.get("size", 0)), "source_codec": "", "encryption": None}
         if r is not None:
-            row.update(status=r["status"], reason=r.get("reason", ""), bytes_before=int(r.get("bytes_before", 0)),
-                       bytes_after=int(r.get("bytes_after", 0)), source_codec=source_codec(r.get("stats")),
-                       encryption=r.get("encryption"), error=r.get("error"))
-        elif s["action"] == "skip":
-            row.update(status="skipped", reason=s["reason"], bytes_before=0, bytes_after=0)
+            yield _row(*key, r, s)
+            continue
+        size = int((s.get("log") or {}).get("size", 0))
+        if s["action"] == "skip":
+            r = {"status": RowStatus.SKIPPED, "reason": s["reason"]}
         elif ratio is not None and s["action"] == "compact":
-            row.update(status="estimated", reason="dry run", bytes_before=row["size"],
-                       bytes_after=round(row["size"] * ratio))
+            r = {"status": RowStatus.ESTIMATED, "reason": "dry run", "bytes_before": size,
+                 "bytes_after": round(size * ratio)}
+        elif ratio is not None:
+            r = {"status": RowStatus.PLANNED, "reason": s["reason"]}
         else:
-            row.update(status="planned" if ratio is not None else "not run",
-                       reason=s["reason"] if ratio is not None else "planned, but no result was recorded",
-                       bytes_before=0, bytes_after=0)
-        yield row
+            r = {"status": RowStatus.NOT_RUN, "reason": "planned, but no result was recorded"}
+        yield _row(*key, r, s, codec="")
     for (directory, base), r in sorted(by_key.items()):
-        yield {"directory": directory, "topic": topic_of(directory), "base_offset": base,
-               "partition": int(directory.rsplit("-", 1)[-1]), "storage_class": "STANDARD",
-               "last_modified": None, "size": 0, "status": r["status"], "reason": r.get("reason", ""),
-               "bytes_before": int(r.get("bytes_before", 0)), "bytes_after": int(r.get("bytes_after", 0)),
-               "source_codec": source_codec(r.get("stats")), "encryption": r.get("encryption"),
-               "error": r.get("error")}
+        yield _row(directory, base, r)
 
 
 def _age_days(last_modified: str | None, now: datetime) -> float | None:
@@ -152,11 +171,11 @@ class _Fold:
                  dry_run: bool) -> None:
         self.prices, self.options, self.now, self.dry_run = prices, options, now, dry_run
         self.versioned, self.noncurrent_days = facts
-        self.statuses: Counter[str] = Counter()
-        self.reasons: Counter[tuple[str, str]] = Counter()
-        self.failed: list[dict[str, Any]] = []
+        self.statuses: Counter[RowStatus] = Counter()
+        self.reasons: Counter[tuple[RowStatus, str]] = Counter()
+        self.failed: list[Failure] = []
         self.failed_omitted = 0
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[SegmentRow] = []
         self.rows_omitted = 0
         self.groups: dict[str, dict[str, _Group]] = {k: {} for k in ROLLUPS}
         self.billed_before: Counter[str] = Counter()  # per storage class, of the rewritten segments
@@ -171,45 +190,44 @@ class _Fold:
         self.noncurrent = _Line("Noncurrent versions until they expire")
         self.kms = _Line("KMS requests (SSE-KMS)")
 
-    def add(self, row: dict[str, Any]) -> None:
-        self.statuses[row["status"]] += 1
+    def add(self, row: SegmentRow) -> None:
+        self.statuses[row.status] += 1
         if len(self.rows) < MAX_LISTED_ROWS:
             self.rows.append(row)
         else:
             self.rows_omitted += 1
-        if row["status"] not in (*DONE, "estimated"):
-            self.reasons[(row["status"], str(row.get("reason") or "").split(":")[0].split(" (")[0])] += 1
-            if row["status"] == "failed":
+        if row.status not in SAVING:
+            self.reasons[(row.status, row.reason.split(":")[0].split(" (")[0])] += 1
+            if row.status is RowStatus.FAILED:
                 if len(self.failed) < MAX_LISTED_ROWS:
-                    self.failed.append({"segment": f"{row['directory']}/{row['base_offset']}",
-                                        "reason": row["reason"], "error": row.get("error")})
+                    self.failed.append(Failure(f"{row.directory}/{row.base_offset}", row.reason, row.error))
                 else:
                     self.failed_omitted += 1
             return
-        cls = row["storage_class"]
+        cls = row.storage_class
         p = self.prices.of(cls)
-        billed_before, billed_after = p.billed_bytes(row["bytes_before"]), p.billed_bytes(row["bytes_after"])
+        billed_before, billed_after = p.billed_bytes(row.bytes_before), p.billed_bytes(row.bytes_after)
         self.done += 1
-        self.before += row["bytes_before"]
-        self.after += row["bytes_after"]
+        self.before += row.bytes_before
+        self.after += row.bytes_after
         self.billed_before[cls] += billed_before
         self.billed_after[cls] += billed_after
-        self.class_of[row["directory"]] = cls
+        self.class_of[row.directory] = cls
         for key in ROLLUPS:
-            group = self.groups[key].setdefault(str(row[key]), _Group())
+            group = self.groups[key].setdefault(str(getattr(row, key)), _Group())
             group.segments += 1
-            group.before += row["bytes_before"]
-            group.after += row["bytes_after"]
+            group.before += row.bytes_before
+            group.after += row.bytes_after
             group.saved_billed[cls] += billed_before - billed_after
-        self.added_usd += _gb(billed_before) * p.rate() + 2 * _gb(row["bytes_after"]) * p.rate()
+        self.added_usd += _gb(billed_before) * p.rate() + 2 * _gb(row.bytes_after) * p.rate()
         if self.dry_run:
             self.dry_requests_usd += (REQUESTS_PER_SEGMENT["tier1"] * p.put_per_1000
                                       + REQUESTS_PER_SEGMENT["tier2"] * p.get_per_1000) / 1000
-        before_gb, after_gb = _gb(billed_before), _gb(row["bytes_after"])
+        before_gb, after_gb = _gb(billed_before), _gb(row.bytes_after)
         rate = p.rate(_gb(self.options.account_bytes.get(cls, 0)))
-        self.retrieval.usd += 2 * _gb(row["bytes_before"]) * p.retrieval_per_gb
-        self.retrieval.quantity += 2 * _gb(row["bytes_before"]) if p.retrieval_per_gb else 0
-        age = _age_days(row.get("last_modified"), self.now)
+        self.retrieval.usd += 2 * _gb(row.bytes_before) * p.retrieval_per_gb
+        self.retrieval.quantity += 2 * _gb(row.bytes_before) if p.retrieval_per_gb else 0
+        age = _age_days(row.last_modified, self.now)
         if p.min_days and age is not None and age < p.min_days:
             self.early.usd += before_gb * rate * (p.min_days - age) / DAYS_PER_MONTH
             self.early.quantity += 1
@@ -219,7 +237,7 @@ class _Fold:
             standard = self.prices.of("STANDARD").rate()
             self.noncurrent.usd += (2 * before_gb * rate * keep
                                     + after_gb * standard * self.noncurrent_days / DAYS_PER_MONTH)
-        if row.get("encryption") == "aws:kms":
+        if row.encryption == "aws:kms":
             self.kms.quantity += KMS_CALLS_PER_SEGMENT
 
     def savings(self, factor: float = 1.0) -> dict[str, float]:
@@ -241,7 +259,7 @@ class _Fold:
                 total += by_class.get(cls, 0.0) * saved / whole
         return total
 
-    def one_offs(self, usage: Mapping[str, Any]) -> tuple[list[_Line], dict[str, Any]]:
+    def one_offs(self, usage: Mapping[str, Any]) -> tuple[list[OneOff], dict[str, int]]:
         # Requests: counted, priced at the class of the partition they served.
         by_class: Mapping[str, Mapping[str, int]] | None = usage.get("requests_by_class")
         if by_class is None:  # a run document that counts them by partition only
@@ -275,10 +293,10 @@ class _Fold:
             if self.versioned and self.noncurrent_days is not None else
             "bucket not versioned" if not self.versioned else "no lifecycle rule expires them")
         lines = [req, compute, self.retrieval, self.early, self.grace, self.noncurrent, self.kms]
-        return lines, {"requests_by_operation": dict(sorted(counts.items()))}
+        return [OneOff(line.item, line.usd, line.detail) for line in lines], dict(sorted(counts.items()))
 
     def rollup(self, key: str, by_class: Mapping[str, float], limit: int | None = None
-               ) -> tuple[list[dict[str, Any]], int]:
+               ) -> tuple[tuple[GroupRow, ...], int]:
         """The groups of ``key``, by name (the ``limit`` that saved the most bytes, when there are more);
         and how many were left out."""
         groups = self.groups[key]
@@ -287,22 +305,17 @@ class _Fold:
         if limit is not None and len(names) > limit:
             names = sorted(sorted(names, key=lambda n: groups[n].after - groups[n].before)[:limit])
             omitted = len(groups) - limit
-        out = []
-        for name in names:
-            g = groups[name]
-            monthly = by_class[name] if key == "storage_class" else self.share(by_class, g.saved_billed)
-            out.append({key: name, "segments": g.segments, "bytes_before": g.before, "bytes_after": g.after,
-                        "saved_bytes": g.before - g.after, "ratio": g.after / g.before if g.before else None,
-                        "monthly_savings_usd": monthly})
-        return out, omitted
+        return tuple(GroupRow(name, groups[name].segments, groups[name].before, groups[name].after,
+                              by_class[name] if key == "storage_class" else
+                              self.share(by_class, groups[name].saved_billed)) for name in names), omitted
 
 
 def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], prices: PriceBook,
                  options: CostOptions, *, versioned: bool | None, noncurrent_days: int | None,
-                 ledger: Sequence[Mapping[str, Any]] = (), now: datetime,
+                 ledger: Sequence[LedgerEntry] = (), now: datetime,
                  auto: Mapping[str, Any] | None = None,
                  chunks: Iterable[tuple[Iterable[Mapping[str, Any]], Iterable[Mapping[str, Any]]]] | None = None
-                 ) -> dict[str, Any]:
+                 ) -> Report:
     """The report of one run. ``run`` is the run document (``compact.json``), ``plan`` the plan's segment
     entries (joined with the run document's segments), or ``chunks``: the plan's entries and the run's
     results a chunk at a time (a run of any size; ``plan`` is then ignored). ``ledger`` holds the earlier
@@ -328,92 +341,70 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
                         "NoncurrentVersionExpiration rule (see infra/).")
         by_class = dict.fromkeys(by_class, 0.0)
         monthly = -fold.added_usd
-    for r in fold.rows:
-        if r["status"] in (*DONE, "estimated"):
-            p = prices.of(r["storage_class"])
-            saved = p.billed_bytes(r["bytes_before"]) - p.billed_bytes(r["bytes_after"])
-            r["monthly_savings_usd"] = fold.share(by_class, {r["storage_class"]: saved})
-        else:
-            r["monthly_savings_usd"] = 0.0
 
-    lines, counted = fold.one_offs(run.get("usage") or {})
-    one_off = sum(line.usd for line in lines)
+    def priced(r: SegmentRow) -> SegmentRow:
+        if r.status not in SAVING:
+            return r
+        p = prices.of(r.storage_class)
+        saved = p.billed_bytes(r.bytes_before) - p.billed_bytes(r.bytes_after)
+        return replace(r, monthly_savings_usd=fold.share(by_class, {r.storage_class: saved}))
+
+    one_off, requests = fold.one_offs(run.get("usage") or {})
     before, after = fold.before, fold.after
     if after > before:
         warnings.append(f"This run made the rewritten segments bigger: {before:,} -> {after:,} bytes.")
     statuses = fold.statuses
-    totals = {
-        "segments_seen": sum(statuses.values()), "segments_rewritten": statuses.get("compacted", 0),
-        "segments_estimated": statuses.get("estimated", 0), "segments_skipped": statuses.get("skipped", 0),
-        "segments_failed": statuses.get("failed", 0), "bytes_before": before, "bytes_after": after,
-        "saved_bytes": before - after, "ratio": after / before if before else None,
-        "monthly_savings_usd": monthly, "yearly_savings_usd": monthly * 12, "one_off_usd": one_off,
-        "monthly_savings_per_tib_usd": monthly / before * (1 << 40) if before else None,
-        "payback_months": one_off / monthly if monthly > 0 else None,
-        "net_first_year_usd": monthly * 12 - one_off,
-    }
+    totals = Totals(sum(statuses.values()), statuses[RowStatus.COMPACTED], statuses[RowStatus.ESTIMATED],
+                    statuses[RowStatus.SKIPPED], statuses[RowStatus.FAILED], before, after, monthly,
+                    sum(c.usd for c in one_off))
     partitions, partitions_omitted = fold.rollup("directory", by_class, MAX_LISTED_PARTITIONS)
-    report: dict[str, Any] = {
-        "schema_version": REPORT_SCHEMA_VERSION, "kind": "compaction-report", "run_id": run["run_id"],
-        "bucket": run["bucket"], "prefix": run["prefix"], "started_at": run.get("started_at"),
-        "finished_at": run.get("finished_at"), "generated_at": now.isoformat(), "estimate": dry_run,
-        "settings": {k: v for k, v in (run.get("settings") or {}).items() if k != "estimate"},
-        "prices": prices.describe(),
-        "assumptions": {**options.to_json(), "versioned": versioned, "noncurrent_days": noncurrent_days,
-                        "days_per_month": DAYS_PER_MONTH, "gb_bytes": GB},
-        "totals": totals,
-        "by_storage_class": fold.rollup("storage_class", by_class)[0],
-        "by_topic": fold.rollup("topic", by_class)[0],
-        "by_partition": partitions,
-        "by_source_codec": fold.rollup("source_codec", by_class)[0],
-        "one_off": [{"item": line.item, "usd": line.usd, "detail": line.detail} for line in lines],
-        "requests": counted,
-        "skipped": [{"status": st, "reason": why, "segments": n} for (st, why), n in sorted(fold.reasons.items())],
-        "failed": fold.failed,
-        "segments": fold.rows,
-        "listing": {"segments_omitted": fold.rows_omitted, "failed_omitted": fold.failed_omitted,
-                    "partitions_omitted": partitions_omitted},
-        "auto": dict(auto or {}),  # per topic: the automatic codec choice and every candidate's numbers
-        "warnings": warnings,
-    }
+    detail = None
     if dry_run:
         assert estimate is not None
-        saved = before - after
-        scale_low = estimate["saved_bytes_low"] / estimate["saved_bytes_estimate"] if estimate[
-            "saved_bytes_estimate"] else 0.0
-        scale_high = estimate["saved_bytes_high"] / estimate["saved_bytes_estimate"] if estimate[
-            "saved_bytes_estimate"] else 0.0
-        report["estimate_detail"] = {
-            **estimate, "saved_bytes": saved,
-            "monthly_savings_usd_low": sum(fold.savings(scale_low).values()),
-            "monthly_savings_usd_high": sum(fold.savings(scale_high).values()),
-        }
-    report["ledger"] = cumulative([*[e for e in ledger if e.get("run_id") != run["run_id"]], ledger_entry(report)],
-                                  now)
-    return report
+        whole = estimate["saved_bytes_estimate"]
+        scale_low = estimate["saved_bytes_low"] / whole if whole else 0.0
+        scale_high = estimate["saved_bytes_high"] / whole if whole else 0.0
+        detail = EstimateDetail(dict(estimate), before - after, sum(fold.savings(scale_low).values()),
+                                sum(fold.savings(scale_high).values()))
+    report = Report(
+        run_id=run["run_id"], bucket=run["bucket"], prefix=run["prefix"], started_at=run.get("started_at"),
+        finished_at=run.get("finished_at"), generated_at=now.isoformat(), estimate=dry_run,
+        settings={k: v for k, v in (run.get("settings") or {}).items() if k != "estimate"},
+        prices=prices.describe(),
+        assumptions=Assumptions(dict(options.account_bytes), options.grace_days, versioned, noncurrent_days,
+                                DAYS_PER_MONTH, GB),
+        totals=totals,
+        by_storage_class=fold.rollup("storage_class", by_class)[0],
+        by_topic=fold.rollup("topic", by_class)[0],
+        by_partition=partitions,
+        by_source_codec=fold.rollup("source_codec", by_class)[0],
+        one_off=tuple(one_off), requests_by_operation=requests,
+        skipped=tuple(NotRewritten(st, why, n) for (st, why), n in sorted(fold.reasons.items())),
+        failed=tuple(fold.failed), segments=tuple(priced(r) for r in fold.rows),
+        listing=Listing(fold.rows_omitted, fold.failed_omitted, partitions_omitted),
+        auto=dict(auto or {}), warnings=tuple(warnings), ledger=cumulative([], now), estimate_detail=detail)
+    return with_ledger(report, [e for e in ledger if e.run_id != report.run_id])
 
 
-def ledger_entry(report: Mapping[str, Any]) -> dict[str, Any]:
-    t = report["totals"]
-    return {"run_id": report["run_id"], "finished_at": report["finished_at"] or report["generated_at"],
-            "estimate": report["estimate"], "segments_rewritten": t["segments_rewritten"],
-            "bytes_before": t["bytes_before"], "bytes_after": t["bytes_after"],
-            "monthly_savings_usd": t["monthly_savings_usd"], "one_off_usd": t["one_off_usd"]}
+def with_ledger(report: Report, earlier: Sequence[LedgerEntry]) -> Report:
+    """``report`` with its ledger section computed from the ``earlier`` runs' entries and its own (an entry
+    of its run among ``earlier`` is replaced), at the report's time."""
+    entries = [*(e for e in earlier if e.run_id != report.run_id), report.ledger_entry()]
+    return replace(report, ledger=cumulative(entries, datetime.fromisoformat(report.generated_at)))
 
 
-def cumulative(entries: Sequence[Mapping[str, Any]], now: datetime) -> dict[str, Any]:
+def cumulative(entries: Sequence[LedgerEntry], now: datetime) -> LedgerSummary:
     """The ledger with running totals over the real (not estimated) runs in time order; ``to_date_usd`` is
     what the runs have saved by ``now`` net of their one-off costs (a run saves its monthly figure per month
     from when it finished)."""
-    runs = sorted(entries, key=lambda e: (str(e["finished_at"]), str(e["run_id"])))
+    runs = sorted(entries, key=lambda e: (e.finished_at, e.run_id))
     monthly = one_off = accrued = 0.0
     rows = []
     for e in runs:
-        if not e["estimate"]:
-            monthly += float(e["monthly_savings_usd"])
-            one_off += float(e["one_off_usd"])
-            age = _age_days(str(e["finished_at"]), now) or 0.0
-            accrued += float(e["monthly_savings_usd"]) * max(0.0, age) / DAYS_PER_MONTH
-        rows.append({**e, "cumulative_monthly_usd": monthly, "cumulative_one_off_usd": one_off})
-    return {"runs": rows, "monthly_run_rate_usd": monthly, "one_off_usd": one_off,
-            "to_date_usd": accrued - one_off}
+        if not e.estimate:
+            monthly += e.monthly_savings_usd
+            one_off += e.one_off_usd
+            age = _age_days(e.finished_at, now) or 0.0
+            accrued += e.monthly_savings_usd * max(0.0, age) / DAYS_PER_MONTH
+        rows.append(LedgerRow(e, monthly, one_off))
+    return LedgerSummary(tuple(rows), monthly, one_off, accrued - one_off)

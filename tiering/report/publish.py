@@ -12,15 +12,14 @@ task) replaces the run's entry: the ledger holds each run once.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Final
+from typing import Any, Final
 
-from tiering.cost.model import CostOptions, build_report, cumulative, ledger_entry
+from tiering.cost.model import CostOptions, build_report, with_ledger
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
+from tiering.cost.report import Ledger, LedgerEntry, Report
 from tiering.errors import ConfigError, StorageError
 from tiering.plan.scan import Plan
 from tiering.report.render import render
@@ -30,77 +29,27 @@ from tiering.storage.objects import ObjectStore
 from tiering.storage.store import ObjectAttrs, ObjectNotFound, PreconditionFailed
 
 LATEST: Final = "latest"
-LEDGER_SCHEMA_VERSION: Final = 1
 MAX_LEDGER_ATTEMPTS: Final = 20
 CONTENT_TYPES: Final = {"json": "application/json", "md": "text/markdown; charset=utf-8",
                         "csv": "text/csv; charset=utf-8", "html": "text/html; charset=utf-8"}
 
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """One run in the ledger: what it saved and cost (see :func:`tiering.cost.model.ledger_entry`)."""
-
-    run_id: str
-    finished_at: str
-    estimate: bool
-    segments_rewritten: int
-    bytes_before: int
-    bytes_after: int
-    monthly_savings_usd: float
-    one_off_usd: float
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> LedgerEntry:
-        return cls(str(doc["run_id"]), str(doc["finished_at"]), bool(doc["estimate"]), int(doc["segments_rewritten"]),
-                   int(doc["bytes_before"]), int(doc["bytes_after"]), float(doc["monthly_savings_usd"]),
-                   float(doc["one_off_usd"]))
-
-
-@dataclass(frozen=True, slots=True)
-class Ledger:
-    """The ledger document: every run once, in the order they finished."""
-
-    SCHEMA_VERSION: ClassVar[int] = LEDGER_SCHEMA_VERSION
-
-    runs: tuple[LedgerEntry, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema_version": self.SCHEMA_VERSION, "runs": [r.to_json() for r in self.runs]}
-
-    @classmethod
-    def from_json(cls, doc: Any, where: str) -> Ledger:
-        if not isinstance(doc, dict) or doc.get("schema_version") != cls.SCHEMA_VERSION:
-            raise ConfigError("not a ledger this version can read", path=where,
-                              expected=f"schema_version {cls.SCHEMA_VERSION}",
-                              found=doc.get("schema_version") if isinstance(doc, dict) else type(doc).__name__)
-        try:
-            return cls(tuple(LedgerEntry.from_json(r) for r in doc["runs"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError("ledger unreadable", path=where, expected="runs of {run_id, finished_at, ...}",
-                              found=f"{type(e).__name__}: {e}") from None
-
-
-def read_ledger(store: ObjectStore, prefix: str) -> tuple[list[dict[str, Any]], str | None]:
-    """The ledger's entries (checked against the :class:`Ledger` model) and its ETag; none yet: ([], None)."""
+def read_ledger(store: ObjectStore, prefix: str) -> tuple[list[LedgerEntry], str | None]:
+    """The ledger's entries and its ETag; none yet: ([], None)."""
     try:
         doc, etag = store.get_json(ledger_key(prefix))
     except ObjectNotFound:
         return [], None
-    ledger = Ledger.from_json(doc, f"s3://{store.bucket}/{ledger_key(prefix)}")
-    return [r.to_json() for r in ledger.runs], etag
+    return list(Ledger.from_json(doc, f"s3://{store.bucket}/{ledger_key(prefix)}").runs), etag
 
 
-def record_in_ledger(store: ObjectStore, prefix: str, entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+def record_in_ledger(store: ObjectStore, prefix: str, entry: LedgerEntry) -> list[LedgerEntry]:
     """Add (or replace) ``entry`` in the ledger with a compare-and-swap; the ledger as written."""
     for _ in range(MAX_LEDGER_ATTEMPTS):
         runs, etag = read_ledger(store, prefix)
-        runs = [*(r for r in runs if r["run_id"] != entry["run_id"]), LedgerEntry.from_json(entry).to_json()]
-        runs.sort(key=lambda r: (str(r["finished_at"]), str(r["run_id"])))
-        doc = Ledger(tuple(LedgerEntry.from_json(r) for r in runs)).to_json()
+        runs = sorted([*(r for r in runs if r.run_id != entry.run_id), entry], key=lambda r: (r.finished_at, r.run_id))
+        doc = Ledger(tuple(runs)).to_json()
         try:
             if etag is None:
                 store.put_json(ledger_key(prefix), doc, if_none_match=True)
@@ -114,7 +63,7 @@ def record_in_ledger(store: ObjectStore, prefix: str, entry: Mapping[str, Any]) 
 
 
 def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
-             ledger: list[dict[str, Any]], *, kind: str = "compact") -> dict[str, Any]:
+             ledger: list[LedgerEntry], *, kind: str = "compact") -> Report:
     """The report of ``run_id`` from its run document, and its plan and step results a chunk at a time
     (nothing is written)."""
     run = store.get_json(run_result_key(prefix, run_id, kind))[0]
@@ -143,13 +92,12 @@ def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, op
 
 
 def publish_report(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
-                   *, kind: str = "compact") -> tuple[dict[str, Any], dict[str, str]]:
+                   *, kind: str = "compact") -> tuple[Report, dict[str, str]]:
     """Build the report of ``run_id``, record it in the ledger, and write it in every format to the run's key
     and to ``latest``. Returns the report and its keys by format."""
     # The ledger's running totals include this run: record it first, then build with the ledger as written.
     draft = assemble(store, prefix, run_id, prices, options, [], kind=kind)
-    runs = record_in_ledger(store, prefix, ledger_entry(draft))
-    report = build_report_again(draft, runs)
+    report = with_ledger(draft, record_in_ledger(store, prefix, draft.ledger_entry()))
     keys = {}
     for fmt in ("json", "md", "csv", "html"):
         body = render(report, fmt).encode()
@@ -160,15 +108,9 @@ def publish_report(store: ObjectStore, prefix: str, run_id: str, prices: PriceBo
     return report, keys
 
 
-def build_report_again(report: dict[str, Any], ledger: list[dict[str, Any]]) -> dict[str, Any]:
-    """``report`` with its ledger section recomputed from ``ledger`` (the ledger as it was written)."""
-    now = datetime.fromisoformat(report["generated_at"])
-    return {**report, "ledger": cumulative(ledger, now)}
-
-
-def load_report(store: ObjectStore, prefix: str, run_id: str = LATEST) -> dict[str, Any]:
-    doc: dict[str, Any] = store.get_json(report_key(prefix, run_id))[0]
-    return doc
+def load_report(store: ObjectStore, prefix: str, run_id: str = LATEST) -> Report:
+    key = report_key(prefix, run_id)
+    return Report.from_json(store.get_json(key)[0], f"s3://{store.bucket}/{key}")
 
 
 def cost_config(*, region: str | None = None, prices_file: str | None = None,

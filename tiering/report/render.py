@@ -12,8 +12,10 @@ import io
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from tiering.cost.report import GroupRow, Report
 
 FORMATS: Final = ("table", "json", "md", "csv", "html")
 NUMERIC: Final = re.compile(r"^-?\$?[0-9][0-9,.]*( ?(B|KiB|MiB|GiB|TiB|days|months))?$")
@@ -52,34 +54,32 @@ def payback(months: float | None) -> str:
     return f"{months:.1f} months"
 
 
-def title(report: Mapping[str, Any]) -> str:
-    kind = "ESTIMATE (dry run)" if report["estimate"] else "compaction report"
-    return f"{kind}: s3://{report['bucket']}/{report['prefix']} run {report['run_id']}"
+def title(report: Report) -> str:
+    kind = "ESTIMATE (dry run)" if report.estimate else "compaction report"
+    return f"{kind}: s3://{report.bucket}/{report.prefix} run {report.run_id}"
 
 
-def headline(report: Mapping[str, Any]) -> list[tuple[str, str]]:
-    t = report["totals"]
+def headline(report: Report) -> list[tuple[str, str]]:
+    t = report.totals
     rows = [
-        ("segments rewritten" if not report["estimate"] else "segments planned",
-         str(t["segments_rewritten"] or t["segments_estimated"])),
-        ("skipped / failed", f"{t['segments_skipped']} / {t['segments_failed']}"),
-        (".log bytes before -> after", f"{size(t['bytes_before'])} -> {size(t['bytes_after'])} "
-                                       f"(ratio {ratio(t['ratio'])})"),
-        ("saved per month / year", f"{usd(t['monthly_savings_usd'])} / {usd(t['yearly_savings_usd'])}"),
-        ("at this ratio, per TiB", "n/a" if t["monthly_savings_per_tib_usd"] is None else
-         f"{usd(t['monthly_savings_per_tib_usd'])} per month for each TiB of such segments"),
-        ("one-off cost of the run", usd(t["one_off_usd"])),
-        ("payback", payback(t["payback_months"])),
+        ("segments rewritten" if not report.estimate else "segments planned",
+         str(t.segments_rewritten or t.segments_estimated)),
+        ("skipped / failed", f"{t.segments_skipped} / {t.segments_failed}"),
+        (".log bytes before -> after", f"{size(t.bytes_before)} -> {size(t.bytes_after)} (ratio {ratio(t.ratio)})"),
+        ("saved per month / year", f"{usd(t.monthly_savings_usd)} / {usd(t.yearly_savings_usd)}"),
+        ("at this ratio, per TiB", "n/a" if t.monthly_savings_per_tib_usd is None else
+         f"{usd(t.monthly_savings_per_tib_usd)} per month for each TiB of such segments"),
+        ("one-off cost of the run", usd(t.one_off_usd)),
+        ("payback", payback(t.payback_months)),
     ]
-    if report["estimate"]:
-        e = report["estimate_detail"]
-        rows.append(("estimate range (+/- 2 s.e.)", f"{usd(e['monthly_savings_usd_low'])} .. "
-                     f"{usd(e['monthly_savings_usd_high'])} per month, from {e['segments_sampled']} sampled "
-                     f"segments ({size(e['bytes_sampled'])})"))
-    ledger = report["ledger"]
-    rows.append(("all runs: saving per month", f"{usd(ledger['monthly_run_rate_usd'])} "
-                 f"(net to date {usd(ledger['to_date_usd'])})"))
-    p = report["prices"]
+    if (e := report.estimate_detail) is not None:
+        rows.append(("estimate range (+/- 2 s.e.)", f"{usd(e.monthly_savings_usd_low)} .. "
+                     f"{usd(e.monthly_savings_usd_high)} per month, from {e.segments_sampled} sampled "
+                     f"segments ({size(e.bytes_sampled)})"))
+    ledger = report.ledger
+    rows.append(("all runs: saving per month", f"{usd(ledger.monthly_run_rate_usd)} "
+                 f"(net to date {usd(ledger.to_date_usd)})"))
+    p = report.prices
     rows.append(("prices", f"{p['region']}, as of {p['as_of']}"
                  + (f", overridden by {p['overridden_by']}" if p["overridden_by"] else "")))
     return rows
@@ -94,9 +94,9 @@ def _grid(head: Sequence[str], body: Sequence[Sequence[str]], right: frozenset[i
     return [line(head), "  ".join("-" * w for w in widths), *(line(r) for r in body)]
 
 
-def _topic_rows(report: Mapping[str, Any]) -> list[list[str]]:
-    return [[t["topic"], str(t["segments"]), size(t["bytes_before"]), size(t["bytes_after"]), ratio(t["ratio"]),
-             usd(t["monthly_savings_usd"])] for t in report["by_topic"]]
+def _group_rows(groups: Sequence[GroupRow]) -> list[list[str]]:
+    return [[g.name, str(g.segments), size(g.bytes_before), size(g.bytes_after), ratio(g.ratio),
+             usd(g.monthly_savings_usd)] for g in groups]
 
 
 TOPIC_HEAD: Final = ("topic", "segments", "before", "after", "ratio", "saved/month")
@@ -105,9 +105,9 @@ TOPIC_HEAD: Final = ("topic", "segments", "before", "after", "ratio", "saved/mon
 AUTO_HEAD: Final = ("topic", "candidate", "ratio", "saved/month", "one-off", "net (horizon)", "")
 
 
-def _auto_rows(report: Mapping[str, Any]) -> list[list[str]]:
+def _auto_rows(report: Report) -> list[list[str]]:
     rows = []
-    for topic, d in sorted(report.get("auto", {}).items()):
+    for topic, d in sorted(report.auto.items()):
         chosen = d.get("chosen") or {}
         for c in d["candidates"]:
             name = f"{c['codec']}:{c['level']}" if c["level"] is not None else c["codec"]
@@ -119,22 +119,36 @@ def _auto_rows(report: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
-def to_table(report: Mapping[str, Any]) -> str:
+def _one_off_rows(report: Report) -> list[list[str]]:
+    return [[c.item, usd(c.usd), c.detail] for c in report.one_off]
+
+
+def _skipped_rows(report: Report) -> list[list[str]]:
+    return [[s.status, str(s.segments), s.reason] for s in report.skipped]
+
+
+def _run_rows(report: Report) -> list[list[str]]:
+    return [[r.entry.run_id + (" (estimate)" if r.entry.estimate else ""), r.entry.finished_at[:19],
+             str(r.entry.segments_rewritten), usd(r.entry.monthly_savings_usd), usd(r.entry.one_off_usd),
+             usd(r.cumulative_monthly_usd)] for r in report.ledger.runs]
+
+
+RUNS_HEAD: Final = ("run", "finished", "rewritten", "saved/month", "one-off", "cumulative saved/month")
+
+
+def to_table(report: Report) -> str:
     out = [title(report), ""]
     width = max(len(k) for k, _ in headline(report))
     out += [f"  {k.ljust(width)}  {v}" for k, v in headline(report)]
-    if report["by_topic"]:
-        out += ["", *_grid(TOPIC_HEAD, _topic_rows(report), frozenset({1, 2, 3, 4, 5}))]
-    out += ["", *_grid(("one-off cost", "usd", "detail"), [[c["item"], usd(c["usd"]), c["detail"]]
-                                                            for c in report["one_off"]], frozenset({1}))]
-    if report.get("auto"):
+    if report.by_topic:
+        out += ["", *_grid(TOPIC_HEAD, _group_rows(report.by_topic), frozenset({1, 2, 3, 4, 5}))]
+    out += ["", *_grid(("one-off cost", "usd", "detail"), _one_off_rows(report), frozenset({1}))]
+    if report.auto:
         out += ["", "automatic codec choice (net dollars over the horizon):",
                 *_grid(AUTO_HEAD, _auto_rows(report), frozenset({2, 3, 4, 5}))]
-    if report["skipped"]:
-        out += ["", *_grid(("not rewritten", "segments", "reason"),
-                           [[s["status"], str(s["segments"]), s["reason"]] for s in report["skipped"]],
-                           frozenset({1}))]
-    out += [f"WARNING: {w}" for w in report["warnings"]]
+    if report.skipped:
+        out += ["", *_grid(("not rewritten", "segments", "reason"), _skipped_rows(report), frozenset({1}))]
+    out += [f"WARNING: {w}" for w in report.warnings]
     return "\n".join(out)
 
 
@@ -145,66 +159,52 @@ def _md_table(head: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
             *("| " + " | ".join(esc(c) for c in r) + " |" for r in body)]
 
 
-def to_markdown(report: Mapping[str, Any]) -> str:
+def to_markdown(report: Report) -> str:
     out = [f"# {title(report)}", ""]
-    out += [f"> **{w}**" for w in report["warnings"]]
+    out += [f"> **{w}**" for w in report.warnings]
     out += [*_md_table(("", ""), headline(report)), ""]
-    if report["by_topic"]:
-        out += ["## By topic", "", *_md_table(TOPIC_HEAD, _topic_rows(report)), ""]
-    for key, name in (("by_source_codec", "source codec"), ("by_storage_class", "storage class"),
-                      ("by_partition", "directory")):
-        label = name if name != "directory" else "partition"
-        rows = [[r[key.removeprefix("by_") if key != "by_partition" else "directory"], str(r["segments"]),
-                 size(r["bytes_before"]), size(r["bytes_after"]), ratio(r["ratio"]), usd(r["monthly_savings_usd"])]
-                for r in report[key]]
-        if rows:
-            out += [f"## By {label}", "", *_md_table((label, *TOPIC_HEAD[1:]), rows), ""]
-    if report.get("auto"):
+    if report.by_topic:
+        out += ["## By topic", "", *_md_table(TOPIC_HEAD, _group_rows(report.by_topic)), ""]
+    for label, groups in (("source codec", report.by_source_codec), ("storage class", report.by_storage_class),
+                          ("partition", report.by_partition)):
+        if groups:
+            out += [f"## By {label}", "", *_md_table((label, *TOPIC_HEAD[1:]), _group_rows(groups)), ""]
+    if report.auto:
         out += ["## Automatic codec choice", "", "Net dollars: storage saved over the horizon minus the one-off "
                 "costs (compute measured on sampled batches, requests, originals kept for the grace period).", "",
                 *_md_table(AUTO_HEAD, _auto_rows(report)), ""]
-    out += ["## One-off costs", "", *_md_table(("item", "usd", "detail"),
-                                               [[c["item"], usd(c["usd"]), c["detail"]] for c in report["one_off"]]),
-            ""]
-    if report["skipped"]:
-        out += ["## Not rewritten", "", *_md_table(("status", "segments", "reason"),
-                                                   [[s["status"], str(s["segments"]), s["reason"]]
-                                                    for s in report["skipped"]]), ""]
-    if report["failed"]:
-        out += ["## Failed", "", *_md_table(("segment", "reason"), [[f["segment"], f["reason"]]
-                                                                    for f in report["failed"]]), ""]
+    out += ["## One-off costs", "", *_md_table(("item", "usd", "detail"), _one_off_rows(report)), ""]
+    if report.skipped:
+        out += ["## Not rewritten", "", *_md_table(("status", "segments", "reason"), _skipped_rows(report)), ""]
+    if report.failed:
+        out += ["## Failed", "", *_md_table(("segment", "reason"), [[f.segment, f.reason] for f in report.failed]),
+                ""]
     if left_out := listing_note(report):
         out += [f"_{left_out}_", ""]
-    runs = report["ledger"]["runs"]
-    out += ["## All runs", "", *_md_table(("run", "finished", "rewritten", "saved/month", "one-off",
-                                           "cumulative saved/month"),
-                                          [[r["run_id"] + (" (estimate)" if r["estimate"] else ""),
-                                            str(r["finished_at"])[:19], str(r["segments_rewritten"]),
-                                            usd(r["monthly_savings_usd"]), usd(r["one_off_usd"]),
-                                            usd(r["cumulative_monthly_usd"])] for r in runs]), ""]
-    p = report["prices"]
+    out += ["## All runs", "", *_md_table(RUNS_HEAD, _run_rows(report)), ""]
+    p = report.prices
     out += [f"Prices: {p['region']}, as of {p['as_of']} ({p['source']}). GB = 2^30 bytes, month = 730 hours."]
     return "\n".join(out) + "\n"
 
 
-def listing_note(report: Mapping[str, Any]) -> str:
+def listing_note(report: Report) -> str:
     """What a large run's report leaves out of its lists (its figures count everything), or ""."""
-    listing = report.get("listing") or {}
-    parts = [f"{n:,} {what}" for what, n in (("segment rows", listing.get("segments_omitted", 0)),
-                                             ("failures", listing.get("failed_omitted", 0)),
-                                             ("partitions", listing.get("partitions_omitted", 0))) if n]
+    listing = report.listing
+    parts = [f"{n:,} {what}" for what, n in (("segment rows", listing.segments_omitted),
+                                             ("failures", listing.failed_omitted),
+                                             ("partitions", listing.partitions_omitted)) if n]
     if not parts:
         return ""
     return (f"Not listed: {', '.join(parts)} (every figure above counts them; each segment's result is in the "
             "run's step documents under runs/<run>/).")
 
 
-def to_csv(report: Mapping[str, Any]) -> str:
+def to_csv(report: Report) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
-    for r in report["segments"]:
-        w.writerow({**r, "monthly_savings_usd": f"{r['monthly_savings_usd']:.6f}"})
+    for r in report.segments:
+        w.writerow({**r.to_json(), "monthly_savings_usd": f"{r.monthly_savings_usd:.6f}"})
     return buf.getvalue()
 
 
@@ -302,74 +302,65 @@ footer{color:#5b6472;margin-top:32px;font-size:12px}
 """
 
 
-def to_html(report: Mapping[str, Any]) -> str:
-    t, ledger = report["totals"], report["ledger"]
-    cards = [("saved per month", usd(t["monthly_savings_usd"])), ("saved per year", usd(t["yearly_savings_usd"])),
-             ("one-off cost", usd(t["one_off_usd"])), ("payback", payback(t["payback_months"])),
-             ("bytes saved", size(t["saved_bytes"])), ("ratio after/before", ratio(t["ratio"]))]
+def to_html(report: Report) -> str:
+    t, ledger = report.totals, report.ledger
+    cards = [("saved per month", usd(t.monthly_savings_usd)), ("saved per year", usd(t.yearly_savings_usd)),
+             ("one-off cost", usd(t.one_off_usd)), ("payback", payback(t.payback_months)),
+             ("bytes saved", size(t.saved_bytes)), ("ratio after/before", ratio(t.ratio))]
     body = [f"<h1>{_e(title(report))}</h1>",
-            f'<div class="sub">generated {_e(report["generated_at"][:19])} UTC; prices '
-            f'{_e(report["prices"]["region"])} as of {_e(report["prices"]["as_of"])}</div>']
-    if report["estimate"]:
-        e = report["estimate_detail"]
+            f'<div class="sub">generated {_e(report.generated_at[:19])} UTC; prices '
+            f'{_e(report.prices["region"])} as of {_e(report.prices["as_of"])}</div>']
+    if (e := report.estimate_detail) is not None:
         body.append(f'<div class="banner">ESTIMATE from a dry run: nothing was changed. Savings '
-                    f'{_e(usd(e["monthly_savings_usd_low"]))} .. {_e(usd(e["monthly_savings_usd_high"]))} per month '
-                    f'(+/- 2 standard errors over {e["segments_sampled"]} sampled segments).</div>')
-    body += [f'<div class="banner warn">{_e(w)}</div>' for w in report["warnings"]]
+                    f'{_e(usd(e.monthly_savings_usd_low))} .. {_e(usd(e.monthly_savings_usd_high))} per month '
+                    f'(+/- 2 standard errors over {e.segments_sampled} sampled segments).</div>')
+    body += [f'<div class="banner warn">{_e(w)}</div>' for w in report.warnings]
     body.append('<div class="cards">' + "".join(f"<div class=\"card\"><b>{_e(v)}</b><span>{_e(k)}</span></div>"
                                                 for k, v in cards) + "</div>")
     charts = []
-    topics = report["by_topic"]
+    topics = report.by_topic
     if topics:
-        charts.append(_bars("Savings per month by topic", [(x["topic"], [x["monthly_savings_usd"]]) for x in topics],
+        charts.append(_bars("Savings per month by topic", [(x.name, [x.monthly_savings_usd]) for x in topics],
                             [SAVED], usd, ["$ saved / month"]))
-        charts.append(_bars("Stored .log bytes by topic", [(x["topic"], [x["bytes_before"], x["bytes_after"]])
+        charts.append(_bars("Stored .log bytes by topic", [(x.name, [x.bytes_before, x.bytes_after])
                                                           for x in topics], [BEFORE, AFTER], size,
                             ["before", "after"]))
-    real = [r for r in ledger["runs"] if not r["estimate"]]
+    real = [r for r in ledger.runs if not r.entry.estimate]
     if real:
         charts.append(_line("Cumulative savings per month over runs",
-                            [(str(r["finished_at"]), r["cumulative_monthly_usd"]) for r in real], usd))
+                            [(r.entry.finished_at, r.cumulative_monthly_usd) for r in real], usd))
     if charts:
         body.append('<div class="charts">' + "".join(charts) + "</div>")
     else:
         body.append("<p>No segment was rewritten: nothing to chart.</p>")
     body.append("<h2>Summary</h2>" + _html_table(("", ""), headline(report)))
     if topics:
-        body.append("<h2>By topic</h2>" + _html_table(TOPIC_HEAD, _topic_rows(report)))
-    if report["by_source_codec"]:
-        body.append("<h2>By source codec</h2>" + _html_table(
-            ("source codec", *TOPIC_HEAD[1:]), [[r["source_codec"], str(r["segments"]), size(r["bytes_before"]),
-                                                 size(r["bytes_after"]), ratio(r["ratio"]),
-                                                 usd(r["monthly_savings_usd"])] for r in report["by_source_codec"]]))
-    if report.get("auto"):
+        body.append("<h2>By topic</h2>" + _html_table(TOPIC_HEAD, _group_rows(topics)))
+    if report.by_source_codec:
+        body.append("<h2>By source codec</h2>" + _html_table(("source codec", *TOPIC_HEAD[1:]),
+                                                             _group_rows(report.by_source_codec)))
+    if report.auto:
         body.append("<h2>Automatic codec choice</h2><p>Net dollars: storage saved over the horizon minus the one-off "
                     "costs (compute measured on sampled batches, requests, originals kept for the grace "
                     "period).</p>" + _html_table(AUTO_HEAD, _auto_rows(report)))
-    body.append("<h2>One-off costs</h2>" + _html_table(("item", "usd", "detail"), [
-        [c["item"], usd(c["usd"]), c["detail"]] for c in report["one_off"]]))
-    if report["skipped"]:
-        body.append("<h2>Not rewritten</h2>" + _html_table(("status", "segments", "reason"), [
-            [s["status"], str(s["segments"]), s["reason"]] for s in report["skipped"]]))
-    if report["failed"]:
-        body.append("<h2>Failed</h2>" + _html_table(("segment", "reason"), [[f["segment"], f["reason"]]
-                                                                             for f in report["failed"]]))
+    body.append("<h2>One-off costs</h2>" + _html_table(("item", "usd", "detail"), _one_off_rows(report)))
+    if report.skipped:
+        body.append("<h2>Not rewritten</h2>" + _html_table(("status", "segments", "reason"), _skipped_rows(report)))
+    if report.failed:
+        body.append("<h2>Failed</h2>" + _html_table(("segment", "reason"), [[f.segment, f.reason]
+                                                                             for f in report.failed]))
     if left_out := listing_note(report):
         body.append(f"<p><em>{_e(left_out)}</em></p>")
-    body.append("<h2>All runs</h2>" + _html_table(
-        ("run", "finished", "rewritten", "saved/month", "one-off", "cumulative saved/month"),
-        [[r["run_id"] + (" (estimate)" if r["estimate"] else ""), str(r["finished_at"])[:19],
-          str(r["segments_rewritten"]), usd(r["monthly_savings_usd"]), usd(r["one_off_usd"]),
-          usd(r["cumulative_monthly_usd"])] for r in ledger["runs"]]))
-    p = report["prices"]
+    body.append("<h2>All runs</h2>" + _html_table(RUNS_HEAD, _run_rows(report)))
+    p = report.prices
     body.append(f"<footer>Prices: {_e(p['source'])}, as of {_e(p['as_of'])}. GB = 2<sup>30</sup> bytes, month = "
                 "730 hours. Only .log bytes are counted as saved. Full precision in report.json.</footer>")
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>" + _e(title(report))
             + f"</title><style>{STYLE}</style></head><body>" + "".join(body) + "</body></html>\n")
 
 
-def render(report: Mapping[str, Any], fmt: str) -> str:
+def render(report: Report, fmt: str) -> str:
     if fmt == "json":
-        return json.dumps(report, indent=1, sort_keys=True) + "\n"
+        return json.dumps(report.to_json(), indent=1, sort_keys=True) + "\n"
     return {"table": to_table, "md": to_markdown, "csv": to_csv, "html": to_html}[fmt](report) + (
         "\n" if fmt == "table" else "")

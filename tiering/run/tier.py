@@ -21,10 +21,11 @@ of an IA / Glacier IR source; its saving is the monthly storage price difference
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
 from tiering.commit.protocol import FAILED, SKIPPED, Context, SegmentResult
@@ -35,7 +36,7 @@ from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Cause, Status
 from tiering.plan.ages import max_timestamp
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
-from tiering.plan.scan import COMPACT, ScanOptions, scan
+from tiering.plan.scan import COMPACT, PlannedSegment, ScanOptions, scan
 from tiering.plan.state import load_state, record_segment
 from tiering.run.compact import with_lease
 from tiering.storage.layout import clock_key, journal_key, run_result_key
@@ -65,7 +66,7 @@ class ObjectMove:
     one_off_usd: float = 0.0
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class SegmentTiering:
     directory: str
     topic: str
@@ -73,61 +74,132 @@ class SegmentTiering:
     max_timestamp_ms: int | None
     age_days: float | None
     age_source: str
-    objects: list[ObjectMove] = field(default_factory=list)
+    objects: tuple[ObjectMove, ...] = ()
     reason: str = ""  # why the whole segment stays (active, no age, ...)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "objects": [asdict(o) for o in self.objects]}
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SegmentTiering:
+        return cls(str(d["directory"]), str(d["topic"]), int(d["base_offset"]), d.get("max_timestamp_ms"),
+                   d.get("age_days"), str(d["age_source"]), tuple(ObjectMove(**o) for o in d["objects"]),
+                   str(d.get("reason", "")))
 
-@dataclass
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """The objects (and their bytes) that move from one storage class to another."""
+
+    objects: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TierTotals:
+    """A tiering plan's sums: what moves, what it saves and costs, and why the rest stays."""
+
+    segments: int
+    objects_to_move: int
+    bytes_to_move: int
+    by_transition: Mapping[str, Transition]  # "<class> -> <target>"
+    monthly_savings_usd: float
+    one_off_usd: float
+    staying: Mapping[str, int]  # objects and segments that stay, by reason
+
+    @property
+    def payback_months(self) -> float | None:
+        return self.one_off_usd / self.monthly_savings_usd if self.monthly_savings_usd > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "by_transition": {k: asdict(v) for k, v in self.by_transition.items()},
+                "staying": dict(self.staying), "payback_months": self.payback_months}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TierTotals:
+        return cls(int(d["segments"]), int(d["objects_to_move"]), int(d["bytes_to_move"]),
+                   {k: Transition(int(v["objects"]), int(v["bytes"])) for k, v in d["by_transition"].items()},
+                   float(d["monthly_savings_usd"]), float(d["one_off_usd"]),
+                   {str(k): int(v) for k, v in d["staying"].items()})
+
+
+@dataclass(frozen=True, slots=True)
 class TierPlan:
+    """Which objects of the prefix move to which storage class (``runs/<run>/tier-plan.json``)."""
+
+    KIND: ClassVar[str] = "tier-plan"
+    SCHEMA_VERSION: ClassVar[int] = TIER_SCHEMA_VERSION
+
     bucket: str
     prefix: str
     created_at: str
     policy: str | None
-    prices: dict[str, Any]
-    segments: list[SegmentTiering] = field(default_factory=list)
+    prices: Mapping[str, Any]
+    segments: tuple[SegmentTiering, ...] = ()
 
     def moves(self) -> list[tuple[SegmentTiering, ObjectMove]]:
         return [(s, o) for s in self.segments for o in s.objects if o.action == MOVE]
 
-    def totals(self) -> dict[str, Any]:
+    def totals(self) -> TierTotals:
         moves = self.moves()
-        by_class: dict[str, dict[str, float]] = {}
+        by_class: dict[str, Transition] = {}
         for _, o in moves:
-            row = by_class.setdefault(f"{o.storage_class} -> {o.target}", {"objects": 0, "bytes": 0})
-            row["objects"] += 1
-            row["bytes"] += o.size
-        monthly = sum(o.monthly_savings_usd for _, o in moves)
-        one_off = sum(o.one_off_usd for _, o in moves)
-        reasons: dict[str, int] = {}
+            name = f"{o.storage_class} -> {o.target}"
+            row = by_class.get(name, Transition(0, 0))
+            by_class[name] = Transition(row.objects + 1, row.bytes + o.size)
+        reasons: Counter[str] = Counter()
         for s in self.segments:
-            for o in s.objects:
-                if o.action == STAY:
-                    reasons[o.reason.split(":")[0]] = reasons.get(o.reason.split(":")[0], 0) + 1
+            reasons.update(o.reason.split(":")[0] for o in s.objects if o.action == STAY)
             if s.reason:
-                reasons[s.reason.split(":")[0]] = reasons.get(s.reason.split(":")[0], 0) + 1
-        return {"segments": len(self.segments), "objects_to_move": len(moves),
-                "bytes_to_move": sum(o.size for _, o in moves), "by_transition": by_class,
-                "monthly_savings_usd": monthly, "one_off_usd": one_off,
-                "payback_months": one_off / monthly if monthly > 0 else None, "staying": reasons}
+                reasons[s.reason.split(":")[0]] += 1
+        return TierTotals(len(self.segments), len(moves), sum(o.size for _, o in moves), by_class,
+                          sum(o.monthly_savings_usd for _, o in moves), sum(o.one_off_usd for _, o in moves),
+                          dict(reasons))
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": TIER_SCHEMA_VERSION, "kind": "tier-plan", "bucket": self.bucket,
-                "prefix": self.prefix, "created_at": self.created_at, "policy": self.policy, "prices": self.prices,
-                "totals": self.totals(), "segments": [s.to_json() for s in self.segments]}
+        return {"schema_version": self.SCHEMA_VERSION, "kind": self.KIND, "bucket": self.bucket,
+                "prefix": self.prefix, "created_at": self.created_at, "policy": self.policy,
+                "prices": dict(self.prices), "totals": self.totals().to_json(),
+                "segments": [s.to_json() for s in self.segments]}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> TierPlan:
-        if doc.get("kind") != "tier-plan" or doc.get("schema_version") != TIER_SCHEMA_VERSION:
-            raise ConfigError("not a tiering plan this version can read", expected=f"tier-plan v{TIER_SCHEMA_VERSION}",
-                              found=f"{doc.get('kind')} v{doc.get('schema_version')}")
-        segments = []
-        for s in doc["segments"]:
-            fields = {k: v for k, v in s.items() if k != "objects"}
-            segments.append(SegmentTiering(**fields, objects=[ObjectMove(**o) for o in s["objects"]]))
-        return cls(doc["bucket"], doc["prefix"], doc["created_at"], doc["policy"], doc["prices"], segments)
+        _check(doc, cls.KIND, "a tiering plan")
+        return cls(doc["bucket"], doc["prefix"], doc["created_at"], doc["policy"], doc["prices"],
+                   tuple(SegmentTiering.from_json(s) for s in doc["segments"]))
+
+
+def _check(doc: Mapping[str, Any], kind: str, what: str) -> None:
+    if doc.get("kind") != kind or doc.get("schema_version") != TIER_SCHEMA_VERSION:
+        raise ConfigError(f"not {what} this version can read", expected=f"{kind} v{TIER_SCHEMA_VERSION}",
+                          found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+
+
+@dataclass(frozen=True, slots=True)
+class TierRun:
+    """A tiering run's document (``runs/<run>/tier.json``): its plan and one result per segment with moves."""
+
+    KIND: ClassVar[str] = "tier"
+
+    run_id: str
+    plan: TierPlan
+    results: tuple[SegmentResult, ...]
+    finished_at: str
+
+    def moved(self) -> list[dict[str, Any]]:
+        """The objects the run moved (not those it found already moved)."""
+        return moved_objects(self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": TIER_SCHEMA_VERSION, "kind": self.KIND, "run_id": self.run_id,
+                "plan": self.plan.to_json(), "results": [r.to_json() for r in self.results],
+                "finished_at": self.finished_at}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> TierRun:
+        _check(doc, cls.KIND, "a tiering run")
+        return cls(str(doc["run_id"]), TierPlan.from_json(doc["plan"]),
+                   tuple(SegmentResult.from_json(r) for r in doc["results"]), str(doc["finished_at"]))
 
 
 def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: datetime) -> ObjectMove:
@@ -162,39 +234,42 @@ def plan_tiering(store: ObjectStore, prefix: str, policy: Policy, prices: PriceB
     """Which objects move where, and why the others stay (reads listings, and each sealed segment's tail)."""
     listing = scan(store, prefix, ScanOptions("none", min_age_minutes=0, include_internal=include_internal))
     now = datetime.fromisoformat(listing.created_at)
-    plan = TierPlan(store.bucket, listing.prefix, now.isoformat(), policy.path, prices.describe())
+    segments = []
     for seg in listing.segments:
-        t = SegmentTiering(seg.directory, seg.topic, seg.base_offset, None, None, "")
-        plan.segments.append(t)
-        sealed = seg.action == COMPACT or seg.cause in (Cause.ALREADY_COMPACTED, Cause.TOO_YOUNG)
-        if seg.log is None or not sealed:
-            t.reason = f"not tiered: {seg.reason}"
-            continue
-        try:
-            t.max_timestamp_ms, t.age_source = max_timestamp(store, seg)
-        except (TieringError, ObjectNotFound) as e:
-            t.reason = f"not tiered: cannot read its newest timestamp: {e}"
-            continue
-        if t.max_timestamp_ms is None:
-            t.age_source = f"S3 LastModified ({t.age_source})"
-            newest = datetime.fromisoformat(seg.log.last_modified)
-        else:
-            newest = datetime.fromtimestamp(t.max_timestamp_ms / 1000, UTC)
-        t.age_days = (now - newest).total_seconds() / 86400
-        target = policy.resolve(seg.topic).tier_for(t.age_days)
-        for file in FILES:
-            ref = getattr(seg, file)
-            if ref is not None:
-                t.objects.append(_decide(ref, file, target, prices, now))
+        segments.append(_tier_segment(store, seg, policy, prices, now))
         if progress is not None:
-            progress(len(plan.segments))
-    return plan
+            progress(len(segments))
+    return TierPlan(store.bucket, listing.prefix, now.isoformat(), policy.path, prices.describe(), tuple(segments))
+
+
+def _tier_segment(store: ObjectStore, seg: PlannedSegment, policy: Policy, prices: PriceBook, now: datetime
+                  ) -> SegmentTiering:
+    """Where one segment's objects go (or why the segment stays as a whole)."""
+    t = SegmentTiering(seg.directory, seg.topic, seg.base_offset, None, None, "")
+    sealed = seg.action == COMPACT or seg.cause in (Cause.ALREADY_COMPACTED, Cause.TOO_YOUNG)
+    if seg.log is None or not sealed:
+        return replace(t, reason=f"not tiered: {seg.reason}")
+    try:
+        newest_ms, source = max_timestamp(store, seg)
+    except (TieringError, ObjectNotFound) as e:
+        return replace(t, reason=f"not tiered: cannot read its newest timestamp: {e}")
+    if newest_ms is None:
+        source = f"S3 LastModified ({source})"
+        newest = datetime.fromisoformat(seg.log.last_modified)
+    else:
+        newest = datetime.fromtimestamp(newest_ms / 1000, UTC)
+    age = (now - newest).total_seconds() / 86400
+    target = policy.resolve(seg.topic).tier_for(age)
+    objects = tuple(_decide(ref, file, target, prices, now) for file in FILES
+                    if (ref := getattr(seg, file)) is not None)
+    return replace(t, max_timestamp_ms=newest_ms, age_days=age, age_source=source, objects=objects)
 
 
 def apply_tiering(store: ObjectStore, plan: TierPlan, run_id: str, *, lease_ttl: int = DEFAULT_TTL_SECONDS,
-                  progress: Callable[[SegmentResult], None] | None = None) -> list[SegmentResult]:
-    """Move the planned objects, partition by partition under its lease; one result per segment with moves.
-    An object whose ETag is no longer the planned one stays (someone rewrote it since planning)."""
+                  progress: Callable[[SegmentResult], None] | None = None) -> TierRun:
+    """Move the planned objects, partition by partition under its lease; the run's document (also written to
+    ``runs/<run>/tier.json``) has one result per segment with moves. An object whose ETag is no longer the
+    planned one stays (someone rewrote it since planning)."""
     ctx = Context(store, plan.prefix, run_id, RewriteOptions(Codec.NONE))
     by_dir: dict[str, list[SegmentTiering]] = {}
     for s in plan.segments:
@@ -209,10 +284,9 @@ def apply_tiering(store: ObjectStore, plan: TierPlan, run_id: str, *, lease_ttl:
                     progress(out[-1])
 
         results += with_lease(ctx, directory, lease_ttl, work, [(s.directory, s.base_offset) for s in segments])
-    doc = {"schema_version": TIER_SCHEMA_VERSION, "kind": "tier", "run_id": run_id, "plan": plan.to_json(),
-           "results": [r.to_json() for r in results], "finished_at": store.now(clock_key(plan.prefix)).isoformat()}
-    store.put_json(run_result_key(plan.prefix, run_id, "tier"), doc)
-    return results
+    run = TierRun(run_id, plan, tuple(results), store.now(clock_key(plan.prefix)).isoformat())
+    store.put_json(run_result_key(plan.prefix, run_id, "tier"), run.to_json())
+    return run
 
 
 def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Lease) -> SegmentResult:
@@ -273,22 +347,80 @@ def _follow_etags(store: ObjectStore, prefix: str, s: SegmentTiering, etags: dic
 
 
 
-def tier_report(plan: TierPlan, results: list[dict[str, Any]], run_id: str, *, dry_run: bool) -> dict[str, Any]:
-    """What a tiering run moved (or, dry, would move), what it saves and costs, and why the rest stays."""
-    totals = plan.totals()
-    moved = [m for r in results for m in (r.get("stats") or {}).get("moved", []) if not m.get("already")]
-    monthly = sum(float(m.get("monthly_savings_usd", 0.0)) for m in moved)
-    one_off = sum(float(m.get("one_off_usd", 0.0)) for m in moved)
-    return {"achieved": {"monthly_savings_usd": monthly, "one_off_usd": one_off,
-                         "payback_months": one_off / monthly if monthly > 0 else None},
-            "schema_version": TIER_SCHEMA_VERSION, "kind": "tier-report", "run_id": run_id, "dry_run": dry_run,
-            "bucket": plan.bucket, "prefix": plan.prefix, "planned_at": plan.created_at, "policy": plan.policy,
-            "prices": plan.prices, "planned": totals, "objects_moved": len(moved),
-            "bytes_moved": sum(int(m.get("bytes", 0)) for m in moved),
-            "segments_failed": [r for r in results if r["status"] == FAILED],
-            "segments_left": [r for r in results if r["status"] == SKIPPED],
-            "warnings": [f"{n} objects go to {cls}: they cannot be read (by Kafka, a consumer or the compaction) "
-                         f"without a restore first" for cls, n in sorted(_archived(plan).items())]}
+@dataclass(frozen=True, slots=True)
+class TierReport:
+    """What a tiering run moved (or, dry, would move), what it saves and costs, and why the rest stays
+    (``reports/<run>/tier.json``). ``achieved`` sums what the run moved; ``planned`` is the plan's."""
+
+    KIND: ClassVar[str] = "tier-report"
+
+    run_id: str
+    dry_run: bool
+    bucket: str
+    prefix: str
+    planned_at: str
+    policy: str | None
+    prices: Mapping[str, Any]
+    planned: TierTotals
+    objects_moved: int
+    bytes_moved: int
+    achieved_monthly_usd: float
+    achieved_one_off_usd: float
+    segments_failed: tuple[SegmentResult, ...]
+    segments_left: tuple[SegmentResult, ...]
+    warnings: tuple[str, ...]
+
+    def money(self) -> tuple[float, float]:
+        """Monthly savings and one-off cost: what a run did, or what a dry run would do."""
+        if self.dry_run:
+            return self.planned.monthly_savings_usd, self.planned.one_off_usd
+        return self.achieved_monthly_usd, self.achieved_one_off_usd
+
+    def to_json(self) -> dict[str, Any]:
+        monthly, one_off = self.achieved_monthly_usd, self.achieved_one_off_usd
+        return {"schema_version": TIER_SCHEMA_VERSION, "kind": self.KIND, "run_id": self.run_id,
+                "dry_run": self.dry_run, "bucket": self.bucket, "prefix": self.prefix,
+                "planned_at": self.planned_at, "policy": self.policy, "prices": dict(self.prices),
+                "planned": self.planned.to_json(), "objects_moved": self.objects_moved,
+                "bytes_moved": self.bytes_moved,
+                "achieved": {"monthly_savings_usd": monthly, "one_off_usd": one_off,
+                             "payback_months": one_off / monthly if monthly > 0 else None},
+                "segments_failed": [r.to_json() for r in self.segments_failed],
+                "segments_left": [r.to_json() for r in self.segments_left], "warnings": list(self.warnings)}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> TierReport:
+        _check(doc, cls.KIND, "a tiering report")
+        achieved = doc["achieved"]
+        return cls(str(doc["run_id"]), bool(doc["dry_run"]), str(doc["bucket"]), str(doc["prefix"]),
+                   str(doc["planned_at"]), doc.get("policy"), dict(doc["prices"]), TierTotals.from_json(doc["planned"]),
+                   int(doc["objects_moved"]), int(doc["bytes_moved"]), float(achieved["monthly_savings_usd"]),
+                   float(achieved["one_off_usd"]), tuple(SegmentResult.from_json(r) for r in doc["segments_failed"]),
+                   tuple(SegmentResult.from_json(r) for r in doc["segments_left"]),
+                   tuple(str(w) for w in doc["warnings"]))
+
+
+def moved_objects(results: Sequence[SegmentResult]) -> list[dict[str, Any]]:
+    """The objects these results moved (not those found already moved), as their stats list them."""
+    out: list[dict[str, Any]] = []
+    for r in results:
+        items = (r.stats or {}).get("moved")
+        if isinstance(items, list):
+            out += [m for m in items if isinstance(m, dict) and not m.get("already")]
+    return out
+
+
+def tier_report(plan: TierPlan, results: Sequence[SegmentResult], run_id: str, *, dry_run: bool) -> TierReport:
+    """The report of a tiering run (or a dry run: no results) of ``plan``."""
+    moved = moved_objects(results)
+    return TierReport(
+        run_id, dry_run, plan.bucket, plan.prefix, plan.created_at, plan.policy, plan.prices, plan.totals(),
+        len(moved), sum(int(m.get("bytes", 0)) for m in moved),
+        sum(float(m.get("monthly_savings_usd", 0.0)) for m in moved),
+        sum(float(m.get("one_off_usd", 0.0)) for m in moved),
+        tuple(r for r in results if r.status == FAILED), tuple(r for r in results if r.status == SKIPPED),
+        tuple(f"{n} objects go to {cls}: they cannot be read (by Kafka, a consumer or the compaction) without a "
+              "restore first" for cls, n in sorted(_archived(plan).items())))
 
 
 def _archived(plan: TierPlan) -> dict[str, int]:
@@ -299,24 +431,23 @@ def _archived(plan: TierPlan) -> dict[str, int]:
     return counts
 
 
-def tier_table(report: dict[str, Any]) -> str:
+def tier_table(report: TierReport) -> str:
     """The tiering report as plain text (task logs, the CLI)."""
-    t = report["planned"]
-    head = "DRY RUN (nothing moved)" if report["dry_run"] else f"moved {report['objects_moved']} objects"
-    lines = [f"storage tiering of s3://{report['bucket']}/{report['prefix']} run {report['run_id']}: {head}",
+    t = report.planned
+    head = "DRY RUN (nothing moved)" if report.dry_run else f"moved {report.objects_moved} objects"
+    lines = [f"storage tiering of s3://{report.bucket}/{report.prefix} run {report.run_id}: {head}",
              f"  {'transition':<32} {'objects':>8} {'bytes':>14}"]
-    for name, row in sorted(t["by_transition"].items()):
-        lines.append(f"  {name:<32} {int(row['objects']):>8} {int(row['bytes']):>14,}")
-    money = t if report["dry_run"] else report["achieved"]  # a run reports what it did, not what it planned
-    payback = money["payback_months"]
-    lines.append(f"  {'would save' if report['dry_run'] else 'saves'} ${money['monthly_savings_usd']:.6f}/month, "
-                 f"one-off ${money['one_off_usd']:.6f}, payback " + ("never" if payback is None else
-                                                                   f"{payback:.1f} months"))
-    for reason, n in sorted(t["staying"].items()):
+    for name, row in sorted(t.by_transition.items()):
+        lines.append(f"  {name:<32} {row.objects:>8} {row.bytes:>14,}")
+    monthly, one_off = report.money()  # a run reports what it did, not what it planned
+    payback = one_off / monthly if monthly > 0 else None
+    lines.append(f"  {'would save' if report.dry_run else 'saves'} ${monthly:.6f}/month, one-off ${one_off:.6f}, "
+                 "payback " + ("never" if payback is None else f"{payback:.1f} months"))
+    for reason, n in sorted(t.staying.items()):
         lines.append(f"  stays ({n}): {reason}")
-    for r in report["segments_failed"]:
-        lines.append(f"  FAILED {r['directory']}/{r['base_offset']}: {r['reason']}")
-    lines += [f"  WARNING: {w}" for w in report["warnings"]]
+    for r in report.segments_failed:
+        lines.append(f"  FAILED {r.directory}/{r.base_offset}: {r.reason}")
+    lines += [f"  WARNING: {w}" for w in report.warnings]
     return "\n".join(lines)
 
 

@@ -1,0 +1,434 @@
+"""The report document of one run (``PREFIX/_tiering/reports/<run>/report.json``) and the ledger's entries:
+typed, frozen, with a schema version; :mod:`tiering.cost.model` builds them, :mod:`tiering.report` renders
+and publishes them.
+
+Figures that follow from others (bytes saved, ratios, yearly savings, payback) are properties: written into
+the JSON for its readers, never read back from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar, Final
+
+from tiering.errors import ConfigError
+
+REPORT_KIND: Final = "compaction-report"
+
+
+class RowStatus(StrEnum):
+    """What became of a segment, as the report lists it: a run's outcome (the values of
+    :class:`tiering.lifecycle.journal.Status`, which a test keeps equal) or, in a dry run, the plan's."""
+
+    COMPACTED = "compacted"
+    ROLLED_BACK = "rolled-back"
+    REPAIRED = "repaired"
+    STAGED = "staged"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    ABORTED = "aborted"
+    SUPERSEDED = "superseded"
+    MOVED = "moved"
+    ESTIMATED = "estimated"  # a dry run: the sampled ratio applied to a planned segment
+    PLANNED = "planned"  # a dry run: planned, but not estimated
+    NOT_RUN = "not run"  # planned, and the run recorded no result for it
+
+
+# The rows whose bytes the report counts as saved.
+SAVING: Final = frozenset({RowStatus.COMPACTED, RowStatus.ESTIMATED})
+
+
+def _ratio(before: int, after: int) -> float | None:
+    return after / before if before else None
+
+
+def _opt_float(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRow:
+    """One segment the scan saw (or a run touched): its plan facts and what became of it."""
+
+    directory: str
+    topic: str
+    partition: int
+    base_offset: int
+    storage_class: str
+    last_modified: str | None
+    size: int
+    status: RowStatus
+    reason: str
+    bytes_before: int
+    bytes_after: int
+    source_codec: str
+    encryption: str | None
+    error: str | None = None
+    monthly_savings_usd: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "status": str(self.status)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SegmentRow:
+        return cls(str(d["directory"]), str(d["topic"]), int(d["partition"]), int(d["base_offset"]),
+                   str(d["storage_class"]), d.get("last_modified"), int(d["size"]), RowStatus(d["status"]),
+                   str(d["reason"]), int(d["bytes_before"]), int(d["bytes_after"]), str(d["source_codec"]),
+                   d.get("encryption"), d.get("error"), float(d["monthly_savings_usd"]))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    """A rollup's row: the rewritten segments of one topic, partition, storage class or source codec."""
+
+    name: str
+    segments: int
+    bytes_before: int
+    bytes_after: int
+    monthly_savings_usd: float
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    @property
+    def ratio(self) -> float | None:
+        return _ratio(self.bytes_before, self.bytes_after)
+
+    def to_json(self, key: str) -> dict[str, Any]:
+        return {key: self.name, "segments": self.segments, "bytes_before": self.bytes_before,
+                "bytes_after": self.bytes_after, "saved_bytes": self.saved_bytes, "ratio": self.ratio,
+                "monthly_savings_usd": self.monthly_savings_usd}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], key: str) -> GroupRow:
+        return cls(str(d[key]), int(d["segments"]), int(d["bytes_before"]), int(d["bytes_after"]),
+                   float(d["monthly_savings_usd"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """The run's figures over every segment (listed or not)."""
+
+    segments_seen: int
+    segments_rewritten: int
+    segments_estimated: int
+    segments_skipped: int
+    segments_failed: int
+    bytes_before: int
+    bytes_after: int
+    monthly_savings_usd: float
+    one_off_usd: float
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    @property
+    def ratio(self) -> float | None:
+        return _ratio(self.bytes_before, self.bytes_after)
+
+    @property
+    def yearly_savings_usd(self) -> float:
+        return self.monthly_savings_usd * 12
+
+    @property
+    def monthly_savings_per_tib_usd(self) -> float | None:
+        return self.monthly_savings_usd / self.bytes_before * (1 << 40) if self.bytes_before else None
+
+    @property
+    def payback_months(self) -> float | None:
+        return self.one_off_usd / self.monthly_savings_usd if self.monthly_savings_usd > 0 else None
+
+    @property
+    def net_first_year_usd(self) -> float:
+        return self.yearly_savings_usd - self.one_off_usd
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "saved_bytes": self.saved_bytes, "ratio": self.ratio,
+                "yearly_savings_usd": self.yearly_savings_usd,
+                "monthly_savings_per_tib_usd": self.monthly_savings_per_tib_usd,
+                "payback_months": self.payback_months, "net_first_year_usd": self.net_first_year_usd}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Totals:
+        return cls(int(d["segments_seen"]), int(d["segments_rewritten"]), int(d["segments_estimated"]),
+                   int(d["segments_skipped"]), int(d["segments_failed"]), int(d["bytes_before"]),
+                   int(d["bytes_after"]), float(d["monthly_savings_usd"]), float(d["one_off_usd"]))
+
+
+@dataclass(frozen=True, slots=True)
+class OneOff:
+    """A one-off cost of the run."""
+
+    item: str
+    usd: float
+    detail: str
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> OneOff:
+        return cls(str(d["item"]), float(d["usd"]), str(d["detail"]))
+
+
+@dataclass(frozen=True, slots=True)
+class NotRewritten:
+    """How many segments were left as they were, for one status and reason."""
+
+    status: RowStatus
+    reason: str
+    segments: int
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> NotRewritten:
+        return cls(RowStatus(d["status"]), str(d["reason"]), int(d["segments"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    segment: str  # <directory>/<base offset>
+    reason: str
+    error: str | None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Failure:
+        return cls(str(d["segment"]), str(d["reason"]), d.get("error"))
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """What the report's lists leave out (its figures count everything)."""
+
+    segments_omitted: int = 0
+    failed_omitted: int = 0
+    partitions_omitted: int = 0
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Listing:
+        return cls(int(d.get("segments_omitted", 0)), int(d.get("failed_omitted", 0)),
+                   int(d.get("partitions_omitted", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class Assumptions:
+    """The inputs the figures rest on besides the prices."""
+
+    account_bytes: Mapping[str, int]
+    grace_days: float
+    versioned: bool | None
+    noncurrent_days: int | None
+    days_per_month: float
+    gb_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "account_bytes": dict(self.account_bytes)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Assumptions:
+        return cls({str(k): int(v) for k, v in (d.get("account_bytes") or {}).items()}, float(d["grace_days"]),
+                   d.get("versioned"), d.get("noncurrent_days"), float(d["days_per_month"]), int(d["gb_bytes"]))
+
+
+@dataclass(frozen=True, slots=True)
+class EstimateDetail:
+    """A dry run's estimate: the sample as the plan recorded it, and the savings range it gives."""
+
+    sample: Mapping[str, Any]  # tiering.plan.estimate's figures: ratio, segments_sampled, bytes_sampled, ...
+    saved_bytes: int
+    monthly_savings_usd_low: float
+    monthly_savings_usd_high: float
+
+    @property
+    def segments_sampled(self) -> int:
+        return int(self.sample.get("segments_sampled", 0))
+
+    @property
+    def bytes_sampled(self) -> int:
+        return int(self.sample.get("bytes_sampled", 0))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.sample, "saved_bytes": self.saved_bytes,
+                "monthly_savings_usd_low": self.monthly_savings_usd_low,
+                "monthly_savings_usd_high": self.monthly_savings_usd_high}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> EstimateDetail:
+        own = ("saved_bytes", "monthly_savings_usd_low", "monthly_savings_usd_high")
+        return cls({k: v for k, v in d.items() if k not in own}, int(d["saved_bytes"]),
+                   float(d["monthly_savings_usd_low"]), float(d["monthly_savings_usd_high"]))
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One run in the ledger (``reports/ledger.json``): what it saved and cost."""
+
+    run_id: str
+    finished_at: str
+    estimate: bool
+    segments_rewritten: int
+    bytes_before: int
+    bytes_after: int
+    monthly_savings_usd: float
+    one_off_usd: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> LedgerEntry:
+        return cls(str(d["run_id"]), str(d["finished_at"]), bool(d["estimate"]), int(d["segments_rewritten"]),
+                   int(d["bytes_before"]), int(d["bytes_after"]), float(d["monthly_savings_usd"]),
+                   float(d["one_off_usd"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """The ledger document: every run once, in the order they finished."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    runs: tuple[LedgerEntry, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": self.SCHEMA_VERSION, "runs": [r.to_json() for r in self.runs]}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> Ledger:
+        if not isinstance(doc, dict) or doc.get("schema_version") != cls.SCHEMA_VERSION:
+            raise ConfigError("not a ledger this version can read", path=where,
+                              expected=f"schema_version {cls.SCHEMA_VERSION}",
+                              found=doc.get("schema_version") if isinstance(doc, dict) else type(doc).__name__)
+        try:
+            return cls(tuple(LedgerEntry.from_json(r) for r in doc["runs"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError("ledger unreadable", path=where, expected="runs of {run_id, finished_at, ...}",
+                              found=f"{type(e).__name__}: {e}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRow:
+    """A ledger entry with the running totals of the real runs up to it."""
+
+    entry: LedgerEntry
+    cumulative_monthly_usd: float
+    cumulative_one_off_usd: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.entry.to_json(), "cumulative_monthly_usd": self.cumulative_monthly_usd,
+                "cumulative_one_off_usd": self.cumulative_one_off_usd}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> LedgerRow:
+        return cls(LedgerEntry.from_json(d), float(d["cumulative_monthly_usd"]), float(d["cumulative_one_off_usd"]))
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSummary:
+    """Every run in time order with running totals; ``to_date_usd``: saved by the report's time, net of the
+    one-off costs."""
+
+    runs: tuple[LedgerRow, ...]
+    monthly_run_rate_usd: float
+    one_off_usd: float
+    to_date_usd: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"runs": [r.to_json() for r in self.runs], "monthly_run_rate_usd": self.monthly_run_rate_usd,
+                "one_off_usd": self.one_off_usd, "to_date_usd": self.to_date_usd}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> LedgerSummary:
+        return cls(tuple(LedgerRow.from_json(r) for r in d["runs"]), float(d["monthly_run_rate_usd"]),
+                   float(d["one_off_usd"]), float(d["to_date_usd"]))
+
+
+# The rollups: the report's field, and the key naming a group in its JSON rows.
+ROLLUP_KEYS: Final = {"by_storage_class": "storage_class", "by_topic": "topic", "by_partition": "directory",
+                      "by_source_codec": "source_codec"}
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """The report of one run (or a dry run's estimate): what it saved per month, what it cost once, by
+    storage class, topic, partition and source codec, the listed segments, and the ledger of all runs."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    run_id: str
+    bucket: str
+    prefix: str
+    started_at: str | None
+    finished_at: str | None
+    generated_at: str
+    estimate: bool
+    settings: Mapping[str, Any]  # the run's settings, as its run document records them
+    prices: Mapping[str, Any]  # the price book's description: region, source, as_of, overridden_by, ...
+    assumptions: Assumptions
+    totals: Totals
+    by_storage_class: tuple[GroupRow, ...]
+    by_topic: tuple[GroupRow, ...]
+    by_partition: tuple[GroupRow, ...]  # at most MAX_LISTED_PARTITIONS, those that saved the most
+    by_source_codec: tuple[GroupRow, ...]
+    one_off: tuple[OneOff, ...]
+    requests_by_operation: Mapping[str, int]
+    skipped: tuple[NotRewritten, ...]
+    failed: tuple[Failure, ...]
+    segments: tuple[SegmentRow, ...]
+    listing: Listing
+    auto: Mapping[str, Any]  # per topic: the automatic codec choice and every candidate's numbers
+    warnings: tuple[str, ...]
+    ledger: LedgerSummary
+    estimate_detail: EstimateDetail | None = field(default=None)
+
+    def ledger_entry(self) -> LedgerEntry:
+        t = self.totals
+        return LedgerEntry(self.run_id, self.finished_at or self.generated_at, self.estimate, t.segments_rewritten,
+                           t.bytes_before, t.bytes_after, t.monthly_savings_usd, t.one_off_usd)
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "schema_version": self.SCHEMA_VERSION, "kind": REPORT_KIND, "run_id": self.run_id,
+            "bucket": self.bucket, "prefix": self.prefix, "started_at": self.started_at,
+            "finished_at": self.finished_at, "generated_at": self.generated_at, "estimate": self.estimate,
+            "settings": dict(self.settings), "prices": dict(self.prices), "assumptions": self.assumptions.to_json(),
+            "totals": self.totals.to_json(),
+            **{name: [g.to_json(key) for g in getattr(self, name)] for name, key in ROLLUP_KEYS.items()},
+            "one_off": [asdict(c) for c in self.one_off],
+            "requests": {"requests_by_operation": dict(self.requests_by_operation)},
+            "skipped": [{**asdict(s), "status": str(s.status)} for s in self.skipped],
+            "failed": [asdict(f) for f in self.failed],
+            "segments": [r.to_json() for r in self.segments],
+            "listing": asdict(self.listing), "auto": dict(self.auto), "warnings": list(self.warnings),
+            "ledger": self.ledger.to_json(),
+        }
+        if self.estimate_detail is not None:
+            doc["estimate_detail"] = self.estimate_detail.to_json()
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> Report:
+        if not isinstance(doc, dict) or (doc.get("kind"), doc.get("schema_version")) != (REPORT_KIND,
+                                                                                       cls.SCHEMA_VERSION):
+            found = f"{doc.get('kind')} v{doc.get('schema_version')}" if isinstance(doc, dict) else type(doc).__name__
+            raise ConfigError("not a report this version can read", path=where,
+                              expected=f"{REPORT_KIND} v{cls.SCHEMA_VERSION}", found=found)
+        try:
+            rollups = {name: tuple(GroupRow.from_json(g, key) for g in doc[name]) for name, key in ROLLUP_KEYS.items()}
+            detail = doc.get("estimate_detail")
+            return cls(
+                str(doc["run_id"]), str(doc["bucket"]), str(doc["prefix"]), doc.get("started_at"),
+                doc.get("finished_at"), str(doc["generated_at"]), bool(doc["estimate"]), dict(doc["settings"]),
+                dict(doc["prices"]), Assumptions.from_json(doc["assumptions"]), Totals.from_json(doc["totals"]),
+                rollups["by_storage_class"], rollups["by_topic"], rollups["by_partition"],
+                rollups["by_source_codec"], tuple(OneOff.from_json(c) for c in doc["one_off"]),
+                {str(k): int(v) for k, v in doc["requests"]["requests_by_operation"].items()},
+                tuple(NotRewritten.from_json(s) for s in doc["skipped"]),
+                tuple(Failure.from_json(f) for f in doc["failed"]),
+                tuple(SegmentRow.from_json(r) for r in doc["segments"]), Listing.from_json(doc.get("listing") or {}),
+                dict(doc.get("auto") or {}), tuple(str(w) for w in doc["warnings"]),
+                LedgerSummary.from_json(doc["ledger"]),
+                None if detail is None else EstimateDetail.from_json(detail))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError("report unreadable", path=where, expected="a compaction report's fields",
+                              found=f"{type(e).__name__}: {e}") from None
