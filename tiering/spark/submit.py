@@ -50,6 +50,9 @@ class SparkJobMisconfigured(ConfigError):
 
 # Lines of a failed job's output that say why; and the markers of a configuration problem.
 OURS: Final = re.compile(r"^tiering: .*")
+# An exception of our package, as a Python worker's traceback ends (``tiering.storage.store.NoCredentials: ...``):
+# the root cause of a task's failure, below the driver's generic "exception from the Python worker".
+OURS_RAISED: Final = re.compile(r"^tiering(\.\w+)+: .*")
 RAISED: Final = re.compile(r"^(Exception in thread .*|[\w.$]*(Error|Exception)(: .*)?)$")
 CAUSE: Final = re.compile(r"^Caused by: .*")
 LOGGED: Final = re.compile(r".*\b(ERROR|FATAL)\b.*")
@@ -63,14 +66,15 @@ EXIT_CONFIG: Final = 2  # the job's own exit for a configuration error (tiering.
 
 
 def failure_summary(lines: Sequence[str]) -> str:
-    """Why a job failed, from its output: our job's own ``tiering:`` line; else the last exception raised
-    with its deepest ``Caused by``; else the last ERROR line; else the last lines (a stack frame alone says
-    nothing, so frames are dropped)."""
+    """Why a job failed, from its output: our job's own ``tiering:`` line; else the last exception of our
+    package a task raised; else the last exception raised with its deepest ``Caused by``; else the last
+    ERROR line; else the last lines (a stack frame alone says nothing, so frames are dropped)."""
     text = [line.strip() for line in lines
             if line.strip() and not line.strip().startswith(("at ", "..."))]
-    ours = [line for line in text if OURS.match(line)]
-    if ours:
-        return ours[-1][:500]
+    for pattern in (OURS, OURS_RAISED):
+        ours = [line for line in text if pattern.match(line)]
+        if ours:
+            return ours[-1][:500]
     raised = [line for line in text if RAISED.match(line)]
     causes = [line for line in text if CAUSE.match(line)]
     if raised or causes:
