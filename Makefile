@@ -11,10 +11,13 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml setup.py tiering/kafka/_walker.c tiering/kafka/_proof.c
+$(STAMP): requirements.lock infra/docker/requirements-postgres.txt pyproject.toml setup.py tiering/kafka/_walker.c \
+		tiering/kafka/_proof.c
 	@bash scripts/check-prereqs.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	@# The compose stack's database drivers, as its image has them (the compose stand-in's test uses them).
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r infra/docker/requirements-postgres.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@# Byte-compile our own code once: an editable install does not, and where PYTHONDONTWRITEBYTECODE is set every
 	@# process (each CLI run, each Spark worker) would compile it again at start-up.
@@ -29,6 +32,7 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP) kafka-jars
 	@bash scripts/ensure-chromium.sh
+	@bash scripts/ensure-postgres.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Apache Kafka's jars (pinned in tools/kafka/pom.xml) into the git-ignored tools/kafka/lib/, for the tests that
