@@ -313,3 +313,75 @@ def test_an_operation_left_in_a_partition_without_work_inside_a_unit_is_finished
     [finished] = [r for r in run.segments if r.directory == f"{TOPIC}-3" and r.recovered]
     assert (finished.base_offset, finished.status) == (first, "compacted")
     check_consistent(store, originals[3], partition=3)
+
+
+def _crash_after_staging(store: S3Store, run: RunSettings, codec: str, level: int) -> PlannedSegment:
+    """A run ``crashed`` that staged (and journalled) the first sealed segment of partition 0, then died."""
+    from tiering.commit.lease import Lease
+    from tiering.commit.protocol import Staged, stage_segment
+    from tiering.run.pipeline import plan_files
+    from tiering.storage.layout import lease_key
+
+    seg = next(s for s in plan_files(store, run, "scan").segments() if s.directory == f"{TOPIC}-0"
+               and s.action == COMPACT)
+    lease = Lease(store, lease_key(PREFIX, seg.directory), "crashed", 60)
+    lease.acquire(PREFIX)
+    staged = stage_segment(RunSettings(BUCKET, PREFIX, "crashed", codec, level).context(store), seg, lease)
+    assert isinstance(staged, Staged)
+    assert staged.spool is not None
+    staged.spool.close()
+    lease.release()  # released (or expired): the next run may take the partition
+    return seg
+
+
+def _exists(store: S3Store, key: str) -> bool:
+    from tiering.storage.store import ObjectNotFound
+
+    try:
+        store.head(key)
+    except ObjectNotFound:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same-codec", "another-level"])
+def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_same(store: S3Store,
+                                                                                   same: bool) -> None:
+    """The Spark stage of a new run finds a crashed run's operation still ``staged`` in its partition: with
+    the same source, codec and level it takes the operation over (its staged files, nothing staged again),
+    the commit step swaps it in under the new run's backups, and the crashed run's staging is gone; with
+    another level it abandons it and stages the segment itself."""
+    from tiering.lifecycle.journal import Status
+    from tiering.run.compact import StepResults, pending_bases
+    from tiering.run.pipeline import commit_chunk, run_unit
+    from tiering.storage.layout import backup_key, staging_key
+
+    _seed(store, 2)
+    run = RunSettings(BUCKET, PREFIX, "next", "zstd", 3)
+    scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
+    seg = _crash_after_staging(store, run, "zstd", 3 if same else 9)
+    assert seg.log is not None
+    theirs = staging_key(PREFIX, "crashed", seg.directory, seg.base_offset, ".log")
+    staged_bytes = store.get(theirs)
+    planned = plan_run(store, run, CompactOptions(), chunk_work=1)
+    plan, manifest = load_manifest(store, f"s3://{BUCKET}/{planned['plan_key']}")
+    staged = []
+    for unit in stage_units(plan, manifest):
+        run_unit(store, run, run.context(store), unit, commit=False)
+        key = run.key(f"stage/{unit.name}.json")
+        staged += StepResults.from_json(store.get_json(key)[0], key).results
+    mine = [r for r in staged if (r.directory, r.base_offset) == (seg.directory, seg.base_offset)]
+    if same:
+        assert [(r.status, r.recovered, r.run_id) for r in mine] == [(Status.STAGED, True, "next")]
+        assert "taken over" in mine[0].reason
+    else:
+        assert [r.status for r in mine] == [Status.ABORTED, Status.STAGED]  # abandoned, then staged anew
+    assert _exists(store, staging_key(PREFIX, "next", seg.directory, seg.base_offset, ".log")) is not same
+    for chunk in planned["chunks"]:
+        commit_chunk(store, run, chunk["name"])
+    assert pending_bases(store, PREFIX) == {}
+    assert not _exists(store, theirs)  # the crashed run's staging went with its operation
+    assert _exists(store, backup_key(PREFIX, "next", seg.directory, seg.base_offset, ".log"))
+    assert not _exists(store, backup_key(PREFIX, "crashed", seg.directory, seg.base_offset, ".log"))
+    assert (store.get(seg.log.key) == staged_bytes) is same  # level 9's bytes differ from level 3's
+    assert store.head(seg.log.key).metadata["tiering-run"] == "next"

@@ -605,19 +605,66 @@ def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[S
     return list(iter_recover(ctx, directory, lease))
 
 
-def iter_recover(ctx: Context, directory: str, lease: LeaseGuard) -> Iterator[SegmentResult]:
+def iter_recover(ctx: Context, directory: str, lease: LeaseGuard, *, commit: bool = True,
+                 adoptable: Callable[[Journal], bool] | None = None) -> Iterator[SegmentResult]:
     """:func:`recover_partition`, one result at a time (the partition's state batch is written between two
-    operations when it is full, so that a failed write stops the work after the results already given)."""
+    operations when it is full, so that a failed write stops the work after the results already given).
+
+    A compaction another run left ``staged`` is taken over (:func:`adopt`) when ``adoptable`` says this run
+    would stage the same (same source, codec and level): its staged files are used instead of being made
+    again; with ``commit`` it is finished at once, else left staged for this run's commit step. Otherwise it
+    is abandoned and the segment compacted anew."""
     for journal, etag in list(pending_journals(ctx.store, ctx.prefix, directory)):
         if ctx.state is not None and ctx.state.full:
             ctx.state.flush(lease.check)
-        if journal.kind is OpKind.COMPACT and journal.state is JournalState.STAGED and journal.run_id != ctx.run_id:
-            result = _abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}): abandoned; "
-                              "the segment is compacted anew", pending=None)
+        theirs = journal.run_id != ctx.run_id
+        if journal.kind is OpKind.COMPACT and journal.state is JournalState.STAGED and theirs:
+            if adoptable is not None and adoptable(journal):
+                result = _adopted(ctx, journal, etag, lease, commit=commit)
+            else:
+                result = _abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}): "
+                                  "abandoned; the segment is compacted anew", pending=None)
         else:
             result = finish_one(ctx, journal, etag, lease)
-        result.recovered = journal.run_id != ctx.run_id  # not a recovery: a staged segment of this run
+        result.recovered = theirs  # not a recovery: a staged segment of this run
         yield result
+
+
+def adopt(ctx: Context, journal: Journal, etag: str) -> tuple[Journal, str]:
+    """Take over a compaction another run staged and left (nothing final changed, no backup made yet): the
+    same staged files, with this run's operation id, backup keys and state entry, written over that run's
+    journal entry if it is still the one read (``If-Match``). A stalled owner then finds its entry changed
+    and stops, and whatever it still copies goes to its own backup keys, which no journal names any more.
+    :class:`TakenOver` if the entry changed in between."""
+    d, base = journal.directory, journal.base_offset
+    op = f"{ctx.run_id}.{secrets.token_hex(4)}"
+    marks = {META_RUN: ctx.run_id, META_OP: op}
+    taken = replace(journal, op=op, run_id=ctx.run_id,
+                    attrs={name: a.with_metadata(marks) for name, a in journal.attrs.items()},
+                    backup={name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if journal.source[name] else None
+                            for name, sfx in FILES},
+                    entry={**journal.entry, "run_id": ctx.run_id})
+    try:
+        return taken, ctx.store.put_json(journal_key(ctx.prefix, d, base), taken.to_json(), if_match=etag)
+    except (PreconditionFailed, ObjectNotFound):
+        raise TakenOver("another run took this operation over first: left to that run",
+                        path=_uri(ctx.store, journal_key(ctx.prefix, d, base))) from None
+
+
+def _adopted(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *, commit: bool) -> SegmentResult:
+    lease.check()
+    try:
+        taken, etag = adopt(ctx, journal, etag)
+    except TakenOver as e:
+        return SegmentResult(journal.directory, journal.base_offset, ABORTED, e.message, run_id=journal.run_id,
+                             pending=Pending.BUSY)
+    why = f"staged by run {journal.run_id}, which did not finish it: taken over"
+    if commit:
+        result = finish_one(ctx, taken, etag, lease)
+        return replace(result, reason=why) if result.status is COMPACTED else result
+    return SegmentResult(taken.directory, taken.base_offset, Status.STAGED, why,
+                         int(taken.entry.get("bytes_before", 0)), int(taken.entry.get("bytes_after", 0)),
+                         run_id=ctx.run_id, encryption=_kms(taken.attrs["log"].headers))
 
 
 def repair_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> SegmentResult:

@@ -40,7 +40,7 @@ from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Cause, Pending, Status
+from tiering.lifecycle.journal import Cause, Journal, Pending, Status
 from tiering.plan.auto import decide_auto, record_age, with_auto
 from tiering.plan.estimate import WorkSample, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
@@ -286,15 +286,25 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
     swapped in at once (the CLI), else it is left journalled ``staged`` for the commit step (Spark). The
     partition's state changes are written in batches (pruned by ``pruning``)."""
 
+    planned = {s.base_offset: s for s in segments if s.action == COMPACT and s.log is not None}
+
+    def adoptable(journal: Journal) -> bool:
+        """This run would stage the very same: the same source object, codec and level."""
+        seg = planned.get(journal.base_offset)
+        if seg is None or seg.log is None or seg.log.etag != journal.source.get("log"):
+            return False
+        options = ctx.for_segment(seg).options
+        return (journal.entry.get("codec"), journal.entry.get("level")) == (options.codec.label, options.level)
+
     def work(lease: Lease, out: list[SegmentResult]) -> None:
         batch = StateBatch(ctx.store, ctx.prefix, directory, pruning)
         own = dataclasses.replace(ctx, state=batch)
         finished = set()
         with recorded(batch, out):
-            for result in iter_recover(own, directory, lease):
+            for result in iter_recover(own, directory, lease, commit=commit, adoptable=adoptable):
                 out.append(result)
-                if result.status in (Status.COMPACTED, Status.ROLLED_BACK):
-                    finished.add(result.base_offset)  # its planned objects are gone: nothing left to do
+                if result.status in (Status.COMPACTED, Status.ROLLED_BACK, Status.STAGED):
+                    finished.add(result.base_offset)  # done, or staged (taken over): nothing left to stage
                 if progress is not None:
                     progress(result)
             for seg in segments:
