@@ -40,8 +40,20 @@ class RowStatus(StrEnum):
 SAVING: Final = frozenset({RowStatus.COMPACTED, RowStatus.ESTIMATED})
 
 
-def _ratio(before: int, after: int) -> float | None:
-    return after / before if before else None
+class _BeforeAfter:
+    """Bytes saved and the ratio, from a row's ``.log`` bytes before and after."""
+
+    __slots__ = ()
+    bytes_before: int
+    bytes_after: int
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.bytes_before - self.bytes_after
+
+    @property
+    def ratio(self) -> float | None:
+        return self.bytes_after / self.bytes_before if self.bytes_before else None
 
 
 def _opt_float(x: Any) -> float | None:
@@ -80,7 +92,7 @@ class SegmentRow:
 
 
 @dataclass(frozen=True, slots=True)
-class GroupRow:
+class GroupRow(_BeforeAfter):
     """A rollup's row: the rewritten segments of one topic, partition, storage class or source codec."""
 
     name: str
@@ -88,14 +100,6 @@ class GroupRow:
     bytes_before: int
     bytes_after: int
     monthly_savings_usd: float
-
-    @property
-    def saved_bytes(self) -> int:
-        return self.bytes_before - self.bytes_after
-
-    @property
-    def ratio(self) -> float | None:
-        return _ratio(self.bytes_before, self.bytes_after)
 
     def to_json(self, key: str) -> dict[str, Any]:
         return {key: self.name, "segments": self.segments, "bytes_before": self.bytes_before,
@@ -109,7 +113,7 @@ class GroupRow:
 
 
 @dataclass(frozen=True, slots=True)
-class Totals:
+class Totals(_BeforeAfter):
     """The run's figures over every segment (listed or not)."""
 
     segments_seen: int
@@ -121,14 +125,6 @@ class Totals:
     bytes_after: int
     monthly_savings_usd: float
     one_off_usd: float
-
-    @property
-    def saved_bytes(self) -> int:
-        return self.bytes_before - self.bytes_after
-
-    @property
-    def ratio(self) -> float | None:
-        return _ratio(self.bytes_before, self.bytes_after)
 
     @property
     def yearly_savings_usd(self) -> float:
