@@ -10,9 +10,12 @@
    prefixed listing by walking all keys of the bucket, so on a large bucket the server dominates the
    wall time: the CPU seconds of the scanner process are the figure that belongs to this project.
 2. **Rewrite through S3.** One generated segment (snappy JSON events) is compacted to zstd level 3 by
-   the full commit protocol (GET, rewrite, stage, read back and verify, back up, swap, indexes) against
-   a moto server in another process; the baseline is ``rewrite_file`` of the same bytes on the local
-   disk in the same run. Reported as the ratio of throughputs (S3 / local), best of ``--repeat``.
+   the full commit protocol (GET, rewrite, stage and verify, back up, swap, indexes) against a moto
+   server in another process, once in each verification mode (``read-back``: the staged ``.log``
+   downloaded and decoded again; ``checksum``: S3's CRC-32C of what it stored compared); the baseline is
+   ``rewrite_file`` of the same bytes on the local disk in the same run. Reported as the ratio of
+   throughputs (S3 / local), best of ``--repeat``, with the requests one compaction made and the GETs of
+   its staged ``.log``.
 
 Prints a table and writes ``bench/out/bench_s3.json``.
 """
@@ -30,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +47,7 @@ from tiering.commit.protocol import Context
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
+from tiering.lifecycle.journal import Verify
 from tiering.local import rewrite_file
 from tiering.plan.scan import ScanOptions, scan
 from tiering.run.compact import CompactOptions
@@ -133,11 +138,22 @@ def bench_scan(objects: int) -> dict[str, Any]:
 
 
 def bench_rewrite(segment_mib: int, repeat: int) -> dict[str, Any]:
+    """The local rewrite, and the compaction through S3 in each verification mode, best of ``repeat``; the
+    requests of one compaction and the GETs of its staged ``.log``."""
+    modes = (Verify.READ_BACK, Verify.CHECKSUM)
     with moto_process("bench") as (store, _, _):
+        staged_gets: list[str] = []
+        store.client.meta.events.register(
+            "before-call.s3.GetObject",
+            lambda params, **_: staged_gets.append(params["url_path"]) if "/_tiering/staging/" in params[
+                "url_path"] and params["url_path"].endswith(".log") else None)
         generated = generate_partition(segments=2, kind="json", codec=Codec.SNAPPY, segment_bytes=segment_mib * MIB)
         segment = generated[0]
         options = RewriteOptions(Codec.ZSTD, 3)
-        local_best = s3_best = float("inf")
+        local_best = float("inf")
+        best = dict.fromkeys(modes, float("inf"))
+        requests: dict[Verify, dict[str, int]] = {}
+        gets: dict[Verify, int] = {}
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / f"{segment.base_offset:020d}.log"
             path.write_bytes(segment.log)
@@ -145,20 +161,27 @@ def bench_rewrite(segment_mib: int, repeat: int) -> dict[str, Any]:
                 started = time.perf_counter()
                 result, _ = rewrite_file(path, Path(tmp) / f"out{round_no}", options)
                 local_best = min(local_best, time.perf_counter() - started)
-                upload_partition(store, "kafka", f"round{round_no}", 0, generated)
-                plan = scan(store, "kafka", ScanOptions("zstd", 3, topics=f"round{round_no}", min_age_minutes=0))
-                started = time.perf_counter()
-                run = compact(store, plan, Context(store, "kafka", f"bench-{round_no}", options, work_dir=tmp),
-                              CompactOptions())
-                s3_best = min(s3_best, time.perf_counter() - started)
-                assert [s.status for s in run.segments] == ["compacted"], run.to_json()
-                print(f"  round {round_no + 1}/{repeat}: local {local_best:.2f} s, S3 {s3_best:.2f} s",
-                      file=sys.stderr)
+                for mode in modes:
+                    topic = f"round{round_no}-{mode.value}"
+                    upload_partition(store, "kafka", topic, 0, generated)
+                    plan = scan(store, "kafka", ScanOptions("zstd", 3, topics=topic, min_age_minutes=0))
+                    before, staged_gets[:] = Counter(store.requests), []
+                    started = time.perf_counter()
+                    run = compact(store, plan, Context(store, "kafka", f"bench-{topic}", options, work_dir=tmp,
+                                                       verify=mode), CompactOptions())
+                    best[mode] = min(best[mode], time.perf_counter() - started)
+                    assert [s.status for s in run.segments] == ["compacted"], run.to_json()
+                    requests[mode] = dict(sorted((Counter(store.requests) - before).items()))
+                    gets[mode] = len(staged_gets)
+                print(f"  round {round_no + 1}/{repeat}: local {local_best:.2f} s, S3 "
+                      + ", ".join(f"{m.value} {best[m]:.2f} s" for m in modes), file=sys.stderr)
     size = len(segment.log)
     return {"segment_bytes": size, "bytes_out": result.stats.bytes_out,
-            "local_seconds": round(local_best, 3), "s3_seconds": round(s3_best, 3),
-            "local_mib_per_s": round(size / MIB / local_best, 1), "s3_mib_per_s": round(size / MIB / s3_best, 1),
-            "ratio_s3_to_local": round(local_best / s3_best, 3)}
+            "local_seconds": round(local_best, 3), "local_mib_per_s": round(size / MIB / local_best, 1),
+            "modes": {m.value: {"s3_seconds": round(best[m], 3), "s3_mib_per_s": round(size / MIB / best[m], 1),
+                                "ratio_s3_to_local": round(local_best / best[m], 3),
+                                "requests": sum(requests[m].values()), "requests_by_operation": requests[m],
+                                "staged_log_gets": gets[m]} for m in modes}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,8 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         ("scan: CPU seconds of the scanner process", f"{s['cpu_seconds']:.1f}"),
         ("scan: peak RSS of the scanner process", f"{s['peak_rss_mib']:.0f} MiB"),
         (f"rewrite {r['segment_bytes'] / MIB:.0f} MiB: local file", f"{r['local_mib_per_s']:.1f} MiB/s"),
-        ("rewrite: through S3 (full commit protocol)", f"{r['s3_mib_per_s']:.1f} MiB/s"),
-        ("rewrite: ratio S3 / local", f"{r['ratio_s3_to_local']:.2f}"),
+        *((f"rewrite: through S3, verify {mode}", f"{m['s3_mib_per_s']:.1f} MiB/s") for mode, m in r["modes"].items()),
+        *((f"rewrite: ratio S3 / local, verify {mode}", f"{m['ratio_s3_to_local']:.2f}")
+          for mode, m in r["modes"].items()),
+        *((f"requests a compaction, verify {mode}", f"{m['requests']}") for mode, m in r["modes"].items()),
+        *((f"GETs of the staged .log, verify {mode}", f"{m['staged_log_gets']}") for mode, m in r["modes"].items()),
     ):
         print(f"{name:<44} {value:>14}")
     print(f"\nJSON: {args.json_out}")

@@ -43,7 +43,10 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | `lease_ttl_seconds` | how long a partition stays locked once its holder stops renewing the lease (a crashed |
 | | run's partitions are free again after it); default 600. A partition staged by a Spark task waits, its |
 | | lease not renewed, until its commit task: longer than this, and another run may take the partition |
-| | over and abandon the staged work (nothing is lost; the segment is compacted again) |
+| | over, and with it the staged work (nothing is lost or staged again) |
+| `verify` | how staged files are accepted before anything final changes: `checksum` (the CRC-32C S3 reports |
+| | for what it stored equals the one of the bytes the rewrite produced and proved; nothing downloaded) or |
+| | `read-back` (downloaded and decoded again); a store that reports no checksum is read back either way |
 
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
@@ -133,7 +136,7 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
     from tiering.run.pipeline import RunSettings, safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
 
     return RunSettings(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id),
-                       params["codec"], params["level"], params["lease_ttl_seconds"])
+                       params["codec"], params["level"], params["lease_ttl_seconds"], params["verify"])
 
 
 @dag(
@@ -162,6 +165,8 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
         "lease_ttl_seconds": Param(600, type="integer", minimum=30, maximum=86400,
                                    description="how long a partition stays locked after its holder stopped renewing "
                                    "(a crashed run's partitions are free again after it)"),
+        "verify": Param("checksum", type="string", enum=["checksum", "read-back"],
+                        description="staged files accepted by S3's CRC-32C of what it stored, or read back"),
         "inventory": Param("", type="string", pattern=r"^(s3://[^/]+/.+/manifest\.json)?$",
                            description="an S3 Inventory manifest.json to plan from; empty: list the prefix"),
         "policy": Param(os.environ.get("TIERING_POLICY_FILE", ""), type="string",
@@ -218,7 +223,7 @@ def kafka_segment_compaction() -> None:
             return chunks
         conf = {"spark.log.level": "WARN", **json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))}
         submit(SPARK_JOB, ["--plan", f"s3://{settings.bucket}/{planned['plan_key']}", "--run-id", settings.run_id,
-                           "--lease-ttl-seconds", str(settings.lease_ttl_seconds)],
+                           "--lease-ttl-seconds", str(settings.lease_ttl_seconds), "--verify", settings.verify],
                master=spark_master(params["spark_master"]), conf=conf)
         return chunks
 

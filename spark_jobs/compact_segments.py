@@ -1,7 +1,8 @@
 """Spark job: stage every planned segment of a run, in units of whole partitions, largest first.
 
     spark-submit --master 'local[*]' spark_jobs/compact_segments.py \\
-        --plan s3://BUCKET/PREFIX/_tiering/runs/RUN/plan/manifest.json --run-id RUN [--lease-ttl-seconds 600]
+        --plan s3://BUCKET/PREFIX/_tiering/runs/RUN/plan/manifest.json --run-id RUN [--lease-ttl-seconds 600] \\
+        [--verify checksum|read-back]
 
 Thin on purpose: argument parsing, the SparkSession, and calls into ``tiering.run.pipeline``. The driver reads
 the plan's chunks one at a time and cuts their work into units (up to 64 segments or 4 GiB of whole
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan", required=True, help="the run's plan: s3://BUCKET/.../runs/RUN/plan/manifest.json")
     p.add_argument("--run-id", required=True, help="the run (leases are taken in its name)")
     p.add_argument("--lease-ttl-seconds", type=int, default=DEFAULT_TTL_SECONDS)
+    p.add_argument("--verify", choices=["checksum", "read-back"], default="checksum",
+                   help="how staged files are accepted: S3's CRC-32C of what it stored, or read back")
     args = p.parse_args(argv)
 
     spark = SparkSession.builder.appName(f"kafka-segment-compaction {args.run_id}").getOrCreate()
@@ -51,7 +54,7 @@ def stage(spark: SparkSession, args: argparse.Namespace) -> int:
     plan, manifest = load_manifest(S3Store(make_client(), ""), args.plan)
     header = manifest.header
     settings = RunSettings(header.bucket, header.prefix, args.run_id, header.codec, header.level,
-                           args.lease_ttl_seconds)
+                           args.lease_ttl_seconds, args.verify)
     units = stage_units(plan, manifest, parallelism=spark.sparkContext.defaultParallelism)
     print(f"staging {sum(u.segments for u in units)} segments in {len(units)} tasks", file=sys.stderr,
           flush=True)

@@ -59,8 +59,11 @@ def test_s3_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["scan"]["objects"] == 800
     assert doc["scan"]["segments"] == 200
-    assert doc["rewrite"]["ratio_s3_to_local"] > 0
-    assert "ratio S3 / local" in proc.stdout
+    modes = doc["rewrite"]["modes"]
+    assert modes["checksum"]["ratio_s3_to_local"] > 0
+    assert (modes["read-back"]["staged_log_gets"], modes["checksum"]["staged_log_gets"]) == (1, 0)
+    assert modes["checksum"]["requests"] < modes["read-back"]["requests"]
+    assert "ratio S3 / local, verify checksum" in proc.stdout
 
 
 @pytest.mark.slow

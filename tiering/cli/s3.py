@@ -23,6 +23,7 @@ from tiering.commit.protocol import FAILED, Context, SegmentResult
 from tiering.errors import ConfigError, ExitCode, StorageError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
+from tiering.lifecycle.journal import Verify
 from tiering.plan.auto import apply_policy
 from tiering.plan.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, WorkSample, estimate, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
@@ -271,7 +272,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
             _console(args.stdout).print("dry run: nothing was written")
         return 0
     run_id = args.run_id or new_run_id()
-    ctx = Context(store, args.prefix, run_id, options, work_dir=args.work_dir)
+    ctx = Context(store, args.prefix, run_id, options, work_dir=args.work_dir, verify=Verify(args.verify))
     budget = CompactOptions(args.max_segments, args.max_bytes, args.lease_ttl_seconds, args.workers)
     done = [0]
     lock = threading.Lock()
@@ -466,6 +467,11 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
     p.add_argument("--workers", type=int, default=1, help="partitions compacted at once (default %(default)s)")
     p.add_argument("--work-dir", default=None, help="directory for spool files (default: the system's temp dir)")
+    p.add_argument("--verify", choices=[v.value for v in Verify], default=Verify.CHECKSUM.value,
+                   help="how each staged file is accepted before anything final changes: 'checksum' (default; the "
+                        "CRC-32C S3 reports for what it stored must be the one of the bytes produced, nothing is "
+                        "downloaded; a store that reports none is read back instead) or 'read-back' (download and "
+                        "decode it again)")
     p.add_argument("--no-report", action="store_true", help="do not publish the cost savings report")
     add_cost_args(p)
     p.set_defaults(func=_cmd_compact)

@@ -28,7 +28,9 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, Final, cast
+
+import crc32c
 
 from tiering.commit.lease import LeaseGuard, LeaseLost
 from tiering.errors import ConflictError, InvalidDataError, ProofError, StorageError
@@ -44,6 +46,7 @@ from tiering.lifecycle.journal import (
     OpKind,
     Pending,
     Status,
+    Verify,
 )
 from tiering.plan.scan import PlannedSegment
 from tiering.plan.state import SegmentState, StateBatch, load_state, record_segment, stamped
@@ -57,7 +60,13 @@ from tiering.storage.layout import (
     staging_key,
 )
 from tiering.storage.objects import ObjectStore
-from tiering.storage.store import DEFAULT_PART_BYTES, ObjectAttrs, ObjectNotFound, PreconditionFailed
+from tiering.storage.store import (
+    DEFAULT_PART_BYTES,
+    ChecksumUnsupported,
+    ObjectAttrs,
+    ObjectNotFound,
+    PreconditionFailed,
+)
 
 # User metadata on the objects we write to final keys (S3 shows them as x-amz-meta-*).
 META_RUN: Final = "tiering-run"
@@ -102,6 +111,7 @@ class Context:
     part_bytes: int = DEFAULT_PART_BYTES
     min_savings_ratio: float = 0.0  # a rewrite saving less than this fraction is not swapped in
     state: StateBatch | None = None  # the partition's state changes, written together (else one at a time)
+    verify: Verify = Verify.CHECKSUM  # how staged files are accepted (read-back where checksums are unsupported)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
@@ -165,8 +175,22 @@ class Staged:
     result: SegmentResult = field(default_factory=lambda: SegmentResult("", 0, Status.STAGED))
 
 
+class _Crc32cSink:
+    """A spool file that keeps the CRC-32C of what is written to it: the bytes as the rewrite produced and
+    proved them, which the staged object must then have."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.crc = file, 0
+
+    def write(self, data: Any) -> int:
+        n = self.file.write(data)
+        self.crc = crc32c.crc32c(memoryview(data)[: len(data) if n is None else n], self.crc)
+        return len(data) if n is None else n
+
+
 def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Staged | SegmentResult:
-    """Step 1: rewrite, upload to staging, verify by reading back, journal. Raises :class:`SourceChanged`
+    """Step 1: rewrite, upload to staging, verify (the CRC-32C S3 reports for what it stored, or by reading
+    back, :class:`Verify`), journal. Raises :class:`SourceChanged`
     when the planned objects changed, an InvalidDataError for a corrupt source; returns a skipped
     :class:`SegmentResult` when the rewrite would not save anything. Nothing outside ``_tiering/`` changes."""
     store, base, d = ctx.store, seg.base_offset, seg.directory
@@ -198,11 +222,12 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
         source[name], sizes[name] = info.etag, info.size
     log_uri = _uri(store, seg.log.key)
     spool = _spool(ctx)
+    sink = _Crc32cSink(spool)
     try:
         try:
             with store.open(seg.log.key, if_match=seg.log.etag) as body:
-                result = rewrite_segment(body, spool, base_offset=base, options=ctx.options, path=log_uri,
-                                         size=seg.log.size, progress=lambda _: lease.keep_alive())
+                result = rewrite_segment(body, cast(BinaryIO, sink), base_offset=base, options=ctx.options,
+                                         path=log_uri, size=seg.log.size, progress=lambda _: lease.keep_alive())
         except (PreconditionFailed, ObjectNotFound):
             raise SourceChanged("the .log changed or disappeared after planning", path=log_uri,
                                 expected=seg.log.etag) from None
@@ -221,19 +246,24 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
         lease.check()
         new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in FILES}
         spool.seek(0)
-        store.upload(new["log"], spool, part_bytes=ctx.part_bytes)
-        store.put(new["index"], result.indexes.offset_index)
-        store.put(new["timeindex"], result.indexes.time_index)
-        # Read back what S3 now holds and check it against what the source held.
-        with store.open(new["log"]) as body:
-            back = read_back(body, base_offset=base, path=_uri(store, new["log"]), size=stats.bytes_out,
-                             index_interval_bytes=ctx.options.index_interval_bytes,
-                             decompression_limit=ctx.options.decompression_limit)
-        _check_read_back(store, new, back.size, back.payload_xxh3, back.indexes.offset_index,
-                         back.indexes.time_index, stats.bytes_out, stats.payload_xxh3)
-        if back.indexes != result.indexes:
-            raise ProofError("the staged indexes differ from a rebuild of the staged .log",
-                             path=_uri(store, new["log"]))
+        verified = ctx.verify
+        try:
+            store.upload(new["log"], spool, part_bytes=ctx.part_bytes,
+                         crc=sink.crc if verified is Verify.CHECKSUM else None)
+        except ChecksumUnsupported:
+            verified = Verify.READ_BACK  # this store does not say what it holds: read it back
+        store.put(new["index"], result.indexes.offset_index, checksum=verified is Verify.CHECKSUM)
+        store.put(new["timeindex"], result.indexes.time_index, checksum=verified is Verify.CHECKSUM)
+        if verified is Verify.READ_BACK:  # what S3 now holds, checked against what the source held
+            with store.open(new["log"]) as body:
+                back = read_back(body, base_offset=base, path=_uri(store, new["log"]), size=stats.bytes_out,
+                                 index_interval_bytes=ctx.options.index_interval_bytes,
+                                 decompression_limit=ctx.options.decompression_limit)
+            _check_read_back(store, new, back.size, back.payload_xxh3, back.indexes.offset_index,
+                             back.indexes.time_index, stats.bytes_out, stats.payload_xxh3)
+            if back.indexes != result.indexes:
+                raise ProofError("the staged indexes differ from a rebuild of the staged .log",
+                                 path=_uri(store, new["log"]))
         op = f"{ctx.run_id}.{secrets.token_hex(4)}"
         marks = {META_RUN: ctx.run_id, META_OP: op, META_CODEC: ctx.options.codec.label,
                  META_SOURCE_ETAG: seg.log.etag.strip('"')}
@@ -252,7 +282,8 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
             raise SourceChanged("a journal entry of another operation exists for this segment (recover first)",
                                 path=_uri(store, journal_key(ctx.prefix, d, base))) from None
         return Staged(journal, etag, spool, SegmentResult(d, base, COMPACTED, "", stats.bytes_in, stats.bytes_out,
-                                                          stats=stats.to_json(), run_id=ctx.run_id))
+                                                          stats={**stats.to_json(), "verified": str(verified)},
+                                                          run_id=ctx.run_id))
     except BaseException:
         spool.close()
         raise

@@ -71,6 +71,13 @@ class Cause(StrEnum):
 NOTHING_TO_GAIN: Final = frozenset({Cause.NO_SAVINGS, Cause.BELOW_MIN_SAVINGS})
 
 
+class Verify(StrEnum):
+    """How a staged generation is accepted before anything final changes."""
+
+    CHECKSUM = "checksum"  # S3 reports, for what it stored, the CRC-32C of the bytes the rewrite produced
+    READ_BACK = "read-back"  # downloaded again and decoded: for stores without S3's additional checksums
+
+
 class Pending(Enum):
     """Why work the run was asked to do is still to do, and what makes a later run succeed."""
 

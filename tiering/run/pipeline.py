@@ -40,7 +40,7 @@ from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Cause, Journal, Pending, Status
+from tiering.lifecycle.journal import Cause, Journal, Pending, Status, Verify
 from tiering.plan.auto import decide_auto, record_age, with_auto
 from tiering.plan.estimate import WorkSample, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
@@ -95,6 +95,7 @@ class RunSettings:
     codec: str
     level: int | None = None
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
+    verify: str = Verify.CHECKSUM.value  # a Verify value: how staged files are accepted
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -110,7 +111,12 @@ class RunSettings:
     def context(self, store: ObjectStore, work_dir: str | None = None, *, one_core: bool = False) -> Context:
         """``one_core``: the rewrite proves inline instead of on a second thread (a Spark task has one core)."""
         options = RewriteOptions(Codec.parse(self.codec), self.level, proof_thread=not one_core)
-        return Context(store, self.prefix, self.run_id, options, work_dir=work_dir)
+        try:
+            verify = Verify(self.verify)
+        except ValueError:
+            raise ConfigError("unknown verification mode", expected=" or ".join(v.value for v in Verify),
+                              found=self.verify) from None
+        return Context(store, self.prefix, self.run_id, options, work_dir=work_dir, verify=verify)
 
     def key(self, name: str) -> str:
         return run_key(self.prefix, self.run_id, name)
@@ -622,7 +628,7 @@ def compact(store: ObjectStore, plan: Plan, ctx: Context, options: CompactOption
     """Compact what ``plan`` selected, in this process, through the same steps as the DAG: the plan becomes
     the run's scan, the budget is applied (largest first), then :func:`run_local`."""
     settings = RunSettings(store.bucket, ctx.prefix, ctx.run_id, ctx.options.codec.label, ctx.options.level,
-                           options.lease_ttl_seconds)
+                           options.lease_ttl_seconds, ctx.verify.value)
     write_scan(store, settings, plan)
     plan_run(store, settings, options)
     return run_local(store, settings, ctx, options, progress)

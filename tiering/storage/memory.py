@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, BinaryIO, Final, TypeVar
 
+import crc32c
+
 from tiering.errors import ConfigError, StorageError, TieringError
 from tiering.storage.store import (
     _CONTENT_HEADERS,
@@ -48,7 +50,10 @@ from tiering.storage.store import (
     ObjectNotFound,
     PreconditionFailed,
     TransportError,
+    check_stored,
+    crc32c_b64,
     put_json,
+    same_crc,
 )
 
 if TYPE_CHECKING:
@@ -116,8 +121,9 @@ class _Upload:
 class MemoryStore:
     """One bucket in memory, with S3's semantics as S3Store exposes them (see the module docstring)."""
 
-    def __init__(self, bucket: str, *, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(self, bucket: str, *, clock: Callable[[], datetime] | None = None, checksums: bool = True) -> None:
         self.bucket = bucket
+        self.checksums = checksums  # False: an endpoint without S3's additional checksums
         self.requests: Counter[str] = Counter()
         self._clock = clock or (lambda: datetime.now(UTC))
         self._objects: dict[str, _Object] = {}
@@ -217,13 +223,20 @@ class MemoryStore:
         return plain
 
     def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None,
-            metadata: dict[str, str] | None = None) -> str:
+            metadata: dict[str, str] | None = None, checksum: bool = False) -> str:
         if if_none_match and if_match:
             raise ConfigError("a put is conditional on absence or on an ETag, not both")
         with self._lock:
             self._count("PutObject")
-            return self._write(key, bytes(data), "put_object", if_match=if_match, if_none_match=if_none_match,
-                               metadata=metadata or {}).etag
+            obj = self._write(key, bytes(data), "put_object", if_match=if_match, if_none_match=if_none_match,
+                              metadata=metadata or {})
+        if checksum:
+            check_stored(f"s3://{self.bucket}/{key}", self._reported_crc(obj.data), crc32c.crc32c(data))
+        return obj.etag
+
+    def _reported_crc(self, stored: bytes) -> str | None:
+        """The full-object CRC-32C this store reports for an object holding ``stored`` (None: no checksums)."""
+        return crc32c_b64(crc32c.crc32c(stored)) if self.checksums else None
 
     def delete(self, key: str, *, if_match: str | None = None, missing_ok: bool = False) -> None:
         with self._lock:
@@ -390,26 +403,38 @@ class MemoryStore:
             return obj.etag
 
     def upload(self, key: str, stream: BinaryIO, *, part_bytes: int = DEFAULT_PART_BYTES,
-               metadata: dict[str, str] | None = None, if_none_match: bool = False) -> str:
+               metadata: dict[str, str] | None = None, if_none_match: bool = False,
+               crc: int | None = None) -> str:
         """As :meth:`S3Store.upload`: one PUT for a small input, else a multipart upload with at most two parts
-        read from ``stream`` at a time, aborted if anything fails."""
+        read from ``stream`` at a time, aborted if anything fails; with ``crc`` checked as S3Store checks it."""
         if part_bytes < MIN_PART_BYTES:
             raise ConfigError("part size below S3's minimum", expected=f">= {MIN_PART_BYTES}", found=part_bytes)
+        where = f"s3://{self.bucket}/{key}"
         first = stream.read(part_bytes)
         nxt = stream.read(part_bytes) if len(first) == part_bytes else b""
         if not nxt:
-            return self.put(key, first, if_none_match=if_none_match, metadata=metadata)
+            if crc is not None:
+                same_crc(where, crc32c.crc32c(first), crc)
+            return self.put(key, first, if_none_match=if_none_match, metadata=metadata, checksum=crc is not None)
         upload_id = self.create_upload(key, metadata=metadata)
         try:
-            chunk, number = first, 1
+            chunk, number, running = first, 1, 0
             while chunk:
                 if number > MAX_PARTS:
                     raise ConfigError("object needs more parts than S3 allows; raise the part size",
-                                      path=f"s3://{self.bucket}/{key}", expected=f"<= {MAX_PARTS}", found=number)
+                                      path=where, expected=f"<= {MAX_PARTS}", found=number)
+                running = crc32c.crc32c(chunk, running)
                 self._put_part(key, upload_id, number, chunk)
                 chunk, nxt, number = nxt, (stream.read(part_bytes) if nxt else b""), number + 1
-            return self._complete(key, upload_id, if_none_match=if_none_match)
+            if crc is not None:
+                same_crc(where, running, crc)
+            etag = self._complete(key, upload_id, if_none_match=if_none_match)
         except BaseException:
             with contextlib.suppress(StorageError):
                 self.abort_upload(key, upload_id)
             raise
+        if crc is not None:
+            with self._lock:
+                stored = self._objects[key].data
+            check_stored(where, self._reported_crc(stored), crc)
+        return etag

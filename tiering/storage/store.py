@@ -13,6 +13,7 @@ Nothing here logs or returns credentials or presigned URLs.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import io
@@ -28,6 +29,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import boto3
 import botocore.utils
+import crc32c
 from botocore.config import Config
 from botocore.exceptions import (
     ClientError,
@@ -46,7 +48,7 @@ from botocore.exceptions import (
 from botocore.loaders import create_loader
 from urllib3.exceptions import HTTPError as URLLib3Error
 
-from tiering.errors import ConfigError, StorageError, TieringError
+from tiering.errors import ConfigError, ProofError, StorageError, TieringError
 
 if TYPE_CHECKING:
     from tiering.storage.objects import ObjectStore
@@ -84,6 +86,43 @@ class TransportError(StorageError):
     code = "Transport"
 
 
+class ChecksumMismatch(StorageError):
+    """The store reports another CRC-32C for an object than the bytes we sent have: it holds other bytes,
+    or computes the checksum wrongly (moto 5.2.5 without the ``crc32c`` package computes CRC-32 for it).
+    Never taken for a verified object; ``--verify read-back`` checks by downloading instead."""
+
+    code = "ChecksumMismatch"
+
+
+class ChecksumUnsupported(StorageError):
+    """The store reports no CRC-32C for an object uploaded with one (an endpoint without S3's additional
+    checksums): verify it by reading it back."""
+
+    code = "ChecksumUnsupported"
+
+
+def same_crc(where: str, read: int, produced: int) -> None:
+    """:class:`ProofError` unless the CRC-32C of the bytes read for an upload is the producer's."""
+    if read != produced:
+        raise ProofError("the bytes read for the upload are not the ones produced (the local copy changed)",
+                         path=where, expected=crc32c_b64(produced), found=crc32c_b64(read))
+
+
+def crc32c_b64(value: int) -> str:
+    """A CRC-32C as S3's checksum headers carry it: four big-endian bytes, base64."""
+    return base64.b64encode(value.to_bytes(4, "big")).decode()
+
+
+def check_stored(where: str, reported: str | None, ours: int) -> None:
+    """:class:`ChecksumUnsupported` without a reported CRC-32C; :class:`ChecksumMismatch` unless it is ours
+    (a full-object checksum: a composite one, ``...-N``, never equals it)."""
+    if reported is None:
+        raise ChecksumUnsupported("the store reports no CRC-32C for the object uploaded with one", path=where)
+    if reported != crc32c_b64(ours):
+        raise ChecksumMismatch("the store reports another CRC-32C than the bytes sent have", path=where,
+                               expected=crc32c_b64(ours), found=reported)
+
+
 class NoCredentials(StorageError):
     """No (complete) AWS credentials were found: a configuration problem."""
 
@@ -114,6 +153,7 @@ _BY_CODE: Final[dict[str, type[StorageError]]] = {
     "SlowDown": Throttled,
     "Throttling": Throttled,
     "RequestTimeout": Throttled,
+    "BadDigest": TransportError,  # the bytes S3 received do not have the checksum sent with them
 }
 
 
@@ -418,9 +458,11 @@ class S3Store:
         return plain
 
     def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None,
-            metadata: dict[str, str] | None = None) -> str:
+            metadata: dict[str, str] | None = None, checksum: bool = False) -> str:
         """Write ``data``; with ``if_none_match`` only if the key does not exist, with ``if_match`` only if its
-        ETag is still that one (:class:`PreconditionFailed` otherwise). Returns the new ETag."""
+        ETag is still that one (:class:`PreconditionFailed` otherwise). With ``checksum`` the data's CRC-32C
+        goes with it (S3 refuses bytes that do not have it) and the one S3 reports for the stored object must
+        equal it (:func:`check_stored`). Returns the new ETag."""
         if if_none_match and if_match:
             raise ConfigError("a put is conditional on absence or on an ETag, not both")
         kwargs: dict[str, Any] = {"Body": data, "Metadata": metadata or {}}
@@ -428,7 +470,18 @@ class S3Store:
             kwargs["IfNoneMatch"] = "*"
         if if_match:
             kwargs["IfMatch"] = if_match
-        return str(self._call("put_object", key, **kwargs)["ETag"])
+        if checksum:
+            ours = crc32c.crc32c(data)
+            kwargs |= {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": crc32c_b64(ours)}
+        r = self._call("put_object", key, **kwargs)
+        if checksum:
+            check_stored(f"s3://{self.bucket}/{key}", r.get("ChecksumCRC32C") or self._stored_crc(key), ours)
+        return str(r["ETag"])
+
+    def _stored_crc(self, key: str) -> str | None:
+        """The full-object CRC-32C S3 reports for ``key`` (a HEAD in checksum mode), or None."""
+        r = self._call("head_object", key, ChecksumMode="ENABLED")
+        return None if r.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT" else r.get("ChecksumCRC32C")
 
     def delete(self, key: str, *, if_match: str | None = None, missing_ok: bool = False) -> None:
         """Delete ``key``; with ``if_match`` only if its ETag is still that one. ``missing_ok``: an absent key
@@ -580,33 +633,51 @@ class S3Store:
                                      str(item.get("StorageClass", "STANDARD")))
 
     def upload(self, key: str, stream: BinaryIO, *, part_bytes: int = DEFAULT_PART_BYTES,
-               metadata: dict[str, str] | None = None, if_none_match: bool = False) -> str:
+               metadata: dict[str, str] | None = None, if_none_match: bool = False,
+               crc: int | None = None) -> str:
         """Upload what ``stream`` yields, at most two parts of ``part_bytes`` in memory (the one being sent and
         the next, read ahead to tell the last part). Small inputs go in a single PUT; a failed multipart
-        upload is aborted so that no parts are left billed. Returns the ETag."""
+        upload is aborted so that no parts are left billed. With ``crc``, the CRC-32C its producer computed:
+        the bytes read must have it (:class:`ProofError` otherwise: the local copy changed), every part and
+        the whole object are sent with their CRC-32C, and S3's for the stored object must equal it
+        (:func:`check_stored`). Returns the ETag."""
         if part_bytes < MIN_PART_BYTES:
             raise ConfigError("part size below S3's minimum", expected=f">= {MIN_PART_BYTES}", found=part_bytes)
+        where = f"s3://{self.bucket}/{key}"
         first = stream.read(part_bytes)
         nxt = stream.read(part_bytes) if len(first) == part_bytes else b""
         if not nxt:
-            return self.put(key, first, if_none_match=if_none_match, metadata=metadata)
-        upload_id = self._call("create_multipart_upload", key, Metadata=metadata or {})["UploadId"]
+            if crc is not None:
+                same_crc(where, crc32c.crc32c(first), crc)
+            return self.put(key, first, if_none_match=if_none_match, metadata=metadata, checksum=crc is not None)
+        checked = {"ChecksumAlgorithm": "CRC32C", "ChecksumType": "FULL_OBJECT"} if crc is not None else {}
+        upload_id = self._call("create_multipart_upload", key, Metadata=metadata or {}, **checked)["UploadId"]
         try:
             parts = []
-            chunk, number = first, 1
+            chunk, number, running = first, 1, 0
             while chunk:
                 if number > MAX_PARTS:
                     raise ConfigError("object needs more parts than S3 allows; raise the part size",
-                                      path=f"s3://{self.bucket}/{key}", expected=f"<= {MAX_PARTS}", found=number)
-                r = self._call("upload_part", key, UploadId=upload_id, PartNumber=number, Body=chunk)
-                parts.append({"PartNumber": number, "ETag": r["ETag"]})
+                                      path=where, expected=f"<= {MAX_PARTS}", found=number)
+                part: dict[str, Any] = {}
+                if crc is not None:
+                    running = crc32c.crc32c(chunk, running)
+                    part = {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": crc32c_b64(crc32c.crc32c(chunk))}
+                r = self._call("upload_part", key, UploadId=upload_id, PartNumber=number, Body=chunk, **part)
+                parts.append({"PartNumber": number, "ETag": r["ETag"],
+                              **({"ChecksumCRC32C": part["ChecksumCRC32C"]} if part else {})})
                 chunk, nxt, number = nxt, (stream.read(part_bytes) if nxt else b""), number + 1
-            extra = {"IfNoneMatch": "*"} if if_none_match else {}
+            extra: dict[str, Any] = {"IfNoneMatch": "*"} if if_none_match else {}
+            if crc is not None:
+                same_crc(where, running, crc)
+                extra |= {"ChecksumCRC32C": crc32c_b64(running), "ChecksumType": "FULL_OBJECT"}
             r = self._call("complete_multipart_upload", key, UploadId=upload_id,
                            MultipartUpload={"Parts": parts}, **extra)
-            return str(r["ETag"])
         except BaseException:
             # The original error is the one to report; a lifecycle rule aborts any straggler.
             with contextlib.suppress(StorageError):
                 self._call("abort_multipart_upload", key, UploadId=upload_id)
             raise
+        if crc is not None:
+            check_stored(where, r.get("ChecksumCRC32C") or self._stored_crc(key), crc)
+        return str(r["ETag"])
