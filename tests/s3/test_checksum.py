@@ -21,7 +21,7 @@ import pytest
 
 from tests.s3.conftest import PREFIX, TOPIC, check_consistent, context, no_pending, plan_for, seed
 from tiering.errors import ProofError
-from tiering.lifecycle.journal import Status, Verify
+from tiering.lifecycle.journal import Cause, Status, Verify
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.memory import MemoryStore
@@ -107,7 +107,7 @@ def test_read_back_when_asked() -> None:
     run = _compact(s, Verify.READ_BACK)
     done = [r for r in run.segments if r.status == Status.COMPACTED]
     assert {(r.stats or {}).get("verified") for r in done} == {"read-back"}
-    assert any(STAGING in k for k in s.read)
+    assert sum(1 for k in s.read if STAGING in k and k.endswith(".log")) == len(done)
 
 
 @pytest.mark.parametrize("store_class", [Altering, Crc32ForCrc32c])
@@ -119,6 +119,7 @@ def test_a_store_reporting_another_checksum_fails_the_segment_and_changes_nothin
     failed = [r for r in run.segments if r.status == Status.FAILED]
     assert len(failed) == 2
     assert all("another CRC-32C" in r.reason for r in failed), [r.reason for r in failed]
+    assert {r.cause for r in failed} == {Cause.PROOF_FAILED}  # the store's disagreement: exit 5, not "usage"
     assert {r.status for r in run.segments} == {Status.FAILED}  # the active segment is not planned
     for base, original in originals.items():
         assert s.get(f"{PREFIX}/{TOPIC}-0/{base:020d}.log") == original.log

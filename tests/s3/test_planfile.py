@@ -8,6 +8,7 @@ import itertools
 import json
 import random
 import zlib
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -353,7 +354,7 @@ def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_s
     another level it abandons it and stages the segment itself."""
     from tiering.lifecycle.journal import Status
     from tiering.run.compact import StepResults, pending_bases
-    from tiering.run.pipeline import commit_chunk, run_unit
+    from tiering.run.pipeline import collect_run, commit_chunk, run_unit
     from tiering.storage.layout import backup_key, staging_key
 
     _seed(store, 2)
@@ -372,7 +373,7 @@ def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_s
         staged += StepResults.from_json(store.get_json(key)[0], key).results
     mine = [r for r in staged if (r.directory, r.base_offset) == (seg.directory, seg.base_offset)]
     if same:
-        assert [(r.status, r.recovered, r.run_id) for r in mine] == [(Status.STAGED, True, "next")]
+        assert [(r.status, r.recovered, r.run_id) for r in mine] == [(Status.STAGED, False, "next")]
         assert "taken over" in mine[0].reason
     else:
         assert [r.status for r in mine] == [Status.ABORTED, Status.STAGED]  # abandoned, then staged anew
@@ -385,3 +386,95 @@ def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_s
     assert not _exists(store, backup_key(PREFIX, "crashed", seg.directory, seg.base_offset, ".log"))
     assert (store.get(seg.log.key) == staged_bytes) is same  # level 9's bytes differ from level 3's
     assert store.head(seg.log.key).metadata["tiering-run"] == "next"
+    # The run document counts the segment once, compacted (the commit's result wins over the staging's).
+    run_doc = collect_run(store, run)
+    counted = [(r.status, r.recovered) for r in run_doc.segments
+               if (r.directory, r.base_offset) == (seg.directory, seg.base_offset)]
+    assert counted == ([] if same else [(Status.ABORTED, True)]) + [(Status.COMPACTED, False)]
+
+
+def _crashed_then_compact(store: S3Store, damage: str) -> tuple[PlannedSegment, list[Any]]:
+    """A crashed run's staged operation, ``damage``d, then a CLI compaction; that segment's results."""
+    from tiering.run.pipeline import compact
+    from tiering.storage.layout import staging_key
+
+    _seed(store, 1)
+    run = RunSettings(BUCKET, PREFIX, "next", "zstd", 3)
+    scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
+    seg = _crash_after_staging(store, run, "zstd", 3)
+    staged = staging_key(PREFIX, "crashed", seg.directory, seg.base_offset, ".log")
+    if damage == "corrupt":  # same size, other bytes: found only by the proof before the swap
+        body = store.get(staged)
+        store.put(staged, body[:100] + bytes(b ^ 0xFF for b in body[100:200]) + body[200:])
+    elif damage == "gone":
+        store.delete(staged)
+    plan = scan(store, PREFIX, ScanOptions("zstd", 3, min_age_minutes=0))
+    result = compact(store, plan, context_for(store, "next"), CompactOptions())
+    return seg, [r for r in result.segments if (r.directory, r.base_offset) == (seg.directory, seg.base_offset)]
+
+
+def test_a_taken_over_staged_copy_that_does_not_verify_is_dropped_and_the_segment_staged_anew(store: S3Store
+                                                                                                ) -> None:
+    """A crashed run's staged copy that does not verify (same size, other bytes) is never swapped in: the
+    run that takes it over drops it (nothing final had changed) and compacts the segment itself; nothing is
+    left in flight for every later run to meet again."""
+    from tiering.lifecycle.journal import Status
+    from tiering.run.compact import pending_bases
+
+    seg, results = _crashed_then_compact(store, "corrupt")
+    assert [(r.status, r.recovered, r.run_id) for r in results] == [(Status.ABORTED, True, "crashed"),
+                                                                     (Status.COMPACTED, False, "next")]
+    assert "does not verify" in results[0].reason
+    assert pending_bases(store, PREFIX) == {}
+    assert seg.log is not None
+    assert store.head(seg.log.key).metadata["tiering-run"] == "next"
+
+
+def test_a_staged_operation_whose_staged_log_is_gone_is_abandoned_and_staged_again(store: S3Store) -> None:
+    from tiering.lifecycle.journal import Status
+
+    _, results = _crashed_then_compact(store, "gone")
+    assert [r.status for r in results] == [Status.ABORTED, Status.COMPACTED]
+
+
+def test_an_index_that_appeared_since_the_crashed_run_staged_stops_the_takeover(store: S3Store) -> None:
+    """Run A staged while the segment had no .index (a restore still uploading); the index is there when run B
+    plans. B must not take A's operation over (its journal would back up and replace no index, and the swap
+    would delete the one that appeared): it abandons it and stages the segment itself, with the index backed
+    up."""
+    import dataclasses
+
+    from tiering.commit.lease import Lease
+    from tiering.commit.protocol import Staged, stage_segment
+    from tiering.lifecycle.journal import Status
+    from tiering.run.pipeline import compact, plan_files
+    from tiering.storage.layout import backup_key, lease_key
+
+    _seed(store, 1)
+    run = RunSettings(BUCKET, PREFIX, "next", "zstd", 3)
+    scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
+    seg = next(s for s in plan_files(store, run, "scan").segments() if s.action == COMPACT)
+    assert seg.index is not None
+    index = store.get(seg.index.key)
+    store.delete(seg.index.key)
+    lease = Lease(store, lease_key(PREFIX, seg.directory), "crashed", 60)
+    lease.acquire(PREFIX)
+    staged = stage_segment(RunSettings(BUCKET, PREFIX, "crashed", "zstd", 3).context(store),
+                           dataclasses.replace(seg, index=None), lease)
+    assert isinstance(staged, Staged)
+    assert staged.spool is not None
+    staged.spool.close()
+    lease.release()
+    store.put(seg.index.key, index)  # the restore finished
+    plan = scan(store, PREFIX, ScanOptions("zstd", 3, min_age_minutes=0))
+    result = compact(store, plan, context_for(store, "next"), CompactOptions())
+    mine = [r.status for r in result.segments if (r.directory, r.base_offset) == (seg.directory, seg.base_offset)]
+    assert mine == [Status.ABORTED, Status.COMPACTED]
+    assert store.get(backup_key(PREFIX, "next", seg.directory, seg.base_offset, ".index")) == index
+
+
+def context_for(store: S3Store, run_id: str) -> Any:
+    from tiering.commit.protocol import Context
+    from tiering.kafka.rewrite import RewriteOptions
+
+    return Context(store, PREFIX, run_id, RewriteOptions(Codec.ZSTD, 3))

@@ -345,7 +345,7 @@ def test_a_run_stalled_before_its_backup_copy_never_spoils_the_backup_of_the_run
     Step(worker, "CopyObject", lambda p: str(p["Key"]).endswith(f"{target:020d}.log"), run_b)
     run_a = compact(worker, plan_for(store), context(worker, "run-a"), CompactOptions(lease_ttl_seconds=1))
     a, b = by_base(run_a)[target], by_base(results[0])[target]
-    assert (b.status, b.recovered) == ("compacted", True)
+    assert (b.status, b.recovered) == ("compacted", False)  # taken over: this run's work now
     assert "taken over" in b.reason
     assert [r.base_offset for r in results[0].segments].count(target) == 1  # not staged again
     assert (a.status, a.pending) in {("aborted", Pending.BUSY), ("skipped", Pending.BUSY)}, a.reason

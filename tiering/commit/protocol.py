@@ -4,9 +4,11 @@ See ``docs/commit-protocol.md`` for the state diagram and the reasoning behind e
 segment, under the partition's lease (:mod:`tiering.commit.lease`):
 
 1. **stage**: stream the ``.log`` (``GET If-Match`` the planned ETag) through the rewriter into a local
-   spool file; upload the new ``.log``, ``.index`` and ``.timeindex`` under ``_tiering/staging/``; read them
-   back from S3 and check them (CRCs, every record, the records digest equals the source's, the indexes
-   equal a rebuild); then create the segment's journal (``If-None-Match: *``) in state ``staged``;
+   spool file, every batch proved as it is written; upload the new ``.log``, ``.index`` and ``.timeindex``
+   under ``_tiering/staging/`` with their CRC-32C and accept them when S3 reports that checksum for what it
+   stored (or, where it reports none, read them back and check them: CRCs, every record, the records
+   digest equals the source's, the indexes equal a rebuild); then create the segment's journal
+   (``If-None-Match: *``) in state ``staged``;
 2. **back up**: server-side copy of the originals to ``_tiering/backup/<run>/`` (metadata, tags, storage
    class and encryption kept); journal state ``backed-up``;
 3. **swap**: delete the old ``.index``/``.timeindex`` (``If-Match``), put the new ``.log`` over the old one
@@ -250,10 +252,12 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
         try:
             store.upload(new["log"], spool, part_bytes=ctx.part_bytes,
                          crc=sink.crc if verified is Verify.CHECKSUM else None)
-        except ChecksumUnsupported:
-            verified = Verify.READ_BACK  # this store does not say what it holds: read it back
-        store.put(new["index"], result.indexes.offset_index, checksum=verified is Verify.CHECKSUM)
-        store.put(new["timeindex"], result.indexes.time_index, checksum=verified is Verify.CHECKSUM)
+            store.put(new["index"], result.indexes.offset_index, checksum=verified is Verify.CHECKSUM)
+            store.put(new["timeindex"], result.indexes.time_index, checksum=verified is Verify.CHECKSUM)
+        except ChecksumUnsupported:  # this store does not say what it holds: read it back
+            verified = Verify.READ_BACK
+            store.put(new["index"], result.indexes.offset_index)
+            store.put(new["timeindex"], result.indexes.time_index)
         if verified is Verify.READ_BACK:  # what S3 now holds, checked against what the source held
             with store.open(new["log"]) as body:
                 back = read_back(body, base_offset=base, path=_uri(store, new["log"]), size=stats.bytes_out,
@@ -479,16 +483,29 @@ def _replace_foreign_index(ctx: Context, journal: Journal, name: str) -> str | N
     return _put_index(ctx, journal, name)
 
 
-def finish_one(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> SegmentResult:
+def finish_one(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *,
+               taken_from: str | None = None) -> SegmentResult:
     """:func:`finish` with every per-segment problem as a result (the partition's other entries go on); a lost
-    lease still stops the partition."""
+    lease still stops the partition. ``taken_from``: the run whose staged operation this run took over."""
     try:
         return finish(ctx, journal, etag, lease)
     except LeaseLost:
         raise
     except (ProofError, InvalidDataError) as e:  # a staged or backup copy that does not verify: nothing swapped
-        return SegmentResult(journal.directory, journal.base_offset, FAILED, f"proof failed, left in flight: {e}",
-                             error=e.to_dict(), run_id=journal.run_id, cause=Cause.PROOF_FAILED)
+        failed = SegmentResult(journal.directory, journal.base_offset, FAILED, f"proof failed, left in flight: {e}",
+                               error=e.to_dict(), run_id=journal.run_id, cause=Cause.PROOF_FAILED)
+        if journal.kind is not OpKind.COMPACT or journal.state is not JournalState.STAGED:
+            return failed
+        # Nothing final changed: drop the staged copy and its journal, so that the segment is staged anew
+        # instead of every later run meeting the same bad copy.
+        dropped = _abandon(ctx, journal, etag, "", pending=None)
+        if dropped.pending is not None:  # another run took the entry over in between: left to it
+            return dropped
+        if taken_from is not None:  # another run's copy: this run compacts the segment anew
+            return SegmentResult(journal.directory, journal.base_offset, ABORTED, f"the copy run {taken_from} "
+                                 f"staged does not verify, dropped; the segment is compacted anew: {e}",
+                                 error=e.to_dict(), run_id=taken_from)
+        return replace(failed, reason=f"proof failed, the staged copy dropped (nothing final changed): {e}")
     except StorageError as e:
         return SegmentResult(journal.directory, journal.base_offset, FAILED, f"S3 error, left in flight: {e}",
                              error=e.to_dict(), run_id=journal.run_id,
@@ -627,12 +644,13 @@ def pending_journals(store: ObjectStore, prefix: str, directory: str | None = No
 def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[SegmentResult]:
     """Finish (or abandon) every journal entry of the partition; the caller holds its lease.
 
-    A compaction of ANOTHER run still ``staged`` (nothing final changed, no backup made yet) is abandoned,
-    not rolled forward: that run may only be stalled, with a backup copy in flight to the keys its journal
-    names, and a copy landing after our swap would put the new ``.log`` where the original must be kept
-    (S3 refuses such a copy by its ``x-amz-copy-source-if-match``; moto does not). Its segment is planned
-    and compacted again like any other. Entries of this run (a retry, or the pipeline's commit step) and
-    entries past their backup are finished."""
+    A compaction of ANOTHER run still ``staged`` (nothing final changed, no backup made yet) is never rolled
+    forward into that run's backup keys: that run may only be stalled, with a backup copy in flight to the
+    keys its journal names, and a copy landing after our swap would put the new ``.log`` where the original
+    must be kept (S3 refuses such a copy by its ``x-amz-copy-source-if-match``; moto does not). Here it is
+    abandoned and its segment planned again like any other (:func:`iter_recover` can take it over instead).
+    Entries of this run (a retry, or the pipeline's commit step) and entries past their backup are
+    finished."""
     return list(iter_recover(ctx, directory, lease))
 
 
@@ -657,7 +675,9 @@ def iter_recover(ctx: Context, directory: str, lease: LeaseGuard, *, commit: boo
                                   "abandoned; the segment is compacted anew", pending=None)
         else:
             result = finish_one(ctx, journal, etag, lease)
-        result.recovered = theirs  # not a recovery: a staged segment of this run
+        # A recovery: another run's operation finished or dropped here. Not one: this run's own (a retry, the
+        # commit step) or one it took over (its results are this run's, like those of what it stages).
+        result.recovered = (result.run_id or journal.run_id) != ctx.run_id
         yield result
 
 
@@ -685,13 +705,20 @@ def adopt(ctx: Context, journal: Journal, etag: str) -> tuple[Journal, str]:
 def _adopted(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *, commit: bool) -> SegmentResult:
     lease.check()
     try:
+        staged = ctx.store.head(journal.new.log)
+    except ObjectNotFound:
+        staged = None
+    if staged is None or staged.size != journal.new.log_size:
+        return _abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}), its staged "
+                        ".log gone or other: abandoned; the segment is compacted anew", pending=None)
+    try:
         taken, etag = adopt(ctx, journal, etag)
     except TakenOver as e:
         return SegmentResult(journal.directory, journal.base_offset, ABORTED, e.message, run_id=journal.run_id,
                              pending=Pending.BUSY)
     why = f"staged by run {journal.run_id}, which did not finish it: taken over"
     if commit:
-        result = finish_one(ctx, taken, etag, lease)
+        result = finish_one(ctx, taken, etag, lease, taken_from=journal.run_id)
         return replace(result, reason=why) if result.status is COMPACTED else result
     return SegmentResult(taken.directory, taken.base_offset, Status.STAGED, why,
                          int(taken.entry.get("bytes_before", 0)), int(taken.entry.get("bytes_after", 0)),

@@ -52,7 +52,7 @@ from tiering.storage.layout import (
     run_result_key,
 )
 from tiering.storage.objects import ObjectStore
-from tiering.storage.store import EncryptedWithCustomerKey, ObjectInfo
+from tiering.storage.store import ChecksumMismatch, EncryptedWithCustomerKey, ObjectInfo
 
 RUN_SCHEMA_VERSION: Final = 1
 DEFAULT_GRACE_DAYS: Final = 7
@@ -321,6 +321,9 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
         return _judged_invalid(ctx, seg, e)
     except LeaseLost:
         raise
+    except ChecksumMismatch as e:  # the store holds (or says it holds) other bytes than the proved ones
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"proof failed, original untouched: {e}",
+                             seg.size, error=e.to_dict(), cause=Cause.PROOF_FAILED)
     except StorageError as e:
         if isinstance(e, EncryptedWithCustomerKey) or e.code == "InvalidObjectState":
             remember(ctx, seg, Outcome.UNREADABLE, str(e))  # this very object stays unreadable: do not retry it

@@ -295,9 +295,12 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
     planned = {s.base_offset: s for s in segments if s.action == COMPACT and s.log is not None}
 
     def adoptable(journal: Journal) -> bool:
-        """This run would stage the very same: the same source object, codec and level."""
+        """This run would stage the very same: the same source objects (each index present or absent as
+        planned), codec and level."""
         seg = planned.get(journal.base_offset)
-        if seg is None or seg.log is None or seg.log.etag != journal.source.get("log"):
+        if seg is None or any(journal.source.get(name) != (ref.etag if ref is not None else None)
+                              for name, ref in (("log", seg.log), ("index", seg.index),
+                                                ("timeindex", seg.timeindex))):
             return False
         options = ctx.for_segment(seg).options
         return (journal.entry.get("codec"), journal.entry.get("level")) == (options.codec.label, options.level)
