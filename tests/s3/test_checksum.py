@@ -140,3 +140,35 @@ def test_a_multipart_upload_carries_its_full_object_checksum_and_a_changed_local
     assert [o.key for o in store.list("big2")] == []
     with pytest.raises(ChecksumMismatch):
         Crc32ForCrc32c("bkt").upload("k", io.BytesIO(data), part_bytes=MIN_PART_BYTES, crc=crc)
+
+
+@pytest.mark.parametrize("verify", [Verify.CHECKSUM, Verify.READ_BACK])
+def test_the_commit_step_checks_the_staged_log_by_its_crc_instead_of_decoding_it(
+        verify: Verify, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pipeline's commit step downloads the staged .log to put it in place: in checksum mode it checks
+    the bytes against the CRC-32C the journal recorded (no decode); in read-back mode it decodes them."""
+    from tiering.commit import protocol
+    from tiering.plan.scan import ScanOptions
+    from tiering.run.pipeline import RunSettings, commit_chunk, load_manifest, plan_run, run_unit, scan_run, stage_units
+
+    decoded: list[str] = []
+    real = protocol.read_back
+    monkeypatch.setattr(protocol, "read_back", lambda body, **kw: decoded.append(kw.get("path", "")) or real(body,
+                                                                                                             **kw))
+    s = Watched("bkt")
+    originals = seed(s, segments=3)  # type: ignore[arg-type]
+    run = RunSettings("bkt", PREFIX, "piped", "zstd", 3, verify=verify.value)
+    scan_run(s, run, ScanOptions("zstd", 3, min_age_minutes=0))
+    planned = plan_run(s, run, CompactOptions())
+    plan, manifest = load_manifest(s, f"s3://bkt/{planned['plan_key']}")
+    for unit in stage_units(plan, manifest):
+        run_unit(s, run, run.context(s), unit, commit=False)
+    staged_decodes = len(decoded)
+    for chunk in planned["chunks"]:
+        commit_chunk(s, run, chunk["name"])
+    assert no_pending(s)  # type: ignore[arg-type]
+    check_consistent(s, originals)  # type: ignore[arg-type]
+    if verify is Verify.CHECKSUM:
+        assert (staged_decodes, len(decoded)) == (0, 0)
+    else:
+        assert (staged_decodes, len(decoded)) == (2, 4)  # at staging and again at the commit

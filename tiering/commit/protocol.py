@@ -68,6 +68,7 @@ from tiering.storage.store import (
     ObjectAttrs,
     ObjectNotFound,
     PreconditionFailed,
+    crc32c_b64,
 )
 
 # User metadata on the objects we write to final keys (S3 shows them as x-amz-meta-*).
@@ -279,7 +280,8 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
             stats.payload_xxh3,
             {"codec": ctx.options.codec.label, "level": ctx.options.level, "run_id": ctx.run_id,
              "source_log_etag": seg.log.etag, "bytes_before": stats.bytes_in, "bytes_after": stats.bytes_out,
-             "payload_xxh3": stats.payload_xxh3})
+             "payload_xxh3": stats.payload_xxh3},
+            log_crc32c=sink.crc if verified is Verify.CHECKSUM else None)
         try:
             etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
         except PreconditionFailed:
@@ -323,10 +325,23 @@ def _check_read_back(store: ObjectStore, new: dict[str, str], size: int, digest:
 
 
 def _download_verified(ctx: Context, journal: Journal) -> BinaryIO:
-    """The new ``.log`` of a journal entry (staged, or a backup), copied to a spool file and checked again."""
+    """The new ``.log`` of a journal entry (staged, or a backup), copied to a spool file and checked again:
+    against the CRC-32C it was staged with when S3 reported it (its records were proved as it was written,
+    and S3 holds those very bytes), else by decoding it (every CRC and record, the records digest)."""
     store, key = ctx.store, journal.new.log
     spool = _spool(ctx)
     try:
+        if journal.log_crc32c is not None and ctx.verify is Verify.CHECKSUM:
+            crc = 0
+            with store.open(key) as body:
+                while chunk := body.read(COPY_CHUNK):
+                    spool.write(chunk)
+                    crc = crc32c.crc32c(chunk, crc)
+            if crc != journal.log_crc32c:
+                raise ProofError("the staged .log downloaded is not the one staged", path=_uri(store, key),
+                                 expected=f"CRC-32C {crc32c_b64(journal.log_crc32c)}", found=crc32c_b64(crc))
+            spool.seek(0)
+            return spool
         with store.open(key) as body:
             shutil.copyfileobj(body, spool, COPY_CHUNK)
         spool.seek(0)

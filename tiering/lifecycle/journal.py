@@ -125,6 +125,7 @@ class Journal:
     payload_xxh3: str | None = None  # the records digest the new .log must decode to
     entry: Mapping[str, Any] = field(default_factory=dict)  # what the partition state records when done
     restores_run: str | None = None
+    log_crc32c: int | None = None  # the new .log's CRC-32C, when S3 reported it for the staged object
 
     def advanced(self, state: JournalState) -> Journal:
         return replace(self, state=state)
@@ -139,7 +140,8 @@ class Journal:
                 "attrs": {name: a.to_json() for name, a in self.attrs.items()},
                 "backup": dict(self.backup) if self.backup is not None else None,
                 "payload_xxh3": self.payload_xxh3, "entry": dict(self.entry),
-                **({"restores_run": self.restores_run} if self.restores_run else {})}
+                **({"restores_run": self.restores_run} if self.restores_run else {}),
+                **({"log_crc32c": self.log_crc32c} if self.log_crc32c is not None else {})}
 
     @classmethod
     def from_json(cls, doc: object, *, where: str) -> Journal:
@@ -155,6 +157,7 @@ class Journal:
                        NewFiles(str(new["log"]), int(new.get("log_size", 0)), new.get("index"), new.get("timeindex")),
                        {name: ObjectAttrs.from_json(a) for name, a in doc["attrs"].items()},
                        dict(doc.get("source_sizes") or {}), doc.get("backup"), doc.get("payload_xxh3"),
-                       dict(doc.get("entry") or {}), doc.get("restores_run"))
+                       dict(doc.get("entry") or {}), doc.get("restores_run"),
+                       None if doc.get("log_crc32c") is None else int(doc["log_crc32c"]))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"journal entry is malformed ({type(e).__name__}: {e})", path=where) from None
