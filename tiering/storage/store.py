@@ -470,12 +470,15 @@ class S3Store:
             kwargs["IfNoneMatch"] = "*"
         if if_match:
             kwargs["IfMatch"] = if_match
-        if checksum:
-            ours = crc32c.crc32c(data)
-            kwargs |= {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": crc32c_b64(ours)}
+        return self._put(key, kwargs, crc32c.crc32c(data) if checksum else None)
+
+    def _put(self, key: str, kwargs: dict[str, Any], crc: int | None) -> str:
+        """One PutObject; with ``crc`` (the body's CRC-32C) sent with it and checked against S3's."""
+        if crc is not None:
+            kwargs = {**kwargs, "ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": crc32c_b64(crc)}
         r = self._call("put_object", key, **kwargs)
-        if checksum:
-            check_stored(f"s3://{self.bucket}/{key}", r.get("ChecksumCRC32C") or self._stored_crc(key), ours)
+        if crc is not None:
+            check_stored(f"s3://{self.bucket}/{key}", r.get("ChecksumCRC32C") or self._stored_crc(key), crc)
         return str(r["ETag"])
 
     def _stored_crc(self, key: str) -> str | None:
@@ -649,7 +652,8 @@ class S3Store:
         if not nxt:
             if crc is not None:
                 same_crc(where, crc32c.crc32c(first), crc)
-            return self.put(key, first, if_none_match=if_none_match, metadata=metadata, checksum=crc is not None)
+            return self._put(key, {"Body": first, "Metadata": metadata or {},
+                                   **({"IfNoneMatch": "*"} if if_none_match else {})}, crc)
         checked = {"ChecksumAlgorithm": "CRC32C", "ChecksumType": "FULL_OBJECT"} if crc is not None else {}
         upload_id = self._call("create_multipart_upload", key, Metadata=metadata or {}, **checked)["UploadId"]
         try:
