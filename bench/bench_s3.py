@@ -28,12 +28,12 @@ import json
 import logging
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,15 +43,11 @@ from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.s3.models import s3_backends
 from moto.server import ThreadedMotoServer
 
-from tiering.commit.protocol import Context
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Verify
+from tiering.lifecycle.journal import Swap, Verify
 from tiering.local import rewrite_file
-from tiering.plan.scan import ScanOptions, scan
-from tiering.run.compact import CompactOptions
-from tiering.run.pipeline import compact
 from tiering.storage.store import S3Store, make_client
 
 MIB = 1024 * 1024
@@ -137,57 +133,109 @@ def bench_scan(objects: int) -> dict[str, Any]:
             "objects_per_second": round(plan["objects_listed"] / run["seconds"])}
 
 
-def bench_rewrite(segment_mib: int, repeat: int) -> dict[str, Any]:
-    """The local rewrite, and the compaction through S3 in each verification mode, best of ``repeat``; the
-    requests of one compaction and the GETs of its staged ``.log``."""
-    modes = (Verify.READ_BACK, Verify.CHECKSUM)
-    with moto_process("bench") as (store, _, _):
-        staged_gets: list[str] = []
-        store.client.meta.events.register(
-            "before-call.s3.GetObject",
-            lambda params, **_: staged_gets.append(params["url_path"]) if "/_tiering/staging/" in params[
-                "url_path"] and params["url_path"].endswith(".log") else None)
-        generated = generate_partition(segments=2, kind="json", codec=Codec.SNAPPY, segment_bytes=segment_mib * MIB)
-        segment = generated[0]
-        options = RewriteOptions(Codec.ZSTD, 3)
-        local_best = float("inf")
-        best = dict.fromkeys(modes, float("inf"))
-        requests: dict[Verify, dict[str, int]] = {}
-        gets: dict[Verify, int] = {}
-        with tempfile.TemporaryDirectory() as tmp:
+# (verify, swap): how a staged .log is accepted and how it is put in place. The first is the path before
+# checksums and the server-side swap (and the one for stores with neither).
+CONFIGS: tuple[tuple[Verify, Swap], ...] = (
+    (Verify.READ_BACK, Swap.PUT), (Verify.CHECKSUM, Swap.PUT), (Verify.CHECKSUM, Swap.COPY))
+
+
+def _label(verify: Verify, swap: Swap) -> str:
+    return f"{verify.value} + {swap.value}"
+
+
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    for f in path.rglob("*"):
+        with contextlib.suppress(OSError):
+            total += f.stat().st_size
+    return total
+
+
+def _compaction(endpoint: str, topic: str, verify: Verify, swap: Swap, work_dir: Path) -> dict[str, Any]:
+    """bench/s3_compaction.py in its own process (TMPDIR and --work-dir an empty directory): its JSON, with
+    its peak RSS and the most bytes its work directory held while it ran."""
+    cmd = [sys.executable, str(Path(__file__).parent / "s3_compaction.py"), "--endpoint", endpoint,
+           "--bucket", "bench", "--prefix", "kafka", "--topic", topic, "--verify", verify.value,
+           "--swap", swap.value, "--work-dir", str(work_dir)]
+    peak_kib = spooled = 0
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env={**os.environ, "TMPDIR": str(work_dir)})
+        while True:
+            peak_kib = max(peak_kib, _vm_hwm_kib(proc.pid) or 0)
+            spooled = max(spooled, _dir_bytes(work_dir))
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            time.sleep(0.05)
+        if os.waitstatus_to_exitcode(status) != 0:
+            err.seek(0)
+            raise RuntimeError(f"compaction failed: {err.read().decode()[-2000:]}")
+        out.seek(0)
+        doc: dict[str, Any] = json.loads(out.read())
+    if [s["status"] for s in doc["segments"]] != ["compacted"]:
+        raise RuntimeError(f"compaction did not compact the segment: {doc['segments']}")
+    return {**doc, "peak_rss_mib": round(max(peak_kib, usage.ru_maxrss) / 1024, 1), "work_dir_max_bytes": spooled}
+
+
+def _drop(store: S3Store, prefix: str) -> None:
+    """Delete everything under ``prefix`` (moto holds objects in memory: a GiB a round adds up)."""
+    keys = [(o.key, o.etag) for o in store.list(prefix)]
+    store.delete_many(keys)
+
+
+def bench_rewrite(segment_mib: list[int], repeat: int) -> list[dict[str, Any]]:
+    """For each size: the local rewrite, and one compaction through S3 in each of :data:`CONFIGS`, each in its
+    own process, best of ``repeat``; the requests of one compaction, the GETs of staged objects, the peak
+    RSS of the compaction process and the most its work directory held."""
+    rows = []
+    with moto_process("bench") as (store, endpoint, _), tempfile.TemporaryDirectory() as tmp:
+        for mib in segment_mib:
+            generated = generate_partition(segments=2, kind="json", codec=Codec.SNAPPY, segment_bytes=mib * MIB)
+            segment = generated[0]
+            options = RewriteOptions(Codec.ZSTD, 3)
             path = Path(tmp) / f"{segment.base_offset:020d}.log"
             path.write_bytes(segment.log)
+            local_best = float("inf")
+            runs: dict[tuple[Verify, Swap], dict[str, Any]] = {}
             for round_no in range(repeat):
                 started = time.perf_counter()
-                result, _ = rewrite_file(path, Path(tmp) / f"out{round_no}", options)
+                result, _ = rewrite_file(path, Path(tmp) / "out.log", options)
                 local_best = min(local_best, time.perf_counter() - started)
-                for mode in modes:
-                    topic = f"round{round_no}-{mode.value}"
+                for verify, swap in CONFIGS:
+                    topic = f"s{mib}-r{round_no}-{verify.value}-{swap.value}"
                     upload_partition(store, "kafka", topic, 0, generated)
-                    plan = scan(store, "kafka", ScanOptions("zstd", 3, topics=topic, min_age_minutes=0))
-                    before, staged_gets[:] = Counter(store.requests), []
-                    started = time.perf_counter()
-                    run = compact(store, plan, Context(store, "kafka", f"bench-{topic}", options, work_dir=tmp,
-                                                       verify=mode), CompactOptions())
-                    best[mode] = min(best[mode], time.perf_counter() - started)
-                    assert [s.status for s in run.segments] == ["compacted"], run.to_json()
-                    requests[mode] = dict(sorted((Counter(store.requests) - before).items()))
-                    gets[mode] = len(staged_gets)
-                print(f"  round {round_no + 1}/{repeat}: local {local_best:.2f} s, S3 "
-                      + ", ".join(f"{m.value} {best[m]:.2f} s" for m in modes), file=sys.stderr)
-    size = len(segment.log)
-    return {"segment_bytes": size, "bytes_out": result.stats.bytes_out,
-            "local_seconds": round(local_best, 3), "local_mib_per_s": round(size / MIB / local_best, 1),
-            "modes": {m.value: {"s3_seconds": round(best[m], 3), "s3_mib_per_s": round(size / MIB / best[m], 1),
-                                "ratio_s3_to_local": round(local_best / best[m], 3),
-                                "requests": sum(requests[m].values()), "requests_by_operation": requests[m],
-                                "staged_log_gets": gets[m]} for m in modes}}
+                    work = Path(tmp) / f"work-{topic}"
+                    work.mkdir()
+                    doc = _compaction(endpoint, topic, verify, swap, work)
+                    _drop(store, f"kafka/{topic}-0/")
+                    _drop(store, "kafka/_tiering/")
+                    best = runs.get((verify, swap))
+                    if best is None or doc["seconds"] < best["seconds"]:
+                        runs[verify, swap] = doc
+                print(f"  {mib} MiB round {round_no + 1}/{repeat}: local {local_best:.2f} s, "
+                      + ", ".join(f"{_label(*c)} {runs[c]['seconds']:.2f} s" for c in CONFIGS), file=sys.stderr)
+            shutil.rmtree(Path(tmp) / "out.log", ignore_errors=True)
+            path.unlink()
+            size = len(segment.log)
+            rows.append({
+                "segment_mib": mib, "segment_bytes": size, "bytes_out": result.stats.bytes_out,
+                "local_seconds": round(local_best, 3), "local_mib_per_s": round(size / MIB / local_best, 1),
+                "configs": {_label(*c): {
+                    "verify": c[0].value, "swap": c[1].value, "s3_seconds": round(d["seconds"], 3),
+                    "s3_mib_per_s": round(size / MIB / d["seconds"], 1),
+                    "ratio_s3_to_local": round(local_best / d["seconds"], 3),
+                    "requests": sum(d["requests"].values()), "requests_by_operation": d["requests"],
+                    "staged_gets": d["staged_gets"], "staged_log_gets": d["staged_log_gets"],
+                    "peak_rss_mib": d["peak_rss_mib"], "work_dir_max_bytes": d["work_dir_max_bytes"]}
+                    for c in CONFIGS for d in [runs[c]]}})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--objects", type=int, default=100_000, help="objects in the scanned bucket")
-    parser.add_argument("--segment-mib", type=int, default=64, help="size of the segment rewritten through S3")
+    parser.add_argument("--segment-mib", type=int, nargs="+", default=[64, 256, 1024],
+                        help="sizes of the segments compacted through S3 (default: %(default)s)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of the rewrite comparison (best is kept)")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_s3.json")
     args = parser.parse_args(argv)
@@ -197,27 +245,36 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     print(f"scan of {args.objects:,} objects ...", file=sys.stderr)
     scan_doc = bench_scan(args.objects)
-    print(f"rewrite of a {args.segment_mib} MiB segment through S3 and locally ...", file=sys.stderr)
+    print(f"compaction of {args.segment_mib} MiB segments through S3 and locally ...", file=sys.stderr)
     rewrite_doc = bench_rewrite(args.segment_mib, args.repeat)
     doc = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
            "scan": scan_doc, "rewrite": rewrite_doc}
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
-    s, r = scan_doc, rewrite_doc
-    print(f"\n{'measure':<44} {'value':>14}")
+    s = scan_doc
+    print(f"\n{'scan':<44} {'value':>14}")
     for name, value in (
-        (f"scan: objects ({s['partitions']} partitions)", f"{s['objects']:,}"),
-        ("scan: wall seconds (moto server included)", f"{s['seconds']:.1f}"),
-        ("scan: CPU seconds of the scanner process", f"{s['cpu_seconds']:.1f}"),
-        ("scan: peak RSS of the scanner process", f"{s['peak_rss_mib']:.0f} MiB"),
-        (f"rewrite {r['segment_bytes'] / MIB:.0f} MiB: local file", f"{r['local_mib_per_s']:.1f} MiB/s"),
-        *((f"rewrite: through S3, verify {mode}", f"{m['s3_mib_per_s']:.1f} MiB/s") for mode, m in r["modes"].items()),
-        *((f"rewrite: ratio S3 / local, verify {mode}", f"{m['ratio_s3_to_local']:.2f}")
-          for mode, m in r["modes"].items()),
-        *((f"requests a compaction, verify {mode}", f"{m['requests']}") for mode, m in r["modes"].items()),
-        *((f"GETs of the staged .log, verify {mode}", f"{m['staged_log_gets']}") for mode, m in r["modes"].items()),
+        (f"objects ({s['partitions']} partitions)", f"{s['objects']:,}"),
+        ("wall seconds (moto server included)", f"{s['seconds']:.1f}"),
+        ("CPU seconds of the scanner process", f"{s['cpu_seconds']:.1f}"),
+        ("peak RSS of the scanner process", f"{s['peak_rss_mib']:.0f} MiB"),
     ):
         print(f"{name:<44} {value:>14}")
+    print(f"\n{'segment':>8} {'verify + swap':<20} {'MiB/s':>7} {'local':>7} {'ratio':>6} {'requests':>8} "
+          f"{'staged GETs':>11} {'peak RSS':>9} {'on disk':>8}")
+    for row in rewrite_doc:
+        for label, c in row["configs"].items():
+            print(f"{row['segment_mib']:>4} MiB {label:<20} {c['s3_mib_per_s']:>7.1f} {row['local_mib_per_s']:>7.1f} "
+                  f"{c['ratio_s3_to_local']:>6.2f} {c['requests']:>8} {c['staged_gets']:>11} "
+                  f"{c['peak_rss_mib']:>5.0f} MiB {c['work_dir_max_bytes'] / MIB:>4.0f} MiB")
+    copy = _label(Verify.CHECKSUM, Swap.COPY)
+    if len(rewrite_doc) > 1:
+        low, high = rewrite_doc[0], rewrite_doc[-1]
+        growth = high["configs"][copy]["peak_rss_mib"] / low["configs"][copy]["peak_rss_mib"]
+        doc["rss_growth"] = {"config": copy, "from_mib": low["segment_mib"], "to_mib": high["segment_mib"],
+                             "ratio": round(growth, 3)}
+        args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"\npeak RSS at {high['segment_mib']} MiB / at {low['segment_mib']} MiB ({copy}): {growth:.2f}")
     print(f"\nJSON: {args.json_out}")
     return 0
 

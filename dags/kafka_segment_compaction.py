@@ -6,7 +6,7 @@ in with a crash-safe commit protocol (see `docs/commit-protocol.md`), and report
 
 **Tasks**: `scan` (list the prefix, classify every segment) → `plan` (apply the budget, largest segments
 first; the plan is written as chunks of whole partitions) → `spark_compaction` (Spark tasks of up to 64
-segments: rewrite, stage, read back and verify) → `commit` (mapped over the plan's chunks, each task named
+segments: rewrite, stage and verify) → `commit` (mapped over the plan's chunks, each task named
 after the partitions it holds: swap the staged segments in under the partition leases) → `report` (the run
 document and the cost savings report: JSON, Markdown, CSV and an HTML page with charts under
 `PREFIX/_tiering/reports/<run>/` and `.../reports/latest/`, the ledger of all runs; a summary table in the
@@ -47,6 +47,10 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | `verify` | how staged files are accepted before anything final changes: `checksum` (the CRC-32C S3 reports |
 | | for what it stored equals the one of the bytes the rewrite produced and proved; nothing downloaded) or |
 | | `read-back` (downloaded and decoded again); a store that reports no checksum is read back either way |
+| `swap` | how a commit puts the new `.log` over the original, conditional on its ETag: `copy` (server-side |
+| | CopyObject from staging with If-Match: no byte crosses the wire again), `put` (downloaded and PUT: for |
+| | stores that ignore a copy's If-Match) or `auto` (default: `copy` where a probe shows the store refuses a |
+| | copy whose If-Match fails) |
 
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
@@ -136,7 +140,8 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
     from tiering.run.pipeline import RunSettings, safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
 
     return RunSettings(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id),
-                       params["codec"], params["level"], params["lease_ttl_seconds"], params["verify"])
+                       params["codec"], params["level"], params["lease_ttl_seconds"], params["verify"],
+                       params["swap"])
 
 
 @dag(
@@ -167,6 +172,9 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
                                    "(a crashed run's partitions are free again after it)"),
         "verify": Param("checksum", type="string", enum=["checksum", "read-back"],
                         description="staged files accepted by S3's CRC-32C of what it stored, or read back"),
+        "swap": Param("auto", type="string", enum=["auto", "copy", "put"],
+                      description="the .log put in place by a server-side copy, by a PUT, or as a probe of the store "
+                      "finds"),
         "inventory": Param("", type="string", pattern=r"^(s3://[^/]+/.+/manifest\.json)?$",
                            description="an S3 Inventory manifest.json to plan from; empty: list the prefix"),
         "policy": Param(os.environ.get("TIERING_POLICY_FILE", ""), type="string",

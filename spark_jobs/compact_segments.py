@@ -7,8 +7,9 @@
 Thin on purpose: argument parsing, the SparkSession, and calls into ``tiering.run.pipeline``. The driver reads
 the plan's chunks one at a time and cuts their work into units (up to 64 segments or 4 GiB of whole
 partitions); each task takes the run's leases of its partitions and renews them while it streams each
-segment from S3, rewrites it, stages the new objects, reads them back to verify them and journals the
-segment as ``staged`` (the DAG's commit step swaps them in). Per-segment problems are results, not job
+segment from S3, rewrites it straight into a multipart upload to staging (no local copy), verifies the
+staged objects (by S3's CRC-32C, or by reading them back) and journals the segment as ``staged`` (the DAG's
+commit step swaps them in). Per-segment problems are results, not job
 failures; each task writes its results to ``PREFIX/_tiering/runs/RUN/stage/`` and returns only counts.
 S3 endpoint and credentials come from each process's AWS environment (``AWS_ENDPOINT_URL``, the
 credentials chain; on a cluster, pass them with ``spark.executorEnv.*`` / ``spark.yarn.appMasterEnv.*``

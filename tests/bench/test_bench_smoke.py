@@ -53,17 +53,23 @@ def test_ab_bench_compares_two_trees() -> None:
 def test_s3_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     out = tmp_path / "bench_s3.json"
     script = BENCH.parent / "bench_s3.py"
-    proc = subprocess.run([sys.executable, str(script), "--objects", "800", "--segment-mib", "1", "--repeat", "1",
+    proc = subprocess.run([sys.executable, str(script), "--objects", "800", "--segment-mib", "1", "2", "--repeat", "1",
                            "--json-out", str(out)], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     assert doc["scan"]["objects"] == 800
     assert doc["scan"]["segments"] == 200
-    modes = doc["rewrite"]["modes"]
-    assert modes["checksum"]["ratio_s3_to_local"] > 0
-    assert (modes["read-back"]["staged_log_gets"], modes["checksum"]["staged_log_gets"]) == (1, 0)
-    assert modes["checksum"]["requests"] < modes["read-back"]["requests"]
-    assert "ratio S3 / local, verify checksum" in proc.stdout
+    assert [row["segment_mib"] for row in doc["rewrite"]] == [1, 2]
+    for row in doc["rewrite"]:
+        before, after = row["configs"]["read-back + put"], row["configs"]["checksum + copy"]
+        assert after["ratio_s3_to_local"] > 0
+        # Read back at staging, then downloaded for the PUT swap; by checksum and copy: never read.
+        assert (before["staged_log_gets"], after["staged_log_gets"], after["staged_gets"]) == (2, 0, 0)
+        assert after["requests"] < before["requests"]
+        assert after["work_dir_max_bytes"] == 0
+        assert after["peak_rss_mib"] > 0
+    assert doc["rss_growth"]["from_mib"] == 1
+    assert "checksum + copy" in proc.stdout
 
 
 @pytest.mark.slow

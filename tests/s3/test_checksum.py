@@ -20,8 +20,9 @@ import crc32c
 import pytest
 
 from tests.s3.conftest import PREFIX, TOPIC, check_consistent, context, no_pending, plan_for, seed
+from tiering.commit.protocol import SwapChoice
 from tiering.errors import ProofError
-from tiering.lifecycle.journal import Cause, Status, Verify
+from tiering.lifecycle.journal import Cause, Status, Swap, Verify
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.memory import MemoryStore
@@ -63,8 +64,9 @@ class Crc32ForCrc32c(Watched):
 
 
 def _compact(store: Any, verify: Verify = Verify.CHECKSUM) -> Any:
+    """A compaction swapping by copy (moto ignores a copy's If-Match, so a probe would choose a PUT)."""
     ctx = context(store)
-    ctx = type(ctx)(ctx.store, ctx.prefix, ctx.run_id, ctx.options, verify=verify)
+    ctx = type(ctx)(ctx.store, ctx.prefix, ctx.run_id, ctx.options, verify=verify, swap=SwapChoice(Swap.COPY))
     return compact(store, plan_for(store), ctx, CompactOptions())
 
 
@@ -76,14 +78,14 @@ def test_with_checksums_no_staged_file_is_downloaded(store: S3Store) -> None:
     events.register("before-call.s3.GetObject", lambda params, **_: reads.append(params["url_path"]))
 
     def checksum_header(request: Any, **_: Any) -> None:
-        if STAGING in request.url:
+        if STAGING in request.url and "/probe/" not in request.url:  # not the swap's probe of the store
             sent[request.url.split(STAGING, 1)[1]] = request.headers.get("x-amz-checksum-crc32c")
     events.register("before-send.s3.PutObject", checksum_header)
     run = _compact(store)
     done = [r for r in run.segments if r.status == Status.COMPACTED]
     assert len(done) == 2
     assert {(r.stats or {}).get("verified") for r in done} == {"checksum"}
-    # The staged .log is never downloaded (the swap reads only the small staged indexes, to put them in place).
+    # The staged .log is never downloaded (the swap copies it; only the small staged indexes are read).
     assert [k for k in reads if STAGING in k and k.endswith(".log")] == []
     assert len(sent) == 3 * len(done)  # .log, .index and .timeindex of each
     assert all(sent.values())
@@ -143,10 +145,10 @@ def test_a_multipart_upload_carries_its_full_object_checksum_and_a_changed_local
 
 
 @pytest.mark.parametrize("verify", [Verify.CHECKSUM, Verify.READ_BACK])
-def test_the_commit_step_checks_the_staged_log_by_its_crc_instead_of_decoding_it(
+def test_the_commit_step_copies_the_staged_log_without_reading_it(
         verify: Verify, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pipeline's commit step downloads the staged .log to put it in place: in checksum mode it checks
-    the bytes against the CRC-32C the journal recorded (no decode); in read-back mode it decodes them."""
+    """The pipeline's commit step puts the staged .log in place by a server-side copy held to the ETag it was
+    verified with: it neither downloads nor decodes it, in either mode (read-back decodes once, at staging)."""
     from tiering.commit import protocol
     from tiering.plan.scan import ScanOptions
     from tiering.run.pipeline import RunSettings, commit_chunk, load_manifest, plan_run, run_unit, scan_run, stage_units
@@ -163,12 +165,11 @@ def test_the_commit_step_checks_the_staged_log_by_its_crc_instead_of_decoding_it
     plan, manifest = load_manifest(s, f"s3://bkt/{planned['plan_key']}")
     for unit in stage_units(plan, manifest):
         run_unit(s, run, run.context(s), unit, commit=False)
-    staged_decodes = len(decoded)
+    staged_decodes, s.read = len(decoded), []
     for chunk in planned["chunks"]:
         commit_chunk(s, run, chunk["name"])
     assert no_pending(s)  # type: ignore[arg-type]
     check_consistent(s, originals)  # type: ignore[arg-type]
-    if verify is Verify.CHECKSUM:
-        assert (staged_decodes, len(decoded)) == (0, 0)
-    else:
-        assert (staged_decodes, len(decoded)) == (2, 4)  # at staging and again at the commit
+    assert [k for k in s.read if STAGING in k and k.endswith(".log")] == []
+    assert s.requests["CopyObject"] >= 2 * 2 + 1  # per segment: the .log's backup and its swap; the probe
+    assert (staged_decodes, len(decoded)) == ((0, 0) if verify is Verify.CHECKSUM else (2, 2))

@@ -11,11 +11,14 @@ log, and every replaced original is in a backup with the same bytes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from tests.s3.conftest import FAULT_REPORT, Original, check_consistent, context, fresh_store, no_pending, plan_for, seed
+from tiering.commit.protocol import Context, SwapChoice
+from tiering.lifecycle.journal import Swap
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.store import S3Store
@@ -47,7 +50,13 @@ class Faults:
             raise Crash(f"after call {self.at} ({model.name})")
 
 
-def _scenario(store: S3Store, at: int | None, mode: str) -> tuple[list[str], dict[int, Original], bool]:
+def _context(store: S3Store, swap: Swap | None) -> Context:
+    """The run's context: swapping as ``swap`` says, else as the probe finds (moto: by PUT)."""
+    return replace(context(store), swap=SwapChoice(swap))
+
+
+def _scenario(store: S3Store, at: int | None, mode: str,
+              swap: Swap | None = None) -> tuple[list[str], dict[int, Original], bool]:
     originals = seed(store, segments=3, segment_bytes=40_000)
     plan = plan_for(store)
     sealed = [s.base_offset for s in plan.to_compact()]
@@ -55,12 +64,12 @@ def _scenario(store: S3Store, at: int | None, mode: str) -> tuple[list[str], dic
     faults = Faults(worker, at, mode)
     crashed = False
     try:
-        compact(worker, plan, context(worker), CompactOptions())
+        compact(worker, plan, _context(worker, swap), CompactOptions())
     except Crash:
         crashed = True
     if crashed:
         rerun = fresh_store()
-        result = compact(rerun, plan, context(rerun), CompactOptions())
+        result = compact(rerun, plan, _context(rerun, swap), CompactOptions())
         assert not result.failed, [r.to_json() for r in result.segments]
     assert no_pending(store)
     codecs = check_consistent(store, originals)
@@ -76,7 +85,8 @@ def test_clean_run_compacts_every_sealed_segment(store: S3Store) -> None:
 
 
 @pytest.mark.slow
-def test_crash_at_every_call_then_rerun_converges(aws_env: None) -> None:
+@pytest.mark.parametrize("swap", [None, Swap.COPY], ids=["probed-put", "copy"])
+def test_crash_at_every_call_then_rerun_converges(swap: Swap | None, aws_env: None) -> None:
     from moto import mock_aws
 
     from tests.s3.conftest import BUCKET
@@ -88,19 +98,20 @@ def test_crash_at_every_call_then_rerun_converges(aws_env: None) -> None:
         return S3Store(client, BUCKET)
 
     with mock_aws():
-        calls, _, _ = _scenario(fresh(), None, "none")
+        calls, _, _ = _scenario(fresh(), None, "none", swap)
     points = len(calls)
     covered: dict[str, int] = {}
     for mode in ("before", "after"):
         for at in range(points):
             with mock_aws():
-                _, _, crashed = _scenario(fresh(), at, mode)
+                _, _, crashed = _scenario(fresh(), at, mode, swap)
             assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
             covered[mode] = covered.get(mode, 0) + 1
     by_op: dict[str, int] = {}
     for name in calls:
         by_op[name] = by_op.get(name, 0) + 1
-    FAULT_REPORT.append(f"fault injection: {points} S3 calls x 2 (before/after) = {sum(covered.values())} crash "
+    FAULT_REPORT.append(f"fault injection, swap by {swap or 'probe'}: {points} S3 calls x 2 (before/after) = "
+                        f"{sum(covered.values())} crash "
                         f"points, every one converged on re-run; calls: "
                         + ", ".join(f"{k} {v}" for k, v in sorted(by_op.items())))
     assert covered == {"before": points, "after": points}

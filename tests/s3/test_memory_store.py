@@ -37,8 +37,9 @@ from tiering.storage.store import (
 )
 
 MEMBERS = ("head", "open", "get", "download", "put", "delete", "delete_many", "now", "describe", "put_object", "copy",
+           "copy_over",
            "transition", "get_json", "put_json", "facts", "list_dirs", "list_uploads", "abort_upload", "list", "upload",
-           "for_bucket")
+           "writer", "for_bucket")
 ATTRIBUTES = ("bucket", "requests")
 
 

@@ -197,7 +197,7 @@ def test_the_plan_is_chunked_within_its_limit_and_staged_in_units_of_whole_parti
 def test_a_commit_task_finishes_its_partitions_in_parallel_each_counted_apart(store: S3Store) -> None:
     """Staged as the Spark job stages (from the units' JSON), then one commit task of 4 threads, each with its
     own client: every segment compacted, and each partition's requests are its own (3 copies a segment:
-    the backups of .log, .index and .timeindex)."""
+    the backups of .log, .index and .timeindex; moto ignores a copy's If-Match, so the .log is PUT)."""
     from tiering.run.pipeline import collect_run, commit_chunk, stage_unit
 
     _seed(store, 6)
@@ -212,7 +212,8 @@ def test_a_commit_task_finishes_its_partitions_in_parallel_each_counted_apart(st
     assert result["partitions"] == 6
     assert result["compacted"] == planned["segments"] == 12
     doc = store.get_json(run.key(f"commit/{chunk['name']}.json"))[0]
-    assert {d: used["CopyObject"] for d, used in doc["usage"].items()} == {f"{TOPIC}-{p}": 3 * 2 for p in range(6)}
+    copies = sorted(used["CopyObject"] for used in doc["usage"].values())
+    assert copies == [3 * 2] * 5 + [3 * 2 + 1]  # one partition's first swap probed the store for the run
     assert collect_run(store, run).totals()["compacted"] == 12
     assert not list(store.list(f"{PREFIX}/_tiering/leases/"))
 
@@ -329,8 +330,6 @@ def _crash_after_staging(store: S3Store, run: RunSettings, codec: str, level: in
     lease.acquire(PREFIX)
     staged = stage_segment(RunSettings(BUCKET, PREFIX, "crashed", codec, level).context(store), seg, lease)
     assert isinstance(staged, Staged)
-    assert staged.spool is not None
-    staged.spool.close()
     lease.release()  # released (or expired): the next run may take the partition
     return seg
 
@@ -462,8 +461,6 @@ def test_an_index_that_appeared_since_the_crashed_run_staged_stops_the_takeover(
     staged = stage_segment(RunSettings(BUCKET, PREFIX, "crashed", "zstd", 3).context(store),
                            dataclasses.replace(seg, index=None), lease)
     assert isinstance(staged, Staged)
-    assert staged.spool is not None
-    staged.spool.close()
     lease.release()
     store.put(seg.index.key, index)  # the restore finished
     plan = scan(store, PREFIX, ScanOptions("zstd", 3, min_age_minutes=0))

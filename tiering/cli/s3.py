@@ -19,11 +19,11 @@ from rich.table import Table
 
 from tiering.cli.report import add_cost_args, cost_from_args
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
-from tiering.commit.protocol import FAILED, Context, SegmentResult
+from tiering.commit.protocol import AUTO_SWAP, FAILED, Context, SegmentResult, SwapChoice
 from tiering.errors import ConfigError, ExitCode, StorageError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Verify
+from tiering.lifecycle.journal import Swap, Verify
 from tiering.plan.auto import apply_policy
 from tiering.plan.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, WorkSample, estimate, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
@@ -272,7 +272,8 @@ def _cmd_compact(args: argparse.Namespace) -> int:
             _console(args.stdout).print("dry run: nothing was written")
         return 0
     run_id = args.run_id or new_run_id()
-    ctx = Context(store, args.prefix, run_id, options, work_dir=args.work_dir, verify=Verify(args.verify))
+    swap = SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap))
+    ctx = Context(store, args.prefix, run_id, options, work_dir=args.work_dir, verify=Verify(args.verify), swap=swap)
     budget = CompactOptions(args.max_segments, args.max_bytes, args.lease_ttl_seconds, args.workers)
     done = [0]
     lock = threading.Lock()
@@ -472,6 +473,11 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                         "CRC-32C S3 reports for what it stored must be the one of the bytes produced, nothing is "
                         "downloaded; a store that reports none is read back instead) or 'read-back' (download and "
                         "decode it again)")
+    p.add_argument("--swap", choices=[AUTO_SWAP, *(m.value for m in Swap)], default=AUTO_SWAP,
+                   help="how the new .log is put over the original, conditional on its ETag: 'copy' (a server-side "
+                        "CopyObject from staging with If-Match: nothing is sent again), 'put' (downloaded and PUT "
+                        "with If-Match: for stores that ignore a copy's If-Match) or 'auto' (default: 'copy' where a "
+                        "probe at the first swap shows the store refuses a copy whose If-Match fails)")
     p.add_argument("--no-report", action="store_true", help="do not publish the cost savings report")
     add_cost_args(p)
     p.set_defaults(func=_cmd_compact)

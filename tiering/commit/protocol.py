@@ -3,16 +3,18 @@
 See ``docs/commit-protocol.md`` for the state diagram and the reasoning behind every step. In short, per
 segment, under the partition's lease (:mod:`tiering.commit.lease`):
 
-1. **stage**: stream the ``.log`` (``GET If-Match`` the planned ETag) through the rewriter into a local
-   spool file, every batch proved as it is written; upload the new ``.log``, ``.index`` and ``.timeindex``
-   under ``_tiering/staging/`` with their CRC-32C and accept them when S3 reports that checksum for what it
-   stored (or, where it reports none, read them back and check them: CRCs, every record, the records
-   digest equals the source's, the indexes equal a rebuild); then create the segment's journal
-   (``If-None-Match: *``) in state ``staged``;
+1. **stage**: stream the ``.log`` (``GET If-Match`` the planned ETag) through the rewriter, every batch
+   proved as it is written, straight into a multipart upload to ``_tiering/staging/`` (no local copy);
+   put the new ``.index`` and ``.timeindex`` beside it, all with their CRC-32C, and accept them when S3
+   reports that checksum for what it stored (or, where it reports none, read them back and check them:
+   CRCs, every record, the records digest equals the source's, the indexes equal a rebuild); then create
+   the segment's journal (``If-None-Match: *``) in state ``staged``, with the staged ``.log``'s ETag;
 2. **back up**: server-side copy of the originals to ``_tiering/backup/<run>/`` (metadata, tags, storage
    class and encryption kept); journal state ``backed-up``;
 3. **swap**: delete the old ``.index``/``.timeindex`` (``If-Match``), put the new ``.log`` over the old one
-   (``If-Match`` the planned ETag: a changed source is never overwritten), put the new indexes;
+   (``If-Match`` the planned ETag: a changed source is never overwritten) by a server-side copy of the
+   staged version verified (:class:`Swap`; a store that ignores a copy's ``If-Match`` gets a PUT of it),
+   put the new indexes;
 4. **finish**: record the segment in the partition's state document, delete the staging objects, then the
    journal.
 
@@ -28,6 +30,7 @@ import contextlib
 import secrets
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, Final, cast
@@ -37,6 +40,7 @@ import crc32c
 from tiering.commit.lease import LeaseGuard, LeaseLost
 from tiering.errors import ConflictError, InvalidDataError, ProofError, StorageError
 from tiering.kafka.codecs import Codec
+from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
 from tiering.lifecycle.journal import (
     FILES,
@@ -48,6 +52,7 @@ from tiering.lifecycle.journal import (
     OpKind,
     Pending,
     Status,
+    Swap,
     Verify,
 )
 from tiering.plan.scan import PlannedSegment
@@ -58,10 +63,11 @@ from tiering.storage.layout import (
     journal_dir,
     journal_key,
     normalize_prefix,
+    probe_key,
     sibling_key,
     staging_key,
 )
-from tiering.storage.objects import ObjectStore
+from tiering.storage.objects import ObjectStore, copy_honours_if_match
 from tiering.storage.store import (
     DEFAULT_PART_BYTES,
     ChecksumUnsupported,
@@ -79,6 +85,7 @@ META_SOURCE_ETAG: Final = "tiering-source-etag"
 META_RESTORED: Final = "tiering-restored-from-run"
 
 COPY_CHUNK: Final = 1 << 20
+AUTO_SWAP: Final = "auto"  # the swap setting that learns the mode from the store (:func:`swap_mode`)
 REPLACE_ATTEMPTS: Final = 3  # another writer's index beside our .log: deleted and ours put, at most this often
 
 # Segment outcomes (the names other modules use).
@@ -104,6 +111,15 @@ class TakenOver(ConflictError):
     its journal entry: we stop and touch nothing more; the other run finishes or abandons it."""
 
 
+@dataclass(slots=True)
+class SwapChoice:
+    """The run's swap mode: given, or learnt from the store the first time a swap needs it (one object shared
+    by the contexts of a run's partitions, whose threads ask it at once)."""
+
+    mode: Swap | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
     store: ObjectStore
@@ -115,6 +131,7 @@ class Context:
     min_savings_ratio: float = 0.0  # a rewrite saving less than this fraction is not swapped in
     state: StateBatch | None = None  # the partition's state changes, written together (else one at a time)
     verify: Verify = Verify.CHECKSUM  # how staged files are accepted (read-back where checksums are unsupported)
+    swap: SwapChoice = field(default_factory=SwapChoice)  # how the new .log is put in place
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
@@ -170,25 +187,13 @@ def _spool(ctx: Context) -> BinaryIO:
 
 @dataclass
 class Staged:
-    """A journal entry in state ``staged``, with the local copy of the new ``.log`` when we still have it."""
+    """A journal entry in state ``staged``, with what the segment's result will say once it is swapped and the
+    new indexes (verified with the staged files: the swap puts them without reading them back)."""
 
     journal: Journal
     etag: str
-    spool: BinaryIO | None = None
     result: SegmentResult = field(default_factory=lambda: SegmentResult("", 0, Status.STAGED))
-
-
-class _Crc32cSink:
-    """A spool file that keeps the CRC-32C of what is written to it: the bytes as the rewrite produced and
-    proved them, which the staged object must then have."""
-
-    def __init__(self, file: BinaryIO) -> None:
-        self.file, self.crc = file, 0
-
-    def write(self, data: Any) -> int:
-        n = self.file.write(data)
-        self.crc = crc32c.crc32c(memoryview(data)[: len(data) if n is None else n], self.crc)
-        return len(data) if n is None else n
+    indexes: Indexes | None = None
 
 
 def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Staged | SegmentResult:
@@ -224,75 +229,73 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
                                 expected=ref.etag, found=info.etag)
         source[name], sizes[name] = info.etag, info.size
     log_uri = _uri(store, seg.log.key)
-    spool = _spool(ctx)
-    sink = _Crc32cSink(spool)
-    try:
+    new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in FILES}
+    verified = ctx.verify
+    # The new .log goes to staging while it is written (a multipart upload, aborted on leaving the block
+    # unfinished: an error, or a rewrite not worth keeping).
+    with store.writer(new["log"], part_bytes=ctx.part_bytes, checksum=verified is Verify.CHECKSUM) as out:
         try:
             with store.open(seg.log.key, if_match=seg.log.etag) as body:
-                result = rewrite_segment(body, cast(BinaryIO, sink), base_offset=base, options=ctx.options,
+                result = rewrite_segment(body, cast(BinaryIO, out), base_offset=base, options=ctx.options,
                                          path=log_uri, size=seg.log.size, progress=lambda _: lease.keep_alive())
         except (PreconditionFailed, ObjectNotFound):
             raise SourceChanged("the .log changed or disappeared after planning", path=log_uri,
                                 expected=seg.log.etag) from None
         stats = result.stats
         if stats.bytes_out >= stats.bytes_in:
-            spool.close()
             return SegmentResult(d, base, SKIPPED, f"no savings: {ctx.options.codec.label} would not shrink it "
                                  f"({stats.bytes_in} -> {stats.bytes_out} bytes)", stats.bytes_in, stats.bytes_in,
                                  stats=stats.to_json(), cause=Cause.NO_SAVINGS)
         if 1 - stats.bytes_out / stats.bytes_in < ctx.min_savings_ratio:
-            spool.close()
             return SegmentResult(d, base, SKIPPED, f"below min.savings.ratio: {ctx.options.codec.label} saves "
                                  f"{1 - stats.bytes_out / stats.bytes_in:.1%}, the policy asks for "
                                  f"{ctx.min_savings_ratio:.1%}", stats.bytes_in, stats.bytes_in, stats=stats.to_json(),
                                  cause=Cause.BELOW_MIN_SAVINGS)
         lease.check()
-        new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in FILES}
-        spool.seek(0)
-        verified = ctx.verify
+        log_etag: str | None = None
         try:
-            store.upload(new["log"], spool, part_bytes=ctx.part_bytes,
-                         crc=sink.crc if verified is Verify.CHECKSUM else None)
+            log_etag = out.finish().etag
             store.put(new["index"], result.indexes.offset_index, checksum=verified is Verify.CHECKSUM)
             store.put(new["timeindex"], result.indexes.time_index, checksum=verified is Verify.CHECKSUM)
         except ChecksumUnsupported:  # this store does not say what it holds: read it back
             verified = Verify.READ_BACK
             store.put(new["index"], result.indexes.offset_index)
             store.put(new["timeindex"], result.indexes.time_index)
-        if verified is Verify.READ_BACK:  # what S3 now holds, checked against what the source held
-            with store.open(new["log"]) as body:
-                back = read_back(body, base_offset=base, path=_uri(store, new["log"]), size=stats.bytes_out,
-                                 index_interval_bytes=ctx.options.index_interval_bytes,
-                                 decompression_limit=ctx.options.decompression_limit)
-            _check_read_back(store, new, back.size, back.payload_xxh3, back.indexes.offset_index,
-                             back.indexes.time_index, stats.bytes_out, stats.payload_xxh3)
-            if back.indexes != result.indexes:
-                raise ProofError("the staged indexes differ from a rebuild of the staged .log",
-                                 path=_uri(store, new["log"]))
-        op = f"{ctx.run_id}.{secrets.token_hex(4)}"
-        marks = {META_RUN: ctx.run_id, META_OP: op, META_CODEC: ctx.options.codec.label,
-                 META_SOURCE_ETAG: seg.log.etag.strip('"')}
-        journal = Journal(
-            OpKind.COMPACT, op, ctx.run_id, JournalState.STAGED, d, base, final, source,
-            NewFiles(new["log"], stats.bytes_out, new["index"], new["timeindex"]),
-            {name: attrs.get(name, attrs["log"]).with_metadata(marks) for name, _ in FILES}, sizes,
-            {name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if source[name] else None for name, sfx in FILES},
-            stats.payload_xxh3,
-            {"codec": ctx.options.codec.label, "level": ctx.options.level, "run_id": ctx.run_id,
-             "source_log_etag": seg.log.etag, "bytes_before": stats.bytes_in, "bytes_after": stats.bytes_out,
-             "payload_xxh3": stats.payload_xxh3},
-            log_crc32c=sink.crc if verified is Verify.CHECKSUM else None)
-        try:
-            etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
-        except PreconditionFailed:
-            raise SourceChanged("a journal entry of another operation exists for this segment (recover first)",
-                                path=_uri(store, journal_key(ctx.prefix, d, base))) from None
-        return Staged(journal, etag, spool, SegmentResult(d, base, COMPACTED, "", stats.bytes_in, stats.bytes_out,
-                                                          stats={**stats.to_json(), "verified": str(verified)},
-                                                          run_id=ctx.run_id))
-    except BaseException:
-        spool.close()
-        raise
+    if out.size != stats.bytes_out:
+        raise ProofError("the staged .log was sent with another size than the rewrite wrote",
+                         path=_uri(store, new["log"]), expected=stats.bytes_out, found=out.size)
+    if verified is Verify.READ_BACK:  # what S3 now holds, checked against what the source held
+        log_etag = log_etag or store.head(new["log"]).etag
+        with store.open(new["log"], if_match=log_etag) as body:
+            back = read_back(body, base_offset=base, path=_uri(store, new["log"]), size=stats.bytes_out,
+                             index_interval_bytes=ctx.options.index_interval_bytes,
+                             decompression_limit=ctx.options.decompression_limit)
+        _check_read_back(store, new, back.size, back.payload_xxh3, back.indexes.offset_index,
+                         back.indexes.time_index, stats.bytes_out, stats.payload_xxh3)
+        if back.indexes != result.indexes:
+            raise ProofError("the staged indexes differ from a rebuild of the staged .log",
+                             path=_uri(store, new["log"]))
+    op = f"{ctx.run_id}.{secrets.token_hex(4)}"
+    marks = {META_RUN: ctx.run_id, META_OP: op, META_CODEC: ctx.options.codec.label,
+             META_SOURCE_ETAG: seg.log.etag.strip('"')}
+    journal = Journal(
+        OpKind.COMPACT, op, ctx.run_id, JournalState.STAGED, d, base, final, source,
+        NewFiles(new["log"], stats.bytes_out, new["index"], new["timeindex"], log_etag),
+        {name: attrs.get(name, attrs["log"]).with_metadata(marks) for name, _ in FILES}, sizes,
+        {name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if source[name] else None for name, sfx in FILES},
+        stats.payload_xxh3,
+        {"codec": ctx.options.codec.label, "level": ctx.options.level, "run_id": ctx.run_id,
+         "source_log_etag": seg.log.etag, "bytes_before": stats.bytes_in, "bytes_after": stats.bytes_out,
+         "payload_xxh3": stats.payload_xxh3},
+        log_crc32c=out.crc if verified is Verify.CHECKSUM else None)
+    try:
+        etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
+    except PreconditionFailed:
+        raise SourceChanged("a journal entry of another operation exists for this segment (recover first)",
+                            path=_uri(store, journal_key(ctx.prefix, d, base))) from None
+    return Staged(journal, etag, SegmentResult(d, base, COMPACTED, "", stats.bytes_in, stats.bytes_out,
+                                               stats={**stats.to_json(), "verified": str(verified)},
+                                               run_id=ctx.run_id), result.indexes)
 
 
 def recheck_source(ctx: Context, seg: PlannedSegment) -> None:
@@ -358,9 +361,48 @@ def _download_verified(ctx: Context, journal: Journal) -> BinaryIO:
         raise
 
 
-def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
-           spool: BinaryIO | None = None) -> SegmentResult:
-    """Steps 2-4 (or the rest of them, after a crash): idempotent, and safe to call with any journal entry."""
+def swap_mode(ctx: Context) -> Swap:
+    """The run's :class:`Swap`: as given, else learnt from the store once (:func:`copy_honours_if_match`)."""
+    with ctx.swap.lock:
+        if ctx.swap.mode is None:
+            honoured = copy_honours_if_match(ctx.store, probe_key(ctx.prefix, ctx.run_id, secrets.token_hex(4)))
+            ctx.swap.mode = Swap.COPY if honoured else Swap.PUT
+        return ctx.swap.mode
+
+
+def _exists(ctx: Context, key: str) -> bool:
+    try:
+        ctx.store.head(key)
+    except ObjectNotFound:
+        return False
+    return True
+
+
+def _copy_source(ctx: Context, journal: Journal) -> str:
+    """The ETag of the new ``.log`` to copy into place, checked first: a staged copy must be the very version
+    verified when it was staged (its ETag and size); a backup (a rollback) is decoded here, every CRC and
+    record, and must hold the records the state entry names. The copy is then held to that ETag."""
+    store, key = ctx.store, journal.new.log
+    info = store.head(key)
+    if journal.new.log_etag is not None:
+        if info.etag != journal.new.log_etag or info.size != journal.new.log_size:
+            raise ProofError("the staged .log is not the one verified", path=_uri(store, key),
+                             expected=f"ETag {journal.new.log_etag}, {journal.new.log_size} bytes",
+                             found=f"ETag {info.etag}, {info.size} bytes")
+        return info.etag
+    with store.open(key, if_match=info.etag) as body:
+        back = read_back(body, base_offset=journal.base_offset, path=_uri(store, key), size=info.size,
+                         decompression_limit=ctx.options.decompression_limit)
+    if journal.payload_xxh3 and back.payload_xxh3 != journal.payload_xxh3:
+        raise ProofError("the object to put in place does not hold the expected records", path=_uri(store, key),
+                         expected=f"records xxh3 {journal.payload_xxh3}", found=back.payload_xxh3)
+    return info.etag
+
+
+def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, indexes: Indexes | None = None
+           ) -> SegmentResult:
+    """Steps 2-4 (or the rest of them, after a crash): idempotent, and safe to call with any journal entry.
+    ``indexes``: the staged indexes' bytes, when the caller staged them (else they are read from staging)."""
     store = ctx.store
     d, base, kind = journal.directory, journal.base_offset, journal.kind
     final, source, entry = journal.final, journal.source, journal.entry
@@ -376,9 +418,12 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
     if not swapped and current.etag != source["log"]:
         return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is left untouched")
     if not swapped:
+        mode = swap_mode(ctx)
+        spool: BinaryIO | None = None
         try:
             try:
-                spool = spool or _download_verified(ctx, journal)
+                staged = _copy_source(ctx, journal) if mode is Swap.COPY else None
+                spool = _download_verified(ctx, journal) if mode is Swap.PUT else None
             except ObjectNotFound:
                 raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
                                     path=_uri(store, journal.new.log)) from None
@@ -400,15 +445,24 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
                         raise SourceChanged(f"the .{name} changed after planning", path=_uri(store, final[name]),
                                             expected=source[name]) from None
             lease.check()
-            spool.seek(0)
             try:
-                current = store.put_object(final["log"], spool, journal.attrs["log"], if_match=source["log"])
+                if staged is not None:
+                    current = store.copy_over(journal.new.log, final["log"], source_etag=staged,
+                                              if_match=str(source["log"]), attrs=journal.attrs["log"],
+                                              size=journal.new.log_size)
+                else:
+                    assert spool is not None
+                    spool.seek(0)
+                    current = store.put_object(final["log"], spool, journal.attrs["log"], if_match=source["log"])
             except ObjectNotFound:
+                if staged is not None and _exists(ctx, final["log"]):
+                    raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
+                                        path=_uri(store, journal.new.log)) from None
                 raise SourceGone("the .log disappeared (deleted by retention?) before the swap",
                                  path=_uri(store, final["log"])) from None
             except PreconditionFailed:
-                # Either someone replaced the .log, or this PUT happened and only its answer was lost (the
-                # retry then fails its own condition): our op id on the object tells them apart.
+                # Either someone replaced the .log (or the staged copy), or this write happened and only its
+                # answer was lost (the retry then fails its own condition): our op id on the object tells.
                 try:
                     current, _ = store.describe(final["log"])
                 except ObjectNotFound:
@@ -431,11 +485,11 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard,
     superseded = ""
     for name in INDEX_FILES:
         if journal.new.key(name) and not superseded:
-            put = _put_index(ctx, journal, name)
+            put = _put_index(ctx, journal, name, indexes)
             for _ in range(REPLACE_ATTEMPTS):
                 if put is not None or not _log_is_ours(ctx, journal):
                     break
-                put = _replace_foreign_index(ctx, journal, name)
+                put = _replace_foreign_index(ctx, journal, name, indexes)
             if put is None and _log_is_ours(ctx, journal):  # still a foreign index beside our .log: the journal
                 # stays, so the next run that covers the partition tries again
                 return SegmentResult(d, base, FAILED, f"another writer keeps putting a .{name} beside our .log: "
@@ -484,7 +538,7 @@ def _log_is_ours(ctx: Context, journal: Journal) -> bool:
         return False
 
 
-def _replace_foreign_index(ctx: Context, journal: Journal, name: str) -> str | None:
+def _replace_foreign_index(ctx: Context, journal: Journal, name: str, indexes: Indexes | None) -> str | None:
     """Another writer's index sits beside OUR ``.log`` (e.g. a mirror re-uploading a byte-identical original:
     its ``.log`` kept the planned ETag, so our swap went through, and its index arrived after our delete).
     It cannot be valid for our bytes, and a broker trusts a present index: delete it (``If-Match`` the ETag
@@ -495,7 +549,7 @@ def _replace_foreign_index(ctx: Context, journal: Journal, name: str) -> str | N
         ctx.store.delete(key, if_match=there.etag, missing_ok=True)
     except (ObjectNotFound, PreconditionFailed):
         pass  # gone already, or replaced again: the put below decides
-    return _put_index(ctx, journal, name)
+    return _put_index(ctx, journal, name, indexes)
 
 
 def finish_one(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *,
@@ -575,7 +629,7 @@ def _kms(headers: dict[str, Any]) -> str | None:
     return "aws:kms+bucket-key" if headers.get("BucketKeyEnabled") else "aws:kms"
 
 
-def _put_index(ctx: Context, journal: Journal, name: str) -> str | None:
+def _put_index(ctx: Context, journal: Journal, name: str, indexes: Indexes | None = None) -> str | None:
     """Put one new index in place where no index is (``If-None-Match``: the old one was deleted before the
     swap) unless a crashed run of this operation already did; its ETag. None when another writer's index
     is there: it is left alone."""
@@ -588,7 +642,10 @@ def _put_index(ctx: Context, journal: Journal, name: str) -> str | None:
     staged = journal.new.key(name)
     assert staged is not None
     try:
-        data = store.get(staged)
+        if indexes is not None:
+            data = indexes.offset_index if name == "index" else indexes.time_index
+        else:
+            data = store.get(staged)
     except ObjectNotFound:  # only if the staging copy went first: rebuild from the .log in place
         with store.open(final["log"]) as body:
             rebuilt = read_back(body, base_offset=journal.base_offset, path=_uri(store, final["log"]),

@@ -78,6 +78,13 @@ class Verify(StrEnum):
     READ_BACK = "read-back"  # downloaded again and decoded: for stores without S3's additional checksums
 
 
+class Swap(StrEnum):
+    """How the new ``.log`` is put over the original, both conditional on the original's ETag."""
+
+    COPY = "copy"  # a server-side CopyObject from staging with If-Match: no byte crosses the wire again
+    PUT = "put"  # downloaded, checked and PUT with If-Match: for stores that ignore a copy's If-Match
+
+
 class Pending(Enum):
     """Why work the run was asked to do is still to do, and what makes a later run succeed."""
 
@@ -93,6 +100,7 @@ class NewFiles:
     log_size: int
     index: str | None
     timeindex: str | None
+    log_etag: str | None = None  # the staged .log's ETag once verified: the only version the swap copies
 
     def key(self, name: str) -> str | None:
         key: str | None = getattr(self, name)
@@ -136,7 +144,8 @@ class Journal:
                 "base_offset": self.base_offset, "final": dict(self.final), "source": dict(self.source),
                 "source_sizes": dict(self.source_sizes),
                 "new": {"log": self.new.log, "index": self.new.index, "timeindex": self.new.timeindex,
-                        "log_size": self.new.log_size},
+                        "log_size": self.new.log_size,
+                        **({"log_etag": self.new.log_etag} if self.new.log_etag else {})},
                 "attrs": {name: a.to_json() for name, a in self.attrs.items()},
                 "backup": dict(self.backup) if self.backup is not None else None,
                 "payload_xxh3": self.payload_xxh3, "entry": dict(self.entry),
@@ -154,7 +163,8 @@ class Journal:
             new = doc["new"]
             return cls(OpKind(doc["kind"]), str(doc["op"]), str(doc["run_id"]), JournalState(doc["state"]),
                        str(doc["directory"]), int(doc["base_offset"]), dict(doc["final"]), dict(doc["source"]),
-                       NewFiles(str(new["log"]), int(new.get("log_size", 0)), new.get("index"), new.get("timeindex")),
+                       NewFiles(str(new["log"]), int(new.get("log_size", 0)), new.get("index"), new.get("timeindex"),
+                                new.get("log_etag")),
                        {name: ObjectAttrs.from_json(a) for name, a in doc["attrs"].items()},
                        dict(doc.get("source_sizes") or {}), doc.get("backup"), doc.get("payload_xxh3"),
                        dict(doc.get("entry") or {}), doc.get("restores_run"),

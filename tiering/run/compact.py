@@ -301,15 +301,9 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
                 remember(ctx, seg, Outcome.NO_SAVINGS, staged.reason)
             return staged
         if not commit:
-            if staged.spool is not None:
-                staged.spool.close()
             staged.result.status = STAGED_STATUS
             return staged.result
-        try:
-            result = finish(ctx, staged.journal, staged.etag, lease, staged.spool)
-        finally:
-            if staged.spool is not None:
-                staged.spool.close()
+        result = finish(ctx, staged.journal, staged.etag, lease, staged.indexes)
         return staged.result if result.status == staged.result.status else result
     except SourceChanged as e:  # a .log gone (retention) leaves nothing to do; any other change is left to a re-plan
         return SegmentResult(seg.directory, seg.base_offset, SKIPPED, e.message, error=e.to_dict(),

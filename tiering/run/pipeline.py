@@ -35,12 +35,12 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
-from tiering.commit.protocol import FAILED, SKIPPED, Context, SegmentResult, iter_recover
+from tiering.commit.protocol import AUTO_SWAP, FAILED, SKIPPED, Context, SegmentResult, SwapChoice, iter_recover
 from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Cause, Journal, Pending, Status, Verify
+from tiering.lifecycle.journal import Cause, Journal, Pending, Status, Swap, Verify
 from tiering.plan.auto import decide_auto, record_age, with_auto
 from tiering.plan.estimate import WorkSample, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
@@ -96,6 +96,7 @@ class RunSettings:
     level: int | None = None
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
     verify: str = Verify.CHECKSUM.value  # a Verify value: how staged files are accepted
+    swap: str = AUTO_SWAP  # a Swap value, or "auto": learnt from the store (copy where it honours If-Match)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -108,7 +109,18 @@ class RunSettings:
         """A client from this process's AWS environment (endpoint and credentials are never in settings)."""
         return S3Store(make_client(), self.bucket)
 
-    def context(self, store: ObjectStore, work_dir: str | None = None, *, one_core: bool = False) -> Context:
+    def swap_choice(self) -> SwapChoice:
+        """The run's swap mode, to share among the contexts of its partitions (learnt once when "auto")."""
+        if self.swap == AUTO_SWAP:
+            return SwapChoice()
+        try:
+            return SwapChoice(Swap(self.swap))
+        except ValueError:
+            raise ConfigError("unknown swap mode", expected=" or ".join([AUTO_SWAP, *(m.value for m in Swap)]),
+                              found=self.swap) from None
+
+    def context(self, store: ObjectStore, work_dir: str | None = None, *, one_core: bool = False,
+                swap: SwapChoice | None = None) -> Context:
         """``one_core``: the rewrite proves inline instead of on a second thread (a Spark task has one core)."""
         options = RewriteOptions(Codec.parse(self.codec), self.level, proof_thread=not one_core)
         try:
@@ -116,7 +128,8 @@ class RunSettings:
         except ValueError:
             raise ConfigError("unknown verification mode", expected=" or ".join(v.value for v in Verify),
                               found=self.verify) from None
-        return Context(store, self.prefix, self.run_id, options, work_dir=work_dir, verify=verify)
+        return Context(store, self.prefix, self.run_id, options, work_dir=work_dir, verify=verify,
+                       swap=swap or self.swap_choice())
 
     def key(self, name: str) -> str:
         return run_key(self.prefix, self.run_id, name)
@@ -433,14 +446,15 @@ def commit_chunk(store: ObjectStore, settings: RunSettings, name: str, *, ctx: C
     partitions = sorted(d for d, part in segments.items()
                         if d in in_flight or (worked and any(s.action in (COMPACT, REPAIR) for s in part)))
     local = threading.local()
+    swap = ctx.swap if ctx is not None else settings.swap_choice()  # learnt once for all the partitions
 
     def one(directory: str) -> tuple[list[SegmentResult], dict[str, int]]:
         if workers == 1:
-            own, own_ctx = store, ctx or settings.context(store)
+            own, own_ctx = store, ctx or settings.context(store, swap=swap)
         else:
             if not hasattr(local, "store"):
                 local.store = settings.store()
-                local.ctx = settings.context(local.store)
+                local.ctx = settings.context(local.store, swap=swap)
             own, own_ctx = local.store, local.ctx
 
         def work(lease: Lease, out: list[SegmentResult]) -> None:
@@ -631,7 +645,8 @@ def compact(store: ObjectStore, plan: Plan, ctx: Context, options: CompactOption
     """Compact what ``plan`` selected, in this process, through the same steps as the DAG: the plan becomes
     the run's scan, the budget is applied (largest first), then :func:`run_local`."""
     settings = RunSettings(store.bucket, ctx.prefix, ctx.run_id, ctx.options.codec.label, ctx.options.level,
-                           options.lease_ttl_seconds, ctx.verify.value)
+                           options.lease_ttl_seconds, ctx.verify.value,
+                           ctx.swap.mode.value if ctx.swap.mode is not None else AUTO_SWAP)
     write_scan(store, settings, plan)
     plan_run(store, settings, options)
     return run_local(store, settings, ctx, options, progress)

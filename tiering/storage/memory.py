@@ -3,8 +3,9 @@ protocol run on it without moto. It satisfies :class:`~tiering.storage.objects.O
 
 - Errors: S3Store's types, with the code, status and message :func:`~tiering.storage.store.translate` gives them.
 - Conditions: ``If-None-Match: *`` refuses an existing key (412); ``If-Match`` refuses another ETag (412) or
-  a missing key (404) on PUT, GET and DELETE; a DELETE without one succeeds on a missing key. Unlike moto,
-  ``CopyObject``'s source condition and ``DeleteObjects``' per-object ETags are enforced, as S3 does.
+  a missing key (404) on PUT, GET, DELETE and a copy's target; a DELETE without one succeeds on a missing key.
+  Unlike moto, ``CopyObject``'s source and target conditions and ``DeleteObjects``' per-object ETags are
+  enforced, as S3 does.
 - ETags: the quoted hex MD5 for a PUT or a copy; the MD5 of the parts' MD5s and ``-<parts>`` for a multipart
   upload. Metadata names are kept in lower case; a copy keeps metadata, content headers and tags, and takes
   storage class and encryption from the request. Archived objects (GLACIER, DEEP_ARCHIVE) cannot be read.
@@ -21,7 +22,6 @@ SSE-KMS ETags (S3's are not MD5s), and S3's checks of tags, part sizes and copie
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -29,7 +29,7 @@ import os
 import secrets
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, BinaryIO, Final, TypeVar
@@ -42,18 +42,16 @@ from tiering.storage.store import (
     _ENCRYPTION,
     DEFAULT_PART_BYTES,
     MAX_DELETE_KEYS,
-    MAX_PARTS,
-    MIN_PART_BYTES,
     BucketFacts,
     ObjectAttrs,
     ObjectInfo,
     ObjectNotFound,
     PreconditionFailed,
+    StreamUpload,
     TransportError,
     check_stored,
     crc32c_b64,
     put_json,
-    same_crc,
 )
 
 if TYPE_CHECKING:
@@ -297,6 +295,15 @@ class MemoryStore:
             return self._write(key, src.data, "copy_object", metadata=src.metadata, headers=self._kept(src, attrs),
                                tags=src.tags, storage_class=attrs.storage_class).etag
 
+    def copy_over(self, source: str, key: str, *, source_etag: str, if_match: str, attrs: ObjectAttrs,
+                  size: int) -> ObjectInfo:
+        with self._lock:
+            self._count("CopyObject")
+            src = self._source(source, key, source_etag)
+            obj = self._write(key, src.data, "copy_object", if_match=if_match, metadata=attrs.metadata,
+                              headers=attrs.headers, tags=attrs.tags, storage_class=attrs.storage_class)
+        return ObjectInfo(key, len(obj.data), obj.etag, obj.last_modified, attrs.storage_class, attrs.metadata)
+
     def transition(self, key: str, *, etag: str, attrs: ObjectAttrs, storage_class: str) -> str:
         with self._lock:
             self._count("CopyObject")
@@ -387,54 +394,44 @@ class MemoryStore:
             self._uploads[upload_id] = _Upload(key, self._now(), dict(metadata or {}))
             return upload_id
 
-    def _put_part(self, key: str, upload_id: str, number: int, data: bytes) -> None:
-        with self._lock:
-            self._count("UploadPart")
-            self._upload(key, upload_id, "upload_part").parts[number] = data
-
-    def _complete(self, key: str, upload_id: str, *, if_none_match: bool) -> str:
-        with self._lock:
-            self._count("CompleteMultipartUpload")
-            up = self._upload(key, upload_id, "complete_multipart_upload")
-            parts = [up.parts[n] for n in sorted(up.parts)]
-            obj = self._write(key, b"".join(parts), "complete_multipart_upload", if_none_match=if_none_match,
-                              metadata=up.metadata, etag=multipart_etag(parts))  # refused: the upload stays
-            del self._uploads[upload_id]
-            return obj.etag
-
     def upload(self, key: str, stream: BinaryIO, *, part_bytes: int = DEFAULT_PART_BYTES,
                metadata: dict[str, str] | None = None, if_none_match: bool = False,
                crc: int | None = None) -> str:
-        """As :meth:`S3Store.upload`: one PUT for a small input, else a multipart upload with at most two parts
-        read from ``stream`` at a time, aborted if anything fails; with ``crc`` checked as S3Store checks it."""
-        if part_bytes < MIN_PART_BYTES:
-            raise ConfigError("part size below S3's minimum", expected=f">= {MIN_PART_BYTES}", found=part_bytes)
-        where = f"s3://{self.bucket}/{key}"
-        first = stream.read(part_bytes)
-        nxt = stream.read(part_bytes) if len(first) == part_bytes else b""
-        if not nxt:
-            if crc is not None:
-                same_crc(where, crc32c.crc32c(first), crc)
-            return self.put(key, first, if_none_match=if_none_match, metadata=metadata, checksum=crc is not None)
-        upload_id = self.create_upload(key, metadata=metadata)
-        try:
-            chunk, number, running = first, 1, 0
-            while chunk:
-                if number > MAX_PARTS:
-                    raise ConfigError("object needs more parts than S3 allows; raise the part size",
-                                      path=where, expected=f"<= {MAX_PARTS}", found=number)
-                running = crc32c.crc32c(chunk, running)
-                self._put_part(key, upload_id, number, chunk)
-                chunk, nxt, number = nxt, (stream.read(part_bytes) if nxt else b""), number + 1
-            if crc is not None:
-                same_crc(where, running, crc)
-            etag = self._complete(key, upload_id, if_none_match=if_none_match)
-        except BaseException:
-            with contextlib.suppress(StorageError):
-                self.abort_upload(key, upload_id)
-            raise
+        """As :meth:`S3Store.upload`."""
+        with self.writer(key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
+                         checksum=crc is not None) as out:
+            while chunk := stream.read(part_bytes):
+                out.write(chunk)
+            return out.finish(expect_crc=crc).etag
+
+    def writer(self, key: str, *, part_bytes: int = DEFAULT_PART_BYTES, metadata: dict[str, str] | None = None,
+               if_none_match: bool = False, checksum: bool = False, in_flight: int = 2) -> StreamUpload:
+        """As :meth:`S3Store.writer`: the same :class:`StreamUpload` on this store's upload calls."""
+        return StreamUpload(self, key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
+                            checksum=checksum, in_flight=in_flight)
+
+    def _single(self, key: str, data: bytes, metadata: dict[str, str], if_none_match: bool,
+                crc: int | None) -> str:
+        return self.put(key, data, if_none_match=if_none_match, metadata=metadata, checksum=crc is not None)
+
+    def _start(self, key: str, metadata: dict[str, str], checksum: bool) -> str:
+        return self.create_upload(key, metadata=metadata)
+
+    def _part(self, key: str, upload_id: str, number: int, data: bytes, checksum: bool) -> dict[str, Any]:
+        with self._lock:
+            self._count("UploadPart")
+            self._upload(key, upload_id, "upload_part").parts[number] = data
+        return {"PartNumber": number}
+
+    def _finish(self, key: str, upload_id: str, parts: Sequence[dict[str, Any]], if_none_match: bool,
+                crc: int | None) -> str:
+        with self._lock:
+            self._count("CompleteMultipartUpload")
+            up = self._upload(key, upload_id, "complete_multipart_upload")
+            data = [up.parts[p["PartNumber"]] for p in parts]
+            obj = self._write(key, b"".join(data), "complete_multipart_upload", if_none_match=if_none_match,
+                              metadata=up.metadata, etag=multipart_etag(data))  # refused: the upload stays
+            del self._uploads[upload_id]
         if crc is not None:
-            with self._lock:
-                stored = self._objects[key].data
-            check_stored(where, self._reported_crc(stored), crc)
-        return etag
+            check_stored(f"s3://{self.bucket}/{key}", self._reported_crc(obj.data), crc)
+        return obj.etag

@@ -21,7 +21,14 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
-from tiering.storage.store import DEFAULT_PART_BYTES, BucketFacts, ObjectAttrs, ObjectInfo
+from tiering.storage.store import (
+    DEFAULT_PART_BYTES,
+    BucketFacts,
+    ObjectAttrs,
+    ObjectInfo,
+    PreconditionFailed,
+    StreamUpload,
+)
 
 
 @runtime_checkable
@@ -56,6 +63,9 @@ class ObjectStore(Protocol):
 
     def copy(self, source: str, key: str, *, source_etag: str, attrs: ObjectAttrs) -> str: ...
 
+    def copy_over(self, source: str, key: str, *, source_etag: str, if_match: str, attrs: ObjectAttrs,
+                  size: int) -> ObjectInfo: ...
+
     def transition(self, key: str, *, etag: str, attrs: ObjectAttrs, storage_class: str) -> str: ...
 
     def get_json(self, key: str) -> tuple[Any, str]: ...
@@ -78,3 +88,20 @@ class ObjectStore(Protocol):
     def upload(self, key: str, stream: BinaryIO, *, part_bytes: int = DEFAULT_PART_BYTES,
                metadata: dict[str, str] | None = None, if_none_match: bool = False,
                crc: int | None = None) -> str: ...
+
+    def writer(self, key: str, *, part_bytes: int = DEFAULT_PART_BYTES, metadata: dict[str, str] | None = None,
+               if_none_match: bool = False, checksum: bool = False, in_flight: int = 2) -> StreamUpload: ...
+
+
+def copy_honours_if_match(store: ObjectStore, scratch: str) -> bool:
+    """Whether ``store`` refuses a CopyObject whose target ``If-Match`` does not hold, as S3 does (moto 5.2.5
+    and some S3-compatible stores copy regardless). Writes a scratch object at ``scratch`` (a key no one
+    else writes), copies it onto itself with an ``If-Match`` no object has, and deletes it (3 requests)."""
+    etag = store.put(scratch, b"probe")
+    try:
+        store.copy_over(scratch, scratch, source_etag=etag, if_match=f'"{"0" * 32}"', attrs=ObjectAttrs(), size=5)
+    except PreconditionFailed:
+        return True
+    finally:
+        store.delete(scratch, missing_ok=True)
+    return False

@@ -19,11 +19,14 @@ import hashlib
 import io
 import json
 import os
+import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO, Final, Protocol, cast
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
@@ -57,6 +60,7 @@ DEFAULT_MAX_ATTEMPTS: Final = 8  # requests in all, the first included
 MIN_PART_BYTES: Final = 5 * 1024 * 1024  # S3's smallest part (all but the last)
 DEFAULT_PART_BYTES: Final = 16 * 1024 * 1024
 MAX_PARTS: Final = 10_000
+MAX_COPY_BYTES: Final = 5 * 1024 ** 3  # CopyObject's largest source
 MAX_DELETE_KEYS: Final = 1000  # DeleteObjects takes at most this many keys a request
 
 
@@ -121,6 +125,137 @@ def check_stored(where: str, reported: str | None, ours: int) -> None:
     if reported != crc32c_b64(ours):
         raise ChecksumMismatch("the store reports another CRC-32C than the bytes sent have", path=where,
                                expected=crc32c_b64(ours), found=reported)
+
+
+@dataclass(frozen=True, slots=True)
+class Uploaded:
+    """An object a :class:`StreamUpload` completed: its ETag, size and the CRC-32C of the bytes written."""
+
+    etag: str
+    size: int
+    crc32c: int
+
+
+class _Multipart(Protocol):
+    """What a :class:`StreamUpload` needs of a store: S3's upload calls, each checked as its store checks them."""
+
+    bucket: str
+
+    def _single(self, key: str, data: bytes, metadata: dict[str, str], if_none_match: bool,
+                crc: int | None) -> str: ...
+
+    def _start(self, key: str, metadata: dict[str, str], checksum: bool) -> str: ...
+
+    def _part(self, key: str, upload_id: str, number: int, data: bytes, checksum: bool) -> dict[str, Any]: ...
+
+    def _finish(self, key: str, upload_id: str, parts: Sequence[dict[str, Any]], if_none_match: bool,
+                crc: int | None) -> str: ...
+
+    def abort_upload(self, key: str, upload_id: str) -> None: ...
+
+
+class StreamUpload(io.RawIOBase):
+    """A writable file that uploads what is written to it while it is written: parts of ``part_bytes`` go out
+    on ``in_flight`` threads as they fill (memory holds at most ``in_flight`` parts being sent and the one
+    filling), so no copy of the object is kept anywhere. An object that fits in one part is sent by a single
+    PUT at :meth:`finish`; a larger one is a multipart upload, started when the second part begins.
+
+    :meth:`finish` completes it and returns the :class:`Uploaded`; leaving the ``with`` block without
+    finishing (an error, a rewrite not worth keeping) aborts it, and nothing is left billed. With
+    ``checksum``, every part and the whole object carry their CRC-32C (S3 refuses bytes that do not have
+    it) and the one S3 reports for the stored object must equal the CRC-32C of the bytes written
+    (:func:`check_stored`)."""
+
+    def __init__(self, store: _Multipart, key: str, *, part_bytes: int = DEFAULT_PART_BYTES,
+                 metadata: dict[str, str] | None = None, if_none_match: bool = False, checksum: bool = False,
+                 in_flight: int = 2) -> None:
+        super().__init__()
+        if part_bytes < MIN_PART_BYTES:
+            raise ConfigError("part size below S3's minimum", expected=f">= {MIN_PART_BYTES}", found=part_bytes)
+        self.store, self.key, self.part_bytes, self.in_flight = store, key, part_bytes, max(1, in_flight)
+        self.metadata, self.if_none_match, self.checksum = dict(metadata or {}), if_none_match, checksum
+        self.where = f"s3://{store.bucket}/{key}"
+        self.size = self.crc = 0
+        self.upload_id: str | None = None
+        self.result: Uploaded | None = None
+        self._buf = bytearray()
+        self._sent: list[Future[dict[str, Any]]] = []
+        self._pool: ThreadPoolExecutor | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if self.result is not None or self.closed:
+            raise ValueError("write to a finished or aborted upload")
+        view = memoryview(data).cast("B")
+        self._buf += view
+        self.size += len(view)
+        self.crc = crc32c.crc32c(view, self.crc)
+        while len(self._buf) > self.part_bytes:  # more than a part: this one is not the last
+            part = bytes(self._buf[: self.part_bytes])
+            del self._buf[: self.part_bytes]
+            self._send(part)
+        return len(view)
+
+    def _send(self, part: bytes) -> None:
+        if self.upload_id is None:
+            self.upload_id = self.store._start(self.key, self.metadata, self.checksum)
+            self._pool = ThreadPoolExecutor(self.in_flight, thread_name_prefix="tiering-upload")
+        number = len(self._sent) + 1
+        if number > MAX_PARTS:
+            raise ConfigError("object needs more parts than S3 allows; raise the part size", path=self.where,
+                              expected=f"<= {MAX_PARTS}", found=number)
+        waiting = [f for f in self._sent if not f.done()]
+        if len(waiting) >= self.in_flight:  # bounded memory: wait for the oldest part still on its way
+            waiting[0].result()
+        assert self._pool is not None
+        assert self.upload_id is not None
+        self._sent.append(self._pool.submit(self.store._part, self.key, self.upload_id, number, part, self.checksum))
+
+    def finish(self, *, expect_crc: int | None = None) -> Uploaded:
+        """Complete the object. ``expect_crc``: the CRC-32C its producer computed; other bytes written are a
+        :class:`ProofError` and nothing is completed."""
+        if self.result is not None:
+            return self.result
+        if expect_crc is not None:
+            same_crc(self.where, self.crc, expect_crc)
+        crc = self.crc if self.checksum else None
+        if self.upload_id is None:
+            etag = self.store._single(self.key, bytes(self._buf), self.metadata, self.if_none_match, crc)
+        else:
+            self._send(bytes(self._buf))
+            parts = [f.result() for f in self._sent]
+            etag = self.store._finish(self.key, self.upload_id, parts, self.if_none_match, crc)
+        self._buf = bytearray()
+        self.result = Uploaded(etag, self.size, self.crc)
+        self._shutdown()
+        return self.result
+
+    def abort(self) -> None:
+        """Give the upload up: parts on their way are waited for, then the multipart upload is aborted (its
+        own errors are not raised: the error that made us abort is the one to report; cleanup and a
+        lifecycle rule abort a straggler)."""
+        self._buf = bytearray()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        if self.upload_id is not None and self.result is None:
+            with contextlib.suppress(StorageError):
+                self.store.abort_upload(self.key, self.upload_id)
+            self.upload_id = None
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._sent = []
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.result is None:
+            self.abort()
+        super().__exit__(exc_type, exc, tb)
 
 
 class NoCredentials(StorageError):
@@ -392,13 +527,15 @@ class S3Store:
     bucket: str
     requests: Counter[str] = field(default_factory=Counter)
     counting: bool = field(default=True, repr=False)  # False: another store counts this client's calls
+    _counter_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.counting:
             self.client.meta.events.register("before-call.s3", self._count)
 
     def _count(self, model: Any, **_: Any) -> None:
-        self.requests[str(model.name)] += 1
+        with self._counter_lock:  # an upload's parts are sent from several threads
+            self.requests[str(model.name)] += 1
 
     @contextlib.contextmanager
     def _errors(self, action: str, key: str | None) -> Iterator[None]:
@@ -554,6 +691,23 @@ class S3Store:
                        CopySourceIfMatch=source_etag, MetadataDirective="COPY", TaggingDirective="COPY", **kwargs)
         return str(r["CopyObjectResult"]["ETag"])
 
+    def copy_over(self, source: str, key: str, *, source_etag: str, if_match: str, attrs: ObjectAttrs,
+                  size: int) -> ObjectInfo:
+        """Replace ``key`` by a server-side copy of ``source`` (``size`` bytes), with ``attrs``' metadata,
+        content headers, tags, encryption and storage class (``REPLACE`` directives). ``CopySourceIfMatch``
+        copies only the version verified; ``IfMatch`` overwrites only the version planned on, as a PutObject
+        with ``If-Match`` would. Kafka segments stay under CopyObject's 5 GiB limit (``segment.bytes`` is an
+        int32). Returns the new object's key, size and ETag."""
+        if size > MAX_COPY_BYTES:
+            raise ConfigError("object above CopyObject's limit", path=f"s3://{self.bucket}/{source}",
+                              expected=f"<= {MAX_COPY_BYTES} bytes", found=size)
+        r = self._call("copy_object", key, CopySource={"Bucket": self.bucket, "Key": source},
+                       CopySourceIfMatch=source_etag, IfMatch=if_match, MetadataDirective="REPLACE",
+                       TaggingDirective="REPLACE", **attrs.put_args())
+        result = r["CopyObjectResult"]
+        when = result.get("LastModified") or server_time(r) or datetime.now(UTC)
+        return ObjectInfo(key, size, str(result["ETag"]), when, attrs.storage_class, attrs.metadata)
+
     def transition(self, key: str, *, etag: str, attrs: ObjectAttrs, storage_class: str) -> str:
         """Move an object to ``storage_class`` by copying it onto itself: metadata, tags, content headers and
         encryption kept. ``CopySourceIfMatch`` and ``IfMatch`` make S3 copy only the version planned on and
@@ -638,50 +792,46 @@ class S3Store:
     def upload(self, key: str, stream: BinaryIO, *, part_bytes: int = DEFAULT_PART_BYTES,
                metadata: dict[str, str] | None = None, if_none_match: bool = False,
                crc: int | None = None) -> str:
-        """Upload what ``stream`` yields, at most two parts of ``part_bytes`` in memory (the one being sent and
-        the next, read ahead to tell the last part). Small inputs go in a single PUT; a failed multipart
-        upload is aborted so that no parts are left billed. With ``crc``, the CRC-32C its producer computed:
-        the bytes read must have it (:class:`ProofError` otherwise: the local copy changed), every part and
-        the whole object are sent with their CRC-32C, and S3's for the stored object must equal it
-        (:func:`check_stored`). Returns the ETag."""
-        if part_bytes < MIN_PART_BYTES:
-            raise ConfigError("part size below S3's minimum", expected=f">= {MIN_PART_BYTES}", found=part_bytes)
-        where = f"s3://{self.bucket}/{key}"
-        first = stream.read(part_bytes)
-        nxt = stream.read(part_bytes) if len(first) == part_bytes else b""
-        if not nxt:
-            if crc is not None:
-                same_crc(where, crc32c.crc32c(first), crc)
-            return self._put(key, {"Body": first, "Metadata": metadata or {},
-                                   **({"IfNoneMatch": "*"} if if_none_match else {})}, crc)
-        checked = {"ChecksumAlgorithm": "CRC32C", "ChecksumType": "FULL_OBJECT"} if crc is not None else {}
-        upload_id = self._call("create_multipart_upload", key, Metadata=metadata or {}, **checked)["UploadId"]
-        try:
-            parts = []
-            chunk, number, running = first, 1, 0
-            while chunk:
-                if number > MAX_PARTS:
-                    raise ConfigError("object needs more parts than S3 allows; raise the part size",
-                                      path=where, expected=f"<= {MAX_PARTS}", found=number)
-                part: dict[str, Any] = {}
-                if crc is not None:
-                    running = crc32c.crc32c(chunk, running)
-                    part = {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": crc32c_b64(crc32c.crc32c(chunk))}
-                r = self._call("upload_part", key, UploadId=upload_id, PartNumber=number, Body=chunk, **part)
-                parts.append({"PartNumber": number, "ETag": r["ETag"],
-                              **({"ChecksumCRC32C": part["ChecksumCRC32C"]} if part else {})})
-                chunk, nxt, number = nxt, (stream.read(part_bytes) if nxt else b""), number + 1
-            extra: dict[str, Any] = {"IfNoneMatch": "*"} if if_none_match else {}
-            if crc is not None:
-                same_crc(where, running, crc)
-                extra |= {"ChecksumCRC32C": crc32c_b64(running), "ChecksumType": "FULL_OBJECT"}
-            r = self._call("complete_multipart_upload", key, UploadId=upload_id,
-                           MultipartUpload={"Parts": parts}, **extra)
-        except BaseException:
-            # The original error is the one to report; a lifecycle rule aborts any straggler.
-            with contextlib.suppress(StorageError):
-                self._call("abort_multipart_upload", key, UploadId=upload_id)
-            raise
+        """Upload what ``stream`` yields through a :meth:`writer` (a single PUT for a small input, else parts,
+        aborted if anything fails). With ``crc``, the CRC-32C its producer computed: the bytes read must have
+        it (:class:`ProofError` otherwise: the local copy changed) and the upload is checked by checksum.
+        Returns the ETag."""
+        with self.writer(key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
+                         checksum=crc is not None) as out:
+            while chunk := stream.read(part_bytes):
+                out.write(chunk)
+            return out.finish(expect_crc=crc).etag
+
+    def writer(self, key: str, *, part_bytes: int = DEFAULT_PART_BYTES, metadata: dict[str, str] | None = None,
+               if_none_match: bool = False, checksum: bool = False, in_flight: int = 2) -> StreamUpload:
+        """A :class:`StreamUpload` to ``key``: what is written goes to S3 as it comes, ``in_flight`` parts at once."""
+        return StreamUpload(self, key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
+                            checksum=checksum, in_flight=in_flight)
+
+    # StreamUpload's calls (_Multipart).
+
+    def _single(self, key: str, data: bytes, metadata: dict[str, str], if_none_match: bool,
+                crc: int | None) -> str:
+        return self._put(key, {"Body": data, "Metadata": metadata, **({"IfNoneMatch": "*"} if if_none_match else {})},
+                         crc)
+
+    def _start(self, key: str, metadata: dict[str, str], checksum: bool) -> str:
+        checked = {"ChecksumAlgorithm": "CRC32C", "ChecksumType": "FULL_OBJECT"} if checksum else {}
+        return str(self._call("create_multipart_upload", key, Metadata=metadata, **checked)["UploadId"])
+
+    def _part(self, key: str, upload_id: str, number: int, data: bytes, checksum: bool) -> dict[str, Any]:
+        crc = {"ChecksumCRC32C": crc32c_b64(crc32c.crc32c(data))} if checksum else {}
+        r = self._call("upload_part", key, UploadId=upload_id, PartNumber=number, Body=data,
+                       **({"ChecksumAlgorithm": "CRC32C"} | crc if checksum else {}))
+        return {"PartNumber": number, "ETag": r["ETag"], **crc}
+
+    def _finish(self, key: str, upload_id: str, parts: Sequence[dict[str, Any]], if_none_match: bool,
+                crc: int | None) -> str:
+        extra: dict[str, Any] = {"IfNoneMatch": "*"} if if_none_match else {}
         if crc is not None:
-            check_stored(where, r.get("ChecksumCRC32C") or self._stored_crc(key), crc)
+            extra |= {"ChecksumCRC32C": crc32c_b64(crc), "ChecksumType": "FULL_OBJECT"}
+        r = self._call("complete_multipart_upload", key, UploadId=upload_id, MultipartUpload={"Parts": list(parts)},
+                       **extra)
+        if crc is not None:
+            check_stored(f"s3://{self.bucket}/{key}", r.get("ChecksumCRC32C") or self._stored_crc(key), crc)
         return str(r["ETag"])

@@ -1,0 +1,135 @@
+"""StreamUpload: what is written goes to S3 while it is written, in parts of a fixed size with a bounded number
+in flight; a single PUT when it all fits in one part; aborted whenever it is not finished; checked by the
+CRC-32C S3 reports for what it stored."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import crc32c
+import pytest
+
+from tests.s3.hooks import Step
+from tiering.errors import ProofError, StorageError
+from tiering.storage.memory import MemoryStore
+from tiering.storage.store import MIN_PART_BYTES, ChecksumMismatch, S3Store, crc32c_b64
+
+
+def _write_in_pieces(out: Any, data: bytes, piece: int = 1 << 20) -> None:
+    for at in range(0, len(data), piece):
+        out.write(memoryview(data)[at:at + piece])
+
+
+def _upload(store: Any, data: bytes, *, expect_crc: int | None = None) -> None:
+    with store.writer("k", part_bytes=MIN_PART_BYTES, checksum=True) as out:
+        _write_in_pieces(out, data)
+        out.finish(expect_crc=expect_crc)
+
+
+def test_a_large_object_goes_in_parts_as_it_is_written_with_its_full_object_crc(store: S3Store) -> None:
+    data = os.urandom(2 * MIN_PART_BYTES + 12345)
+    with store.writer("big", part_bytes=MIN_PART_BYTES, checksum=True) as out:
+        _write_in_pieces(out, data)
+        assert store.requests["UploadPart"] >= 1  # the first part left before the end was written
+        done = out.finish()
+    assert (done.size, done.crc32c) == (len(data), crc32c.crc32c(data))
+    assert done.etag.endswith('-3"')
+    assert store.get("big") == data
+    head = store.client.head_object(Bucket=store.bucket, Key="big", ChecksumMode="ENABLED")
+    assert (head["ChecksumCRC32C"], head["ChecksumType"]) == (crc32c_b64(done.crc32c), "FULL_OBJECT")
+    used = store.requests
+    assert (used["CreateMultipartUpload"], used["UploadPart"], used["CompleteMultipartUpload"]) == (1, 3, 1)
+
+
+def test_an_object_that_fits_in_one_part_is_a_single_put(store: S3Store) -> None:
+    data = os.urandom(MIN_PART_BYTES)  # exactly one part: nothing shows it is not the last until the end
+    with store.writer("one", part_bytes=MIN_PART_BYTES, checksum=True) as out:
+        _write_in_pieces(out, data)
+        etag = out.finish().etag
+    assert store.get("one") == data
+    assert store.head("one").etag == etag
+    assert store.requests["CreateMultipartUpload"] == 0
+    assert store.requests["PutObject"] == 1
+
+
+def test_leaving_the_block_unfinished_aborts_and_leaves_nothing(store: S3Store) -> None:
+    data = os.urandom(2 * MIN_PART_BYTES + 1)
+    def fail() -> None:
+        with store.writer("gone", part_bytes=MIN_PART_BYTES) as out:
+            _write_in_pieces(out, data)
+            raise RuntimeError("the rewrite failed")
+
+    with pytest.raises(RuntimeError):
+        fail()
+    assert store.requests["AbortMultipartUpload"] == 1
+    assert list(store.list_uploads("")) == []
+    assert [o.key for o in store.list("gone")] == []
+    with store.writer("skipped", part_bytes=MIN_PART_BYTES) as out:  # not worth keeping: left unfinished
+        _write_in_pieces(out, data)
+    assert list(store.list_uploads("")) == []
+    assert [o.key for o in store.list("skipped")] == []
+
+
+def test_a_part_s3_refuses_fails_the_upload_and_aborts_it(store: S3Store) -> None:
+    def refuse(**_: Any) -> None:
+        raise StorageError("upload_part failed with S3 error InternalError (HTTP 500)")
+    Step(store, "UploadPart", lambda p: p["PartNumber"] == 2, refuse)
+    data = os.urandom(3 * MIN_PART_BYTES + 1)
+    with pytest.raises(StorageError, match="InternalError"):
+        _upload(store, data)
+    assert list(store.list_uploads("")) == []
+    assert [o.key for o in store.list("k")] == []
+
+
+def test_other_bytes_than_the_producer_computed_are_never_completed(store: S3Store) -> None:
+    data = os.urandom(MIN_PART_BYTES + 1)
+    with pytest.raises(ProofError, match="not the ones produced"):
+        _upload(store, data, expect_crc=crc32c.crc32c(data[:-1] + b"x"))
+    assert list(store.list_uploads("")) == []
+    assert [o.key for o in store.list("k")] == []
+
+
+class _Slow(MemoryStore):
+    """Parts take a while to send; the store notes how many were on their way at once."""
+
+    def __init__(self) -> None:
+        super().__init__("b")
+        self.sending = self.most = 0
+        self.gate = threading.Lock()
+
+    def _part(self, *args: Any) -> dict[str, Any]:
+        with self.gate:
+            self.sending += 1
+            self.most = max(self.most, self.sending)
+        time.sleep(0.05)
+        try:
+            return super()._part(*args)
+        finally:
+            with self.gate:
+                self.sending -= 1
+
+
+@pytest.mark.parametrize("in_flight", [1, 2, 3])
+def test_no_more_parts_than_asked_are_on_their_way_at_once(in_flight: int) -> None:
+    mem = _Slow()
+    data = os.urandom(8 * MIN_PART_BYTES + 7)
+    with mem.writer("k", part_bytes=MIN_PART_BYTES, in_flight=in_flight, checksum=True) as out:
+        _write_in_pieces(out, data)
+        out.finish()
+    assert mem.get("k") == data
+    assert 1 <= mem.most <= in_flight
+    if in_flight > 1:
+        assert mem.most > 1  # they do overlap
+
+
+def test_a_store_reporting_another_crc_fails_loudly() -> None:
+    class Wrong(MemoryStore):
+        def _reported_crc(self, stored: bytes) -> str | None:
+            return crc32c_b64(crc32c.crc32c(stored) ^ 1)
+
+    data = os.urandom(2 * MIN_PART_BYTES)
+    with pytest.raises(ChecksumMismatch):
+        _upload(Wrong("b"), data)
