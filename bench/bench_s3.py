@@ -1,21 +1,25 @@
 """S3 figures in one run: a scan of a large bucket, and rewrite throughput through S3 vs a local file.
 
     make bench-s3
-    .venv/bin/python bench/bench_s3.py --objects 100000 --segment-mib 64 --repeat 3
+    .venv/bin/python bench/bench_s3.py --objects 100000 --segment-mib 64 256 1024 --repeat 2
 
 1. **Scan.** A moto server on loopback (in this process) holds ``--objects`` segment objects: partitions
    of 100 segments, each with ``.log``, ``.index``, ``.timeindex`` and ``.snapshot`` (tiny bodies: a
    scan reads listings only). ``tiering s3 scan --json`` runs as users run it, in its own process; its
-   wall time, CPU time (``wait4``) and peak RSS (VmHWM, polled) are reported. moto answers every
+   wall time, CPU time (``wait4``) and peak RSS (VmHWM, polled: it is reset at exec) are reported. moto answers every
    prefixed listing by walking all keys of the bucket, so on a large bucket the server dominates the
    wall time: the CPU seconds of the scanner process are the figure that belongs to this project.
-2. **Rewrite through S3.** One generated segment (snappy JSON events) is compacted to zstd level 3 by
-   the full commit protocol (GET, rewrite, stage and verify, back up, swap, indexes) against a moto
-   server in another process, once in each verification mode (``read-back``: the staged ``.log``
-   downloaded and decoded again; ``checksum``: S3's CRC-32C of what it stored compared); the baseline is
-   ``rewrite_file`` of the same bytes on the local disk in the same run. Reported as the ratio of
-   throughputs (S3 / local), best of ``--repeat``, with the requests one compaction made and the GETs of
-   its staged ``.log``.
+2. **Compaction through S3.** For each ``--segment-mib`` (default 64, 256 and 1024), one generated segment
+   (snappy JSON events) is compacted to zstd level 3 by the full commit protocol against a moto server in
+   another process, in three configurations (verify + swap): ``read-back + put`` (the staged ``.log``
+   read back, then downloaded again and PUT over the original: the path before checksums and the
+   server-side swap, and the one for stores with neither), ``checksum + put`` and ``checksum + copy`` (S3's
+   CRC-32C of what it stored, then a server-side CopyObject). Each compaction runs in its own process
+   (``bench/s3_compaction.py``, the orchestrator the CLI uses) with an empty work directory as TMPDIR;
+   reported: wall and CPU seconds, the ratios to ``rewrite_file`` of the same bytes on the local disk in
+   the same run (best of ``--repeat``), the moto server's CPU seconds meanwhile, the compaction's requests,
+   its GETs of staged objects, its peak RSS (its own VmHWM) and the most bytes of files under the work
+   directory it held open (a spool is unlinked at once: counted through ``/proc/<pid>/fd``).
 
 Prints a table and writes ``bench/out/bench_s3.json``.
 """
@@ -28,6 +32,7 @@ import json
 import logging
 import os
 import platform
+import resource
 import shutil
 import socket
 import subprocess
@@ -104,7 +109,9 @@ def _child(cmd: list[str]) -> dict[str, Any]:
         out.seek(0)
         doc = json.loads(out.read())
     return {"seconds": round(seconds, 2), "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 2),
-            "peak_rss_mib": round(max(peak_kib, usage.ru_maxrss) / 1024, 1), "doc": doc}
+            # VmHWM polled (reset at exec); not wait4's ru_maxrss, which counts the parent's pages the child
+            # was forked with
+            "peak_rss_mib": round(peak_kib / 1024, 1), "doc": doc}
 
 
 def bench_scan(objects: int) -> dict[str, Any]:
@@ -143,27 +150,44 @@ def _label(verify: Verify, swap: Swap) -> str:
     return f"{verify.value} + {swap.value}"
 
 
-def _dir_bytes(path: Path) -> int:
+def _cpu_seconds() -> float:
+    """CPU seconds of this process so far (every thread's)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _proc_cpu_seconds(pid: int) -> float:
+    """CPU seconds of another process so far (utime + stime of /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _open_bytes(pid: int, work_dir: Path) -> int:
+    """The bytes of the files under ``work_dir`` process ``pid`` has open, unlinked ones included (a spool is
+    a temporary file: deleted from the directory at once, still on disk)."""
     total = 0
-    for f in path.rglob("*"):
-        with contextlib.suppress(OSError):
-            total += f.stat().st_size
+    fds = Path(f"/proc/{pid}/fd")
+    with contextlib.suppress(OSError):
+        for fd in fds.iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd).startswith(str(work_dir)):
+                    total += os.stat(fd).st_size
     return total
 
 
 def _compaction(endpoint: str, topic: str, verify: Verify, swap: Swap, work_dir: Path) -> dict[str, Any]:
-    """bench/s3_compaction.py in its own process (TMPDIR and --work-dir an empty directory): its JSON, with
-    its peak RSS and the most bytes its work directory held while it ran."""
+    """bench/s3_compaction.py in its own process (TMPDIR and --work-dir an empty directory): its JSON (with its
+    peak RSS), and the most bytes of files under the work directory it held open while it ran."""
     cmd = [sys.executable, str(Path(__file__).parent / "s3_compaction.py"), "--endpoint", endpoint,
            "--bucket", "bench", "--prefix", "kafka", "--topic", topic, "--verify", verify.value,
            "--swap", swap.value, "--work-dir", str(work_dir)]
-    peak_kib = spooled = 0
+    spooled = 0
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env={**os.environ, "TMPDIR": str(work_dir)})
         while True:
-            peak_kib = max(peak_kib, _vm_hwm_kib(proc.pid) or 0)
-            spooled = max(spooled, _dir_bytes(work_dir))
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            spooled = max(spooled, _open_bytes(proc.pid, work_dir))
+            pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             time.sleep(0.05)
@@ -174,7 +198,7 @@ def _compaction(endpoint: str, topic: str, verify: Verify, swap: Swap, work_dir:
         doc: dict[str, Any] = json.loads(out.read())
     if [s["status"] for s in doc["segments"]] != ["compacted"]:
         raise RuntimeError(f"compaction did not compact the segment: {doc['segments']}")
-    return {**doc, "peak_rss_mib": round(max(peak_kib, usage.ru_maxrss) / 1024, 1), "work_dir_max_bytes": spooled}
+    return {**doc, "peak_rss_mib": round(doc["peak_rss_kib"] / 1024, 1), "work_dir_max_bytes": spooled}
 
 
 def _drop(store: S3Store, prefix: str) -> None:
@@ -188,25 +212,28 @@ def bench_rewrite(segment_mib: list[int], repeat: int) -> list[dict[str, Any]]:
     own process, best of ``repeat``; the requests of one compaction, the GETs of staged objects, the peak
     RSS of the compaction process and the most its work directory held."""
     rows = []
-    with moto_process("bench") as (store, endpoint, _), tempfile.TemporaryDirectory() as tmp:
+    with moto_process("bench") as (store, endpoint, moto_pid), tempfile.TemporaryDirectory() as tmp:
         for mib in segment_mib:
             generated = generate_partition(segments=2, kind="json", codec=Codec.SNAPPY, segment_bytes=mib * MIB)
             segment = generated[0]
             options = RewriteOptions(Codec.ZSTD, 3)
             path = Path(tmp) / f"{segment.base_offset:020d}.log"
             path.write_bytes(segment.log)
-            local_best = float("inf")
+            local_best = local_cpu = float("inf")
             runs: dict[tuple[Verify, Swap], dict[str, Any]] = {}
             for round_no in range(repeat):
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), _cpu_seconds()
                 result, _ = rewrite_file(path, Path(tmp) / "out.log", options)
                 local_best = min(local_best, time.perf_counter() - started)
+                local_cpu = min(local_cpu, _cpu_seconds() - cpu)
                 for verify, swap in CONFIGS:
                     topic = f"s{mib}-r{round_no}-{verify.value}-{swap.value}"
                     upload_partition(store, "kafka", topic, 0, generated)
                     work = Path(tmp) / f"work-{topic}"
                     work.mkdir()
+                    moto_cpu = _proc_cpu_seconds(moto_pid)
                     doc = _compaction(endpoint, topic, verify, swap, work)
+                    doc["moto_cpu_seconds"] = _proc_cpu_seconds(moto_pid) - moto_cpu
                     _drop(store, f"kafka/{topic}-0/")
                     _drop(store, "kafka/_tiering/")
                     best = runs.get((verify, swap))
@@ -220,10 +247,14 @@ def bench_rewrite(segment_mib: list[int], repeat: int) -> list[dict[str, Any]]:
             rows.append({
                 "segment_mib": mib, "segment_bytes": size, "bytes_out": result.stats.bytes_out,
                 "local_seconds": round(local_best, 3), "local_mib_per_s": round(size / MIB / local_best, 1),
+                "local_cpu_seconds": round(local_cpu, 3),
                 "configs": {_label(*c): {
                     "verify": c[0].value, "swap": c[1].value, "s3_seconds": round(d["seconds"], 3),
                     "s3_mib_per_s": round(size / MIB / d["seconds"], 1),
                     "ratio_s3_to_local": round(local_best / d["seconds"], 3),
+                    "cpu_seconds": round(d["cpu_seconds"], 3),
+                    "cpu_ratio_s3_to_local": round(local_cpu / d["cpu_seconds"], 3),
+                    "moto_cpu_seconds": round(d["moto_cpu_seconds"], 3),
                     "requests": sum(d["requests"].values()), "requests_by_operation": d["requests"],
                     "staged_gets": d["staged_gets"], "staged_log_gets": d["staged_log_gets"],
                     "peak_rss_mib": d["peak_rss_mib"], "work_dir_max_bytes": d["work_dir_max_bytes"]}
@@ -260,13 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         ("peak RSS of the scanner process", f"{s['peak_rss_mib']:.0f} MiB"),
     ):
         print(f"{name:<44} {value:>14}")
-    print(f"\n{'segment':>8} {'verify + swap':<20} {'MiB/s':>7} {'local':>7} {'ratio':>6} {'requests':>8} "
-          f"{'staged GETs':>11} {'peak RSS':>9} {'on disk':>8}")
+    print(f"\n{'segment':>8} {'verify + swap':<20} {'MiB/s':>7} {'local':>7} {'ratio':>6} {'CPU ratio':>9} "
+          f"{'requests':>8} {'staged GETs':>11} {'peak RSS':>9} {'on disk':>8}")
     for row in rewrite_doc:
         for label, c in row["configs"].items():
             print(f"{row['segment_mib']:>4} MiB {label:<20} {c['s3_mib_per_s']:>7.1f} {row['local_mib_per_s']:>7.1f} "
-                  f"{c['ratio_s3_to_local']:>6.2f} {c['requests']:>8} {c['staged_gets']:>11} "
-                  f"{c['peak_rss_mib']:>5.0f} MiB {c['work_dir_max_bytes'] / MIB:>4.0f} MiB")
+                  f"{c['ratio_s3_to_local']:>6.2f} {c['cpu_ratio_s3_to_local']:>9.2f} {c['requests']:>8} "
+                  f"{c['staged_gets']:>11} {c['peak_rss_mib']:>5.0f} MiB {c['work_dir_max_bytes'] / MIB:>4.0f} MiB")
     copy = _label(Verify.CHECKSUM, Swap.COPY)
     if len(rewrite_doc) > 1:
         low, high = rewrite_doc[0], rewrite_doc[-1]

@@ -3,14 +3,16 @@
     python bench/s3_compaction.py --endpoint URL --bucket B --prefix P --topic T --verify checksum --swap copy
 
 Scans ``P`` for topic ``T`` and compacts it to zstd level 3 with the same orchestrator the CLI uses, then
-prints one JSON document: the compaction's seconds, its S3 requests by operation, the GETs of staged
-objects, and every segment's status.
+prints one JSON document: the compaction's seconds (wall and CPU), its S3 requests by operation, the GETs of staged
+objects, every segment's status, and the process's peak RSS (read by the process itself: a parent's
+``wait4`` would report the pages of the fork it was started from).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from typing import Any
@@ -25,6 +27,18 @@ from tiering.run.pipeline import compact
 from tiering.storage.store import S3Store, make_client
 
 STAGING = "/_tiering/staging/"
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process so far, every thread's (the upload parts are sent from threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _vm_hwm_kib() -> int:
+    """This process's peak resident size (VmHWM: reset at exec, so none of the parent's pages)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,11 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     before = dict(store.requests)
     ctx = Context(store, args.prefix, f"bench-{args.topic}", RewriteOptions(Codec.ZSTD, 3), work_dir=args.work_dir,
                   verify=Verify(args.verify), swap=SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap)))
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu_seconds()
     run = compact(store, plan, ctx, CompactOptions())
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu
     requests = {op: n - before.get(op, 0) for op, n in sorted(store.requests.items()) if n - before.get(op, 0)}
-    json.dump({"seconds": seconds, "requests": requests, "staged_gets": len(staged_gets),
+    json.dump({"seconds": seconds, "requests": requests, "staged_gets": len(staged_gets), "peak_rss_kib": _vm_hwm_kib(),
+               "cpu_seconds": cpu,
                "staged_log_gets": sum(1 for k in staged_gets if k.endswith(".log")),
                "segments": [{"status": str(s.status), "reason": s.reason, "bytes_before": s.bytes_before,
                              "bytes_after": s.bytes_after, "verified": (s.stats or {}).get("verified")}

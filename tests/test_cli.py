@@ -798,3 +798,24 @@ def test_file_system_errors_exit_2_with_one_line(tmp_path: Path) -> None:
     assert err.count("\n") == 1
     assert str(index) in err
     assert json.loads(out.splitlines()[-1])["error"]["error"] == "IsADirectoryError"
+
+
+@pytest.mark.parametrize("seg", V2_SEGMENTS, ids=segment_id)
+def test_rewrite_with_rebatch_keeps_the_records_and_says_what_it_merged(seg: dict[str, Any], tmp_path: Path) -> None:
+    """The output verifies (indexes equal a rebuild) with the records digest Kafka computed; the batch
+    digest changes exactly when batches were merged; the table says the same as the JSON."""
+    stats = _rewrite_json(log_path(seg), tmp_path / "j", "--codec", "zstd", "--rebatch")
+    rb = stats["rebatch"]
+    assert rb["records_sha256"] == {"in": seg["records_sha256"], "out": seg["records_sha256"]}
+    assert rb["records_digest_equal"] is True
+    assert rb["batches_in"] == seg["batch_count"]
+    assert rb["batches_digest_changed"] == (rb["runs_merged"] > 0)
+    code, out, _ = _cli("segment", "verify", "--indexes", "--json", stats["outputs"]["log"])
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["records_sha256"] == seg["records_sha256"]
+    assert doc["batch_count"] == rb["batches_out"]
+    assert doc["index_equals_rebuild"] == {"index": True, "timeindex": True}
+    code, out, _ = _cli("segment", "rewrite", log_path(seg), "--out", tmp_path / "t", "--codec", "zstd", "--rebatch")
+    assert code == 0
+    assert f"{rb['batches_in']:,} → {rb['batches_out']:,} batches" in out

@@ -88,3 +88,18 @@ def test_spark_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     assert 0 < doc["machine_ceiling"]["ceiling"] < 4
     assert len(doc["machine_ceiling"]["two_at_once_seconds"]) == 3
     assert "speed-up local[2] / local[1], stage" in proc.stdout
+
+
+@pytest.mark.slow
+def test_rebatch_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench_rebatch.json"
+    script = BENCH.parent / "bench_rebatch.py"
+    proc = subprocess.run([sys.executable, str(script), "--records", "3000", "--per-batch", "1", "100", "--repeat", "1",
+                           "--json-out", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["records_per_batch"]: r for r in json.loads(out.read_text())["rows"]}
+    assert (rows[1]["batches"], rows[100]["batches"]) == (3000, 30)
+    assert rows[1]["batches_after_rebatch"] < 3000 / 50
+    assert rows[1]["rebatched_bytes"] < rows[1]["recompressed_bytes"]
+    assert rows[1]["rebatched_over_recompressed"] < rows[100]["rebatched_over_recompressed"] <= 1.05
+    assert "re-batched" in proc.stdout

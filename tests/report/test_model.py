@@ -195,6 +195,24 @@ def test_a_dry_run_is_an_estimate_with_a_range() -> None:
     assert rep.ledger.monthly_run_rate_usd == 0  # an estimate saves nothing
 
 
+def test_a_dry_run_counts_the_parts_of_a_large_staging_upload() -> None:
+    """A segment whose new .log spans several upload parts costs a request a part (and the upload's create
+    and complete) instead of one PUT; the part size is the one the store uploads with."""
+    from tiering.cost.model import REQUESTS_PER_SEGMENT, UPLOAD_PART_BYTES, tier1_requests
+    from tiering.storage.store import DEFAULT_PART_BYTES
+
+    assert UPLOAD_PART_BYTES == DEFAULT_PART_BYTES
+    base = REQUESTS_PER_SEGMENT["tier1"]
+    assert [tier1_requests(n) for n in (0, 1000, UPLOAD_PART_BYTES, UPLOAD_PART_BYTES + 1, 10 * UPLOAD_PART_BYTES)] == [
+        base, base, base, base + 3, base + 11]
+    estimate = {"estimate": True, "ratio": 0.5, "saved_bytes_estimate": 0, "saved_bytes_low": 0,
+                "saved_bytes_high": 0, "segments_sampled": 1, "bytes_sampled": 1}
+    small, large = (report(run_doc([], estimate=estimate), [seg("t-0", 0, size=size)]) for size in (1000, GB))
+    per_put = PRICES.of("STANDARD").put_per_1000 / 1000
+    parts = GB // 2 // UPLOAD_PART_BYTES  # the new .log: half of 1 GiB, 64 parts
+    assert one_off(large, "S3 requests") - one_off(small, "S3 requests") == pytest.approx((parts + 1) * per_put)
+
+
 def test_cumulative_savings_accrue_from_each_run() -> None:
     entries = [LedgerEntry("a", (NOW - timedelta(days=2 * M)).isoformat(), False, 1, 0, 0, 10.0, 1.0),
                LedgerEntry("b", (NOW - timedelta(days=M)).isoformat(), False, 1, 0, 0, 5.0, 2.0),

@@ -29,6 +29,8 @@ from tiering.demo.local import render_table, run_demo
 from tiering.errors import ConfigError, ExitCode, InvalidDataError, TieringError, exit_code
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES
+from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
+from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
@@ -204,6 +206,14 @@ def _rewrite_table(stats: dict[str, Any], title: str) -> Table:
     t.add_row("codecs before", json.dumps(stats["codecs_before"]))
     t.add_row("codecs after", json.dumps(stats["codecs_after"]))
     t.add_row("records xxh3", f"{stats['payload_xxh3']} (every written batch proven to hold these records)")
+    if "rebatch" in stats:
+        rb = stats["rebatch"]
+        t.add_row("re-batched", f"{rb['batches_in']:,} → {rb['batches_out']:,} batches "
+                  f"({rb['batches_merged']:,} merged into {rb['runs_merged']:,})")
+        for reason, n in rb["refusals"].items():
+            t.add_row("  runs ended by", f"{n:,}: {reason}")
+        t.add_row("records sha256", f"{rb['records_sha256']['out']} (equal to the source's)")
+        t.add_row("batches sha256", "changed (batches merged)" if rb["batches_digest_changed"] else "unchanged")
     t.add_row("seconds", str(stats["seconds"]))
     return t
 
@@ -214,10 +224,14 @@ def _cmd_rewrite(args: argparse.Namespace) -> int:
         deep_validation=not args.no_deep_validation, proof=not args.no_proof,
         index_interval_bytes=args.index_interval_bytes, decompression_limit=args.decompression_limit)
     size = args.path.stat().st_size if args.path.exists() else 0
+    rebatch = RebatchOptions(options.codec, options.level, args.rebatch_max_bytes,
+                             args.decompression_limit) if args.rebatch else None
     with _progress(f"rewrite {args.path.name}", size, not args.json) as progress:
         result, written = rewrite_file(args.path, args.out, options, base_offset=args.base_offset,
-                                       progress=progress)
+                                       progress=progress, rebatch=rebatch)
     doc = result.stats.to_json()
+    if result.rebatch is not None:
+        doc["rebatch"] = result.rebatch.to_json()
     doc["outputs"] = {"log": str(written.log), "index": str(written.index), "timeindex": str(written.time_index)}
     if args.json:
         _print_json(args, doc)
@@ -387,6 +401,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="codec level as Kafka's compression.<codec>.level (gzip 1-9, lz4 1-17, zstd -131072-22; "
                         "default: Kafka's)")
     p.add_argument("--force", action="store_true", help="recompress batches already in the target codec too")
+    p.add_argument("--rebatch", action="store_true",
+                   help="first merge runs of consecutive small batches into larger ones (every record's offset, "
+                        "timestamp, key, value and headers unchanged; never control, transactional or "
+                        "delete-horizon batches, never across producers, leader epochs or timestamp types, never "
+                        "a producer's last batch; see docs/rebatching.md); the output's records digest must "
+                        "equal the source's")
+    p.add_argument("--rebatch-max-bytes", type=int, default=DEFAULT_REBATCH_BYTES, metavar="N",
+                   help="records in a merged batch at most (default %(default)s: Kafka's default max.message.bytes)")
     p.add_argument("--no-deep-validation", action="store_true",
                    help="skip the per-record walk (CRC and decompression are still checked)")
     p.add_argument("--no-proof", action="store_true",

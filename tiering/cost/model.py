@@ -61,6 +61,17 @@ KMS_CALLS_PER_SEGMENT: Final = 10
 # verify by checksum, commit; tests/test_pipeline.py checks the measured count stays within 35% of these),
 # and a rewrite speed per core through S3 (docs/benchmarks.md, bench-s3).
 REQUESTS_PER_SEGMENT: Final = {"tier1": 17, "tier2": 24}
+# The staging upload's part size (tiering.storage.store.DEFAULT_PART_BYTES; a test keeps them equal): a new
+# .log larger than one part is a multipart upload, one request a part plus its create and complete.
+UPLOAD_PART_BYTES: Final = 8 << 20
+
+
+def tier1_requests(bytes_after: int) -> int:
+    """A dry run's tier-1 requests (PUT, COPY, POST, LIST) for compacting one segment into ``bytes_after``:
+    the DAG path's fixed count, with the parts of a multipart staging upload instead of its single PUT."""
+    parts = -(-bytes_after // UPLOAD_PART_BYTES)
+    return REQUESTS_PER_SEGMENT["tier1"] + (parts + 1 if parts > 1 else 0)
+
 DRY_RUN_BYTES_PER_CORE_SECOND: Final = 18 << 20
 ROLLUPS: Final = ("storage_class", "topic", "directory", "source_codec")
 MAX_LISTED_ROWS: Final = 10_000  # segment rows (and failures) a report lists; its figures count them all
@@ -184,6 +195,7 @@ class _Fold:
         self.class_of: dict[str, str] = {}  # a rewritten partition's storage class (prices its requests)
         self.before = self.after = self.done = 0
         self.dry_requests_usd = 0.0
+        self.dry_requests = 0  # a dry run's estimated requests (tier1_requests and the tier-2 constant a segment)
         self.retrieval = _Line("Retrieval fees (IA / Glacier IR sources)")
         self.early = _Line("Early deletion (minimum storage duration)")
         self.grace = _Line(f"Originals kept {options.grace_days:g} days (grace period)")
@@ -221,8 +233,9 @@ class _Fold:
             group.saved_billed[cls] += billed_before - billed_after
         self.added_usd += _gb(billed_before) * p.rate() + 2 * _gb(row.bytes_after) * p.rate()
         if self.dry_run:
-            self.dry_requests_usd += (REQUESTS_PER_SEGMENT["tier1"] * p.put_per_1000
-                                      + REQUESTS_PER_SEGMENT["tier2"] * p.get_per_1000) / 1000
+            tier1 = tier1_requests(row.bytes_after)
+            self.dry_requests += tier1 + REQUESTS_PER_SEGMENT["tier2"]
+            self.dry_requests_usd += (tier1 * p.put_per_1000 + REQUESTS_PER_SEGMENT["tier2"] * p.get_per_1000) / 1000
         before_gb, after_gb = _gb(billed_before), _gb(row.bytes_after)
         rate = p.rate(_gb(self.options.account_bytes.get(cls, 0)))
         self.retrieval.usd += 2 * _gb(row.bytes_before) * p.retrieval_per_gb
@@ -275,7 +288,7 @@ class _Fold:
                 req.usd += self.prices.request_usd(op, int(n), cls)
         if self.dry_run:
             req.usd += self.dry_requests_usd
-            counts["(estimated, per segment)"] += self.done * sum(REQUESTS_PER_SEGMENT.values())
+            counts["(estimated, per segment)"] += self.dry_requests
         req.quantity = sum(counts.values())
         req.detail = f"{int(req.quantity):,} requests" + (" (partly estimated)" if self.dry_run else "")
         seconds = float(usage.get("compute_seconds", 0.0))

@@ -68,6 +68,7 @@ from tiering.kafka.reader import (
     iter_batches,
     iter_entries,
 )
+from tiering.kafka.rebatch import RebatchStats
 from tiering.kafka.records import decode_legacy, validate_v2, validate_v2_records, wrapper_inner
 from tiering.kafka.segment import OffsetOrder, payload_of
 
@@ -166,6 +167,7 @@ class RewriteStats:
 class RewriteResult:
     stats: RewriteStats
     indexes: Indexes
+    rebatch: RebatchStats | None = None  # set when runs of batches were merged before the rewrite
 
 
 @dataclass(slots=True)  # not frozen: built once per batch, and a frozen __init__ costs microseconds

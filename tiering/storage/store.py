@@ -58,7 +58,7 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_ATTEMPTS: Final = 8  # requests in all, the first included
 MIN_PART_BYTES: Final = 5 * 1024 * 1024  # S3's smallest part (all but the last)
-DEFAULT_PART_BYTES: Final = 16 * 1024 * 1024
+DEFAULT_PART_BYTES: Final = 8 * 1024 * 1024  # memory holds about three parts: two on their way, one filling
 MAX_PARTS: Final = 10_000
 MAX_COPY_BYTES: Final = 5 * 1024 ** 3  # CopyObject's largest source
 MAX_DELETE_KEYS: Final = 1000  # DeleteObjects takes at most this many keys a request
@@ -206,6 +206,9 @@ class StreamUpload(io.RawIOBase):
         if number > MAX_PARTS:
             raise ConfigError("object needs more parts than S3 allows; raise the part size", path=self.where,
                               expected=f"<= {MAX_PARTS}", found=number)
+        for sent in self._sent:  # a part S3 refused stops the upload now, not at its end
+            if sent.done() and sent.exception() is not None:
+                sent.result()
         waiting = [f for f in self._sent if not f.done()]
         if len(waiting) >= self.in_flight:  # bounded memory: wait for the oldest part still on its way
             waiting[0].result()

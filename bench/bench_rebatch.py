@@ -1,0 +1,120 @@
+"""Re-batching: what merging small batches saves on top of recompression, and what it costs.
+
+    make bench-rebatch
+    .venv/bin/python bench/bench_rebatch.py --records 100000 --repeat 3
+
+For topics of 1, 5, 20 and 100 records a batch (JSON events of a plain producer, snappy, as a producer with
+``linger.ms=0`` writes them), one segment of ``--records`` records is rewritten to zstd level 3 twice in the
+same run: recompression alone (``tiering segment rewrite``), and re-batching then recompression
+(``--rebatch``). Reported: stored bytes of each, the re-batched size over the recompressed-only size,
+batches before and after, and the throughput of both (source MiB per second, best of ``--repeat``).
+
+Prints a table and writes ``bench/out/bench_rebatch.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tiering.kafka.builder import BatchSpec, build_batch
+from tiering.kafka.codecs import Codec
+from tiering.kafka.rebatch import RebatchOptions
+from tiering.kafka.records import Record
+from tiering.kafka.rewrite import RewriteOptions
+from tiering.local import rewrite_file
+
+MIB = 1024 * 1024
+OUT_DIR = Path(__file__).parent / "out"
+T0 = 1_764_000_000_000
+PAGES = ("/", "/cart", "/checkout", "/search", "/product", "/account")
+
+
+def json_records(n: int, seed: int = 7) -> list[Record]:
+    """Click events like a web frontend's: a user id key, a JSON value, a timestamp a few ms apart."""
+    rng = random.Random(seed)
+    out = []
+    ts = T0
+    for i in range(n):
+        ts += rng.randint(0, 40)
+        user = rng.randint(1, 50_000)
+        value = json.dumps({"event": rng.choice(("view", "click", "add_to_cart", "purchase")), "user_id": user,
+                            "session": f"{rng.getrandbits(64):016x}", "page": rng.choice(PAGES),
+                            "product_id": rng.randint(1, 9_999), "price_cents": rng.randint(99, 99_999),
+                            "ts": ts}, separators=(",", ":")).encode()
+        out.append(Record(i, ts, b"user-%d" % user, value))
+    return out
+
+
+def write_topic(path: Path, records: list[Record], per_batch: int) -> int:
+    """A segment of ``per_batch`` records a batch (snappy, no producer id); its batch count."""
+    batches = 0
+    with path.open("wb") as f:
+        for at in range(0, len(records), per_batch):
+            chunk = records[at:at + per_batch]
+            f.write(build_batch(BatchSpec(chunk[0].offset, Codec.SNAPPY), chunk))
+            batches += 1
+    return batches
+
+
+def _best(path: Path, out: Path, options: RewriteOptions, rebatch: RebatchOptions | None,
+          repeat: int) -> tuple[float, Any]:
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result, _ = rewrite_file(path, out, options, rebatch=rebatch)
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=100_000, help="records in each topic's segment")
+    parser.add_argument("--per-batch", type=int, nargs="+", default=[1, 5, 20, 100], help="records a batch")
+    parser.add_argument("--repeat", type=int, default=3, help="rewrites of each kind (best is kept)")
+    parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_rebatch.json")
+    args = parser.parse_args(argv)
+    records = json_records(args.records)
+    options = RewriteOptions(Codec.ZSTD, 3)
+    rebatch = RebatchOptions(Codec.ZSTD, 3)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for per_batch in args.per_batch:
+            path = Path(tmp) / f"{0:020d}.log"
+            batches = write_topic(path, records, per_batch)
+            size = path.stat().st_size
+            plain_s, plain = _best(path, Path(tmp) / "plain", options, None, args.repeat)
+            merged_s, merged = _best(path, Path(tmp) / "merged", options, rebatch, args.repeat)
+            rows.append({
+                "records_per_batch": per_batch, "records": args.records, "batches": batches, "source_bytes": size,
+                "recompressed_bytes": plain.stats.bytes_out, "rebatched_bytes": merged.stats.bytes_out,
+                "rebatched_over_recompressed": round(merged.stats.bytes_out / plain.stats.bytes_out, 3),
+                "batches_after_rebatch": merged.rebatch.batches_out,
+                "recompress_mib_per_s": round(size / MIB / plain_s, 1),
+                "rebatch_mib_per_s": round(size / MIB / merged_s, 1)})
+            print(f"  {per_batch} a batch: {plain.stats.bytes_out:,} vs {merged.stats.bytes_out:,} bytes",
+                  file=sys.stderr)
+    doc = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+           "codec": "zstd", "level": 3, "source_codec": "snappy", "rows": rows}
+    args.json_out.parent.mkdir(parents=True, exist_ok=True)
+    args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\n{'a batch':>7} {'batches':>8} {'source':>10} {'recompressed':>13} {'re-batched':>11} {'ratio':>6} "
+          f"{'batches after':>13} {'MiB/s':>6} {'MiB/s rb':>8}")
+    for r in rows:
+        print(f"{r['records_per_batch']:>7} {r['batches']:>8,} {r['source_bytes']:>10,} {r['recompressed_bytes']:>13,} "
+              f"{r['rebatched_bytes']:>11,} {r['rebatched_over_recompressed']:>6.3f} {r['batches_after_rebatch']:>13,} "
+              f"{r['recompress_mib_per_s']:>6.1f} {r['rebatch_mib_per_s']:>8.1f}")
+    print(f"\nJSON: {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""Re-batching: every merge rule of tiering/kafka/rebatch.py has a test here that fails if the rule is broken;
+hypothesis over random batch sequences; the Kafka-written golden segments keep their records digest (the
+MANIFEST's, computed by Kafka's own reader); kafka-python reads the merged batches."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatch
+
+from tests.golden import SEGMENTS, log_path, segment_id
+from tiering.kafka.batch import Attr
+from tiering.kafka.builder import BatchSpec, build_batch
+from tiering.kafka.codecs import Codec
+from tiering.kafka.rebatch import (
+    RebatchOptions,
+    Refusal,
+    digest_of,
+    producer_last_batches,
+    rebatch_segment,
+)
+from tiering.kafka.records import Record
+from tiering.kafka.segment import iter_decoded
+
+ZSTD = RebatchOptions(Codec.ZSTD, 3)
+T0 = 1_700_000_000_000
+
+
+def rec(offset: int, value: bytes | None = None, ts: int | None = None, key: bytes | None = b"k",
+        headers: tuple[tuple[bytes, bytes | None], ...] = ()) -> Record:
+    return Record(offset, T0 + offset if ts is None else ts, key, b"v%d" % offset if value is None else value, headers)
+
+
+def segment(*batches: tuple[BatchSpec, list[Record]]) -> bytes:
+    return b"".join(build_batch(spec, records) for spec, records in batches)
+
+
+def one_each(first: int, n: int, **spec: Any) -> list[tuple[BatchSpec, list[Record]]]:
+    """``n`` one-record batches from offset ``first`` (with sequences running along for a producer)."""
+    out = []
+    for i in range(n):
+        extra = dict(spec)
+        if spec.get("producer_id", -1) >= 0 and "base_sequence" in spec:
+            extra["base_sequence"] = spec["base_sequence"] + i
+        out.append((BatchSpec(first + i, Codec.SNAPPY, **extra), [rec(first + i)]))
+    return out
+
+
+def run(data: bytes, options: RebatchOptions = ZSTD) -> tuple[list[Any], Any, bytes]:
+    """Re-batch ``data``: the output's decoded batches, the stats, the output bytes; the records digest
+    checked equal to the source's."""
+    out = io.BytesIO()
+    stats = rebatch_segment(io.BytesIO(data), out, options,
+                            producer_last=producer_last_batches(io.BytesIO(data)))
+    records, _ = digest_of(io.BytesIO(out.getvalue()))
+    assert records == stats.records_sha256_in == digest_of(io.BytesIO(data))[0]
+    return list(iter_decoded(io.BytesIO(out.getvalue()))), stats, out.getvalue()
+
+
+def shape(batches: list[Any]) -> list[tuple[int, int, int]]:
+    """(base offset, last offset, records) of each output batch."""
+    return [(b.header.offset, b.header.last_offset, len(b.records)) for b in batches]
+
+
+# --- What a merged batch is --------------------------------------------------------------------------------
+
+
+def test_one_record_batches_of_a_plain_producer_become_one_batch_with_every_record_unchanged() -> None:
+    data = segment(*one_each(100, 50))
+    out, stats, _ = run(data)
+    assert shape(out) == [(100, 149, 50)]
+    [b] = out
+    h = b.header
+    assert (h.codec, h.producer_id, h.producer_epoch, h.base_sequence) == (Codec.ZSTD, -1, -1, -1)
+    assert (h.base_timestamp, h.max_timestamp) == (T0 + 100, T0 + 149)
+    assert [(r.offset, r.timestamp, r.key, r.value) for r in b.records] == [
+        (o, T0 + o, b"k", b"v%d" % o) for o in range(100, 150)]
+    assert (stats.batches_in, stats.batches_out, stats.runs_merged, stats.batches_merged) == (50, 1, 1, 50)
+
+
+def test_offset_gaps_stay_as_record_offset_deltas_and_the_last_offset_is_kept() -> None:
+    """A compacted topic's batches have holes, and a batch may end past its last record."""
+    data = segment((BatchSpec(10, Codec.NONE, last_offset_delta=4), [rec(10), rec(13)]),
+                   (BatchSpec(20, Codec.NONE, last_offset_delta=9), [rec(22)]))
+    out, _, _ = run(data)
+    assert shape(out) == [(10, 29, 3)]
+    assert [r.offset for r in out[0].records] == [10, 13, 22]
+
+
+def test_headers_null_keys_and_values_and_out_of_order_timestamps_survive() -> None:
+    data = segment((BatchSpec(0), [rec(0, ts=T0 + 50, headers=((b"h", None), (b"x", b"1")))]),
+                   (BatchSpec(1), [rec(1, key=None, ts=T0), Record(2, T0 + 7, b"k", None)]))
+    out, _, _ = run(data)
+    assert [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in out[0].records] == [
+        (0, T0 + 50, b"k", b"v0", ((b"h", None), (b"x", b"1"))), (1, T0, None, b"v1", ()), (2, T0 + 7, b"k", None, ())]
+    assert out[0].header.max_timestamp == T0 + 50
+
+
+def test_kafka_python_reads_the_merged_batch() -> None:
+    _, _, data = run(segment(*one_each(0, 20)))
+    batch = DefaultRecordBatch(data)
+    assert batch.validate_crc()
+    assert [(r.offset, r.timestamp, r.value) for r in batch] == [(o, T0 + o, b"v%d" % o) for o in range(20)]
+
+
+# --- Every rule ----------------------------------------------------------------------------------------------
+
+
+def test_rule_1_a_control_batch_is_never_merged_and_ends_the_run() -> None:
+    marker = BatchSpec(3, Codec.NONE, producer_id=7, producer_epoch=0, transactional=True, control=True)
+    data = segment(*one_each(0, 3), (marker, [Record(3, T0, b"\x00\x00\x00\x01", b"\x00\x00\x00\x00\x00\x00")]),
+                   *one_each(4, 3))
+    out, stats, _ = run(data)
+    assert shape(out) == [(0, 2, 3), (3, 3, 1), (4, 6, 3)]
+    assert out[1].header.is_control
+    assert stats.refusals[Refusal.NOT_DATA] == 1
+
+
+def test_rule_2_transactional_batches_are_never_merged() -> None:
+    txn = [(BatchSpec(i, Codec.NONE, producer_id=5, producer_epoch=0, base_sequence=i, transactional=True), [rec(i)])
+           for i in range(4)]
+    out, stats, _data = run(segment(*txn))
+    assert shape(out) == [(i, i, 1) for i in range(4)]
+    assert stats.runs_merged == 0
+
+
+def test_rule_3_another_leader_epoch_ends_the_run() -> None:
+    out, stats, _ = run(segment(*one_each(0, 3, partition_leader_epoch=1), *one_each(3, 3, partition_leader_epoch=2)))
+    assert shape(out) == [(0, 2, 3), (3, 5, 3)]
+    assert [b.header.partition_leader_epoch for b in out] == [1, 2]
+    assert stats.refusals[Refusal.LEADER_EPOCH] == 1
+
+
+def test_rule_4_timestamp_types_and_log_append_times() -> None:
+    lat = [(BatchSpec(i, Codec.NONE, log_append_time=T0 + (0 if i < 6 else 1)), [rec(i)]) for i in range(3, 9)]
+    out, stats, _ = run(segment(*one_each(0, 3), *lat))
+    assert shape(out) == [(0, 2, 3), (3, 5, 3), (6, 8, 3)]
+    assert [b.header.attributes & Attr.LOG_APPEND_TIME for b in out] == [0, Attr.LOG_APPEND_TIME, Attr.LOG_APPEND_TIME]
+    assert [r.timestamp for r in out[1].records] == [T0] * 3  # a LogAppendTime record reads its batch's time
+    assert stats.refusals[Refusal.TIMESTAMP_TYPE] == 2
+
+
+def test_rule_5_a_batch_with_a_delete_horizon_is_kept_alone() -> None:
+    stamped = bytearray(build_batch(BatchSpec(3, Codec.NONE), [rec(3)]))
+    stamped[22] |= int(Attr.DELETE_HORIZON)  # attributes (low byte), then the CRC again
+    from tiering.kafka.batch import crc_v2
+    stamped[17:21] = crc_v2(bytes(stamped)).to_bytes(4, "big")
+    data = segment(*one_each(0, 3)) + bytes(stamped) + segment(*one_each(4, 3))
+    out, stats, _ = run(data)
+    assert shape(out) == [(0, 2, 3), (3, 3, 1), (4, 6, 3)]
+    assert stats.refusals[Refusal.DELETE_HORIZON] == 1
+
+
+def test_rule_6_producers_epochs_and_sequences() -> None:
+    a = {"producer_id": 11, "producer_epoch": 0, "base_sequence": 0}
+    data = segment(*one_each(0, 4, **a),  # contiguous: merged
+                   *one_each(4, 2, producer_id=11, producer_epoch=1, base_sequence=0),  # another epoch
+                   *one_each(6, 2, producer_id=11, producer_epoch=1, base_sequence=5),  # sequence jump
+                   *one_each(8, 2),  # no producer
+                   *one_each(10, 2, producer_id=12, producer_epoch=0, base_sequence=0))  # another producer
+    out, stats, _ = run(data)
+    merged = out[0].header
+    assert (merged.offset, merged.last_offset, merged.producer_id, merged.producer_epoch, merged.base_sequence) == (
+        0, 3, 11, 0, 0)
+    # Epoch 1 (0 and 1 run on), then its sequences jump to 5; producer 11's last batch (7) and producer 12's
+    # (11) stay as they were; the plain producer's two merge.
+    assert shape(out) == [(0, 3, 4), (4, 5, 2), (6, 6, 1), (7, 7, 1), (8, 9, 2), (10, 10, 1), (11, 11, 1)]
+    assert (stats.refusals[Refusal.PRODUCER], stats.refusals[Refusal.PRODUCER_LAST]) == (3, 2)
+
+
+def test_rule_6_sequences_near_the_wrap_are_not_merged() -> None:
+    top = (1 << 31) - 2  # Kafka's sequences wrap from 2^31-1 to 0
+    sequences = [top, top + 1, 0, 1, 2]
+    data = segment(*((BatchSpec(i, Codec.NONE, producer_id=3, producer_epoch=0, base_sequence=seq), [rec(i)])
+                     for i, seq in enumerate(sequences)))
+    out, _, _ = run(data)
+    assert shape(out) == [(0, 1, 2), (2, 3, 2), (4, 4, 1)]  # never across the wrap; the last batch kept
+
+
+def test_rule_7_a_producers_last_batch_is_kept_exactly_as_it_was() -> None:
+    data = segment(*one_each(0, 5, producer_id=9, producer_epoch=2, base_sequence=0))
+    last = build_batch(BatchSpec(4, Codec.SNAPPY, producer_id=9, producer_epoch=2, base_sequence=4), [rec(4)])
+    out, stats, written = run(data)
+    assert shape(out) == [(0, 3, 4), (4, 4, 1)]
+    assert written.endswith(last)
+    assert stats.refusals[Refusal.PRODUCER_LAST] == 1
+
+
+def test_rule_8_an_empty_batch_is_kept() -> None:
+    data = segment(*one_each(0, 2), (BatchSpec(2, Codec.NONE, last_offset_delta=0), []), *one_each(3, 2))
+    out, stats, _ = run(data)
+    assert shape(out) == [(0, 1, 2), (2, 2, 0), (3, 4, 2)]
+    assert stats.refusals[Refusal.EMPTY] == 1
+
+
+def test_rule_9_a_merged_batch_stays_under_the_size_limit() -> None:
+    big = [(BatchSpec(i, Codec.NONE), [rec(i, value=bytes(900))]) for i in range(100)]
+    out, stats, _ = run(segment(*big), RebatchOptions(Codec.ZSTD, 3, max_bytes=10_000))
+    assert len(out) > 1
+    assert all(b.uncompressed_bytes + 61 <= 10_000 for b in out)
+    assert sum(len(b.records) for b in out) == 100
+    assert stats.refusals[Refusal.SIZE] == len(out) - 1
+
+
+# --- Properties ------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def batch_runs(draw: st.DrawFn) -> bytes:
+    offset, parts = 0, []
+    sequences: dict[tuple[int, int], int] = {}
+    for _ in range(draw(st.integers(1, 25))):
+        n = draw(st.integers(0, 4))
+        pid = draw(st.sampled_from([-1, -1, 1, 2]))
+        epoch = draw(st.integers(0, 1)) if pid >= 0 else -1
+        seq = sequences.get((pid, epoch), 0) + draw(st.sampled_from([0, 0, 0, 3])) if pid >= 0 else -1
+        gap = draw(st.integers(0, 2))
+        records = [rec(offset + i * (gap + 1), ts=T0 + draw(st.integers(-5, 5))) for i in range(n)]
+        last_delta = (n - 1) * (gap + 1) if n else 0
+        spec = BatchSpec(offset, draw(st.sampled_from([Codec.NONE, Codec.GZIP, Codec.ZSTD])),
+                         partition_leader_epoch=draw(st.integers(0, 1)), producer_id=pid, producer_epoch=epoch,
+                         base_sequence=seq, transactional=pid >= 0 and draw(st.booleans()) and n > 0,
+                         log_append_time=T0 if draw(st.integers(0, 4)) == 0 else None, last_offset_delta=last_delta)
+        if pid >= 0:
+            sequences[pid, epoch] = seq + last_delta + 1
+        parts.append(build_batch(spec, records))
+        offset += last_delta + 1
+    return b"".join(parts)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch_runs(), st.sampled_from([200, 2000, 1 << 20]))
+def test_any_segment_keeps_its_records_and_every_merged_batch_obeys_the_rules(data: bytes, cap: int) -> None:
+    source = list(iter_decoded(io.BytesIO(data)))
+    out, stats, _written = run(data, RebatchOptions(Codec.ZSTD, 1, max_bytes=cap))
+    assert stats.batches_out == len(out) <= stats.batches_in == len(source)
+    by_base = {b.header.offset: b for b in source}
+    last_of_producer = {b.header.producer_id: b.header.offset for b in source if b.header.producer_id >= 0}
+    for b in out:
+        h = b.header
+        members = [s for s in source if h.offset <= s.header.offset <= h.last_offset]
+        if len(members) == 1:
+            assert bytes(b.raw.data) == bytes(by_base[h.offset].raw.data)  # kept as it was
+            continue
+        assert len({(m.header.partition_leader_epoch, m.header.timestamp_type, m.header.producer_id,
+                     m.header.producer_epoch) for m in members}) == 1
+        assert not any(m.header.is_transactional or m.header.is_control or not m.records for m in members)
+        assert not any(last_of_producer.get(m.header.producer_id) == m.header.offset for m in members)
+        assert (h.offset, h.last_offset) == (members[0].header.offset, members[-1].header.last_offset)
+        assert h.base_sequence == members[0].header.base_sequence
+        if h.producer_id >= 0:  # sequences run with the offsets
+            assert all(m.header.base_sequence == h.base_sequence + m.header.offset - h.offset for m in members)
+        assert b.uncompressed_bytes + 61 <= cap
+
+
+# --- Kafka-written segments ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seg", SEGMENTS, ids=segment_id)
+def test_golden_segments_keep_the_records_digest_kafka_computed(seg: dict[str, Any], tmp_path: Path) -> None:
+    data = log_path(seg).read_bytes()
+    out, stats, written = run(data)
+    assert stats.records_sha256_in == seg["records_sha256"]  # Kafka's own reader's digest
+    assert digest_of(io.BytesIO(written))[0] == seg["records_sha256"]
+    assert stats.records == seg["record_count"]
+    assert len(out) <= seg["batch_count"]
+
+
+BROKER = Path(__file__).resolve().parents[1] / "data" / "broker"
+
+
+def _broker_logs() -> list[Path]:
+    return sorted(BROKER.glob("*/*.log"))
+
+
+@pytest.mark.parametrize("path", _broker_logs(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_segments_a_real_broker_wrote_keep_their_records(path: Path) -> None:
+    """Java and librdkafka producers, idempotent and transactional (tests/data/broker): the records digest is
+    unchanged, transactional batches and markers come through as they were."""
+    data = path.read_bytes()
+    out, stats, _written = run(data)
+    source = list(iter_decoded(io.BytesIO(data)))
+    kept = {bytes(b.raw.data) for b in source if b.header.is_transactional or b.header.is_control}
+    assert kept <= {bytes(b.raw.data) for b in out}
+    assert stats.batches_out == len(out) <= len(source)
+    assert sum(len(b.records) for b in out) == sum(len(b.records) for b in source)
