@@ -121,6 +121,16 @@ def test_rule_1_a_control_batch_is_never_merged_and_ends_the_run() -> None:
     assert stats.refusals[Refusal.NOT_DATA] == 1
 
 
+@pytest.mark.parametrize("seg", [s for s in SEGMENTS if 2 not in s["magics"]], ids=segment_id)
+def test_rule_1_legacy_entries_pass_through_byte_for_byte(seg: dict[str, Any]) -> None:
+    """A v2 control batch is also transactional (rule 2 keeps it too); legacy entries are rule 1's alone."""
+    data = log_path(seg).read_bytes()
+    _, stats, written = run(data)
+    assert written == data
+    assert stats.runs_merged == 0
+    assert stats.batches_in == stats.batches_out
+
+
 def test_rule_2_transactional_batches_are_never_merged() -> None:
     txn = [(BatchSpec(i, Codec.NONE, producer_id=5, producer_epoch=0, base_sequence=i, transactional=True), [rec(i)])
            for i in range(4)]
@@ -196,6 +206,33 @@ def test_rule_8_an_empty_batch_is_kept() -> None:
     out, stats, _ = run(data)
     assert shape(out) == [(0, 1, 2), (2, 2, 0), (3, 4, 2)]
     assert stats.refusals[Refusal.EMPTY] == 1
+
+
+def test_rule_9_counts_the_larger_deltas_a_merged_batch_re_encodes() -> None:
+    """One-record batches with timestamps far apart: each record's deltas take 2 bytes where it was alone and
+    up to 10 once merged; the bound still holds for the batch as written."""
+    far = [(BatchSpec(i, Codec.NONE), [rec(i, value=b"x" * 40, ts=T0 + i * (1 << 40))]) for i in range(200)]
+    out, _, _ = run(segment(*far), RebatchOptions(Codec.NONE, max_bytes=4_000))
+    assert len(out) > 1
+    assert all(b.raw.header.size <= 4_000 for b in out)
+    assert [r.timestamp for b in out for r in b.records] == [T0 + i * (1 << 40) for i in range(200)]
+
+
+def test_rule_9_a_merged_batch_that_comes_out_too_large_is_not_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slack (15 bytes a record) covers any codec's framing in practice; without it, a batch of
+    incompressible records comes out larger than the bound its records fit, and the batches are written as
+    they were."""
+    import os
+
+    from tiering.kafka import rebatch
+
+    monkeypatch.setattr(rebatch, "RECORD_SLACK", 0)
+    noise = [(BatchSpec(i, Codec.NONE), [rec(i, value=os.urandom(300))]) for i in range(10)]
+    data = segment(*noise)
+    cap = 61 + sum(b.uncompressed_bytes for b in iter_decoded(io.BytesIO(data)))  # the records fit exactly
+    _, stats, written = run(data, RebatchOptions(Codec.GZIP, 1, max_bytes=cap))
+    assert written == data
+    assert (stats.runs_merged, stats.batches_out, stats.refusals[Refusal.SIZE]) == (0, 10, 1)
 
 
 def test_rule_9_a_merged_batch_stays_under_the_size_limit() -> None:

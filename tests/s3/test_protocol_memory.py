@@ -17,7 +17,7 @@ from tiering.commit.lease import Lease
 from tiering.commit.protocol import META_OP, META_RUN, META_SOURCE_ETAG, Pending, pending_journals
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.lifecycle.journal import JournalState
+from tiering.lifecycle.journal import Cause, JournalState
 from tiering.plan.scan import SKIP
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions, cleanup, rollback
@@ -192,7 +192,7 @@ def test_compaction_journals_records_state_and_leaves_only_backups(mem: MemorySt
     doc = mem.get_json(f"{PREFIX}/_tiering/runs/run-1/compact.json")[0]
     assert doc["totals"]["compacted"] == len(sealed)
     copies = doc["usage"]["requests"][DIR]["CopyObject"]  # by partition, counted as S3 would bill them
-    assert copies == 4 * len(sealed) + 1  # three backups and the swap a segment; the run's probe of the store
+    assert copies == 4 * len(sealed) + 2  # three backups and the swap a segment; the two copies of the run's probe
     plan = plan_for(mem)
     assert [s.action for s in plan.segments] == [SKIP] * len(plan.segments)
 
@@ -346,3 +346,49 @@ def test_a_crash_during_a_rollback_is_finished_by_the_next_one(step: str, mem: M
     assert again.exit_code() == ExitCode.OK
     assert no_pending(mem)
     assert {k: mem.get(k) for k in outside(mem)} == seeded
+
+
+# --- The staged copy the swap takes ----------------------------------------------------------------------------
+
+
+def _staged(base: int, run_id: str = "run-1") -> str:
+    return f"{PREFIX}/_tiering/staging/{run_id}/{DIR}/{base:020d}.log"
+
+
+def test_a_staged_log_written_again_after_it_was_verified_is_never_copied_into_place(
+        mem: MemoryStore, originals: dict[int, Original]) -> None:
+    """Its ETag is no longer the one the journal recorded: the proof fails before anything final changes, the
+    staged copy is dropped, and the next run compacts the segment anew."""
+    first = sorted(originals)[0]
+    worker = Aimed(mem, "put_json", lambda a, k: a[0].endswith(f"/journal/{DIR}/{first:020d}.json"),
+                   lambda: mem.put(_staged(first), b"not what was verified"), after=True)
+    run = compact(worker, plan_for(mem), context(worker), CompactOptions())
+    got = {r.base_offset: r for r in run.segments}[first]
+    assert (got.status, got.cause) == ("failed", Cause.PROOF_FAILED), got.reason
+    assert "not the one verified" in got.reason
+    assert mem.get(key(first)) == originals[first].log  # untouched
+    assert no_pending(mem)
+    again = compact(mem, plan_for(mem), context(mem, "run-2"), CompactOptions())
+    assert {r.base_offset: r.status for r in again.segments}[first] == "compacted"
+    check_consistent(mem, originals)
+
+
+def test_a_journal_without_the_staged_etag_is_swapped_after_decoding_the_staged_log(
+        mem: MemoryStore, clock: ManualClock, originals: dict[int, Original]) -> None:
+    """An entry an earlier version wrote (no ``log_etag``): the staged .log is decoded (every record, the
+    records digest) before the copy, held to the version decoded."""
+    first = sorted(originals)[0]
+    dying = Aimed(mem, "put_json", lambda a, k: a[0].endswith(f"/journal/{DIR}/{first:020d}.json"), die,
+                  after=True)
+    with pytest.raises(Crash):
+        compact(dying, plan_for(mem), context(dying), CompactOptions(lease_ttl_seconds=TTL))
+    [(journal, etag)] = list(pending_journals(mem, PREFIX))
+    doc = journal.to_json()
+    assert doc["new"].pop("log_etag")
+    mem.put_json(f"{PREFIX}/_tiering/journal/{DIR}/{first:020d}.json", doc, if_match=etag)
+    gets = mem.requests["GetObject"]
+    run = compact(mem, plan_for(mem), context(mem), CompactOptions(lease_ttl_seconds=TTL))
+    assert run.exit_code() == ExitCode.OK, [(r.status, r.reason) for r in run.segments]
+    assert mem.requests["GetObject"] > gets
+    assert no_pending(mem)
+    check_consistent(mem, originals)

@@ -33,7 +33,7 @@ def test_a_large_object_goes_in_parts_as_it_is_written_with_its_full_object_crc(
     data = os.urandom(2 * MIN_PART_BYTES + 12345)
     with store.writer("big", part_bytes=MIN_PART_BYTES, checksum=True) as out:
         _write_in_pieces(out, data)
-        assert store.requests["UploadPart"] >= 1  # the first part left before the end was written
+        assert store.requests["CreateMultipartUpload"] == 1  # parts went out before the end was written
         done = out.finish()
     assert (done.size, done.crc32c) == (len(data), crc32c.crc32c(data))
     assert done.etag.endswith('-3"')
@@ -93,11 +93,12 @@ def test_other_bytes_than_the_producer_computed_are_never_completed(store: S3Sto
 
 
 class _Slow(MemoryStore):
-    """Parts take a while to send; the store notes how many were on their way at once."""
+    """Parts take a while to send; the store notes how many were on their way at once, and how many bytes
+    it has received."""
 
     def __init__(self) -> None:
         super().__init__("b")
-        self.sending = self.most = 0
+        self.sending = self.most = self.received = 0
         self.gate = threading.Lock()
 
     def _part(self, *args: Any) -> dict[str, Any]:
@@ -110,16 +111,24 @@ class _Slow(MemoryStore):
         finally:
             with self.gate:
                 self.sending -= 1
+                self.received += len(args[3])
 
 
 @pytest.mark.parametrize("in_flight", [1, 2, 3])
-def test_no_more_parts_than_asked_are_on_their_way_at_once(in_flight: int) -> None:
+def test_the_writer_never_runs_ahead_of_the_parts_on_their_way(in_flight: int) -> None:
+    """Memory: what was written and not yet received by the store stays within the parts in flight, the
+    one filling and the one being cut, however fast the writer is."""
     mem = _Slow()
     data = os.urandom(8 * MIN_PART_BYTES + 7)
+    ahead = 0
     with mem.writer("k", part_bytes=MIN_PART_BYTES, in_flight=in_flight, checksum=True) as out:
-        _write_in_pieces(out, data)
+        for at in range(0, len(data), 1 << 20):
+            out.write(memoryview(data)[at:at + (1 << 20)])
+            with mem.gate:
+                ahead = max(ahead, at + (1 << 20) - mem.received)
         out.finish()
     assert mem.get("k") == data
+    assert ahead <= (in_flight + 2) * MIN_PART_BYTES
     assert 1 <= mem.most <= in_flight
     if in_flight > 1:
         assert mem.most > 1  # they do overlap

@@ -10,11 +10,13 @@ conditions as S3 does) carries the race and crash tests of the copy (tests/s3/te
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
-from tests.s3.conftest import PREFIX, check_consistent, context, no_pending, plan_for, seed
+from tests.s3.conftest import PREFIX, check_consistent, context, fresh_store, no_pending, plan_for, seed
 from tiering.commit.protocol import META_OP, SwapChoice, swap_mode
+from tiering.errors import StorageError
 from tiering.lifecycle.journal import Status, Swap
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
@@ -48,7 +50,8 @@ def test_copy_over_sends_both_conditions_and_replaces_every_attribute(store: S3S
     assert (h["x-amz-storage-class"], h["x-amz-meta-tiering-op"]) == ("STANDARD_IA", "op-1")
     got, got_attrs = store.describe("final.log")
     assert store.get("final.log") == b"new bytes"
-    assert (got.etag, info.size) == (info.etag, 9)
+    assert got.etag == info.etag
+    assert got.size == 9
     assert (got_attrs.metadata, got_attrs.tags, got_attrs.storage_class) == (attrs.metadata, attrs.tags, "STANDARD_IA")
     assert {k: got_attrs.headers.get(k) for k in ("ContentType", "CacheControl")} == attrs.headers
 
@@ -76,6 +79,15 @@ def test_a_run_that_swaps_by_copy_never_reads_a_staged_log_and_keeps_every_attri
     reads: list[str] = []
     store.client.meta.events.register("before-call.s3.GetObject", lambda params, **_: reads.append(params["url_path"]))
     copies = _headers(store, "CopyObject")
+    staged_then: dict[str, str] = {}  # the staged .log's ETag as each swap is sent, by the swap's URL
+
+    def staged_etag(request: Any, **_: Any) -> None:
+        source = request.headers.get("x-amz-copy-source", b"")
+        source = unquote(source.decode() if isinstance(source, bytes) else source).lstrip("/")
+        if "/_tiering/staging/" in source:  # "<bucket>/<key>"
+            staged_then[request.url] = fresh_store().head(source.split("/", 1)[1]).etag
+    store.client.meta.events.register("before-send.s3.CopyObject", staged_etag)
+    planned = {(s.directory, s.base_offset): s.log.etag for s in plan_for(store).segments if s.log is not None}
     ctx = context(store)
     ctx = type(ctx)(ctx.store, ctx.prefix, ctx.run_id, ctx.options, swap=SwapChoice(Swap.COPY))
     run = compact(store, plan_for(store), ctx, CompactOptions())
@@ -84,12 +96,14 @@ def test_a_run_that_swaps_by_copy_never_reads_a_staged_log_and_keeps_every_attri
     assert [k for k in reads if STAGING in k and k.endswith(".log")] == []
     swaps = [h for h in copies if STAGING not in h["url"] and "/_tiering/" not in h["url"]]
     assert len(swaps) == len(done)
-    for h in swaps:  # conditional on the original's ETag, and on the staged version verified
-        assert h["If-Match"].startswith('"')
-        assert h["x-amz-copy-source-if-match"].startswith('"')
+    for r, h in zip(sorted(done, key=lambda r: (r.directory, r.base_offset)),
+                    sorted(swaps, key=lambda h: h["url"]), strict=True):
+        # Conditional on the planned original's ETag, and on the staged version verified.
+        assert f"/{r.directory}/{r.base_offset:020d}.log" in h["url"]
+        assert h["If-Match"] == planned[r.directory, r.base_offset]
+        assert h["x-amz-copy-source-if-match"] == staged_then[h["url"]]
         assert STAGING.strip("/") in h["x-amz-copy-source"]
-    for r in done:  # the swapped objects carry our op id
-        info = store.head(f"{PREFIX}/{r.directory}/{r.base_offset:020d}.log")
+        info = store.head(f"{PREFIX}/{r.directory}/{r.base_offset:020d}.log")  # the swapped object: our op id
         assert info.metadata[META_OP].startswith("run-1.")
     check_consistent(store, originals)
     assert no_pending(store)
@@ -105,4 +119,27 @@ def test_the_swap_mode_is_learnt_once_per_run(monkeypatch: pytest.MonkeyPatch) -
     assert swap_mode(ctx) is Swap.COPY
     assert swap_mode(ctx.for_segment(type("S", (), {"codec": None})())) is Swap.COPY  # type: ignore[arg-type]
     assert len(probes) == 1
-    assert (mem.requests["CopyObject"], mem.requests["PutObject"], mem.requests["DeleteObject"]) == (1, 1, 1)
+    assert (mem.requests["CopyObject"], mem.requests["PutObject"], mem.requests["DeleteObject"]) == (2, 2, 2)
+
+
+class _RefusesConditionalCopies(MemoryStore):
+    """A store that refuses every copy with a target condition, as a 412 (it never makes the one that holds)."""
+
+    def copy_over(self, source: str, key: str, **kw: Any) -> Any:
+        raise PreconditionFailed("copy_object failed with S3 error PreconditionFailed (HTTP 412)")
+
+
+class _NoConditionalCopies(MemoryStore):
+    """A store that answers a copy's If-Match with 501 NotImplemented."""
+
+    def copy_over(self, source: str, key: str, **kw: Any) -> Any:
+        err = StorageError("copy_object failed with S3 error NotImplemented (HTTP 501)")
+        err.code, err.status, err.retryable = "NotImplemented", 501, True  # as translate() makes a 5xx
+        raise err
+
+
+@pytest.mark.parametrize("store_class", [_RefusesConditionalCopies, _NoConditionalCopies])
+def test_a_store_that_does_not_make_conditional_copies_is_swapped_by_put(store_class: type) -> None:
+    mem = store_class("b")
+    assert copy_honours_if_match(mem, "scratch/probe") is False
+    assert list(mem.list("")) == []

@@ -336,7 +336,7 @@ def _download_verified(ctx: Context, journal: Journal) -> BinaryIO:
     try:
         if journal.log_crc32c is not None and ctx.verify is Verify.CHECKSUM:
             crc = 0
-            with store.open(key) as body:
+            with store.open(key, if_match=journal.new.log_etag) as body:
                 while chunk := body.read(COPY_CHUNK):
                     spool.write(chunk)
                     crc = crc32c.crc32c(chunk, crc)
@@ -345,7 +345,7 @@ def _download_verified(ctx: Context, journal: Journal) -> BinaryIO:
                                  expected=f"CRC-32C {crc32c_b64(journal.log_crc32c)}", found=crc32c_b64(crc))
             spool.seek(0)
             return spool
-        with store.open(key) as body:
+        with store.open(key, if_match=journal.new.log_etag) as body:
             shutil.copyfileobj(body, spool, COPY_CHUNK)
         spool.seek(0)
         back = read_back(spool, base_offset=journal.base_offset, path=_uri(store, key),
@@ -356,6 +356,10 @@ def _download_verified(ctx: Context, journal: Journal) -> BinaryIO:
                              expected=f"records xxh3 {expected}", found=back.payload_xxh3)
         spool.seek(0)
         return spool
+    except PreconditionFailed:  # the GET is pinned to the ETag verified at staging: another object is there
+        spool.close()
+        raise ProofError("the staged .log is not the one verified", path=_uri(store, key),
+                         expected=f"ETag {journal.new.log_etag}") from None
     except BaseException:
         spool.close()
         raise
@@ -385,7 +389,7 @@ def _copy_source(ctx: Context, journal: Journal) -> str:
     store, key = ctx.store, journal.new.log
     info = store.head(key)
     if journal.new.log_etag is not None:
-        if info.etag != journal.new.log_etag or info.size != journal.new.log_size:
+        if info.etag.strip('"') != journal.new.log_etag.strip('"') or info.size != journal.new.log_size:
             raise ProofError("the staged .log is not the one verified", path=_uri(store, key),
                              expected=f"ETag {journal.new.log_etag}, {journal.new.log_size} bytes",
                              found=f"ETag {info.etag}, {info.size} bytes")
@@ -553,11 +557,11 @@ def _replace_foreign_index(ctx: Context, journal: Journal, name: str, indexes: I
 
 
 def finish_one(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *,
-               taken_from: str | None = None) -> SegmentResult:
+               taken_from: str | None = None, indexes: Indexes | None = None) -> SegmentResult:
     """:func:`finish` with every per-segment problem as a result (the partition's other entries go on); a lost
     lease still stops the partition. ``taken_from``: the run whose staged operation this run took over."""
     try:
-        return finish(ctx, journal, etag, lease)
+        return finish(ctx, journal, etag, lease, indexes)
     except LeaseLost:
         raise
     except (ProofError, InvalidDataError) as e:  # a staged or backup copy that does not verify: nothing swapped

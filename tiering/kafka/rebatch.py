@@ -30,7 +30,9 @@ A batch joins the run before it only when every rule below holds; the first rule
    leaves such batches behind): kept as it is.
 9. **Bounded size.** A merged batch holds at most ``max_bytes`` of records, counted with room for the
    larger deltas it re-encodes (15 bytes a record) and its header: by default 1 MiB, Kafka's default
-   ``max.message.bytes`` and ``message.max.bytes``, which a restored topic may enforce.
+   ``max.message.bytes`` and ``message.max.bytes``, which a restored topic may enforce. A merged batch
+   that still comes out larger than ``max_bytes`` (a codec's framing around incompressible records) is
+   not written: its batches are, as they were.
 
 The merged batch: ``baseOffset`` the first batch's, ``lastOffsetDelta`` reaching the last batch's last
 offset (gaps inside stay as record offset deltas), timestamps recomputed from its records (the
@@ -210,12 +212,18 @@ def rebatch_segment(src: BinaryIO, dst: BinaryIO, options: RebatchOptions, *, pr
             yield batch
 
     for run in _runs(counted(), options, producer_last, stats):
-        if len(run) == 1:
-            dst.write(run[0].raw.data)
-        else:
-            dst.write(merged_batch(run, options))
-            stats.runs_merged += 1
-            stats.batches_merged += len(run)
+        built = merged_batch(run, options) if len(run) > 1 else b""
+        if len(built) > options.max_bytes:  # codec framing past the bound (rule 9): the batches as they were
+            stats.refusals[Refusal.SIZE] += 1
+            built = b""
+        if not built:
+            for batch in run:
+                dst.write(batch.raw.data)
+            stats.batches_out += len(run)
+            continue
+        dst.write(built)
+        stats.runs_merged += 1
+        stats.batches_merged += len(run)
         stats.batches_out += 1
     stats.records_sha256_in, stats.batches_sha256_in = digests.records_sha256, digests.batches_sha256
     return stats

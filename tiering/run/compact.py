@@ -24,7 +24,6 @@ from tiering.commit.protocol import (
     SourceChanged,
     SourceGone,
     Staged,
-    finish,
     finish_one,
     pending_journals,
     recheck_source,
@@ -303,7 +302,7 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
         if not commit:
             staged.result.status = STAGED_STATUS
             return staged.result
-        result = finish(ctx, staged.journal, staged.etag, lease, staged.indexes)
+        result = finish_one(ctx, staged.journal, staged.etag, lease, indexes=staged.indexes)
         return staged.result if result.status == staged.result.status else result
     except SourceChanged as e:  # a .log gone (retention) leaves nothing to do; any other change is left to a re-plan
         return SegmentResult(seg.directory, seg.base_offset, SKIPPED, e.message, error=e.to_dict(),

@@ -52,6 +52,7 @@ from tiering.storage.store import (
     check_stored,
     crc32c_b64,
     put_json,
+    upload_from,
 )
 
 if TYPE_CHECKING:
@@ -398,11 +399,8 @@ class MemoryStore:
                metadata: dict[str, str] | None = None, if_none_match: bool = False,
                crc: int | None = None) -> str:
         """As :meth:`S3Store.upload`."""
-        with self.writer(key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
-                         checksum=crc is not None) as out:
-            while chunk := stream.read(part_bytes):
-                out.write(chunk)
-            return out.finish(expect_crc=crc).etag
+        return upload_from(self, key, stream, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
+                           crc=crc)
 
     def writer(self, key: str, *, part_bytes: int = DEFAULT_PART_BYTES, metadata: dict[str, str] | None = None,
                if_none_match: bool = False, checksum: bool = False, in_flight: int = 2) -> StreamUpload:

@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, BinaryIO, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Final, Protocol, runtime_checkable
 
+from tiering.errors import StorageError
 from tiering.storage.store import (
     DEFAULT_PART_BYTES,
     BucketFacts,
@@ -93,15 +94,32 @@ class ObjectStore(Protocol):
                if_none_match: bool = False, checksum: bool = False, in_flight: int = 2) -> StreamUpload: ...
 
 
+NOT_IMPLEMENTED: Final = 501
+
+
 def copy_honours_if_match(store: ObjectStore, scratch: str) -> bool:
-    """Whether ``store`` refuses a CopyObject whose target ``If-Match`` does not hold, as S3 does (moto 5.2.5
-    and some S3-compatible stores copy regardless). Writes a scratch object at ``scratch`` (a key no one
-    else writes), copies it onto itself with an ``If-Match`` no object has, and deletes it (3 requests)."""
-    etag = store.put(scratch, b"probe")
+    """Whether ``store`` honours a CopyObject's target ``If-Match`` as S3 does: it refuses a copy whose
+    condition fails (412) and makes one whose condition holds. moto 5.2.5 and some S3-compatible stores copy
+    regardless; a store that refuses conditional copies altogether, or answers with another error, is judged
+    not to honour them (the PUT swap works on any store). Writes two scratch objects under ``scratch`` (keys
+    no one else writes), copies one onto the other twice, deletes both (6 requests). A transport failure is
+    raised (retryable), never taken for an answer."""
+    source, target = scratch + ".source", scratch + ".target"
     try:
-        store.copy_over(scratch, scratch, source_etag=etag, if_match=f'"{"0" * 32}"', attrs=ObjectAttrs(), size=5)
-    except PreconditionFailed:
+        etag = store.put(source, b"probe")
+        there = store.put(target, b"target")
+        try:
+            store.copy_over(source, target, source_etag=etag, if_match=f'"{"0" * 32}"', attrs=ObjectAttrs(), size=5)
+        except PreconditionFailed:
+            pass
+        else:
+            return False  # copied over an object whose ETag the condition did not name
+        store.copy_over(source, target, source_etag=etag, if_match=there, attrs=ObjectAttrs(), size=5)
         return True
+    except StorageError as e:
+        if e.retryable and e.status != NOT_IMPLEMENTED:  # 501 is an answer; other 5xx and transport failures are not
+            raise
+        return False
     finally:
-        store.delete(scratch, missing_ok=True)
-    return False
+        store.delete(target, missing_ok=True)
+        store.delete(source, missing_ok=True)

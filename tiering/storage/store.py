@@ -229,7 +229,11 @@ class StreamUpload(io.RawIOBase):
         else:
             self._send(bytes(self._buf))
             parts = [f.result() for f in self._sent]
-            etag = self.store._finish(self.key, self.upload_id, parts, self.if_none_match, crc)
+            try:
+                etag = self.store._finish(self.key, self.upload_id, parts, self.if_none_match, crc)
+            except (ChecksumUnsupported, ChecksumMismatch):
+                self.upload_id = None  # completed, then judged by its checksum: nothing left to abort
+                raise
         self._buf = bytearray()
         self.result = Uploaded(etag, self.size, self.crc)
         self._shutdown()
@@ -259,6 +263,16 @@ class StreamUpload(io.RawIOBase):
         if self.result is None:
             self.abort()
         super().__exit__(exc_type, exc, tb)
+
+
+def upload_from(store: _Multipart, key: str, stream: BinaryIO, *, part_bytes: int, metadata: dict[str, str] | None,
+                if_none_match: bool, crc: int | None) -> str:
+    """What a store's ``upload`` does: ``stream`` through a :class:`StreamUpload`, checked against ``crc``."""
+    with StreamUpload(store, key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
+                      checksum=crc is not None) as out:
+        while chunk := stream.read(part_bytes):
+            out.write(chunk)
+        return out.finish(expect_crc=crc).etag
 
 
 class NoCredentials(StorageError):
@@ -799,11 +813,8 @@ class S3Store:
         aborted if anything fails). With ``crc``, the CRC-32C its producer computed: the bytes read must have
         it (:class:`ProofError` otherwise: the local copy changed) and the upload is checked by checksum.
         Returns the ETag."""
-        with self.writer(key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
-                         checksum=crc is not None) as out:
-            while chunk := stream.read(part_bytes):
-                out.write(chunk)
-            return out.finish(expect_crc=crc).etag
+        return upload_from(self, key, stream, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
+                           crc=crc)
 
     def writer(self, key: str, *, part_bytes: int = DEFAULT_PART_BYTES, metadata: dict[str, str] | None = None,
                if_none_match: bool = False, checksum: bool = False, in_flight: int = 2) -> StreamUpload:
