@@ -119,29 +119,79 @@ def _compact_with_the_dag(endpoint: str, bucket: str, root: Path) -> tuple[dict[
     return run, done.stderr
 
 
-# TIERING_KAFKA_PATHS=cli skips the Airflow/Spark run (~60 s of the ~3 min).
-PATHS = [p for p in os.environ.get("TIERING_KAFKA_PATHS", "cli,dag").split(",") if p]
+def _rebatch_in_place(data_dir: Path) -> tuple[dict[str, Any], list[Path]]:
+    """``tiering segment rewrite --rebatch --codec zstd`` of every sealed segment of a copied data directory
+    (runs of small batches merged, then recompressed), each output put over its segment where its bytes
+    differ; a run-like document of the segments and the files changed."""
+    from tiering.kafka.codecs import Codec
+    from tiering.kafka.rebatch import RebatchOptions
+    from tiering.kafka.rewrite import RewriteOptions
+    from tiering.local import rewrite_file
+
+    segments: list[dict[str, Any]] = []
+    changed: list[Path] = []
+    for d in _partition_dirs(data_dir):
+        logs = sorted(d.glob("*.log"))
+        for log in logs[:-1]:  # the highest base offset is the active segment
+            if log.stat().st_size == 0:
+                continue
+            out = data_dir.parent / "rebatched" / d.name
+            result, written = rewrite_file(log, out, RewriteOptions(Codec.ZSTD), rebatch=RebatchOptions(Codec.ZSTD))
+            assert result.rebatch is not None
+            assert result.rebatch.records_sha256_out == result.rebatch.records_sha256_in
+            moved = 0
+            for new in (written.log, written.index, written.time_index):
+                target = d / new.name
+                if target.read_bytes() != new.read_bytes():
+                    shutil.copyfile(new, target)
+                    changed.append(target)
+                    moved += new.suffix == ".log"
+            segments.append({"directory": d.name, "base_offset": int(log.stem),
+                             "status": "compacted" if moved else "skipped",
+                             "batches": [result.rebatch.batches_in, result.rebatch.batches_out]})
+    return {"segments": segments}, sorted(changed)
+
+
+# TIERING_KAFKA_PATHS=cli skips the Airflow/Spark run (~60 s of the ~3 min); "rebatch" rewrites the segments
+# locally with --rebatch (no S3) before the same restore checks.
+PATHS = [p for p in os.environ.get("TIERING_KAFKA_PATHS", "cli,dag,rebatch").split(",") if p]
+
+
+def _through_s3(source: Source, root: Path, path: str) -> tuple[dict[str, Any], str, Broker, list[Path], int]:
+    """The source's partitions uploaded to moto, compacted by the CLI or the DAG, downloaded over a copy of
+    the source's data directory: (run document, stderr, the copy's broker, files changed, objects uploaded)."""
+    with moto_server() as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                              aws_secret_access_key="testing")
+        bucket = f"{BUCKET}-{path}"
+        client.create_bucket(Bucket=bucket)
+        uploaded = upload(client, bucket, source.broker.data_dir)
+        note(f"{uploaded} objects uploaded to moto")
+        compact = _compact_with_the_cli if path == "cli" else _compact_with_the_dag
+        run, stderr = compact(endpoint, bucket, root)
+        note(f"compacted by the {path}")
+        broker = source.broker.copy_to(root / "data", root / "logs")
+        rewritten = download(client, bucket, broker.data_dir)
+        note(f"{len(rewritten)} rewritten files downloaded")
+    return run, stderr, broker, rewritten, uploaded
 
 
 @pytest.fixture(scope="module", params=PATHS)
 def restored(source: Source, tmp_path_factory: pytest.TempPathFactory,
              request: pytest.FixtureRequest) -> Iterator[Restored]:
     """The source broker's partitions compacted on S3 by ``tiering s3 compact`` (cli) or by the Airflow DAG
-    with Spark (dag), restored into a copy of its data directory, a broker running on it."""
+    with Spark (dag), or re-batched and recompressed locally (rebatch), restored into a copy of its data
+    directory, a broker running on it."""
     root = tmp_path_factory.mktemp(f"kafka-restored-{request.param}")
-    with moto_server() as endpoint:
-        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                              aws_secret_access_key="testing")
-        bucket = f"{BUCKET}-{request.param}"
-        client.create_bucket(Bucket=bucket)
-        uploaded = upload(client, bucket, source.broker.data_dir)
-        note(f"{uploaded} objects uploaded to moto")
-        compact = _compact_with_the_cli if request.param == "cli" else _compact_with_the_dag
-        run, stderr = compact(endpoint, bucket, root)
-        note(f"compacted by the {request.param}")
+    if request.param == "rebatch":
         broker = source.broker.copy_to(root / "data", root / "logs")
-        rewritten = download(client, bucket, broker.data_dir)
-        note(f"{len(rewritten)} rewritten files downloaded")
+        run, rewritten = _rebatch_in_place(broker.data_dir)
+        merged = sum(s["batches"][0] - s["batches"][1] for s in run["segments"])
+        note(f"{len(rewritten)} files re-batched locally, {merged} batches fewer")
+        assert merged > 0
+        stderr, uploaded = "", 0
+    else:
+        run, stderr, broker, rewritten, uploaded = _through_s3(source, root, request.param)
     pristine = root / "pristine"
     shutil.copytree(broker.data_dir, pristine)
     broker.extra["log.cleaner.enable"] = "false"  # the log stays exactly as restored while we read it
