@@ -392,3 +392,43 @@ def test_a_journal_without_the_staged_etag_is_swapped_after_decoding_the_staged_
     assert mem.requests["GetObject"] > gets
     assert no_pending(mem)
     check_consistent(mem, originals)
+
+
+# --- A staged .log larger than one part ------------------------------------------------------------------------
+
+MULTIPART_STEPS = {"upload-start": "_start", "upload-part": "_part", "upload-complete": "_finish"}
+
+
+@pytest.mark.parametrize(("step", "after"), [(s, a) for s in MULTIPART_STEPS for a in (False, True)],
+                         ids=lambda v: v if isinstance(v, str) else ("after" if v else "before"))
+def test_a_crash_during_a_multipart_staging_upload_loses_nothing_and_leaves_nothing_billed(
+        step: str, after: bool, clock: ManualClock) -> None:
+    """A segment whose new .log spans several parts: the run dies at the upload's start, at a part or at its
+    completion; a re-run compacts the segment, and cleanup aborts what the dead run left uploading."""
+    from dataclasses import replace
+
+    from tiering.storage.store import MIN_PART_BYTES
+
+    mem = MemoryStore(BUCKET, clock=clock)
+    originals = seed(mem, segments=2, segment_bytes=14 * MIN_PART_BYTES // 5)
+    first = sorted(originals)[0]
+    method = MULTIPART_STEPS[step]
+    dying = Aimed(mem, method, lambda a, k: str(a[0]).endswith(LOG_SUFFIX), die, after=after)
+    with pytest.raises(Crash):
+        compact(dying, plan_for(mem), replace(context(dying), part_bytes=MIN_PART_BYTES),
+                CompactOptions(lease_ttl_seconds=TTL))
+    assert dying.fired
+    check_consistent(mem, originals)
+    assert mem.get(key(first)) == originals[first].log
+    clock.advance(seconds=TTL + 1)
+    run = compact(mem, plan_for(mem), replace(context(mem, "run-2"), part_bytes=MIN_PART_BYTES),
+                  CompactOptions(lease_ttl_seconds=TTL))
+    assert run.exit_code() == ExitCode.OK, [(r.status, r.reason) for r in run.segments]
+    assert {r.base_offset: r.status for r in run.segments}[first] == "compacted"
+    assert mem.requests["UploadPart"] >= 2  # the new .log did go in parts
+    assert no_pending(mem)
+    check_consistent(mem, originals)
+    clock.advance(hours=25)
+    cleanup(mem, context(mem, "clean"), lease_ttl=TTL)
+    assert not list(mem.list_uploads(PREFIX + "/"))
+    assert under(mem, "staging") == []
