@@ -14,11 +14,11 @@ import contextlib
 import os
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from tiering.errors import ConfigError, ProofError
+from tiering.errors import ConfigError
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT
 from tiering.kafka.files import (
     INDEX_SUFFIX,
@@ -29,7 +29,7 @@ from tiering.kafka.files import (
     segment_name,
 )
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, Indexes, build_indexes
-from tiering.kafka.rebatch import RebatchOptions, RebatchStats, digest_of, producer_last_batches, rebatch_segment
+from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions, RewriteResult, rewrite_segment
 from tiering.kafka.segment import SegmentSummary, check_indexes, verify_segment
 
@@ -165,9 +165,9 @@ def rewrite_file(path: Path, out_dir: Path, options: RewriteOptions, *, base_off
                  rebatch: RebatchOptions | None = None) -> tuple[RewriteResult, Written]:
     """Rewrite ``path`` into ``out_dir/<base>.log`` with rebuilt ``.index`` and ``.timeindex``.
 
-    With ``rebatch``, runs of small batches are merged first (:mod:`tiering.kafka.rebatch`, into a temporary
-    file beside the output), then the rest is recompressed; the output's records digest must equal the
-    source's (a :class:`ProofError` otherwise), and ``result.rebatch`` says what was merged.
+    With ``rebatch``, runs of small batches are merged on the way in (:mod:`tiering.kafka.rebatch`), then
+    the rest is recompressed; the output's records digest must equal the source's (a :class:`ProofError`
+    otherwise), and ``result.rebatch`` says what was merged.
     On any error nothing is left in ``out_dir`` (the partial output was a temporary file).
     """
     base = base_offset_of(path, base_offset)
@@ -179,49 +179,19 @@ def rewrite_file(path: Path, out_dir: Path, options: RewriteOptions, *, base_off
         _prepare_out_dir(out_dir)
         size = os.fstat(src.fileno()).st_size
         dst, tmp = _temp_in(out_dir, target.name)
-        merged: Path | None = None
         try:
             with dst:
-                source: BinaryIO = src
-                stats: RebatchStats | None = None
-                if rebatch is not None:
-                    producer_last = producer_last_batches(src, path=str(path))
-                    src.seek(0)
-                    batched, merged = _temp_in(out_dir, target.name + ".rebatch")
-                    with batched:
-                        stats = rebatch_segment(src, batched, rebatch, producer_last=producer_last, path=str(path))
-                    source = open(merged, "rb")  # noqa: SIM115 - closed below
-                try:
-                    result = rewrite_segment(source, dst, base_offset=base, options=options, path=str(path),
-                                             size=os.fstat(source.fileno()).st_size, progress=progress)
-                finally:
-                    if source is not src:
-                        source.close()
+                result = rewrite_segment(src, dst, base_offset=base, options=options, path=str(path), size=size,
+                                         progress=progress, rebatch=rebatch)
                 dst.flush()
                 os.fsync(dst.fileno())
-            if stats is not None:
-                result = replace(result, rebatch=_proved(tmp, stats, str(path)))
-                result.stats.bytes_in = size
             # The .txnindex is valid for both generations (same offsets), so it goes first.
             _copy_txn_index(path, out_dir / segment_name(base, TXN_INDEX_SUFFIX))
             written = _publish(out_dir, base, tmp, result.indexes)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        finally:
-            if merged is not None:
-                merged.unlink(missing_ok=True)
     return result, written
-
-
-def _proved(log: Path, stats: RebatchStats, where: str) -> RebatchStats:
-    """``stats`` once the re-batched output is shown to hold the source's records (its records digest)."""
-    with open(log, "rb") as f:
-        records, batches = digest_of(f, path=str(log))
-    if records != stats.records_sha256_in:
-        raise ProofError("the re-batched segment does not hold the source's records", path=where,
-                         expected=f"records_sha256 {stats.records_sha256_in}", found=records)
-    return replace(stats, records_sha256_out=records, batches_sha256_out=batches)
 
 
 def _copy_txn_index(log: Path, target: Path) -> None:

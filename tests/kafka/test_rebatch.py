@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 
 from tests.golden import SEGMENTS, log_path, segment_id
+from tiering.errors import CorruptBatchError, ProofError
 from tiering.kafka.batch import Attr
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
@@ -21,10 +22,10 @@ from tiering.kafka.rebatch import (
     RebatchOptions,
     Refusal,
     digest_of,
-    producer_last_batches,
     rebatch_segment,
 )
 from tiering.kafka.records import Record
+from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
 from tiering.kafka.segment import iter_decoded
 
 ZSTD = RebatchOptions(Codec.ZSTD, 3)
@@ -55,8 +56,7 @@ def run(data: bytes, options: RebatchOptions = ZSTD) -> tuple[list[Any], Any, by
     """Re-batch ``data``: the output's decoded batches, the stats, the output bytes; the records digest
     checked equal to the source's."""
     out = io.BytesIO()
-    stats = rebatch_segment(io.BytesIO(data), out, options,
-                            producer_last=producer_last_batches(io.BytesIO(data)))
+    stats = rebatch_segment(io.BytesIO(data), out, options)
     records, _ = digest_of(io.BytesIO(out.getvalue()))
     assert records == stats.records_sha256_in == digest_of(io.BytesIO(data))[0]
     return list(iter_decoded(io.BytesIO(out.getvalue()))), stats, out.getvalue()
@@ -199,6 +199,67 @@ def test_rule_7_a_producers_last_batch_is_kept_exactly_as_it_was() -> None:
     assert shape(out) == [(0, 3, 4), (4, 4, 1)]
     assert written.endswith(last)
     assert stats.refusals[Refusal.PRODUCER_LAST] == 1
+
+
+def test_rule_7_in_one_pass_a_run_waits_for_its_producer_s_next_batch() -> None:
+    """Producer 9's run is closed by another producer's batches; 9's later batch shows the run's last batch
+    was not 9's last, so the run merges whole, exactly as if the segment had been read twice."""
+    a = {"producer_id": 9, "producer_epoch": 0}
+    data = segment(*one_each(0, 3, base_sequence=0, **a), *one_each(3, 2), *one_each(5, 1, base_sequence=10, **a))
+    out, stats, _ = run(data)
+    assert shape(out) == [(0, 2, 3), (3, 4, 2), (5, 5, 1)]
+    assert (stats.refusals[Refusal.PRODUCER_LAST], stats.undecided) == (0, 0)
+
+
+def test_rule_7_past_the_lookahead_a_run_s_last_batch_is_kept_out_as_if_it_were_its_producer_s_last() -> None:
+    a = {"producer_id": 9, "producer_epoch": 0}
+    data = segment(*one_each(0, 3, base_sequence=0, **a), *one_each(3, 2), *one_each(5, 1, base_sequence=10, **a))
+    written = io.BytesIO()
+    stats = rebatch_segment(io.BytesIO(data), written, ZSTD, lookahead_bytes=0)
+    out = list(iter_decoded(io.BytesIO(written.getvalue())))
+    assert shape(out) == [(0, 1, 2), (2, 2, 1), (3, 4, 2), (5, 5, 1)]
+    assert (stats.refusals[Refusal.PRODUCER_LAST], stats.undecided) == (1, 1)
+    assert digest_of(io.BytesIO(written.getvalue()))[0] == digest_of(io.BytesIO(data))[0]
+
+
+def test_a_merged_batch_that_lost_a_record_fails_the_proof(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiering.kafka import rebatch
+
+    honest = rebatch.merged_batch
+
+    def lossy(group: list[Any], options: RebatchOptions) -> bytes:
+        last = group[-1]
+        return honest([*group[:-1], type(last)(last.raw, last.records[:-1], last.uncompressed_bytes)], options)
+
+    monkeypatch.setattr(rebatch, "merged_batch", lossy)
+    with pytest.raises(ProofError, match="does not hold the source's records"):
+        rebatch_segment(io.BytesIO(segment(*one_each(0, 5))), io.BytesIO(), ZSTD, path="t-0/0.log")
+
+
+def test_the_savings_split_counts_what_recompression_alone_would_have_written() -> None:
+    """Every batch merges here, so recompression alone is the plain rewrite of the whole segment (an
+    independent path: the rewriter, without re-batching)."""
+    data = segment(*one_each(0, 200))
+    options = RewriteOptions(Codec.ZSTD, 3)
+    alone = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=0, options=options)
+    both = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=0, options=options, rebatch=ZSTD)
+    rb = both.rebatch
+    assert rb is not None
+    assert rb.batches_merged == 200
+    assert rb.merged_bytes_in == rb.bytes_in == len(data) == both.stats.bytes_in
+    assert rb.merged_bytes_recompressed == alone.stats.bytes_out
+    assert rb.merged_bytes_out == both.stats.bytes_out < alone.stats.bytes_out
+    assert rb.saved_by_rebatching == alone.stats.bytes_out - both.stats.bytes_out
+
+
+def test_a_corrupt_source_is_reported_at_its_own_byte_position() -> None:
+    data = bytearray(segment(*one_each(0, 10)))
+    second = len(build_batch(BatchSpec(0, Codec.SNAPPY), [rec(0)]))
+    data[second + 70] ^= 0xFF  # inside batch 1's records: its CRC no longer matches
+    with pytest.raises(CorruptBatchError) as e:
+        rewrite_segment(io.BytesIO(bytes(data)), io.BytesIO(), base_offset=0, options=RewriteOptions(Codec.ZSTD),
+                        path="t-0/0.log", rebatch=ZSTD)
+    assert (e.value.position, e.value.base_offset, e.value.path) == (second, 1, "t-0/0.log")
 
 
 def test_rule_8_an_empty_batch_is_kept() -> None:

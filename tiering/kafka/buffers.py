@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterable
+from typing import Any
+
 from tiering.kafka import _walker
 
 
@@ -27,3 +31,26 @@ class BufferPool:
         if len(buf) == self.size and len(self.spare) < self.keep:
             self.spare.append(buf)
         return buf
+
+
+class ChunkStream(io.RawIOBase):
+    """A readable stream over an iterator of byte chunks (one stage's output read as the next one's file)."""
+
+    def __init__(self, chunks: Iterable[bytes | bytearray | memoryview]) -> None:
+        super().__init__()
+        self._chunks = iter(chunks)
+        self._view = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._view:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._view = memoryview(chunk).cast("B")
+        n = min(len(buffer), len(self._view))
+        buffer[:n] = self._view[:n]
+        self._view = self._view[n:]
+        return n

@@ -25,7 +25,10 @@ A batch joins the run before it only when every rule below holds; the first rule
    its batches (last sequence, last offset, epoch, timestamp, and the last five batches' metadata for
    duplicate detection). The last batch is kept exactly as it is, so the restored last sequence, offset,
    epoch and timestamp are the original's; the five-batch history then holds merged batches, which only
-   matters to a producer retrying a batch of a sealed segment, long after its session ended.
+   matters to a producer retrying a batch of a sealed segment, long after its session ended. The segment
+   is read once: a run ending with a producer's batch waits until a later batch of that producer turns up
+   (then it merges whole) or the segment ends (then that batch stays out), within a bounded lookahead past
+   which the batch is kept out as if it were the last (:func:`_groups`).
 8. **Not empty.** A batch without records exists only for its producer state or its offsets (the cleaner
    leaves such batches behind): kept as it is.
 9. **Bounded size.** A merged batch holds at most ``max_bytes`` of records, counted with room for the
@@ -38,27 +41,31 @@ The merged batch: ``baseOffset`` the first batch's, ``lastOffsetDelta`` reaching
 offset (gaps inside stay as record offset deltas), timestamps recomputed from its records (the
 LogAppendTime kept), the first batch's leader epoch, producer id, epoch and base sequence, the target
 codec. A batch that merges with nothing is written as it was. The proof is the records digest
-(``records_sha256``), which must equal the source's; the batch digest changes where batches merged.
+(``records_sha256``) of the output, every merged batch decoded again, which must equal the source's; the
+batch digest changes where batches merged.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator
+import io
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import BinaryIO, Final
 
+from tiering.errors import ProofError
 from tiering.kafka.batch import V2_HEADER_SIZE, BatchHeader, TimestampType
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
-from tiering.kafka.reader import iter_batches
+from tiering.kafka.reader import RawBatch
 from tiering.kafka.segment import DecodedBatch, Digests, iter_decoded
 
 DEFAULT_MAX_BYTES: Final = 1 << 20  # Kafka's default max.message.bytes / message.max.bytes
 RECORD_SLACK: Final = 15  # a re-encoded record's deltas may take this many more bytes (varint growth)
 NO_PRODUCER: Final = -1
 SEQUENCE_LIMIT: Final = (1 << 31) - 1
+DEFAULT_LOOKAHEAD_BYTES: Final = 32 << 20  # batches (uncompressed) held behind a run whose rule 7 is undecided
 
 
 class Refusal(StrEnum):
@@ -90,16 +97,29 @@ class RebatchStats:
     runs_merged: int = 0  # merged batches written
     batches_merged: int = 0  # source batches that went into them
     records: int = 0
+    bytes_in: int = 0  # the source segment's bytes
+    merged_bytes_in: int = 0  # the source bytes of the batches that were merged
+    merged_bytes_recompressed: int = 0  # those batches' size after recompression alone, one by one
+    merged_bytes_out: int = 0  # the merged batches' size
+    undecided: int = 0  # runs whose last batch was kept out at the lookahead's bound, not at the segment's end
     refusals: Counter[Refusal] = field(default_factory=Counter)
     records_sha256_in: str = ""
     batches_sha256_in: str = ""
     records_sha256_out: str = ""  # of the output, once proved (equal to the source's)
     batches_sha256_out: str = ""  # differs from the source's where batches merged
 
+    @property
+    def saved_by_rebatching(self) -> int:
+        """Bytes the merge saved beyond recompressing the same batches one by one."""
+        return self.merged_bytes_recompressed - self.merged_bytes_out
+
     def to_json(self) -> dict[str, object]:
         return {"batches_in": self.batches_in, "batches_out": self.batches_out, "runs_merged": self.runs_merged,
-                "batches_merged": self.batches_merged, "records": self.records,
-                "refusals": {str(k): v for k, v in sorted(self.refusals.items())},
+                "batches_merged": self.batches_merged, "records": self.records, "bytes_in": self.bytes_in,
+                "merged_bytes": {"in": self.merged_bytes_in, "recompressed_alone": self.merged_bytes_recompressed,
+                                 "out": self.merged_bytes_out},
+                "saved_by_rebatching": self.saved_by_rebatching, "undecided": self.undecided,
+                "refusals": {str(k): v for k, v in sorted(self.refusals.items()) if v},
                 "records_sha256": {"in": self.records_sha256_in, "out": self.records_sha256_out},
                 "batches_sha256": {"in": self.batches_sha256_in, "out": self.batches_sha256_out},
                 "records_digest_equal": bool(self.records_sha256_out) and
@@ -107,7 +127,7 @@ class RebatchStats:
                 "batches_digest_changed": self.batches_sha256_out != self.batches_sha256_in}
 
 
-def _alone(h: BatchHeader, producer_last: frozenset[int]) -> Refusal | None:
+def _alone(h: BatchHeader) -> Refusal | None:
     """The rule that keeps batch ``h`` out of any run (as its first batch too), or None."""
     if h.magic < 2 or h.is_control:
         return Refusal.NOT_DATA
@@ -117,8 +137,6 @@ def _alone(h: BatchHeader, producer_last: frozenset[int]) -> Refusal | None:
         return Refusal.DELETE_HORIZON
     if h.records_count == 0:
         return Refusal.EMPTY
-    if h.producer_id != NO_PRODUCER and h.offset in producer_last:
-        return Refusal.PRODUCER_LAST
     return None
 
 
@@ -140,48 +158,88 @@ def joins(first: BatchHeader, h: BatchHeader) -> Refusal | None:
     return None
 
 
-def producer_last_batches(stream: BinaryIO, *, path: str | None = None) -> frozenset[int]:
-    """The base offsets of each idempotent producer's last batch in the segment (rule 7): a pass over the
-    batch headers only (nothing is decompressed)."""
-    last: dict[int, int] = {}
-    for raw in iter_batches(stream, path=path):
-        h = raw.header
-        if h.magic >= 2 and h.producer_id != NO_PRODUCER:
-            last[h.producer_id] = h.offset
-    return frozenset(last.values())
-
-
 def _weight(batch: DecodedBatch) -> int:
     """What a batch adds to a merged batch's size bound (rule 9)."""
     return batch.uncompressed_bytes + RECORD_SLACK * len(batch.records)
 
 
-def _runs(batches: Iterator[DecodedBatch], options: RebatchOptions, producer_last: frozenset[int],
-          stats: RebatchStats) -> Iterator[list[DecodedBatch]]:
-    """The source batches in file order, grouped into the runs to merge (a run of one is kept as it is)."""
-    run: list[DecodedBatch] = []
-    size = 0
+@dataclass(slots=True)
+class _Run:
+    """Consecutive batches to merge (one: kept as it is)."""
+
+    batches: list[DecodedBatch]
+    weight: int
+    held: bool = False  # its last batch is its producer's latest so far: whether it may be merged is undecided
+    ended_by: Refusal | None = None  # why the next batch did not join (None: the segment ended)
+
+
+def _groups(batches: Iterator[DecodedBatch], options: RebatchOptions, stats: RebatchStats,
+            lookahead_bytes: int) -> Iterator[list[DecodedBatch]]:
+    """The source batches in file order, in groups to merge (a group of one is written as it is).
+
+    Rule 7 in one pass: a run that ends with an idempotent producer's batch is held until a later batch of
+    that producer shows that batch was not its last (the run is merged whole), or the segment ends (it was:
+    the run is merged without it, and it is written as it is). Everything after a held run waits behind it,
+    up to ``lookahead_bytes`` of batches; past that the oldest held run is decided as if its last batch
+    were its producer's last, which only merges less.
+    """
+    queue: deque[_Run] = deque()  # closed runs not written yet, in file order
+    held: dict[int, _Run] = {}  # producer id -> the queued run ending with its latest batch
+    queued = 0
+    run: _Run | None = None  # the run the next batch may join
+
+    def close(r: _Run, ended_by: Refusal | None = None) -> None:
+        nonlocal queued
+        r.ended_by = ended_by
+        pid = r.batches[-1].header.producer_id
+        if len(r.batches) > 1 and pid != NO_PRODUCER:
+            r.held = True
+            held[pid] = r
+        queue.append(r)
+        queued += r.weight
+
+    def ready(end: bool) -> Iterator[list[DecodedBatch]]:
+        nonlocal queued
+        while queue and (not queue[0].held or end or queued > lookahead_bytes):
+            r = queue.popleft()
+            queued -= r.weight
+            if not r.held:
+                yield r.batches
+                continue
+            del held[r.batches[-1].header.producer_id]
+            if r.ended_by is not None:  # the run ended at its last batch, which rule 7 keeps out
+                stats.refusals[r.ended_by] -= 1
+            stats.refusals[Refusal.PRODUCER_LAST] += 1
+            if not end:
+                stats.undecided += 1
+            yield r.batches[:-1]
+            yield r.batches[-1:]
+
     for batch in batches:
         h = batch.header
-        refusal = _alone(h, producer_last)
-        if refusal is None and run:
-            refusal = joins(run[0].header, h)
-            if refusal is None and size + _weight(batch) > options.max_bytes:
+        w = _weight(batch)
+        alone = _alone(h)
+        if run is not None:
+            refusal = alone or joins(run.batches[0].header, h)
+            if refusal is None and run.weight + w > options.max_bytes:
                 refusal = Refusal.SIZE
-        if run and refusal is None:
-            run.append(batch)
-            size += _weight(batch)
-            continue
-        if run:
-            stats.refusals[refusal or Refusal.SIZE] += 1
-            yield run
-            run, size = [], 0
-        if _alone(h, producer_last) is None and V2_HEADER_SIZE + _weight(batch) <= options.max_bytes:
-            run, size = [batch], V2_HEADER_SIZE + _weight(batch)
+            if refusal is None:  # same producer as the run: no held run of it can be waiting
+                run.batches.append(batch)
+                run.weight += w
+                continue
+            stats.refusals[refusal] += 1
+            close(run, refusal)
+            run = None
+        if h.magic >= 2 and h.producer_id != NO_PRODUCER and (waiting := held.pop(h.producer_id, None)):
+            waiting.held = False  # its last batch was not its producer's last
+        if alone is None and V2_HEADER_SIZE + w <= options.max_bytes:
+            run = _Run([batch], V2_HEADER_SIZE + w)
         else:
-            yield [batch]
-    if run:
-        yield run
+            close(_Run([batch], w))
+        yield from ready(False)
+    if run is not None:
+        close(run)
+    yield from ready(True)
 
 
 def merged_batch(run: list[DecodedBatch], options: RebatchOptions) -> bytes:
@@ -196,36 +254,64 @@ def merged_batch(run: list[DecodedBatch], options: RebatchOptions) -> bytes:
     return build_batch(spec, records)
 
 
-def rebatch_segment(src: BinaryIO, dst: BinaryIO, options: RebatchOptions, *, producer_last: frozenset[int],
-                    path: str | None = None) -> RebatchStats:
-    """Write ``src``'s batches to ``dst`` with the runs of mergeable batches merged (see the module docs).
-    ``producer_last``: from :func:`producer_last_batches` on the same segment. Returns what it did, with the
-    source's records and batch digests (the output must have the same records digest)."""
-    stats = RebatchStats()
-    digests = Digests()
+def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, path: str | None = None,
+              lookahead_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
+              recompressed_size: Callable[[RawBatch], int] | None = None,
+              progress: Callable[[int], None] | None = None) -> Iterator[bytes | memoryview]:
+    """``src``'s batches with the runs of mergeable batches merged (see the module docs), as the bytes of
+    each batch in file order; ``stats`` filled in as it goes. One pass, memory bounded by
+    ``lookahead_bytes`` (:func:`_groups`).
+
+    Every merged batch is decoded again and the records of the whole output digested: once the source is
+    read, a :class:`ProofError` unless the output's records digest equals the source's.
+    ``recompressed_size`` gives a source batch's size after recompression alone (the counterfactual of
+    ``stats.merged_bytes_recompressed``); ``progress`` gets the source bytes read so far."""
+    digests_in, digests_out = Digests(), Digests()
 
     def counted() -> Iterator[DecodedBatch]:
         for batch in iter_decoded(src, path=path, limit=options.decompression_limit):
-            digests.update(batch)
+            digests_in.update(batch)
             stats.batches_in += 1
             stats.records += len(batch.records)
+            stats.bytes_in += len(batch.raw.data)
+            if progress is not None:
+                progress(stats.bytes_in)
             yield batch
 
-    for run in _runs(counted(), options, producer_last, stats):
-        built = merged_batch(run, options) if len(run) > 1 else b""
+    for group in _groups(counted(), options, stats, lookahead_bytes):
+        built = merged_batch(group, options) if len(group) > 1 else b""
         if len(built) > options.max_bytes:  # codec framing past the bound (rule 9): the batches as they were
             stats.refusals[Refusal.SIZE] += 1
             built = b""
         if not built:
-            for batch in run:
-                dst.write(batch.raw.data)
-            stats.batches_out += len(run)
+            for batch in group:
+                digests_out.update(batch)
+                yield batch.raw.data
+            stats.batches_out += len(group)
             continue
-        dst.write(built)
+        for merged in iter_decoded(io.BytesIO(built), path=path, limit=options.decompression_limit):
+            digests_out.update(merged)
         stats.runs_merged += 1
-        stats.batches_merged += len(run)
+        stats.batches_merged += len(group)
         stats.batches_out += 1
-    stats.records_sha256_in, stats.batches_sha256_in = digests.records_sha256, digests.batches_sha256
+        stats.merged_bytes_in += sum(len(b.raw.data) for b in group)
+        stats.merged_bytes_out += len(built)
+        if recompressed_size is not None:
+            stats.merged_bytes_recompressed += sum(recompressed_size(b.raw) for b in group)
+        yield built
+    stats.records_sha256_in, stats.batches_sha256_in = digests_in.records_sha256, digests_in.batches_sha256
+    stats.records_sha256_out, stats.batches_sha256_out = digests_out.records_sha256, digests_out.batches_sha256
+    if stats.records_sha256_out != stats.records_sha256_in:
+        raise ProofError("the re-batched segment does not hold the source's records", path=path,
+                         expected=f"records_sha256 {stats.records_sha256_in}", found=stats.records_sha256_out)
+
+
+def rebatch_segment(src: BinaryIO, dst: BinaryIO, options: RebatchOptions, *, path: str | None = None,
+                    lookahead_bytes: int = DEFAULT_LOOKAHEAD_BYTES) -> RebatchStats:
+    """Write ``src``'s batches to ``dst`` re-batched (:func:`rebatched`); returns what it did."""
+    stats = RebatchStats()
+    for part in rebatched(src, options, stats, path=path, lookahead_bytes=lookahead_bytes):
+        dst.write(part)
     return stats
 
 

@@ -30,9 +30,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, cast
 
 import xxhash
 
@@ -46,7 +46,7 @@ from tiering.kafka.batch import (
     build_v2,
     parse_v2_header,
 )
-from tiering.kafka.buffers import BufferPool
+from tiering.kafka.buffers import BufferPool, ChunkStream
 from tiering.kafka.codecs import (
     CODEC_MASK,
     CODECS,
@@ -68,7 +68,7 @@ from tiering.kafka.reader import (
     iter_batches,
     iter_entries,
 )
-from tiering.kafka.rebatch import RebatchStats
+from tiering.kafka.rebatch import RebatchOptions, RebatchStats, rebatched
 from tiering.kafka.records import decode_legacy, validate_v2, validate_v2_records, wrapper_inner
 from tiering.kafka.segment import OffsetOrder, payload_of
 
@@ -564,13 +564,24 @@ def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, stats: Rewri
 
 def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: RewriteOptions,
                     path: str | None = None, size: int | None = None,
-                    progress: Callable[[int], None] | None = None) -> RewriteResult:
+                    progress: Callable[[int], None] | None = None,
+                    rebatch: RebatchOptions | None = None) -> RewriteResult:
     """Rewrite the segment read from ``src`` into ``dst``; returns its stats and its rebuilt indexes.
 
     Raises an :class:`~tiering.errors.InvalidDataError` naming the file, byte and batch at the first
     problem (in file order); the caller discards ``dst`` then (the CLI writes to a temporary file).
     ``payload_xxh3`` is xxh3-128 over the per-batch xxh3-128 digests of the records.
+
+    With ``rebatch``, the source goes through :func:`~tiering.kafka.rebatch.rebatched` on its way in (runs
+    of small batches merged, proved by the records digest), in the same pass; ``result.rebatch`` says what
+    was merged, and ``stats.bytes_in`` stays the source's size.
     """
+    merged: RebatchStats | None = None
+    if rebatch is not None:
+        merged = RebatchStats()
+        src = cast(BinaryIO, ChunkStream(rebatched(src, rebatch, merged, path=path, progress=progress,
+                                                   recompressed_size=_alone_size(options))))
+        size, progress = None, None
     started = time.perf_counter()
     stats = RewriteStats(path, base_offset, options.codec.label, options.level)
     order = OffsetOrder(base_offset, path)
@@ -600,12 +611,21 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     for (before, after), n in transitions.items():
         stats.codecs_before[CODECS[before].label] += n
         stats.codecs_after[CODECS[after].label] += n
+    if merged is not None:
+        stats.bytes_in = merged.bytes_in
     if progress is not None:
         progress(stats.bytes_in)
     stats.bytes_out = out.position
     stats.payload_xxh3 = out.digest.hexdigest()
     stats.seconds = time.perf_counter() - started
-    return RewriteResult(stats, indexes)
+    return RewriteResult(stats, indexes, merged)
+
+
+def _alone_size(options: RewriteOptions) -> Callable[[RawBatch], int]:
+    """A batch's size after this rewrite on its own (kept, or recompressed), without the proof: what a batch
+    that re-batching merged would have come to without it."""
+    quick = replace(options, proof=False, deep_validation=False)
+    return lambda raw: sum(len(part) for part in process_batch(raw, quick).parts)
 
 
 @dataclass(frozen=True, slots=True)
