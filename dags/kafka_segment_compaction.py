@@ -51,6 +51,10 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | | CopyObject from staging with If-Match: no byte crosses the wire again), `put` (downloaded and PUT: for |
 | | stores that ignore a copy's If-Match) or `auto` (default: `copy` where a probe shows the store refuses a |
 | | copy whose If-Match fails) |
+| `rebatch` | also merge runs of small batches into larger ones, every record unchanged (docs/rebatching.md), |
+| | in every topic; with a policy, `rebatch.enable` decides per topic and this must stay off |
+| `rebatch_max_bytes` | with `rebatch`: a merged batch's bound (default 1 MiB, Kafka's default |
+| | `max.message.bytes`) |
 
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
@@ -179,6 +183,12 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
                            description="an S3 Inventory manifest.json to plan from; empty: list the prefix"),
         "policy": Param(os.environ.get("TIERING_POLICY_FILE", ""), type="string",
                         description="policy YAML file on the workers; empty: codec and level for every topic"),
+        "rebatch": Param(False, type="boolean",
+                         description="also merge runs of small batches (docs/rebatching.md) in every topic; with a "
+                         "policy, its rebatch.enable decides per topic instead"),
+        "rebatch_max_bytes": Param(1 << 20, type="integer", minimum=62, maximum=(1 << 31) - 1,
+                                   description="with rebatch: a merged batch's bound (Kafka's default "
+                                   "max.message.bytes)"),
     },
 )
 def kafka_segment_compaction() -> None:
@@ -191,7 +201,8 @@ def kafka_segment_compaction() -> None:
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
         options = ScanOptions(params["codec"], params["level"], params["topics"] or None,
-                              params["min_segment_age_minutes"], policy=_policy(params))
+                              params["min_segment_age_minutes"], policy=_policy(params),
+                              rebatch_max_bytes=params["rebatch_max_bytes"] if params["rebatch"] else None)
         result = scan_run(settings.store(), settings, options, inventory=(params["inventory"] or "").strip() or None)
         print(f"scanned s3://{settings.bucket}/{settings.prefix}: {result['objects']} objects, {result['totals']}")
         return result

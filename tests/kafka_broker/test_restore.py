@@ -97,14 +97,19 @@ def download(client: Any, bucket: str, data_dir: Path) -> list[Path]:
     return sorted(changed)
 
 
-def _compact_with_the_cli(endpoint: str, bucket: str, root: Path) -> tuple[dict[str, Any], str]:
+def _compact_with_the_cli(endpoint: str, bucket: str, root: Path, *extra: str) -> tuple[dict[str, Any], str]:
     done = subprocess.run([sys.executable, "-m", "tiering", "s3", "compact", "--bucket", bucket, "--prefix",
                            PREFIX, "--codec", "zstd", "--min-age-minutes", "0", "--json", "--no-report",
-                           "--work-dir", str(root)], capture_output=True, text=True, env=_env(endpoint), timeout=600,
-                          check=False)
+                           "--work-dir", str(root), *extra], capture_output=True, text=True, env=_env(endpoint),
+                          timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-4000:] + done.stdout[-4000:]
     run: dict[str, Any] = json.loads(done.stdout)
     return run, done.stderr
+
+
+def _rebatch_with_the_cli(endpoint: str, bucket: str, root: Path) -> tuple[dict[str, Any], str]:
+    """``tiering s3 compact --rebatch``: runs of small batches merged, then recompressed, through S3."""
+    return _compact_with_the_cli(endpoint, bucket, root, "--rebatch")
 
 
 def _compact_with_the_dag(endpoint: str, bucket: str, root: Path) -> tuple[dict[str, Any], str]:
@@ -119,41 +124,8 @@ def _compact_with_the_dag(endpoint: str, bucket: str, root: Path) -> tuple[dict[
     return run, done.stderr
 
 
-def _rebatch_in_place(data_dir: Path) -> tuple[dict[str, Any], list[Path]]:
-    """``tiering segment rewrite --rebatch --codec zstd`` of every sealed segment of a copied data directory
-    (runs of small batches merged, then recompressed), each output put over its segment where its bytes
-    differ; a run-like document of the segments and the files changed."""
-    from tiering.kafka.codecs import Codec
-    from tiering.kafka.rebatch import RebatchOptions
-    from tiering.kafka.rewrite import RewriteOptions
-    from tiering.local import rewrite_file
-
-    segments: list[dict[str, Any]] = []
-    changed: list[Path] = []
-    for d in _partition_dirs(data_dir):
-        logs = sorted(d.glob("*.log"))
-        for log in logs[:-1]:  # the highest base offset is the active segment
-            if log.stat().st_size == 0:
-                continue
-            out = data_dir.parent / "rebatched" / d.name
-            result, written = rewrite_file(log, out, RewriteOptions(Codec.ZSTD), rebatch=RebatchOptions(Codec.ZSTD))
-            assert result.rebatch is not None
-            assert result.rebatch.records_sha256_out == result.rebatch.records_sha256_in
-            moved = 0
-            for new in (written.log, written.index, written.time_index):
-                target = d / new.name
-                if target.read_bytes() != new.read_bytes():
-                    shutil.copyfile(new, target)
-                    changed.append(target)
-                    moved += new.suffix == ".log"
-            segments.append({"directory": d.name, "base_offset": int(log.stem),
-                             "status": "compacted" if moved else "skipped",
-                             "batches": [result.rebatch.batches_in, result.rebatch.batches_out]})
-    return {"segments": segments}, sorted(changed)
-
-
-# TIERING_KAFKA_PATHS=cli skips the Airflow/Spark run (~60 s of the ~3 min); "rebatch" rewrites the segments
-# locally with --rebatch (no S3) before the same restore checks.
+# TIERING_KAFKA_PATHS=cli skips the Airflow/Spark run (~60 s of the ~3 min); "rebatch" compacts with the CLI
+# and --rebatch before the same restore checks.
 PATHS = [p for p in os.environ.get("TIERING_KAFKA_PATHS", "cli,dag,rebatch").split(",") if p]
 
 
@@ -167,7 +139,7 @@ def _through_s3(source: Source, root: Path, path: str) -> tuple[dict[str, Any], 
         client.create_bucket(Bucket=bucket)
         uploaded = upload(client, bucket, source.broker.data_dir)
         note(f"{uploaded} objects uploaded to moto")
-        compact = _compact_with_the_cli if path == "cli" else _compact_with_the_dag
+        compact = {"cli": _compact_with_the_cli, "dag": _compact_with_the_dag, "rebatch": _rebatch_with_the_cli}[path]
         run, stderr = compact(endpoint, bucket, root)
         note(f"compacted by the {path}")
         broker = source.broker.copy_to(root / "data", root / "logs")
@@ -179,19 +151,16 @@ def _through_s3(source: Source, root: Path, path: str) -> tuple[dict[str, Any], 
 @pytest.fixture(scope="module", params=PATHS)
 def restored(source: Source, tmp_path_factory: pytest.TempPathFactory,
              request: pytest.FixtureRequest) -> Iterator[Restored]:
-    """The source broker's partitions compacted on S3 by ``tiering s3 compact`` (cli) or by the Airflow DAG
-    with Spark (dag), or re-batched and recompressed locally (rebatch), restored into a copy of its data
-    directory, a broker running on it."""
+    """The source broker's partitions compacted on S3 by ``tiering s3 compact`` (cli), by the Airflow DAG
+    with Spark (dag), or by the CLI with re-batching (rebatch), restored into a copy of its data directory, a
+    broker running on it."""
     root = tmp_path_factory.mktemp(f"kafka-restored-{request.param}")
+    run, stderr, broker, rewritten, uploaded = _through_s3(source, root, request.param)
     if request.param == "rebatch":
-        broker = source.broker.copy_to(root / "data", root / "logs")
-        run, rewritten = _rebatch_in_place(broker.data_dir)
-        merged = sum(s["batches"][0] - s["batches"][1] for s in run["segments"])
-        note(f"{len(rewritten)} files re-batched locally, {merged} batches fewer")
+        merged = sum(rb["batches_in"] - rb["batches_out"] for s in run["segments"]
+                     if (rb := (s.get("stats") or {}).get("rebatch")))
+        note(f"{merged} batches fewer after re-batching")
         assert merged > 0
-        stderr, uploaded = "", 0
-    else:
-        run, stderr, broker, rewritten, uploaded = _through_s3(source, root, request.param)
     pristine = root / "pristine"
     shutil.copytree(broker.data_dir, pristine)
     broker.extra["log.cleaner.enable"] = "false"  # the log stays exactly as restored while we read it

@@ -309,3 +309,38 @@ def test_a_report_row_can_say_every_status_a_run_gives_a_segment() -> None:
     from tiering.lifecycle.journal import Status
 
     assert {str(s) for s in Status} <= {str(s) for s in RowStatus}
+
+
+def _rebatch_stats(batches_in: int, batches_out: int, saved: int) -> dict[str, Any]:
+    return {"codecs_before": {"snappy": batches_in},
+            "rebatch": {"batches_in": batches_in, "batches_out": batches_out, "saved_by_rebatching": saved}}
+
+
+def test_the_savings_split_into_recompression_and_re_batching_by_hand() -> None:
+    """events-0 was re-batched: of the 0.75 GB it saved, 0.5 GB came from merging batches; logs-0 was only
+    recompressed (IA). Re-batching's dollars are its bytes at their class's rate; recompression is the rest."""
+    plan = [seg("events-0", 0), seg("logs-0", 0, size=2 * GB, storage_class="STANDARD_IA")]
+    run = run_doc([result("events-0", 0, GB, GB // 4, stats=_rebatch_stats(10_000, 40, GB // 2)),
+                   result("logs-0", 0, 2 * GB, GB)])
+    rep = report(run, plan)
+    split = rep.savings_split
+    assert split is not None
+    rb = split.rebatching
+    assert (rb.segments, rb.batches_before, rb.batches_after, rb.saved_bytes) == (1, 10_000, 40, GB // 2)
+    assert split.rebatching_monthly_usd == pytest.approx(0.5 * 0.023)
+    assert split.recompression_bytes == GB // 4 + GB
+    assert split.recompression_monthly_usd == pytest.approx(0.25 * 0.023 + 1.0 * 0.0125)
+    doc = rep.to_json()
+    assert doc["savings_split"]["rebatching"]["monthly_savings_usd"] == pytest.approx(0.5 * 0.023)
+    assert Report.from_json(json.loads(json.dumps(doc)), "r").savings_split == split
+    text = render(rep, "table")
+    assert "saved by re-batching" in text
+    assert "10,000 -> 40 batches" in text
+    assert "Savings per month by source" in render(rep, "html")
+
+
+def test_a_run_without_re_batching_has_no_split() -> None:
+    rep = report(run_doc([result("events-0", 0, GB, GB // 4)]), [seg("events-0", 0)])
+    assert rep.savings_split is None
+    assert "savings_split" not in rep.to_json()
+    assert "re-batching" not in render(rep, "table")

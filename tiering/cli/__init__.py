@@ -210,6 +210,8 @@ def _rewrite_table(stats: dict[str, Any], title: str) -> Table:
         rb = stats["rebatch"]
         t.add_row("re-batched", f"{rb['batches_in']:,} → {rb['batches_out']:,} batches "
                   f"({rb['batches_merged']:,} merged into {rb['runs_merged']:,})")
+        t.add_row("  saved by re-batching", f"{rb['saved_by_rebatching']:,} bytes (beyond recompressing the "
+                  "merged batches one by one)")
         for reason, n in rb["refusals"].items():
             t.add_row("  runs ended by", f"{n:,}: {reason}")
         t.add_row("records sha256", f"{rb['records_sha256']['out']} (equal to the source's)")
@@ -229,9 +231,7 @@ def _cmd_rewrite(args: argparse.Namespace) -> int:
     with _progress(f"rewrite {args.path.name}", size, not args.json) as progress:
         result, written = rewrite_file(args.path, args.out, options, base_offset=args.base_offset,
                                        progress=progress, rebatch=rebatch)
-    doc = result.stats.to_json()
-    if result.rebatch is not None:
-        doc["rebatch"] = result.rebatch.to_json()
+    doc = result.to_json()
     doc["outputs"] = {"log": str(written.log), "index": str(written.index), "timeindex": str(written.time_index)}
     if args.json:
         _print_json(args, doc)

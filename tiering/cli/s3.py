@@ -22,6 +22,7 @@ from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.protocol import AUTO_SWAP, FAILED, Context, SegmentResult, SwapChoice
 from tiering.errors import ConfigError, ExitCode, StorageError
 from tiering.kafka.codecs import Codec
+from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Swap, Verify
 from tiering.plan.auto import apply_policy
@@ -77,7 +78,8 @@ def _human(n: float) -> str:
 def _scan_options(args: argparse.Namespace) -> ScanOptions:
     policy = load_policy(args.policy) if getattr(args, "policy", None) else None
     return ScanOptions(args.codec, args.level, args.topics, args.min_age_minutes, args.include_internal,
-                       args.include_special, args.scan_workers, policy)
+                       args.include_special, args.scan_workers, policy,
+                       args.rebatch_max_bytes if args.rebatch else None)
 
 
 def _source(args: argparse.Namespace, store: ObjectStore) -> Iterator[ObjectInfo] | None:
@@ -426,6 +428,12 @@ def _scan_args(p: argparse.ArgumentParser, *, codec_required: bool) -> None:
                    help="a policy file (see 'tiering policy'): it decides each topic's codec (or producer: left "
                         "alone, auto: chosen by net dollars), level, minimum savings and record age; --codec and "
                         "--level are then not used")
+    p.add_argument("--rebatch", action="store_true",
+                   help="also merge runs of small batches into larger ones, every record unchanged (rules in "
+                        "docs/rebatching.md), for every topic; with --policy, set rebatch.enable per topic instead")
+    p.add_argument("--rebatch-max-bytes", type=int, default=DEFAULT_REBATCH_BYTES, metavar="N",
+                   help="with --rebatch: a merged batch's bound (default %(default)s: Kafka's default "
+                        "max.message.bytes)")
     p.add_argument("--sample-segments", type=int, default=DEFAULT_SAMPLE_SEGMENTS,
                    help="segments sampled by an estimate (default %(default)s)")
     p.add_argument("--sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES,

@@ -41,6 +41,7 @@ from tiering.commit.lease import LeaseGuard, LeaseLost
 from tiering.errors import ConflictError, InvalidDataError, ProofError, StorageError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.index import Indexes
+from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
 from tiering.lifecycle.journal import (
     FILES,
@@ -132,16 +133,22 @@ class Context:
     state: StateBatch | None = None  # the partition's state changes, written together (else one at a time)
     verify: Verify = Verify.CHECKSUM  # how staged files are accepted (read-back where checksums are unsupported)
     swap: SwapChoice = field(default_factory=SwapChoice)  # how the new .log is put in place
+    rebatch: RebatchOptions | None = None  # merge runs of small batches first (set per segment by the plan)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
 
     def for_segment(self, seg: PlannedSegment) -> Context:
-        """This context with the segment's own codec, level and minimum savings (set by a policy)."""
-        if seg.codec is None:
-            return self
-        options = replace(self.options, codec=Codec.parse(seg.codec), level=seg.level)
-        return replace(self, options=options, min_savings_ratio=seg.min_savings_ratio)
+        """This context with the segment's own codec, level and minimum savings (set by a policy) and its
+        re-batching (set by the plan)."""
+        ctx = self
+        if seg.codec is not None:
+            options = replace(self.options, codec=Codec.parse(seg.codec), level=seg.level)
+            ctx = replace(self, options=options, min_savings_ratio=seg.min_savings_ratio)
+        o = ctx.options
+        rebatch = None if seg.rebatch_max_bytes is None else RebatchOptions(
+            o.codec, o.level, seg.rebatch_max_bytes, o.decompression_limit)
+        return ctx if rebatch == ctx.rebatch else replace(ctx, rebatch=rebatch)
 
 
 @dataclass
@@ -237,19 +244,21 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
         try:
             with store.open(seg.log.key, if_match=seg.log.etag) as body:
                 result = rewrite_segment(body, cast(BinaryIO, out), base_offset=base, options=ctx.options,
-                                         path=log_uri, size=seg.log.size, progress=lambda _: lease.keep_alive())
+                                         path=log_uri, size=seg.log.size, progress=lambda _: lease.keep_alive(),
+                                         rebatch=ctx.rebatch)
         except (PreconditionFailed, ObjectNotFound):
             raise SourceChanged("the .log changed or disappeared after planning", path=log_uri,
                                 expected=seg.log.etag) from None
         stats = result.stats
+        stats_doc = result.to_json()
         if stats.bytes_out >= stats.bytes_in:
             return SegmentResult(d, base, SKIPPED, f"no savings: {ctx.options.codec.label} would not shrink it "
                                  f"({stats.bytes_in} -> {stats.bytes_out} bytes)", stats.bytes_in, stats.bytes_in,
-                                 stats=stats.to_json(), cause=Cause.NO_SAVINGS)
+                                 stats=stats_doc, cause=Cause.NO_SAVINGS)
         if 1 - stats.bytes_out / stats.bytes_in < ctx.min_savings_ratio:
             return SegmentResult(d, base, SKIPPED, f"below min.savings.ratio: {ctx.options.codec.label} saves "
                                  f"{1 - stats.bytes_out / stats.bytes_in:.1%}, the policy asks for "
-                                 f"{ctx.min_savings_ratio:.1%}", stats.bytes_in, stats.bytes_in, stats=stats.to_json(),
+                                 f"{ctx.min_savings_ratio:.1%}", stats.bytes_in, stats.bytes_in, stats=stats_doc,
                                  cause=Cause.BELOW_MIN_SAVINGS)
         lease.check()
         log_etag: str | None = None
@@ -286,7 +295,8 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
         stats.payload_xxh3,
         {"codec": ctx.options.codec.label, "level": ctx.options.level, "run_id": ctx.run_id,
          "source_log_etag": seg.log.etag, "bytes_before": stats.bytes_in, "bytes_after": stats.bytes_out,
-         "payload_xxh3": stats.payload_xxh3},
+         "payload_xxh3": stats.payload_xxh3,
+         "rebatch_max_bytes": ctx.rebatch.max_bytes if ctx.rebatch is not None else None},
         log_crc32c=out.crc if verified is Verify.CHECKSUM else None)
     try:
         etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
@@ -294,7 +304,7 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
         raise SourceChanged("a journal entry of another operation exists for this segment (recover first)",
                             path=_uri(store, journal_key(ctx.prefix, d, base))) from None
     return Staged(journal, etag, SegmentResult(d, base, COMPACTED, "", stats.bytes_in, stats.bytes_out,
-                                               stats={**stats.to_json(), "verified": str(verified)},
+                                               stats={**stats_doc, "verified": str(verified)},
                                                run_id=ctx.run_id), result.indexes)
 
 

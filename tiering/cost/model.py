@@ -48,6 +48,7 @@ from tiering.cost.report import (
     Listing,
     NotRewritten,
     OneOff,
+    RebatchFigures,
     Report,
     RowStatus,
     SegmentRow,
@@ -120,7 +121,15 @@ def _row(directory: str, base: int, r: Mapping[str, Any], plan: Mapping[str, Any
                       log.get("storage_class") or "STANDARD", log.get("last_modified"), int(log.get("size", 0)),
                       RowStatus(r["status"]), str(r.get("reason", "")), int(r.get("bytes_before", 0)),
                       int(r.get("bytes_after", 0)), source_codec(r.get("stats")) if codec is None else codec,
-                      r.get("encryption"), r.get("error"))
+                      r.get("encryption"), r.get("error"), rebatch=rebatch_figures(r.get("stats")))
+
+
+def rebatch_figures(stats: Mapping[str, Any] | None) -> RebatchFigures | None:
+    """A segment's re-batching figures from its rewrite's stats, or None when it was not re-batched."""
+    rb = (stats or {}).get("rebatch")
+    if not rb:
+        return None
+    return RebatchFigures(1, int(rb["batches_in"]), int(rb["batches_out"]), int(rb["saved_by_rebatching"]))
 
 
 def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]], ratio: float | None
@@ -194,6 +203,8 @@ class _Fold:
         self.added_usd = 0.0  # versioned without expiry: what stays billed instead, per month
         self.class_of: dict[str, str] = {}  # a rewritten partition's storage class (prices its requests)
         self.before = self.after = self.done = 0
+        self.rebatched = RebatchFigures(0, 0, 0, 0)
+        self.rebatch_billed: Counter[str] = Counter()  # per class, the billed bytes re-batching saved
         self.dry_requests_usd = 0.0
         self.dry_requests = 0  # a dry run's estimated requests (tier1_requests and the tier-2 constant a segment)
         self.retrieval = _Line("Retrieval fees (IA / Glacier IR sources)")
@@ -225,6 +236,13 @@ class _Fold:
         self.billed_before[cls] += billed_before
         self.billed_after[cls] += billed_after
         self.class_of[row.directory] = cls
+        if (rb := row.rebatch) is not None:
+            r = self.rebatched
+            self.rebatched = RebatchFigures(r.segments + 1, r.batches_before + rb.batches_before,
+                                            r.batches_after + rb.batches_after, r.saved_bytes + rb.saved_bytes)
+            if row.bytes_before > row.bytes_after:  # its share of the billed bytes the segment saved
+                self.rebatch_billed[cls] += round((billed_before - billed_after) * rb.saved_bytes
+                                                  / (row.bytes_before - row.bytes_after))
         for key in ROLLUPS:
             group = self.groups[key].setdefault(str(getattr(row, key)), _Group())
             group.segments += 1
@@ -395,7 +413,9 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
         skipped=tuple(NotRewritten(st, why, n) for (st, why), n in sorted(fold.reasons.items())),
         failed=tuple(fold.failed), segments=tuple(priced(r) for r in fold.rows),
         listing=Listing(fold.rows_omitted, fold.failed_omitted, partitions_omitted),
-        auto=dict(auto or {}), warnings=tuple(warnings), ledger=cumulative([], now), estimate_detail=detail)
+        auto=dict(auto or {}), warnings=tuple(warnings), ledger=cumulative([], now), estimate_detail=detail,
+        rebatching=fold.rebatched if fold.rebatched.segments else None,
+        rebatching_monthly_usd=fold.share(by_class, fold.rebatch_billed))
     return with_ledger(report, [e for e in ledger if e.run_id != report.run_id])
 
 

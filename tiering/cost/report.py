@@ -79,16 +79,54 @@ class SegmentRow:
     encryption: str | None
     error: str | None = None
     monthly_savings_usd: float = 0.0
+    rebatch: RebatchFigures | None = None  # set when the rewrite merged runs of batches
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "status": str(self.status)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SegmentRow:
+        rb = d.get("rebatch")
         return cls(str(d["directory"]), str(d["topic"]), int(d["partition"]), int(d["base_offset"]),
                    str(d["storage_class"]), d.get("last_modified"), int(d["size"]), RowStatus(d["status"]),
                    str(d["reason"]), int(d["bytes_before"]), int(d["bytes_after"]), str(d["source_codec"]),
-                   d.get("encryption"), d.get("error"), float(d["monthly_savings_usd"]))
+                   d.get("encryption"), d.get("error"), float(d["monthly_savings_usd"]),
+                   RebatchFigures(**rb) if rb else None)
+
+
+@dataclass(frozen=True, slots=True)
+class RebatchFigures:
+    """What re-batching did to a segment (or, summed, to a run): batches before and after, and the bytes it
+    saved beyond recompressing the same batches one by one."""
+
+    segments: int
+    batches_before: int
+    batches_after: int
+    saved_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SavingsSplit:
+    """A run's savings by where they came from: re-batching (:class:`RebatchFigures`, priced as its share of
+    the bytes saved per storage class), and recompression, which is the rest of the totals."""
+
+    rebatching: RebatchFigures
+    rebatching_monthly_usd: float
+    total_saved_bytes: int
+    total_monthly_usd: float
+
+    @property
+    def recompression_bytes(self) -> int:
+        return self.total_saved_bytes - self.rebatching.saved_bytes
+
+    @property
+    def recompression_monthly_usd(self) -> float:
+        return self.total_monthly_usd - self.rebatching_monthly_usd
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rebatching": {**asdict(self.rebatching), "monthly_savings_usd": self.rebatching_monthly_usd},
+                "recompression": {"saved_bytes": self.recompression_bytes,
+                                  "monthly_savings_usd": self.recompression_monthly_usd}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +414,8 @@ class Report:
     warnings: tuple[str, ...]
     ledger: LedgerSummary
     estimate_detail: EstimateDetail | None = field(default=None)
+    rebatching: RebatchFigures | None = None  # summed over the rewritten segments that were re-batched
+    rebatching_monthly_usd: float = 0.0  # the dollars of the totals that re-batching's bytes account for
 
     def ledger_entry(self) -> LedgerEntry:
         t = self.totals
@@ -400,7 +440,17 @@ class Report:
         }
         if self.estimate_detail is not None:
             doc["estimate_detail"] = self.estimate_detail.to_json()
+        if (split := self.savings_split) is not None:
+            doc["savings_split"] = split.to_json()
         return doc
+
+    @property
+    def savings_split(self) -> SavingsSplit | None:
+        """The savings by source, when any segment of the run was re-batched."""
+        if self.rebatching is None:
+            return None
+        return SavingsSplit(self.rebatching, self.rebatching_monthly_usd, self.totals.saved_bytes,
+                            self.totals.monthly_savings_usd)
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> Report:
@@ -412,6 +462,10 @@ class Report:
         try:
             rollups = {name: tuple(GroupRow.from_json(g, key) for g in doc[name]) for name, key in ROLLUP_KEYS.items()}
             detail = doc.get("estimate_detail")
+            split = (doc.get("savings_split") or {}).get("rebatching")
+            rebatching = None if split is None else RebatchFigures(
+                int(split["segments"]), int(split["batches_before"]), int(split["batches_after"]),
+                int(split["saved_bytes"]))
             return cls(
                 str(doc["run_id"]), str(doc["bucket"]), str(doc["prefix"]), doc.get("started_at"),
                 doc.get("finished_at"), str(doc["generated_at"]), bool(doc["estimate"]), dict(doc["settings"]),
@@ -424,7 +478,8 @@ class Report:
                 tuple(SegmentRow.from_json(r) for r in doc["segments"]), Listing.from_json(doc.get("listing") or {}),
                 dict(doc.get("auto") or {}), tuple(str(w) for w in doc["warnings"]),
                 LedgerSummary.from_json(doc["ledger"]),
-                None if detail is None else EstimateDetail.from_json(detail))
+                None if detail is None else EstimateDetail.from_json(detail), rebatching,
+                float(split["monthly_savings_usd"]) if split is not None else 0.0)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError("report unreadable", path=where, expected="a compaction report's fields",
                               found=f"{type(e).__name__}: {e}") from None

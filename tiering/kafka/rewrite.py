@@ -169,6 +169,12 @@ class RewriteResult:
     indexes: Indexes
     rebatch: RebatchStats | None = None  # set when runs of batches were merged before the rewrite
 
+    def to_json(self) -> dict[str, object]:
+        doc = self.stats.to_json()
+        if self.rebatch is not None:
+            doc["rebatch"] = self.rebatch.to_json()
+        return doc
+
 
 @dataclass(slots=True)  # not frozen: built once per batch, and a frozen __init__ costs microseconds
 class _Out:

@@ -19,7 +19,8 @@ from typing import Any, Final
 from tiering.errors import TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import RawBatch, iter_batches
-from tiering.kafka.rewrite import RewriteOptions, process_batch
+from tiering.kafka.rebatch import RebatchOptions
+from tiering.kafka.rewrite import RewriteOptions, process_batch, rewrite_segment
 from tiering.plan.scan import COMPACT, Plan, PlannedSegment
 from tiering.storage.objects import ObjectStore
 
@@ -74,7 +75,14 @@ def sample_batches(store: ObjectStore, seg: PlannedSegment, sample_bytes: int) -
 
 
 def _sample(store: ObjectStore, seg: PlannedSegment, options: RewriteOptions, sample_bytes: int) -> tuple[int, int]:
-    """(bytes in, bytes out) over the whole batches within the segment's first ``sample_bytes``."""
+    """(bytes in, bytes out) over the whole batches within the segment's first ``sample_bytes`` (re-batched
+    first where the plan says so)."""
+    if seg.rebatch_max_bytes is not None:
+        data = b"".join(bytes(raw.data) for raw in sample_batches(store, seg, sample_bytes))
+        merge = RebatchOptions(options.codec, options.level, seg.rebatch_max_bytes, options.decompression_limit)
+        result = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=seg.base_offset,
+                                 options=replace(options, proof=False), rebatch=merge)
+        return len(data), result.stats.bytes_out
     bytes_in = bytes_out = 0
     for raw in sample_batches(store, seg, sample_bytes):
         bytes_in += raw.header.size

@@ -13,6 +13,9 @@
       storage.allow.archive: false      # GLACIER / DEEP_ARCHIVE only when true (unreadable without a restore)
       auto.candidates: [zstd:3, zstd:9, lz4, gzip:6]
       auto.horizon.months: 12           # savings counted for auto's choice (no longer than the retention)
+      rebatch.enable: false             # merge runs of small batches (docs/rebatching.md)
+      rebatch.max.bytes: 1048576        # a merged batch's bound, and never above max.message.bytes
+      max.message.bytes: 1048588        # the topic's own limit, when it sets one (Kafka's name and meaning)
     topics:
       - topic: payments.encrypted       # an exact name
         compression.type: producer
@@ -41,7 +44,9 @@ from typing import Any, Final
 import yaml
 
 from tiering.errors import ConfigError
+from tiering.kafka.batch import V2_HEADER_SIZE
 from tiering.kafka.codecs import LEVEL_RANGE, Codec
+from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 
 POLICY_VERSION: Final = 1
 PRODUCER: Final = "producer"
@@ -61,7 +66,11 @@ BUILT_IN: Final[dict[str, Any]] = {
     "storage.allow.archive": False,
     "auto.candidates": list(DEFAULT_AUTO_CANDIDATES),
     "auto.horizon.months": 12.0,  # how long a rewrite's savings count for auto (at most the topic's retention)
+    "rebatch.enable": False,
+    "rebatch.max.bytes": DEFAULT_REBATCH_BYTES,
+    "max.message.bytes": None,  # the topic's limit on a batch (None: the topic sets none here)
 }
+INT32_MAX: Final = (1 << 31) - 1
 PER_CODEC_LEVEL: Final = {f"compression.{c.label}.level": c for c in LEVEL_RANGE}
 KEYS: Final = frozenset(BUILT_IN) | frozenset(PER_CODEC_LEVEL)
 SOURCE_BUILT_IN: Final = "built-in default"
@@ -92,6 +101,19 @@ class TopicPolicy:
     auto_candidates: tuple[tuple[str, int | None], ...]
     auto_horizon_months: float = 12.0
     sources: Mapping[str, str] = field(default_factory=dict)
+    rebatch_enable: bool = False
+    rebatch_max_bytes_key: int = DEFAULT_REBATCH_BYTES  # rebatch.max.bytes as set
+    max_message_bytes: int | None = None
+
+    @property
+    def rebatch_max_bytes(self) -> int | None:
+        """A merged batch's bound for this topic (``rebatch.max.bytes``, lowered to ``max.message.bytes``), or
+        None when re-batching is off."""
+        if not self.rebatch_enable:
+            return None
+        if self.max_message_bytes is None:
+            return self.rebatch_max_bytes_key
+        return min(self.rebatch_max_bytes_key, self.max_message_bytes)
 
     @property
     def codec(self) -> Codec | None:
@@ -114,7 +136,8 @@ class TopicPolicy:
                 "storage.tiers": [{"after.days": t.after_days, "storage.class": t.storage_class} for t in self.tiers],
                 "storage.allow.archive": self.allow_archive,
                 "auto.candidates": [f"{c}:{lvl}" if lvl is not None else c for c, lvl in self.auto_candidates],
-                "auto.horizon.months": self.auto_horizon_months,
+                "auto.horizon.months": self.auto_horizon_months, "rebatch.enable": self.rebatch_enable,
+                "rebatch.max.bytes": self.rebatch_max_bytes_key, "max.message.bytes": self.max_message_bytes,
                 "sources": dict(self.sources)}
 
 
@@ -166,7 +189,8 @@ class Policy:
         return TopicPolicy(topic, ctype, level, float(values["min.savings.ratio"]),
                            float(values["min.segment.age.hours"]), tiers, bool(values["storage.allow.archive"]),
                            tuple(_candidate(c, "auto.candidates") for c in values["auto.candidates"]),
-                           float(values["auto.horizon.months"]), sources)
+                           float(values["auto.horizon.months"]), sources, bool(values["rebatch.enable"]),
+                           int(values["rebatch.max.bytes"]), values["max.message.bytes"])
 
 
 def _fail(where: str, problem: str, found: object = None) -> PolicyError:
@@ -244,7 +268,12 @@ def _settings(raw: object, where: str) -> dict[str, Any]:
                 raise _fail(at, "expected hours >= 0", value)
         elif key == "storage.tiers":
             value = _tiers(value, at)
-        elif key == "storage.allow.archive":
+        elif key == "rebatch.max.bytes":
+            _bytes(value, at, V2_HEADER_SIZE + 1)
+        elif key == "max.message.bytes":
+            if value is not None:
+                _bytes(value, at, 0)
+        elif key in ("storage.allow.archive", "rebatch.enable"):
             if not isinstance(value, bool):
                 raise _fail(at, "expected true or false", value)
         elif key == "auto.candidates":
@@ -260,6 +289,11 @@ def _settings(raw: object, where: str) -> dict[str, Any]:
         raise _fail(f"{where}.compression.level", f"compression.type {out['compression.type']} takes no level "
                     "(auto: give levels in auto.candidates)", out["compression.level"])
     return out
+
+
+def _bytes(value: object, where: str, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= INT32_MAX:
+        raise _fail(where, f"expected a number of bytes in {low}..{INT32_MAX}", value)
 
 
 def _tiers(value: object, where: str) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from tiering.errors import ConfigError
+from tiering.kafka.batch import V2_HEADER_SIZE
 from tiering.kafka.codecs import Codec, check_level
 from tiering.kafka.files import (
     INDEX_SUFFIX,
@@ -98,6 +99,7 @@ class PlannedSegment:
     codec: str | None = None
     level: int | None = None
     min_savings_ratio: float = 0.0
+    rebatch_max_bytes: int | None = None  # merge runs of small batches up to this size (None: no re-batching)
     compacted_by: str | None = None  # a skip because it is compacted already: the run that did it
     cause: Cause | None = None  # why it is skipped
 
@@ -114,7 +116,8 @@ class PlannedSegment:
         refs = {k: ObjectRef(**doc[k]) if doc.get(k) else None for k in ("log", "index", "timeindex", "txnindex")}
         return cls(doc["directory"], doc["topic"], int(doc["partition"]), int(doc["base_offset"]), doc["action"],
                    doc["reason"], **refs, codec=doc.get("codec"), level=doc.get("level"),
-                   min_savings_ratio=float(doc.get("min_savings_ratio", 0.0)), compacted_by=doc.get("compacted_by"),
+                   min_savings_ratio=float(doc.get("min_savings_ratio", 0.0)),
+                   rebatch_max_bytes=doc.get("rebatch_max_bytes"), compacted_by=doc.get("compacted_by"),
                    cause=Cause(doc["cause"]) if doc.get("cause") else None)
 
 
@@ -204,6 +207,7 @@ class ScanOptions:
     include_special: bool = False  # -delete / -future / -stray directories
     workers: int = DEFAULT_SCAN_WORKERS
     policy: Policy | None = None  # per-topic codec, level and minimum savings (codec and level: the default)
+    rebatch_max_bytes: int | None = None  # re-batching for every topic (a policy sets it per topic instead)
 
     def __post_init__(self) -> None:
         if self.codec not in (PRODUCER, AUTO):  # those two come only from a policy
@@ -214,6 +218,13 @@ class ScanOptions:
             raise ConfigError("--min-age-minutes must not be negative", expected=">= 0", found=self.min_age_minutes)
         if self.workers < 1:
             raise ConfigError("scan workers must be at least 1", expected=">= 1", found=self.workers)
+        if self.rebatch_max_bytes is not None:
+            if self.policy is not None:
+                raise ConfigError("re-batching for every topic and a policy: set rebatch.enable in the policy "
+                                  "(per topic) instead", found=self.policy.path)
+            if not V2_HEADER_SIZE < self.rebatch_max_bytes < 1 << 31:
+                raise ConfigError("the re-batching bound is out of range",
+                                  expected=f"{V2_HEADER_SIZE + 1}..{(1 << 31) - 1}", found=self.rebatch_max_bytes)
         if self.topics is not None:
             try:
                 re.compile(self.topics)
@@ -253,11 +264,13 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
     active = max(with_log) if with_log else None
     grace = timedelta(minutes=o.min_age_minutes)
     target = o
-    per_topic: dict[str, Any] = {}  # PlannedSegment's codec, level and min_savings_ratio, from a policy
+    # PlannedSegment's codec, level, min_savings_ratio and re-batching bound, from a policy (else the run's bound)
+    per_topic: dict[str, Any] = {"rebatch_max_bytes": o.rebatch_max_bytes}
     if o.policy is not None:
         tp = o.policy.resolve(d.topic)
         target = replace(o, codec=tp.compression_type, level=tp.level, policy=None)
-        per_topic = {"codec": target.codec, "level": target.level, "min_savings_ratio": tp.min_savings_ratio}
+        per_topic = {"codec": target.codec, "level": target.level, "min_savings_ratio": tp.min_savings_ratio,
+                     "rebatch_max_bytes": tp.rebatch_max_bytes}
     out = []
     for base in sorted(groups):
         g = groups[base]

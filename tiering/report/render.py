@@ -72,6 +72,12 @@ def headline(report: Report) -> list[tuple[str, str]]:
         ("one-off cost of the run", usd(t.one_off_usd)),
         ("payback", payback(t.payback_months)),
     ]
+    if (split := report.savings_split) is not None:
+        rb = split.rebatching
+        rows.append(("saved by recompression", f"{size(split.recompression_bytes)}, "
+                     f"{usd(split.recompression_monthly_usd)} per month"))
+        rows.append(("saved by re-batching", f"{size(rb.saved_bytes)}, {usd(split.rebatching_monthly_usd)} per month "
+                     f"({rb.segments} segments, {rb.batches_before:,} -> {rb.batches_after:,} batches)"))
     if (e := report.estimate_detail) is not None:
         rows.append(("estimate range (+/- 2 s.e.)", f"{usd(e.monthly_savings_usd_low)} .. "
                      f"{usd(e.monthly_savings_usd_high)} per month, from {e.segments_sampled} sampled "
@@ -325,6 +331,10 @@ def to_html(report: Report) -> str:
         charts.append(_bars("Stored .log bytes by topic", [(x.name, [x.bytes_before, x.bytes_after])
                                                           for x in topics], [BEFORE, AFTER], size,
                             ["before", "after"]))
+    if (split := report.savings_split) is not None:
+        charts.append(_bars("Savings per month by source", [("recompression", [split.recompression_monthly_usd]),
+                                                            ("re-batching", [split.rebatching_monthly_usd])],
+                            [SAVED], usd, ["$ saved / month"]))
     real = [r for r in ledger.runs if not r.entry.estimate]
     if real:
         charts.append(_line("Cumulative savings per month over runs",

@@ -309,14 +309,16 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
 
     def adoptable(journal: Journal) -> bool:
         """This run would stage the very same: the same source objects (each index present or absent as
-        planned), codec and level."""
+        planned), codec, level and re-batching."""
         seg = planned.get(journal.base_offset)
         if seg is None or any(journal.source.get(name) != (ref.etag if ref is not None else None)
                               for name, ref in (("log", seg.log), ("index", seg.index),
                                                 ("timeindex", seg.timeindex))):
             return False
-        options = ctx.for_segment(seg).options
-        return (journal.entry.get("codec"), journal.entry.get("level")) == (options.codec.label, options.level)
+        own = ctx.for_segment(seg)
+        rebatch = own.rebatch.max_bytes if own.rebatch is not None else None
+        return (journal.entry.get("codec"), journal.entry.get("level"), journal.entry.get("rebatch_max_bytes")) == (
+            own.options.codec.label, own.options.level, rebatch)
 
     def work(lease: Lease, out: list[SegmentResult]) -> None:
         batch = StateBatch(ctx.store, ctx.prefix, directory, pruning)
