@@ -15,7 +15,7 @@ from kafka.record.default_records import DefaultRecordBatch
 
 from tests.golden import SEGMENTS, log_path, segment_id
 from tiering.errors import CorruptBatchError, ProofError
-from tiering.kafka.batch import Attr
+from tiering.kafka.batch import Attr, TimestampType
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rebatch import (
@@ -155,12 +155,20 @@ def test_rule_4_timestamp_types_and_log_append_times() -> None:
     assert stats.refusals[Refusal.TIMESTAMP_TYPE] == 2
 
 
-def test_rule_5_a_batch_with_a_delete_horizon_is_kept_alone() -> None:
-    stamped = bytearray(build_batch(BatchSpec(3, Codec.NONE), [rec(3)]))
-    stamped[22] |= int(Attr.DELETE_HORIZON)  # attributes (low byte), then the CRC again
+def with_delete_horizon(batch: bytes) -> bytes:
+    """``batch`` as the log cleaner stamps it: the delete-horizon attribute set (its base timestamp is then the
+    horizon), the CRC computed again."""
     from tiering.kafka.batch import crc_v2
+
+    stamped = bytearray(batch)
+    stamped[22] |= int(Attr.DELETE_HORIZON)  # attributes (low byte)
     stamped[17:21] = crc_v2(bytes(stamped)).to_bytes(4, "big")
-    data = segment(*one_each(0, 3)) + bytes(stamped) + segment(*one_each(4, 3))
+    return bytes(stamped)
+
+
+def test_rule_5_a_batch_with_a_delete_horizon_is_kept_alone() -> None:
+    stamped = with_delete_horizon(build_batch(BatchSpec(3, Codec.NONE), [rec(3)]))
+    data = segment(*one_each(0, 3)) + stamped + segment(*one_each(4, 3))
     out, stats, _ = run(data)
     assert shape(out) == [(0, 2, 3), (3, 3, 1), (4, 6, 3)]
     assert stats.refusals[Refusal.DELETE_HORIZON] == 1
@@ -323,10 +331,12 @@ def batch_runs(draw: st.DrawFn) -> bytes:
         spec = BatchSpec(offset, draw(st.sampled_from([Codec.NONE, Codec.GZIP, Codec.ZSTD])),
                          partition_leader_epoch=draw(st.integers(0, 1)), producer_id=pid, producer_epoch=epoch,
                          base_sequence=seq, transactional=pid >= 0 and draw(st.booleans()) and n > 0,
-                         log_append_time=T0 if draw(st.integers(0, 4)) == 0 else None, last_offset_delta=last_delta)
+                         log_append_time=draw(st.sampled_from([None, None, T0, T0 + 1])),
+                         last_offset_delta=last_delta)
         if pid >= 0:
             sequences[pid, epoch] = seq + last_delta + 1
-        parts.append(build_batch(spec, records))
+        built = build_batch(spec, records)
+        parts.append(with_delete_horizon(built) if n and draw(st.integers(0, 6)) == 0 else built)
         offset += last_delta + 1
     return b"".join(parts)
 
@@ -347,7 +357,10 @@ def test_any_segment_keeps_its_records_and_every_merged_batch_obeys_the_rules(da
             continue
         assert len({(m.header.partition_leader_epoch, m.header.timestamp_type, m.header.producer_id,
                      m.header.producer_epoch) for m in members}) == 1
-        assert not any(m.header.is_transactional or m.header.is_control or not m.records for m in members)
+        assert not any(m.header.is_transactional or m.header.is_control or not m.records
+                       or m.header.delete_horizon_ms is not None for m in members)
+        if h.timestamp_type is TimestampType.LOG_APPEND_TIME:  # one append time: every record reads it
+            assert {m.header.max_timestamp for m in members} == {h.max_timestamp}
         assert not any(last_of_producer.get(m.header.producer_id) == m.header.offset for m in members)
         assert (h.offset, h.last_offset) == (members[0].header.offset, members[-1].header.last_offset)
         assert h.base_sequence == members[0].header.base_sequence

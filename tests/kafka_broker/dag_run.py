@@ -2,7 +2,9 @@
 already on an S3 endpoint, in its own process (Airflow's configuration stays out of pytest's), and print the
 run's state and compact document as one JSON line.
 
-    python tests/kafka_broker/dag_run.py WORKDIR ENDPOINT BUCKET PREFIX
+    python tests/kafka_broker/dag_run.py WORKDIR ENDPOINT BUCKET PREFIX [PARAMS_JSON]
+
+PARAMS_JSON: more DAG params, e.g. '{"rebatch": true}'.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ def main() -> None:
     os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                       AWS_DEFAULT_REGION="us-east-1")
     prepare_airflow(home)
+    extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
     state, run_id = run_dag({"bucket": bucket, "prefix": prefix, "codec": "zstd", "min_segment_age_minutes": 0,
-                             "spark_master": "local[2]"})
+                             "spark_master": "local[2]", **extra})
     store = S3Store(make_client(), bucket)
     doc = store.get_json(f"{prefix}/_tiering/runs/{run_id}/compact.json")[0]
     print(json.dumps({"state": state, "run_id": run_id, "document": doc}))

@@ -97,26 +97,21 @@ def download(client: Any, bucket: str, data_dir: Path) -> list[Path]:
     return sorted(changed)
 
 
-def _compact_with_the_cli(endpoint: str, bucket: str, root: Path, *extra: str) -> tuple[dict[str, Any], str]:
+def _compact_with_the_cli(endpoint: str, bucket: str, root: Path) -> tuple[dict[str, Any], str]:
     done = subprocess.run([sys.executable, "-m", "tiering", "s3", "compact", "--bucket", bucket, "--prefix",
                            PREFIX, "--codec", "zstd", "--min-age-minutes", "0", "--json", "--no-report",
-                           "--work-dir", str(root), *extra], capture_output=True, text=True, env=_env(endpoint),
-                          timeout=600, check=False)
+                           "--work-dir", str(root)], capture_output=True, text=True, env=_env(endpoint), timeout=600,
+                          check=False)
     assert done.returncode == 0, done.stderr[-4000:] + done.stdout[-4000:]
     run: dict[str, Any] = json.loads(done.stdout)
     return run, done.stderr
 
 
-def _rebatch_with_the_cli(endpoint: str, bucket: str, root: Path) -> tuple[dict[str, Any], str]:
-    """``tiering s3 compact --rebatch``: runs of small batches merged, then recompressed, through S3."""
-    return _compact_with_the_cli(endpoint, bucket, root, "--rebatch")
-
-
-def _compact_with_the_dag(endpoint: str, bucket: str, root: Path) -> tuple[dict[str, Any], str]:
+def _compact_with_the_dag(endpoint: str, bucket: str, root: Path, *params: str) -> tuple[dict[str, Any], str]:
     """The Airflow DAG kafka_segment_compaction (dag.test(), Spark local[2]) in its own process."""
     done = subprocess.run([sys.executable, str(Path(__file__).with_name("dag_run.py")), str(root), endpoint, bucket,
-                           PREFIX], capture_output=True, text=True, env=_env(endpoint), timeout=900, check=False,
-                          cwd=Path(__file__).resolve().parents[2])
+                           PREFIX, *params], capture_output=True, text=True, env=_env(endpoint), timeout=900,
+                          check=False, cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr[-4000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["state"] == "success", done.stderr[-4000:]
@@ -124,8 +119,13 @@ def _compact_with_the_dag(endpoint: str, bucket: str, root: Path) -> tuple[dict[
     return run, done.stderr
 
 
-# TIERING_KAFKA_PATHS=cli skips the Airflow/Spark run (~60 s of the ~3 min); "rebatch" compacts with the CLI
-# and --rebatch before the same restore checks.
+def _rebatch_with_the_dag(endpoint: str, bucket: str, root: Path) -> tuple[dict[str, Any], str]:
+    """The DAG with its param ``rebatch``: runs of small batches merged, then recompressed, in the Spark job."""
+    return _compact_with_the_dag(endpoint, bucket, root, json.dumps({"rebatch": True}))
+
+
+# TIERING_KAFKA_PATHS=cli skips the Airflow/Spark runs; "rebatch" runs the DAG with its param rebatch before
+# the same restore checks.
 PATHS = [p for p in os.environ.get("TIERING_KAFKA_PATHS", "cli,dag,rebatch").split(",") if p]
 
 
@@ -139,7 +139,7 @@ def _through_s3(source: Source, root: Path, path: str) -> tuple[dict[str, Any], 
         client.create_bucket(Bucket=bucket)
         uploaded = upload(client, bucket, source.broker.data_dir)
         note(f"{uploaded} objects uploaded to moto")
-        compact = {"cli": _compact_with_the_cli, "dag": _compact_with_the_dag, "rebatch": _rebatch_with_the_cli}[path]
+        compact = {"cli": _compact_with_the_cli, "dag": _compact_with_the_dag, "rebatch": _rebatch_with_the_dag}[path]
         run, stderr = compact(endpoint, bucket, root)
         note(f"compacted by the {path}")
         broker = source.broker.copy_to(root / "data", root / "logs")
@@ -152,7 +152,7 @@ def _through_s3(source: Source, root: Path, path: str) -> tuple[dict[str, Any], 
 def restored(source: Source, tmp_path_factory: pytest.TempPathFactory,
              request: pytest.FixtureRequest) -> Iterator[Restored]:
     """The source broker's partitions compacted on S3 by ``tiering s3 compact`` (cli), by the Airflow DAG
-    with Spark (dag), or by the CLI with re-batching (rebatch), restored into a copy of its data directory, a
+    with Spark (dag), or by the DAG with re-batching (rebatch), restored into a copy of its data directory, a
     broker running on it."""
     root = tmp_path_factory.mktemp(f"kafka-restored-{request.param}")
     run, stderr, broker, rewritten, uploaded = _through_s3(source, root, request.param)

@@ -164,3 +164,34 @@ def test_an_unreachable_endpoint_is_a_retryable_failure_that_never_prints_its_cr
         f"tiering: s3://b: head_bucket: could not connect to S3 at http://127.0.0.1:{port}; retryable"]
     doc = json.loads(done.stdout)
     assert (doc["exit_code"], doc["error"]["error"], doc["error"]["retryable"]) == (4, "TransportError", True)
+
+
+def test_rebatch_compacts_tiny_batches_estimates_them_and_the_report_shows_the_split(bucket: S3Store,
+                                                                                     tmp_path: Path) -> None:
+    from tests.s3.test_rebatch_s3 import PER_SEGMENT, tiny_segment
+    from tiering.kafka.files import LOG_SUFFIX
+    from tiering.storage.layout import segment_key
+
+    for base in (0, PER_SEGMENT, 2 * PER_SEGMENT):
+        bucket.put(segment_key(PREFIX, "clicks", 0, base, LOG_SUFFIX), tiny_segment(base))
+    where = ["--bucket", bucket.bucket, "--prefix", PREFIX, "--codec", "zstd", "--min-age-minutes", "0"]
+    estimates = []
+    for extra in ([], ["--rebatch"]):
+        code, out, err = _cli("s3", "compact", *where, "--dry-run", "--json", *extra)
+        assert code == 0, err
+        estimates.append(json.loads(out)["plan"]["estimate"]["saved_bytes_estimate"])
+    assert estimates[1] > estimates[0] > 0  # merged, one-record batches compress far better
+    code, out, err = _cli("s3", "compact", *where, "--rebatch", "--rebatch-max-bytes", "65536", "--json")
+    assert code == 0, err
+    segments = json.loads(out)["segments"]
+    assert [s["status"] for s in segments] == ["compacted", "compacted"]
+    assert all(s["stats"]["rebatch"]["batches_out"] < PER_SEGMENT // 10 for s in segments)
+    code, out, err = _cli("report", "--bucket", bucket.bucket, "--prefix", PREFIX)
+    assert code == 0, err
+    assert f"2 segments, {2 * PER_SEGMENT:,} ->" in out
+    assert "saved by re-batching" in out
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\ncluster: {compression.type: zstd}\n")
+    code, _, err = _cli("s3", "compact", *where, "--rebatch", "--policy", str(policy))
+    assert code == ExitCode.USAGE
+    assert "set rebatch.enable in the policy" in err
