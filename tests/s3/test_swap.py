@@ -18,6 +18,7 @@ from tests.s3.conftest import PREFIX, check_consistent, context, fresh_store, no
 from tiering.commit.protocol import META_OP, SwapChoice, swap_mode
 from tiering.errors import StorageError
 from tiering.lifecycle.journal import Status, Swap
+from tiering.plan.scan import PlannedSegment
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.memory import MemoryStore
@@ -117,7 +118,10 @@ def test_the_swap_mode_is_learnt_once_per_run(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(protocol, "copy_honours_if_match", lambda *a: probes.append(a) or real(*a))
     ctx = context(mem)
     assert swap_mode(ctx) is Swap.COPY
-    assert swap_mode(ctx.for_segment(type("S", (), {"codec": None})())) is Swap.COPY  # type: ignore[arg-type]
+    own = ctx.for_segment(PlannedSegment("t-0", "t", 0, 0, "compact", "", codec="zstd", level=9,
+                                         rebatch_max_bytes=1 << 20))
+    assert own is not ctx
+    assert swap_mode(own) is Swap.COPY  # the segment's own context shares the run's choice
     assert len(probes) == 1
     assert (mem.requests["CopyObject"], mem.requests["PutObject"], mem.requests["DeleteObject"]) == (2, 2, 2)
 

@@ -78,12 +78,18 @@ class BatchSpec:
     control: bool = False
     log_append_time: int | None = None  # the broker's append time, for LogAppendTime batches
     last_offset_delta: int | None = None  # defaults to the last record's delta
+    delete_horizon_ms: int | None = None  # the log cleaner's stamp: the base timestamp, and the attribute bit
+    max_timestamp: int | None = None  # a batch without records keeps its original's (defaults to the records')
 
 
 def build_batch(spec: BatchSpec, records: Sequence[Record]) -> bytes:
     """One whole v2 batch (log overhead included) holding ``records``."""
     base_ts = records[0].timestamp if records else -1
+    if spec.delete_horizon_ms is not None:
+        base_ts = spec.delete_horizon_ms  # the records' timestamp deltas are taken from it
     max_ts = max((r.timestamp for r in records), default=-1)
+    if spec.max_timestamp is not None:
+        max_ts = spec.max_timestamp
     if spec.log_append_time is not None:
         max_ts = spec.log_append_time
     payload = b"".join(encode_record(r, spec.base_offset, base_ts) for r in records)
@@ -96,6 +102,8 @@ def build_batch(spec: BatchSpec, records: Sequence[Record]) -> bytes:
         attributes |= Attr.TRANSACTIONAL
     if spec.control:
         attributes |= Attr.CONTROL
+    if spec.delete_horizon_ms is not None:
+        attributes |= Attr.DELETE_HORIZON
     last_delta = spec.last_offset_delta
     if last_delta is None:
         last_delta = records[-1].offset - spec.base_offset if records else 0

@@ -1,0 +1,186 @@
+"""Key compaction's rules one by one (tiering/kafka/keycompact.py), on segments built here; the broker's own
+cleaner is the reference in tests/kafka_broker/test_keycompact.py."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from tiering.errors import ConfigError, CorruptBatchError
+from tiering.kafka.builder import BatchSpec, build_batch
+from tiering.kafka.codecs import Codec
+from tiering.kafka.keycompact import (
+    AbortedTxn,
+    CleanOptions,
+    CleanStats,
+    Segment,
+    compact_partition,
+    encode_txn_index,
+    parse_txn_index,
+)
+from tiering.kafka.records import Record
+from tiering.kafka.segment import iter_decoded
+
+T0 = 1_790_000_000_000
+NOW = T0 + 3_600_000
+DAY = 86_400_000
+
+
+def rec(offset: int, key: bytes | None, value: bytes | None = b"v") -> Record:
+    return Record(offset, T0 + offset, key, value, ())
+
+
+def marker(offset: int, pid: int, commit: bool) -> bytes:
+    key = b"\x00\x00\x00" + (b"\x01" if commit else b"\x00")
+    return build_batch(BatchSpec(offset, Codec.NONE, producer_id=pid, producer_epoch=0, transactional=True,
+                                 control=True), [Record(offset, T0 + offset, key, b"\x00\x00\x00\x00\x00\x00", ())])
+
+
+def seg(base: int, *batches: bytes, aborted: tuple[AbortedTxn, ...] = ()) -> Segment:
+    data = b"".join(batches)
+    return Segment(base, lambda: io.BytesIO(data), aborted, f"t-0/{base:020d}.log")
+
+
+def batch(base: int, *records: Record, pid: int = -1, seq: int = -1, txn: bool = False) -> bytes:
+    return build_batch(BatchSpec(base, Codec.NONE, producer_id=pid, producer_epoch=0 if pid >= 0 else -1,
+                                 base_sequence=seq, transactional=txn), list(records))
+
+
+ACTIVE = seg(1000, batch(1000, rec(1000, b"a", b"active")))
+
+
+def run(*segments: Segment, now: int = NOW, **options: Any) -> tuple[list[list[Any]], CleanStats, list[Any]]:
+    """Compacted: per cleaned segment, its batches (decoded); the stats; the cleaned segments."""
+    stats = CleanStats()
+    _, cleaned = compact_partition(list(segments), CleanOptions(now_ms=now, **options), stats)
+    return [list(iter_decoded(io.BytesIO(c.log))) for c in cleaned], stats, cleaned
+
+
+def records(batches: list[Any]) -> list[tuple[int, bytes | None, bytes | None]]:
+    return [(r.offset, r.key, r.value) for b in batches for r in b.records]
+
+
+def again(cleaned: list[Any], *rest: Segment, now: int) -> tuple[list[list[Any]], CleanStats, list[Any]]:
+    """A later pass over a pass's output."""
+    segs = [Segment(c.base_offset, lambda d=c.log: io.BytesIO(d), tuple(parse_txn_index(c.txn_index)))
+            for c in cleaned]
+    return run(*segs, *rest, now=now)
+
+
+def test_the_latest_value_of_each_key_stays_superseded_ones_and_records_without_a_key_go() -> None:
+    out, stats, _ = run(seg(0, batch(0, rec(0, b"a"), rec(1, b"b"), rec(2, None)), batch(3, rec(3, b"a", b"a2"))),
+                        seg(4, batch(4, rec(4, b"c"), rec(5, b"b", b"b2"))), ACTIVE)
+    assert [records(b) for b in out] == [[(3, b"a", b"a2")], [(4, b"c", b"v"), (5, b"b", b"b2")]]
+    assert (stats.superseded_dropped, stats.no_key_dropped, stats.keys) == (2, 1, 3)
+
+
+def test_a_batch_that_loses_nothing_is_copied_byte_for_byte_and_keeps_its_offsets_when_rebuilt() -> None:
+    kept = batch(0, rec(0, b"k1"), rec(1, b"k2"))
+    shrunk = batch(2, rec(2, b"c"), rec(3, b"d"), rec(4, b"e"))
+    last = batch(5, rec(5, b"c", b"c2"))
+    out, stats, cleaned = run(seg(0, kept, shrunk, last), ACTIVE)
+    assert cleaned[0].log.startswith(kept)
+    assert cleaned[0].log.endswith(last)
+    assert stats.batches_copied == 2
+    rebuilt = out[0][1].header
+    assert (rebuilt.offset, rebuilt.last_offset, len(out[0][1].records)) == (2, 4, 2)
+    assert records([out[0][1]]) == [(3, b"d", b"v"), (4, b"e", b"v")]
+
+
+def test_a_tombstone_is_stamped_with_a_horizon_then_dropped_once_it_passed() -> None:
+    out, stats, cleaned = run(seg(0, batch(0, rec(0, b"a"), rec(1, b"b")), batch(2, rec(2, b"a", None))), ACTIVE)
+    assert records(out[0]) == [(1, b"b", b"v"), (2, b"a", None)]
+    stamped = out[0][-1].header
+    assert stamped.delete_horizon_ms == NOW + DAY
+    assert out[0][-1].records[0].timestamp == T0 + 2  # the record keeps its time: its delta is from the horizon
+    assert stats.tombstones_stamped == 1
+    before, _, _ = again(cleaned, ACTIVE, now=NOW + DAY - 1)
+    assert records(before[0]) == [(1, b"b", b"v"), (2, b"a", None)]
+    after, stats, _ = again(cleaned, ACTIVE, now=NOW + DAY)
+    assert records(after[0]) == [(1, b"b", b"v")]
+    assert stats.tombstones_dropped == 1
+
+
+def test_aborted_data_goes_and_its_marker_stays_until_a_later_pass_then_goes_after_its_horizon() -> None:
+    aborted = AbortedTxn(first_offset=1, producer_id=5, last_offset=3, last_stable_offset=1)
+    s0 = seg(0, batch(0, rec(0, b"a")), batch(1, rec(1, b"b"), rec(2, b"c"), pid=5, seq=0, txn=True),
+             marker(3, 5, commit=False), batch(4, rec(4, b"d"), pid=6, seq=0), aborted=(aborted,))
+    s1 = seg(5, batch(5, rec(5, b"e"), pid=5, seq=2, txn=True), marker(6, 5, commit=True))
+
+    def shape(batches: list[Any]) -> list[tuple[int, bool, int, bool]]:
+        return [(b.header.offset, b.header.is_control, len(b.records), b.header.delete_horizon_ms is not None)
+                for b in batches]
+
+    out, stats, cleaned = run(s0, s1, ACTIVE)
+    assert shape(out[0]) == [(0, False, 1, False), (3, True, 1, False), (4, False, 1, False)]
+    assert shape(out[1]) == [(5, False, 1, False), (6, True, 1, False)]  # committed: its marker stays
+    assert stats.aborted_records_dropped == 2
+    assert parse_txn_index(cleaned[0].txn_index) == [aborted]  # the marker is kept, so is its entry
+    second, stats, cleaned2 = again(cleaned, ACTIVE, now=NOW + 1)
+    assert shape(second[0]) == [(0, False, 1, False), (3, True, 1, True), (4, False, 1, False)]
+    assert second[0][1].header.delete_horizon_ms == NOW + 1 + DAY  # no data left: stamped, goes later
+    assert stats.markers_stamped == 1
+    assert parse_txn_index(cleaned2[0].txn_index) == []
+    third, stats, _ = again(cleaned2, ACTIVE, now=NOW + 1 + DAY)
+    assert shape(third[0]) == [(0, False, 1, False), (4, False, 1, False)]
+    assert stats.markers_dropped == 1
+
+
+def test_an_aborted_batch_that_is_its_producer_s_last_stays_as_a_header_and_keeps_its_marker() -> None:
+    aborted = AbortedTxn(first_offset=1, producer_id=5, last_offset=3, last_stable_offset=1)
+    s0 = seg(0, batch(0, rec(0, b"a")), batch(1, rec(1, b"b"), rec(2, b"c"), pid=5, seq=0, txn=True),
+             marker(3, 5, commit=False), aborted=(aborted,))
+    out, _, cleaned = run(s0, ACTIVE)
+    assert [(b.header.offset, b.header.last_offset, len(b.records)) for b in out[0]] == [(0, 0, 1), (1, 2, 0),
+                                                                                         (3, 3, 1)]
+    again_, _, _ = again(cleaned, ACTIVE, now=NOW + 2 * DAY)  # the header still belongs to the transaction
+    assert [b.header.offset for b in again_[0]] == [0, 1, 3]
+
+
+def test_a_producer_s_last_batch_and_the_range_s_last_batch_stay_as_headers_without_records() -> None:
+    s0 = seg(0, batch(0, rec(0, b"a"), rec(1, b"b"), pid=7, seq=10), batch(2, rec(2, b"x")))
+    s1 = seg(3, batch(3, rec(3, b"a", b"a2"), rec(4, b"b", b"b2")), batch(5, rec(5, b"x", b"x2")))
+    out, stats, _ = run(s0, s1, seg(6, batch(6, rec(6, b"z"), pid=8, seq=0)))
+    first = out[0]
+    assert [(b.header.offset, b.header.last_offset, len(b.records)) for b in first] == [(0, 1, 0)]
+    h = first[0].header
+    assert (h.producer_id, h.producer_epoch, h.base_sequence, h.codec, h.base_timestamp, h.max_timestamp) == (
+        7, 0, 10, Codec.NONE, -1, T0 + 1)
+    assert stats.batches_emptied == 1
+    assert records(out[1]) == [(3, b"a", b"a2"), (4, b"b", b"b2"), (5, b"x", b"x2")]
+
+
+def test_the_batch_ending_at_the_first_uncleanable_offset_stays_even_when_emptied() -> None:
+    out, _, _ = run(seg(0, batch(0, rec(0, b"a"))), seg(1, batch(1, rec(1, b"a", b"a2")), batch(2, rec(2, None))),
+                    seg(3, batch(3, rec(3, b"q"))))
+    assert [(b.header.offset, len(b.records)) for b in out[1]] == [(1, 1), (2, 0)]
+
+
+def test_an_open_transaction_and_min_compaction_lag_end_the_cleaned_range() -> None:
+    s0 = seg(0, batch(0, rec(0, b"a")))
+    s1 = seg(1, batch(1, rec(1, b"a", b"a2"), pid=9, seq=0, txn=True))  # never committed nor aborted
+    s2 = seg(2, batch(2, rec(2, b"a", b"a3")))
+    out, _, _ = run(s0, s1, s2, ACTIVE)
+    assert len(out) == 1  # only the segment below the open transaction's
+    young = seg(2, build_batch(BatchSpec(2), [Record(2, T0 + 10 * DAY, b"a", b"new", ())]))
+    out, _, _ = run(s0, seg(1, batch(1, rec(1, b"b"))), young, ACTIVE, min_compaction_lag_ms=DAY)
+    assert len(out) == 2
+
+
+def test_txn_index_round_trip_and_a_torn_file_is_an_error() -> None:
+    entries = [AbortedTxn(5, 9, 12, 5), AbortedTxn(20, 3, 30, 20)]
+    assert parse_txn_index(encode_txn_index(entries)) == entries
+    with pytest.raises(CorruptBatchError, match="34-byte"):
+        parse_txn_index(encode_txn_index(entries)[:-1])
+
+
+def test_legacy_batches_are_refused() -> None:
+    from tests.golden import SEGMENTS, log_path
+
+    legacy = next(s for s in SEGMENTS if 2 not in s["magics"])
+    data = log_path(legacy).read_bytes()
+    active = seg(1 << 40, batch(1 << 40, rec(1 << 40, b"a")))
+    with pytest.raises(ConfigError, match="magic v2"):
+        run(Segment(legacy["base_offset"], lambda: io.BytesIO(data)), active)

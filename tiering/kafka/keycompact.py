@@ -1,0 +1,390 @@
+"""Key compaction at rest: one pass of Kafka's log cleaner (``cleanup.policy=compact``) over a partition's
+archived segments, with the cleaner's own rules. Pure: segment streams and ``.txnindex`` entries in, cleaned
+segment bytes and figures out. Each rule names the code it restates (Kafka 4.3, ``Cleaner`` /
+``LogCleaner``, ``CleanedTransactionMetadata``, ``MemoryRecords.filterTo``); docs/key-compaction.md has
+them with the reasons.
+
+**What is cleaned** (``LogCleanerManager.cleanableOffsets``): the segments below the first uncleanable
+offset, which is the smallest of the active segment's base offset, the first unstable offset (the first
+offset of the oldest transaction without a marker), and the base offset of the first segment holding a
+record younger than ``min_compaction_lag_ms``; rounded down to a segment's base offset. The active segment
+is never cleaned, only read for the producers' state.
+
+**The key map** (``buildOffsetMapForSegment``): over the cleaned range, each key's latest offset. Control
+batches and the batches of aborted transactions are not in it; records without a key are not either.
+``latest_offset`` is the range's last offset.
+
+**A record is kept** (``shouldRetainRecord``) when it lies past the map's latest offset; else, when it has
+a key, it is its key's latest and it has a value or its batch's delete horizon has not passed (a batch
+without a horizon keeps its tombstones on this pass). A record without a key is dropped.
+
+**Transactions** (``CleanedTransactionMetadata``): a transactional batch of an aborted transaction (from the
+``.txnindex``) is dropped with its records; an ABORT marker is kept while this pass saw its transaction's
+data (and its ``.txnindex`` entry goes into the cleaned segment's), else it may go; a COMMIT marker may go
+when this pass saw no batch of its transaction. A marker that may go is stamped with a delete horizon
+first, and removed on a later pass at or after it.
+
+**A batch** (``checkBatchRetention``, ``filterTo``): a producer's last data batch in the log, and the
+batch ending at the first uncleanable offset, are kept even when no record of them is (as a header without
+records: same offsets, producer, epoch and sequence, so a broker restores its producer state and the log end
+offset); any other batch without a record left is dropped. A batch that loses no record and needs no
+horizon is copied byte for byte; any other is rebuilt with the same base offset and last offset (so
+sequences and offset gaps survive), its records unchanged, and stamped with ``now + delete.retention.ms``
+as its delete horizon (``baseTimestamp``, attribute bit 0x40) when it keeps a tombstone or a marker that
+may go and has no horizon yet.
+
+Unlike the broker: every producer's last batch is kept (a broker forgets producers idle for
+``producer.id.expiration.ms``); each segment is cleaned into one segment of its own (the broker may merge
+neighbours); legacy (magic 0/1) entries are refused; a rebuilt batch takes ``codec`` (the broker: the
+batch's own codec at its default level).
+"""
+
+from __future__ import annotations
+
+import heapq
+import io
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO, Final
+
+from tiering.errors import ConfigError, CorruptBatchError
+from tiering.kafka.batch import BatchHeader, TimestampType
+from tiering.kafka.builder import BatchSpec, build_batch
+from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
+from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, BatchPosition, Indexes, build_indexes
+from tiering.kafka.reader import iter_batches
+from tiering.kafka.segment import DecodedBatch, iter_decoded
+
+DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
+NO_PRODUCER: Final = -1
+ABORT, COMMIT = 0, 1  # control record types (the key's second int16)
+_TXN_ENTRY: Final = struct.Struct(">hqqqq")  # version, producerId, firstOffset, lastOffset, lastStableOffset
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AbortedTxn:
+    """One ``.txnindex`` entry: an aborted transaction's producer, first offset, and its ABORT marker's offset."""
+
+    first_offset: int
+    producer_id: int
+    last_offset: int
+    last_stable_offset: int
+
+    def encode(self) -> bytes:
+        return _TXN_ENTRY.pack(0, self.producer_id, self.first_offset, self.last_offset, self.last_stable_offset)
+
+
+def parse_txn_index(data: bytes, *, path: str | None = None) -> list[AbortedTxn]:
+    """The entries of a ``.txnindex`` file (34 bytes each, version 0)."""
+    if len(data) % _TXN_ENTRY.size:
+        raise CorruptBatchError("a .txnindex is a whole number of 34-byte entries", path=path,
+                                expected=f"a multiple of {_TXN_ENTRY.size} bytes", found=len(data))
+    out = []
+    for pos in range(0, len(data), _TXN_ENTRY.size):
+        version, pid, first, last, lso = _TXN_ENTRY.unpack_from(data, pos)
+        if version != 0:
+            raise CorruptBatchError("unknown .txnindex entry version", path=path, position=pos, expected=0,
+                                    found=version)
+        out.append(AbortedTxn(first, pid, last, lso))
+    return out
+
+
+def encode_txn_index(entries: Sequence[AbortedTxn]) -> bytes:
+    return b"".join(e.encode() for e in entries)
+
+
+@dataclass(frozen=True, slots=True)
+class CleanOptions:
+    now_ms: int  # the pass's clock: delete horizons stamped now expire at now + delete_retention_ms
+    delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS
+    min_compaction_lag_ms: int = 0  # from the newest record of the partition
+    codec: Codec | None = None  # a rebuilt batch's codec (None: its own)
+    level: int | None = None
+    index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
+    decompression_limit: int = DEFAULT_DECOMPRESSION_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One segment of the partition: its base offset, a way to read its ``.log`` (called once per pass), the
+    entries of its ``.txnindex``."""
+
+    base_offset: int
+    open: Callable[[], BinaryIO]
+    aborted: tuple[AbortedTxn, ...] = ()
+    name: str = ""
+
+
+@dataclass
+class PartitionFacts:
+    """What the first pass learns: the cleaned range's end, each producer's last data batch, the key map."""
+
+    upper: int  # the first uncleanable offset (a segment's base offset)
+    cleaned: int  # how many of the segments (from the first) are cleaned
+    producer_last: dict[int, int]  # producer id -> the last offset of its last data batch in the log
+    key_map: dict[bytes, int]  # key -> its latest offset in the cleaned range (aborted data left out)
+    latest_offset: int  # the cleaned range's last offset
+
+
+@dataclass
+class CleanStats:
+    records_in: int = 0
+    records_out: int = 0
+    keys: int = 0
+    batches_in: int = 0
+    batches_out: int = 0
+    batches_copied: int = 0  # byte for byte
+    batches_emptied: int = 0  # kept as a header without records (a producer's last, or the range's last)
+    no_key_dropped: int = 0
+    superseded_dropped: int = 0
+    tombstones_stamped: int = 0  # tombstones kept in a batch stamped with a delete horizon on this pass
+    tombstones_dropped: int = 0  # tombstones whose horizon had passed
+    aborted_records_dropped: int = 0
+    markers_stamped: int = 0
+    markers_dropped: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True)
+class CleanedSegment:
+    base_offset: int
+    log: bytes
+    indexes: Indexes
+    txn_index: bytes  # the aborted transactions whose ABORT markers this segment keeps
+
+
+class _Txns:
+    """``CleanedTransactionMetadata``: aborted transactions met in offset order, per producer."""
+
+    def __init__(self) -> None:
+        self.pending: list[AbortedTxn] = []  # a heap by first offset
+        self.aborted: dict[int, list[object]] = {}  # producer -> [its AbortedTxn, last batch offset seen or None]
+        self.committed: set[int] = set()  # producers with a transactional batch seen since their last marker
+        self.kept: list[AbortedTxn] = []  # for the cleaned segment's .txnindex
+
+    def add(self, entries: Sequence[AbortedTxn]) -> None:
+        for e in entries:
+            heapq.heappush(self.pending, e)
+
+    def _upto(self, offset: int) -> None:
+        while self.pending and self.pending[0].first_offset <= offset:
+            e = heapq.heappop(self.pending)
+            self.aborted.setdefault(e.producer_id, [e, None])
+
+    def on_batch(self, h: BatchHeader) -> bool:
+        """True when this data batch belongs to an aborted transaction."""
+        self._upto(h.last_offset)
+        if not h.is_transactional:
+            return False
+        state = self.aborted.get(h.producer_id)
+        if state is not None:
+            state[1] = h.last_offset
+            return True
+        self.committed.add(h.producer_id)
+        return False
+
+    def on_marker(self, batch: DecodedBatch) -> bool:
+        """True when this control batch may go (its transaction's data is gone)."""
+        h = batch.header
+        self._upto(h.last_offset)
+        if not batch.records:
+            return True
+        key = batch.records[0].key
+        kind = struct.unpack_from(">h", key, 2)[0] if key is not None and len(key) >= 4 else None
+        if kind == ABORT:
+            state = self.aborted.pop(h.producer_id, None)
+            if state is not None and state[1] is not None:
+                entry = state[0]
+                assert isinstance(entry, AbortedTxn)
+                self.kept.append(entry)
+                return False
+            return True
+        if kind == COMMIT:
+            if h.producer_id in self.committed:
+                self.committed.discard(h.producer_id)
+                return False
+            return True
+        return False
+
+
+def _batches(seg: Segment, limit: int) -> Iterator[DecodedBatch]:
+    with seg.open() as f:
+        for batch in iter_decoded(f, path=seg.name or None, limit=limit):
+            if batch.header.magic < 2:
+                raise ConfigError("key compaction reads magic v2 batches only", path=seg.name or None,
+                                  expected="magic 2", found=f"magic {batch.header.magic} at offset "
+                                  f"{batch.header.offset}")
+            yield batch
+
+
+def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts:
+    """The first pass. ``segments``: all of the partition's, in offset order, the last one active."""
+    if not segments:
+        raise ConfigError("a partition without segments", expected="at least its active segment")
+    producer_last: dict[int, int] = {}
+    open_txn: dict[int, int] = {}  # producer -> first offset of its transaction without a marker yet
+    newest = -1
+    seg_max: list[int] = []
+    for seg in segments:
+        top = -1
+        with seg.open() as f:
+            for raw in iter_batches(f, path=seg.name or None):
+                h = raw.header
+                top = max(top, h.max_timestamp)
+                if h.producer_id == NO_PRODUCER:
+                    continue
+                if h.is_control:
+                    open_txn.pop(h.producer_id, None)
+                    continue
+                producer_last[h.producer_id] = h.last_offset
+                if h.is_transactional:
+                    open_txn.setdefault(h.producer_id, h.offset)
+        seg_max.append(top)
+        newest = max(newest, top)
+    bases = [s.base_offset for s in segments]
+    limit = bases[-1]  # the active segment's base offset
+    if open_txn:
+        limit = min(limit, *open_txn.values())
+    if options.min_compaction_lag_ms > 0:
+        young = [s.base_offset for s, top in zip(segments[:-1], seg_max[:-1], strict=True)
+                 if top > newest - options.min_compaction_lag_ms]
+        if young:
+            limit = min(limit, young[0])
+    cleaned = sum(1 for b in bases[:-1] if b < limit)
+    upper = bases[cleaned]  # rounded down to a segment's base offset
+    key_map: dict[bytes, int] = {}
+    txns = _Txns()
+    txns.add(_overlapping([e for s in segments for e in s.aborted], bases[0], upper))
+    latest = -1
+    for i, seg in enumerate(segments[:cleaned]):
+        for batch in _batches(seg, options.decompression_limit):
+            h = batch.header
+            if h.is_control:
+                txns.on_marker(batch)
+            elif not txns.on_batch(h):
+                for r in batch.records:
+                    if r.key is not None:
+                        key_map[r.key] = r.offset
+            latest = max(latest, h.last_offset)
+        latest = max(latest, bases[i + 1] - 1)  # past the offsets a segment leaves unused
+    return PartitionFacts(upper, cleaned, producer_last, key_map, latest)
+
+
+def clean(segments: Sequence[Segment], facts: PartitionFacts, options: CleanOptions,
+          stats: CleanStats | None = None) -> Iterator[CleanedSegment]:
+    """The second pass: each cleaned segment, in offset order (``facts``: from :func:`survey`)."""
+    stats = stats if stats is not None else CleanStats()
+    stats.keys = len(facts.key_map)
+    txns = _Txns()
+    every = [e for s in segments for e in s.aborted]
+    bases = [s.base_offset for s in segments]
+    for i, seg in enumerate(segments[:facts.cleaned]):
+        txns.add(_overlapping(every, seg.base_offset, bases[i + 1]))
+        txns.kept = []
+        out = io.BytesIO()
+        for batch in _batches(seg, options.decompression_limit):
+            stats.batches_in += 1
+            stats.records_in += len(batch.records)
+            stats.bytes_in += len(batch.raw.data)
+            built = _clean_batch(batch, facts, txns, options, stats)
+            if built is not None:
+                out.write(built)
+                stats.batches_out += 1
+        log = out.getvalue()
+        stats.bytes_out += len(log)
+        positions = [BatchPosition(raw.header.position, raw.header.last_offset, raw.header.max_timestamp)
+                     for raw in iter_batches(io.BytesIO(log))]
+        yield CleanedSegment(seg.base_offset, log, build_indexes(seg.base_offset, positions,
+                                                                 options.index_interval_bytes),
+                             encode_txn_index(txns.kept))
+
+
+def _overlapping(entries: Sequence[AbortedTxn], start: int, end: int) -> list[AbortedTxn]:
+    """``collectAbortedTransactions(start, end)``: the aborted transactions with data or marker in [start, end),
+    whichever segment's ``.txnindex`` holds them (the one of their ABORT marker)."""
+    return [e for e in entries if e.last_offset >= start and e.first_offset < end]
+
+
+def _clean_batch(batch: DecodedBatch, facts: PartitionFacts, txns: _Txns, options: CleanOptions,
+                 stats: CleanStats) -> bytes | bytearray | memoryview | None:
+    h = batch.header
+    horizon = h.delete_horizon_ms
+    if h.is_control:
+        may_go = txns.on_marker(batch)
+        discard = may_go and horizon is not None and horizon <= options.now_ms
+    else:
+        may_go = False
+        discard = txns.on_batch(h)
+    keep_empty = ((h.producer_id != NO_PRODUCER and not h.is_control
+                   and facts.producer_last.get(h.producer_id) == h.last_offset)
+                  or h.last_offset + 1 == facts.upper)
+    if discard and not keep_empty:
+        _count_dropped(batch, stats, aborted=not h.is_control)
+        return None
+    kept = []
+    tombstones = 0
+    for r in batch.records:
+        if discard:
+            keep = False
+        elif h.is_control or r.offset > facts.latest_offset:
+            keep = True
+        elif r.key is None:
+            keep = False
+            stats.no_key_dropped += 1
+        else:
+            latest = r.offset >= facts.key_map.get(r.key, -1)
+            keep = latest and (r.value is not None or horizon is None or options.now_ms < horizon)
+            if not keep:
+                if not latest:
+                    stats.superseded_dropped += 1
+                else:
+                    stats.tombstones_dropped += 1
+        if keep:
+            kept.append(r)
+            tombstones += r.value is None and not h.is_control
+    if discard:
+        _count_dropped(batch, stats, aborted=not h.is_control)
+    stats.records_out += len(kept)
+    if not kept:
+        if not keep_empty:
+            return None
+        stats.batches_emptied += 1
+        return build_batch(BatchSpec(
+            h.offset, Codec.NONE, None, h.partition_leader_epoch, h.producer_id, h.producer_epoch, h.base_sequence,
+            h.is_transactional, h.is_control,
+            log_append_time=h.max_timestamp if h.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
+            last_offset_delta=h.last_offset - h.offset, max_timestamp=h.max_timestamp), [])
+    stamp = (tombstones > 0 or (may_go and h.is_control)) and horizon is None
+    if len(kept) == len(batch.records) and not stamp:
+        stats.batches_copied += 1
+        return batch.raw.data
+    if stamp:
+        horizon = options.now_ms + options.delete_retention_ms
+        stats.tombstones_stamped += tombstones
+        stats.markers_stamped += h.is_control
+    codec, level = (h.codec, None) if options.codec is None or h.is_control else (options.codec, options.level)
+    return build_batch(BatchSpec(
+        h.offset, codec, level, h.partition_leader_epoch, h.producer_id, h.producer_epoch, h.base_sequence,
+        h.is_transactional, h.is_control,
+        log_append_time=h.max_timestamp if h.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
+        last_offset_delta=h.last_offset - h.offset, delete_horizon_ms=horizon), kept)
+
+
+def _count_dropped(batch: DecodedBatch, stats: CleanStats, *, aborted: bool) -> None:
+    if aborted:
+        stats.aborted_records_dropped += len(batch.records)
+    else:
+        stats.markers_dropped += 1
+
+
+def compact_partition(segments: Sequence[Segment], options: CleanOptions,
+                      stats: CleanStats | None = None) -> tuple[PartitionFacts, list[CleanedSegment]]:
+    """Both passes over a partition's segments (the last one active); the cleaned segments in offset order."""
+    facts = survey(segments, options)
+    return facts, list(clean(segments, facts, options, stats))
+
