@@ -819,3 +819,37 @@ def test_rewrite_with_rebatch_keeps_the_records_and_says_what_it_merged(seg: dic
     code, out, _ = _cli("segment", "rewrite", log_path(seg), "--out", tmp_path / "t", "--codec", "zstd", "--rebatch")
     assert code == 0
     assert f"{rb['batches_in']:,} → {rb['batches_out']:,} batches" in out
+
+
+def test_partition_compact_keys_writes_a_whole_partition_directory(tmp_path: Path) -> None:
+    """Latest value per key in the cleaned segment, the active one and the other files copied as they were,
+    the table and the JSON agree; a missing directory is a usage error."""
+    from tiering.kafka.builder import BatchSpec, build_batch
+    from tiering.kafka.records import Record
+    from tiering.kafka.segment import iter_decoded
+
+    part = tmp_path / "events-0"
+    part.mkdir()
+    t0 = 1_790_000_000_000
+    first = b"".join(build_batch(BatchSpec(o), [Record(o, t0 + o, b"k%d" % (o % 3), b"v%d" % o, ())])
+                     for o in range(9))
+    active = build_batch(BatchSpec(9), [Record(9, t0 + 9, b"k0", b"new", ())])
+    (part / "00000000000000000000.log").write_bytes(first)
+    (part / "00000000000000000009.log").write_bytes(active)
+    (part / "leader-epoch-checkpoint").write_text("0\n1\n0 0\n")
+    code, out, err = _cli("partition", "compact-keys", part, "--out", tmp_path / "out", "--json", "--now-ms", t0)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert (doc["segments_cleaned"], doc["records_in"], doc["records_out"], doc["superseded_dropped"]) == (
+        [0], 9, 3, 6)
+    cleaned = (tmp_path / "out" / "00000000000000000000.log").read_bytes()
+    assert [(r.offset, r.key, r.value) for b in iter_decoded(io.BytesIO(cleaned)) for r in b.records] == [
+        (6, b"k0", b"v6"), (7, b"k1", b"v7"), (8, b"k2", b"v8")]
+    for name in ("00000000000000000009.log", "leader-epoch-checkpoint"):
+        assert (tmp_path / "out" / name).read_bytes() == (part / name).read_bytes()
+    code, out, _ = _cli("partition", "compact-keys", part, "--out", tmp_path / "out2", "--now-ms", t0)
+    assert code == 0
+    assert "9 → 3 (3 keys)" in out
+    code, _, err = _cli("partition", "compact-keys", tmp_path / "missing", "--out", tmp_path / "o3")
+    assert code == 2
+    assert "not a partition directory" in err

@@ -11,6 +11,7 @@ A ``.txnindex`` beside the source is copied as it is (recompression keeps every 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from tiering.kafka.files import (
     segment_name,
 )
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, Indexes, build_indexes
+from tiering.kafka.keycompact import CleanOptions, CleanStats, PartitionFacts, Segment, clean, parse_txn_index, survey
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions, RewriteResult, rewrite_segment
 from tiering.kafka.segment import SegmentSummary, check_indexes, verify_segment
@@ -52,12 +54,16 @@ def base_offset_of(path: Path, override: int | None = None) -> int:
 @contextlib.contextmanager
 def open_segment(path: Path) -> Iterator[BinaryIO]:
     """Open a segment for buffered reading, turning a missing or unreadable file into a usage error."""
+    with open_segment_file(path) as f:
+        yield f
+
+
+def open_segment_file(path: Path) -> BinaryIO:
+    """:func:`open_segment` without the context manager (the caller closes the file)."""
     try:
-        f = path.open("rb", buffering=READ_BUFFER_BYTES)
+        return path.open("rb", buffering=READ_BUFFER_BYTES)
     except OSError as e:
         raise ConfigError(f"cannot open the segment: {e.strerror}", path=str(path)) from None
-    with f:
-        yield f
 
 
 def _read_optional(path: Path) -> bytes | None:
@@ -214,3 +220,52 @@ def reindex_file(path: Path, out_dir: Path, *, base_offset: int | None = None,
     _prepare_out_dir(out_dir)
     indexes = build_indexes(base, summary.batches, index_interval_bytes)
     return summary, _publish(out_dir, base, None, indexes)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCompacted:
+    """What :func:`compact_keys_dir` did: the pass's facts and figures, and the segments it cleaned."""
+
+    facts: PartitionFacts
+    stats: CleanStats
+    cleaned: tuple[int, ...]  # base offsets
+    copied: tuple[str, ...]  # the other files of the partition, copied as they were
+
+
+def compact_keys_dir(directory: Path, out_dir: Path, options: CleanOptions) -> KeyCompacted:
+    """One pass of Kafka's log cleaner (:mod:`tiering.kafka.keycompact`) over a partition directory, written to
+    ``out_dir`` as a whole partition directory: the cleaned segments (``.log``, rebuilt ``.index``,
+    ``.timeindex``, and ``.txnindex`` when it keeps aborted transactions), then every other file (the
+    uncleaned segments, the producer snapshots, the checkpoints) copied as it was. The source is only read."""
+    if not directory.is_dir():
+        raise ConfigError("not a partition directory", path=str(directory), expected="a directory of segments")
+    if _same_file(directory, out_dir):
+        raise ConfigError("the output would overwrite the partition; choose another --out directory",
+                          path=str(directory), found=str(out_dir))
+    logs = sorted(p for p in directory.glob(f"*{LOG_SUFFIX}") if parse_segment_name(p.name) is not None)
+    segments = []
+    for log in logs:
+        txn = log.with_suffix(TXN_INDEX_SUFFIX)
+        aborted = tuple(parse_txn_index(txn.read_bytes(), path=str(txn))) if txn.exists() else ()
+        segments.append(Segment(base_offset_of(log, None), functools.partial(open_segment_file, log), aborted,
+                                str(log)))
+    _prepare_out_dir(out_dir)
+    stats = CleanStats()
+    facts = survey(segments, options)
+    written: set[str] = set()
+    for seg in clean(segments, facts, options, stats):
+        for suffix, data in ((LOG_SUFFIX, seg.log), (INDEX_SUFFIX, seg.indexes.offset_index),
+                             (TIME_INDEX_SUFFIX, seg.indexes.time_index), (TXN_INDEX_SUFFIX, seg.txn_index)):
+            name = segment_name(seg.base_offset, suffix)
+            written.add(name)
+            if suffix == TXN_INDEX_SUFFIX and not data:
+                continue
+            _write_temp(out_dir, name, data).replace(out_dir / name)
+    copied = []
+    for path in sorted(directory.iterdir()):
+        if path.is_file() and path.name not in written:
+            _write_temp(out_dir, path.name, path.read_bytes()).replace(out_dir / path.name)
+            copied.append(path.name)
+    _fsync_dir(out_dir)
+    return KeyCompacted(facts, stats, tuple(s.base_offset for s in segments[:facts.cleaned]), tuple(copied))
+

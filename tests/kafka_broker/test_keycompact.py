@@ -13,8 +13,11 @@ back from the delete horizon it stamped), the same bytes, segment by segment, wi
 from __future__ import annotations
 
 import io
+import json
 import random
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -242,6 +245,22 @@ def test_key_compaction_equals_kafka_s_log_cleaner_over_two_passes(tmp_path: Pat
     (pass1,) = _horizons(pass1_out)  # stamped at the pass's time + 0
     assert switched <= pass1 <= cleaned
     stats = _check_pass(first, pass1_out, pass1, 0, merges=False)  # 16 KiB segments, each nearly full
+    # The command line on the same files: a whole partition directory, the cleaned files equal to the cleaner's.
+    out = tmp_path / "cli"
+    done = subprocess.run([sys.executable, "-m", "tiering", "partition", "compact-keys", str(tmp_path / "round1"),
+                           "--out", str(out), "--now-ms", str(pass1), "--delete-retention-ms", "0", "--json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["segments_cleaned"] == sorted(pass1_out)
+    suffixes = (".log", ".index", ".timeindex", ".txnindex")
+    for path in pass1_out.values():
+        for suffix in suffixes[:3]:
+            assert (out / path.with_suffix(suffix).name).read_bytes() == path.with_suffix(suffix).read_bytes()
+    cleaned_names = {path.with_suffix(suffix).name for path in pass1_out.values() for suffix in suffixes}
+    rest = [p for p in (tmp_path / "round1").iterdir() if p.is_file() and p.name not in cleaned_names]
+    assert rest
+    for path in rest:
+        assert (out / path.name).read_bytes() == path.read_bytes(), path.name  # the rest, as it was
     assert stats.aborted_records_dropped > 0
     assert stats.no_key_dropped > 0
     assert stats.superseded_dropped > 0

@@ -12,6 +12,7 @@ import argparse
 import base64
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
@@ -27,14 +28,15 @@ from tiering.cli.report import add_report_command
 from tiering.cli.s3 import add_s3_commands
 from tiering.demo.local import render_table, run_demo
 from tiering.errors import ConfigError, ExitCode, InvalidDataError, TieringError, exit_code
-from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
+from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec, check_level
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES
+from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS, CleanOptions
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
-from tiering.local import open_segment, reindex_file, rewrite_file, verify_file
+from tiering.local import compact_keys_dir, open_segment, reindex_file, rewrite_file, verify_file
 from tiering.report.render import to_table
 from tiering.run.compact import RunResult
 
@@ -255,6 +257,37 @@ def _cmd_reindex(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_compact_keys(args: argparse.Namespace) -> int:
+    if args.delete_retention_ms < 0 or args.min_compaction_lag_ms < 0:
+        raise ConfigError("--delete-retention-ms and --min-compaction-lag-ms must not be negative",
+                          expected=">= 0", found=min(args.delete_retention_ms, args.min_compaction_lag_ms))
+    codec = Codec.parse(args.codec) if args.codec else None
+    options = CleanOptions(args.now_ms if args.now_ms is not None else int(time.time() * 1000),
+                           args.delete_retention_ms, args.min_compaction_lag_ms, codec,
+                           check_level(codec, args.level) if codec is not None else None)
+    done = compact_keys_dir(args.path, args.out, options)
+    doc = {"path": str(args.path), "out": str(args.out), "now_ms": options.now_ms,
+           "first_uncleanable_offset": done.facts.upper, "segments_cleaned": list(done.cleaned),
+           "files_copied": list(done.copied), **done.stats.to_json()}
+    if args.json:
+        _print_json(args, doc)
+        return EXIT_OK
+    st = done.stats
+    t = Table(title=f"{args.path} → {args.out}", show_header=False, box=None)
+    t.add_row("segments cleaned", f"{len(done.cleaned)} (below offset {done.facts.upper:,}; the rest copied)")
+    t.add_row("records", f"{st.records_in:,} → {st.records_out:,} ({st.keys:,} keys)")
+    t.add_row("bytes", f"{st.bytes_in:,} → {st.bytes_out:,}")
+    t.add_row("batches", f"{st.batches_in:,} → {st.batches_out:,} ({st.batches_copied:,} copied as they were, "
+              f"{st.batches_emptied:,} kept without records)")
+    t.add_row("dropped", f"{st.superseded_dropped:,} superseded, {st.no_key_dropped:,} without a key, "
+              f"{st.tombstones_dropped:,} tombstones past their horizon, {st.aborted_records_dropped:,} aborted, "
+              f"{st.markers_dropped:,} markers")
+    t.add_row("stamped", f"{st.tombstones_stamped:,} tombstones and {st.markers_stamped:,} markers, horizon "
+              f"{options.now_ms + options.delete_retention_ms}")
+    _console(args).print(t)
+    return EXIT_OK
+
+
 # --- demo ----------------------------------------------------------------------------------------
 
 
@@ -423,6 +456,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (created if needed)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_reindex)
+
+    partition = verbs.add_parser("partition", help="work on one local partition directory",
+                                 description="Work on a Kafka partition directory (<topic>-<partition>/).")
+    part = partition.add_subparsers(dest="partition_command", metavar="VERB", parser_class=_Parser)
+    p = part.add_parser("compact-keys", help="one pass of Kafka's log cleaner into DIR (compacted topics)",
+                        description="Clean the partition's sealed segments as one pass of Kafka's log cleaner "
+                                    "does (cleanup.policy=compact): each key's latest value stays, superseded "
+                                    "values and records without a key go, tombstones and transaction markers "
+                                    "are stamped with a delete horizon and go on a later pass after it, aborted "
+                                    "transactions' data goes, every producer's last batch stays (as a header "
+                                    "without records when emptied). Writes a whole partition directory to DIR: "
+                                    "the cleaned segments with rebuilt .index, .timeindex and .txnindex, and "
+                                    "every other file as it was. The rules and their sources: "
+                                    "docs/key-compaction.md.")
+    p.add_argument("path", type=Path, metavar="PARTITION_DIR", help="the partition directory (only read)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (created if needed)")
+    p.add_argument("--now-ms", type=int, default=None, metavar="MS",
+                   help="the pass's clock in epoch milliseconds (default: now): horizons stamped now expire at "
+                        "this + --delete-retention-ms")
+    p.add_argument("--delete-retention-ms", type=int, default=DEFAULT_DELETE_RETENTION_MS, metavar="MS",
+                   help="how long tombstones and markers stay once stamped (default %(default)s: Kafka's)")
+    p.add_argument("--min-compaction-lag-ms", type=int, default=0, metavar="MS",
+                   help="leave segments holding records this much younger than the partition's newest (default 0)")
+    p.add_argument("--codec", default=None, choices=CODEC_CHOICES,
+                   help="codec of the batches rebuilt (default: each batch's own)")
+    p.add_argument("--level", type=int, default=None, help="with --codec: its level (default: Kafka's)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=_cmd_compact_keys)
 
     p = verbs.add_parser("demo-local", help="the same on the local disk: generate partitions, rewrite, savings",
                          description="Generate sample Kafka partitions on the local disk (several topics and "
