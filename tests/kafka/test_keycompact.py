@@ -184,3 +184,22 @@ def test_legacy_batches_are_refused() -> None:
     active = seg(1 << 40, batch(1 << 40, rec(1 << 40, b"a")))
     with pytest.raises(ConfigError, match="magic v2"):
         run(Segment(legacy["base_offset"], lambda: io.BytesIO(data)), active)
+
+
+def test_a_full_key_map_ends_the_pass_early_and_the_next_pass_goes_on_from_there() -> None:
+    """As Kafka's dedupe buffer: a map of two keys is full, so the next keyed record (even of a key it holds)
+    ends the pass at the last offset mapped; the records past it stay as they are, and a pass from that
+    offset on cleans the rest."""
+    s0 = seg(0, batch(0, rec(0, b"a"), rec(1, b"b")), batch(2, rec(2, b"a", b"a2"), rec(3, b"c")))
+    s1 = seg(4, batch(4, rec(4, b"c", b"c2"), rec(5, b"b", b"b2")))
+    stats = CleanStats()
+    facts, cleaned = compact_partition([s0, s1, ACTIVE], CleanOptions(now_ms=NOW, max_keys=2), stats)
+    assert (facts.end_offset, len(facts.key_map)) == (2, 2)
+    assert [c.base_offset for c in cleaned] == [0]
+    assert records(list(iter_decoded(io.BytesIO(cleaned[0].log)))) == [(0, b"a", b"v"), (1, b"b", b"v"),
+                                                                      (2, b"a", b"a2"), (3, b"c", b"v")]
+    rest = [Segment(0, lambda: io.BytesIO(cleaned[0].log)), s1, ACTIVE]
+    facts, cleaned = compact_partition(rest, CleanOptions(now_ms=NOW, first_dirty_offset=facts.end_offset))
+    assert facts.end_offset == 1000
+    assert [records(list(iter_decoded(io.BytesIO(c.log)))) for c in cleaned] == [
+        [(2, b"a", b"a2")], [(4, b"c", b"c2"), (5, b"b", b"b2")]]

@@ -262,12 +262,15 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
         raise ConfigError("--delete-retention-ms and --min-compaction-lag-ms must not be negative",
                           expected=">= 0", found=min(args.delete_retention_ms, args.min_compaction_lag_ms))
     codec = Codec.parse(args.codec) if args.codec else None
+    if args.max_keys is not None and args.max_keys < 1:
+        raise ConfigError("--max-keys must be at least 1", expected=">= 1", found=args.max_keys)
     options = CleanOptions(args.now_ms if args.now_ms is not None else int(time.time() * 1000),
-                           args.delete_retention_ms, args.min_compaction_lag_ms, codec,
-                           check_level(codec, args.level) if codec is not None else None)
+                           args.delete_retention_ms, args.min_compaction_lag_ms, args.first_dirty_offset,
+                           args.max_keys, codec, check_level(codec, args.level) if codec is not None else None)
     done = compact_keys_dir(args.path, args.out, options)
     doc = {"path": str(args.path), "out": str(args.out), "now_ms": options.now_ms,
-           "first_uncleanable_offset": done.facts.upper, "segments_cleaned": list(done.cleaned),
+           "first_uncleanable_offset": done.facts.upper, "end_offset": done.facts.end_offset,
+           "segments_cleaned": list(done.cleaned),
            "files_copied": list(done.copied), **done.stats.to_json()}
     if args.json:
         _print_json(args, doc)
@@ -275,6 +278,9 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     st = done.stats
     t = Table(title=f"{args.path} → {args.out}", show_header=False, box=None)
     t.add_row("segments cleaned", f"{len(done.cleaned)} (below offset {done.facts.upper:,}; the rest copied)")
+    if done.facts.end_offset < done.facts.upper:
+        t.add_row("key map full", f"cleaned up to offset {done.facts.end_offset:,}: run again with "
+                  f"--first-dirty-offset {done.facts.end_offset} for the rest")
     t.add_row("records", f"{st.records_in:,} → {st.records_out:,} ({st.keys:,} keys)")
     t.add_row("bytes", f"{st.bytes_in:,} → {st.bytes_out:,}")
     t.add_row("batches", f"{st.batches_in:,} → {st.batches_out:,} ({st.batches_copied:,} copied as they were, "
@@ -479,6 +485,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long tombstones and markers stay once stamped (default %(default)s: Kafka's)")
     p.add_argument("--min-compaction-lag-ms", type=int, default=0, metavar="MS",
                    help="leave segments holding records this much younger than the partition's newest (default 0)")
+    p.add_argument("--first-dirty-offset", type=int, default=0, metavar="OFFSET",
+                   help="where the key map starts: the end_offset a previous pass printed (Kafka's cleaner "
+                        "checkpoint; default 0)")
+    p.add_argument("--max-keys", type=int, default=None, metavar="N",
+                   help="the key map's bound (Kafka's dedupe buffer): a full map ends the pass early, at the "
+                        "end_offset it prints, and a pass from there goes on (default: no bound)")
     p.add_argument("--codec", default=None, choices=CODEC_CHOICES,
                    help="codec of the batches rebuilt (default: each batch's own)")
     p.add_argument("--level", type=int, default=None, help="with --codec: its level (default: Kafka's)")

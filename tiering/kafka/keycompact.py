@@ -99,6 +99,8 @@ class CleanOptions:
     now_ms: int  # the pass's clock: delete horizons stamped now expire at now + delete_retention_ms
     delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS
     min_compaction_lag_ms: int = 0  # from the newest record of the partition
+    first_dirty_offset: int = 0  # where the key map starts: the previous pass's end (Kafka's checkpoint)
+    max_keys: int | None = None  # the key map's bound: a full map ends the pass early (the rest on the next one)
     codec: Codec | None = None  # a rebuilt batch's codec (None: its own)
     level: int | None = None
     index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
@@ -121,10 +123,15 @@ class PartitionFacts:
     """What the first pass learns: the cleaned range's end, each producer's last data batch, the key map."""
 
     upper: int  # the first uncleanable offset (a segment's base offset)
-    cleaned: int  # how many of the segments (from the first) are cleaned
+    cleaned: int  # how many of the segments (from the first) are cleaned: those below end_offset
     producer_last: dict[int, int]  # producer id -> the last offset of its last data batch in the log
     key_map: dict[bytes, int]  # key -> its latest offset in the cleaned range (aborted data left out)
     latest_offset: int  # the cleaned range's last offset
+
+    @property
+    def end_offset(self) -> int:
+        """Where the next pass's key map starts (``upper`` unless the map filled up)."""
+        return self.latest_offset + 1
 
 
 @dataclass
@@ -255,23 +262,37 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
                  if top > newest - options.min_compaction_lag_ms]
         if young:
             limit = min(limit, young[0])
-    cleaned = sum(1 for b in bases[:-1] if b < limit)
-    upper = bases[cleaned]  # rounded down to a segment's base offset
+    upper = bases[sum(1 for b in bases[:-1] if b < limit)]  # rounded down to a segment's base offset
+    start = options.first_dirty_offset
     key_map: dict[bytes, int] = {}
     txns = _Txns()
-    txns.add(_overlapping([e for s in segments for e in s.aborted], bases[0], upper))
+    txns.add(_overlapping([e for s in segments for e in s.aborted], start, upper))
     latest = -1
-    for i, seg in enumerate(segments[:cleaned]):
+    full = False
+    for i, seg in enumerate(segments[:-1]):
+        if seg.base_offset >= upper or full:
+            break
+        if bases[i + 1] <= start:
+            continue  # cleaned by an earlier pass
         for batch in _batches(seg, options.decompression_limit):
             h = batch.header
             if h.is_control:
                 txns.on_marker(batch)
             elif not txns.on_batch(h):
                 for r in batch.records:
-                    if r.key is not None:
-                        key_map[r.key] = r.offset
-            latest = max(latest, h.last_offset)
-        latest = max(latest, bases[i + 1] - 1)  # past the offsets a segment leaves unused
+                    if r.key is None or r.offset < start:
+                        continue
+                    if options.max_keys is not None and len(key_map) >= options.max_keys:
+                        full = True  # buildOffsetMapForSegment: the pass ends at the last offset mapped
+                        break
+                    key_map[r.key] = latest = r.offset
+            if full:
+                break
+            if h.last_offset >= start:
+                latest = max(latest, h.last_offset)
+        if not full:
+            latest = max(latest, bases[i + 1] - 1)  # past the offsets a segment leaves unused
+    cleaned = sum(1 for b in bases[:-1] if b <= latest)
     return PartitionFacts(upper, cleaned, producer_last, key_map, latest)
 
 
