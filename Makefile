@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-rebatch bench-spark bench-scan bench-plan-scale chaos kafka-jars spark-artifact \
+.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-rebatch bench-keycompact bench-spark bench-scan bench-plan-scale chaos kafka-jars spark-artifact \
 	test-kafka kafka-fixtures lock clean
 
 install: $(STAMP)
@@ -73,6 +73,9 @@ bench-s3: $(STAMP)
 
 bench-rebatch: $(STAMP)
 	$(BIN)/python bench/bench_rebatch.py $(BENCH_ARGS)
+
+bench-keycompact: $(STAMP)
+	$(BIN)/python bench/bench_keycompact.py $(BENCH_ARGS)
 
 bench-spark: $(STAMP)
 	$(BIN)/python bench/bench_spark.py $(BENCH_ARGS)

@@ -103,3 +103,21 @@ def test_rebatch_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     assert rows[1]["rebatched_bytes"] < rows[1]["recompressed_bytes"]
     assert rows[1]["rebatched_over_recompressed"] < rows[100]["rebatched_over_recompressed"] <= 1.05
     assert "re-batched" in proc.stdout
+
+
+@pytest.mark.slow
+def test_keycompact_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
+    """An unbounded pass and bounded passes leave the same records: one per key that still has a value."""
+    out = tmp_path / "bench_keycompact.json"
+    script = BENCH.parent / "bench_keycompact.py"
+    proc = subprocess.run([sys.executable, str(script), "--keys", "300", "--updates", "6000", "--segment-mib", "0.05",
+                           "--max-keys", "0", "200", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    unbounded, bounded = doc["runs"]
+    assert (unbounded["passes"], doc["source"]["records"]) == (1, 6000)
+    assert bounded["passes"] > 1
+    assert bounded["records_after"] == unbounded["records_after"] <= 300
+    assert unbounded["bytes_after"] < doc["source"]["bytes"] / 5
+    assert "peak RSS MiB" in proc.stdout

@@ -1,0 +1,151 @@
+"""Key compaction of a compacted topic's partition: time, peak memory, and what is left.
+
+    make bench-keycompact
+    .venv/bin/python bench/bench_keycompact.py --keys 100000 --updates 2000000 --max-keys 0 50000
+
+A partition directory is generated: ``--updates`` records of a changelog (a key drawn from ``--keys`` keys,
+skewed so that some keys change often; a JSON value; 3 % tombstones), 100 records a batch, zstd, a plain
+producer, in segments of ``--segment-mib``, then one more record in the active segment. Each run is
+``tiering partition compact-keys`` on it in its own process (``--max-keys`` 0: no bound on the key map;
+N: at most N keys a pass, passes repeated from the printed end offset until the range is done). Reported:
+bytes and records before and after, passes, wall and CPU seconds, source MiB/s, and the process's own peak
+RSS (VmHWM).
+
+Prints a table and writes ``bench/out/bench_keycompact.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tiering.kafka.builder import BatchSpec, build_batch
+from tiering.kafka.codecs import Codec
+from tiering.kafka.records import Record
+
+MIB = 1024 * 1024
+OUT_DIR = Path(__file__).parent / "out"
+T0 = 1_764_000_000_000
+PER_BATCH = 100
+CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+from tiering.kafka.keycompact import CleanOptions
+from tiering.local import compact_keys_dir
+src, out, max_keys, first = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+started, cpu = time.perf_counter(), time.process_time()
+done = compact_keys_dir(src, out, CleanOptions(now_ms=int(sys.argv[5]), first_dirty_offset=first,
+                                               max_keys=max_keys or None))
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"seconds": time.perf_counter() - started, "cpu": time.process_time() - cpu,
+                  "vmhwm_kib": hwm, "end_offset": done.facts.end_offset, "upper": done.facts.upper,
+                  "stats": done.stats.to_json()}))
+"""
+
+
+def generate(directory: Path, keys: int, updates: int, segment_bytes: int, seed: int = 3) -> dict[str, int]:
+    """A changelog partition directory; what it holds."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True)
+    offset = base = 0
+    seg = bytearray()
+    size = segments = 0
+
+    def seal() -> None:
+        nonlocal seg, base, size, segments
+        (directory / f"{base:020d}.log").write_bytes(seg)
+        size += len(seg)
+        segments += 1
+        seg, base = bytearray(), offset
+
+    while offset < updates:
+        records = []
+        for _ in range(min(PER_BATCH, updates - offset)):
+            key = int(keys * rng.random() ** 2)  # skewed: low keys change more often
+            value = None if rng.random() < 0.03 else json.dumps(
+                {"id": key, "version": offset, "status": rng.choice(("new", "paid", "shipped", "done")),
+                 "amount_cents": rng.randint(100, 99_999)}, separators=(",", ":")).encode()
+            records.append(Record(offset, T0 + offset, b"order-%d" % key, value, ()))
+            offset += 1
+        batch = build_batch(BatchSpec(records[0].offset, Codec.ZSTD), records)
+        if seg and len(seg) + len(batch) > segment_bytes:
+            seal()
+        seg += batch
+    seal()
+    active = build_batch(BatchSpec(offset, Codec.ZSTD), [Record(offset, T0 + offset, b"order-0", b"{}", ())])
+    (directory / f"{offset:020d}.log").write_bytes(active)
+    return {"bytes": size, "segments": segments, "records": updates, "keys": keys}
+
+
+def compact(src: Path, work: Path, max_keys: int) -> dict[str, Any]:
+    """Passes of ``compact-keys`` (each in its own process) until the cleaned range is done."""
+    passes, seconds, cpu, hwm, first = 0, 0.0, 0.0, 0, 0
+    current = src
+    while True:
+        out = work / f"pass{passes}"
+        done = subprocess.run([sys.executable, "-c", CHILD, str(current), str(out), str(max_keys), str(first),
+                               str(T0 + 10**9)], capture_output=True, text=True, check=True)
+        doc = json.loads(done.stdout)
+        passes += 1
+        seconds += doc["seconds"]
+        cpu += doc["cpu"]
+        hwm = max(hwm, doc["vmhwm_kib"])
+        if current != src:
+            shutil.rmtree(current)
+        current, first = out, doc["end_offset"]
+        if doc["end_offset"] >= doc["upper"]:
+            break
+    after = sum(p.stat().st_size for p in current.glob("*.log")) - (current / max(
+        p.name for p in current.glob("*.log"))).stat().st_size
+    records = doc["stats"]["records_out"]
+    shutil.rmtree(current)
+    return {"max_keys": max_keys, "passes": passes, "seconds": round(seconds, 2), "cpu_seconds": round(cpu, 2),
+            "peak_rss_mib": round(hwm / 1024, 1), "bytes_after": after, "records_after": records}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--updates", type=int, default=2_000_000)
+    ap.add_argument("--segment-mib", type=float, default=64)
+    ap.add_argument("--max-keys", type=int, nargs="+", default=[0, 50_000],
+                    help="key map bounds to run with (0: none)")
+    ap.add_argument("--out", type=Path, default=OUT_DIR / "bench_keycompact.json")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-keycompact-") as tmp:
+        src = Path(tmp) / "orders.changelog-0"
+        started = time.perf_counter()
+        source = generate(src, args.keys, args.updates, int(args.segment_mib * MIB))
+        print(f"generated {source['records']:,} records over {source['keys']:,} keys: {source['bytes']:,} bytes in "
+              f"{source['segments']} segments ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+        rows = [compact(src, Path(tmp), n) for n in args.max_keys]
+    for r in rows:
+        r["ratio"] = round(r["bytes_after"] / source["bytes"], 4)
+        r["mib_per_s"] = round(source["bytes"] / MIB / r["seconds"], 2)
+    print(f"\n{'max keys':>9} {'passes':>6} {'bytes after':>12} {'ratio':>7} {'records after':>13} {'s':>7} "
+          f"{'cpu s':>7} {'MiB/s':>6} {'peak RSS MiB':>12}")
+    for r in rows:
+        print(f"{r['max_keys'] or 'none':>9} {r['passes']:>6} {r['bytes_after']:>12,} {r['ratio']:>7} "
+              f"{r['records_after']:>13,} {r['seconds']:>7} {r['cpu_seconds']:>7} {r['mib_per_s']:>6} "
+              f"{r['peak_rss_mib']:>12}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"source": source, "runs": rows, "machine": {
+        "python": platform.python_version(), "cpus": os.cpu_count(),
+        "max_rss_self_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}}, indent=2))
+    print(f"\nJSON: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
