@@ -62,12 +62,12 @@ def generate(directory: Path, keys: int, updates: int, segment_bytes: int, seed:
     seg = bytearray()
     size = segments = 0
 
-    def seal() -> None:
+    def seal(next_base: int) -> None:
         nonlocal seg, base, size, segments
         (directory / f"{base:020d}.log").write_bytes(seg)
         size += len(seg)
         segments += 1
-        seg, base = bytearray(), offset
+        seg, base = bytearray(), next_base
 
     while offset < updates:
         records = []
@@ -80,9 +80,9 @@ def generate(directory: Path, keys: int, updates: int, segment_bytes: int, seed:
             offset += 1
         batch = build_batch(BatchSpec(records[0].offset, Codec.ZSTD), records)
         if seg and len(seg) + len(batch) > segment_bytes:
-            seal()
+            seal(records[0].offset)
         seg += batch
-    seal()
+    seal(offset)
     active = build_batch(BatchSpec(offset, Codec.ZSTD), [Record(offset, T0 + offset, b"order-0", b"{}", ())])
     (directory / f"{offset:020d}.log").write_bytes(active)
     return {"bytes": size, "segments": segments, "records": updates, "keys": keys}

@@ -203,3 +203,11 @@ def test_a_full_key_map_ends_the_pass_early_and_the_next_pass_goes_on_from_there
     assert facts.end_offset == 1000
     assert [records(list(iter_decoded(io.BytesIO(c.log)))) for c in cleaned] == [
         [(2, b"a", b"a2")], [(4, b"c", b"c2"), (5, b"b", b"b2")]]
+
+
+def test_a_segment_whose_batches_lie_below_its_name_or_overlap_the_previous_one_is_an_error() -> None:
+    with pytest.raises(CorruptBatchError, match="below the segment's base offset") as e:
+        run(seg(0, batch(0, rec(0, b"a"))), seg(5, batch(3, rec(3, b"a"))), ACTIVE)
+    assert e.value.path == "t-0/00000000000000000005.log"
+    with pytest.raises(CorruptBatchError, match="do not increase"):
+        run(seg(0, batch(0, rec(0, b"a")), batch(4, rec(4, b"b"))), seg(3, batch(3, rec(3, b"a"))), ACTIVE)

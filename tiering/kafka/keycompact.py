@@ -54,7 +54,7 @@ from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, BatchPosition, Indexes, build_indexes
 from tiering.kafka.reader import iter_batches
-from tiering.kafka.segment import DecodedBatch, iter_decoded
+from tiering.kafka.segment import DecodedBatch, OffsetOrder, iter_decoded
 
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
 NO_PRODUCER: Final = -1
@@ -220,8 +220,10 @@ class _Txns:
 
 
 def _batches(seg: Segment, limit: int) -> Iterator[DecodedBatch]:
+    order = OffsetOrder(seg.base_offset, seg.name or None)
     with seg.open() as f:
         for batch in iter_decoded(f, path=seg.name or None, limit=limit):
+            order.check(batch.header, batch.header.offset)
             if batch.header.magic < 2:
                 raise ConfigError("key compaction reads magic v2 batches only", path=seg.name or None,
                                   expected="magic 2", found=f"magic {batch.header.magic} at offset "
@@ -237,11 +239,15 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
     open_txn: dict[int, int] = {}  # producer -> first offset of its transaction without a marker yet
     newest = -1
     seg_max: list[int] = []
+    prev_last: int | None = None
     for seg in segments:
         top = -1
+        order = OffsetOrder(seg.base_offset, seg.name or None)
+        order.prev_last = prev_last  # offsets increase across segments too
         with seg.open() as f:
             for raw in iter_batches(f, path=seg.name or None):
                 h = raw.header
+                order.check(h, h.offset)
                 top = max(top, h.max_timestamp)
                 if h.producer_id == NO_PRODUCER:
                     continue
@@ -251,6 +257,7 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
                 producer_last[h.producer_id] = h.last_offset
                 if h.is_transactional:
                     open_txn.setdefault(h.producer_id, h.offset)
+        prev_last = order.prev_last
         seg_max.append(top)
         newest = max(newest, top)
     bases = [s.base_offset for s in segments]
