@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.kafka_broker import producers as P
 from tests.kafka_broker.broker import Broker
 from tests.kafka_broker.conftest import note
 from tiering.kafka.keycompact import (
@@ -196,6 +197,34 @@ def _check_pass(segments: list[Segment], theirs: dict[int, Path], pass_time: int
     return stats
 
 
+def _source_records(segments: list[Segment]) -> tuple[dict[int, tuple[str | None, str | None]], set[int]]:
+    """Every data record of the segments as (key, value) in hex (as the consumer helper gives them), and the
+    offsets of the records of aborted transactions (their batches between the first offset and the ABORT
+    marker of a ``.txnindex`` entry)."""
+    records: dict[int, tuple[str | None, str | None]] = {}
+    aborted: set[int] = set()
+    entries = [e for s in segments for e in s.aborted]
+    for seg in segments:
+        with seg.open() as f:
+            for b in iter_decoded(f):
+                h = b.header
+                if h.is_control:
+                    continue
+                lost = h.is_transactional and any(e.producer_id == h.producer_id and
+                                                  e.first_offset <= h.offset <= e.last_offset for e in entries)
+                for r in b.records:
+                    records[r.offset] = (None if r.key is None else r.key.hex(),
+                                         None if r.value is None else r.value.hex())
+                    if lost:
+                        aborted.add(r.offset)
+    return records, aborted
+
+
+def _latest(records: dict[int, tuple[str | None, str | None]]) -> dict[str | None, str | None]:
+    """Each key's value at its highest offset (None: a tombstone)."""
+    return {k: v for _, (k, v) in sorted(records.items())}
+
+
 def _horizons(paths: dict[int, Path]) -> set[int]:
     return {h for p in paths.values() for raw in iter_batches(io.BytesIO(p.read_bytes()))
             if (h := raw.header.delete_horizon_ms) is not None}
@@ -275,3 +304,21 @@ def test_key_compaction_equals_kafka_s_log_cleaner_over_two_passes(tmp_path: Pat
     # The cleaner's checkpoint after pass 1 (where its key map starts now) is the end of pass 1's range.
     stats = _check_pass(second, pass2_out, pass2, 0, merges=True, first_dirty=first[-1].base_offset)
     assert stats.tombstones_dropped > 0
+
+    # A broker restored on our pass-1 directory serves each key's latest value (tombstones included) and no
+    # record of an aborted transaction, read_committed from offset 0.
+    restored = Broker(tmp_path / "restored", tmp_path / "restored-logs", cluster_id=broker.cluster_id,
+                      node_id=broker.node_id, extra={"log.cleaner.enable": "false"})
+    shutil.copytree(broker.data_dir, restored.data_dir)
+    shutil.rmtree(restored.data_dir / f"{TOPIC}-0")
+    shutil.copytree(out, restored.data_dir / f"{TOPIC}-0")
+    restored.start()
+    try:
+        consumed = P.consume_all(restored.bootstrap, [(TOPIC, 0)], "read_committed")[(TOPIC, 0)]
+    finally:
+        restored.stop()
+    source, aborted = _source_records(first)
+    served = {c.offset: (c.key, c.value) for c in consumed}
+    assert not set(served) & aborted
+    assert all(source[o] == kv for o, kv in served.items())  # every record served is the source's, unchanged
+    assert _latest(served) == _latest({o: kv for o, kv in source.items() if o not in aborted and kv[0] is not None})
