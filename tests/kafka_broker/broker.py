@@ -76,9 +76,14 @@ def log4j_opts(logs_dir: Path | None) -> list[str]:
 
 
 def _cluster_id() -> str:
+    """A random cluster id as Kafka's ``Uuid.randomUuid()`` makes one: base64url, never starting with "-" (a
+    command line would read it as an option)."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 @dataclass
@@ -146,7 +151,7 @@ class Broker:
     def format(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self._write_config()
-        done = java("kafka.tools.StorageTool", ["format", "--config", str(config), "--cluster-id", self.cluster_id,
+        done = java("kafka.tools.StorageTool", ["format", "--config", str(config), f"--cluster-id={self.cluster_id}",
                                                 "--ignore-formatted"], logs_dir=self.logs_dir, heap="-Xmx256m")
         if done.returncode != 0:
             raise RuntimeError(f"kafka-storage format failed ({done.returncode}): {done.stdout}{done.stderr}")
