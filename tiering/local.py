@@ -253,14 +253,30 @@ def compact_keys_dir(directory: Path, out_dir: Path, options: CleanOptions) -> K
     stats = CleanStats()
     facts = survey(segments, options)
     written: set[str] = set()
-    for seg in clean(segments, facts, options, stats):
-        for suffix, data in ((LOG_SUFFIX, seg.log), (INDEX_SUFFIX, seg.indexes.offset_index),
-                             (TIME_INDEX_SUFFIX, seg.indexes.time_index), (TXN_INDEX_SUFFIX, seg.txn_index)):
-            name = segment_name(seg.base_offset, suffix)
-            written.add(name)
-            if suffix == TXN_INDEX_SUFFIX and not data:
-                continue
-            _write_temp(out_dir, name, data).replace(out_dir / name)
+    temps: dict[int, tuple[BinaryIO, Path]] = {}
+
+    def sink(base: int) -> BinaryIO:
+        temps[base] = _temp_in(out_dir, segment_name(base, LOG_SUFFIX))
+        return temps[base][0]
+
+    try:
+        for seg in clean(segments, facts, options, stats, sink=sink):
+            f, tmp = temps.pop(seg.base_offset)
+            with f:
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(out_dir / segment_name(seg.base_offset, LOG_SUFFIX))
+            for suffix, data in ((INDEX_SUFFIX, seg.indexes.offset_index), (TIME_INDEX_SUFFIX, seg.indexes.time_index),
+                                 (TXN_INDEX_SUFFIX, seg.txn_index)):
+                if data or suffix != TXN_INDEX_SUFFIX:
+                    _write_temp(out_dir, segment_name(seg.base_offset, suffix), data).replace(
+                        out_dir / segment_name(seg.base_offset, suffix))
+            written.update(segment_name(seg.base_offset, sfx) for sfx in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX,
+                                                                           TXN_INDEX_SUFFIX))
+    finally:
+        for f, tmp in temps.values():  # a segment left unfinished by an error
+            f.close()
+            tmp.unlink(missing_ok=True)
     copied = []
     for path in sorted(directory.iterdir()):
         if path.is_file() and path.name not in written:

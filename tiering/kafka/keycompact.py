@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Final
 
 from tiering.errors import ConfigError, CorruptBatchError
-from tiering.kafka.batch import BatchHeader, TimestampType
+from tiering.kafka.batch import BatchHeader, TimestampType, parse_v2_header
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, BatchPosition, Indexes, build_indexes
@@ -160,7 +160,8 @@ class CleanStats:
 @dataclass(frozen=True, slots=True)
 class CleanedSegment:
     base_offset: int
-    log: bytes
+    log: bytes | None  # None: written to the sink :func:`clean` was given
+    size: int
     indexes: Indexes
     txn_index: bytes  # the aborted transactions whose ABORT markers this segment keeps
 
@@ -304,8 +305,11 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
 
 
 def clean(segments: Sequence[Segment], facts: PartitionFacts, options: CleanOptions,
-          stats: CleanStats | None = None) -> Iterator[CleanedSegment]:
-    """The second pass: each cleaned segment, in offset order (``facts``: from :func:`survey`)."""
+          stats: CleanStats | None = None, *,
+          sink: Callable[[int], BinaryIO] | None = None) -> Iterator[CleanedSegment]:
+    """The second pass: each cleaned segment, in offset order (``facts``: from :func:`survey`). With ``sink``
+    (a base offset -> a writable file, left open) the new ``.log`` is written there as it is made, so memory
+    holds one batch of it, not the segment; without, it is returned in ``log``."""
     stats = stats if stats is not None else CleanStats()
     stats.keys = len(facts.key_map)
     txns = _Txns()
@@ -314,21 +318,25 @@ def clean(segments: Sequence[Segment], facts: PartitionFacts, options: CleanOpti
     for i, seg in enumerate(segments[:facts.cleaned]):
         txns.add(_overlapping(every, seg.base_offset, bases[i + 1]))
         txns.kept = []
-        out = io.BytesIO()
+        out = sink(seg.base_offset) if sink is not None else io.BytesIO()
+        positions: list[BatchPosition] = []
+        size = 0
         for batch in _batches(seg, options.decompression_limit):
             stats.batches_in += 1
             stats.records_in += len(batch.records)
             stats.bytes_in += len(batch.raw.data)
             built = _clean_batch(batch, facts, txns, options, stats)
-            if built is not None:
-                out.write(built)
-                stats.batches_out += 1
-        log = out.getvalue()
-        stats.bytes_out += len(log)
-        positions = [BatchPosition(raw.header.position, raw.header.last_offset, raw.header.max_timestamp)
-                     for raw in iter_batches(io.BytesIO(log))]
-        yield CleanedSegment(seg.base_offset, log, build_indexes(seg.base_offset, positions,
-                                                                 options.index_interval_bytes),
+            if built is None:
+                continue
+            h = parse_v2_header(built, size)
+            positions.append(BatchPosition(size, h.last_offset, h.max_timestamp))
+            out.write(built)
+            size += len(built)
+            stats.batches_out += 1
+        stats.bytes_out += size
+        log = out.getvalue() if isinstance(out, io.BytesIO) else None
+        yield CleanedSegment(seg.base_offset, log, size,
+                             build_indexes(seg.base_offset, positions, options.index_interval_bytes),
                              encode_txn_index(txns.kept))
 
 
@@ -339,7 +347,7 @@ def _overlapping(entries: Sequence[AbortedTxn], start: int, end: int) -> list[Ab
 
 
 def _clean_batch(batch: DecodedBatch, facts: PartitionFacts, txns: _Txns, options: CleanOptions,
-                 stats: CleanStats) -> bytes | bytearray | memoryview | None:
+                 stats: CleanStats) -> bytes | memoryview | None:
     h = batch.header
     horizon = h.delete_horizon_ms
     if h.is_control:
