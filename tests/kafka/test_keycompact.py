@@ -211,3 +211,18 @@ def test_a_segment_whose_batches_lie_below_its_name_or_overlap_the_previous_one_
     assert e.value.path == "t-0/00000000000000000005.log"
     with pytest.raises(CorruptBatchError, match="do not increase"):
         run(seg(0, batch(0, rec(0, b"a")), batch(4, rec(4, b"b"))), seg(3, batch(3, rec(3, b"a"))), ACTIVE)
+
+
+def test_an_open_transaction_inside_a_segment_keeps_that_whole_segment_out() -> None:
+    """The first unstable offset is rounded down to its segment's base offset: a committed value may not be
+    superseded by a value of a transaction that may still abort."""
+    s0 = seg(0, batch(0, rec(0, b"a")), batch(5, rec(5, b"a", b"a2"), pid=9, seq=0, txn=True))
+    stats = CleanStats()
+    facts, cleaned = compact_partition([s0, seg(10, batch(10, rec(10, b"b")))], CleanOptions(now_ms=NOW), stats)
+    assert (facts.upper, facts.end_offset, cleaned) == (0, 0, [])
+
+
+def test_a_pass_with_nothing_dirty_cleans_nothing_and_ends_where_it_started() -> None:
+    facts, cleaned = compact_partition([seg(0, batch(0, rec(0, b"a"))), ACTIVE],
+                                       CleanOptions(now_ms=NOW, first_dirty_offset=1000))
+    assert (facts.end_offset, cleaned) == (1000, [])

@@ -258,6 +258,9 @@ def test_the_savings_split_counts_what_recompression_alone_would_have_written() 
     assert rb.merged_bytes_recompressed == alone.stats.bytes_out
     assert rb.merged_bytes_out == both.stats.bytes_out < alone.stats.bytes_out
     assert rb.saved_by_rebatching == alone.stats.bytes_out - both.stats.bytes_out
+    # The source's records digest, as a plain rewrite computes it: what a rollback checks the original with.
+    assert both.stats.source_payload_xxh3 == alone.stats.payload_xxh3 != both.stats.payload_xxh3
+    assert (dict(both.stats.codecs_before), both.stats.batches_rewritten) == ({"snappy": 200}, 1)
 
 
 def test_a_corrupt_source_is_reported_at_its_own_byte_position() -> None:

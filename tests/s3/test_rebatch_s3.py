@@ -24,10 +24,10 @@ from tiering.kafka.index import build_indexes
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
-from tiering.kafka.segment import verify_segment
+from tiering.kafka.segment import iter_decoded, verify_segment
 from tiering.plan.policy import parse_policy
 from tiering.plan.scan import ScanOptions, scan
-from tiering.run.compact import CompactOptions
+from tiering.run.compact import CompactOptions, rollback
 from tiering.run.pipeline import compact
 from tiering.storage.layout import segment_key
 from tiering.storage.store import S3Store
@@ -142,3 +142,41 @@ def test_the_run_wide_switch_re_batches_every_topic(store: S3Store) -> None:
         final = store.get(segment_key(PREFIX, topic, 0, r.base_offset, LOG_SUFFIX))
         assert (verify_segment(io.BytesIO(final), segment_base=r.base_offset).records_sha256
                 == verify_segment(io.BytesIO(logs[topic, r.base_offset]), segment_base=r.base_offset).records_sha256)
+
+
+def test_a_re_batched_run_rolls_back_to_the_original_bytes(store: S3Store) -> None:
+    """The state keeps the source's records digest (not the merged output's): a rollback proves the backup
+    against it and puts every original back, byte for byte."""
+    logs = seed_topics(store)
+    plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0, rebatch_max_bytes=1 << 20))
+    run = compact(store, plan, context(store), CompactOptions())
+    assert {r.status for r in run.segments} == {"compacted"}
+    for r in run.segments:
+        assert r.stats is not None
+        assert r.stats["codecs_before"] == {"snappy": PER_SEGMENT}  # the source's batches, not the merged ones
+        assert r.stats["source_payload_xxh3"] != r.stats["payload_xxh3"]
+    undone = rollback(store, context(store, "undo-1"), "run-1")
+    assert [r.status for r in undone.segments] == ["rolled-back"] * 4
+    for (topic, base), log in logs.items():
+        assert store.get(segment_key(PREFIX, topic, 0, base, LOG_SUFFIX)) == log
+
+
+def test_re_batching_is_another_target_than_recompression_alone(store: S3Store) -> None:
+    """A plain run that found nothing to save, or compacted a segment, does not keep a re-batching run from
+    it; a re-batching run's compaction satisfies a plain target."""
+    seed_topics(store)
+    for topic, base in ((MERGED, 0), (MERGED, PER_SEGMENT)):  # already zstd: recompression alone saves nothing
+        log = b"".join(build_batch(BatchSpec(b.header.offset, Codec.ZSTD), b.records)
+                       for b in iter_decoded(io.BytesIO(tiny_segment(base))))
+        store.put(segment_key(PREFIX, topic, 0, base, LOG_SUFFIX), log)
+    plain = ScanOptions("zstd", min_age_minutes=0, topics=MERGED)
+    first = compact(store, scan(store, PREFIX, plain), context(store, "plain"), CompactOptions())
+    assert {r.reason.split(":")[0] for r in first.segments} == {"no savings"}
+    assert all(s.action == "skip" for s in scan(store, PREFIX, plain).segments)
+    merging = ScanOptions("zstd", min_age_minutes=0, topics=MERGED, rebatch_max_bytes=1 << 20)
+    assert [s.base_offset for s in scan(store, PREFIX, merging).segments if s.action == "compact"] == [
+        0, PER_SEGMENT]
+    second = compact(store, scan(store, PREFIX, merging), context(store, "merge"), CompactOptions())
+    assert {r.status for r in second.segments} == {"compacted"}
+    assert all(s.action == "skip" and "already compacted" in s.reason for s in scan(store, PREFIX, plain).segments
+               if s.base_offset < 2 * PER_SEGMENT)

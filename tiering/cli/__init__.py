@@ -278,7 +278,7 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     st = done.stats
     t = Table(title=f"{args.path} → {args.out}", show_header=False, box=None)
     t.add_row("segments cleaned", f"{len(done.cleaned)} (below offset {done.facts.upper:,}; the rest copied)")
-    if done.facts.end_offset < done.facts.upper:
+    if done.facts.cleaned and done.facts.end_offset < done.facts.upper:
         t.add_row("key map full", f"cleaned up to offset {done.facts.end_offset:,}: run again with "
                   f"--first-dirty-offset {done.facts.end_offset} for the rest")
     t.add_row("records", f"{st.records_in:,} → {st.records_out:,} ({st.keys:,} keys)")

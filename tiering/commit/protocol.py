@@ -295,7 +295,8 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
         stats.payload_xxh3,
         {"codec": ctx.options.codec.label, "level": ctx.options.level, "run_id": ctx.run_id,
          "source_log_etag": seg.log.etag, "bytes_before": stats.bytes_in, "bytes_after": stats.bytes_out,
-         "payload_xxh3": stats.payload_xxh3,
+         # what the original holds (the state keeps it: a rollback checks the backup against it)
+         "payload_xxh3": stats.source_payload_xxh3 or stats.payload_xxh3,
          "rebatch_max_bytes": ctx.rebatch.max_bytes if ctx.rebatch is not None else None},
         log_crc32c=out.crc if verified is Verify.CHECKSUM else None)
     try:

@@ -265,17 +265,18 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
     limit = bases[-1]  # the active segment's base offset
     if open_txn:
         limit = min(limit, *open_txn.values())
-    if options.min_compaction_lag_ms > 0:
-        young = [s.base_offset for s, top in zip(segments[:-1], seg_max[:-1], strict=True)
-                 if top > newest - options.min_compaction_lag_ms]
+    start = options.first_dirty_offset
+    if options.min_compaction_lag_ms > 0:  # the first dirty segment holding a record too young
+        young = [s.base_offset for i, (s, top) in enumerate(zip(segments[:-1], seg_max[:-1], strict=True))
+                 if bases[i + 1] > start and top > newest - options.min_compaction_lag_ms]
         if young:
             limit = min(limit, young[0])
-    upper = bases[sum(1 for b in bases[:-1] if b < limit)]  # rounded down to a segment's base offset
-    start = options.first_dirty_offset
+    # Rounded down to the base offset of the segment holding it (an open transaction may start inside one).
+    upper = max(b for b in bases if b <= limit) if limit >= bases[0] else bases[0]
     key_map: dict[bytes, int] = {}
     txns = _Txns()
     txns.add(_overlapping([e for s in segments for e in s.aborted], start, upper))
-    latest = -1
+    latest = start - 1  # nothing mapped: the pass ends where it started
     full = False
     for i, seg in enumerate(segments[:-1]):
         if seg.base_offset >= upper or full:
@@ -300,7 +301,7 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
                 latest = max(latest, h.last_offset)
         if not full:
             latest = max(latest, bases[i + 1] - 1)  # past the offsets a segment leaves unused
-    cleaned = sum(1 for b in bases[:-1] if b <= latest)
+    cleaned = sum(1 for b in bases[:-1] if b <= latest) if latest >= start else 0
     return PartitionFacts(upper, cleaned, producer_last, key_map, latest)
 
 

@@ -257,7 +257,8 @@ def merged_batch(run: list[DecodedBatch], options: RebatchOptions) -> bytes:
 def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, path: str | None = None,
               lookahead_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
               recompressed_size: Callable[[RawBatch], int] | None = None,
-              progress: Callable[[int], None] | None = None) -> Iterator[bytes | memoryview]:
+              progress: Callable[[int], None] | None = None,
+              on_source: Callable[[RawBatch], None] | None = None) -> Iterator[bytes | memoryview]:
     """``src``'s batches with the runs of mergeable batches merged (see the module docs), as the bytes of
     each batch in file order; ``stats`` filled in as it goes. One pass, memory bounded by
     ``lookahead_bytes`` (:func:`_groups`).
@@ -265,7 +266,8 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
     Every merged batch is decoded again and the records of the whole output digested: once the source is
     read, a :class:`ProofError` unless the output's records digest equals the source's.
     ``recompressed_size`` gives a source batch's size after recompression alone (the counterfactual of
-    ``stats.merged_bytes_recompressed``); ``progress`` gets the source bytes read so far."""
+    ``stats.merged_bytes_recompressed``); ``progress`` gets the source bytes read so far; ``on_source`` sees
+    each source batch in file order."""
     digests_in, digests_out = Digests(), Digests()
 
     def counted() -> Iterator[DecodedBatch]:
@@ -274,6 +276,8 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
             stats.batches_in += 1
             stats.records += len(batch.records)
             stats.bytes_in += len(batch.raw.data)
+            if on_source is not None:
+                on_source(batch.raw)
             if progress is not None:
                 progress(stats.bytes_in)
             yield batch

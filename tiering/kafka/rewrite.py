@@ -139,6 +139,9 @@ class RewriteStats:
     # every written batch was decoded again and compared byte for byte with these records (the proof), so
     # the output holds them; read_back of the output computes the same figure independently.
     payload_xxh3: str = ""
+    # With re-batching, the same figure over the source's batches (payload_xxh3 is over the merged ones): what
+    # the original, and so a backup restored by a rollback, decodes to.
+    source_payload_xxh3: str = ""
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, object]:
@@ -159,6 +162,7 @@ class RewriteStats:
             "codecs_after": dict(self.codecs_after),
             "uncompressed_bytes": self.uncompressed_bytes,
             "payload_xxh3": self.payload_xxh3,
+            **({"source_payload_xxh3": self.source_payload_xxh3} if self.source_payload_xxh3 else {}),
             "seconds": round(self.seconds, 3),
         }
 
@@ -583,10 +587,18 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     was merged, and ``stats.bytes_in`` stays the source's size.
     """
     merged: RebatchStats | None = None
+    source_digest = xxhash.xxh3_128()
+    source_codecs: Counter[str] = Counter()
     if rebatch is not None:
         merged = RebatchStats()
+        quick = replace(options, proof=False, deep_validation=False)
+
+        def on_source(raw: RawBatch) -> None:
+            source_digest.update(_payload_digest(raw, quick))
+            source_codecs[raw.header.codec.label] += 1
+
         src = cast(BinaryIO, ChunkStream(rebatched(src, rebatch, merged, path=path, progress=progress,
-                                                   recompressed_size=_alone_size(options))))
+                                                   recompressed_size=_alone_size(quick), on_source=on_source)))
         size, progress = None, None
     started = time.perf_counter()
     stats = RewriteStats(path, base_offset, options.codec.label, options.level)
@@ -617,8 +629,14 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     for (before, after), n in transitions.items():
         stats.codecs_before[CODECS[before].label] += n
         stats.codecs_after[CODECS[after].label] += n
-    if merged is not None:
+    if merged is not None:  # the figures of the source, not of the merged stream the rewrite read
         stats.bytes_in = merged.bytes_in
+        stats.source_payload_xxh3 = source_digest.hexdigest()
+        stats.codecs_before = source_codecs
+        if not options.force:  # a merged batch is new, in the target codec: rewritten, not kept
+            stats.kept[KEPT_SAME_CODEC] -= merged.runs_merged
+            stats.batches_rewritten += merged.runs_merged
+            stats.kept = +stats.kept
     if progress is not None:
         progress(stats.bytes_in)
     stats.bytes_out = out.position
@@ -627,11 +645,17 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     return RewriteResult(stats, indexes, merged)
 
 
-def _alone_size(options: RewriteOptions) -> Callable[[RawBatch], int]:
+def _alone_size(quick: RewriteOptions) -> Callable[[RawBatch], int]:
     """A batch's size after this rewrite on its own (kept, or recompressed), without the proof: what a batch
     that re-batching merged would have come to without it."""
-    quick = replace(options, proof=False, deep_validation=False)
     return lambda raw: sum(len(part) for part in process_batch(raw, quick).parts)
+
+
+def _payload_digest(raw: RawBatch, quick: RewriteOptions) -> bytes:
+    """The xxh3-128 of a batch's records as the rewrite digests them (``payload_xxh3`` is over these), without
+    recompressing it."""
+    item = _prepare_v2(raw, quick) if raw.header.magic >= 2 else _prepare_legacy(raw, quick)
+    return item.digest if isinstance(item, _Out) else xxhash.xxh3_128_digest(item.original)
 
 
 @dataclass(frozen=True, slots=True)

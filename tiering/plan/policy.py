@@ -271,8 +271,8 @@ def _settings(raw: object, where: str) -> dict[str, Any]:
         elif key == "rebatch.max.bytes":
             _bytes(value, at, V2_HEADER_SIZE + 1)
         elif key == "max.message.bytes":
-            if value is not None:
-                _bytes(value, at, 0)
+            if value is not None:  # below a batch header's size no batch fits
+                _bytes(value, at, V2_HEADER_SIZE + 1)
         elif key in ("storage.allow.archive", "rebatch.enable"):
             if not isinstance(value, bool):
                 raise _fail(at, "expected true or false", value)

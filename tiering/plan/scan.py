@@ -268,7 +268,8 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
     per_topic: dict[str, Any] = {"rebatch_max_bytes": o.rebatch_max_bytes}
     if o.policy is not None:
         tp = o.policy.resolve(d.topic)
-        target = replace(o, codec=tp.compression_type, level=tp.level, policy=None)
+        target = replace(o, codec=tp.compression_type, level=tp.level, policy=None,
+                         rebatch_max_bytes=tp.rebatch_max_bytes)
         per_topic = {"codec": target.codec, "level": target.level, "min_savings_ratio": tp.min_savings_ratio,
                      "rebatch_max_bytes": tp.rebatch_max_bytes}
     out = []
@@ -298,8 +299,10 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
               o: ScanOptions) -> tuple[str, str, Cause | None]:
     if log is None:
         return SKIP, "incomplete: index files without a .log (orphans; a broker ignores them)", Cause.INCOMPLETE
+    # A rewrite with re-batching is another target than one without; a plain target is met by either.
+    covers = ours is not None and (o.rebatch_max_bytes is None or ours.rebatch_max_bytes == o.rebatch_max_bytes)
     if ours is not None and ours.outcome is not None:  # a rewrite of this very object gave nothing, or it was invalid
-        same_target = o.codec == AUTO or (ours.codec, ours.level) == (o.codec, o.level)
+        same_target = o.codec == AUTO or ((ours.codec, ours.level) == (o.codec, o.level) and covers)
         if ours.log_etag == log.etag and (same_target or ours.outcome in (Outcome.INVALID, Outcome.UNREADABLE)):
             return SKIP, (f"{ours.outcome} last time ({ours.codec} by run {ours.run_id}): not read "
                           "again until the .log or the target codec changes"), Cause.REMEMBERED
@@ -330,7 +333,7 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
     if ours is not None and o.codec == AUTO:
         return (SKIP, f"already compacted: {ours.codec} (chosen automatically) by run {ours.run_id}",
                 Cause.ALREADY_COMPACTED)
-    if ours is not None and ours.codec == o.codec and ours.level == o.level:
+    if ours is not None and ours.codec == o.codec and ours.level == o.level and covers:
         return SKIP, f"already compacted: {o.codec} by run {ours.run_id}", Cause.ALREADY_COMPACTED
     return COMPACT, "sealed", None
 

@@ -53,6 +53,7 @@ class SegmentState:
     bytes_after: int = 0
     payload_xxh3: str | None = None
     recorded_at: str | None = None  # ISO 8601, the recording host's clock (entries before it was kept: None)
+    rebatch_max_bytes: int | None = None  # the re-batching bound the rewrite used (None: none)
 
     @property
     def compacted(self) -> bool:
@@ -64,6 +65,8 @@ class SegmentState:
         for name in ("reason", "index_etag", "timeindex_etag", "source_log_etag", "payload_xxh3", "recorded_at"):
             if (value := getattr(self, name)) is not None:
                 doc[name] = value
+        if self.rebatch_max_bytes is not None:
+            doc["rebatch_max_bytes"] = self.rebatch_max_bytes
         if self.outcome is not None:
             doc["outcome"] = self.outcome.value
         else:
@@ -81,7 +84,8 @@ class SegmentState:
                    Outcome(doc["outcome"]) if doc.get("outcome") is not None else None, text("reason"),
                    text("index_etag"), text("timeindex_etag"), text("source_log_etag"),
                    int(doc.get("bytes_before") or 0), int(doc.get("bytes_after") or 0), text("payload_xxh3"),
-                   text("recorded_at"))
+                   text("recorded_at"),
+                   None if doc.get("rebatch_max_bytes") is None else int(doc["rebatch_max_bytes"]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -353,7 +353,8 @@ def _judged_invalid(ctx: Context, seg: PlannedSegment, e: InvalidDataError) -> S
 
 
 def remember(ctx: Context, seg: PlannedSegment, outcome: Outcome, reason: str) -> None:
-    """Note in the partition's state that this very ``.log`` (its ETag) gave nothing with this codec and level,
+    """Note in the partition's state that this very ``.log`` (its ETag) gave nothing with this codec, level and
+    re-batching bound,
     so that later scans do not read it again until the object or the target changes. Best effort: a failure
     here only means the next run reads the segment once more. An entry of a segment we compacted is kept."""
     if seg.log is None:
@@ -363,7 +364,8 @@ def remember(ctx: Context, seg: PlannedSegment, outcome: Outcome, reason: str) -
         if current is not None and current.compacted:
             return
         record_state(ctx, seg.directory, seg.base_offset, stamped(SegmentState(
-            seg.log.etag, ctx.run_id, ctx.options.codec.label, ctx.options.level, outcome, reason[:300])))
+            seg.log.etag, ctx.run_id, ctx.options.codec.label, ctx.options.level, outcome, reason[:300],
+            rebatch_max_bytes=ctx.rebatch.max_bytes if ctx.rebatch is not None else None)))
     except TieringError:
         pass
 
