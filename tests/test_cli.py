@@ -853,3 +853,11 @@ def test_partition_compact_keys_writes_a_whole_partition_directory(tmp_path: Pat
     code, _, err = _cli("partition", "compact-keys", tmp_path / "missing", "--out", tmp_path / "o3")
     assert code == 2
     assert "not a partition directory" in err
+    code, _, err = _cli("partition", "compact-keys", part, "--out", tmp_path / "out")  # holds the first output
+    assert code == 2
+    assert "must be new or empty" in err
+    (part / "00000000000000000000.log.swap").write_bytes(b"")
+    code, _, err = _cli("partition", "compact-keys", part, "--out", tmp_path / "o4")
+    assert code == 2
+    assert "unfinished cleaning or swap" in err
+    assert not (tmp_path / "o4").exists()

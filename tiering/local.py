@@ -14,6 +14,7 @@ import contextlib
 import functools
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,12 +237,23 @@ def compact_keys_dir(directory: Path, out_dir: Path, options: CleanOptions) -> K
     """One pass of Kafka's log cleaner (:mod:`tiering.kafka.keycompact`) over a partition directory, written to
     ``out_dir`` as a whole partition directory: the cleaned segments (``.log``, rebuilt ``.index``,
     ``.timeindex``, and ``.txnindex`` when it keeps aborted transactions), then every other file (the
-    uncleaned segments, the producer snapshots, the checkpoints) copied as it was. The source is only read."""
+    uncleaned segments, the producer snapshots, the checkpoints) copied as it was. The source is only read.
+
+    All or nothing: the directory is built beside ``out_dir`` and renamed to it at the end; ``out_dir`` must
+    not exist or be empty. A directory with a broker's unfinished cleaning or swap (``.cleaned``, ``.swap``)
+    is refused: a broker would finish that operation over the cleaned files."""
     if not directory.is_dir():
         raise ConfigError("not a partition directory", path=str(directory), expected="a directory of segments")
     if _same_file(directory, out_dir):
         raise ConfigError("the output would overwrite the partition; choose another --out directory",
                           path=str(directory), found=str(out_dir))
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConfigError("the output directory must be new or empty", path=str(out_dir),
+                          expected="no files", found="files")
+    unfinished = sorted(p.name for p in directory.iterdir() if p.suffix in (".cleaned", ".swap"))
+    if unfinished:
+        raise ConfigError("the partition holds a broker's unfinished cleaning or swap (start and stop the broker "
+                          "once to finish it)", path=str(directory / unfinished[0]))
     logs = sorted(p for p in directory.glob(f"*{LOG_SUFFIX}") if parse_segment_name(p.name) is not None)
     segments = []
     for log in logs:
@@ -249,39 +261,36 @@ def compact_keys_dir(directory: Path, out_dir: Path, options: CleanOptions) -> K
         aborted = tuple(parse_txn_index(txn.read_bytes(), path=str(txn))) if txn.exists() else ()
         segments.append(Segment(base_offset_of(log, None), functools.partial(open_segment_file, log), aborted,
                                 str(log)))
-    _prepare_out_dir(out_dir)
+    _prepare_out_dir(out_dir.parent)
     stats = CleanStats()
     facts = survey(segments, options)
+    work = out_dir.parent / f".{out_dir.name}.{secrets.token_hex(6)}.tmp"
+    work.mkdir()
     written: set[str] = set()
-    temps: dict[int, tuple[BinaryIO, Path]] = {}
-
-    def sink(base: int) -> BinaryIO:
-        temps[base] = _temp_in(out_dir, segment_name(base, LOG_SUFFIX))
-        return temps[base][0]
-
     try:
-        for seg in clean(segments, facts, options, stats, sink=sink):
-            f, tmp = temps.pop(seg.base_offset)
-            with f:
-                f.flush()
-                os.fsync(f.fileno())
-            tmp.replace(out_dir / segment_name(seg.base_offset, LOG_SUFFIX))
+        for seg in clean(segments, facts, options, stats,
+                         sink=lambda base: open(work / segment_name(base, LOG_SUFFIX), "wb")):  # noqa: SIM115
             for suffix, data in ((INDEX_SUFFIX, seg.indexes.offset_index), (TIME_INDEX_SUFFIX, seg.indexes.time_index),
                                  (TXN_INDEX_SUFFIX, seg.txn_index)):
                 if data or suffix != TXN_INDEX_SUFFIX:
-                    _write_temp(out_dir, segment_name(seg.base_offset, suffix), data).replace(
-                        out_dir / segment_name(seg.base_offset, suffix))
+                    (work / segment_name(seg.base_offset, suffix)).write_bytes(data)
             written.update(segment_name(seg.base_offset, sfx) for sfx in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX,
                                                                            TXN_INDEX_SUFFIX))
-    finally:
-        for f, tmp in temps.values():  # a segment left unfinished by an error
-            f.close()
-            tmp.unlink(missing_ok=True)
-    copied = []
-    for path in sorted(directory.iterdir()):
-        if path.is_file() and path.name not in written:
-            _write_temp(out_dir, path.name, path.read_bytes()).replace(out_dir / path.name)
-            copied.append(path.name)
-    _fsync_dir(out_dir)
+        copied = []
+        for path in sorted(directory.iterdir()):
+            if path.is_file() and path.name not in written:
+                shutil.copyfile(path, work / path.name)
+                copied.append(path.name)
+        for path in work.iterdir():
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(work)
+        if out_dir.exists():
+            out_dir.rmdir()
+        work.rename(out_dir)
+        _fsync_dir(out_dir.parent)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     return KeyCompacted(facts, stats, tuple(s.base_offset for s in segments[:facts.cleaned]), tuple(copied))
 

@@ -309,8 +309,8 @@ def clean(segments: Sequence[Segment], facts: PartitionFacts, options: CleanOpti
           stats: CleanStats | None = None, *,
           sink: Callable[[int], BinaryIO] | None = None) -> Iterator[CleanedSegment]:
     """The second pass: each cleaned segment, in offset order (``facts``: from :func:`survey`). With ``sink``
-    (a base offset -> a writable file, left open) the new ``.log`` is written there as it is made, so memory
-    holds one batch of it, not the segment; without, it is returned in ``log``."""
+    (a base offset -> a new writable file, closed when the segment is done) the new ``.log`` is written there
+    as it is made, so memory holds one batch of it, not the segment; without, it is returned in ``log``."""
     stats = stats if stats is not None else CleanStats()
     stats.keys = len(facts.key_map)
     txns = _Txns()
@@ -336,6 +336,7 @@ def clean(segments: Sequence[Segment], facts: PartitionFacts, options: CleanOpti
             stats.batches_out += 1
         stats.bytes_out += size
         log = out.getvalue() if isinstance(out, io.BytesIO) else None
+        out.close()
         yield CleanedSegment(seg.base_offset, log, size,
                              build_indexes(seg.base_offset, positions, options.index_interval_bytes),
                              encode_txn_index(txns.kept))
@@ -384,8 +385,8 @@ def _clean_batch(batch: DecodedBatch, facts: PartitionFacts, txns: _Txns, option
         if keep:
             kept.append(r)
             tombstones += r.value is None and not h.is_control
-    if discard:
-        _count_dropped(batch, stats, aborted=not h.is_control)
+    if discard and not h.is_control:  # the aborted records go; a marker kept as a header is not counted
+        _count_dropped(batch, stats, aborted=True)
     stats.records_out += len(kept)
     if not kept:
         if not keep_empty:
