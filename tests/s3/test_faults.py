@@ -55,16 +55,20 @@ def _context(store: S3Store, swap: Swap | None) -> Context:
     return replace(context(store), swap=SwapChoice(swap))
 
 
-def _scenario(store: S3Store, at: int | None, mode: str,
-              swap: Swap | None = None) -> tuple[list[str], dict[int, Original], bool]:
+def _scenario(store: S3Store, at: int | None, mode: str, swap: Swap | None = None,
+              rebatch: bool = False) -> tuple[list[str], dict[int, Original], bool]:
     originals = seed(store, segments=3, segment_bytes=40_000)
-    plan = plan_for(store)
+    plan = plan_for(store, rebatch_max_bytes=1 << 20 if rebatch else None)
+    if rebatch:
+        assert all(s.rebatch_max_bytes for s in plan.to_compact())
     sealed = [s.base_offset for s in plan.to_compact()]
     worker = fresh_store()
     faults = Faults(worker, at, mode)
     crashed = False
     try:
-        compact(worker, plan, _context(worker, swap), CompactOptions())
+        run = compact(worker, plan, _context(worker, swap), CompactOptions())
+        if rebatch:  # the batches were merged indeed
+            assert all((r.stats or {}).get("rebatch", {}).get("runs_merged") for r in run.segments), run.segments
     except Crash:
         crashed = True
     if crashed:
@@ -85,8 +89,9 @@ def test_clean_run_compacts_every_sealed_segment(store: S3Store) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("swap", [None, Swap.COPY], ids=["probed-put", "copy"])
-def test_crash_at_every_call_then_rerun_converges(swap: Swap | None, aws_env: None) -> None:
+@pytest.mark.parametrize(("swap", "rebatch"), [(None, False), (Swap.COPY, False), (Swap.COPY, True)],
+                         ids=["probed-put", "copy", "copy-rebatch"])
+def test_crash_at_every_call_then_rerun_converges(swap: Swap | None, rebatch: bool, aws_env: None) -> None:
     from moto import mock_aws
 
     from tests.s3.conftest import BUCKET
@@ -98,19 +103,20 @@ def test_crash_at_every_call_then_rerun_converges(swap: Swap | None, aws_env: No
         return S3Store(client, BUCKET)
 
     with mock_aws():
-        calls, _, _ = _scenario(fresh(), None, "none", swap)
+        calls, _, _ = _scenario(fresh(), None, "none", swap, rebatch)
     points = len(calls)
     covered: dict[str, int] = {}
     for mode in ("before", "after"):
         for at in range(points):
             with mock_aws():
-                _, _, crashed = _scenario(fresh(), at, mode, swap)
+                _, _, crashed = _scenario(fresh(), at, mode, swap, rebatch)
             assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
             covered[mode] = covered.get(mode, 0) + 1
     by_op: dict[str, int] = {}
     for name in calls:
         by_op[name] = by_op.get(name, 0) + 1
-    FAULT_REPORT.append(f"fault injection, swap by {swap or 'probe'}: {points} S3 calls x 2 (before/after) = "
+    FAULT_REPORT.append(f"fault injection, swap by {swap or 'probe'}{' with re-batching' if rebatch else ''}: "
+                        f"{points} S3 calls x 2 (before/after) = "
                         f"{sum(covered.values())} crash "
                         f"points, every one converged on re-run; calls: "
                         + ", ".join(f"{k} {v}" for k, v in sorted(by_op.items())))
