@@ -59,6 +59,8 @@ GOLDEN: Final = ROOT / "tests" / "data" / "golden" / "logdir"
 CANARY: Final = "chaos-canary-7Qx2vL9pZr4KfT8wN3sJ"  # the secret key every CLI process gets; never to be printed
 EXIT_CODES: Final = frozenset({0, 1, 2, 3, 4, 75})
 LEASE_TTL: Final = 3  # seconds: a killed run's lease expires quickly enough for a bounded wait
+# More arguments for every compaction of a trial, e.g. "--rebatch" (TIERING_CHAOS_COMPACT_ARGS, split on spaces).
+COMPACT_EXTRA: Final = tuple(os.environ.get("TIERING_CHAOS_COMPACT_ARGS", "").split())
 MAX_RERUNS: Final = 4
 PROCESS_TIMEOUT: Final = 180.0
 RESERVED: Final = f"{PREFIX}/_tiering/"
@@ -576,7 +578,7 @@ class Trial:
 
     def compact_args(self, run_id: str, *extra: str) -> list[str]:
         return ["--codec", "zstd", "--min-age-minutes", "0", "--no-report", "--run-id", run_id,
-                "--workers", str(self.spec.workers), *extra]
+                "--workers", str(self.spec.workers), *COMPACT_EXTRA, *extra]
 
     def start(self, label: str, argv: list[str], rules: Callable[[Running], Sequence[Decider]] | None) -> Running:
         """Start a CLI process, through a new proxy with ``rules(process)`` if given, else straight to moto."""
