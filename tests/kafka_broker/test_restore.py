@@ -33,6 +33,8 @@ from tests.kafka_broker.broker import Broker, recovery_lines
 from tests.kafka_broker.conftest import Source, note
 from tests.kafka_broker.dumplog import DumpResult, dump, seg_name
 from tiering.demo.s3 import moto_server
+from tiering.kafka.batch import V2_HEADER_SIZE
+from tiering.kafka.reader import iter_batches
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per S3 request in failure reports
 
@@ -325,6 +327,19 @@ def test_kafkas_dump_log_segments_finds_nothing_new(dumped: tuple[DumpResult, Du
           f"{sum(ours.records[n] for n in logs):,} records), {len(indexes)} index files checked")
 
 
+def _records_byte_near_middle(log: Path) -> int:
+    """A byte inside the records of the batch nearest the file's middle (a blind middle byte may land in
+    ``baseOffset`` or ``partitionLeaderEpoch``, which the CRC does not cover)."""
+    middle, position = log.stat().st_size // 2, 0
+    with log.open("rb") as f:
+        for raw in iter_batches(f):
+            end = position + len(raw.data)
+            if end > middle and len(raw.data) > V2_HEADER_SIZE:
+                return (position + V2_HEADER_SIZE + end) // 2
+            position = end
+    raise AssertionError(f"{log}: no batch with records past byte {middle}")
+
+
 def test_a_corrupted_copy_is_caught(dumped: tuple[DumpResult, DumpResult, list[Path]], tmp_path: Path) -> None:
     _, _, files = dumped
     ours_before = dumped[0]
@@ -339,7 +354,7 @@ def test_a_corrupted_copy_is_caught(dumped: tuple[DumpResult, DumpResult, list[P
         copies.append(part)
     bad_log = copies[0] / log.name
     data = bytearray(bad_log.read_bytes())
-    data[len(data) // 2] ^= 0x5A  # inside some batch's compressed records: its CRC no longer holds
+    data[_records_byte_near_middle(bad_log)] ^= 0x5A  # the CRC covers it: that batch no longer holds
     bad_log.write_bytes(bytes(data))
     idx = copies[1] / (log.stem + ".index")
     entries = bytearray(idx.read_bytes())
