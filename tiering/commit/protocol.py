@@ -75,6 +75,7 @@ from tiering.storage.store import (
     ObjectAttrs,
     ObjectNotFound,
     PreconditionFailed,
+    StreamUpload,
     crc32c_b64,
 )
 
@@ -210,31 +211,7 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
     :class:`SegmentResult` when the rewrite would not save anything. Nothing outside ``_tiering/`` changes."""
     store, base, d = ctx.store, seg.base_offset, seg.directory
     assert seg.log is not None
-    attrs: dict[str, ObjectAttrs] = {}
-    source: dict[str, str | None] = {}
-    sizes: dict[str, int] = {}
-    # The keys as listed (never rebuilt from a parsed topic and number); an index the plan did not see is
-    # looked for too: one that appeared since (a restore or a mirror in progress) would be overwritten
-    # without a backup, so it stops the segment like any other change.
-    final = {name: getattr(seg, name).key if getattr(seg, name) else sibling_key(seg.log.key, sfx)
-             for name, sfx in FILES}
-    for name, _ in FILES:
-        ref = getattr(seg, name)
-        try:
-            info, attrs[name] = store.describe(final[name])
-        except ObjectNotFound:
-            if ref is None:
-                source[name] = None
-                continue
-            gone = SourceGone if name == "log" else SourceChanged
-            raise gone(f"the {name} file disappeared after planning", path=_uri(store, ref.key)) from None
-        if ref is None:
-            raise SourceChanged(f"the {name} file appeared after planning", path=_uri(store, final[name]),
-                                expected="no object", found=info.etag)
-        if info.etag != ref.etag:
-            raise SourceChanged(f"the {name} file changed after planning", path=_uri(store, ref.key),
-                                expected=ref.etag, found=info.etag)
-        source[name], sizes[name] = info.etag, info.size
+    src = _sources(ctx, seg)
     log_uri = _uri(store, seg.log.key)
     new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in FILES}
     verified = ctx.verify
@@ -261,52 +238,162 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
                                  f"{ctx.min_savings_ratio:.1%}", stats.bytes_in, stats.bytes_in, stats=stats_doc,
                                  cause=Cause.BELOW_MIN_SAVINGS)
         lease.check()
-        log_etag: str | None = None
+        upload = _finish_upload(ctx, out, base, new, result.indexes, stats.bytes_out, stats.payload_xxh3)
+    journal, etag = _journal(
+        ctx, seg, src, new, upload, stats.bytes_in, stats.bytes_out, stats.payload_xxh3, ctx.options.codec.label,
+        {"codec": ctx.options.codec.label, "level": ctx.options.level,
+         # what the original holds (the state keeps it: a rollback checks the backup against it)
+         "payload_xxh3": stats.source_payload_xxh3 or stats.payload_xxh3,
+         "rebatch_max_bytes": ctx.rebatch.max_bytes if ctx.rebatch is not None else None})
+    return Staged(journal, etag, SegmentResult(d, base, COMPACTED, "", stats.bytes_in, stats.bytes_out,
+                                               stats={**stats_doc, "verified": str(upload.verified)},
+                                               run_id=ctx.run_id), result.indexes)
+
+
+def stage_cleaned(ctx: Context, seg: PlannedSegment, log: BinaryIO, size: int, indexes: Indexes,
+                  entry: Mapping[str, object], lease: LeaseGuard) -> Staged:
+    """Step 1 for a ``.log`` made elsewhere (a key-compaction pass): ``log`` holds its ``size`` bytes and
+    ``indexes`` are the ones made with it. It is read back here (CRCs, every record, offsets) and its indexes
+    must equal a rebuild; the source is read once more for its records digest (a rollback checks the backup
+    against it); then staged, verified and journalled as :func:`stage_segment` does. ``entry``: what the
+    journal entry (and then the state) records beside the sizes and digests."""
+    store, base, d = ctx.store, seg.base_offset, seg.directory
+    assert seg.log is not None
+    src = _sources(ctx, seg)
+    log_uri = _uri(store, seg.log.key)
+    limits = {"index_interval_bytes": ctx.options.index_interval_bytes,
+              "decompression_limit": ctx.options.decompression_limit}
+    log.seek(0)
+    made = read_back(log, base_offset=base, path=f"{log_uri} (cleaned)", size=size, **limits)
+    if made.size != size or made.indexes != indexes:
+        raise ProofError("the cleaned .log does not match the indexes made with it", path=log_uri,
+                         expected=f"{size} bytes and their indexes", found=f"{made.size} bytes, indexes "
+                         f"{'equal' if made.indexes == indexes else 'different'}")
+    try:
+        with store.open(seg.log.key, if_match=seg.log.etag) as body:
+            original = read_back(body, base_offset=base, path=log_uri, size=seg.log.size, **limits)
+    except (PreconditionFailed, ObjectNotFound):
+        raise SourceChanged("the .log changed or disappeared after planning", path=log_uri,
+                            expected=seg.log.etag) from None
+    new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in FILES}
+    log.seek(0)
+    with store.writer(new["log"], part_bytes=ctx.part_bytes, checksum=ctx.verify is Verify.CHECKSUM) as out:
+        while chunk := log.read(COPY_CHUNK):
+            out.write(chunk)
+            lease.keep_alive()
+        lease.check()
+        upload = _finish_upload(ctx, out, base, new, indexes, size, made.payload_xxh3)
+    journal, etag = _journal(ctx, seg, src, new, upload, original.size, size, made.payload_xxh3, "keys",
+                             {**entry, "payload_xxh3": original.payload_xxh3})
+    return Staged(journal, etag, SegmentResult(d, base, COMPACTED, "", original.size, size, run_id=ctx.run_id),
+                  indexes)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sources:
+    """The segment's final keys, the ETags and sizes they had when checked, and their attributes."""
+
+    final: dict[str, str]
+    etags: dict[str, str | None]
+    sizes: dict[str, int]
+    attrs: dict[str, ObjectAttrs]
+
+
+def _sources(ctx: Context, seg: PlannedSegment) -> _Sources:
+    """The segment's files as they are now, each checked against the plan (:class:`SourceChanged` else)."""
+    store = ctx.store
+    assert seg.log is not None
+    attrs: dict[str, ObjectAttrs] = {}
+    source: dict[str, str | None] = {}
+    sizes: dict[str, int] = {}
+    # The keys as listed (never rebuilt from a parsed topic and number); an index the plan did not see is
+    # looked for too: one that appeared since (a restore or a mirror in progress) would be overwritten
+    # without a backup, so it stops the segment like any other change.
+    final = {name: getattr(seg, name).key if getattr(seg, name) else sibling_key(seg.log.key, sfx)
+             for name, sfx in FILES}
+    for name, _ in FILES:
+        ref = getattr(seg, name)
         try:
-            log_etag = out.finish().etag
-            store.put(new["index"], result.indexes.offset_index, checksum=verified is Verify.CHECKSUM)
-            store.put(new["timeindex"], result.indexes.time_index, checksum=verified is Verify.CHECKSUM)
-        except ChecksumUnsupported:  # this store does not say what it holds: read it back
-            verified = Verify.READ_BACK
-            store.put(new["index"], result.indexes.offset_index)
-            store.put(new["timeindex"], result.indexes.time_index)
-    if out.size != stats.bytes_out:
+            info, attrs[name] = store.describe(final[name])
+        except ObjectNotFound:
+            if ref is None:
+                source[name] = None
+                continue
+            gone = SourceGone if name == "log" else SourceChanged
+            raise gone(f"the {name} file disappeared after planning", path=_uri(store, ref.key)) from None
+        if ref is None:
+            raise SourceChanged(f"the {name} file appeared after planning", path=_uri(store, final[name]),
+                                expected="no object", found=info.etag)
+        if info.etag != ref.etag:
+            raise SourceChanged(f"the {name} file changed after planning", path=_uri(store, ref.key),
+                                expected=ref.etag, found=info.etag)
+        source[name], sizes[name] = info.etag, info.size
+    return _Sources(final, source, sizes, attrs)
+
+
+@dataclass(frozen=True, slots=True)
+class _Upload:
+    log_etag: str | None
+    log_crc32c: int | None
+    verified: Verify
+
+
+def _finish_upload(ctx: Context, out: StreamUpload, base: int, new: dict[str, str], indexes: Indexes, size: int,
+                   digest: str) -> _Upload:
+    """Complete the staged ``.log``'s upload, put the staged indexes, and accept them: by the checksum S3
+    reports, or (where it reports none) by reading the ``.log`` back against its ``size`` and records
+    ``digest`` and its indexes against a rebuild."""
+    store, verified = ctx.store, ctx.verify
+    log_etag: str | None = None
+    try:
+        log_etag = out.finish().etag
+        store.put(new["index"], indexes.offset_index, checksum=verified is Verify.CHECKSUM)
+        store.put(new["timeindex"], indexes.time_index, checksum=verified is Verify.CHECKSUM)
+    except ChecksumUnsupported:  # this store does not say what it holds: read it back
+        verified = Verify.READ_BACK
+        store.put(new["index"], indexes.offset_index)
+        store.put(new["timeindex"], indexes.time_index)
+    if out.size != size:
         raise ProofError("the staged .log was sent with another size than the rewrite wrote",
-                         path=_uri(store, new["log"]), expected=stats.bytes_out, found=out.size)
+                         path=_uri(store, new["log"]), expected=size, found=out.size)
     if verified is Verify.READ_BACK:  # what S3 now holds, checked against what the source held
         log_etag = log_etag or store.head(new["log"]).etag
         with store.open(new["log"], if_match=log_etag) as body:
-            back = read_back(body, base_offset=base, path=_uri(store, new["log"]), size=stats.bytes_out,
+            back = read_back(body, base_offset=base, path=_uri(store, new["log"]), size=size,
                              index_interval_bytes=ctx.options.index_interval_bytes,
                              decompression_limit=ctx.options.decompression_limit)
         _check_read_back(store, new, back.size, back.payload_xxh3, back.indexes.offset_index,
-                         back.indexes.time_index, stats.bytes_out, stats.payload_xxh3)
-        if back.indexes != result.indexes:
+                         back.indexes.time_index, size, digest)
+        if back.indexes != indexes:
             raise ProofError("the staged indexes differ from a rebuild of the staged .log",
                              path=_uri(store, new["log"]))
+    return _Upload(log_etag, out.crc if verified is Verify.CHECKSUM else None, verified)
+
+
+def _journal(ctx: Context, seg: PlannedSegment, src: _Sources, new: dict[str, str], upload: _Upload,
+             bytes_in: int, bytes_out: int, new_digest: str, codec_mark: str,
+             entry: Mapping[str, object]) -> tuple[Journal, str]:
+    """Create the segment's journal entry in state ``staged`` (``If-None-Match``: one operation at a time)."""
+    store, base, d = ctx.store, seg.base_offset, seg.directory
+    assert seg.log is not None
     op = f"{ctx.run_id}.{secrets.token_hex(4)}"
-    marks = {META_RUN: ctx.run_id, META_OP: op, META_CODEC: ctx.options.codec.label,
-             META_SOURCE_ETAG: seg.log.etag.strip('"')}
+    marks = {META_RUN: ctx.run_id, META_OP: op, META_CODEC: codec_mark, META_SOURCE_ETAG: seg.log.etag.strip('"')}
+    source = src.etags
     journal = Journal(
-        OpKind.COMPACT, op, ctx.run_id, JournalState.STAGED, d, base, final, source,
-        NewFiles(new["log"], stats.bytes_out, new["index"], new["timeindex"], log_etag),
-        {name: attrs.get(name, attrs["log"]).with_metadata(marks) for name, _ in FILES}, sizes,
+        OpKind.COMPACT, op, ctx.run_id, JournalState.STAGED, d, base, src.final, source,
+        NewFiles(new["log"], bytes_out, new["index"], new["timeindex"], upload.log_etag),
+        {name: src.attrs.get(name, src.attrs["log"]).with_metadata(marks) for name, _ in FILES}, src.sizes,
         {name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if source[name] else None for name, sfx in FILES},
-        stats.payload_xxh3,
-        {"codec": ctx.options.codec.label, "level": ctx.options.level, "run_id": ctx.run_id,
-         "source_log_etag": seg.log.etag, "bytes_before": stats.bytes_in, "bytes_after": stats.bytes_out,
-         # what the original holds (the state keeps it: a rollback checks the backup against it)
-         "payload_xxh3": stats.source_payload_xxh3 or stats.payload_xxh3,
-         "rebatch_max_bytes": ctx.rebatch.max_bytes if ctx.rebatch is not None else None},
-        log_crc32c=out.crc if verified is Verify.CHECKSUM else None)
+        new_digest,
+        {"run_id": ctx.run_id, "source_log_etag": seg.log.etag, "bytes_before": bytes_in, "bytes_after": bytes_out,
+         **entry},
+        log_crc32c=upload.log_crc32c)
     try:
         etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
     except PreconditionFailed:
         raise SourceChanged("a journal entry of another operation exists for this segment (recover first)",
                             path=_uri(store, journal_key(ctx.prefix, d, base))) from None
-    return Staged(journal, etag, SegmentResult(d, base, COMPACTED, "", stats.bytes_in, stats.bytes_out,
-                                               stats={**stats_doc, "verified": str(verified)},
-                                               run_id=ctx.run_id), result.indexes)
+    return journal, etag
 
 
 def recheck_source(ctx: Context, seg: PlannedSegment) -> None:

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, Final
 
-from tiering.errors import ConfigError, CorruptBatchError
+from tiering.errors import ConfigError, CorruptBatchError, UnsupportedError
 from tiering.kafka.batch import BatchHeader, TimestampType, parse_v2_header
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
@@ -226,7 +226,7 @@ def _batches(seg: Segment, limit: int) -> Iterator[DecodedBatch]:
         for batch in iter_decoded(f, path=seg.name or None, limit=limit):
             order.check(batch.header, batch.header.offset)
             if batch.header.magic < 2:
-                raise ConfigError("key compaction reads magic v2 batches only", path=seg.name or None,
+                raise UnsupportedError("key compaction reads magic v2 batches only", path=seg.name or None,
                                   expected="magic 2", found=f"magic {batch.header.magic} at offset "
                                   f"{batch.header.offset}")
             yield batch

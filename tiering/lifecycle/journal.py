@@ -65,6 +65,10 @@ class Cause(StrEnum):
     BELOW_MIN_SAVINGS = "below min savings"  # it would shrink less than the policy's min.savings.ratio
     UNREADABLE = "unreadable"  # S3 will not give us the bytes (SSE-C without its key, an archived object)
     PROOF_FAILED = "proof failed"  # what we wrote, or what storage holds, is not the source's records
+    NOTHING_TO_CLEAN = "nothing to clean"  # a key-compaction pass keeps every batch of it as it is
+    UNCLEANABLE = "uncleanable"  # past a key-compaction pass's first uncleanable offset
+    PASS_STOPPED = "pass stopped"  # noqa: S105 (a cause, not a password): a key-compaction pass stopped at an earlier segment of the partition
+    UNSUPPORTED = "unsupported"  # work this version cannot do on that data (the reason says what)
 
 
 # The causes a finished rewrite is not swapped in for: remembered, so the object is not read again.

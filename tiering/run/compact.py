@@ -263,8 +263,10 @@ class StepUsage:
 
 def exit_code_of(r: SegmentResult) -> ExitCode:
     """What one result says about the run's exit: a failed proof (our bug, or the store's), invalid or
-    unreadable data, a refusal (access, configuration), S3 failing (retry), work left to a busy partition
-    or a concurrent writer (run again later), else done."""
+    unreadable data (or data this version cannot handle), a refusal (access, configuration), S3 failing
+    (retry), work left to a busy partition or a concurrent writer (run again later), else done."""
+    if r.cause is Cause.UNSUPPORTED:
+        return ExitCode.INVALID
     if r.status == FAILED and r.pending is None:
         return (ExitCode.INTERNAL if r.cause is Cause.PROOF_FAILED else
                 ExitCode.INVALID if r.cause in (Cause.INVALID, Cause.UNREADABLE) else ExitCode.USAGE)
@@ -290,20 +292,30 @@ def outcome(results: list[SegmentResult]) -> ExitCode:
 def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit: bool = True) -> SegmentResult:
     """One planned segment: repair, or stage and (with ``commit``) swap; every per-segment problem becomes
     a result. Without ``commit`` the segment is left journalled as ``staged`` for a later commit step."""
-    try:
-        ctx = ctx.for_segment(seg)
+    def attempt() -> SegmentResult:
+        own = ctx.for_segment(seg)
         if seg.action == REPAIR:
-            return repair_segment(ctx, seg, lease)
-        staged = stage_segment(ctx, seg, lease)
+            return repair_segment(own, seg, lease)
+        staged = stage_segment(own, seg, lease)
         if not isinstance(staged, Staged):
             if staged.cause in NOTHING_TO_GAIN:
-                remember(ctx, seg, Outcome.NO_SAVINGS, staged.reason)
+                remember(own, seg, Outcome.NO_SAVINGS, staged.reason)
             return staged
         if not commit:
             staged.result.status = STAGED_STATUS
             return staged.result
-        result = finish_one(ctx, staged.journal, staged.etag, lease, indexes=staged.indexes)
+        result = finish_one(own, staged.journal, staged.etag, lease, indexes=staged.indexes)
         return staged.result if result.status == staged.result.status else result
+
+    return guarded(ctx, seg, attempt)
+
+
+def guarded(ctx: Context, seg: PlannedSegment, attempt: Callable[[], SegmentResult]) -> SegmentResult:
+    """``attempt`` (one segment's work), every per-segment problem turned into its result: a changed source,
+    a failed proof, invalid or unreadable data, S3 failing, a refusal, a local error. A lost lease is raised
+    (the partition's work stops)."""
+    try:
+        return attempt()
     except SourceChanged as e:  # a .log gone (retention) leaves nothing to do; any other change is left to a re-plan
         return SegmentResult(seg.directory, seg.base_offset, SKIPPED, e.message, error=e.to_dict(),
                              pending=None if isinstance(e, SourceGone) else Pending.BUSY)

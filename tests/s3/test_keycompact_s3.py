@@ -1,0 +1,225 @@
+"""Key compaction through S3 (moto in-process): each partition cleaned by one pass of the cleaner, each
+changed segment swapped by the commit protocol in offset order. The reference is the pure pass over the
+same bytes (itself byte-identical to Kafka's cleaner: tests/kafka_broker/test_keycompact.py); the originals
+must stay recoverable, a crash at any S3 call must converge on re-run, and a rollback must put them back."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from tests.kafka.test_keycompact import DAY, NOW, batch, marker, rec
+from tests.s3.conftest import PREFIX, context, fresh_store, no_pending
+from tests.s3.test_faults import Crash, Faults
+from tiering.commit.protocol import Context, SwapChoice
+from tiering.errors import ExitCode
+from tiering.kafka.builder import BatchSpec, build_batch
+from tiering.kafka.codecs import Codec
+from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
+from tiering.kafka.keycompact import AbortedTxn, CleanOptions, Segment, compact_partition, encode_txn_index
+from tiering.kafka.records import Record
+from tiering.kafka.rewrite import read_back
+from tiering.lifecycle.journal import Cause, Status, Swap
+from tiering.plan.state import load_state
+from tiering.run.compact import RunResult, rollback
+from tiering.run.keycompact import RUN_KIND, KeyCompactOptions, compact_keys, iter_figures
+from tiering.storage.layout import run_result_key, segment_key
+from tiering.storage.store import S3Store
+
+TOPIC = "profiles.compacted"
+DIRECTORY = f"{TOPIC}-0"
+ABORTED = AbortedTxn(first_offset=26, producer_id=5, last_offset=28, last_stable_offset=26)
+
+
+def _zstd(base: int, *records: Record) -> bytes:
+    return build_batch(BatchSpec(base, Codec.ZSTD), list(records))
+
+
+def partition(*, aborts: bool) -> dict[int, tuple[bytes, bytes]]:
+    """Five segments (the last one active): many updates per key, records without a key, a tombstone, an
+    idempotent producer, a committed transaction and (with ``aborts``) an aborted one. Base offset ->
+    (.log, .txnindex)."""
+    s0 = b"".join([_zstd(0, *(rec(i, b"k%d" % i, b"v0-%d" % i) for i in range(10))),
+                   batch(10, rec(10, None, b"no key")), batch(11, rec(11, b"k1", b"v1-1"))])
+    s1 = [_zstd(20, *(rec(20 + i, b"k%d" % i, b"v2-%d" % i) for i in range(5))), batch(25, rec(25, b"k9", None))]
+    if aborts:
+        s1 += [batch(26, rec(26, b"k3", b"aborted"), rec(27, b"k4", b"aborted"), pid=5, seq=0, txn=True),
+               marker(28, 5, commit=False)]
+    s1 += [batch(29, rec(29, b"k5", b"idem"), pid=6, seq=0)]
+    s2 = b"".join([batch(40, rec(40, b"k0", b"txn"), rec(41, b"k7", b"txn"), pid=7, seq=0, txn=True),
+                   marker(42, 7, commit=True), _zstd(43, *(rec(43 + i, b"k%d" % i, b"v3-%d" % i) for i in range(3))),
+                   # the aborting producer goes on: its aborted batch is not its last, so it may go entirely
+                   batch(46, rec(46, b"k6", b"p5"), pid=5, seq=2, txn=True), marker(47, 5, commit=True)])
+    s3 = _zstd(60, *(rec(60 + i, b"u%d" % i, b"only") for i in range(6)))  # every record its key's latest
+    active = batch(80, rec(80, b"k8", b"active"))
+    return {0: (s0, b""), 20: (b"".join(s1), encode_txn_index([ABORTED]) if aborts else b""), 40: (s2, b""),
+            60: (s3, b""), 80: (active, b"")}
+
+
+def upload(store: S3Store, parts: dict[int, tuple[bytes, bytes]]) -> None:
+    for base, (log, txn) in parts.items():
+        indexes = read_back(io.BytesIO(log), base_offset=base).indexes
+        store.put(segment_key(PREFIX, TOPIC, 0, base, LOG_SUFFIX), log)
+        store.put(segment_key(PREFIX, TOPIC, 0, base, INDEX_SUFFIX), indexes.offset_index)
+        store.put(segment_key(PREFIX, TOPIC, 0, base, TIME_INDEX_SUFFIX), indexes.time_index)
+        if txn:
+            store.put(segment_key(PREFIX, TOPIC, 0, base, TXN_INDEX_SUFFIX), txn)
+
+
+def expected(parts: dict[int, tuple[bytes, bytes]], now: int) -> dict[int, Any]:
+    """The pure pass over the same bytes: base offset -> cleaned segment."""
+    from tiering.kafka.keycompact import parse_txn_index
+
+    segments = [Segment(b, lambda log=log: io.BytesIO(log), tuple(parse_txn_index(txn))) for b, (log, txn)
+                in sorted(parts.items())]
+    _, cleaned = compact_partition(segments, CleanOptions(now_ms=now))
+    return {c.base_offset: c for c in cleaned}
+
+
+def final(store: S3Store, base: int, suffix: str) -> bytes:
+    return store.get(segment_key(PREFIX, TOPIC, 0, base, suffix))
+
+
+def keys_context(store: S3Store, run_id: str = "keys-1", swap: Swap | None = None) -> Context:
+    return replace(context(store, run_id), swap=SwapChoice(swap))
+
+
+def test_a_pass_on_s3_swaps_what_the_pure_pass_makes_and_keeps_the_originals(store: S3Store) -> None:
+    parts = partition(aborts=True)
+    upload(store, parts)
+    want = expected(parts, NOW)
+    run = compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW))
+
+    by_base = {r.base_offset: r for r in run.segments}
+    assert {b: by_base[b].status for b in parts} == {0: Status.COMPACTED, 20: Status.COMPACTED,
+                                                    40: Status.COMPACTED, 60: Status.SKIPPED, 80: Status.SKIPPED}
+    assert by_base[60].cause is Cause.NOTHING_TO_CLEAN
+    assert by_base[80].cause is Cause.ACTIVE
+    assert run.exit_code() is ExitCode.OK
+    assert no_pending(store)
+    for base in (0, 20, 40):
+        assert final(store, base, LOG_SUFFIX) == want[base].log
+        assert final(store, base, INDEX_SUFFIX) == want[base].indexes.offset_index
+        assert final(store, base, TIME_INDEX_SUFFIX) == want[base].indexes.time_index
+        backup = store.get(f"{PREFIX}/_tiering/backup/keys-1/{DIRECTORY}/{base:020d}.log")
+        assert backup == parts[base][0]
+    for base in (60, 80):
+        assert final(store, base, LOG_SUFFIX) == parts[base][0]
+    assert final(store, 20, TXN_INDEX_SUFFIX) == parts[20][1]  # its ABORT marker stays on this pass
+    # Independent of the cleaner: what is left of the keys, read back from S3 by the reader.
+    from tiering.kafka.segment import iter_decoded
+    latest: dict[bytes, bytes | None] = {}
+    for base in sorted(parts):
+        for b in iter_decoded(io.BytesIO(final(store, base, LOG_SUFFIX))):
+            if not b.header.is_control:
+                latest.update({r.key: r.value for r in b.records if r.key is not None})
+    assert latest[b"k0"] == b"v3-0"
+    assert latest[b"k3"] == b"v2-3"
+    assert latest[b"k9"] is None
+    state = load_state(store, PREFIX, DIRECTORY)
+    assert sorted(state.segments) == [0, 20, 40]
+    assert all(e.codec is None and e.run_id == "keys-1" for e in state.segments.values())
+    doc = RunResult.from_json(store.get_json(run_result_key(PREFIX, "keys-1", RUN_KIND))[0], "run")
+    assert doc.kind == RUN_KIND
+    assert doc.settings["now_ms"] == NOW
+    figures = iter_figures(list(run.segments))
+    assert figures["aborted_records_dropped"] == 2
+    assert figures["no_key_dropped"] == 1
+    assert figures["tombstones_stamped"] == 1
+    # the latest offsets: k0 43, k1 44, k2 45, k3 23, k4 24, k5 29, k6 46, k7 41, k8 8, k9 25 (the
+    # aborted k3 and k4 are not in the map); below them: 0-7 and 9, then 11, 20-22, 40
+    assert figures["superseded_dropped"] == 9 + 1 + 3 + 1
+    assert figures["bytes_in"] - figures["bytes_out"] == sum(len(parts[b][0]) - len(want[b].log) for b in (0, 20, 40))
+
+
+def test_a_pass_that_would_change_a_txnindex_stops_there_and_says_so(store: S3Store) -> None:
+    """The second pass removes the aborted transaction's .txnindex entry (its data went on the first): the
+    S3 path does not replace a .txnindex yet, so the pass stops at that segment, exit code INVALID."""
+    upload(store, partition(aborts=True))
+    compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW))
+    before = {b: final(store, b, LOG_SUFFIX) for b in (0, 20, 40, 60)}
+    run = compact_keys(store, keys_context(store, "keys-2"), KeyCompactOptions(now_ms=NOW + DAY))
+    by_base = {r.base_offset: r for r in run.segments}
+    assert by_base[20].cause is Cause.UNSUPPORTED
+    assert ".txnindex" in by_base[20].reason
+    assert by_base[40].cause is Cause.PASS_STOPPED
+    assert run.exit_code() is ExitCode.INVALID
+    assert {b: final(store, b, LOG_SUFFIX) for b in (20, 40, 60)} == {b: before[b] for b in (20, 40, 60)}
+
+
+def test_a_second_pass_at_the_same_clock_has_nothing_to_clean(store: S3Store) -> None:
+    upload(store, partition(aborts=False))
+    compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW))
+    run = compact_keys(store, keys_context(store, "keys-2"), KeyCompactOptions(now_ms=NOW))
+    assert {r.cause for r in run.segments} == {Cause.NOTHING_TO_CLEAN, Cause.ACTIVE}, run.segments
+
+
+def test_rollback_of_a_key_compaction_run_puts_the_originals_back(store: S3Store) -> None:
+    parts = partition(aborts=True)
+    upload(store, parts)
+    compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW))
+    back = rollback(store, keys_context(store, "undo-1"), "keys-1")
+    assert back.counts == {"rolled-back": 3}
+    for base, (log, _) in parts.items():
+        assert final(store, base, LOG_SUFFIX) == log
+
+
+def test_a_tombstone_is_dropped_once_its_horizon_passed(store: S3Store) -> None:
+    upload(store, partition(aborts=False))
+    compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW))
+    run = compact_keys(store, keys_context(store, "keys-2"), KeyCompactOptions(now_ms=NOW + DAY))
+    assert iter_figures(list(run.segments))["tombstones_dropped"] == 1
+    from tiering.kafka.segment import iter_decoded
+    left = {r.key for b in iter_decoded(io.BytesIO(final(store, 20, LOG_SUFFIX))) for r in b.records}
+    assert b"k9" not in left
+
+
+def _crash_scenario(store: S3Store, at: int | None, mode: str) -> tuple[list[str], bool]:
+    parts = partition(aborts=False)
+    upload(store, parts)
+    worker = fresh_store()
+    faults = Faults(worker, at, mode)
+    crashed = False
+    try:
+        compact_keys(worker, keys_context(worker, swap=Swap.COPY), KeyCompactOptions(now_ms=NOW))
+    except Crash:
+        crashed = True
+    if crashed:
+        rerun = fresh_store()
+        run = compact_keys(rerun, keys_context(rerun, swap=Swap.COPY), KeyCompactOptions(now_ms=NOW))  # a retry
+        assert run.exit_code() is ExitCode.OK, [r.to_json() for r in run.segments]
+    assert no_pending(store)
+    want = expected(parts, NOW)
+    for base in (0, 20, 40):
+        assert final(store, base, LOG_SUFFIX) == want[base].log, (at, mode, base)
+        assert final(store, base, INDEX_SUFFIX) == want[base].indexes.offset_index
+        assert final(store, base, TIME_INDEX_SUFFIX) == want[base].indexes.time_index
+    return faults.calls, crashed
+
+
+@pytest.mark.slow
+def test_a_crash_at_every_s3_call_then_a_rerun_converges_on_the_same_bytes(aws_env: None) -> None:
+    """SIGKILL-like crashes (every later request of the process fails too) before and after each S3 call of a
+    pass that swaps three segments; a fresh run at the same clock ends with the bytes one uninterrupted pass
+    makes, no journal left, every index matching."""
+    from moto import mock_aws
+
+    from tests.s3.conftest import BUCKET
+    from tiering.storage.store import make_client
+
+    def fresh() -> S3Store:
+        client = make_client()
+        client.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        return S3Store(client, BUCKET)
+
+    with mock_aws():
+        calls, _ = _crash_scenario(fresh(), None, "none")
+    for mode in ("before", "after"):
+        for at in range(len(calls)):
+            with mock_aws():
+                _, crashed = _crash_scenario(fresh(), at, mode)
+            assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
+    assert len(calls) > 30

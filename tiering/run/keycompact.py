@@ -1,0 +1,290 @@
+"""Key compaction on S3: one pass of Kafka's log cleaner (:mod:`tiering.kafka.keycompact`) over each
+partition's archived segments, each cleaned segment swapped in by the commit protocol.
+
+Per partition, under its lease: the journals a crashed run left are finished first; the segments are
+listed; the cleaner's first pass reads them (headers, and the cleaned range's records for the key map);
+its second pass makes each cleaned segment in offset order, and each one that changed is staged, backed
+up and swapped (:func:`~tiering.commit.protocol.stage_cleaned`, :func:`~tiering.commit.protocol.finish_one`)
+before the next one is made. So whatever stops a pass (a crash, a changed source, S3 failing) leaves the
+segments below some offset cleaned and the rest as they were: the state a broker's cleaner leaves when it
+stops between two groups, which the next pass (a later run) cleans from.
+
+The ``.txnindex`` is not replaced by the protocol: a segment whose cleaned ``.txnindex`` would differ (a
+pass that removes an ABORT marker, once its transaction's data is gone and its horizon has passed) stops
+the pass there, reported with :attr:`~tiering.lifecycle.journal.Cause.UNSUPPORTED`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, BinaryIO, Final
+
+from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
+from tiering.commit.protocol import (
+    COMPACTED,
+    FAILED,
+    SKIPPED,
+    Context,
+    SegmentResult,
+    finish_one,
+    recover_partition,
+    stage_cleaned,
+)
+from tiering.errors import ConfigError, InvalidDataError, UnsupportedError
+from tiering.kafka.codecs import Codec
+from tiering.kafka.keycompact import (
+    DEFAULT_DELETE_RETENTION_MS,
+    CleanedSegment,
+    CleanOptions,
+    CleanStats,
+    Segment,
+    clean,
+    parse_txn_index,
+    survey,
+)
+from tiering.lifecycle.journal import Cause, Pending, Status
+from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
+from tiering.run.compact import RunResult, RunTally, guarded, pending_bases, with_lease
+from tiering.storage.layout import clock_key, run_result_key
+from tiering.storage.objects import ObjectStore
+
+RUN_KIND: Final = "compact-keys"
+# Segments the pass cannot read past: the cleaned range ends before them.
+_UNREADABLE: Final = frozenset({Cause.ARCHIVED, Cause.UNREADABLE, Cause.INCOMPLETE})
+# Segments a broker may still append to, or written too recently: read (for producers), never cleaned.
+_LAST: Final = frozenset({Cause.ACTIVE, Cause.TOO_YOUNG})
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCompactOptions:
+    """One key-compaction run: the cleaner's settings and which partitions."""
+
+    now_ms: int | None = None  # the pass's clock (None: the store's, read once at the start)
+    delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS
+    min_compaction_lag_ms: int = 0
+    codec: str | None = None  # a rebuilt batch's codec (None: its own)
+    level: int | None = None
+    topics: str | None = None
+    min_age_minutes: int = 0  # segments uploaded more recently end the cleaned range
+    lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
+
+    def __post_init__(self) -> None:
+        for name in ("delete_retention_ms", "min_compaction_lag_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name.replace('_', '.')} must not be negative", expected=">= 0",
+                                  found=getattr(self, name))
+
+    def settings(self, now_ms: int) -> dict[str, Any]:
+        return {"now_ms": now_ms, "delete_retention_ms": self.delete_retention_ms,
+                "min_compaction_lag_ms": self.min_compaction_lag_ms, "codec": self.codec, "level": self.level,
+                "topics": self.topics, "min_age_minutes": self.min_age_minutes}
+
+    def clean_options(self, now_ms: int, ctx: Context) -> CleanOptions:
+        codec = Codec.parse(self.codec) if self.codec is not None else None
+        return CleanOptions(now_ms, self.delete_retention_ms, self.min_compaction_lag_ms, codec=codec,
+                            level=self.level, index_interval_bytes=ctx.options.index_interval_bytes,
+                            decompression_limit=ctx.options.decompression_limit)
+
+
+def stats_delta(after: CleanStats, before: CleanStats) -> dict[str, int]:
+    """What one segment added to a pass's figures (``keys`` is the partition's, not summed)."""
+    doc = {f.name: getattr(after, f.name) - getattr(before, f.name) for f in dataclasses.fields(CleanStats)}
+    doc["keys"] = after.keys
+    return doc
+
+
+def _chain(segments: list[PlannedSegment]) -> tuple[list[PlannedSegment], list[PlannedSegment]]:
+    """The segments a pass reads (in offset order; the last one is only read, never cleaned) and the ones
+    past them."""
+    listed = [s for s in segments if s.log is not None]
+    chain: list[PlannedSegment] = []
+    for i, seg in enumerate(listed):
+        if seg.cause in _UNREADABLE:
+            return chain, listed[i:]
+        chain.append(seg)
+        if seg.cause in _LAST:
+            return chain, listed[i + 1:]
+    return chain, []
+
+
+def partition_pass(ctx: Context, store: ObjectStore, segments: list[PlannedSegment], options: CleanOptions,
+                   lease: Lease, out: list[SegmentResult], progress: Callable[[SegmentResult], None] | None = None
+                   ) -> None:
+    """One pass over one partition's listed segments, under its lease: results appended to ``out``."""
+    def report(r: SegmentResult) -> None:
+        out.append(r)
+        if progress is not None:
+            progress(r)
+
+    directory = segments[0].directory
+    recovered = recover_partition(ctx, directory, lease)
+    for r in recovered:
+        report(r)
+    if recovered:  # a journal that appeared since the listing (another run's crash): the listing is stale
+        for seg in segments:
+            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "not cleaned: another run's operation was "
+                                 "finished here after the listing; run again", pending=Pending.BUSY))
+        return
+    chain, past = _chain(segments)
+    for seg in past:
+        report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, f"past the cleaned range: {seg.reason}"
+                             if seg.cause is not None else "past the cleaned range", cause=seg.cause))
+    if len(chain) < 2:
+        for seg in chain:
+            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, seg.reason, cause=seg.cause))
+        return
+
+    try:
+        _clean_chain(ctx, store, chain, options, lease, report)
+    except InvalidDataError as e:  # the pass read something it cannot clean: the segments it had not done stay
+        reported = {r.base_offset for r in out if r.directory == directory}
+        cause = Cause.UNSUPPORTED if isinstance(e, UnsupportedError) else Cause.INVALID
+        for seg in chain:
+            if seg.base_offset not in reported:
+                report(SegmentResult(seg.directory, seg.base_offset, FAILED, f"not cleaned: the pass read {e}",
+                                     error=e.to_dict(), cause=cause))
+
+
+def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], options: CleanOptions,
+                 lease: Lease, report: Callable[[SegmentResult], None]) -> None:
+    """Both passes of the cleaner over ``chain``; each cleaned segment swapped in before the next is made."""
+    def opener(seg: PlannedSegment) -> Callable[[], Any]:
+        assert seg.log is not None
+        log = seg.log
+
+        def open_log() -> Any:
+            lease.keep_alive()
+            return store.open(log.key, if_match=log.etag)
+        return open_log
+
+    sources = [Segment(s.base_offset, opener(s), tuple(parse_txn_index(store.get(s.txnindex.key),
+                                                                       path=s.txnindex.key))
+                       if s.txnindex is not None else (), f"s3://{store.bucket}/{s.log.key}" if s.log else "")
+               for s in chain]
+    by_base = {s.base_offset: s for s in chain}
+    facts = survey(sources, options)
+    stats = CleanStats()
+    with tempfile.TemporaryDirectory(prefix="tiering-keys-", dir=ctx.work_dir) as work:
+        def sink(base: int) -> BinaryIO:
+            return open(os.path.join(work, f"{base}.log"), "wb")
+
+        previous = dataclasses.replace(stats)
+        done: set[int] = set()
+        stopped: SegmentResult | None = None
+        for cleaned in clean(sources, facts, options, stats, sink=sink):
+            seg = by_base[cleaned.base_offset]
+            figures = stats_delta(stats, previous)
+            previous = dataclasses.replace(stats)
+            done.add(seg.base_offset)
+            path = os.path.join(work, f"{seg.base_offset}.log")
+            result = _swap_one(ctx, seg, cleaned, path, figures, lease)
+            os.unlink(path)
+            report(result)
+            if result.status is not COMPACTED and result.cause is not Cause.NOTHING_TO_CLEAN:
+                stopped = result
+                break
+    for seg in chain:
+        if seg.base_offset in done:
+            continue
+        if stopped is not None:
+            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, f"not cleaned: the pass stopped at "
+                                 f"segment {stopped.base_offset}", cause=Cause.PASS_STOPPED))
+        elif seg.cause in _LAST:
+            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, seg.reason, cause=seg.cause))
+        else:
+            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "past the first uncleanable offset "
+                                 f"{facts.upper} (an open transaction, min.compaction.lag.ms, or the range's "
+                                 "end)", cause=Cause.UNCLEANABLE))
+
+
+def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: str, figures: dict[str, int],
+              lease: Lease) -> SegmentResult:
+    """Stage and swap one cleaned segment (or say why not); every problem becomes a result."""
+    d, base = seg.directory, seg.base_offset
+    stats: dict[str, object] = {"key_compaction": figures}
+    if figures["batches_copied"] == figures["batches_in"] == figures["batches_out"]:
+        return SegmentResult(d, base, SKIPPED, "nothing to clean: every batch stays as it is", seg.size,
+                             seg.size, stats=stats, cause=Cause.NOTHING_TO_CLEAN)
+    source_txns = parse_txn_index(ctx.store.get(seg.txnindex.key), path=seg.txnindex.key) if seg.txnindex else []
+    if parse_txn_index(cleaned.txn_index) != source_txns:
+        return SegmentResult(d, base, SKIPPED, "not cleaned: its .txnindex would change (an ABORT marker removed), "
+                             "which the S3 path does not replace yet", seg.size, seg.size, stats=stats,
+                             cause=Cause.UNSUPPORTED)
+    started = time.perf_counter()
+
+    def attempt() -> SegmentResult:
+        with open(path, "rb") as log:
+            staged = stage_cleaned(ctx, seg, log, cleaned.size, cleaned.indexes,
+                                   {"codec": None, "level": None, "key_compaction": figures}, lease)
+        result = finish_one(ctx, staged.journal, staged.etag, lease, indexes=staged.indexes)
+        return staged.result if result.status == staged.result.status else result
+
+    result = guarded(ctx, seg, attempt)
+    result.stats = {**(result.stats or {}), **stats}
+    result.seconds = round(time.perf_counter() - started, 3)
+    return result
+
+
+def now_ms_of(store: ObjectStore, prefix: str, options: KeyCompactOptions) -> int:
+    if options.now_ms is not None:
+        return options.now_ms
+    return int(store.now(clock_key(prefix)).timestamp() * 1000)
+
+
+def compact_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions,
+                 progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
+    """Clean every partition under ``ctx.prefix`` (``options.topics`` to choose), one after the other; the
+    run document goes to ``runs/<run>/compact-keys.json``."""
+    started = datetime.now(UTC).isoformat()
+    now_ms = now_ms_of(store, ctx.prefix, options)
+    clean_options = options.clean_options(now_ms, ctx)
+    tally = RunTally()
+    for directory, bases in sorted(pending_bases(store, ctx.prefix).items()):  # left by a crash: finished first,
+        def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:  # before listing
+            out += recover_partition(ctx, directory, lease)
+
+        for r in with_lease(ctx, directory, options.lease_ttl_seconds, recover, [(directory, b) for b in bases]):
+            tally.add(r)
+            if progress is not None:
+                progress(r)
+    partitions: list[list[PlannedSegment]] = []
+    scan_partitions(store, ctx.prefix, ScanOptions("none", topics=options.topics,
+                                                   min_age_minutes=options.min_age_minutes),
+                    lambda segs: partitions.append(segs) if segs else None)
+    for segments in partitions:
+        directory = segments[0].directory
+
+        def work(lease: Lease, out: list[SegmentResult], segments: list[PlannedSegment] = segments) -> None:
+            partition_pass(ctx, store, segments, clean_options, lease, out, progress)
+
+        todo = [(s.directory, s.base_offset) for s in segments if s.log is not None]
+        for r in with_lease(ctx, directory, options.lease_ttl_seconds, work, todo):
+            tally.add(r)
+    run = tally.result(RUN_KIND, ctx.run_id, store.bucket, ctx.prefix, started, datetime.now(UTC).isoformat(),
+                       options.settings(now_ms))
+    store.put_json(run_result_key(ctx.prefix, ctx.run_id, RUN_KIND), run.to_json())
+    return run
+
+
+def iter_figures(results: Iterator[SegmentResult] | list[SegmentResult]) -> dict[str, int]:
+    """A run's key-compaction figures, summed over the segments it cleaned (``keys``: over partitions)."""
+    total: dict[str, int] = {}
+    keys: dict[str, int] = {}
+    for r in results:
+        figures = (r.stats or {}).get("key_compaction")
+        if r.status is not Status.COMPACTED or not isinstance(figures, dict):
+            continue
+        for k, v in figures.items():
+            if k != "keys":
+                total[k] = total.get(k, 0) + int(v)
+        keys[r.directory] = int(figures.get("keys", 0))
+    total["keys"] = sum(keys.values())
+    return total
+
+
