@@ -195,3 +195,39 @@ def test_rebatch_compacts_tiny_batches_estimates_them_and_the_report_shows_the_s
     code, _, err = _cli("s3", "compact", *where, "--rebatch", "--policy", str(policy))
     assert code == ExitCode.USAGE
     assert "set rebatch.enable in the policy" in err
+
+
+def test_compact_keys_cleans_the_chosen_topics_and_the_report_shows_what_went(bucket: S3Store) -> None:
+    from tests.kafka.test_keycompact import NOW
+    from tests.s3 import test_keycompact_s3 as K
+    from tiering.kafka.files import LOG_SUFFIX
+    from tiering.storage.layout import segment_key
+
+    parts = K.partition(aborts=True)
+    for base, (log, _) in parts.items():  # the same partition under another topic, not chosen: left alone
+        bucket.put(segment_key(PREFIX, "orders.delete", 0, base, LOG_SUFFIX), log)
+    K.upload(bucket, parts)
+    where = ["--bucket", bucket.bucket, "--prefix", PREFIX, "--min-age-minutes", "0"]
+    code, _, err = _cli("s3", "compact-keys", *where)
+    assert code == ExitCode.USAGE
+    assert "--topics" in err
+    code, out, err = _cli("s3", "compact-keys", *where, "--topics", r"profiles\..*", "--now-ms", str(NOW), "--json",
+                          "--run-id", "keys-cli")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["kind"] == "compact-keys"
+    assert doc["totals"]["compacted"] == 3
+    want = K.expected(parts, NOW)
+    assert bucket.get(segment_key(PREFIX, K.TOPIC, 0, 0, LOG_SUFFIX)) == want[0].log
+    assert all(bucket.get(segment_key(PREFIX, "orders.delete", 0, b, LOG_SUFFIX)) == log
+               for b, (log, _) in parts.items())
+    code, out, err = _cli("report", "--bucket", bucket.bucket, "--prefix", PREFIX, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    kc = report["key_compaction"]
+    assert kc["segments"] == 3
+    assert kc["aborted_records_removed"] == 2
+    assert kc["saved_bytes"] == report["totals"]["bytes_before"] - report["totals"]["bytes_after"] > 0
+    assert kc["monthly_savings_usd"] == pytest.approx(report["totals"]["monthly_savings_usd"])
+    code, out, err = _cli("report", "--bucket", bucket.bucket, "--prefix", PREFIX)
+    assert "saved by key compaction" in out

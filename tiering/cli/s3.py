@@ -22,6 +22,7 @@ from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.protocol import AUTO_SWAP, FAILED, Context, SegmentResult, SwapChoice
 from tiering.errors import ConfigError, ExitCode, StorageError
 from tiering.kafka.codecs import Codec
+from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Swap, Verify
@@ -42,6 +43,7 @@ from tiering.plan.scan import (
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
 from tiering.run.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, new_run_id, rollback
+from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.run.pipeline import RunSettings, compact, plan_run, run_local, scan_run
 from tiering.storage.objects import ObjectStore
 from tiering.storage.store import ObjectInfo, S3Store, make_client
@@ -301,18 +303,43 @@ def _cmd_compact(args: argparse.Namespace) -> int:
                    f"compact ({_human(planned['bytes'])}), {planned['totals']['skipped']:,} skipped")
         _log(args, f"run {run_id}: compacting to {options.codec.label} ...")
         run = run_local(store, settings, ctx, budget, progress=progress)
-    code = _finish_run(args, run)
-    if not args.no_report:
-        prices, cost = cost_from_args(args)
-        try:
-            report, keys = publish_report(store, ctx.prefix, run_id, prices, cost)
-        except StorageError as e:  # the run's outcome is on S3 and printed already: only the report is missing
-            print(f"tiering: the savings report was not published ('tiering report' can publish it later): {e}",
-                  file=sys.stderr)
-            return code or (ExitCode.RETRY if e.retryable else ExitCode.USAGE)
-        _log(args, to_table(report))
-        _log(args, f"report: s3://{store.bucket}/{keys['html']} (and .json .md .csv; 'tiering report' prints it)")
+    return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
+
+
+def _publish(args: argparse.Namespace, store: ObjectStore, prefix: str, run: RunResult, code: int) -> int:
+    """Publish the run's savings report (unless --no-report) and log it; the exit code, worse when it failed."""
+    if args.no_report:
+        return code
+    prices, cost = cost_from_args(args)
+    try:
+        report, keys = publish_report(store, prefix, run.run_id, prices, cost, kind=run.kind)
+    except StorageError as e:  # the run's outcome is on S3 and printed already: only the report is missing
+        print(f"tiering: the savings report was not published ('tiering report' can publish it later): {e}",
+              file=sys.stderr)
+        return code or (ExitCode.RETRY if e.retryable else ExitCode.USAGE)
+    _log(args, to_table(report))
+    _log(args, f"report: s3://{store.bucket}/{keys['html']} (and .json .md .csv; 'tiering report' prints it)")
     return code
+
+
+def _cmd_compact_keys(args: argparse.Namespace) -> int:
+    store = _store(args)
+    options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
+                                args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds)
+    run_id = args.run_id or new_run_id()
+    swap = SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap))
+    ctx = Context(store, args.prefix, run_id, RewriteOptions(Codec.NONE), work_dir=args.work_dir,
+                  verify=Verify(args.verify), swap=swap)
+    done = [0]
+
+    def progress(r: SegmentResult) -> None:
+        done[0] += 1
+        _log(args, _segment_line(done[0], r))
+
+    _log(args, f"run {run_id}: key compaction of topics matching {args.topics!r} under s3://{args.bucket}/"
+               f"{args.prefix} ...")
+    run = compact_keys(store, ctx, options, progress)
+    return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
@@ -489,6 +516,48 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p.add_argument("--no-report", action="store_true", help="do not publish the cost savings report")
     add_cost_args(p)
     p.set_defaults(func=_cmd_compact)
+
+    p = sub.add_parser("compact-keys", help="key-compact compacted topics: one pass of Kafka's log cleaner",
+                       description="For each partition of the topics matching --topics, under its lease: one pass "
+                                   "of Kafka's log cleaner (cleanup.policy=compact) over its archived segments, "
+                                   "with the broker's rules (docs/key-compaction.md): each key's latest record "
+                                   "kept, superseded records, records without a key and aborted transactions' "
+                                   "data removed, tombstones and markers stamped with a delete horizon and removed "
+                                   "on a later pass once it passed. Each segment that changes is staged, checked, "
+                                   "backed up and swapped in offset order, so an interrupted pass leaves a prefix "
+                                   "of the partition cleaned, as a broker's cleaner would. Run it only on topics "
+                                   "that are compacted: it removes every superseded value. Exit 0 done; 1 invalid "
+                                   "data, or a pass that would change a .txnindex (not replaced yet); 3 busy; "
+                                   "4 S3 failed (retry).")
+    _common(p)
+    p.add_argument("--topics", required=True, metavar="REGEX",
+                   help="the compacted topics to clean (their whole names must match): required, since the pass "
+                        "drops every superseded value")
+    p.add_argument("--now-ms", type=int, default=None,
+                   help="the pass's clock in epoch milliseconds: horizons stamped now expire at it plus "
+                        "--delete-retention-ms, and horizons before it have passed (default: S3's clock)")
+    p.add_argument("--delete-retention-ms", type=int, default=DEFAULT_DELETE_RETENTION_MS,
+                   help="how long tombstones and transaction markers stay after a pass stamped them "
+                        "(Kafka's delete.retention.ms, default %(default)s)")
+    p.add_argument("--min-compaction-lag-ms", type=int, default=0,
+                   help="leave segments holding records younger than this, relative to the partition's newest "
+                        "record (Kafka's min.compaction.lag.ms, default %(default)s)")
+    p.add_argument("--codec", default=None, choices=CODEC_CHOICES,
+                   help="the codec of batches the pass rebuilds (default: each batch's own)")
+    p.add_argument("--level", type=int, default=None, help="with --codec: its level")
+    p.add_argument("--min-age-minutes", type=int, default=DEFAULT_MIN_AGE_MINUTES,
+                   help="segments uploaded less than this long ago (S3's LastModified) end the cleaned range "
+                        "(default %(default)s)")
+    p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
+    p.add_argument("--work-dir", default=None,
+                   help="directory for the cleaned segment being staged (default: the system's temp dir)")
+    p.add_argument("--verify", choices=[v.value for v in Verify], default=Verify.CHECKSUM.value,
+                   help="how each staged file is accepted (as for 'compact')")
+    p.add_argument("--swap", choices=[AUTO_SWAP, *(m.value for m in Swap)], default=AUTO_SWAP,
+                   help="how the new .log is put over the original (as for 'compact')")
+    p.add_argument("--no-report", action="store_true", help="do not publish the cost savings report")
+    add_cost_args(p)
+    p.set_defaults(func=_cmd_compact_keys)
 
     p = sub.add_parser("tier", help="move old segments to colder storage classes as a policy says",
                        description="Plan and apply storage-class transitions by the age of each segment's newest "

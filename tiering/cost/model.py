@@ -42,6 +42,7 @@ from tiering.cost.report import (
     EstimateDetail,
     Failure,
     GroupRow,
+    KeyCompactionFigures,
     LedgerEntry,
     LedgerRow,
     LedgerSummary,
@@ -121,7 +122,20 @@ def _row(directory: str, base: int, r: Mapping[str, Any], plan: Mapping[str, Any
                       log.get("storage_class") or "STANDARD", log.get("last_modified"), int(log.get("size", 0)),
                       RowStatus(r["status"]), str(r.get("reason", "")), int(r.get("bytes_before", 0)),
                       int(r.get("bytes_after", 0)), source_codec(r.get("stats")) if codec is None else codec,
-                      r.get("encryption"), r.get("error"), rebatch=rebatch_figures(r.get("stats")))
+                      r.get("encryption"), r.get("error"), rebatch=rebatch_figures(r.get("stats")),
+                      keys=key_compaction_figures(r.get("stats"), int(r.get("bytes_before", 0)),
+                                                  int(r.get("bytes_after", 0))))
+
+
+def key_compaction_figures(stats: Mapping[str, Any] | None, before: int, after: int) -> KeyCompactionFigures | None:
+    """A segment's key-compaction figures from its pass's stats, or None when no pass cleaned it."""
+    kc = (stats or {}).get("key_compaction")
+    if not kc:
+        return None
+    return KeyCompactionFigures(1, int(kc["records_in"]), int(kc["records_out"]), int(kc["keys"]),
+                                int(kc["superseded_dropped"]), int(kc["no_key_dropped"]),
+                                int(kc["aborted_records_dropped"]), int(kc["tombstones_stamped"]),
+                                int(kc["tombstones_dropped"]), int(kc["markers_dropped"]), before - after)
 
 
 def rebatch_figures(stats: Mapping[str, Any] | None) -> RebatchFigures | None:
@@ -205,6 +219,9 @@ class _Fold:
         self.before = self.after = self.done = 0
         self.rebatched = RebatchFigures(0, 0, 0, 0)
         self.rebatch_billed: Counter[str] = Counter()  # per class, the billed bytes re-batching saved
+        self.keys: KeyCompactionFigures | None = None
+        self.keys_partitions: set[str] = set()
+        self.keys_billed: Counter[str] = Counter()  # per class, the billed bytes key compaction saved
         self.dry_requests_usd = 0.0
         self.dry_requests = 0  # a dry run's estimated requests (tier1_requests and the tier-2 constant a segment)
         self.retrieval = _Line("Retrieval fees (IA / Glacier IR sources)")
@@ -243,6 +260,11 @@ class _Fold:
             if row.bytes_before > row.bytes_after:  # its share of the billed bytes the segment saved
                 self.rebatch_billed[cls] += round((billed_before - billed_after) * rb.saved_bytes
                                                   / (row.bytes_before - row.bytes_after))
+        if (kc := row.keys) is not None:
+            new_partition = row.directory not in self.keys_partitions
+            self.keys_partitions.add(row.directory)
+            self.keys = kc if self.keys is None else self.keys.plus(kc, new_partition=new_partition)
+            self.keys_billed[cls] += billed_before - billed_after
         for key in ROLLUPS:
             group = self.groups[key].setdefault(str(getattr(row, key)), _Group())
             group.segments += 1
@@ -415,7 +437,8 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
         listing=Listing(fold.rows_omitted, fold.failed_omitted, partitions_omitted),
         auto=dict(auto or {}), warnings=tuple(warnings), ledger=cumulative([], now), estimate_detail=detail,
         rebatching=fold.rebatched if fold.rebatched.segments else None,
-        rebatching_monthly_usd=fold.share(by_class, fold.rebatch_billed))
+        rebatching_monthly_usd=fold.share(by_class, fold.rebatch_billed),
+        key_compaction=fold.keys, key_compaction_monthly_usd=fold.share(by_class, fold.keys_billed))
     return with_ledger(report, [e for e in ledger if e.run_id != report.run_id])
 
 

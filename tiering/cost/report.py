@@ -80,6 +80,7 @@ class SegmentRow:
     error: str | None = None
     monthly_savings_usd: float = 0.0
     rebatch: RebatchFigures | None = None  # set when the rewrite merged runs of batches
+    keys: KeyCompactionFigures | None = None  # set when a key-compaction pass cleaned the segment
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "status": str(self.status)}
@@ -91,7 +92,8 @@ class SegmentRow:
                    str(d["storage_class"]), d.get("last_modified"), int(d["size"]), RowStatus(d["status"]),
                    str(d["reason"]), int(d["bytes_before"]), int(d["bytes_after"]), str(d["source_codec"]),
                    d.get("encryption"), d.get("error"), float(d["monthly_savings_usd"]),
-                   RebatchFigures(**rb) if rb else None)
+                   RebatchFigures(**rb) if rb else None,
+                   KeyCompactionFigures(**d["keys"]) if d.get("keys") else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +105,31 @@ class RebatchFigures:
     batches_before: int
     batches_after: int
     saved_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCompactionFigures:
+    """What key compaction did to a segment (or, summed, to a run): records before and after, the partition's
+    keys, what went (superseded, without a key, aborted, tombstones and markers past their horizon), the
+    tombstones stamped with a horizon, and the bytes saved."""
+
+    segments: int
+    records_before: int
+    records_after: int
+    keys: int  # distinct keys in the key maps (each partition counted once)
+    superseded_dropped: int
+    no_key_dropped: int
+    aborted_records_removed: int
+    tombstones_stamped: int
+    tombstones_dropped: int
+    markers_dropped: int
+    saved_bytes: int
+
+    def plus(self, other: KeyCompactionFigures, *, new_partition: bool) -> KeyCompactionFigures:
+        """The sum of two (``keys`` added only when ``other`` is another partition's)."""
+        summed = {f: getattr(self, f) + getattr(other, f) for f in self.__dataclass_fields__}
+        summed["keys"] = self.keys + other.keys if new_partition else max(self.keys, other.keys)
+        return KeyCompactionFigures(**summed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,6 +443,8 @@ class Report:
     estimate_detail: EstimateDetail | None = field(default=None)
     rebatching: RebatchFigures | None = None  # summed over the rewritten segments that were re-batched
     rebatching_monthly_usd: float = 0.0  # the dollars of the totals that re-batching's bytes account for
+    key_compaction: KeyCompactionFigures | None = None  # summed over the segments a key-compaction pass cleaned
+    key_compaction_monthly_usd: float = 0.0  # the dollars of the totals those segments account for
 
     def ledger_entry(self) -> LedgerEntry:
         t = self.totals
@@ -442,6 +471,9 @@ class Report:
             doc["estimate_detail"] = self.estimate_detail.to_json()
         if (split := self.savings_split) is not None:
             doc["savings_split"] = split.to_json()
+        if self.key_compaction is not None:
+            doc["key_compaction"] = {**asdict(self.key_compaction),
+                                     "monthly_savings_usd": self.key_compaction_monthly_usd}
         return doc
 
     @property
@@ -463,6 +495,7 @@ class Report:
             rollups = {name: tuple(GroupRow.from_json(g, key) for g in doc[name]) for name, key in ROLLUP_KEYS.items()}
             detail = doc.get("estimate_detail")
             split = (doc.get("savings_split") or {}).get("rebatching")
+            keys = doc.get("key_compaction")
             rebatching = None if split is None else RebatchFigures(
                 int(split["segments"]), int(split["batches_before"]), int(split["batches_after"]),
                 int(split["saved_bytes"]))
@@ -479,7 +512,10 @@ class Report:
                 dict(doc.get("auto") or {}), tuple(str(w) for w in doc["warnings"]),
                 LedgerSummary.from_json(doc["ledger"]),
                 None if detail is None else EstimateDetail.from_json(detail), rebatching,
-                float(split["monthly_savings_usd"]) if split is not None else 0.0)
+                float(split["monthly_savings_usd"]) if split is not None else 0.0,
+                None if keys is None else KeyCompactionFigures(
+                    **{k: int(v) for k, v in keys.items() if k != "monthly_savings_usd"}),
+                float(keys["monthly_savings_usd"]) if keys is not None else 0.0)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError("report unreadable", path=where, expected="a compaction report's fields",
                               found=f"{type(e).__name__}: {e}") from None

@@ -78,6 +78,13 @@ def headline(report: Report) -> list[tuple[str, str]]:
                      f"{usd(split.recompression_monthly_usd)} per month"))
         rows.append(("saved by re-batching", f"{size(rb.saved_bytes)}, {usd(split.rebatching_monthly_usd)} per month "
                      f"({rb.segments} segments, {rb.batches_before:,} -> {rb.batches_after:,} batches)"))
+    if (kc := report.key_compaction) is not None:
+        rows.append(("saved by key compaction", f"{size(kc.saved_bytes)}, {usd(report.key_compaction_monthly_usd)} "
+                     f"per month ({kc.segments} segments)"))
+        rows.append(("records before -> after", f"{kc.records_before:,} -> {kc.records_after:,} ({kc.keys:,} keys; "
+                     f"dropped: {kc.superseded_dropped:,} superseded, {kc.no_key_dropped:,} without a key, "
+                     f"{kc.aborted_records_removed:,} aborted, {kc.tombstones_dropped:,} tombstones, "
+                     f"{kc.markers_dropped:,} markers; {kc.tombstones_stamped:,} tombstones stamped)"))
     if (e := report.estimate_detail) is not None:
         rows.append(("estimate range (+/- 2 s.e.)", f"{usd(e.monthly_savings_usd_low)} .. "
                      f"{usd(e.monthly_savings_usd_high)} per month, from {e.segments_sampled} sampled "
