@@ -27,7 +27,7 @@ from tiering.plan.state import load_state
 from tiering.run.compact import RunResult, rollback
 from tiering.run.keycompact import RUN_KIND, KeyCompactOptions, compact_keys, iter_figures
 from tiering.storage.layout import run_result_key, segment_key
-from tiering.storage.store import S3Store
+from tiering.storage.store import ObjectNotFound, S3Store
 
 TOPIC = "profiles.compacted"
 DIRECTORY = f"{TOPIC}-0"
@@ -83,6 +83,14 @@ def final(store: S3Store, base: int, suffix: str) -> bytes:
     return store.get(segment_key(PREFIX, TOPIC, 0, base, suffix))
 
 
+def exists(store: S3Store, key: str) -> bool:
+    try:
+        store.head(key)
+    except ObjectNotFound:
+        return False
+    return True
+
+
 def keys_context(store: S3Store, run_id: str = "keys-1", swap: Swap | None = None) -> Context:
     return replace(context(store, run_id), swap=SwapChoice(swap))
 
@@ -135,19 +143,34 @@ def test_a_pass_on_s3_swaps_what_the_pure_pass_makes_and_keeps_the_originals(sto
     assert figures["bytes_in"] - figures["bytes_out"] == sum(len(parts[b][0]) - len(want[b].log) for b in (0, 20, 40))
 
 
-def test_a_pass_that_would_change_a_txnindex_stops_there_and_says_so(store: S3Store) -> None:
-    """The second pass removes the aborted transaction's .txnindex entry (its data went on the first): the
-    S3 path does not replace a .txnindex yet, so the pass stops at that segment, exit code INVALID."""
-    upload(store, partition(aborts=True))
+def test_later_passes_remove_the_aborted_transaction_s_txnindex_entry_then_its_marker(store: S3Store) -> None:
+    """Pass 1 drops the aborted data (the marker and its .txnindex entry stay); pass 2, a day later, stamps the
+    marker and the entry goes: the .txnindex (now empty) is removed before the .log is swapped; pass 3 drops
+    the marker. Rolling pass 2 back puts the .txnindex back."""
+    from tiering.kafka.segment import iter_decoded
+
+    parts = partition(aborts=True)
+    upload(store, parts)
     compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW))
-    before = {b: final(store, b, LOG_SUFFIX) for b in (0, 20, 40, 60)}
+    after_first = {b: (final(store, b, LOG_SUFFIX), parts[b][1] if b == 20 else b"") for b in parts}
     run = compact_keys(store, keys_context(store, "keys-2"), KeyCompactOptions(now_ms=NOW + DAY))
-    by_base = {r.base_offset: r for r in run.segments}
-    assert by_base[20].cause is Cause.UNSUPPORTED
-    assert ".txnindex" in by_base[20].reason
-    assert by_base[40].cause is Cause.PASS_STOPPED
-    assert run.exit_code() is ExitCode.INVALID
-    assert {b: final(store, b, LOG_SUFFIX) for b in (20, 40, 60)} == {b: before[b] for b in (20, 40, 60)}
+    assert run.exit_code() is ExitCode.OK
+    want = expected(after_first, NOW + DAY)
+    assert final(store, 20, LOG_SUFFIX) == want[20].log
+    assert want[20].txn_index == b""
+    assert not exists(store, segment_key(PREFIX, TOPIC, 0, 20, TXN_INDEX_SUFFIX))
+    assert store.get(f"{PREFIX}/_tiering/backup/keys-2/{DIRECTORY}/{20:020d}{TXN_INDEX_SUFFIX}") == parts[20][1]
+    marker_batch = [b for b in iter_decoded(io.BytesIO(final(store, 20, LOG_SUFFIX))) if b.header.is_control]
+    assert [b.header.delete_horizon_ms for b in marker_batch] == [NOW + 2 * DAY]
+    back = rollback(store, keys_context(store, "undo-2"), "keys-2")
+    assert back.exit_code() is ExitCode.OK
+    assert final(store, 20, TXN_INDEX_SUFFIX) == parts[20][1]
+    assert final(store, 20, LOG_SUFFIX) == after_first[20][0]
+    compact_keys(store, keys_context(store, "keys-3"), KeyCompactOptions(now_ms=NOW + DAY))
+    run = compact_keys(store, keys_context(store, "keys-4"), KeyCompactOptions(now_ms=NOW + 2 * DAY))
+    assert iter_figures(list(run.segments))["markers_dropped"] >= 1
+    assert not [b for b in iter_decoded(io.BytesIO(final(store, 20, LOG_SUFFIX))) if b.header.is_control]
+    assert no_pending(store)
 
 
 def test_a_second_pass_at_the_same_clock_has_nothing_to_clean(store: S3Store) -> None:
@@ -177,31 +200,41 @@ def test_a_tombstone_is_dropped_once_its_horizon_passed(store: S3Store) -> None:
     assert b"k9" not in left
 
 
-def _crash_scenario(store: S3Store, at: int | None, mode: str) -> tuple[list[str], bool]:
-    parts = partition(aborts=False)
+def _crash_scenario(store: S3Store, at: int | None, mode: str, second: bool) -> tuple[list[str], bool]:
+    """The first pass over the partition crashed at call ``at``, or (``second``) the pass a day after an
+    uninterrupted one, which also removes a .txnindex; then a retry at the same clock."""
+    parts = partition(aborts=second)
     upload(store, parts)
+    now = NOW
+    if second:
+        compact_keys(store, keys_context(store, "keys-0"), KeyCompactOptions(now_ms=NOW))
+        parts = {b: (final(store, b, LOG_SUFFIX), parts[b][1]) for b in parts}
+        now = NOW + DAY
     worker = fresh_store()
     faults = Faults(worker, at, mode)
     crashed = False
     try:
-        compact_keys(worker, keys_context(worker, swap=Swap.COPY), KeyCompactOptions(now_ms=NOW))
+        compact_keys(worker, keys_context(worker, swap=Swap.COPY), KeyCompactOptions(now_ms=now))
     except Crash:
         crashed = True
     if crashed:
         rerun = fresh_store()
-        run = compact_keys(rerun, keys_context(rerun, swap=Swap.COPY), KeyCompactOptions(now_ms=NOW))  # a retry
+        run = compact_keys(rerun, keys_context(rerun, swap=Swap.COPY), KeyCompactOptions(now_ms=now))  # a retry
         assert run.exit_code() is ExitCode.OK, [r.to_json() for r in run.segments]
     assert no_pending(store)
-    want = expected(parts, NOW)
+    want = expected(parts, now)
     for base in (0, 20, 40):
         assert final(store, base, LOG_SUFFIX) == want[base].log, (at, mode, base)
         assert final(store, base, INDEX_SUFFIX) == want[base].indexes.offset_index
         assert final(store, base, TIME_INDEX_SUFFIX) == want[base].indexes.time_index
+        txn = segment_key(PREFIX, TOPIC, 0, base, TXN_INDEX_SUFFIX)
+        assert (store.get(txn) if exists(store, txn) else b"") == want[base].txn_index, (at, mode, base)
     return faults.calls, crashed
 
 
 @pytest.mark.slow
-def test_a_crash_at_every_s3_call_then_a_rerun_converges_on_the_same_bytes(aws_env: None) -> None:
+@pytest.mark.parametrize("second", [False, True], ids=["first-pass", "second-pass-txnindex"])
+def test_a_crash_at_every_s3_call_then_a_rerun_converges_on_the_same_bytes(second: bool, aws_env: None) -> None:
     """SIGKILL-like crashes (every later request of the process fails too) before and after each S3 call of a
     pass that swaps three segments; a fresh run at the same clock ends with the bytes one uninterrupted pass
     makes, no journal left, every index matching."""
@@ -216,10 +249,10 @@ def test_a_crash_at_every_s3_call_then_a_rerun_converges_on_the_same_bytes(aws_e
         return S3Store(client, BUCKET)
 
     with mock_aws():
-        calls, _ = _crash_scenario(fresh(), None, "none")
+        calls, _ = _crash_scenario(fresh(), None, "none", second)
     for mode in ("before", "after"):
         for at in range(len(calls)):
             with mock_aws():
-                _, crashed = _crash_scenario(fresh(), at, mode)
+                _, crashed = _crash_scenario(fresh(), at, mode, second)
             assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
     assert len(calls) > 30

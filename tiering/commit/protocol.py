@@ -40,6 +40,7 @@ import crc32c
 from tiering.commit.lease import LeaseGuard, LeaseLost
 from tiering.errors import ConflictError, InvalidDataError, ProofError, StorageError
 from tiering.kafka.codecs import Codec
+from tiering.kafka.files import TXN_INDEX_SUFFIX
 from tiering.kafka.index import Indexes
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
@@ -54,6 +55,7 @@ from tiering.lifecycle.journal import (
     Pending,
     Status,
     Swap,
+    TxnIndexSwap,
     Verify,
 )
 from tiering.plan.scan import PlannedSegment
@@ -73,6 +75,7 @@ from tiering.storage.store import (
     DEFAULT_PART_BYTES,
     ChecksumUnsupported,
     ObjectAttrs,
+    ObjectInfo,
     ObjectNotFound,
     PreconditionFailed,
     StreamUpload,
@@ -251,12 +254,13 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
 
 
 def stage_cleaned(ctx: Context, seg: PlannedSegment, log: BinaryIO, size: int, indexes: Indexes,
-                  entry: Mapping[str, object], lease: LeaseGuard) -> Staged:
+                  entry: Mapping[str, object], lease: LeaseGuard, txn_index: bytes | None = None) -> Staged:
     """Step 1 for a ``.log`` made elsewhere (a key-compaction pass): ``log`` holds its ``size`` bytes and
     ``indexes`` are the ones made with it. It is read back here (CRCs, every record, offsets) and its indexes
     must equal a rebuild; the source is read once more for its records digest (a rollback checks the backup
     against it); then staged, verified and journalled as :func:`stage_segment` does. ``entry``: what the
-    journal entry (and then the state) records beside the sizes and digests."""
+    journal entry (and then the state) records beside the sizes and digests. ``txn_index``: the segment's new
+    ``.txnindex`` (empty: removed), when it loses entries (:class:`TxnIndexSwap`); None: left as it is."""
     store, base, d = ctx.store, seg.base_offset, seg.directory
     assert seg.log is not None
     src = _sources(ctx, seg)
@@ -283,10 +287,32 @@ def stage_cleaned(ctx: Context, seg: PlannedSegment, log: BinaryIO, size: int, i
             lease.keep_alive()
         lease.check()
         upload = _finish_upload(ctx, out, base, new, indexes, size, made.payload_xxh3)
+    txn = None if txn_index is None else _stage_txn_index(ctx, seg, txn_index)
     journal, etag = _journal(ctx, seg, src, new, upload, original.size, size, made.payload_xxh3, "keys",
-                             {**entry, "payload_xxh3": original.payload_xxh3})
+                             {**entry, "payload_xxh3": original.payload_xxh3}, txn)
     return Staged(journal, etag, SegmentResult(d, base, COMPACTED, "", original.size, size, run_id=ctx.run_id),
                   indexes)
+
+
+def _stage_txn_index(ctx: Context, seg: PlannedSegment, data: bytes) -> TxnIndexSwap:
+    """Check the ``.txnindex`` is still the planned one and stage its replacement (none when empty)."""
+    store, base, d = ctx.store, seg.base_offset, seg.directory
+    assert seg.log is not None
+    final = seg.txnindex.key if seg.txnindex else sibling_key(seg.log.key, TXN_INDEX_SUFFIX)
+    try:
+        info, attrs = store.describe(final)
+        etag: str | None = info.etag
+    except ObjectNotFound:
+        etag, attrs = None, ObjectAttrs()
+    planned = seg.txnindex.etag if seg.txnindex else None
+    if etag != planned:
+        raise SourceChanged("the .txnindex changed after planning", path=_uri(store, final), expected=planned,
+                            found=etag)
+    new = staging_key(ctx.prefix, ctx.run_id, d, base, TXN_INDEX_SUFFIX) if data else None
+    if new is not None:
+        store.put(new, data)
+    return TxnIndexSwap(final, etag, new, backup_key(ctx.prefix, ctx.run_id, d, base, TXN_INDEX_SUFFIX) if etag
+                        else None, True, attrs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +398,7 @@ def _finish_upload(ctx: Context, out: StreamUpload, base: int, new: dict[str, st
 
 def _journal(ctx: Context, seg: PlannedSegment, src: _Sources, new: dict[str, str], upload: _Upload,
              bytes_in: int, bytes_out: int, new_digest: str, codec_mark: str,
-             entry: Mapping[str, object]) -> tuple[Journal, str]:
+             entry: Mapping[str, object], txn: TxnIndexSwap | None = None) -> tuple[Journal, str]:
     """Create the segment's journal entry in state ``staged`` (``If-None-Match``: one operation at a time)."""
     store, base, d = ctx.store, seg.base_offset, seg.directory
     assert seg.log is not None
@@ -387,7 +413,7 @@ def _journal(ctx: Context, seg: PlannedSegment, src: _Sources, new: dict[str, st
         new_digest,
         {"run_id": ctx.run_id, "source_log_etag": seg.log.etag, "bytes_before": bytes_in, "bytes_after": bytes_out,
          **entry},
-        log_crc32c=upload.log_crc32c)
+        log_crc32c=upload.log_crc32c, txn=None if txn is None else replace(txn, attrs=txn.attrs.with_metadata(marks)))
     try:
         etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
     except PreconditionFailed:
@@ -538,6 +564,8 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, indexes
                     raise TakenOver("another run took this operation over while it was stalled (its lease had "
                                     "expired): left to that run", path=_uri(store, final["log"])) from None
             lease.check()
+            if journal.txn is not None and journal.txn.before_log:
+                _swap_txn_index(ctx, journal)
             for name in INDEX_FILES:
                 if source[name]:
                     try:
@@ -585,6 +613,11 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, indexes
     # writer's index is never overwritten), check that the .log is still ours, then forget the journal.
     etags = {"log_etag": current.etag}
     superseded = ""
+    if journal.txn is not None and not journal.txn.before_log:
+        try:
+            _swap_txn_index(ctx, journal)
+        except SourceChanged as e:
+            superseded = e.message
     for name in INDEX_FILES:
         if journal.new.key(name) and not superseded:
             put = _put_index(ctx, journal, name, indexes)
@@ -708,6 +741,8 @@ def _forget(ctx: Context, journal: Journal, etag: str) -> None:
     if journal.kind is OpKind.COMPACT:
         for key in journal.new.present():
             ctx.store.delete(key, missing_ok=True)
+        if journal.txn is not None and journal.txn.new is not None:
+            ctx.store.delete(journal.txn.new, missing_ok=True)
 
 
 def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str], why: str) -> SegmentResult:
@@ -780,6 +815,82 @@ def _back_up(ctx: Context, journal: Journal) -> None:
         if after.etag != etag or copied.size != journal.source_sizes[name]:
             raise SourceChanged(f"the {name} file changed while it was backed up", path=_uri(store, final[name]),
                                 expected=etag, found=after.etag)
+    txn = journal.txn
+    if txn is not None and txn.source and txn.backup:
+        try:
+            _, attrs = store.describe(txn.final)
+            store.copy(txn.final, txn.backup, source_etag=txn.source, attrs=attrs)
+            after = store.head(txn.final)
+        except (PreconditionFailed, ObjectNotFound):
+            raise SourceChanged("the .txnindex changed while it was backed up", path=_uri(store, txn.final)) from None
+        if after.etag != txn.source:
+            raise SourceChanged("the .txnindex changed while it was backed up", path=_uri(store, txn.final),
+                                expected=txn.source, found=after.etag)
+
+
+def _swap_txn_index(ctx: Context, journal: Journal) -> None:
+    """Put the journal's ``.txnindex`` in place (or remove it), unless a crashed run of this operation did;
+    :class:`SourceChanged` when another writer's is there."""
+    store, txn = ctx.store, journal.txn
+    assert txn is not None
+    try:
+        there: ObjectInfo | None = store.head(txn.final)
+    except ObjectNotFound:
+        there = None
+    if there is not None and there.metadata.get(META_OP) == journal.op:
+        return
+    if there is None and txn.new is None:
+        return  # removed (by us, or by a crashed run of this operation)
+    if (there.etag if there is not None else None) != txn.source:
+        raise SourceChanged("the .txnindex changed after planning", path=_uri(store, txn.final),
+                            expected=txn.source or "no object", found=there.etag if there else "no object")
+    try:
+        if txn.new is None:
+            store.delete(txn.final, if_match=txn.source, missing_ok=True)
+            return
+        try:
+            data = store.get(txn.new)
+        except ObjectNotFound:
+            raise SourceChanged("the staged .txnindex is gone (an interrupted cleanup of this operation)",
+                                path=_uri(store, txn.new)) from None
+        if txn.source:
+            store.put_object(txn.final, data, txn.attrs, if_match=txn.source)
+        else:
+            store.put_object(txn.final, data, txn.attrs, if_none_match=True)
+    except PreconditionFailed:  # another writer's, or this very request whose answer was lost
+        with contextlib.suppress(ObjectNotFound):
+            if store.head(txn.final).metadata.get(META_OP) == journal.op:
+                return
+        raise SourceChanged("the .txnindex changed after planning", path=_uri(store, txn.final)) from None
+
+
+def _put_back_txn_index(ctx: Context, journal: Journal) -> None:
+    """An abandoned operation that had put its ``.txnindex`` in before the ``.log``: the original goes back
+    (from its backup; or, if there was none, ours is removed). Another writer's is left alone."""
+    store, txn = ctx.store, journal.txn
+    assert txn is not None
+    try:
+        there = store.head(txn.final)
+    except ObjectNotFound:
+        there = None
+    ours = there is not None and there.metadata.get(META_OP) == journal.op
+    removed = there is None and txn.new is None and txn.source is not None
+    if not ours and not removed:
+        return
+    with contextlib.suppress(PreconditionFailed):
+        if txn.backup is None:
+            if there is not None:
+                store.delete(txn.final, if_match=there.etag, missing_ok=True)
+            return
+        try:
+            _, attrs = store.describe(txn.backup)
+            data = store.get(txn.backup)
+        except ObjectNotFound:  # not backed up: it was never replaced
+            return
+        if there is not None:
+            store.put_object(txn.final, data, attrs, if_match=there.etag)
+        else:
+            store.put_object(txn.final, data, attrs, if_none_match=True)
 
 
 def _abandon(ctx: Context, journal: Journal, etag: str, reason: str,
@@ -795,6 +906,8 @@ def _abandon(ctx: Context, journal: Journal, etag: str, reason: str,
         if there.metadata.get(META_OP) == journal.op:
             with contextlib.suppress(PreconditionFailed):
                 store.delete(journal.final[name], if_match=there.etag, missing_ok=True)
+    if journal.txn is not None and journal.txn.before_log:
+        _put_back_txn_index(ctx, journal)
     try:
         _forget(ctx, journal, etag)
     except TakenOver as e:
@@ -912,6 +1025,22 @@ def repair_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Segm
     return SegmentResult(seg.directory, seg.base_offset, REPAIRED, seg.reason)
 
 
+def _txn_index_restore(ctx: Context, directory: str, base: int, target_run: str, op: str) -> TxnIndexSwap | None:
+    """The ``.txnindex`` a rollback puts back after the ``.log``: the one ``target_run`` backed up, if any."""
+    store = ctx.store
+    kept = backup_key(ctx.prefix, target_run, directory, base, TXN_INDEX_SUFFIX)
+    try:
+        _, attrs = store.describe(kept)
+    except ObjectNotFound:
+        return None  # that run did not replace it
+    final = dir_segment_key(ctx.prefix, directory, base, TXN_INDEX_SUFFIX)
+    try:
+        source: str | None = store.head(final).etag
+    except ObjectNotFound:
+        source = None
+    return TxnIndexSwap(final, source, kept, None, False, attrs.with_metadata({META_RESTORED: target_run, META_OP: op}))
+
+
 def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> tuple[Journal, str] | SegmentResult:
     """Journal the restore of one segment from ``target_run``'s backups, if that run's ``.log`` is still the
     one in place; otherwise a skipped result saying what is there instead."""
@@ -953,7 +1082,8 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
     journal = Journal(OpKind.ROLLBACK, op, ctx.run_id, JournalState.BACKED_UP, directory, base, final, source,
                       NewFiles(backups["log"], log_size, new["index"], new["timeindex"]), attrs,
                       payload_xxh3=entry.payload_xxh3 if entry else None, restores_run=target_run,
-                      entry={"bytes_before": current.size, "bytes_after": log_size})
+                      entry={"bytes_before": current.size, "bytes_after": log_size},
+                      txn=_txn_index_restore(ctx, directory, base, target_run, op))
     try:
         etag = store.put_json(journal_key(ctx.prefix, directory, base), journal.to_json(), if_none_match=True)
     except PreconditionFailed:

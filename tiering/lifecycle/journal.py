@@ -116,6 +116,31 @@ class NewFiles:
 
 
 @dataclass(frozen=True, slots=True)
+class TxnIndexSwap:
+    """The segment's ``.txnindex`` replaced too (a key-compaction pass that drops aborted transactions' entries,
+    or its rollback). A consumer reading ``read_committed`` skips a producer's batches from an entry's first
+    offset until it meets that transaction's ABORT marker: an entry beside a ``.log`` without its marker
+    would hide later data, an entry missing for data already gone hides nothing. So a ``.txnindex`` that
+    loses entries goes in before the ``.log`` (``before_log``), one that regains them after it."""
+
+    final: str
+    source: str | None  # the ETag replaced (None: there was no .txnindex)
+    new: str | None  # the object holding the replacement (staging, a backup); None: the .txnindex is removed
+    backup: str | None  # where the original is copied (None: nothing to keep)
+    before_log: bool
+    attrs: ObjectAttrs  # given to the replacement
+
+    def to_json(self) -> dict[str, Any]:
+        return {"final": self.final, "source": self.source, "new": self.new, "backup": self.backup,
+                "before_log": self.before_log, "attrs": self.attrs.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> TxnIndexSwap:
+        return cls(str(doc["final"]), doc.get("source"), doc.get("new"), doc.get("backup"), bool(doc["before_log"]),
+                   ObjectAttrs.from_json(doc["attrs"]))
+
+
+@dataclass(frozen=True, slots=True)
 class Journal:
     """One in-flight operation on one segment. ``final``, ``source`` and ``backup`` map the file names of
     :data:`FILES` to the final keys, the ETags being replaced (None: no such file) and the backup keys."""
@@ -138,6 +163,7 @@ class Journal:
     entry: Mapping[str, Any] = field(default_factory=dict)  # what the partition state records when done
     restores_run: str | None = None
     log_crc32c: int | None = None  # the new .log's CRC-32C, when S3 reported it for the staged object
+    txn: TxnIndexSwap | None = None  # the .txnindex replaced too (None: left as it is)
 
     def advanced(self, state: JournalState) -> Journal:
         return replace(self, state=state)
@@ -154,7 +180,8 @@ class Journal:
                 "backup": dict(self.backup) if self.backup is not None else None,
                 "payload_xxh3": self.payload_xxh3, "entry": dict(self.entry),
                 **({"restores_run": self.restores_run} if self.restores_run else {}),
-                **({"log_crc32c": self.log_crc32c} if self.log_crc32c is not None else {})}
+                **({"log_crc32c": self.log_crc32c} if self.log_crc32c is not None else {}),
+                **({"txn": self.txn.to_json()} if self.txn is not None else {})}
 
     @classmethod
     def from_json(cls, doc: object, *, where: str) -> Journal:
@@ -172,6 +199,7 @@ class Journal:
                        {name: ObjectAttrs.from_json(a) for name, a in doc["attrs"].items()},
                        dict(doc.get("source_sizes") or {}), doc.get("backup"), doc.get("payload_xxh3"),
                        dict(doc.get("entry") or {}), doc.get("restores_run"),
-                       None if doc.get("log_crc32c") is None else int(doc["log_crc32c"]))
+                       None if doc.get("log_crc32c") is None else int(doc["log_crc32c"]),
+                       TxnIndexSwap.from_json(doc["txn"]) if doc.get("txn") else None)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"journal entry is malformed ({type(e).__name__}: {e})", path=where) from None

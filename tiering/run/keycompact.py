@@ -9,9 +9,9 @@ before the next one is made. So whatever stops a pass (a crash, a changed source
 segments below some offset cleaned and the rest as they were: the state a broker's cleaner leaves when it
 stops between two groups, which the next pass (a later run) cleans from.
 
-The ``.txnindex`` is not replaced by the protocol: a segment whose cleaned ``.txnindex`` would differ (a
-pass that removes an ABORT marker, once its transaction's data is gone and its horizon has passed) stops
-the pass there, reported with :attr:`~tiering.lifecycle.journal.Cause.UNSUPPORTED`.
+A segment whose cleaned ``.txnindex`` loses entries (a pass that lets an ABORT marker go, once its
+transaction's data is gone) has it replaced too, before its ``.log``
+(:class:`~tiering.lifecycle.journal.TxnIndexSwap` says why that order).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tiering.commit.protocol import (
     recover_partition,
     stage_cleaned,
 )
-from tiering.errors import ConfigError, InvalidDataError, UnsupportedError
+from tiering.errors import ConfigError, InvalidDataError, ProofError, UnsupportedError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import (
     DEFAULT_DELETE_RETENTION_MS,
@@ -211,17 +211,19 @@ def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: 
     if figures["batches_copied"] == figures["batches_in"] == figures["batches_out"]:
         return SegmentResult(d, base, SKIPPED, "nothing to clean: every batch stays as it is", seg.size,
                              seg.size, stats=stats, cause=Cause.NOTHING_TO_CLEAN)
-    source_txns = parse_txn_index(ctx.store.get(seg.txnindex.key), path=seg.txnindex.key) if seg.txnindex else []
-    if parse_txn_index(cleaned.txn_index) != source_txns:
-        return SegmentResult(d, base, SKIPPED, "not cleaned: its .txnindex would change (an ABORT marker removed), "
-                             "which the S3 path does not replace yet", seg.size, seg.size, stats=stats,
-                             cause=Cause.UNSUPPORTED)
     started = time.perf_counter()
 
     def attempt() -> SegmentResult:
+        where = f"s3://{ctx.store.bucket}/{seg.txnindex.key}" if seg.txnindex else None
+        before = parse_txn_index(ctx.store.get(seg.txnindex.key), path=where) if seg.txnindex else []
+        after = parse_txn_index(cleaned.txn_index)
+        if not set(after) <= set(before):
+            raise ProofError("the cleaned .txnindex holds an entry the original does not", path=where,
+                             expected=f"a subset of {len(before)} entries", found=f"{len(after)} entries")
         with open(path, "rb") as log:
             staged = stage_cleaned(ctx, seg, log, cleaned.size, cleaned.indexes,
-                                   {"codec": None, "level": None, "key_compaction": figures}, lease)
+                                   {"codec": None, "level": None, "key_compaction": figures}, lease,
+                                   txn_index=None if after == before else cleaned.txn_index)
         result = finish_one(ctx, staged.journal, staged.etag, lease, indexes=staged.indexes)
         return staged.result if result.status == staged.result.status else result
 
