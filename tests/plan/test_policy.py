@@ -165,3 +165,31 @@ def test_cli_policy_resolve(tmp_path: Path) -> None:
 
 def test_uncompressed_is_kafkas_name_for_none() -> None:
     assert parse_policy({"cluster": {"compression.type": "uncompressed"}}).resolve("t").compression_type == "none"
+
+
+def test_key_compaction_is_opt_in_and_only_for_compacted_topics() -> None:
+    policy = parse_policy({"cluster": {"compact.enable": True}, "topics": [
+        {"topic": "users", "cleanup.policy": "compact", "delete.retention.ms": 3_600_000},
+        {"topic": "both", "cleanup.policy": "delete, compact", "min.compaction.lag.ms": 60_000},
+        {"topic": "off", "cleanup.policy": "compact", "compact.enable": False}]})
+    users, both = policy.resolve("users"), policy.resolve("both")
+    assert users.key_compaction
+    assert (users.delete_retention_ms, users.min_compaction_lag_ms) == (3_600_000, 0)
+    assert both.key_compaction
+    assert both.cleanup_policy == "compact,delete"
+    assert (both.delete_retention_ms, both.min_compaction_lag_ms) == (86_400_000, 60_000)
+    assert not policy.resolve("off").key_compaction
+    assert not policy.resolve("logs").key_compaction  # cleanup.policy delete: never key-compacted
+    assert users.sources["compact.enable"] == "cluster"
+
+
+@pytest.mark.parametrize(("settings", "names"), [
+    ({"cleanup.policy": "compacted"}, ["cluster.cleanup.policy", "unknown cleanup policy", "compacted"]),
+    ({"delete.retention.ms": -1}, ["cluster.delete.retention.ms", "milliseconds >= 0"]),
+    ({"min.compaction.lag.ms": 1.5}, ["cluster.min.compaction.lag.ms", "an integer"]),
+    ({"compact.enable": "yes"}, ["cluster.compact.enable", "true or false"]),
+])
+def test_key_compaction_keys_are_checked(settings: dict[str, Any], names: list[str]) -> None:
+    with pytest.raises(PolicyError) as e:
+        parse_policy({"cluster": settings})
+    assert all(n in str(e.value) for n in names), str(e.value)

@@ -6,6 +6,7 @@ must stay recoverable, a crash at any S3 call must converge on re-run, and a rol
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -91,6 +92,11 @@ def exists(store: S3Store, key: str) -> bool:
     return True
 
 
+def at(now: int) -> KeyCompactOptions:
+    """This partition's topic, cleaned at ``now``."""
+    return KeyCompactOptions(topics=re.escape(TOPIC), now_ms=now)
+
+
 def keys_context(store: S3Store, run_id: str = "keys-1", swap: Swap | None = None) -> Context:
     return replace(context(store, run_id), swap=SwapChoice(swap))
 
@@ -99,7 +105,7 @@ def test_a_pass_on_s3_swaps_what_the_pure_pass_makes_and_keeps_the_originals(sto
     parts = partition(aborts=True)
     upload(store, parts)
     want = expected(parts, NOW)
-    run = compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW))
+    run = compact_keys(store, keys_context(store), at(NOW))
 
     by_base = {r.base_offset: r for r in run.segments}
     assert {b: by_base[b].status for b in parts} == {0: Status.COMPACTED, 20: Status.COMPACTED,
@@ -151,9 +157,9 @@ def test_later_passes_remove_the_aborted_transaction_s_txnindex_entry_then_its_m
 
     parts = partition(aborts=True)
     upload(store, parts)
-    compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW))
+    compact_keys(store, keys_context(store), at(NOW))
     after_first = {b: (final(store, b, LOG_SUFFIX), parts[b][1] if b == 20 else b"") for b in parts}
-    run = compact_keys(store, keys_context(store, "keys-2"), KeyCompactOptions(now_ms=NOW + DAY))
+    run = compact_keys(store, keys_context(store, "keys-2"), at(NOW + DAY))
     assert run.exit_code() is ExitCode.OK
     want = expected(after_first, NOW + DAY)
     assert final(store, 20, LOG_SUFFIX) == want[20].log
@@ -166,8 +172,8 @@ def test_later_passes_remove_the_aborted_transaction_s_txnindex_entry_then_its_m
     assert back.exit_code() is ExitCode.OK
     assert final(store, 20, TXN_INDEX_SUFFIX) == parts[20][1]
     assert final(store, 20, LOG_SUFFIX) == after_first[20][0]
-    compact_keys(store, keys_context(store, "keys-3"), KeyCompactOptions(now_ms=NOW + DAY))
-    run = compact_keys(store, keys_context(store, "keys-4"), KeyCompactOptions(now_ms=NOW + 2 * DAY))
+    compact_keys(store, keys_context(store, "keys-3"), at(NOW + DAY))
+    run = compact_keys(store, keys_context(store, "keys-4"), at(NOW + 2 * DAY))
     assert iter_figures(list(run.segments))["markers_dropped"] >= 1
     assert not [b for b in iter_decoded(io.BytesIO(final(store, 20, LOG_SUFFIX))) if b.header.is_control]
     assert no_pending(store)
@@ -175,15 +181,15 @@ def test_later_passes_remove_the_aborted_transaction_s_txnindex_entry_then_its_m
 
 def test_a_second_pass_at_the_same_clock_has_nothing_to_clean(store: S3Store) -> None:
     upload(store, partition(aborts=False))
-    compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW))
-    run = compact_keys(store, keys_context(store, "keys-2"), KeyCompactOptions(now_ms=NOW))
+    compact_keys(store, keys_context(store), at(NOW))
+    run = compact_keys(store, keys_context(store, "keys-2"), at(NOW))
     assert {r.cause for r in run.segments} == {Cause.NOTHING_TO_CLEAN, Cause.ACTIVE}, run.segments
 
 
 def test_rollback_of_a_key_compaction_run_puts_the_originals_back(store: S3Store) -> None:
     parts = partition(aborts=True)
     upload(store, parts)
-    compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW))
+    compact_keys(store, keys_context(store), at(NOW))
     back = rollback(store, keys_context(store, "undo-1"), "keys-1")
     assert back.counts == {"rolled-back": 3}
     for base, (log, _) in parts.items():
@@ -192,8 +198,8 @@ def test_rollback_of_a_key_compaction_run_puts_the_originals_back(store: S3Store
 
 def test_a_tombstone_is_dropped_once_its_horizon_passed(store: S3Store) -> None:
     upload(store, partition(aborts=False))
-    compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW))
-    run = compact_keys(store, keys_context(store, "keys-2"), KeyCompactOptions(now_ms=NOW + DAY))
+    compact_keys(store, keys_context(store), at(NOW))
+    run = compact_keys(store, keys_context(store, "keys-2"), at(NOW + DAY))
     assert iter_figures(list(run.segments))["tombstones_dropped"] == 1
     from tiering.kafka.segment import iter_decoded
     left = {r.key for b in iter_decoded(io.BytesIO(final(store, 20, LOG_SUFFIX))) for r in b.records}
@@ -207,19 +213,19 @@ def _crash_scenario(store: S3Store, at: int | None, mode: str, second: bool) -> 
     upload(store, parts)
     now = NOW
     if second:
-        compact_keys(store, keys_context(store, "keys-0"), KeyCompactOptions(now_ms=NOW))
+        compact_keys(store, keys_context(store, "keys-0"), at(NOW))
         parts = {b: (final(store, b, LOG_SUFFIX), parts[b][1]) for b in parts}
         now = NOW + DAY
     worker = fresh_store()
     faults = Faults(worker, at, mode)
     crashed = False
     try:
-        compact_keys(worker, keys_context(worker, swap=Swap.COPY), KeyCompactOptions(now_ms=now))
+        compact_keys(worker, keys_context(worker, swap=Swap.COPY), at(now))
     except Crash:
         crashed = True
     if crashed:
         rerun = fresh_store()
-        run = compact_keys(rerun, keys_context(rerun, swap=Swap.COPY), KeyCompactOptions(now_ms=now))  # a retry
+        run = compact_keys(rerun, keys_context(rerun, swap=Swap.COPY), at(now))  # a retry
         assert run.exit_code() is ExitCode.OK, [r.to_json() for r in run.segments]
     assert no_pending(store)
     want = expected(parts, now)
@@ -256,3 +262,25 @@ def test_a_crash_at_every_s3_call_then_a_rerun_converges_on_the_same_bytes(secon
                 _, crashed = _crash_scenario(fresh(), at, mode, second)
             assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
     assert len(calls) > 30
+
+
+def test_a_policy_chooses_the_compacted_topics_and_their_delete_retention(store: S3Store) -> None:
+    from tiering.kafka.segment import iter_decoded
+    from tiering.plan.policy import parse_policy
+
+    parts = partition(aborts=False)
+    upload(store, parts)
+    for topic in ("profiles.off", "logs.delete"):
+        for base, (log, _) in parts.items():
+            store.put(segment_key(PREFIX, topic, 0, base, LOG_SUFFIX), log)
+    policy = parse_policy({"cluster": {"compact.enable": True}, "topics": [
+        {"regex": r"profiles\..*", "cleanup.policy": "compact", "delete.retention.ms": 60_000},
+        {"topic": "profiles.off", "compact.enable": False}]}, "policy.yaml")
+    run = compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW, policy=policy))
+    assert {r.directory for r in run.segments} == {DIRECTORY}
+    assert run.settings["policy"] == "policy.yaml"
+    stamped = [b.header.delete_horizon_ms for b in iter_decoded(io.BytesIO(final(store, 20, LOG_SUFFIX)))
+               if b.header.delete_horizon_ms is not None]
+    assert stamped == [NOW + 60_000]  # the tombstone's batch, by the topic's delete.retention.ms
+    for topic in ("profiles.off", "logs.delete"):
+        assert all(store.get(segment_key(PREFIX, topic, 0, b, LOG_SUFFIX)) == log for b, (log, _) in parts.items())

@@ -324,8 +324,9 @@ def _publish(args: argparse.Namespace, store: ObjectStore, prefix: str, run: Run
 
 def _cmd_compact_keys(args: argparse.Namespace) -> int:
     store = _store(args)
+    policy = load_policy(args.policy) if args.policy else None
     options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
-                                args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds)
+                                args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds, policy)
     run_id = args.run_id or new_run_id()
     swap = SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap))
     ctx = Context(store, args.prefix, run_id, RewriteOptions(Codec.NONE), work_dir=args.work_dir,
@@ -336,8 +337,9 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
         done[0] += 1
         _log(args, _segment_line(done[0], r))
 
-    _log(args, f"run {run_id}: key compaction of topics matching {args.topics!r} under s3://{args.bucket}/"
-               f"{args.prefix} ...")
+    chosen = f"topics matching {args.topics!r}" if args.topics else ""
+    chosen += (" and " if chosen else "") + (f"the policy's compacted topics ({args.policy})" if policy else "")
+    _log(args, f"run {run_id}: key compaction of {chosen} under s3://{args.bucket}/{args.prefix} ...")
     run = compact_keys(store, ctx, options, progress)
     return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
 
@@ -530,9 +532,14 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "data, or a pass that would change a .txnindex (not replaced yet); 3 busy; "
                                    "4 S3 failed (retry).")
     _common(p)
-    p.add_argument("--topics", required=True, metavar="REGEX",
-                   help="the compacted topics to clean (their whole names must match): required, since the pass "
-                        "drops every superseded value")
+    p.add_argument("--topics", default=None, metavar="REGEX",
+                   help="the compacted topics to clean (their whole names must match); this or --policy is "
+                        "required, since the pass drops every superseded value")
+    p.add_argument("--policy", default=None, metavar="FILE",
+                   help="a policy file (see 'tiering policy'): the topics whose cleanup.policy has compact and "
+                        "compact.enable is true are cleaned, each with its own delete.retention.ms and "
+                        "min.compaction.lag.ms (the two options below are then not used); with --topics, only "
+                        "those of them that also match")
     p.add_argument("--now-ms", type=int, default=None,
                    help="the pass's clock in epoch milliseconds: horizons stamped now expire at it plus "
                         "--delete-retention-ms, and horizons before it have passed (default: S3's clock)")

@@ -16,6 +16,10 @@
       rebatch.enable: false             # merge runs of small batches (docs/rebatching.md)
       rebatch.max.bytes: 1048576        # a merged batch's bound, and never above max.message.bytes
       max.message.bytes: 1048588        # the topic's own limit, when it sets one (Kafka's name and meaning)
+      cleanup.policy: delete            # the topic's, as Kafka names it: delete, compact or compact,delete
+      compact.enable: false             # key-compact the archive of a compacted topic (docs/key-compaction.md)
+      delete.retention.ms: 86400000     # tombstones and markers stay this long after a pass stamped them
+      min.compaction.lag.ms: 0          # records this young (from the partition's newest) are not cleaned
     topics:
       - topic: payments.encrypted       # an exact name
         compression.type: producer
@@ -69,7 +73,12 @@ BUILT_IN: Final[dict[str, Any]] = {
     "rebatch.enable": False,
     "rebatch.max.bytes": DEFAULT_REBATCH_BYTES,
     "max.message.bytes": None,  # the topic's limit on a batch (None: the topic sets none here)
+    "cleanup.policy": "delete",
+    "compact.enable": False,  # key compaction is opt-in, and only for topics whose cleanup.policy has compact
+    "delete.retention.ms": 86_400_000,  # Kafka's default
+    "min.compaction.lag.ms": 0,
 }
+CLEANUP_POLICIES: Final = ("delete", "compact", "compact,delete")
 INT32_MAX: Final = (1 << 31) - 1
 PER_CODEC_LEVEL: Final = {f"compression.{c.label}.level": c for c in LEVEL_RANGE}
 KEYS: Final = frozenset(BUILT_IN) | frozenset(PER_CODEC_LEVEL)
@@ -104,6 +113,15 @@ class TopicPolicy:
     rebatch_enable: bool = False
     rebatch_max_bytes_key: int = DEFAULT_REBATCH_BYTES  # rebatch.max.bytes as set
     max_message_bytes: int | None = None
+    cleanup_policy: str = "delete"
+    compact_enable: bool = False
+    delete_retention_ms: int = 86_400_000
+    min_compaction_lag_ms: int = 0
+
+    @property
+    def key_compaction(self) -> bool:
+        """Whether ``tiering s3 compact-keys`` cleans this topic: opted in, and compacted by Kafka."""
+        return self.compact_enable and "compact" in self.cleanup_policy.split(",")
 
     @property
     def rebatch_max_bytes(self) -> int | None:
@@ -138,6 +156,8 @@ class TopicPolicy:
                 "auto.candidates": [f"{c}:{lvl}" if lvl is not None else c for c, lvl in self.auto_candidates],
                 "auto.horizon.months": self.auto_horizon_months, "rebatch.enable": self.rebatch_enable,
                 "rebatch.max.bytes": self.rebatch_max_bytes_key, "max.message.bytes": self.max_message_bytes,
+                "cleanup.policy": self.cleanup_policy, "compact.enable": self.compact_enable,
+                "delete.retention.ms": self.delete_retention_ms, "min.compaction.lag.ms": self.min_compaction_lag_ms,
                 "sources": dict(self.sources)}
 
 
@@ -190,7 +210,9 @@ class Policy:
                            float(values["min.segment.age.hours"]), tiers, bool(values["storage.allow.archive"]),
                            tuple(_candidate(c, "auto.candidates") for c in values["auto.candidates"]),
                            float(values["auto.horizon.months"]), sources, bool(values["rebatch.enable"]),
-                           int(values["rebatch.max.bytes"]), values["max.message.bytes"])
+                           int(values["rebatch.max.bytes"]), values["max.message.bytes"],
+                           str(values["cleanup.policy"]), bool(values["compact.enable"]),
+                           int(values["delete.retention.ms"]), int(values["min.compaction.lag.ms"]))
 
 
 def _fail(where: str, problem: str, found: object = None) -> PolicyError:
@@ -273,7 +295,14 @@ def _settings(raw: object, where: str) -> dict[str, Any]:
         elif key == "max.message.bytes":
             if value is not None:  # below a batch header's size no batch fits
                 _bytes(value, at, V2_HEADER_SIZE + 1)
-        elif key in ("storage.allow.archive", "rebatch.enable"):
+        elif key == "cleanup.policy":
+            value = ",".join(sorted(p.strip() for p in str(value).split(",")))  # Kafka takes a list, any order
+            if value not in CLEANUP_POLICIES:
+                raise _fail(at, f"unknown cleanup policy (expected one of {', '.join(CLEANUP_POLICIES)})", given)
+        elif key in ("delete.retention.ms", "min.compaction.lag.ms"):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise _fail(at, "expected milliseconds >= 0 (an integer)", value)
+        elif key in ("storage.allow.archive", "rebatch.enable", "compact.enable"):
             if not isinstance(value, bool):
                 raise _fail(at, "expected true or false", value)
         elif key == "auto.candidates":

@@ -49,6 +49,7 @@ from tiering.kafka.keycompact import (
     survey,
 )
 from tiering.lifecycle.journal import Cause, Pending, Status
+from tiering.plan.policy import Policy
 from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
 from tiering.run.compact import RunResult, RunTally, guarded, pending_bases, with_lease
 from tiering.storage.layout import clock_key, run_result_key
@@ -73,22 +74,39 @@ class KeyCompactOptions:
     topics: str | None = None
     min_age_minutes: int = 0  # segments uploaded more recently end the cleaned range
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
+    # Which topics, and their delete.retention.ms and min.compaction.lag.ms: those whose cleanup.policy has
+    # compact and compact.enable is true (the two values above are then not used).
+    policy: Policy | None = None
 
     def __post_init__(self) -> None:
         for name in ("delete_retention_ms", "min_compaction_lag_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', '.')} must not be negative", expected=">= 0",
                                   found=getattr(self, name))
+        if self.topics is None and self.policy is None:
+            raise ConfigError("key compaction needs the topics to clean: a policy (cleanup.policy compact and "
+                              "compact.enable) or a regular expression of topic names", expected="--policy or --topics",
+                              found="neither")
 
     def settings(self, now_ms: int) -> dict[str, Any]:
-        return {"now_ms": now_ms, "delete_retention_ms": self.delete_retention_ms,
-                "min_compaction_lag_ms": self.min_compaction_lag_ms, "codec": self.codec, "level": self.level,
-                "topics": self.topics, "min_age_minutes": self.min_age_minutes}
+        doc = {"now_ms": now_ms, "codec": self.codec, "level": self.level, "topics": self.topics,
+               "min_age_minutes": self.min_age_minutes}
+        if self.policy is not None:
+            return {**doc, "policy": self.policy.path}
+        return {**doc, "delete_retention_ms": self.delete_retention_ms,
+                "min_compaction_lag_ms": self.min_compaction_lag_ms}
 
-    def clean_options(self, now_ms: int, ctx: Context) -> CleanOptions:
+    def clean_options(self, now_ms: int, ctx: Context, topic: str) -> CleanOptions | None:
+        """The cleaner's options for ``topic``, or None when the policy leaves it alone."""
+        retention, lag = self.delete_retention_ms, self.min_compaction_lag_ms
+        if self.policy is not None:
+            tp = self.policy.resolve(topic)
+            if not tp.key_compaction:
+                return None
+            retention, lag = tp.delete_retention_ms, tp.min_compaction_lag_ms
         codec = Codec.parse(self.codec) if self.codec is not None else None
-        return CleanOptions(now_ms, self.delete_retention_ms, self.min_compaction_lag_ms, codec=codec,
-                            level=self.level, index_interval_bytes=ctx.options.index_interval_bytes,
+        return CleanOptions(now_ms, retention, lag, codec=codec, level=self.level,
+                            index_interval_bytes=ctx.options.index_interval_bytes,
                             decompression_limit=ctx.options.decompression_limit)
 
 
@@ -245,7 +263,6 @@ def compact_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions,
     run document goes to ``runs/<run>/compact-keys.json``."""
     started = datetime.now(UTC).isoformat()
     now_ms = now_ms_of(store, ctx.prefix, options)
-    clean_options = options.clean_options(now_ms, ctx)
     tally = RunTally()
     for directory, bases in sorted(pending_bases(store, ctx.prefix).items()):  # left by a crash: finished first,
         def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:  # before listing
@@ -261,8 +278,12 @@ def compact_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions,
                     lambda segs: partitions.append(segs) if segs else None)
     for segments in partitions:
         directory = segments[0].directory
+        clean_options = options.clean_options(now_ms, ctx, segments[0].topic)
+        if clean_options is None:
+            continue
 
-        def work(lease: Lease, out: list[SegmentResult], segments: list[PlannedSegment] = segments) -> None:
+        def work(lease: Lease, out: list[SegmentResult], segments: list[PlannedSegment] = segments,
+                 clean_options: CleanOptions = clean_options) -> None:
             partition_pass(ctx, store, segments, clean_options, lease, out, progress)
 
         todo = [(s.directory, s.base_offset) for s in segments if s.log is not None]
