@@ -4,7 +4,8 @@
 Recompresses the sealed Kafka log segments of an S3 `logdir` prefix with a stronger codec, swaps them
 in with a crash-safe commit protocol (see `docs/commit-protocol.md`), and reports what was saved.
 
-**Tasks**: `scan` (list the prefix, classify every segment) → `plan` (apply the budget, largest segments
+**Tasks**: `key_compaction` (with `compact_keys` only: one pass of Kafka's log cleaner over each compacted
+topic's partitions) → `scan` (list the prefix, classify every segment) → `plan` (apply the budget, largest segments
 first; the plan is written as chunks of whole partitions) → `spark_compaction` (Spark tasks of up to 64
 segments: rewrite, stage and verify) → `commit` (mapped over the plan's chunks, each task named
 after the partitions it holds: swap the staged segments in under the partition leases) → `report` (the run
@@ -55,6 +56,9 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | | in every topic; with a policy, `rebatch.enable` decides per topic and this must stay off |
 | `rebatch_max_bytes` | with `rebatch`: a merged batch's bound (default 1 MiB, Kafka's default |
 | | `max.message.bytes`) |
+| `compact_keys` | first key-compact the compacted topics (docs/key-compaction.md): those of the policy with |
+| | `cleanup.policy: compact` and `compact.enable: true`, else those matching `topics` (required then); |
+| | one pass of Kafka's log cleaner per partition, in this worker, as run `<run>-keys` with its own report |
 
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
@@ -189,9 +193,48 @@ def _settings(params: dict[str, Any], run_id: str) -> Any:
         "rebatch_max_bytes": Param(1 << 20, type="integer", minimum=62, maximum=(1 << 31) - 1,
                                    description="with rebatch: a merged batch's bound (Kafka's default "
                                    "max.message.bytes)"),
+        "compact_keys": Param(False, type="boolean",
+                              description="first key-compact the compacted topics (the policy's with "
+                              "cleanup.policy compact and compact.enable, else those matching topics)"),
     },
 )
 def kafka_segment_compaction() -> None:
+    @task
+    @fail_fast
+    def key_compaction() -> dict[str, Any]:
+        """With ``compact_keys``: one key-compaction pass (run ``<run>-keys``, its report published)."""
+        ctx = get_current_context()
+        params = ctx["params"]
+        if not params["compact_keys"] or params["dry_run"]:
+            return {"skipped": True}
+        from tiering.commit.protocol import Context, SwapChoice  # noqa: PLC0415
+        from tiering.kafka.codecs import Codec  # noqa: PLC0415
+        from tiering.kafka.rewrite import RewriteOptions  # noqa: PLC0415
+        from tiering.lifecycle.journal import Swap, Verify  # noqa: PLC0415
+        from tiering.report.publish import cost_config, publish_report  # noqa: PLC0415
+        from tiering.report.render import to_table  # noqa: PLC0415
+        from tiering.run.keycompact import KeyCompactOptions, compact_keys  # noqa: PLC0415
+
+        settings = _settings(params, ctx["run_id"])
+        store = settings.store()
+        run_id = f"{settings.run_id}-keys"  # its own backups: the recompression that follows keeps its own
+        swap = SwapChoice(None if params["swap"] == "auto" else Swap(params["swap"]))
+        context = Context(store, settings.prefix, run_id, RewriteOptions(Codec.NONE), verify=Verify(params["verify"]),
+                          swap=swap)
+        options = KeyCompactOptions(topics=params["topics"] or None, min_age_minutes=params["min_segment_age_minutes"],
+                                    lease_ttl_seconds=params["lease_ttl_seconds"], policy=_policy(params))
+        run = compact_keys(store, context, options)
+        prices, cost = cost_config(grace_days=params["cleanup_grace_days"])
+        doc, keys = publish_report(store, settings.prefix, run_id, prices, cost, kind=run.kind)
+        print(to_table(doc))
+        if run.failed:
+            from airflow.sdk.exceptions import AirflowFailException  # noqa: PLC0415
+
+            raise AirflowFailException(f"key compaction run {run_id}: {run.hard_failures} segments failed "
+                                       f"(see s3://{settings.bucket}/{keys['json']})")
+        return {"run_id": run_id, **run.totals(), "pending": run.pending,
+                "report": f"s3://{settings.bucket}/{keys['json']}"}
+
     @task
     @fail_fast
     def scan() -> dict[str, Any]:
@@ -305,7 +348,10 @@ def kafka_segment_compaction() -> None:
         print(f"cleanup: {result.to_json()}")
         return result.to_json()
 
-    planned = plan(scan())
+    keys_done = key_compaction()
+    scanned = scan()
+    keys_done >> scanned
+    planned = plan(scanned)
     committed = commit.expand(chunk=spark_compaction(planned))
     reported = report(planned)
     committed >> reported >> cleanup()

@@ -5,6 +5,7 @@ reason (not "success"), and once the partitions are free the same DAG compacts e
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -14,12 +15,17 @@ from typing import Any
 from tiering.commit.lease import Lease
 from tiering.demo.s3 import airflow_env, load_dag, moto_server, prepare_airflow, run_dag
 from tiering.demo.seed import seed_partition
+from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
+from tiering.kafka.files import LOG_SUFFIX
+from tiering.kafka.records import Record
+from tiering.kafka.segment import iter_decoded
 from tiering.run.pipeline import safe_run_id
-from tiering.storage.layout import lease_key, run_result_key
+from tiering.storage.layout import lease_key, run_result_key, segment_key
 from tiering.storage.store import S3Store, make_client
 
 BUCKET, PREFIX, TOPIC = "compaction-dag", "kafka/logs", "clicks"
+COMPACTED = "profiles"
 
 
 def tries(run_id: str) -> dict[str, list[Any]]:
@@ -66,7 +72,25 @@ def main() -> None:
         state, run_id = run_dag(conf, dag)
         doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
         facts["free"] = {"state": state, "totals": doc["totals"]}
+
+        seed_compacted(store)
+        state, run_id = run_dag({**conf, "compact_keys": True, "topics": COMPACTED}, dag)
+        keys = store.get_json(run_result_key(PREFIX, f"{run_id}-keys", "compact-keys"))[0]
+        doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
+        records = sum(len(b.records) for base in (0, 100) for b in iter_decoded(
+            io.BytesIO(store.get(segment_key(PREFIX, COMPACTED, 0, base, LOG_SUFFIX)))))
+        facts["keys"] = {"state": state, "keys_totals": keys["totals"], "totals": doc["totals"], "records": records,
+                         "report": keys["run_id"]}
         print(json.dumps(facts))
+
+
+def seed_compacted(store: S3Store) -> None:
+    """A compacted topic: three segments (the last one active) of 100 updates each over 10 keys, snappy."""
+    for base in (0, 100, 200):
+        batches = [build_batch(BatchSpec(o, Codec.SNAPPY), [
+            Record(o + j, 1_790_000_000_000 + o + j, b"k%d" % ((o + j) % 10), b"value %d" % (o + j), ())
+            for j in range(10)]) for o in range(base, base + 100, 10)]
+        store.put(segment_key(PREFIX, COMPACTED, 0, base, LOG_SUFFIX), b"".join(batches))
 
 
 if __name__ == "__main__":

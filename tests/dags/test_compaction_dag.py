@@ -43,3 +43,13 @@ def test_a_run_whose_partitions_are_all_busy_fails_with_the_work_left(facts: dic
 def test_the_same_dag_compacts_everything_once_the_partitions_are_free(facts: dict[str, Any]) -> None:
     assert facts["free"]["state"] == "success"
     assert facts["free"]["totals"]["compacted"] == 4
+
+
+def test_compact_keys_cleans_the_compacted_topic_first_then_the_recompression_runs(facts: dict[str, Any]) -> None:
+    run = facts["keys"]
+    assert run["state"] == "success"
+    assert run["keys_totals"]["compacted"] == 2  # the two sealed segments; the active one is not cleaned
+    assert run["records"] == 10  # of 200 updates over 10 keys in the cleaned range, each key's latest
+    # then recompressed by the same DAG run: segment 100 (segment 0 kept no record, each key's latest being in
+    # segment 100: its .log is empty and left alone)
+    assert run["totals"]["compacted"] == 1
