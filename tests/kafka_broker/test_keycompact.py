@@ -230,6 +230,53 @@ def _horizons(paths: dict[int, Path]) -> set[int]:
             if (h := raw.header.delete_horizon_ms) is not None}
 
 
+def _check_s3_path(partition: Path, theirs: dict[int, Path], pass_time: int) -> None:
+    """``tiering s3 compact-keys``'s run on the same partition directory uploaded to S3 (moto in-process):
+    every final .log, .index and .timeindex equals the cleaner's file, and the .txnindex entries too."""
+    import os
+    import re
+
+    from moto import mock_aws
+
+    from tiering.commit.protocol import Context
+    from tiering.kafka.codecs import Codec
+    from tiering.kafka.rewrite import RewriteOptions
+    from tiering.run.keycompact import KeyCompactOptions, compact_keys
+    from tiering.storage.store import ObjectNotFound, S3Store, make_client
+
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    os.environ.pop("AWS_ENDPOINT_URL", None)
+    try:
+        with mock_aws():
+            client = make_client()
+            client.create_bucket(Bucket="archive", CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+            store = S3Store(client, "archive")
+            for path in partition.iterdir():
+                store.put(f"kafka/{TOPIC}-0/{path.name}", path.read_bytes())
+            run = compact_keys(store, Context(store, "kafka", "keys-1", RewriteOptions(Codec.NONE)),
+                               KeyCompactOptions(now_ms=pass_time, delete_retention_ms=0, topics=re.escape(TOPIC)))
+            assert run.exit_code() == 0, [r.to_json() for r in run.segments]
+            assert run.counts["compacted"] == len(theirs)
+            for base, path in theirs.items():
+                for suffix in (".log", ".index", ".timeindex"):
+                    key = f"kafka/{TOPIC}-0/{base:020d}{suffix}"
+                    assert store.get(key) == path.with_suffix(suffix).read_bytes(), key
+                try:
+                    ours = parse_txn_index(store.get(f"kafka/{TOPIC}-0/{base:020d}.txnindex"))
+                except ObjectNotFound:
+                    ours = []
+                txn = path.with_suffix(".txnindex")
+                assert ours == (parse_txn_index(txn.read_bytes()) if txn.exists() else []), base
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    note(f"key compaction: the S3 path swapped {len(theirs)} segments, each equal to the cleaner's files")
+
+
 def test_key_compaction_equals_kafka_s_log_cleaner_over_two_passes(tmp_path: Path) -> None:
     """Pass 1 with delete.retention.ms 0: tombstones and markers are stamped with the pass's own time, which
     gives the cleaner's clock. Pass 2, over the cleaner's output and a second round of records: the stamped
@@ -291,6 +338,7 @@ def test_key_compaction_equals_kafka_s_log_cleaner_over_two_passes(tmp_path: Pat
     assert rest
     for path in rest:
         assert (out / path.name).read_bytes() == path.read_bytes(), path.name  # the rest, as it was
+    _check_s3_path(tmp_path / "round1", pass1_out, pass1)
     assert stats.aborted_records_dropped > 0
     assert stats.no_key_dropped > 0
     assert stats.superseded_dropped > 0
