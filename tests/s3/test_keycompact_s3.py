@@ -139,6 +139,9 @@ def test_a_pass_on_s3_swaps_what_the_pure_pass_makes_and_keeps_the_originals(sto
     doc = RunResult.from_json(store.get_json(run_result_key(PREFIX, "keys-1", RUN_KIND))[0], "run")
     assert doc.kind == RUN_KIND
     assert doc.settings["now_ms"] == NOW
+    assert doc.usage["requests"][DIRECTORY]["CopyObject"] >= 3  # the backups, at least: priced in the report
+    assert doc.usage["requests"]["_run"]["ListObjectsV2"] >= 1
+    assert doc.usage["compute_seconds"] > 0
     figures = iter_figures(list(run.segments))
     assert figures["aborted_records_dropped"] == 2
     assert figures["no_key_dropped"] == 1

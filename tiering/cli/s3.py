@@ -337,8 +337,8 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
         done[0] += 1
         _log(args, _segment_line(done[0], r))
 
-    chosen = f"topics matching {args.topics!r}" if args.topics else ""
-    chosen += (" and " if chosen else "") + (f"the policy's compacted topics ({args.policy})" if policy else "")
+    chosen = " and ".join(([f"topics matching {args.topics!r}"] if args.topics else [])
+                          + ([f"the compacted topics of {args.policy}"] if policy else []))
     _log(args, f"run {run_id}: key compaction of {chosen} under s3://{args.bucket}/{args.prefix} ...")
     run = compact_keys(store, ctx, options, progress)
     return _publish(args, store, ctx.prefix, run, _finish_run(args, run))

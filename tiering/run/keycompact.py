@@ -20,6 +20,7 @@ import dataclasses
 import os
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -52,6 +53,7 @@ from tiering.lifecycle.journal import Cause, Pending, Status
 from tiering.plan.policy import Policy
 from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
 from tiering.run.compact import RunResult, RunTally, guarded, pending_bases, with_lease
+from tiering.run.pipeline import MAX_LISTED_PARTITIONS, OTHER_SCOPE, RUN_SCOPE
 from tiering.storage.layout import clock_key, run_result_key
 from tiering.storage.objects import ObjectStore
 
@@ -262,8 +264,11 @@ def compact_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions,
     """Clean every partition under ``ctx.prefix`` (``options.topics`` to choose), one after the other; the
     run document goes to ``runs/<run>/compact-keys.json``."""
     started = datetime.now(UTC).isoformat()
+    requests: dict[str, Counter[str]] = {}
+    at_start = Counter(store.requests)
     now_ms = now_ms_of(store, ctx.prefix, options)
     tally = RunTally()
+    seconds = 0.0
     for directory, bases in sorted(pending_bases(store, ctx.prefix).items()):  # left by a crash: finished first,
         def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:  # before listing
             out += recover_partition(ctx, directory, lease)
@@ -287,10 +292,18 @@ def compact_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions,
             partition_pass(ctx, store, segments, clean_options, lease, out, progress)
 
         todo = [(s.directory, s.base_offset) for s in segments if s.log is not None]
+        before, clock = Counter(store.requests), time.perf_counter()
         for r in with_lease(ctx, directory, options.lease_ttl_seconds, work, todo):
             tally.add(r)
+        seconds += time.perf_counter() - clock  # one core's work: the pass decodes and encodes in Python
+        scope = directory if len(requests) < MAX_LISTED_PARTITIONS else OTHER_SCOPE
+        requests.setdefault(scope, Counter()).update(Counter(store.requests) - before)
+    # the rest: listing, the journals finished first, the store's clock
+    requests[RUN_SCOPE] = Counter(store.requests) - at_start - sum(requests.values(), Counter())
+    usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items()) if v},
+             "compute_seconds": round(seconds, 3)}
     run = tally.result(RUN_KIND, ctx.run_id, store.bucket, ctx.prefix, started, datetime.now(UTC).isoformat(),
-                       options.settings(now_ms))
+                       options.settings(now_ms), usage)
     store.put_json(run_result_key(ctx.prefix, ctx.run_id, RUN_KIND), run.to_json())
     return run
 
