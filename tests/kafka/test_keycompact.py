@@ -7,8 +7,10 @@ import io
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tiering.errors import ConfigError, CorruptBatchError
+from tiering.errors import CorruptBatchError, UnsupportedError
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import (
@@ -182,7 +184,7 @@ def test_legacy_batches_are_refused() -> None:
     legacy = next(s for s in SEGMENTS if 2 not in s["magics"])
     data = log_path(legacy).read_bytes()
     active = seg(1 << 40, batch(1 << 40, rec(1 << 40, b"a")))
-    with pytest.raises(ConfigError, match="magic v2"):
+    with pytest.raises(UnsupportedError, match="magic v2"):
         run(Segment(legacy["base_offset"], lambda: io.BytesIO(data)), active)
 
 
@@ -226,3 +228,73 @@ def test_a_pass_with_nothing_dirty_cleans_nothing_and_ends_where_it_started() ->
     facts, cleaned = compact_partition([seg(0, batch(0, rec(0, b"a"))), ACTIVE],
                                        CleanOptions(now_ms=NOW, first_dirty_offset=1000))
     assert (facts.end_offset, cleaned) == (1000, [])
+
+
+def _consumer_view(segments: list[list[Any]], aborted: set[int]) -> dict[bytes, tuple[int, bytes | None]]:
+    """What a compacted topic means to a reader: each key's latest record outside aborted transactions
+    (offset, value); computed from the decoded batches, independently of the cleaner."""
+    latest: dict[bytes, tuple[int, bytes | None]] = {}
+    for batches in segments:
+        for b in batches:
+            if b.header.is_control:
+                continue
+            for r in b.records:
+                if r.key is not None and r.offset not in aborted:
+                    latest[r.key] = (r.offset, r.value)
+    return latest
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.booleans(), st.sampled_from(["plain", "idem", "commit", "abort"])),
+                min_size=1, max_size=40), st.integers(1, 6), st.integers(0, 2))
+def test_every_key_keeps_its_latest_record_and_nothing_is_invented(updates: list[tuple[int, bool, str]],
+                                                                   per_segment: int, passes: int) -> None:
+    """Random partitions (keys updated by a plain, an idempotent and a transactional producer; tombstones;
+    committed and aborted transactions), cleaned ``passes + 1`` times a day apart: every record left is one of
+    the source's, unchanged; no aborted record is left; each key's latest record outside aborted transactions
+    stays (a tombstone may go once its horizon passed: then no older value of its key is left either)."""
+    batches: list[bytes] = []
+    aborted_offsets: set[int] = set()
+    aborted: list[AbortedTxn] = []
+    source: dict[int, tuple[bytes, bytes | None]] = {}
+    offset, seqs = 0, {1: 0, 2: 0}
+    for key, tombstone, kind in updates:
+        value = None if tombstone else b"v%d" % offset
+        r = Record(offset, T0 + offset, b"k%d" % key, value, ())
+        source[offset] = (b"k%d" % key, value)
+        if kind in ("plain", "idem"):
+            pid = 1 if kind == "idem" else -1
+            batches.append(batch(offset, r, pid=pid, seq=seqs[1] if pid == 1 else -1))
+            seqs[1] += pid == 1
+            offset += 1
+            continue
+        batches.append(batch(offset, r, pid=2, seq=seqs[2], txn=True))
+        seqs[2] += 1
+        batches.append(marker(offset + 1, 2, commit=kind == "commit"))
+        if kind == "abort":
+            aborted_offsets.add(offset)
+            aborted.append(AbortedTxn(offset, 2, offset + 1, offset))
+        offset += 2
+    segs: list[Segment] = []
+    for i in range(0, len(batches), per_segment):
+        group = batches[i:i + per_segment]
+        base = next(iter_decoded(io.BytesIO(group[0]))).header.offset
+        last = next(iter_decoded(io.BytesIO(group[-1]))).header.last_offset
+        segs.append(seg(base, *group, aborted=tuple(a for a in aborted if base <= a.last_offset <= last)))
+    active = seg(offset, batch(offset, rec(offset, b"other")))
+    want = _consumer_view([list(iter_decoded(io.BytesIO(b))) for b in batches], aborted_offsets)
+    out, _, cleaned = run(*segs, active)
+    for p in range(passes):
+        out, _, cleaned = again(cleaned, *segs[len(cleaned):], active, now=NOW + (p + 1) * DAY)
+    left = [r for batches_ in out for b in batches_ if not b.header.is_control for r in b.records]
+    assert all(source[r.offset] == (r.key, r.value) for r in left)  # nothing invented or changed
+    assert not {r.offset for r in left} & aborted_offsets
+    cleaned_to = segs[len(cleaned)].base_offset if len(cleaned) < len(segs) else offset
+    got = _consumer_view(out, aborted_offsets)
+    for key, (at, value) in want.items():
+        if at >= cleaned_to:
+            continue  # past the cleaned range (an open transaction ended it): not in ``out``
+        if value is None and key not in got:
+            assert passes > 0  # a tombstone goes only on a pass after the one that stamped it
+            continue
+        assert got.get(key) == (at, value), (key, at)
