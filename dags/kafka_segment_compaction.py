@@ -58,7 +58,8 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | | `max.message.bytes`) |
 | `compact_keys` | first key-compact the compacted topics (docs/key-compaction.md): those of the policy with |
 | | `cleanup.policy: compact` and `compact.enable: true`, else those matching `topics` (required then); |
-| | one pass of Kafka's log cleaner per partition, in this worker, as run `<run>-keys` with its own report |
+| | one pass of Kafka's log cleaner per partition (a Spark job, one task per unit of whole partitions), |
+| | as run `<run>-keys` with its own report |
 
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
@@ -85,6 +86,7 @@ SCHEDULE = os.environ.get("TIERING_COMPACTION_SCHEDULE", "@daily")
 SPARK_MASTER = os.environ.get("TIERING_SPARK_MASTER", "local[*]")
 SPARK_JOB = Path(os.environ.get("TIERING_SPARK_JOB", Path(__file__).resolve().parents[1] / "spark_jobs"
                                 / "compact_segments.py"))
+SPARK_KEYS_JOB = SPARK_JOB.with_name("compact_keys.py")
 # Published after every run (its extra names the bucket, prefix, run and the report's S3 URI), so that
 # other DAGs can be scheduled on it. Static: bucket and prefix are runtime params, the asset is not.
 REPORT_ASSET = Asset(name="kafka_segment_compaction_report", uri="tiering://kafka_segment_compaction/report")
@@ -207,23 +209,34 @@ def kafka_segment_compaction() -> None:
         params = ctx["params"]
         if not params["compact_keys"] or params["dry_run"]:
             return {"skipped": True}
-        from tiering.commit.protocol import Context, SwapChoice  # noqa: PLC0415
-        from tiering.kafka.codecs import Codec  # noqa: PLC0415
-        from tiering.kafka.rewrite import RewriteOptions  # noqa: PLC0415
-        from tiering.lifecycle.journal import Swap, Verify  # noqa: PLC0415
+        import json  # noqa: PLC0415
+
         from tiering.report.publish import cost_config, publish_report  # noqa: PLC0415
         from tiering.report.render import to_table  # noqa: PLC0415
-        from tiering.run.keycompact import KeyCompactOptions, compact_keys  # noqa: PLC0415
+        from tiering.run.compact import RunResult  # noqa: PLC0415
+        from tiering.spark.submit import submit  # noqa: PLC0415
+        from tiering.storage.layout import run_result_key  # noqa: PLC0415
 
         settings = _settings(params, ctx["run_id"])
         store = settings.store()
         run_id = f"{settings.run_id}-keys"  # its own backups: the recompression that follows keeps its own
-        swap = SwapChoice(None if params["swap"] == "auto" else Swap(params["swap"]))
-        context = Context(store, settings.prefix, run_id, RewriteOptions(Codec.NONE), verify=Verify(params["verify"]),
-                          swap=swap)
-        options = KeyCompactOptions(topics=params["topics"] or None, min_age_minutes=params["min_segment_age_minutes"],
-                                    lease_ttl_seconds=params["lease_ttl_seconds"], policy=_policy(params))
-        run = compact_keys(store, context, options)
+        policy = (params.get("policy") or "").strip()
+        if policy:
+            _policy(params)  # a bad file fails here, with the key and the problem
+        elif not params["topics"]:
+            from tiering.errors import ConfigError  # noqa: PLC0415
+
+            raise ConfigError("compact_keys needs the compacted topics: a policy, or the topics param")
+        chosen = ["--policy", policy] if policy else []
+        chosen += ["--topics", params["topics"]] if params["topics"] else []
+        conf = {"spark.log.level": "WARN", **json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))}
+        submit(SPARK_KEYS_JOB, ["--bucket", settings.bucket, "--prefix", settings.prefix, "--run-id", run_id, *chosen,
+                                "--min-age-minutes", str(params["min_segment_age_minutes"]),
+                                "--lease-ttl-seconds", str(settings.lease_ttl_seconds), "--verify", settings.verify,
+                                "--swap", settings.swap],
+               master=spark_master(params["spark_master"]), conf=conf)
+        key = run_result_key(settings.prefix, run_id, "compact-keys")
+        run = RunResult.from_json(store.get_json(key)[0], f"s3://{settings.bucket}/{key}")
         prices, cost = cost_config(grace_days=params["cleanup_grace_days"])
         doc, keys = publish_report(store, settings.prefix, run_id, prices, cost, kind=run.kind)
         print(to_table(doc))

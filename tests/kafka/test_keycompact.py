@@ -298,3 +298,16 @@ def test_every_key_keeps_its_latest_record_and_nothing_is_invented(updates: list
             assert passes > 0  # a tombstone goes only on a pass after the one that stamped it
             continue
         assert got.get(key) == (at, value), (key, at)
+
+
+def test_an_abort_marker_without_its_txn_index_entry_is_an_error_not_a_guess() -> None:
+    """Without the .txnindex entry the aborted records would be taken for committed ones, and could even
+    supersede a committed value: the pass refuses, naming the segment and the marker."""
+    s0 = seg(0, batch(0, rec(0, b"a")), batch(1, rec(1, b"a", b"aborted"), pid=5, seq=0, txn=True),
+             marker(2, 5, commit=False))
+    with pytest.raises(CorruptBatchError, match=r"ABORT marker whose transaction no \.txnindex entry") as e:
+        run(s0, ACTIVE)
+    assert (e.value.path, e.value.base_offset) == ("t-0/00000000000000000000.log", 2)
+    committed = seg(0, batch(0, rec(0, b"a")), batch(1, rec(1, b"a", b"c"), pid=5, seq=0, txn=True),
+                    marker(2, 5, commit=True))
+    assert records(run(committed, ACTIVE)[0][0])[0] == (1, b"a", b"c")  # a COMMIT needs no entry

@@ -287,3 +287,14 @@ def test_a_policy_chooses_the_compacted_topics_and_their_delete_retention(store:
     assert stamped == [NOW + 60_000]  # the tombstone's batch, by the topic's delete.retention.ms
     for topic in ("profiles.off", "logs.delete"):
         assert all(store.get(segment_key(PREFIX, topic, 0, b, LOG_SUFFIX)) == log for b, (log, _) in parts.items())
+
+
+def test_a_partition_whose_txnindex_is_missing_is_refused_and_left_as_it_is(store: S3Store) -> None:
+    parts = partition(aborts=True)
+    upload(store, {b: (log, b"") for b, (log, _) in parts.items()})  # the archive lost the .txnindex
+    run = compact_keys(store, keys_context(store), at(NOW))
+    assert run.exit_code() is ExitCode.INVALID
+    failed = [r for r in run.segments if r.status is Status.FAILED]
+    assert {r.base_offset for r in failed} == {0, 20, 40, 60, 80}
+    assert all(r.cause is Cause.INVALID and ".txnindex" in r.reason for r in failed)
+    assert all(final(store, b, LOG_SUFFIX) == log for b, (log, _) in parts.items())

@@ -53,8 +53,8 @@ from tiering.kafka.batch import BatchHeader, TimestampType, parse_v2_header
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, BatchPosition, Indexes, build_indexes
-from tiering.kafka.reader import iter_batches
-from tiering.kafka.segment import DecodedBatch, OffsetOrder, iter_decoded
+from tiering.kafka.reader import RawBatch, iter_batches
+from tiering.kafka.segment import DecodedBatch, OffsetOrder, decode_batch, iter_decoded
 
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
 NO_PRODUCER: Final = -1
@@ -232,6 +232,12 @@ def _batches(seg: Segment, limit: int) -> Iterator[DecodedBatch]:
             yield batch
 
 
+def _is_abort(raw: RawBatch, options: CleanOptions) -> bool:
+    batch = decode_batch(raw, limit=options.decompression_limit)
+    key = batch.records[0].key if batch.records else None
+    return key is not None and len(key) >= 4 and struct.unpack_from(">h", key, 2)[0] == ABORT
+
+
 def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts:
     """The first pass. ``segments``: all of the partition's, in offset order, the last one active."""
     if not segments:
@@ -241,6 +247,7 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
     newest = -1
     seg_max: list[int] = []
     prev_last: int | None = None
+    listed = {(e.producer_id, e.last_offset) for s in segments for e in s.aborted}
     for seg in segments:
         top = -1
         order = OffsetOrder(seg.base_offset, seg.name or None)
@@ -253,7 +260,14 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
                 if h.producer_id == NO_PRODUCER:
                     continue
                 if h.is_control:
-                    open_txn.pop(h.producer_id, None)
+                    if (open_txn.pop(h.producer_id, None) is not None and _is_abort(raw, options)
+                            and (h.producer_id, h.offset) not in listed):
+                        raise CorruptBatchError(
+                            "an ABORT marker whose transaction no .txnindex entry names: its aborted records "
+                            "cannot be told from committed ones (is the segment's .txnindex missing?)",
+                            path=seg.name or None, base_offset=h.offset,
+                            expected=f"an entry for producer {h.producer_id} ending at offset {h.offset}",
+                            found="none")
                     continue
                 producer_last[h.producer_id] = h.last_offset
                 if h.is_transactional:

@@ -52,9 +52,9 @@ from tiering.kafka.keycompact import (
 from tiering.lifecycle.journal import Cause, Pending, Status
 from tiering.plan.policy import Policy
 from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
-from tiering.run.compact import RunResult, RunTally, guarded, pending_bases, with_lease
-from tiering.run.pipeline import MAX_LISTED_PARTITIONS, OTHER_SCOPE, RUN_SCOPE
-from tiering.storage.layout import clock_key, run_result_key
+from tiering.run.compact import RunResult, RunTally, StepResults, guarded, pending_bases, with_lease
+from tiering.run.pipeline import MAX_LISTED_PARTITIONS, OTHER_SCOPE, RUN_SCOPE, RunSettings, write_results
+from tiering.storage.layout import clock_key, run_key, run_result_key
 from tiering.storage.objects import ObjectStore
 
 RUN_KIND: Final = "compact-keys"
@@ -188,6 +188,7 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
                        if s.txnindex is not None else (), f"s3://{store.bucket}/{s.log.key}" if s.log else "")
                for s in chain]
     by_base = {s.base_offset: s for s in chain}
+    mark = time.perf_counter()  # each result's seconds: the pass's time since the previous one (survey included)
     facts = survey(sources, options)
     stats = CleanStats()
     with tempfile.TemporaryDirectory(prefix="tiering-keys-", dir=ctx.work_dir) as work:
@@ -204,6 +205,7 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
             done.add(seg.base_offset)
             path = os.path.join(work, f"{seg.base_offset}.log")
             result = _swap_one(ctx, seg, cleaned, path, figures, lease)
+            result.seconds, mark = round(time.perf_counter() - mark, 3), time.perf_counter()
             os.unlink(path)
             report(result)
             if result.status is not COMPACTED and result.cause is not Cause.NOTHING_TO_CLEAN:
@@ -231,8 +233,6 @@ def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: 
     if figures["batches_copied"] == figures["batches_in"] == figures["batches_out"]:
         return SegmentResult(d, base, SKIPPED, "nothing to clean: every batch stays as it is", seg.size,
                              seg.size, stats=stats, cause=Cause.NOTHING_TO_CLEAN)
-    started = time.perf_counter()
-
     def attempt() -> SegmentResult:
         where = f"s3://{ctx.store.bucket}/{seg.txnindex.key}" if seg.txnindex else None
         before = parse_txn_index(ctx.store.get(seg.txnindex.key), path=where) if seg.txnindex else []
@@ -249,7 +249,6 @@ def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: 
 
     result = guarded(ctx, seg, attempt)
     result.stats = {**(result.stats or {}), **stats}
-    result.seconds = round(time.perf_counter() - started, 3)
     return result
 
 
@@ -259,53 +258,168 @@ def now_ms_of(store: ObjectStore, prefix: str, options: KeyCompactOptions) -> in
     return int(store.now(clock_key(prefix)).timestamp() * 1000)
 
 
-def compact_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions,
-                 progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
-    """Clean every partition under ``ctx.prefix`` (``options.topics`` to choose), one after the other; the
-    run document goes to ``runs/<run>/compact-keys.json``."""
-    started = datetime.now(UTC).isoformat()
-    requests: dict[str, Counter[str]] = {}
-    at_start = Counter(store.requests)
+@dataclass(frozen=True, slots=True)
+class KeyPartition:
+    """One partition's pass: its listed segments and the cleaner's settings for its topic (resolved from the
+    policy by the planner: JSON-able, it travels to Spark executors)."""
+
+    segments: tuple[PlannedSegment, ...]
+    now_ms: int
+    delete_retention_ms: int
+    min_compaction_lag_ms: int
+    codec: str | None = None
+    level: int | None = None
+
+    @property
+    def directory(self) -> str:
+        return self.segments[0].directory
+
+    def clean_options(self, ctx: Context) -> CleanOptions:
+        return CleanOptions(self.now_ms, self.delete_retention_ms, self.min_compaction_lag_ms,
+                            codec=Codec.parse(self.codec) if self.codec is not None else None, level=self.level,
+                            index_interval_bytes=ctx.options.index_interval_bytes,
+                            decompression_limit=ctx.options.decompression_limit)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"segments": [s.to_json() for s in self.segments], "now_ms": self.now_ms,
+                "delete_retention_ms": self.delete_retention_ms, "min_compaction_lag_ms": self.min_compaction_lag_ms,
+                "codec": self.codec, "level": self.level}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> KeyPartition:
+        return cls(tuple(PlannedSegment.from_json(s) for s in doc["segments"]), int(doc["now_ms"]),
+                   int(doc["delete_retention_ms"]), int(doc["min_compaction_lag_ms"]), doc.get("codec"),
+                   doc.get("level"))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyUnit:
+    """Whole partitions one task cleans, one after the other (``runs/<run>/keys/<name>.json`` holds what
+    became of their segments)."""
+
+    name: str
+    partitions: tuple[KeyPartition, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "partitions": [p.to_json() for p in self.partitions]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> KeyUnit:
+        return cls(str(doc["name"]), tuple(KeyPartition.from_json(p) for p in doc["partitions"]))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPlan:
+    """A run's partitions cut into units, its clock, and the segments the journals left by a crash became."""
+
+    now_ms: int
+    units: tuple[KeyUnit, ...]
+    recovered: tuple[SegmentResult, ...]
+
+
+def plan_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions, *, parallelism: int = 1,
+              progress: Callable[[SegmentResult], None] | None = None) -> KeyPlan:
+    """Finish what a crashed run left in flight (under the partitions' leases), then list the partitions of
+    the chosen topics, each with its cleaner settings, cut into units: about ``4 * parallelism`` of them,
+    balanced by bytes (a unit holds whole partitions, largest first)."""
     now_ms = now_ms_of(store, ctx.prefix, options)
-    tally = RunTally()
-    seconds = 0.0
-    for directory, bases in sorted(pending_bases(store, ctx.prefix).items()):  # left by a crash: finished first,
-        def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:  # before listing
+    recovered: list[SegmentResult] = []
+    for directory, bases in sorted(pending_bases(store, ctx.prefix).items()):
+        def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
             out += recover_partition(ctx, directory, lease)
 
         for r in with_lease(ctx, directory, options.lease_ttl_seconds, recover, [(directory, b) for b in bases]):
-            tally.add(r)
+            recovered.append(r)
             if progress is not None:
                 progress(r)
-    partitions: list[list[PlannedSegment]] = []
+    for info in store.list(run_key(ctx.prefix, ctx.run_id, "keys/")):  # a retried run's: it plans anew
+        store.delete(info.key, missing_ok=True)
+    partitions: list[KeyPartition] = []
+
+    def add(segments: list[PlannedSegment]) -> None:
+        if not segments:
+            return
+        chosen = options.clean_options(now_ms, ctx, segments[0].topic)
+        if chosen is not None:
+            partitions.append(KeyPartition(tuple(segments), now_ms, chosen.delete_retention_ms,
+                                           chosen.min_compaction_lag_ms, options.codec, options.level))
+
     scan_partitions(store, ctx.prefix, ScanOptions("none", topics=options.topics,
-                                                   min_age_minutes=options.min_age_minutes),
-                    lambda segs: partitions.append(segs) if segs else None)
-    for segments in partitions:
-        directory = segments[0].directory
-        clean_options = options.clean_options(now_ms, ctx, segments[0].topic)
-        if clean_options is None:
-            continue
+                                                   min_age_minutes=options.min_age_minutes), add)
+    count = max(1, min(len(partitions), 4 * parallelism))
+    loads = [0] * count
+    groups: list[list[KeyPartition]] = [[] for _ in range(count)]
+    for part in sorted(partitions, key=lambda p: -sum(s.size for s in p.segments)):
+        i = loads.index(min(loads))
+        groups[i].append(part)
+        loads[i] += sum(s.size for s in part.segments)
+    units = tuple(KeyUnit(f"unit-{i:05d}", tuple(sorted(g, key=lambda p: p.directory)))
+                  for i, g in enumerate(groups) if g)
+    return KeyPlan(now_ms, units, tuple(recovered))
 
-        def work(lease: Lease, out: list[SegmentResult], segments: list[PlannedSegment] = segments,
-                 clean_options: CleanOptions = clean_options) -> None:
-            partition_pass(ctx, store, segments, clean_options, lease, out, progress)
 
-        todo = [(s.directory, s.base_offset) for s in segments if s.log is not None]
-        before, clock = Counter(store.requests), time.perf_counter()
-        for r in with_lease(ctx, directory, options.lease_ttl_seconds, work, todo):
+def run_keys_unit(store: ObjectStore, ctx: Context, unit: KeyUnit, lease_ttl_seconds: int,
+                  progress: Callable[[SegmentResult], None] | None = None) -> dict[str, int]:
+    """Each partition of ``unit`` under its lease; the results and the S3 requests by partition go to
+    ``runs/<run>/keys/<unit>.json``; the counts by status come back."""
+    results: list[SegmentResult] = []
+    requests: dict[str, dict[str, int]] = {}
+    for part in unit.partitions:
+        def work(lease: Lease, out: list[SegmentResult], part: KeyPartition = part) -> None:
+            partition_pass(ctx, store, list(part.segments), part.clean_options(ctx), lease, out, progress)
+
+        todo = [(s.directory, s.base_offset) for s in part.segments if s.log is not None]
+        before = Counter(store.requests)
+        results += with_lease(ctx, part.directory, lease_ttl_seconds, work, todo)
+        requests[part.directory] = dict(Counter(store.requests) - before)
+    return write_results(store, run_key(ctx.prefix, ctx.run_id, f"keys/{unit.name}.json"), results, usage=requests)
+
+
+def keys_unit_task(unit: dict[str, Any], settings: dict[str, Any]) -> dict[str, int]:
+    """Spark executor side of :func:`run_keys_unit` (a task that fails is retried by Spark: the journal of a
+    segment it left in flight is finished by the retry, which takes the run's lease back)."""
+    run = RunSettings.from_json(settings)
+    store = run.store()
+    return run_keys_unit(store, run.context(store, one_core=True), KeyUnit.from_json(unit), run.lease_ttl_seconds)
+
+
+def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: str, settings: dict[str, Any],
+                     driver_requests: Counter[str]) -> RunResult:
+    """The run document from its units' step documents (and the journals the planner finished), with the S3
+    requests by partition and the seconds the passes took; written to ``runs/<run>/compact-keys.json``."""
+    tally = RunTally()
+    requests: dict[str, Counter[str]] = {RUN_SCOPE: Counter(driver_requests)}
+    seconds = 0.0
+    for r in plan.recovered:
+        tally.add(r)
+    root = run_key(ctx.prefix, ctx.run_id, "keys/")
+    for info in store.list(root):
+        step = StepResults.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
+        for r in step.results:
             tally.add(r)
-        seconds += time.perf_counter() - clock  # one core's work: the pass decodes and encodes in Python
-        scope = directory if len(requests) < MAX_LISTED_PARTITIONS else OTHER_SCOPE
-        requests.setdefault(scope, Counter()).update(Counter(store.requests) - before)
-    # the rest: listing, the journals finished first, the store's clock
-    requests[RUN_SCOPE] = Counter(store.requests) - at_start - sum(requests.values(), Counter())
+            seconds += r.seconds or 0.0
+        for directory, ops in step.requests.items():
+            scope = directory if len(requests) <= MAX_LISTED_PARTITIONS or directory in requests else OTHER_SCOPE
+            requests.setdefault(scope, Counter()).update(ops)
     usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items()) if v},
              "compute_seconds": round(seconds, 3)}
     run = tally.result(RUN_KIND, ctx.run_id, store.bucket, ctx.prefix, started, datetime.now(UTC).isoformat(),
-                       options.settings(now_ms), usage)
+                       settings, usage)
     store.put_json(run_result_key(ctx.prefix, ctx.run_id, RUN_KIND), run.to_json())
     return run
+
+
+def compact_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions,
+                 progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
+    """A whole run in this process: :func:`plan_keys`, each unit, :func:`collect_keys_run` (the Spark job runs
+    the units on executors instead)."""
+    started = datetime.now(UTC).isoformat()
+    at_start = Counter(store.requests)
+    plan = plan_keys(store, ctx, options, progress=progress)
+    driver = Counter(store.requests) - at_start
+    for unit in plan.units:
+        run_keys_unit(store, ctx, unit, options.lease_ttl_seconds, progress)
+    return collect_keys_run(store, ctx, plan, started, options.settings(plan.now_ms), driver)
 
 
 def iter_figures(results: Iterator[SegmentResult] | list[SegmentResult]) -> dict[str, int]:

@@ -1,0 +1,96 @@
+"""Spark job: key-compact the partitions of compacted topics, one Spark task per unit of whole partitions.
+
+    spark-submit --master 'local[*]' spark_jobs/compact_keys.py --bucket BUCKET --prefix PREFIX --run-id RUN \\
+        (--policy FILE | --topics REGEX) [--now-ms MS] [--delete-retention-ms MS] [--min-compaction-lag-ms MS] \\
+        [--codec C [--level N]] [--min-age-minutes M] [--lease-ttl-seconds 600] [--verify checksum|read-back] \\
+        [--swap auto|copy|put]
+
+Thin on purpose: argument parsing, the SparkSession, and calls into ``tiering.run.keycompact``. The driver
+finishes what a crashed run left in flight, lists the partitions and resolves each topic's cleaner settings
+(the policy is read here only), and cuts them into units balanced by bytes; each task cleans its partitions
+one after the other, each under the run's lease, every changed segment swapped by the commit protocol in
+offset order (one partition's pass is one task: its key map is its own), and writes its results to
+``PREFIX/_tiering/runs/RUN/keys/``; the driver then writes the run document
+(``runs/RUN/compact-keys.json``). Per-segment problems are results, not job failures. S3 endpoint and
+credentials come from each process's AWS environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter
+from datetime import UTC, datetime
+
+from pyspark.sql import SparkSession
+
+from tiering.commit.lease import DEFAULT_TTL_SECONDS
+from tiering.errors import TieringError, exit_code
+from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
+from tiering.plan.policy import load_policy
+from tiering.run.keycompact import KeyCompactOptions, collect_keys_run, keys_unit_task, plan_keys
+from tiering.run.pipeline import RunSettings
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bucket", required=True)
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--run-id", required=True, help="the run (leases are taken in its name)")
+    p.add_argument("--topics", default=None, help="a regular expression of the compacted topics to clean")
+    p.add_argument("--policy", default=None, help="a policy file: its topics with cleanup.policy compact and "
+                   "compact.enable true")
+    p.add_argument("--now-ms", type=int, default=None, help="the pass's clock (default: S3's)")
+    p.add_argument("--delete-retention-ms", type=int, default=DEFAULT_DELETE_RETENTION_MS)
+    p.add_argument("--min-compaction-lag-ms", type=int, default=0)
+    p.add_argument("--codec", default=None, help="the codec of rebuilt batches (default: each batch's own)")
+    p.add_argument("--level", type=int, default=None)
+    p.add_argument("--min-age-minutes", type=int, default=15)
+    p.add_argument("--lease-ttl-seconds", type=int, default=DEFAULT_TTL_SECONDS)
+    p.add_argument("--verify", choices=["checksum", "read-back"], default="checksum")
+    p.add_argument("--swap", choices=["auto", "copy", "put"], default="auto")
+    args = p.parse_args(argv)
+
+    spark = SparkSession.builder.appName(f"kafka-key-compaction {args.run_id}").getOrCreate()
+    try:
+        return run(spark, args)
+    except TieringError as e:  # the driver's own failure (a bad policy, S3 refusing): said in one line
+        print(f"tiering: {e}", file=sys.stderr, flush=True)
+        return int(exit_code(e))
+    finally:
+        spark.stop()
+
+
+def run(spark: SparkSession, args: argparse.Namespace) -> int:
+    """Plan on the driver, clean the units on the cluster, write the run document; 0 (per-segment problems
+    are results in it)."""
+    settings = RunSettings(args.bucket, args.prefix.strip("/"), args.run_id, "none", None, args.lease_ttl_seconds,
+                           args.verify, args.swap)
+    options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
+                                args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds,
+                                load_policy(args.policy) if args.policy else None)
+    store = settings.store()
+    ctx = settings.context(store)
+    started = datetime.now(UTC).isoformat()
+    plan = plan_keys(store, ctx, options, parallelism=spark.sparkContext.defaultParallelism)
+    driver = Counter(store.requests)
+    print(f"key compaction: {sum(len(u.partitions) for u in plan.units)} partitions in {len(plan.units)} tasks",
+          file=sys.stderr, flush=True)
+    clock = time.perf_counter()
+    counts: Counter[str] = Counter()
+    if plan.units:
+        conf = settings.to_json()
+        rdd = spark.sparkContext.parallelize([u.to_json() for u in plan.units], len(plan.units))
+        for done in rdd.map(lambda unit: keys_unit_task(unit, conf)).collect():
+            counts.update(done)
+    print(f"key compaction seconds: {time.perf_counter() - clock:.3f}; results: {dict(sorted(counts.items()))}",
+          file=sys.stderr, flush=True)
+    result = collect_keys_run(store, ctx, plan, started, options.settings(plan.now_ms), driver)
+    print(f"run document: s3://{settings.bucket}/{settings.prefix}/_tiering/runs/{settings.run_id}/compact-keys.json"
+          f" ({result.totals()})", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
