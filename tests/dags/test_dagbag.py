@@ -57,7 +57,7 @@ def test_dag_folder_loads_without_errors_or_heavy_imports(tmp_path: Path) -> Non
     assert facts["import_errors"] == {}
     assert facts["dags"] == ["kafka_segment_compaction", "kafka_segment_tiering"]
     assert facts["heavy_modules"] == []  # tiering, boto3 and pyspark load inside tasks only
-    assert facts["tasks"] == ["cleanup", "commit", "plan", "report", "scan", "spark_compaction"]
+    assert facts["tasks"] == ["cleanup", "commit", "key_compaction", "plan", "report", "scan", "spark_compaction"]
     assert set(facts["retries"].values()) == {2}
     assert facts["map_index_template"] == "{{ chunk_name }}"
     assert facts["outlets"] == ["kafka_segment_compaction_report"]
