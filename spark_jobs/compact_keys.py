@@ -2,8 +2,8 @@
 
     spark-submit --master 'local[*]' spark_jobs/compact_keys.py --bucket BUCKET --prefix PREFIX --run-id RUN \\
         (--policy FILE | --topics REGEX) [--now-ms MS] [--delete-retention-ms MS] [--min-compaction-lag-ms MS] \\
-        [--codec C [--level N]] [--min-age-minutes M] [--lease-ttl-seconds 600] [--verify checksum|read-back] \\
-        [--swap auto|copy|put]
+        [--codec C [--level N]] [--min-age-minutes M] [--max-keys N] [--lease-ttl-seconds 600] \\
+        [--verify checksum|read-back] [--swap auto|copy|put]
 
 Thin on purpose: argument parsing, the SparkSession, and calls into ``tiering.run.keycompact``. The driver
 finishes what a crashed run left in flight, lists the partitions and resolves each topic's cleaner settings
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--codec", default=None, help="the codec of rebuilt batches (default: each batch's own)")
     p.add_argument("--level", type=int, default=None)
     p.add_argument("--min-age-minutes", type=int, default=15)
+    p.add_argument("--max-keys", type=int, default=None, help="bound each pass's key map (see the CLI's --help)")
     p.add_argument("--lease-ttl-seconds", type=int, default=DEFAULT_TTL_SECONDS)
     p.add_argument("--verify", choices=["checksum", "read-back"], default="checksum")
     p.add_argument("--swap", choices=["auto", "copy", "put"], default="auto")
@@ -69,7 +70,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
                            args.verify, args.swap)
     options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
                                 args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds,
-                                load_policy(args.policy) if args.policy else None)
+                                load_policy(args.policy) if args.policy else None, args.max_keys)
     store = settings.store()
     ctx = settings.context(store)
     started = datetime.now(UTC).isoformat()

@@ -6,6 +6,7 @@ must stay recoverable, a crash at any S3 call must converge on re-run, and a rol
 from __future__ import annotations
 
 import io
+import itertools
 import re
 from dataclasses import replace
 from typing import Any
@@ -298,3 +299,30 @@ def test_a_partition_whose_txnindex_is_missing_is_refused_and_left_as_it_is(stor
     assert {r.base_offset for r in failed} == {0, 20, 40, 60, 80}
     assert all(r.cause is Cause.INVALID and ".txnindex" in r.reason for r in failed)
     assert all(final(store, b, LOG_SUFFIX) == log for b, (log, _) in parts.items())
+
+
+def test_a_bounded_key_map_ends_passes_early_and_later_runs_go_on_to_the_same_records(store: S3Store) -> None:
+    """As the broker's dedupe buffer: with a map of 4 keys a pass ends where it filled up, the partition keeps
+    that offset, and the next run's map starts there; once a pass covers the range the checkpoint is
+    cleared. The records left are those one unbounded pass leaves."""
+    from tiering.kafka.segment import iter_decoded
+
+    def left(logs: list[bytes]) -> set[tuple[int, bytes | None, bytes | None]]:
+        return {(r.offset, r.key, r.value) for log in logs for b in iter_decoded(io.BytesIO(log))
+                if not b.header.is_control for r in b.records}
+
+    parts = partition(aborts=False)
+    upload(store, parts)
+    want = expected(parts, NOW)
+    checkpoints = []
+    for i in range(12):
+        run = compact_keys(store, keys_context(store, f"bounded-{i}"),
+                           KeyCompactOptions(topics=re.escape(TOPIC), now_ms=NOW, max_keys=4))
+        assert run.exit_code() is ExitCode.OK
+        checkpoints.append(load_state(store, PREFIX, DIRECTORY).keys_checkpoint)
+        if checkpoints[-1] is None:
+            break
+    assert len(checkpoints) >= 3, checkpoints
+    assert checkpoints[-1] is None
+    assert all(a < b for a, b in itertools.pairwise(checkpoints[:-1]))  # it went on each time
+    assert left([final(store, b, LOG_SUFFIX) for b in (0, 20, 40, 60)]) == left([want[b].log for b in (0, 20, 40, 60)])

@@ -95,13 +95,19 @@ class PartitionState:
     SCHEMA_VERSION: ClassVar[int] = 1
 
     segments: Mapping[int, SegmentState] = field(default_factory=dict)
+    # Where the next key-compaction pass's key map starts (the end of the last whole pass: Kafka's
+    # cleaner-offset-checkpoint); None: from the first segment.
+    keys_checkpoint: int | None = None
 
     def get(self, base: int) -> SegmentState | None:
         return self.segments.get(base)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": self.SCHEMA_VERSION,
-                "segments": {str(b): e.to_json() for b, e in sorted(self.segments.items())}}
+        doc: dict[str, Any] = {"schema_version": self.SCHEMA_VERSION,
+                               "segments": {str(b): e.to_json() for b, e in sorted(self.segments.items())}}
+        if self.keys_checkpoint is not None:
+            doc["keys_checkpoint"] = self.keys_checkpoint
+        return doc
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> PartitionState:
@@ -110,7 +116,9 @@ class PartitionState:
                               expected=cls.SCHEMA_VERSION,
                               found=doc.get("schema_version") if isinstance(doc, dict) else type(doc).__name__)
         try:
-            return cls({int(b): SegmentState.from_json(e) for b, e in doc["segments"].items()})
+            checkpoint = doc.get("keys_checkpoint")
+            return cls({int(b): SegmentState.from_json(e) for b, e in doc["segments"].items()},
+                       None if checkpoint is None else int(checkpoint))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError("partition state document unreadable", path=where,
                               expected="segments of {log_etag, run_id, ...} by base offset",
@@ -157,10 +165,15 @@ def load_state(store: ObjectStore, prefix: str, directory: str) -> PartitionStat
     return _read(store, state_key(prefix, directory))[0]
 
 
+_KEEP: Final = object()  # record_segments: the key-compaction checkpoint stays as it is
+
+
 def record_segments(store: ObjectStore, prefix: str, directory: str,
-                    changes: Mapping[int, SegmentState | None], pruning: Pruning | None = None) -> None:
+                    changes: Mapping[int, SegmentState | None], pruning: Pruning | None = None, *,
+                    keys_checkpoint: int | object | None = _KEEP) -> None:
     """Set (or with None remove) entries in one compare-and-swap, dropping what ``pruning`` says; retried
-    from a fresh read if the document moved. Nothing is written when nothing changes."""
+    from a fresh read if the document moved. Nothing is written when nothing changes. ``keys_checkpoint``:
+    set (or with None clear) the partition's key-compaction checkpoint too."""
     key = state_key(prefix, directory)
     for _ in range(CAS_ATTEMPTS):
         state, etag = _read(store, key)
@@ -170,18 +183,25 @@ def record_segments(store: ObjectStore, prefix: str, directory: str,
                 segments.pop(base, None)
             elif (there := segments.get(base)) is None or replace(there, recorded_at=entry.recorded_at) != entry:
                 segments[base] = entry  # an entry equal but for its time stays as it was
-        if segments == state.segments:
+        checkpoint = state.keys_checkpoint if keys_checkpoint is _KEEP else keys_checkpoint
+        assert checkpoint is None or isinstance(checkpoint, int)
+        if segments == state.segments and checkpoint == state.keys_checkpoint:
             return
         try:
             if etag is None:
-                store.put_json(key, PartitionState(segments).to_json(), if_none_match=True)
+                store.put_json(key, PartitionState(segments, checkpoint).to_json(), if_none_match=True)
             else:
-                store.put_json(key, PartitionState(segments).to_json(), if_match=etag)
+                store.put_json(key, PartitionState(segments, checkpoint).to_json(), if_match=etag)
             return
         except PreconditionFailed:
             continue
     raise TieringError("the partition state document kept changing under us", path=f"s3://{store.bucket}/{key}",
                        expected=f"a stable document within {CAS_ATTEMPTS} attempts", found="concurrent writers")
+
+
+def record_keys_checkpoint(store: ObjectStore, prefix: str, directory: str, offset: int | None) -> None:
+    """Set (or with None clear) where the partition's next key-compaction pass's key map starts."""
+    record_segments(store, prefix, directory, {}, keys_checkpoint=offset)
 
 
 def record_segment(store: ObjectStore, prefix: str, directory: str, base_offset: int,

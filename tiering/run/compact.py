@@ -38,7 +38,7 @@ from tiering.errors import ConfigError, ExitCode, InvalidDataError, ProofError, 
 from tiering.kafka.files import parse_segment_name
 from tiering.lifecycle.journal import NOTHING_TO_GAIN, Cause, Pending, Status
 from tiering.plan.scan import REPAIR, PlannedSegment
-from tiering.plan.state import Outcome, SegmentState, stamped
+from tiering.plan.state import Outcome, SegmentState, record_keys_checkpoint, stamped
 from tiering.storage.layout import (
     BACKUP_DIR,
     JOURNAL_DIR,
@@ -454,6 +454,8 @@ def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int =
             for base in sorted(bases):
                 staged = stage_rollback(ctx, directory, base, target_run)
                 out.append(staged if isinstance(staged, SegmentResult) else finish_one(ctx, *staged, lease))
+            # Records put back below a key-compaction checkpoint would be missed by the next pass's map.
+            record_keys_checkpoint(store, ctx.prefix, directory, None)
 
         for result in with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)]):
             tally.add(result)

@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, Final
 
@@ -52,12 +52,14 @@ from tiering.kafka.keycompact import (
 from tiering.lifecycle.journal import Cause, Pending, Status
 from tiering.plan.policy import Policy
 from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
+from tiering.plan.state import load_state, record_keys_checkpoint
 from tiering.run.compact import RunResult, RunTally, StepResults, guarded, pending_bases, with_lease
 from tiering.run.pipeline import MAX_LISTED_PARTITIONS, OTHER_SCOPE, RUN_SCOPE, RunSettings, write_results
 from tiering.storage.layout import clock_key, run_key, run_result_key
 from tiering.storage.objects import ObjectStore
 
 RUN_KIND: Final = "compact-keys"
+NO_CHECKPOINT: Final = -1  # a whole pass: the partition's checkpoint is cleared
 # Segments the pass cannot read past: the cleaned range ends before them.
 _UNREADABLE: Final = frozenset({Cause.ARCHIVED, Cause.UNREADABLE, Cause.INCOMPLETE})
 # Segments a broker may still append to, or written too recently: read (for producers), never cleaned.
@@ -79,8 +81,11 @@ class KeyCompactOptions:
     # Which topics, and their delete.retention.ms and min.compaction.lag.ms: those whose cleanup.policy has
     # compact and compact.enable is true (the two values above are then not used).
     policy: Policy | None = None
+    max_keys: int | None = None  # the key map's bound: a full map ends a pass early, the next run goes on
 
     def __post_init__(self) -> None:
+        if self.max_keys is not None and self.max_keys < 1:
+            raise ConfigError("the key map's bound must be at least one key", expected=">= 1", found=self.max_keys)
         for name in ("delete_retention_ms", "min_compaction_lag_ms"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name.replace('_', '.')} must not be negative", expected=">= 0",
@@ -92,7 +97,7 @@ class KeyCompactOptions:
 
     def settings(self, now_ms: int) -> dict[str, Any]:
         doc = {"now_ms": now_ms, "codec": self.codec, "level": self.level, "topics": self.topics,
-               "min_age_minutes": self.min_age_minutes}
+               "min_age_minutes": self.min_age_minutes, "max_keys": self.max_keys}
         if self.policy is not None:
             return {**doc, "policy": self.policy.path}
         return {**doc, "delete_retention_ms": self.delete_retention_ms,
@@ -107,7 +112,7 @@ class KeyCompactOptions:
                 return None
             retention, lag = tp.delete_retention_ms, tp.min_compaction_lag_ms
         codec = Codec.parse(self.codec) if self.codec is not None else None
-        return CleanOptions(now_ms, retention, lag, codec=codec, level=self.level,
+        return CleanOptions(now_ms, retention, lag, max_keys=self.max_keys, codec=codec, level=self.level,
                             index_interval_bytes=ctx.options.index_interval_bytes,
                             decompression_limit=ctx.options.decompression_limit)
 
@@ -160,8 +165,14 @@ def partition_pass(ctx: Context, store: ObjectStore, segments: list[PlannedSegme
             report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, seg.reason, cause=seg.cause))
         return
 
+    # A pass whose key map filled up ended early: the next one goes on from where it ended (Kafka's
+    # checkpoint). A whole pass clears it, so the next maps the whole range again (an archive gets no new
+    # data: a pass over nothing dirty would never let a stamped tombstone go).
+    checkpoint = load_state(store, ctx.prefix, directory).keys_checkpoint
+    start = checkpoint if checkpoint is not None and chain[0].base_offset <= checkpoint <= chain[-1].base_offset \
+        else 0
     try:
-        _clean_chain(ctx, store, chain, options, lease, report)
+        end = _clean_chain(ctx, store, chain, replace(options, first_dirty_offset=start), lease, report)
     except InvalidDataError as e:  # the pass read something it cannot clean: the segments it had not done stay
         reported = {r.base_offset for r in out if r.directory == directory}
         cause = Cause.UNSUPPORTED if isinstance(e, UnsupportedError) else Cause.INVALID
@@ -169,11 +180,17 @@ def partition_pass(ctx: Context, store: ObjectStore, segments: list[PlannedSegme
             if seg.base_offset not in reported:
                 report(SegmentResult(seg.directory, seg.base_offset, FAILED, f"not cleaned: the pass read {e}",
                                      error=e.to_dict(), cause=cause))
+        return
+    if end is not None and (None if end == NO_CHECKPOINT else end) != checkpoint:
+        lease.check()
+        record_keys_checkpoint(store, ctx.prefix, directory, None if end == NO_CHECKPOINT else end)
 
 
 def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], options: CleanOptions,
-                 lease: Lease, report: Callable[[SegmentResult], None]) -> None:
-    """Both passes of the cleaner over ``chain``; each cleaned segment swapped in before the next is made."""
+                 lease: Lease, report: Callable[[SegmentResult], None]) -> int | None:
+    """Both passes of the cleaner over ``chain``; each cleaned segment swapped in before the next is made.
+    The checkpoint the partition keeps when the pass is done: where it ended if its key map filled up, else
+    ``NO_CHECKPOINT``; None when it stopped (the checkpoint stays as it was)."""
     def opener(seg: PlannedSegment) -> Callable[[], Any]:
         assert seg.log is not None
         log = seg.log
@@ -219,10 +236,17 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
                                  f"segment {stopped.base_offset}", cause=Cause.PASS_STOPPED))
         elif seg.cause in _LAST:
             report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, seg.reason, cause=seg.cause))
+        elif facts.end_offset < facts.upper:
+            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, f"past where this pass's key map filled "
+                                 f"up ({len(facts.key_map):,} keys, offset {facts.end_offset}): the next pass goes "
+                                 "on from there", cause=Cause.UNCLEANABLE))
         else:
             report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "past the first uncleanable offset "
                                  f"{facts.upper} (an open transaction, min.compaction.lag.ms, or the range's "
                                  "end)", cause=Cause.UNCLEANABLE))
+    if stopped is not None:
+        return None
+    return facts.end_offset if facts.end_offset < facts.upper else NO_CHECKPOINT
 
 
 def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: str, figures: dict[str, int],
@@ -269,6 +293,7 @@ class KeyPartition:
     min_compaction_lag_ms: int
     codec: str | None = None
     level: int | None = None
+    max_keys: int | None = None
 
     @property
     def directory(self) -> str:
@@ -276,6 +301,7 @@ class KeyPartition:
 
     def clean_options(self, ctx: Context) -> CleanOptions:
         return CleanOptions(self.now_ms, self.delete_retention_ms, self.min_compaction_lag_ms,
+                            max_keys=self.max_keys,
                             codec=Codec.parse(self.codec) if self.codec is not None else None, level=self.level,
                             index_interval_bytes=ctx.options.index_interval_bytes,
                             decompression_limit=ctx.options.decompression_limit)
@@ -283,13 +309,13 @@ class KeyPartition:
     def to_json(self) -> dict[str, Any]:
         return {"segments": [s.to_json() for s in self.segments], "now_ms": self.now_ms,
                 "delete_retention_ms": self.delete_retention_ms, "min_compaction_lag_ms": self.min_compaction_lag_ms,
-                "codec": self.codec, "level": self.level}
+                "codec": self.codec, "level": self.level, "max_keys": self.max_keys}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> KeyPartition:
         return cls(tuple(PlannedSegment.from_json(s) for s in doc["segments"]), int(doc["now_ms"]),
                    int(doc["delete_retention_ms"]), int(doc["min_compaction_lag_ms"]), doc.get("codec"),
-                   doc.get("level"))
+                   doc.get("level"), doc.get("max_keys"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,7 +368,8 @@ def plan_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions, *, p
         chosen = options.clean_options(now_ms, ctx, segments[0].topic)
         if chosen is not None:
             partitions.append(KeyPartition(tuple(segments), now_ms, chosen.delete_retention_ms,
-                                           chosen.min_compaction_lag_ms, options.codec, options.level))
+                                           chosen.min_compaction_lag_ms, options.codec, options.level,
+                                           options.max_keys))
 
     scan_partitions(store, ctx.prefix, ScanOptions("none", topics=options.topics,
                                                    min_age_minutes=options.min_age_minutes), add)
