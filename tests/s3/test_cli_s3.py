@@ -231,3 +231,8 @@ def test_compact_keys_cleans_the_chosen_topics_and_the_report_shows_what_went(bu
     assert kc["monthly_savings_usd"] == pytest.approx(report["totals"]["monthly_savings_usd"])
     code, out, err = _cli("report", "--bucket", bucket.bucket, "--prefix", PREFIX)
     assert "saved by key compaction" in out
+    code, out, err = _cli("report", "--bucket", bucket.bucket, "--prefix", PREFIX, "--run-id", "keys-cli",
+                          "--price-region", "eu-west-1", "--json")  # priced again from the run document
+    assert code == 0, err
+    assert json.loads(out)["key_compaction"]["segments"] == 3
+    assert json.loads(out)["prices"]["region"] == "eu-west-1"

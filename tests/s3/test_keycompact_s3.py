@@ -210,8 +210,8 @@ def test_a_tombstone_is_dropped_once_its_horizon_passed(store: S3Store) -> None:
     assert b"k9" not in left
 
 
-def _crash_scenario(store: S3Store, at: int | None, mode: str, second: bool) -> tuple[list[str], bool]:
-    """The first pass over the partition crashed at call ``at``, or (``second``) the pass a day after an
+def _crash_scenario(store: S3Store, crash_at: int | None, mode: str, second: bool) -> tuple[list[str], bool]:
+    """The first pass over the partition crashed at call ``crash_at``, or (``second``) the pass a day after an
     uninterrupted one, which also removes a .txnindex; then a retry at the same clock."""
     parts = partition(aborts=second)
     upload(store, parts)
@@ -221,7 +221,7 @@ def _crash_scenario(store: S3Store, at: int | None, mode: str, second: bool) -> 
         parts = {b: (final(store, b, LOG_SUFFIX), parts[b][1]) for b in parts}
         now = NOW + DAY
     worker = fresh_store()
-    faults = Faults(worker, at, mode)
+    faults = Faults(worker, crash_at, mode)
     crashed = False
     try:
         compact_keys(worker, keys_context(worker, swap=Swap.COPY), at(now))
@@ -232,13 +232,20 @@ def _crash_scenario(store: S3Store, at: int | None, mode: str, second: bool) -> 
         run = compact_keys(rerun, keys_context(rerun, swap=Swap.COPY), at(now))  # a retry
         assert run.exit_code() is ExitCode.OK, [r.to_json() for r in run.segments]
     assert no_pending(store)
+    kept = {k.key.rsplit("/", 1)[1]: k.key for k in store.list(f"{PREFIX}/_tiering/backup/keys-1/")}
+    # the pass's originals, each kept as it was (a retry must not back up its own output instead)
+    logs = [name for name in kept if name.endswith(LOG_SUFFIX)]
+    assert logs or crash_at is not None
+    for name in logs + [name for name in kept if name.endswith(TXN_INDEX_SUFFIX)]:
+        base = int(name[:20])
+        assert store.get(kept[name]) == parts[base][0 if name.endswith(LOG_SUFFIX) else 1], (crash_at, mode, name)
     want = expected(parts, now)
     for base in (0, 20, 40):
-        assert final(store, base, LOG_SUFFIX) == want[base].log, (at, mode, base)
+        assert final(store, base, LOG_SUFFIX) == want[base].log, (crash_at, mode, base)
         assert final(store, base, INDEX_SUFFIX) == want[base].indexes.offset_index
         assert final(store, base, TIME_INDEX_SUFFIX) == want[base].indexes.time_index
         txn = segment_key(PREFIX, TOPIC, 0, base, TXN_INDEX_SUFFIX)
-        assert (store.get(txn) if exists(store, txn) else b"") == want[base].txn_index, (at, mode, base)
+        assert (store.get(txn) if exists(store, txn) else b"") == want[base].txn_index, (crash_at, mode, base)
     return faults.calls, crashed
 
 
@@ -326,3 +333,119 @@ def test_a_bounded_key_map_ends_passes_early_and_later_runs_go_on_to_the_same_re
     assert checkpoints[-1] is None
     assert all(a < b for a, b in itertools.pairwise(checkpoints[:-1]))  # it went on each time
     assert left([final(store, b, LOG_SUFFIX) for b in (0, 20, 40, 60)]) == left([want[b].log for b in (0, 20, 40, 60)])
+
+
+def test_a_retry_with_the_same_run_id_keeps_the_originals_in_the_backups(store: S3Store) -> None:
+    """A run that swapped segments and is run again under its id (an Airflow retry, at a later clock or
+    with new data) does not clean them again: their backups keep the originals, and a rollback restores
+    them."""
+    parts = partition(aborts=True)
+    upload(store, parts)
+    options = KeyCompactOptions(topics=re.escape(TOPIC), now_ms=NOW, delete_retention_ms=60_000)
+    compact_keys(store, keys_context(store), options)
+    run = compact_keys(store, keys_context(store), replace(options, now_ms=NOW + 120_000))
+    again = {r.base_offset: r for r in run.segments}
+    assert all(again[b].cause is Cause.ALREADY_COMPACTED for b in (0, 20, 40)), run.segments
+    for base in (0, 20, 40):
+        assert store.get(f"{PREFIX}/_tiering/backup/keys-1/{DIRECTORY}/{base:020d}.log") == parts[base][0]
+    assert rollback(store, keys_context(store, "undo"), "keys-1").counts == {"rolled-back": 3}
+    assert all(final(store, b, LOG_SUFFIX) == log for b, (log, _) in parts.items())
+
+
+def test_an_earlier_key_compaction_run_is_rolled_back_only_after_the_later_ones(store: S3Store) -> None:
+    """Pass 2 lets the aborted transaction's .txnindex entry go (its data went on pass 1): rolling pass 1
+    back first would put the aborted data back beside no entry. It is refused; pass 2 then pass 1 restore
+    every original, .txnindex included."""
+    parts = partition(aborts=True)
+    upload(store, parts)
+    compact_keys(store, keys_context(store), at(NOW))
+    compact_keys(store, keys_context(store, "keys-2"), at(NOW + DAY))
+    before = {b: final(store, b, LOG_SUFFIX) for b in parts}
+    refused = rollback(store, keys_context(store, "undo-1"), "keys-1")
+    assert refused.exit_code() is ExitCode.USAGE
+    assert all("keys-2" in r.reason for r in refused.segments)
+    assert {b: final(store, b, LOG_SUFFIX) for b in parts} == before
+    assert rollback(store, keys_context(store, "undo-2"), "keys-2").exit_code() is ExitCode.OK
+    assert rollback(store, keys_context(store, "undo-1b"), "keys-1").exit_code() is ExitCode.OK
+    assert all(final(store, b, LOG_SUFFIX) == log for b, (log, _) in parts.items())
+    assert final(store, 20, TXN_INDEX_SUFFIX) == parts[20][1]
+    assert load_state(store, PREFIX, DIRECTORY).keys_runs == ()
+
+
+class _CrashAfterTxnIndex:
+    """The process dies right after S3 executed the DeleteObject of a .txnindex (then every request fails)."""
+
+    def __init__(self, store: S3Store) -> None:
+        self.key, self.dead = "", False
+        events = store.client.meta.events
+        events.register("before-parameter-build.s3.*", self._params)
+        events.register("before-call.s3.*", self._before)
+        events.register("after-call.s3.DeleteObject", self._after)
+
+    def _params(self, params: dict[str, Any], **_: Any) -> None:
+        self.key = str(params.get("Key", ""))
+
+    def _before(self, **_: Any) -> None:
+        if self.dead:
+            raise Crash("already dead")
+
+    def _after(self, **_: Any) -> None:
+        if self.key.endswith(TXN_INDEX_SUFFIX):
+            self.dead = True
+            raise Crash("after the .txnindex went")
+
+
+def _second_pass_crashed_after_its_txnindex(store: S3Store) -> dict[int, tuple[bytes, bytes]]:
+    parts = partition(aborts=True)
+    upload(store, parts)
+    compact_keys(store, keys_context(store, "keys-0"), at(NOW))
+    worker = fresh_store()
+    _CrashAfterTxnIndex(worker)
+    with pytest.raises(Crash):
+        compact_keys(worker, keys_context(worker), at(NOW + DAY))
+    assert not exists(store, segment_key(PREFIX, TOPIC, 0, 20, TXN_INDEX_SUFFIX))  # gone before the .log
+    return parts
+
+
+def test_an_operation_abandoned_after_its_txnindex_went_puts_the_original_back(store: S3Store) -> None:
+    """Crashed after the .txnindex was removed, before the .log swap; meanwhile another writer replaced the
+    .index: the retry abandons the operation and, the original .log being in place, puts the original
+    .txnindex back beside it."""
+    from tiering.commit.lease import Lease
+    from tiering.commit.protocol import recover_partition
+    from tiering.storage.layout import lease_key
+
+    parts = _second_pass_crashed_after_its_txnindex(store)
+    store.put(segment_key(PREFIX, TOPIC, 0, 20, INDEX_SUFFIX), bytes(8))  # another writer's
+    lease = Lease(store, lease_key(PREFIX, DIRECTORY), "keys-1", 600)  # the same run takes its lease back
+    lease.acquire(PREFIX)
+    results = recover_partition(keys_context(store), DIRECTORY, lease)
+    lease.release()
+    assert [(r.base_offset, r.status) for r in results] == [(20, Status.ABORTED)], results
+    assert final(store, 20, TXN_INDEX_SUFFIX) == parts[20][1]
+    assert no_pending(store)
+    run = compact_keys(store, keys_context(store), at(NOW + DAY))  # the pass again: the entry goes for good
+    assert run.exit_code() is ExitCode.OK
+    assert not exists(store, segment_key(PREFIX, TOPIC, 0, 20, TXN_INDEX_SUFFIX))
+
+
+def test_cleanup_keeps_the_txnindex_a_pending_operation_needs(store: S3Store) -> None:
+    from tiering.run.compact import cleanup
+
+    parts = _second_pass_crashed_after_its_txnindex(store)  # its lease still held: the partition is busy
+    cleaned = cleanup(store, keys_context(store, "cleanup"), grace_days=0, stale_hours=0)
+    assert cleaned.exit_code() is ExitCode.BUSY
+    assert store.get(f"{PREFIX}/_tiering/backup/keys-1/{DIRECTORY}/{20:020d}{TXN_INDEX_SUFFIX}") == parts[20][1]
+    assert compact_keys(store, keys_context(store), at(NOW + DAY)).exit_code() is ExitCode.OK
+    assert no_pending(store)
+
+
+def test_auto_codec_choice_still_recompresses_key_compacted_segments(store: S3Store) -> None:
+    from tiering.plan.policy import parse_policy
+    from tiering.plan.scan import COMPACT, ScanOptions, scan
+
+    upload(store, partition(aborts=False))
+    compact_keys(store, keys_context(store), at(NOW))
+    policy = parse_policy({"cluster": {"compression.type": "auto"}})
+    plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0, policy=policy))
+    assert {s.base_offset for s in plan.segments if s.action == COMPACT} >= {0, 20, 40}

@@ -530,8 +530,8 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "backed up and swapped in offset order, so an interrupted pass leaves a prefix "
                                    "of the partition cleaned, as a broker's cleaner would. Run it only on topics "
                                    "that are compacted: it removes every superseded value. Exit 0 done; 1 invalid "
-                                   "data, or a pass that would change a .txnindex (not replaced yet); 3 busy; "
-                                   "4 S3 failed (retry).")
+                                   "or unsupported data (legacy batches, an ABORT marker its .txnindex does not "
+                                   "name); 3 busy; 4 S3 failed (retry).")
     _common(p)
     p.add_argument("--topics", default=None, metavar="REGEX",
                    help="the compacted topics to clean (their whole names must match); this or --policy is "

@@ -268,7 +268,10 @@ def stage_cleaned(ctx: Context, seg: PlannedSegment, log: BinaryIO, size: int, i
     limits = {"index_interval_bytes": ctx.options.index_interval_bytes,
               "decompression_limit": ctx.options.decompression_limit}
     log.seek(0)
-    made = read_back(log, base_offset=base, path=f"{log_uri} (cleaned)", size=size, **limits)
+    try:
+        made = read_back(log, base_offset=base, path=f"{log_uri} (cleaned)", size=size, **limits)
+    except InvalidDataError as e:  # what the cleaner made, not the source: a proof failure, never retried
+        raise ProofError(f"the cleaned .log does not read back: {e}", path=log_uri) from None
     if made.size != size or made.indexes != indexes:
         raise ProofError("the cleaned .log does not match the indexes made with it", path=log_uri,
                          expected=f"{size} bytes and their indexes", found=f"{made.size} bytes, indexes "
@@ -865,8 +868,11 @@ def _swap_txn_index(ctx: Context, journal: Journal) -> None:
 
 
 def _put_back_txn_index(ctx: Context, journal: Journal) -> None:
-    """An abandoned operation that had put its ``.txnindex`` in before the ``.log``: the original goes back
-    (from its backup; or, if there was none, ours is removed). Another writer's is left alone."""
+    """An abandoned operation that had put its ``.txnindex`` in before the ``.log``: while the original
+    ``.log`` is in place, the original ``.txnindex`` goes back beside it (from its backup; or, if there was
+    none, ours is removed). Beside a ``.log`` another writer put there, the ``.txnindex`` is that writer's
+    business (either one could be wrong for its ``.log``): left as it is; with the ``.log`` gone, ours is
+    removed."""
     store, txn = ctx.store, journal.txn
     assert txn is not None
     try:
@@ -876,6 +882,17 @@ def _put_back_txn_index(ctx: Context, journal: Journal) -> None:
     ours = there is not None and there.metadata.get(META_OP) == journal.op
     removed = there is None and txn.new is None and txn.source is not None
     if not ours and not removed:
+        return
+    try:
+        log_etag: str | None = store.head(journal.final["log"]).etag
+    except ObjectNotFound:
+        log_etag = None
+    if log_etag is None:  # deleted by retention: no .txnindex of ours stays behind
+        if ours and there is not None:
+            with contextlib.suppress(PreconditionFailed):
+                store.delete(txn.final, if_match=there.etag, missing_ok=True)
+        return
+    if log_etag != journal.source["log"]:
         return
     with contextlib.suppress(PreconditionFailed):
         if txn.backup is None:

@@ -330,7 +330,7 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
         return SKIP, "empty: the .log holds no batches", Cause.EMPTY
     if log.size > MAX_SEGMENT_BYTES:
         return SKIP, f"invalid: {log.size} bytes is beyond Kafka's 2 GiB segment limit", Cause.INVALID
-    if ours is not None and o.codec == AUTO:
+    if ours is not None and o.codec == AUTO and ours.codec is not None:  # (key compaction records no codec)
         return (SKIP, f"already compacted: {ours.codec} (chosen automatically) by run {ours.run_id}",
                 Cause.ALREADY_COMPACTED)
     if ours is not None and ours.codec == o.codec and ours.level == o.level and covers:

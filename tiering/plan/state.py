@@ -98,6 +98,9 @@ class PartitionState:
     # Where the next key-compaction pass's key map starts (the end of the last whole pass: Kafka's
     # cleaner-offset-checkpoint); None: from the first segment.
     keys_checkpoint: int | None = None
+    # The key-compaction runs that replaced segments here, oldest first: only the last may be rolled back
+    # (an earlier pass's originals could bring back what a later pass let go).
+    keys_runs: tuple[str, ...] = ()
 
     def get(self, base: int) -> SegmentState | None:
         return self.segments.get(base)
@@ -107,6 +110,8 @@ class PartitionState:
                                "segments": {str(b): e.to_json() for b, e in sorted(self.segments.items())}}
         if self.keys_checkpoint is not None:
             doc["keys_checkpoint"] = self.keys_checkpoint
+        if self.keys_runs:
+            doc["keys_runs"] = list(self.keys_runs)
         return doc
 
     @classmethod
@@ -118,7 +123,8 @@ class PartitionState:
         try:
             checkpoint = doc.get("keys_checkpoint")
             return cls({int(b): SegmentState.from_json(e) for b, e in doc["segments"].items()},
-                       None if checkpoint is None else int(checkpoint))
+                       None if checkpoint is None else int(checkpoint),
+                       tuple(str(r) for r in doc.get("keys_runs") or ()))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError("partition state document unreadable", path=where,
                               expected="segments of {log_etag, run_id, ...} by base offset",
@@ -165,15 +171,18 @@ def load_state(store: ObjectStore, prefix: str, directory: str) -> PartitionStat
     return _read(store, state_key(prefix, directory))[0]
 
 
+MAX_KEYS_RUNS: Final = 100  # the key-compaction runs a partition's state lists (the latest)
 _KEEP: Final = object()  # record_segments: the key-compaction checkpoint stays as it is
 
 
 def record_segments(store: ObjectStore, prefix: str, directory: str,
                     changes: Mapping[int, SegmentState | None], pruning: Pruning | None = None, *,
-                    keys_checkpoint: int | object | None = _KEEP) -> None:
+                    keys_checkpoint: int | object | None = _KEEP,
+                    keys_runs: Callable[[tuple[str, ...]], tuple[str, ...]] | None = None) -> None:
     """Set (or with None remove) entries in one compare-and-swap, dropping what ``pruning`` says; retried
     from a fresh read if the document moved. Nothing is written when nothing changes. ``keys_checkpoint``:
-    set (or with None clear) the partition's key-compaction checkpoint too."""
+    set (or with None clear) the partition's key-compaction checkpoint too; ``keys_runs``: how its list of
+    key-compaction runs changes."""
     key = state_key(prefix, directory)
     for _ in range(CAS_ATTEMPTS):
         state, etag = _read(store, key)
@@ -185,13 +194,15 @@ def record_segments(store: ObjectStore, prefix: str, directory: str,
                 segments[base] = entry  # an entry equal but for its time stays as it was
         checkpoint = state.keys_checkpoint if keys_checkpoint is _KEEP else keys_checkpoint
         assert checkpoint is None or isinstance(checkpoint, int)
-        if segments == state.segments and checkpoint == state.keys_checkpoint:
+        runs = state.keys_runs if keys_runs is None else keys_runs(state.keys_runs)
+        if segments == state.segments and checkpoint == state.keys_checkpoint and runs == state.keys_runs:
             return
+        doc = PartitionState(segments, checkpoint, runs).to_json()
         try:
             if etag is None:
-                store.put_json(key, PartitionState(segments, checkpoint).to_json(), if_none_match=True)
+                store.put_json(key, doc, if_none_match=True)
             else:
-                store.put_json(key, PartitionState(segments, checkpoint).to_json(), if_match=etag)
+                store.put_json(key, doc, if_match=etag)
             return
         except PreconditionFailed:
             continue
@@ -202,6 +213,19 @@ def record_segments(store: ObjectStore, prefix: str, directory: str,
 def record_keys_checkpoint(store: ObjectStore, prefix: str, directory: str, offset: int | None) -> None:
     """Set (or with None clear) where the partition's next key-compaction pass's key map starts."""
     record_segments(store, prefix, directory, {}, keys_checkpoint=offset)
+
+
+def record_keys_run(store: ObjectStore, prefix: str, directory: str, run_id: str) -> None:
+    """Note, before it replaces a segment here, that key-compaction run ``run_id`` does (once)."""
+    record_segments(store, prefix, directory, {},
+                    keys_runs=lambda runs: runs if run_id in runs else (*runs, run_id)[-MAX_KEYS_RUNS:])
+
+
+def forget_keys_run(store: ObjectStore, prefix: str, directory: str, run_id: str) -> None:
+    """A key-compaction run rolled back here: off the list, and the checkpoint cleared (records put back
+    below it would be missed by the next pass's key map)."""
+    record_segments(store, prefix, directory, {}, keys_checkpoint=None,
+                    keys_runs=lambda runs: tuple(r for r in runs if r != run_id))
 
 
 def record_segment(store: ObjectStore, prefix: str, directory: str, base_offset: int,

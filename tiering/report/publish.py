@@ -62,10 +62,24 @@ def record_in_ledger(store: ObjectStore, prefix: str, entry: LedgerEntry) -> lis
                           path=f"s3://{store.bucket}/{ledger_key(prefix)}")
 
 
+RUN_KINDS: Final = ("compact", "compact-keys")  # the runs that have a savings report
+
+
+def _kind_of(store: ObjectStore, prefix: str, run_id: str) -> str:
+    for kind in RUN_KINDS[:-1]:
+        try:
+            store.head(run_result_key(prefix, run_id, kind))
+            return kind
+        except ObjectNotFound:
+            continue
+    return RUN_KINDS[-1]
+
+
 def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
-             ledger: list[LedgerEntry], *, kind: str = "compact") -> Report:
-    """The report of ``run_id`` from its run document, and its plan and step results a chunk at a time
-    (nothing is written)."""
+             ledger: list[LedgerEntry], *, kind: str | None = None) -> Report:
+    """The report of ``run_id`` from its run document (of ``kind``; None: whichever of :data:`RUN_KINDS` the
+    run has), and its plan and step results a chunk at a time (nothing is written)."""
+    kind = kind or _kind_of(store, prefix, run_id)
     run = store.get_json(run_result_key(prefix, run_id, kind))[0]
     settings = RunSettings(store.bucket, prefix, run_id, str((run.get("settings") or {}).get("codec", "")))
     chunked = plan_files(store, settings)
@@ -92,7 +106,7 @@ def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, op
 
 
 def publish_report(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
-                   *, kind: str = "compact") -> tuple[Report, dict[str, str]]:
+                   *, kind: str | None = None) -> tuple[Report, dict[str, str]]:
     """Build the report of ``run_id``, record it in the ledger, and write it in every format to the run's key
     and to ``latest``. Returns the report and its keys by format."""
     # The ledger's running totals include this run: record it first, then build with the ledger as written.

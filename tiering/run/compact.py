@@ -38,7 +38,7 @@ from tiering.errors import ConfigError, ExitCode, InvalidDataError, ProofError, 
 from tiering.kafka.files import parse_segment_name
 from tiering.lifecycle.journal import NOTHING_TO_GAIN, Cause, Pending, Status
 from tiering.plan.scan import REPAIR, PlannedSegment
-from tiering.plan.state import Outcome, SegmentState, record_keys_checkpoint, stamped
+from tiering.plan.state import Outcome, SegmentState, forget_keys_run, load_state, stamped
 from tiering.storage.layout import (
     BACKUP_DIR,
     JOURNAL_DIR,
@@ -292,8 +292,12 @@ def outcome(results: list[SegmentResult]) -> ExitCode:
 def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit: bool = True) -> SegmentResult:
     """One planned segment: repair, or stage and (with ``commit``) swap; every per-segment problem becomes
     a result. Without ``commit`` the segment is left journalled as ``staged`` for a later commit step."""
-    def attempt() -> SegmentResult:
+    try:
         own = ctx.for_segment(seg)
+    except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict())
+
+    def attempt() -> SegmentResult:
         if seg.action == REPAIR:
             return repair_segment(own, seg, lease)
         staged = stage_segment(own, seg, lease)
@@ -307,7 +311,7 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
         result = finish_one(own, staged.journal, staged.etag, lease, indexes=staged.indexes)
         return staged.result if result.status == staged.result.status else result
 
-    return guarded(ctx, seg, attempt)
+    return guarded(own, seg, attempt)
 
 
 def guarded(ctx: Context, seg: PlannedSegment, attempt: Callable[[], SegmentResult]) -> SegmentResult:
@@ -451,11 +455,23 @@ def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int =
     for directory, bases in sorted(segments.items()):
         def work(lease: Lease, out: list[SegmentResult], directory: str = directory, bases: set[int] = bases) -> None:
             out += recover_partition(ctx, directory, lease)
+            runs = load_state(store, ctx.prefix, directory).keys_runs
+            if target_run in runs and runs[-1] != target_run:
+                later = ", ".join(runs[runs.index(target_run) + 1:])
+                out.extend(SegmentResult(directory, base, FAILED, f"not rolled back: key-compaction run(s) {later} "
+                                         "replaced segments here after it; roll those back first (this run's "
+                                         "originals could bring back a value whose tombstone, or aborted data "
+                                         "whose .txnindex entry, a later pass let go)") for base in sorted(bases))
+                return
+            restored = []
             for base in sorted(bases):
                 staged = stage_rollback(ctx, directory, base, target_run)
-                out.append(staged if isinstance(staged, SegmentResult) else finish_one(ctx, *staged, lease))
-            # Records put back below a key-compaction checkpoint would be missed by the next pass's map.
-            record_keys_checkpoint(store, ctx.prefix, directory, None)
+                restored.append(staged if isinstance(staged, SegmentResult) else finish_one(ctx, *staged, lease))
+            out.extend(restored)
+            # Off the list once all of it is undone (a segment another run replaced since keeps this pass's
+            # output), and the checkpoint cleared (records put back below it would be missed).
+            if target_run in runs and all(r.status is Status.ROLLED_BACK for r in restored):
+                forget_keys_run(store, ctx.prefix, directory, target_run)
 
         for result in with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)]):
             tally.add(result)
@@ -499,6 +515,8 @@ def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRA
     for journal, _ in pending_journals(store, prefix):  # those still pending (their partition was busy)
         referenced.update(journal.new.present())
         referenced.update(v for v in (journal.backup or {}).values() if v)
+        if journal.txn is not None:
+            referenced.update(k for k in (journal.txn.new, journal.txn.backup) if k)
     now = store.now(clock_key(prefix))
     for sub, age in ((BACKUP_DIR, timedelta(days=grace_days)), (STAGING_DIR, timedelta(hours=stale_hours))):
         expired: dict[str, ObjectInfo] = {}

@@ -52,7 +52,7 @@ from tiering.kafka.keycompact import (
 from tiering.lifecycle.journal import Cause, Pending, Status
 from tiering.plan.policy import Policy
 from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
-from tiering.plan.state import load_state, record_keys_checkpoint
+from tiering.plan.state import load_state, record_keys_checkpoint, record_keys_run
 from tiering.run.compact import RunResult, RunTally, StepResults, guarded, pending_bases, with_lease
 from tiering.run.pipeline import MAX_LISTED_PARTITIONS, OTHER_SCOPE, RUN_SCOPE, RunSettings, write_results
 from tiering.storage.layout import clock_key, run_key, run_result_key
@@ -168,11 +168,16 @@ def partition_pass(ctx: Context, store: ObjectStore, segments: list[PlannedSegme
     # A pass whose key map filled up ended early: the next one goes on from where it ended (Kafka's
     # checkpoint). A whole pass clears it, so the next maps the whole range again (an archive gets no new
     # data: a pass over nothing dirty would never let a stamped tombstone go).
-    checkpoint = load_state(store, ctx.prefix, directory).keys_checkpoint
+    state = load_state(store, ctx.prefix, directory)
+    checkpoint = state.keys_checkpoint
     start = checkpoint if checkpoint is not None and chain[0].base_offset <= checkpoint <= chain[-1].base_offset \
         else 0
     try:
-        end = _clean_chain(ctx, store, chain, replace(options, first_dirty_offset=start), lease, report)
+        # A segment this very run swapped already (a retry of a run that stopped) is not cleaned again: its
+        # backup holds the original, which a second swap would replace with this run's own output.
+        done = {s.base_offset for s in chain if (e := state.get(s.base_offset)) is not None and e.compacted
+                and e.run_id == ctx.run_id and s.log is not None and e.log_etag == s.log.etag}
+        end = _clean_chain(ctx, store, chain, replace(options, first_dirty_offset=start), lease, report, done)
     except InvalidDataError as e:  # the pass read something it cannot clean: the segments it had not done stay
         reported = {r.base_offset for r in out if r.directory == directory}
         cause = Cause.UNSUPPORTED if isinstance(e, UnsupportedError) else Cause.INVALID
@@ -187,7 +192,7 @@ def partition_pass(ctx: Context, store: ObjectStore, segments: list[PlannedSegme
 
 
 def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], options: CleanOptions,
-                 lease: Lease, report: Callable[[SegmentResult], None]) -> int | None:
+                 lease: Lease, report: Callable[[SegmentResult], None], ours: set[int]) -> int | None:
     """Both passes of the cleaner over ``chain``; each cleaned segment swapped in before the next is made.
     The checkpoint the partition keeps when the pass is done: where it ended if its key map filled up, else
     ``NO_CHECKPOINT``; None when it stopped (the checkpoint stays as it was)."""
@@ -213,6 +218,7 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
             return open(os.path.join(work, f"{base}.log"), "wb")
 
         previous = dataclasses.replace(stats)
+        noted = False
         done: set[int] = set()
         stopped: SegmentResult | None = None
         for cleaned in clean(sources, facts, options, stats, sink=sink):
@@ -221,11 +227,20 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
             previous = dataclasses.replace(stats)
             done.add(seg.base_offset)
             path = os.path.join(work, f"{seg.base_offset}.log")
-            result = _swap_one(ctx, seg, cleaned, path, figures, lease)
+            if seg.base_offset in ours:
+                result = SegmentResult(seg.directory, seg.base_offset, SKIPPED, "already cleaned by this run (an "
+                                       "earlier attempt swapped it)", seg.size, seg.size, cause=Cause.ALREADY_COMPACTED)
+            else:
+                if not noted and _changed(figures):  # before its first swap here: rollbacks go latest first
+                    lease.check()
+                    record_keys_run(store, ctx.prefix, seg.directory, ctx.run_id)
+                    noted = True
+                result = _swap_one(ctx, seg, cleaned, path, figures, lease)
             result.seconds, mark = round(time.perf_counter() - mark, 3), time.perf_counter()
             os.unlink(path)
             report(result)
-            if result.status is not COMPACTED and result.cause is not Cause.NOTHING_TO_CLEAN:
+            if result.status is not COMPACTED and result.cause not in (Cause.NOTHING_TO_CLEAN,
+                                                                        Cause.ALREADY_COMPACTED):
                 stopped = result
                 break
     for seg in chain:
@@ -249,12 +264,17 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
     return facts.end_offset if facts.end_offset < facts.upper else NO_CHECKPOINT
 
 
+def _changed(figures: dict[str, int]) -> bool:
+    """Whether a cleaned segment differs from its source (some batch dropped or rebuilt)."""
+    return not figures["batches_copied"] == figures["batches_in"] == figures["batches_out"]
+
+
 def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: str, figures: dict[str, int],
               lease: Lease) -> SegmentResult:
     """Stage and swap one cleaned segment (or say why not); every problem becomes a result."""
     d, base = seg.directory, seg.base_offset
     stats: dict[str, object] = {"key_compaction": figures}
-    if figures["batches_copied"] == figures["batches_in"] == figures["batches_out"]:
+    if not _changed(figures):
         return SegmentResult(d, base, SKIPPED, "nothing to clean: every batch stays as it is", seg.size,
                              seg.size, stats=stats, cause=Cause.NOTHING_TO_CLEAN)
     def attempt() -> SegmentResult:
