@@ -11,6 +11,12 @@ N: at most N keys a pass, passes repeated from the printed end offset until the 
 bytes and records before and after, passes, wall and CPU seconds, source MiB/s, and the process's own peak
 RSS (VmHWM).
 
+With ``--s3``, each bound is also run through S3: the partition uploaded to a moto server in its own
+process, then ``tiering s3 compact-keys`` (each run in its own process; with a bound, runs repeated until
+the partition's checkpoint is cleared), every changed segment staged, backed up and swapped. Reported
+beside the local pass, in the same run: wall seconds (S3 / local), the CLI process's CPU seconds and peak
+RSS, and the S3 requests from the run documents. The moto server shares this machine's cores.
+
 Prints a table and writes ``bench/out/bench_keycompact.json``.
 """
 
@@ -30,9 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_s3 import moto_process  # same directory: on sys.path as the script's
+
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.records import Record
+from tiering.plan.state import load_state
+from tiering.run.compact import RunResult
+from tiering.storage.layout import run_result_key
 
 MIB = 1024 * 1024
 OUT_DIR = Path(__file__).parent / "out"
@@ -114,6 +125,54 @@ def compact(src: Path, work: Path, max_keys: int) -> dict[str, Any]:
             "peak_rss_mib": round(hwm / 1024, 1), "bytes_after": after, "records_after": records}
 
 
+S3_CHILD = """
+import json, sys
+from tiering.cli import main
+code = main(sys.argv[1:])
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(json.dumps({"exit": code, "vmhwm_kib": hwm}), file=sys.stderr)
+"""
+
+
+def compact_s3(src: Path, max_keys: int) -> dict[str, Any]:
+    """Runs of ``tiering s3 compact-keys`` over ``src`` uploaded to a moto server, until a run clears the
+    partition's checkpoint."""
+    bucket, prefix = "bench-keys", "kafka"
+    for name, value in (("AWS_ACCESS_KEY_ID", "bench"), ("AWS_SECRET_ACCESS_KEY", "bench"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ.setdefault(name, value)  # the moto server's (it checks no credential)
+    with moto_process(bucket) as (store, endpoint, _):
+        for path in sorted(src.iterdir()):
+            with path.open("rb") as body:
+                store.client.upload_fileobj(body, bucket, f"{prefix}/{src.name}/{path.name}")
+        runs, seconds, cpu, hwm, requests = 0, 0.0, 0.0, 0, 0
+        env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench",
+               "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+        while True:
+            run_id = f"bench-{runs}"
+            cmd = [sys.executable, "-c", S3_CHILD, "s3", "compact-keys", "--bucket", bucket, "--prefix", prefix,
+                   "--topics", ".*", "--now-ms", str(T0 + 10**9), "--min-age-minutes", "0", "--run-id", run_id,
+                   "--no-report", "--json", *(["--max-keys", str(max_keys)] if max_keys else [])]
+            started = time.perf_counter()
+            done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+            seconds += time.perf_counter() - started
+            tail = json.loads(done.stderr.strip().splitlines()[-1])
+            if tail["exit"] != 0:
+                raise RuntimeError(f"s3 compact-keys exited {tail['exit']}: {done.stderr[-2000:]}")
+            runs += 1
+            hwm = max(hwm, tail["vmhwm_kib"])
+            key = run_result_key(prefix, run_id, "compact-keys")
+            run = RunResult.from_json(store.get_json(key)[0], key)
+            cpu += float(run.usage.get("compute_seconds", 0.0))
+            requests += sum(n for ops in run.usage.get("requests", {}).values() for n in ops.values())
+            if load_state(store, prefix, src.name).keys_checkpoint is None:
+                break
+        logs = sorted((i for i in store.list(f"{prefix}/{src.name}/") if i.key.endswith(".log")), key=lambda i: i.key)
+        after = sum(info.size for info in logs[:-1])
+    return {"runs": runs, "s3_seconds": round(seconds, 2), "s3_pass_seconds": round(cpu, 2),
+            "s3_peak_rss_mib": round(hwm / 1024, 1), "s3_requests": requests, "s3_bytes_after": after}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keys", type=int, default=100_000)
@@ -121,6 +180,7 @@ def main() -> int:
     ap.add_argument("--segment-mib", type=float, default=64)
     ap.add_argument("--max-keys", type=int, nargs="+", default=[0, 50_000],
                     help="key map bounds to run with (0: none)")
+    ap.add_argument("--s3", action="store_true", help="also run each bound through S3 (a moto server)")
     ap.add_argument("--out", type=Path, default=OUT_DIR / "bench_keycompact.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-keycompact-") as tmp:
@@ -130,6 +190,10 @@ def main() -> int:
         print(f"generated {source['records']:,} records over {source['keys']:,} keys: {source['bytes']:,} bytes in "
               f"{source['segments']} segments ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         rows = [compact(src, Path(tmp), n) for n in args.max_keys]
+        if args.s3:
+            for r in rows:
+                r.update(compact_s3(src, r["max_keys"]))
+                r["s3_over_local"] = round(r["s3_seconds"] / r["seconds"], 2)
     for r in rows:
         r["ratio"] = round(r["bytes_after"] / source["bytes"], 4)
         r["mib_per_s"] = round(source["bytes"] / MIB / r["seconds"], 2)
@@ -139,6 +203,13 @@ def main() -> int:
         print(f"{r['max_keys'] or 'none':>9} {r['passes']:>6} {r['bytes_after']:>12,} {r['ratio']:>7} "
               f"{r['records_after']:>13,} {r['seconds']:>7} {r['cpu_seconds']:>7} {r['mib_per_s']:>6} "
               f"{r['peak_rss_mib']:>12}")
+    if args.s3:
+        print(f"\n{'max keys':>9} {'S3 runs':>7} {'S3 s':>7} {'S3/local':>8} {'pass s':>7} {'requests':>8} "
+              f"{'bytes after':>12} {'CLI peak RSS MiB':>16}")
+        for r in rows:
+            print(f"{r['max_keys'] or 'none':>9} {r['runs']:>7} {r['s3_seconds']:>7} {r['s3_over_local']:>8} "
+                  f"{r['s3_pass_seconds']:>7} {r['s3_requests']:>8,} {r['s3_bytes_after']:>12,} "
+                  f"{r['s3_peak_rss_mib']:>16}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"source": source, "runs": rows, "machine": {
         "python": platform.python_version(), "cpus": os.cpu_count(),
