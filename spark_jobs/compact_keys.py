@@ -26,11 +26,11 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
-from tiering.errors import TieringError, exit_code
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.plan.policy import load_policy
 from tiering.run.keycompact import KeyCompactOptions, collect_keys_run, keys_unit_task, plan_keys
 from tiering.run.pipeline import RunSettings
+from tiering.spark.driver import run_driver
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,14 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--swap", choices=["auto", "copy", "put"], default="auto")
     args = p.parse_args(argv)
 
-    spark = SparkSession.builder.appName(f"kafka-key-compaction {args.run_id}").getOrCreate()
-    try:
-        return run(spark, args)
-    except TieringError as e:  # the driver's own failure (a bad policy, S3 refusing): said in one line
-        print(f"tiering: {e}", file=sys.stderr, flush=True)
-        return int(exit_code(e))
-    finally:
-        spark.stop()
+    return run_driver(f"kafka-key-compaction {args.run_id}", lambda spark: run(spark, args))
 
 
 def run(spark: SparkSession, args: argparse.Namespace) -> int:

@@ -26,8 +26,8 @@ from collections import Counter
 from pyspark.sql import SparkSession
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
-from tiering.errors import TieringError, exit_code
 from tiering.run.pipeline import RunSettings, load_manifest, put_usage, stage_unit, stage_units
+from tiering.spark.driver import run_driver
 from tiering.storage.store import S3Store, make_client
 
 
@@ -40,14 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="how staged files are accepted: S3's CRC-32C of what it stored, or read back")
     args = p.parse_args(argv)
 
-    spark = SparkSession.builder.appName(f"kafka-segment-compaction {args.run_id}").getOrCreate()
-    try:
-        return stage(spark, args)
-    except TieringError as e:  # the driver's own failure (the plan unreadable, S3 refusing): said in one line
-        print(f"tiering: {e}", file=sys.stderr, flush=True)
-        return int(exit_code(e))
-    finally:
-        spark.stop()
+    return run_driver(f"kafka-segment-compaction {args.run_id}", lambda spark: stage(spark, args))
 
 
 def stage(spark: SparkSession, args: argparse.Namespace) -> int:
