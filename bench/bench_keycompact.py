@@ -49,6 +49,7 @@ MIB = 1024 * 1024
 OUT_DIR = Path(__file__).parent / "out"
 T0 = 1_764_000_000_000
 PER_BATCH = 100
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
 CHILD = """
 import json, resource, sys, time
 from pathlib import Path
@@ -65,8 +66,10 @@ print(json.dumps({"seconds": time.perf_counter() - started, "cpu": time.process_
 """
 
 
-def generate(directory: Path, keys: int, updates: int, segment_bytes: int, seed: int = 3) -> dict[str, int]:
-    """A changelog partition directory; what it holds."""
+def generate(directory: Path, keys: int, updates: int, segment_bytes: int, seed: int = 3,
+             note_bytes: int = 0) -> dict[str, int]:
+    """A changelog partition directory; what it holds. ``note_bytes``: a free-text field of that many random
+    letters in each value (what zstd cannot shrink: it sets the partition's size)."""
     rng = random.Random(seed)
     directory.mkdir(parents=True)
     offset = base = 0
@@ -86,7 +89,9 @@ def generate(directory: Path, keys: int, updates: int, segment_bytes: int, seed:
             key = int(keys * rng.random() ** 2)  # skewed: low keys change more often
             value = None if rng.random() < 0.03 else json.dumps(
                 {"id": key, "version": offset, "status": rng.choice(("new", "paid", "shipped", "done")),
-                 "amount_cents": rng.randint(100, 99_999)}, separators=(",", ":")).encode()
+                 "amount_cents": rng.randint(100, 99_999),
+                 **({"note": "".join(rng.choices(LETTERS, k=note_bytes))} if note_bytes else {})},
+                separators=(",", ":")).encode()
             records.append(Record(offset, T0 + offset, b"order-%d" % key, value, ()))
             offset += 1
         batch = build_batch(BatchSpec(records[0].offset, Codec.ZSTD), records)
@@ -180,13 +185,15 @@ def main() -> int:
     ap.add_argument("--segment-mib", type=float, default=64)
     ap.add_argument("--max-keys", type=int, nargs="+", default=[0, 50_000],
                     help="key map bounds to run with (0: none)")
+    ap.add_argument("--note-bytes", type=int, default=0,
+                    help="random letters added to each value (sets the partition's size; default none)")
     ap.add_argument("--s3", action="store_true", help="also run each bound through S3 (a moto server)")
     ap.add_argument("--out", type=Path, default=OUT_DIR / "bench_keycompact.json")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-keycompact-") as tmp:
         src = Path(tmp) / "orders.changelog-0"
         started = time.perf_counter()
-        source = generate(src, args.keys, args.updates, int(args.segment_mib * MIB))
+        source = generate(src, args.keys, args.updates, int(args.segment_mib * MIB), note_bytes=args.note_bytes)
         print(f"generated {source['records']:,} records over {source['keys']:,} keys: {source['bytes']:,} bytes in "
               f"{source['segments']} segments ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         rows = [compact(src, Path(tmp), n) for n in args.max_keys]
