@@ -16,7 +16,7 @@ import pytest
 from tests.kafka.test_keycompact import DAY, NOW, batch, marker, rec
 from tests.s3.conftest import PREFIX, context, fresh_store, no_pending
 from tests.s3.test_faults import Crash, Faults
-from tiering.commit.protocol import Context, SwapChoice
+from tiering.commit.protocol import Context, SegmentResult, SwapChoice
 from tiering.errors import ExitCode
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
@@ -27,7 +27,7 @@ from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.journal import Cause, Status, Swap
 from tiering.plan.state import load_state
 from tiering.run.compact import RunResult, rollback
-from tiering.run.keycompact import RUN_KIND, KeyCompactOptions, compact_keys, iter_figures
+from tiering.run.keycompact import RUN_KIND, KeyCompactOptions, compact_keys
 from tiering.storage.layout import run_result_key, segment_key
 from tiering.storage.store import ObjectNotFound, S3Store
 
@@ -83,6 +83,22 @@ def expected(parts: dict[int, tuple[bytes, bytes]], now: int) -> dict[int, Any]:
 
 def final(store: S3Store, base: int, suffix: str) -> bytes:
     return store.get(segment_key(PREFIX, TOPIC, 0, base, suffix))
+
+
+def iter_figures(results: list[SegmentResult]) -> dict[str, int]:
+    """A run's key-compaction figures, summed over the segments it cleaned (``keys``: over partitions)."""
+    total: dict[str, int] = {}
+    keys: dict[str, int] = {}
+    for r in results:
+        figures = (r.stats or {}).get("key_compaction")
+        if r.status is not Status.COMPACTED or not isinstance(figures, dict):
+            continue
+        for k, v in figures.items():
+            if k != "keys":
+                total[k] = total.get(k, 0) + int(v)
+        keys[r.directory] = int(figures.get("keys", 0))
+    total["keys"] = sum(keys.values())
+    return total
 
 
 def exists(store: S3Store, key: str) -> bool:

@@ -21,7 +21,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, Final
@@ -49,7 +49,7 @@ from tiering.kafka.keycompact import (
     parse_txn_index,
     survey,
 )
-from tiering.lifecycle.journal import Cause, Pending, Status
+from tiering.lifecycle.journal import Cause, Pending
 from tiering.plan.policy import Policy
 from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
 from tiering.plan.state import load_state, record_keys_checkpoint, record_keys_run
@@ -467,21 +467,3 @@ def compact_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions,
     for unit in plan.units:
         run_keys_unit(store, ctx, unit, options.lease_ttl_seconds, progress)
     return collect_keys_run(store, ctx, plan, started, options.settings(plan.now_ms), driver)
-
-
-def iter_figures(results: Iterator[SegmentResult] | list[SegmentResult]) -> dict[str, int]:
-    """A run's key-compaction figures, summed over the segments it cleaned (``keys``: over partitions)."""
-    total: dict[str, int] = {}
-    keys: dict[str, int] = {}
-    for r in results:
-        figures = (r.stats or {}).get("key_compaction")
-        if r.status is not Status.COMPACTED or not isinstance(figures, dict):
-            continue
-        for k, v in figures.items():
-            if k != "keys":
-                total[k] = total.get(k, 0) + int(v)
-        keys[r.directory] = int(figures.get("keys", 0))
-    total["keys"] = sum(keys.values())
-    return total
-
-
