@@ -465,3 +465,21 @@ def test_auto_codec_choice_still_recompresses_key_compacted_segments(store: S3St
     policy = parse_policy({"cluster": {"compression.type": "auto"}})
     plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0, policy=policy))
     assert {s.base_offset for s in plan.segments if s.action == COMPACT} >= {0, 20, 40}
+
+
+def test_the_report_counts_every_segment_of_the_run_not_only_those_its_document_lists(
+        store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiering.cost.model import CostOptions
+    from tiering.cost.prices import load_prices
+    from tiering.report.publish import assemble
+
+    monkeypatch.setattr("tiering.run.compact.MAX_LISTED_SEGMENTS", 2)
+    upload(store, partition(aborts=True))
+    run = compact_keys(store, keys_context(store), at(NOW))
+    assert len(run.segments) == 2
+    assert run.omitted == 3
+    report = assemble(store, PREFIX, "keys-1", load_prices("us-east-1"), CostOptions({}, 7.0), [])
+    assert report.totals.segments_rewritten == 3
+    assert report.key_compaction is not None
+    assert report.key_compaction.segments == 3
+    assert report.key_compaction.aborted_records_removed == 2

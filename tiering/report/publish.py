@@ -23,6 +23,8 @@ from tiering.cost.report import Ledger, LedgerEntry, Report
 from tiering.errors import ConfigError, StorageError
 from tiering.plan.scan import Plan
 from tiering.report.render import render
+from tiering.run.keycompact import RUN_KIND as KEYS_RUN
+from tiering.run.keycompact import key_steps
 from tiering.run.pipeline import RunSettings, plan_files, run_outcomes
 from tiering.storage.layout import ledger_key, report_key, run_key, run_result_key
 from tiering.storage.objects import ObjectStore
@@ -62,7 +64,7 @@ def record_in_ledger(store: ObjectStore, prefix: str, entry: LedgerEntry) -> lis
                           path=f"s3://{store.bucket}/{ledger_key(prefix)}")
 
 
-RUN_KINDS: Final = ("compact", "compact-keys")  # the runs that have a savings report
+RUN_KINDS: Final = ("compact", KEYS_RUN)  # the runs that have a savings report
 
 
 def _kind_of(store: ObjectStore, prefix: str, run_id: str) -> str:
@@ -88,8 +90,10 @@ def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, op
         chunks: Iterable[tuple[Iterable[dict[str, Any]], Iterable[dict[str, Any]]]] | None = (
             ((s.to_json() for s in c.segments), (r.to_json() for r in c.results))
             for c in run_outcomes(store, settings))
-    except ObjectNotFound:  # no chunked plan: its document lists its segments
+    except ObjectNotFound:  # no chunked plan: a key-compaction run's step documents, else its document's list
         auto, chunks = {}, None
+        if kind == KEYS_RUN:
+            chunks = (((), (r.to_json() for r in step.results)) for step in key_steps(store, prefix, run_id))
     plan: list[dict[str, Any]] = []
     if chunks is None:
         try:  # a run of an earlier version of the CLI kept its whole plan in one document

@@ -21,7 +21,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, Final
@@ -378,7 +378,7 @@ def plan_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions, *, p
             recovered.append(r)
             if progress is not None:
                 progress(r)
-    for info in store.list(run_key(ctx.prefix, ctx.run_id, "keys/")):  # a retried run's: it plans anew
+    for info in store.list(run_key(ctx.prefix, ctx.run_id, KEYS_STEPS)):  # a retried run's: it plans anew
         store.delete(info.key, missing_ok=True)
     partitions: list[KeyPartition] = []
 
@@ -419,7 +419,8 @@ def run_keys_unit(store: ObjectStore, ctx: Context, unit: KeyUnit, lease_ttl_sec
         before = Counter(store.requests)
         results += with_lease(ctx, part.directory, lease_ttl_seconds, work, todo)
         requests[part.directory] = dict(Counter(store.requests) - before)
-    return write_results(store, run_key(ctx.prefix, ctx.run_id, f"keys/{unit.name}.json"), results, usage=requests)
+    return write_results(store, run_key(ctx.prefix, ctx.run_id, f"{KEYS_STEPS}{unit.name}.json"), results,
+                         usage=requests)
 
 
 def keys_unit_task(unit: dict[str, Any], settings: dict[str, Any]) -> dict[str, int]:
@@ -430,6 +431,15 @@ def keys_unit_task(unit: dict[str, Any], settings: dict[str, Any]) -> dict[str, 
     return run_keys_unit(store, run.context(store, one_core=True), KeyUnit.from_json(unit), run.lease_ttl_seconds)
 
 
+KEYS_STEPS: Final = "keys/"  # under the run's key: its step documents
+
+
+def key_steps(store: ObjectStore, prefix: str, run_id: str) -> Iterator[StepResults]:
+    """The step documents of key-compaction run ``run_id`` (its units', and the journals it finished first)."""
+    for info in store.list(run_key(prefix, run_id, KEYS_STEPS)):
+        yield StepResults.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
+
+
 def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: str, settings: dict[str, Any],
                      driver_requests: Counter[str]) -> RunResult:
     """The run document from its units' step documents (and the journals the planner finished), with the S3
@@ -437,11 +447,9 @@ def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: s
     tally = RunTally()
     requests: dict[str, Counter[str]] = {RUN_SCOPE: Counter(driver_requests)}
     seconds = 0.0
-    for r in plan.recovered:
-        tally.add(r)
-    root = run_key(ctx.prefix, ctx.run_id, "keys/")
-    for info in store.list(root):
-        step = StepResults.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
+    if plan.recovered:  # a step document like the units' (the report reads them all, whatever the run's size)
+        write_results(store, run_key(ctx.prefix, ctx.run_id, f"{KEYS_STEPS}recovered.json"), plan.recovered)
+    for step in key_steps(store, ctx.prefix, ctx.run_id):
         for r in step.results:
             tally.add(r)
             seconds += r.seconds or 0.0
