@@ -41,6 +41,7 @@ from tiering.errors import ConfigError, InvalidDataError, ProofError, Unsupporte
 from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import (
     DEFAULT_DELETE_RETENTION_MS,
+    AbortedTxn,
     CleanedSegment,
     CleanOptions,
     CleanStats,
@@ -210,6 +211,7 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
                        if s.txnindex is not None else (), f"s3://{store.bucket}/{s.log.key}" if s.log else "")
                for s in chain]
     by_base = {s.base_offset: s for s in chain}
+    aborted = {s.base_offset: list(s.aborted) for s in sources}  # each .txnindex as the pass read it
     mark = time.perf_counter()  # each result's seconds: the pass's time since the previous one (survey included)
     facts = survey(sources, options)
     stats = CleanStats()
@@ -235,7 +237,7 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
                     lease.check()
                     record_keys_run(store, ctx.prefix, seg.directory, ctx.run_id)
                     noted = True
-                result = _swap_one(ctx, seg, cleaned, path, figures, lease)
+                result = _swap_one(ctx, seg, cleaned, path, figures, lease, aborted[seg.base_offset])
             result.seconds, mark = round(time.perf_counter() - mark, 3), time.perf_counter()
             os.unlink(path)
             report(result)
@@ -270,7 +272,7 @@ def _changed(figures: dict[str, int]) -> bool:
 
 
 def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: str, figures: dict[str, int],
-              lease: Lease) -> SegmentResult:
+              lease: Lease, before: list[AbortedTxn]) -> SegmentResult:
     """Stage and swap one cleaned segment (or say why not); every problem becomes a result."""
     d, base = seg.directory, seg.base_offset
     stats: dict[str, object] = {"key_compaction": figures}
@@ -279,7 +281,6 @@ def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: 
                              seg.size, stats=stats, cause=Cause.NOTHING_TO_CLEAN)
     def attempt() -> SegmentResult:
         where = f"s3://{ctx.store.bucket}/{seg.txnindex.key}" if seg.txnindex else None
-        before = parse_txn_index(ctx.store.get(seg.txnindex.key), path=where) if seg.txnindex else []
         after = parse_txn_index(cleaned.txn_index)
         if not set(after) <= set(before):
             raise ProofError("the cleaned .txnindex holds an entry the original does not", path=where,
