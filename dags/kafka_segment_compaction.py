@@ -260,7 +260,10 @@ def kafka_segment_compaction() -> None:
                               params["min_segment_age_minutes"], policy=_policy(params),
                               rebatch_max_bytes=params["rebatch_max_bytes"] if params["rebatch"] else None)
         result = scan_run(settings.store(), settings, options, inventory=(params["inventory"] or "").strip() or None)
-        print(f"scanned s3://{settings.bucket}/{settings.prefix}: {result['objects']} objects, {result['totals']}")
+        totals = result["totals"]
+        print(f"scanned s3://{settings.bucket}/{settings.prefix}: {result['objects']:,} objects, "
+              f"{totals['segments']:,} segments: {totals['to_compact']:,} to compact, {totals['skipped']:,} skipped "
+              + "(" + ", ".join(f"{n:,} {why}" for why, n in totals["skipped_by_reason"].items()) + ")")
         return result
 
     @task
@@ -275,8 +278,11 @@ def kafka_segment_compaction() -> None:
         planned = plan_run(settings.store(), settings, CompactOptions(params["max_segments"], params["max_bytes"]),
                            estimate_savings=params["dry_run"], policy=_policy(params), prices=cost_config()[0])
         planned["dry_run"] = params["dry_run"]
-        print(f"plan: {planned['segments']} segments, {planned['bytes']} bytes, {len(planned['chunks'])} chunks"
-              + (f"; estimate: {planned['estimate']}" if planned["estimate"] else ""))
+        saved = planned["estimate"]
+        print(f"plan: {planned['segments']:,} segments to compact ({planned['bytes']:,} bytes) in "
+              f"{len(planned['chunks'])} chunks"
+              + (f"; forecast: saves {saved['saved_bytes']:,} bytes ({saved['saved_low']:,} to "
+                 f"{saved['saved_high']:,}), by topic in the plan's manifest" if saved else ""))
         if params["dry_run"]:
             planned["chunks"] = []  # nothing to stage or commit
         return planned
@@ -311,7 +317,8 @@ def kafka_segment_compaction() -> None:
         ctx["chunk_name"] = chunk["label"]  # type: ignore[typeddict-unknown-key]  # names the mapped task
         settings = _settings(ctx["params"], ctx["run_id"])
         result = commit_chunk(settings.store(), settings, chunk["name"], workers=COMMIT_WORKERS)
-        print(f"committed {chunk['name']} ({chunk['label']}): {result}")
+        print(f"committed {chunk['name']} ({chunk['label']}): "
+              + ", ".join(f"{n:,} {what}" for what, n in result.items() if isinstance(n, int)))
         return result
 
     @task(trigger_rule="none_failed", outlets=[REPORT_ASSET])
@@ -324,7 +331,7 @@ def kafka_segment_compaction() -> None:
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
         store = settings.store()
-        run = collect_run(store, settings, estimate=planned.get("estimate"))
+        run = collect_run(store, settings)
         headline, table = run_summary(run)
         print(table)
         prices, options = cost_config(grace_days=params["cleanup_grace_days"])
@@ -358,7 +365,7 @@ def kafka_segment_compaction() -> None:
             return {"dry_run": True}
         store = settings.store()
         result = clean(store, settings.context(store), grace_days=params["cleanup_grace_days"])
-        print(f"cleanup: {result.to_json()}")
+        print(f"cleanup: {result.summary()}")
         return result.to_json()
 
     keys_done = key_compaction()

@@ -25,10 +25,10 @@ def main() -> None:
 
     demo = run_pipeline_demo(workdir, scale=float(sys.argv[2]), log=log)
     log("demo done; checking")
-    seeded = demo["seeded"]
+    seeded = demo.seeded
     segments = {}
     for key, original in seeded.originals.items():
-        final = demo["finals"][key]
+        final = demo.finals[key]
         fact: dict[str, object] = {"identical": final == original, "active": key in seeded.active}
         base = int(key.rsplit("/", 1)[1][:20])
         if key != seeded.corrupt:
@@ -37,20 +37,17 @@ def main() -> None:
             before = read_back(io.BytesIO(original), base_offset=base)
             after = read_back(io.BytesIO(final), base_offset=base)
             codecs = {raw.header.codec.label for raw in iter_batches(io.BytesIO(final))}
-            index, timeindex = demo["final_indexes"][key]
+            index, timeindex = demo.final_indexes[key]
             fact |= {"records_equal": (before.payload_xxh3, before.records) == (after.payload_xxh3, after.records),
                      "codecs_after": sorted(codecs),
                      "index_equals_rebuild": index == after.indexes.offset_index,
                      "timeindex_equals_rebuild": timeindex == after.indexes.time_index,
                      "index_missing": index is None}
         segments[key] = fact
-    runs = [{"state": r["state"], "document": r["document"], "report": r["report"], "plan_source": r["plan_source"]}
-            for r in demo["runs"]]
-    print(json.dumps({"segments": segments, "runs": runs, "dry_run": demo["dry_run"],
-                      "corrupt": seeded.corrupt, "indexless": seeded.indexless,
-                      "local_reports": demo["local_copies"],
-                      "changed_by_second_run": demo["changed_by_second_run"], "prefix": demo["prefix"]}))
-
+    doc = demo.to_json()
+    print(json.dumps({"segments": segments, "runs": doc["runs"], "dry_run": doc["dry_run"],
+                      "corrupt": seeded.corrupt, "indexless": seeded.indexless, "local_reports": doc["local_copies"],
+                      "changed_by_second_run": doc["segment_objects_changed_by_run_2"], "prefix": demo.prefix}))
 
 if __name__ == "__main__":
     main()

@@ -96,15 +96,15 @@ def test_a_second_run_changes_no_segment_object(demo: dict[str, Any]) -> None:
 def test_the_dry_run_changes_nothing_and_estimates_close_to_the_real_savings(demo: dict[str, Any]) -> None:
     dry = demo["dry_run"]
     assert dry["state"] == "success"
-    assert dry["changed"] == []
+    assert dry["segment_objects_changed"] == []
     totals = demo["runs"][0]["document"]["totals"]
     actual = totals["bytes_before"] - totals["bytes_after"]
-    estimate = dry["estimate"]
+    total = dry["forecast"]["total"]
     # Segments that were skipped or failed saved nothing, so the run's savings are those of the whole plan.
-    assert estimate["segments_sampled"] > 0
-    assert estimate["saved_bytes_low"] <= estimate["saved_bytes_estimate"] <= estimate["saved_bytes_high"]
+    assert total["segments_sampled"] > 0
+    assert total["saved_low"] <= total["saved_bytes"] <= total["saved_high"]
     assert actual > 0
-    assert abs(estimate["saved_bytes_estimate"] - actual) / actual < 0.25
+    assert abs(total["saved_bytes"] - actual) / actual < 0.25
 
 
 def test_the_cost_report_matches_the_run_and_the_price_list(demo: dict[str, Any]) -> None:

@@ -164,3 +164,18 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     chunked2, _ = load_manifest(store, f"s3://{store.bucket}/{again['plan_key']}")
     [picky2] = [s for s in chunked2.segments() if s.directory == "picky-0" and s.base_offset == 0]
     assert picky2.reason.startswith("no-savings last time")
+
+
+def test_the_plan_step_logs_its_choices_on_stderr_never_on_stdout(store: S3Store,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``s3 compact --json`` prints one JSON document on stdout: the plan step's lines go to stderr."""
+    from tiering.run.pipeline import RunSettings, plan_run, scan_run
+
+    _seed_topics(store)
+    policy = parse_policy(POLICY)
+    settings = RunSettings(store.bucket, PREFIX, "auto-logs", "zstd")
+    scan_run(store, settings, ScanOptions("zstd", min_age_minutes=0, policy=policy))
+    plan_run(store, settings, CompactOptions(), policy=policy, prices=PRICES)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "auto: events: zstd" in err

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tiering.cost.forecast import Forecast, Stratum
 from tiering.cost.model import KMS_CALLS_PER_SEGMENT, CostOptions, build_report, cumulative, source_codec
 from tiering.cost.prices import GB, load_prices
 from tiering.cost.report import LedgerEntry, Listing, NotRewritten, Report, RowStatus
@@ -46,6 +47,12 @@ def report(run: dict[str, Any], plan: list[dict[str, Any]], options: CostOptions
            versioned: bool = False, noncurrent_days: int | None = None, **kw: Any) -> Report:
     return build_report(run, plan, PRICES, options or CostOptions(grace_days=7), versioned=versioned,
                         noncurrent_days=noncurrent_days, now=NOW, **kw)
+
+
+def forecast(ratio: float, stderr: float, *, sampled: int = 2, size: int = 1000) -> dict[str, Any]:
+    """The JSON of a dry run's forecast: one stratum, topic ``t`` (partition ``t-0``) from snappy."""
+    stratum = Stratum("t", "snappy", 1, 1, size, sampled, 500 * sampled, ratio, stderr)
+    return Forecast("test", 16, 4 << 20, (stratum,), {"t-0": "snappy"}).to_json()
 
 
 def one_off(rep: Report, prefix: str) -> float:
@@ -178,9 +185,7 @@ def test_a_run_that_made_things_bigger_is_reported_honestly() -> None:
 
 
 def test_a_dry_run_is_an_estimate_with_a_range() -> None:
-    estimate = {"estimate": True, "ratio": 0.4, "saved_bytes_estimate": 600, "saved_bytes_low": 450,
-                "saved_bytes_high": 750, "segments_sampled": 2, "bytes_sampled": 1000}
-    run = run_doc([], estimate=estimate)
+    run = run_doc([], estimate=forecast(0.4, 0.075))
     rep = report(run, [seg("t-0", 0, size=1000), seg("t-0", 1, action="skip", reason="active")])
     assert rep.estimate is True
     assert rep.totals.segments_estimated == 1
@@ -205,9 +210,8 @@ def test_a_dry_run_counts_the_parts_of_a_large_staging_upload() -> None:
     base = REQUESTS_PER_SEGMENT["tier1"]
     assert [tier1_requests(n) for n in (0, 1000, UPLOAD_PART_BYTES, UPLOAD_PART_BYTES + 1, 10 * UPLOAD_PART_BYTES)] == [
         base, base, base, base + 3, base + 11]
-    estimate = {"estimate": True, "ratio": 0.5, "saved_bytes_estimate": 0, "saved_bytes_low": 0,
-                "saved_bytes_high": 0, "segments_sampled": 1, "bytes_sampled": 1}
-    small, large = (report(run_doc([], estimate=estimate), [seg("t-0", 0, size=size)]) for size in (1000, GB))
+    small, large = (report(run_doc([], estimate=forecast(0.5, 0.0, sampled=1, size=size)), [seg("t-0", 0, size=size)])
+                    for size in (1000, GB))
     per_put = PRICES.of("STANDARD").put_per_1000 / 1000
     parts = GB // 2 // UPLOAD_PART_BYTES  # the new .log: half of 1 GiB, 64 parts
     assert one_off(large, "S3 requests") - one_off(small, "S3 requests") == pytest.approx((parts + 1) * per_put)
@@ -283,9 +287,7 @@ def test_the_report_document_reads_back_as_written() -> None:
     run = run_doc([result("t-0", 0, GB, GB // 2), result("t-0", 5, 0, 0, status="failed", reason="invalid data",
                                                          error="CRC mismatch")])
     real = report(run, [seg("t-0", 0), seg("t-0", 5), seg("t-0", 9, action="skip", reason="active")])
-    estimate = {"estimate": True, "ratio": 0.4, "saved_bytes_estimate": 600, "saved_bytes_low": 450,
-                "saved_bytes_high": 750, "segments_sampled": 2, "bytes_sampled": 1000}
-    dry = report(run_doc([], estimate=estimate), [seg("t-0", 0, size=1000)])
+    dry = report(run_doc([], estimate=forecast(0.4, 0.075)), [seg("t-0", 0, size=1000)])
     for rep in (real, dry):
         doc = json.loads(json.dumps(rep.to_json()))
         assert Report.from_json(doc, "report.json") == rep

@@ -148,7 +148,8 @@ def test_cli_compact_publishes_and_report_prints_every_format(store: S3Store) ->
     assert json.loads(out)["run_id"] == "cli-run"
     code, out, _ = _cli("report", *where)
     assert code == 0
-    assert "saved per month / year" in out
+    assert "per TiB of such data" in out
+    assert "this prefix, per year" in out
     assert "orders.v1" in out
     code, out, _ = _cli("report", *where, "--run-id", "cli-run", "--format", "json")
     doc = json.loads(out)

@@ -111,7 +111,12 @@ def test_dry_run_estimates_and_writes_nothing(bucket: S3Store) -> None:
     assert code == 0
     doc: dict[str, Any] = json.loads(out)
     assert doc["dry_run"] is True
-    assert doc["plan"]["estimate"]["saved_bytes_estimate"] > 0
+    assert doc["forecast"]["total"]["saved_bytes"] > 0
+    assert doc["forecast"] == doc["plan"]["estimate"]
+    (row,) = doc["forecast"]["by_topic"]
+    assert row["topic"] == "orders.v1"
+    assert row["bytes_after"] < row["bytes_before"]
+    assert row["saved_low"] <= row["saved_bytes"] <= row["saved_high"]
     after = {o.key for o in bucket.list("")}
     assert after == before  # moto's server sends Date: not even a clock object is written
 
@@ -179,7 +184,7 @@ def test_rebatch_compacts_tiny_batches_estimates_them_and_the_report_shows_the_s
     for extra in ([], ["--rebatch"]):
         code, out, err = _cli("s3", "compact", *where, "--dry-run", "--json", *extra)
         assert code == 0, err
-        estimates.append(json.loads(out)["plan"]["estimate"]["saved_bytes_estimate"])
+        estimates.append(json.loads(out)["forecast"]["total"]["saved_bytes"])
     assert estimates[1] > estimates[0] > 0  # merged, one-record batches compress far better
     code, out, err = _cli("s3", "compact", *where, "--rebatch", "--rebatch-max-bytes", "65536", "--json")
     assert code == 0, err

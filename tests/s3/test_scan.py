@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -109,8 +110,7 @@ def test_scan_skips_internal_and_special_directories_unless_included(store: S3St
     assert skipped["orders-5.abc123-stray"].startswith("Kafka '-stray' directory")
     assert "_tiering" not in skipped
     assert {s.topic for s in plan.segments} == {"orders"}
-    assert plan.ignored_keys == [{"key": f"{PREFIX}/orders-0/notes.txt",
-                                  "reason": "not a Kafka segment or partition file"}]
+    assert {"key": f"{PREFIX}/orders-0/notes.txt", "reason": "not a Kafka file"} in plan.ignored_keys
     everything = plan_for(store, include_internal=True, include_special=True)
     assert {s.directory for s in everything.segments} >= {"__consumer_offsets-0", "orders-3.abc123-delete"}
     only = plan_for(store, topics="__.*", include_internal=True)
@@ -161,13 +161,13 @@ def test_dry_run_estimate_is_close_to_the_real_savings(store: S3Store) -> None:
     seed(store, segments=5, segment_bytes=200_000)
     plan = plan_for(store)
     est = estimate(store, plan, RewriteOptions(Codec.ZSTD), sample_bytes=64 * 1024)
-    assert est["estimate"] is True
-    assert est["segments_sampled"] == 4
-    assert 0 < est["bytes_sampled"] <= 4 * 64 * 1024
+    assert est.segments_sampled == 4
+    assert 0 < est.bytes_sampled <= 4 * 64 * 1024
     run = compact(store, plan, Context(store, PREFIX, "r1", RewriteOptions(Codec.ZSTD)), CompactOptions())
     actual = run.totals()["bytes_before"] - run.totals()["bytes_after"]
-    assert abs(est["saved_bytes_estimate"] - actual) / actual < 0.10
-    assert est["saved_bytes_low"] <= est["saved_bytes_estimate"] <= est["saved_bytes_high"]
+    total = est.total
+    assert abs(total.saved_bytes - actual) / actual < 0.10
+    assert total.saved_low <= total.saved_bytes <= total.saved_high
     # Nothing was written by the estimate itself: the only objects of ours are the run's.
     assert not list(store.list(f"{PREFIX}/_tiering/staging/"))
 
@@ -178,3 +178,44 @@ def test_scan_reads_storage_class_from_the_listing(store: S3Store) -> None:
     store.put_object(first, store.get(first), ObjectAttrs(storage_class="GLACIER"))
     plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0))
     assert plan.segments[0].reason == "archived: the .log is GLACIER (cannot be read or replaced without a restore)"
+
+
+def test_every_object_the_scan_does_not_plan_has_a_reason(store: S3Store) -> None:
+    """Each object under a partition directory is either part of a segment to compact or listed with why not,
+    and counted by that reason."""
+    seed(store, segments=4)  # bases b0 < b1 < b2 < b3 (active)
+    bases = sorted(int(o.key.rsplit("/", 1)[1][:20]) for o in store.list(f"{PREFIX}/{TOPIC}-0/")
+                   if o.key.endswith(LOG_SUFFIX))
+    key = functools.partial(segment_key, PREFIX, TOPIC, 0)
+    store.put(key(bases[0], LOG_SUFFIX), b"")  # a zero-byte .log
+    store.put_object(key(bases[1], LOG_SUFFIX), store.get(key(bases[1], LOG_SUFFIX)),
+                     ObjectAttrs(storage_class="GLACIER"))
+    store.put_object(key(bases[2], TIME_INDEX_SUFFIX), store.get(key(bases[2], TIME_INDEX_SUFFIX)),
+                     ObjectAttrs(storage_class="DEEP_ARCHIVE"))
+    store.put(key(99, INDEX_SUFFIX), b"")  # an index whose .log is missing
+    store.put(key(99, TIME_INDEX_SUFFIX), b"")
+    store.put(f"{PREFIX}/{TOPIC}-0/", b"")  # a directory placeholder, as consoles make them
+    store.put(f"{PREFIX}/{TOPIC}-0/notes.txt", b"x")
+    store.put(key(bases[3], ".snapshot"), b"s")
+    plan = plan_for(store)
+    reasons = {k["key"]: k["reason"] for k in plan.ignored_keys}
+    assert reasons[key(bases[0], LOG_SUFFIX)] == "empty .log"
+    assert reasons[key(bases[1], LOG_SUFFIX)] == "archived storage class GLACIER: restore first"
+    assert reasons[key(bases[1], INDEX_SUFFIX)] == "archived storage class GLACIER: restore first"
+    assert reasons[key(bases[2], TIME_INDEX_SUFFIX)] == "archived storage class DEEP_ARCHIVE: restore first"
+    assert reasons[key(99, INDEX_SUFFIX)] == reasons[key(99, TIME_INDEX_SUFFIX)] == "index without its .log"
+    assert reasons[f"{PREFIX}/{TOPIC}-0/"] == "directory placeholder (a zero-byte key ending in /)"
+    assert reasons[f"{PREFIX}/{TOPIC}-0/notes.txt"] == "not a Kafka file"
+    assert reasons[key(bases[3], LOG_SUFFIX)] == "active segment"
+    assert reasons[key(bases[3], ".snapshot")] == "producer-state snapshot: kept as it is"
+    assert reasons[f"{PREFIX}/{TOPIC}-0/leader-epoch-checkpoint"] == "partition file: kept as it is"
+    planned = {r.key for s in plan.segments if s.action == COMPACT
+               for r in (s.log, s.index, s.timeindex, s.txnindex) if r is not None}
+    everything = {o.key for o in store.list(f"{PREFIX}/") if "/_tiering/" not in o.key}
+    assert planned.isdisjoint(reasons)
+    assert planned | set(reasons) == everything  # nothing without a reason
+    assert plan.ignored_count == len(reasons)
+    assert sum(plan.ignored_by_reason.values()) == plan.ignored_count
+    assert plan.ignored_by_reason["index without its .log"] == 2
+    summary = plan.summary(plan.totals(), "listing")
+    assert summary["totals"]["objects_not_planned_by_reason"] == plan.ignored_by_reason

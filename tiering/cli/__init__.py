@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +28,7 @@ from tiering import __version__
 from tiering.cli.policy import add_policy_commands
 from tiering.cli.report import add_report_command
 from tiering.cli.s3 import add_s3_commands
+from tiering.cost.forecast import Forecast
 from tiering.demo.local import render_table, run_demo
 from tiering.errors import ConfigError, ExitCode, InvalidDataError, TieringError, exit_code
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec, check_level
@@ -37,7 +40,7 @@ from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import compact_keys_dir, open_segment, reindex_file, rewrite_file, verify_file
-from tiering.report.render import to_table
+from tiering.report.render import headline, ratio, size, title, usd
 from tiering.run.compact import RunResult
 
 EXIT_OK = ExitCode.OK
@@ -45,6 +48,7 @@ EXIT_INVALID = ExitCode.INVALID
 EXIT_USAGE = ExitCode.USAGE
 
 CODEC_CHOICES = [c.label for c in Codec]
+DEMO_TOOL_LOG = "demo.log"  # in the demo's work directory: what Airflow, Spark and the libraries print
 
 
 class _Parser(argparse.ArgumentParser):
@@ -312,42 +316,83 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_pipeline_demo(args: argparse.Namespace) -> int:
     from tiering.demo.s3 import run_pipeline_demo  # noqa: PLC0415 - Airflow and moto load only here
 
+    started = time.monotonic()
+    # Progress goes to the terminal's stderr as it was when the demo started: while the demo runs, stdout and
+    # stderr (Airflow, Spark, library warnings) go to the tool log unless --verbose.
+    terminal = os.fdopen(os.dup(sys.stderr.fileno()), "w", buffering=1)
+    quiet = not args.verbose
+
     def log(line: str) -> None:
-        print(f"[demo] {line}", file=sys.stderr, flush=True)
+        if not args.json or args.verbose:
+            terminal.write(f"[{time.monotonic() - started:5.1f} s] {line}\n")
 
-    with redirect_stdout(sys.stderr):  # task logs are progress: stdout keeps only the result
-        demo = run_pipeline_demo(args.out, codec=Codec.parse(args.codec), level=args.level, scale=args.scale,
-                                 spark_master=args.spark_master, log=log)
-    first, second = (r["document"] for r in demo["runs"])
-    states = [r["state"] for r in demo["runs"]]
-    dry = demo["dry_run"]
-    doc = {"states": states, "run_1": first,
-           "dry_run": {"state": dry["state"], "estimate": dry["estimate"], "segment_objects_changed": dry["changed"]},
-           "run_2": {"run_id": second["run_id"], "totals": second["totals"]},
-           "segment_objects_changed_by_run_2": demo["changed_by_second_run"], "reports": demo["report_keys"],
-           "report_totals": [r["report"]["totals"] for r in demo["runs"]],
-           "local_copies": demo["local_copies"]}
+    try:
+        with contextlib.nullcontext() if quiet else redirect_stdout(sys.stderr):
+            demo = run_pipeline_demo(args.out, codec=Codec.parse(args.codec), level=args.level, scale=args.scale,
+                                     spark_master=args.spark_master, log=log,
+                                     tool_log=DEMO_TOOL_LOG if quiet else None)
+    finally:
+        terminal.close()
     if args.json:
-        _print_json(args, doc)
-    else:
-        console = _console(args)
-        est = dry["estimate"]
-        console.print(f"dry run first: estimated savings {est['saved_bytes_estimate'] / 2**20:,.2f} MiB "
-                      f"({est['saved_bytes_low'] / 2**20:,.2f} to {est['saved_bytes_high'] / 2**20:,.2f} MiB, from "
-                      f"{est['segments_sampled']} sampled segments); it changed {len(dry['changed'])} objects")
-        console.print(pipeline_table(first))
-        console.print(to_table(demo["runs"][0]["report"]), markup=False)
-        console.print(f"second run: {second['totals']}; segment objects it changed: "
-                      f"{len(demo['changed_by_second_run'])}")
-        console.print(f"reports: {', '.join(demo['report_keys'])} (JSON, Markdown and CSV beside them); open the "
-                      f"local copies in a browser: {', '.join(demo['local_copies'])}")
-    ok = states == ["success", "success"] and dry["state"] == "success" and not dry["changed"]
-    return EXIT_OK if ok and not demo["changed_by_second_run"] else EXIT_INVALID
+        _print_json(args, demo.to_json())
+        return EXIT_OK if demo.ok else EXIT_INVALID
+    first, second = demo.runs
+    console = _console(args)
+    console.print(demo_forecast_table(demo.dry_run.forecast, first.result))
+    console.print(pipeline_table(first.result))
+    report = first.report
+    console.print(f"\n[bold]{title(report)}[/bold]")
+    for key, value in headline(report):
+        console.print(f"  {key:<28} {value}", markup=False)
+    again = second.report
+    why = ", ".join(f"{s.segments} {s.reason}" for s in again.skipped)
+    console.print(f"\nrun 2 (planned from an S3 Inventory report): {again.totals.segments_rewritten} rewritten, "
+                  f"{again.totals.segments_skipped} skipped", markup=False)
+    console.print(f"  why skipped: {why}", markup=False)
+    console.print(f"  segment objects it changed: {len(demo.changed_by_second_run)} (the dry run's: "
+                  f"{len(demo.dry_run.changed)})", markup=False)
+    console.print("\nreports (HTML, with JSON, Markdown and CSV beside them on S3, gone with the demo's S3 server):")
+    for path in demo.local_copies:
+        console.print(f"  {path}", markup=False)
+    if quiet:
+        console.print(f"Airflow's and Spark's own output: {args.out / DEMO_TOOL_LOG} (or run with --verbose)",
+                      markup=False)
+    t = report.totals
+    if t.monthly_savings_per_tib_usd is not None:
+        console.print(f"\n[bold]At real scale: {usd(t.monthly_savings_per_tib_usd)} saved per month for each TiB "
+                      f"of segments like these ({usd(12 * t.monthly_savings_per_tib_usd)} a year), at the measured "
+                      f"ratio {ratio(t.ratio)}.[/bold]")
+    return EXIT_OK if demo.ok else EXIT_INVALID
 
 
-def pipeline_table(doc: dict[str, Any]) -> Table:
+def demo_forecast_table(forecast: Forecast, run: RunResult) -> Table:
+    """The dry run's forecast by topic beside what the real run then did."""
+    t = Table(title="forecast (dry run) beside the real run, by topic", title_justify="left")
+    for col in ("topic", "before", "forecast after", "forecast ratio (range)", "forecast", "real after",
+                "real ratio", "real run"):
+        t.add_column(col, justify="left" if col in ("topic", "forecast", "real run") else "right")
+    outcomes: dict[str, list[str]] = {}
+    for (topic, status, reason), n in sorted(run.outcomes.items()):
+        outcomes.setdefault(topic, []).append(f"{n} {status}" + (f" ({reason})" if reason else ""))
+    for topic, r in forecast.by_topic().items():
+        n, before, after = run.topics.get(topic, (0, 0, 0))
+        low = (r.bytes_before - r.saved_high) / r.bytes_before if r.bytes_before else 1.0
+        high = (r.bytes_before - r.saved_low) / r.bytes_before if r.bytes_before else 1.0
+        predicted = (f"{r.segments_skipped} of {r.segments} likely skipped" if r.segments_skipped else
+                     f"{r.segments} to compact")
+        real = [f"{n} compacted"] if n else []
+        t.add_row(topic, size(r.bytes_before), size(r.bytes_after),
+                  f"{ratio(r.ratio)} ({low:.3f}–{high:.3f})", predicted,
+                  size(after) if n else "", ratio(after / before) if before else "1.000 (nothing saved)",
+                  ", ".join(real + outcomes.get(topic, [])))
+    t.caption = ("ratio: .log bytes after / before. A real ratio counts the segments it compacted; a topic it "
+                 "skipped whole saved nothing (1.000).")
+    t.caption_justify = "left"
+    return t
+
+
+def pipeline_table(run: RunResult) -> Table:
     """A run document as a table: one row per topic, then what was skipped or failed and why."""
-    run = RunResult.from_json(doc, "run document")
     t = Table(title=f"run {run.run_id}: compaction to {run.settings['codec']}", title_justify="left",
               show_footer=True)
     rows = run.topics
@@ -523,7 +568,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=int, default=None, help="codec level (default: Kafka's default for the codec)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply the segments' size (default %(default)s)")
     p.add_argument("--spark-master", default="local[2]", help="Spark master (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout (progress lines are not shown)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help=f"show Airflow's and Spark's own output on stderr (else it goes to DIR/{DEMO_TOOL_LOG})")
     p.set_defaults(func=_cmd_pipeline_demo)
     add_s3_commands(verbs, _Parser)
     add_report_command(verbs, _Parser)

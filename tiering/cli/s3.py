@@ -20,6 +20,7 @@ from rich.table import Table
 from tiering.cli.report import add_cost_args, cost_from_args
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.protocol import AUTO_SWAP, FAILED, Context, SegmentResult, SwapChoice
+from tiering.cost.forecast import Forecast
 from tiering.errors import ConfigError, ExitCode, StorageError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
@@ -27,7 +28,13 @@ from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Swap, Verify
 from tiering.plan.auto import apply_policy
-from tiering.plan.estimate import DEFAULT_SAMPLE_BYTES, DEFAULT_SAMPLE_SEGMENTS, WorkSample, estimate, estimate_work
+from tiering.plan.estimate import (
+    DEFAULT_SAMPLE_BYTES,
+    DEFAULT_SAMPLE_SEGMENTS,
+    StratifiedSample,
+    estimate,
+    estimate_work,
+)
 from tiering.plan.inventory import iter_inventory, read_manifest
 from tiering.plan.policy import load_policy
 from tiering.plan.scan import (
@@ -131,21 +138,49 @@ class _Rows:
             row[1] += s.size
 
 
-def _plan_table(doc: dict[str, Any], rows: _Rows) -> Table:
-    t = Table(title=f"plan for s3://{doc['bucket']}/{doc['prefix']} → {doc['codec']}", title_justify="left")
+def _plan_table(plan: Plan, rows: _Rows) -> Table:
+    t = Table(title=f"plan for s3://{plan.bucket}/{plan.prefix} → {plan.codec}", title_justify="left")
     for col in ("action", "segments", "bytes"):
         t.add_column(col, justify="right" if col != "action" else "left")
     for key, (n, size) in sorted(rows.rows.items()):
         t.add_row(key, f"{n:,}", _human(size))
-    for d in doc["skipped_dirs"][:20]:
+    for d in plan.skipped_dirs[:20]:
         t.add_row(f"skip dir {d['directory']}", "", d["reason"])
-    if doc["ignored_count"]:
-        t.add_row("ignored keys", f"{doc['ignored_count']:,}", "not Kafka segment files")
-    est = doc.get("estimate")
-    if est:
-        t.add_row("estimated savings", f"ratio {est['ratio']:.3f} ± {2 * est['ratio_stderr']:.3f}",
-                  f"{_human(est['saved_bytes_estimate'])} ({_human(est['saved_bytes_low'])} – "
-                  f"{_human(est['saved_bytes_high'])})")
+    if plan.ignored_by_reason:
+        t.add_section()
+        t.add_row(f"objects not planned: {plan.ignored_count:,}", "", "objects")
+        for reason, n in sorted(plan.ignored_by_reason.items()):
+            t.add_row(f"  {reason}", "", f"{n:,}")
+    return t
+
+
+def forecast_table(forecast: Forecast, title: str = "forecast by topic (dry run: nothing changes)") -> Table:
+    """The forecast by topic: bytes before, after, the range of the bytes saved, the segments a run would
+    likely skip (their stratum's sample saves nothing, or less than the policy asks), and the sample."""
+    t = Table(title=title, title_justify="left", show_footer=True)
+    total = forecast.total
+    t.add_column("topic", footer="total")
+    for col, foot in (("segments", f"{total.segments:,}"), ("before", _human(total.bytes_before)),
+                      ("after", _human(total.bytes_after)),
+                      ("ratio", f"{total.ratio:.3f}" if total.ratio is not None else ""),
+                      ("saved (range)", f"{_human(total.saved_bytes)} ({_human(total.saved_low)} – "
+                                        f"{_human(total.saved_high)})"),
+                      ("likely skipped", f"{total.segments_skipped:,}"), ("sampled", f"{total.segments_sampled:,}")):
+        t.add_column(col, footer=foot, justify="right")
+    for topic, r in forecast.by_topic().items():
+        t.add_row(topic, f"{r.segments:,}", _human(r.bytes_before), _human(r.bytes_after),
+                  f"{r.ratio:.3f}" if r.ratio is not None else "",
+                  f"{_human(r.saved_bytes)} ({_human(r.saved_low)} – {_human(r.saved_high)})",
+                  f"{r.segments_skipped:,}" if r.segments_skipped else "",
+                  f"{r.segments_sampled:,}" + ("" if topic not in forecast.topics_not_sampled else " (pooled)"))
+    notes = [f"{s.topic} ({s.source_codec}): {s.verdict}, sampled ratio {s.ratio:.3f}"
+             for s in forecast.strata if not s.saves]
+    notes += [f"{p.segment}: not sampled: {p.error}" for p in forecast.problems]
+    if forecast.topics_not_sampled:
+        notes.append(f"{len(forecast.topics_not_sampled)} topics had no sample of their own (more topics than "
+                     f"--sample-segments {forecast.sample_segments}): the pooled ratio stands for them")
+    t.caption = "\n".join(notes) or None
+    t.caption_justify = "left"
     return t
 
 
@@ -173,7 +208,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         _write_plan(args, plan)
     else:
         _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
-        counted, sample = PlanTotals(), WorkSample()
+        counted, sample = PlanTotals(), StratifiedSample()
 
         def emit(segments: list[PlannedSegment]) -> None:
             rows.add(segments)
@@ -190,11 +225,13 @@ def _cmd_scan(args: argparse.Namespace) -> int:
                                           sample_bytes=args.sample_bytes)
     _log(args, f"{plan.objects_listed:,} objects, {totals['segments']:,} segments: {totals['to_compact']:,} to "
                f"compact ({_human(totals['bytes_to_compact'])}), {totals['skipped']:,} skipped")
-    summary = plan.summary(totals, args.inventory or "listing")
     if args.json:
-        _emit_json(args.stdout, summary)
+        _emit_json(args.stdout, plan.summary(totals, args.inventory or "listing"))
     else:
-        _console(args.stdout).print(_plan_table(summary, rows))
+        console = _console(args.stdout)
+        console.print(_plan_table(plan, rows))
+        if plan.estimate is not None:
+            console.print(forecast_table(plan.estimate, "forecast by topic"))
     return 0
 
 
@@ -266,14 +303,15 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     if args.dry_run:
         plan = _load_plan(args, store) if args.plan else _scan(args, store)
         plan.estimate = estimate(store, plan, options, segments=args.sample_segments, sample_bytes=args.sample_bytes)
-        doc = {"dry_run": True, "plan": plan.to_json()}
         if args.json:
-            _emit_json(args.stdout, doc)
+            _emit_json(args.stdout, {"dry_run": True, "forecast": plan.estimate.to_json(), "plan": plan.to_json()})
         else:
             rows = _Rows()
             rows.add(plan.segments)
-            _console(args.stdout).print(_plan_table(plan.to_json(), rows))
-            _console(args.stdout).print("dry run: nothing was written")
+            console = _console(args.stdout)
+            console.print(_plan_table(plan, rows))
+            console.print(forecast_table(plan.estimate))
+            console.print("dry run: nothing was written")
         return 0
     run_id = args.run_id or new_run_id()
     swap = SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap))

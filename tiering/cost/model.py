@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
+from tiering.cost.forecast import Forecast
 from tiering.cost.prices import DAYS_PER_MONTH, GB, PriceBook
 from tiering.cost.report import (
     SAVING,
@@ -146,10 +147,10 @@ def rebatch_figures(stats: Mapping[str, Any] | None) -> RebatchFigures | None:
     return RebatchFigures(1, int(rb["batches_in"]), int(rb["batches_out"]), int(rb["saved_by_rebatching"]))
 
 
-def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]], ratio: float | None
+def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]], forecast: Forecast | None
           ) -> Iterator[SegmentRow]:
-    """One row per segment the scan saw: its plan facts and the run's outcome (or, in a dry run, the
-    estimate applied to it); then the results without a plan entry (a rollback, say)."""
+    """One row per segment the scan saw: its plan facts and the run's outcome (or, in a dry run, its
+    stratum's forecast applied to it); then the results without a plan entry (a rollback, say)."""
     by_key = {(r["directory"], int(r["base_offset"])): r for r in results}
     for s in plan:
         key = (s["directory"], int(s["base_offset"]))
@@ -158,16 +159,23 @@ def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]
             yield _row(*key, r, s)
             continue
         size = int((s.get("log") or {}).get("size", 0))
+        stratum = forecast.stratum(s["topic"], s["directory"]) if forecast is not None else None
+        codec = ""
         if s["action"] == "skip":
             r = {"status": RowStatus.SKIPPED, "reason": s["reason"]}
-        elif ratio is not None and s["action"] == "compact":
-            r = {"status": RowStatus.ESTIMATED, "reason": "dry run", "bytes_before": size,
-                 "bytes_after": round(size * ratio)}
-        elif ratio is not None:
+        elif stratum is not None and s["action"] == "compact":
+            codec = stratum.source_codec
+            if stratum.saves:
+                r = {"status": RowStatus.ESTIMATED, "reason": "dry run", "bytes_before": size,
+                     "bytes_after": round(size * stratum.ratio)}
+            else:
+                r = {"status": RowStatus.LIKELY_SKIPPED, "reason": f"{stratum.verdict}: its sample's ratio is "
+                     f"{stratum.ratio:.3f} ({stratum.topic}, {stratum.source_codec})"}
+        elif forecast is not None:
             r = {"status": RowStatus.PLANNED, "reason": s["reason"]}
         else:
             r = {"status": RowStatus.NOT_RUN, "reason": "planned, but no result was recorded"}
-        yield _row(*key, r, s, codec="")
+        yield _row(*key, r, s, codec=codec)
     for (directory, base), r in sorted(by_key.items()):
         yield _row(directory, base, r)
 
@@ -375,13 +383,13 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
     runs' ledger entries, ``now`` is the time the costs are computed at. The report lists segments (and
     failures, and partitions) up to a limit; its totals and rollups count them all."""
     estimate = (run.get("settings") or {}).get("estimate")
-    dry_run = bool(estimate)
-    ratio = float(estimate["ratio"]) if estimate else None
+    forecast = Forecast.from_json(estimate, f"the run document of {run['run_id']}") if estimate else None
+    dry_run = forecast is not None
     versioned = options.versioned if options.versioned is not None else versioned
     noncurrent_days = options.noncurrent_days if options.noncurrent_days is not None else noncurrent_days
     fold = _Fold(prices, options, now, (bool(versioned), noncurrent_days), dry_run)
     for entries, results in chunks if chunks is not None else [(plan, run.get("segments", []))]:
-        for row in _rows(entries, results, ratio):
+        for row in _rows(entries, results, forecast):
             fold.add(row)
     warnings: list[str] = []
 
@@ -412,12 +420,11 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
                     sum(c.usd for c in one_off))
     partitions, partitions_omitted = fold.rollup("directory", by_class, MAX_LISTED_PARTITIONS)
     detail = None
-    if dry_run:
-        assert estimate is not None
-        whole = estimate["saved_bytes_estimate"]
-        scale_low = estimate["saved_bytes_low"] / whole if whole else 0.0
-        scale_high = estimate["saved_bytes_high"] / whole if whole else 0.0
-        detail = EstimateDetail(dict(estimate), before - after, sum(fold.savings(scale_low).values()),
+    if forecast is not None:
+        whole = forecast.total
+        scale_low = whole.saved_low / whole.saved_bytes if whole.saved_bytes else 0.0
+        scale_high = whole.saved_high / whole.saved_bytes if whole.saved_bytes else 0.0
+        detail = EstimateDetail(forecast, before - after, sum(fold.savings(scale_low).values()),
                                 sum(fold.savings(scale_high).values()))
     report = Report(
         run_id=run["run_id"], bucket=run["bucket"], prefix=run["prefix"], started_at=run.get("started_at"),

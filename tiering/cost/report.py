@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
+from tiering.cost.forecast import Forecast
 from tiering.errors import ConfigError
 
 REPORT_KIND: Final = "compaction-report"
@@ -31,7 +32,8 @@ class RowStatus(StrEnum):
     ABORTED = "aborted"
     SUPERSEDED = "superseded"
     MOVED = "moved"
-    ESTIMATED = "estimated"  # a dry run: the sampled ratio applied to a planned segment
+    ESTIMATED = "estimated"  # a dry run: its stratum's sampled ratio applied to a planned segment
+    LIKELY_SKIPPED = "likely skipped"  # a dry run: its stratum's sample saves nothing (or too little)
     PLANNED = "planned"  # a dry run: planned, but not estimated
     NOT_RUN = "not run"  # planned, and the run recorded no result for it
 
@@ -293,30 +295,29 @@ class Assumptions:
 
 @dataclass(frozen=True, slots=True)
 class EstimateDetail:
-    """A dry run's estimate: the sample as the plan recorded it, and the savings range it gives."""
+    """A dry run's estimate: the forecast the plan recorded, and the savings range it gives in dollars."""
 
-    sample: Mapping[str, Any]  # tiering.plan.estimate's figures: ratio, segments_sampled, bytes_sampled, ...
+    forecast: Forecast
     saved_bytes: int
     monthly_savings_usd_low: float
     monthly_savings_usd_high: float
 
     @property
     def segments_sampled(self) -> int:
-        return int(self.sample.get("segments_sampled", 0))
+        return self.forecast.segments_sampled
 
     @property
     def bytes_sampled(self) -> int:
-        return int(self.sample.get("bytes_sampled", 0))
+        return self.forecast.bytes_sampled
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.sample, "saved_bytes": self.saved_bytes,
+        return {"forecast": self.forecast.to_json(), "saved_bytes": self.saved_bytes,
                 "monthly_savings_usd_low": self.monthly_savings_usd_low,
                 "monthly_savings_usd_high": self.monthly_savings_usd_high}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> EstimateDetail:
-        own = ("saved_bytes", "monthly_savings_usd_low", "monthly_savings_usd_high")
-        return cls({k: v for k, v in d.items() if k not in own}, int(d["saved_bytes"]),
+        return cls(Forecast.from_json(d.get("forecast"), "the report's estimate_detail"), int(d["saved_bytes"]),
                    float(d["monthly_savings_usd_low"]), float(d["monthly_savings_usd_high"]))
 
 

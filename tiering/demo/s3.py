@@ -25,11 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from tiering.cost.forecast import Forecast
+from tiering.cost.report import Report
 from tiering.demo.inventory import write_inventory
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from tiering.plan.planfile import PlanManifest
+from tiering.run.compact import RunResult
 from tiering.run.pipeline import safe_run_id
 from tiering.storage.layout import report_key, reserved_dir, run_key, run_result_key, segment_key
 from tiering.storage.objects import ObjectStore
@@ -184,62 +188,165 @@ def _clear(workdir: Path) -> None:
     (workdir / MARKER).write_text("created by `tiering demo`; the next run replaces this directory\n")
 
 
+@dataclass(frozen=True, slots=True)
+class DemoRun:
+    """One DAG run of the demo: its state, our run id, the run document, the report and the segment objects
+    it left (key -> ETag)."""
+
+    state: str
+    run_id: str
+    result: RunResult
+    report: Report
+    plan_source: str  # "listing", or the S3 Inventory manifest it planned from
+    objects: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "run_id": self.run_id, "document": self.result.to_json(),
+                "report": self.report.to_json(), "plan_source": self.plan_source}
+
+
+@dataclass(frozen=True, slots=True)
+class DryRun:
+    """The demo's dry run: its forecast, its report, and the segment objects it changed (none)."""
+
+    state: str
+    run_id: str
+    forecast: Forecast
+    report: Report
+    changed: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "run_id": self.run_id, "forecast": self.forecast.to_json(),
+                "report": self.report.to_json(), "segment_objects_changed": list(self.changed)}
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineDemo:
+    """What the demo did: the dry run, both runs, and what the checks compare (the seeded and final bytes)."""
+
+    bucket: str
+    prefix: str
+    seeded: Seeded
+    dry_run: DryRun
+    runs: tuple[DemoRun, DemoRun]
+    changed_by_second_run: tuple[str, ...]
+    finals: dict[str, bytes]  # .log key -> its bytes at the end
+    final_indexes: dict[str, tuple[bytes | None, bytes | None]]  # .log key -> its .index and .timeindex
+    report_keys: tuple[str, ...]  # the runs' HTML reports on S3 (the moto server is gone with the demo)
+    local_copies: tuple[str, ...]  # and their copies in the work directory
+
+    @property
+    def ok(self) -> bool:
+        """Every DAG run succeeded, the dry run changed nothing, and the second run no segment object."""
+        return (self.dry_run.state == "success" and all(r.state == "success" for r in self.runs)
+                and not self.dry_run.changed and not self.changed_by_second_run)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "bucket": self.bucket, "prefix": self.prefix, "dry_run": self.dry_run.to_json(),
+                "runs": [r.to_json() for r in self.runs],
+                "segment_objects_changed_by_run_2": list(self.changed_by_second_run),
+                "reports": list(self.report_keys), "local_copies": list(self.local_copies)}
+
+
+def _report(store: ObjectStore, run_id: str) -> Report:
+    key = report_key(PREFIX, run_id)
+    return Report.from_json(store.get_json(key)[0], f"s3://{store.bucket}/{key}")
+
+
+def _plan_header(store: ObjectStore, run_id: str) -> PlanManifest:
+    return PlanManifest.from_json(store.get_json(run_key(PREFIX, run_id, "plan", "manifest.json"))[0])
+
+
+@contextlib.contextmanager
+def output_to(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr (file descriptors 1 and 2: Airflow's and Spark's logs, warnings, child
+    processes) appended to ``path`` for the duration of the block."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        with path.open("ab") as f:
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        os.close(saved[0])
+        os.close(saved[1])
+
+
 def run_pipeline_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | None = None, scale: float = 1.0,
-                      spark_master: str = "local[2]", log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The whole demo (see the module docstring); returns both runs' documents and the checks' inputs."""
+                      spark_master: str = "local[2]", log: Callable[[str], None] = print,
+                      tool_log: str | None = None) -> PipelineDemo:
+    """The whole demo (see the module docstring). ``tool_log``: a file name in ``workdir`` that receives
+    everything Airflow, Spark and the libraries print (``log`` must then write elsewhere than stdout and
+    stderr, a terminal opened before, say)."""
     if not 0 < scale <= 20:
         raise ConfigError("demo scale out of range", expected="a number in (0, 20]", found=scale)
     _clear(workdir)
+    with output_to(workdir / tool_log) if tool_log else contextlib.nullcontext():
+        return _run(workdir, codec, level, scale, spark_master, log)
+
+
+def _run(workdir: Path, codec: Codec, level: int | None, scale: float, spark_master: str,
+         log: Callable[[str], None]) -> PipelineDemo:
     home = workdir / "airflow"
     os.environ.update(airflow_env(home))
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(name, "demo")  # moto accepts any credentials; no AWS account is used
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    log("preparing Airflow (SQLite metadata database) ...")
+    log("preparing Airflow (its SQLite metadata database)")
     prepare_airflow(home)
     with moto_server(log) as endpoint:
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         store = S3Store(make_client(), BUCKET)
         store.client.create_bucket(Bucket=BUCKET)
-        log(f"seeding s3://{BUCKET}/{PREFIX} ...")
         seeded = seed_demo(store, scale)
         before = segment_objects(store)
-        log(f"  {len(before)} objects in {len(PARTITIONS)} partitions, "
+        log(f"seeded s3://{BUCKET}/{PREFIX}: {len(before)} objects in {len(PARTITIONS)} partitions, "
             f"{sum(len(v) for v in seeded.originals.values()) / MIB:.1f} MiB of .log")
         conf = {"bucket": BUCKET, "prefix": PREFIX, "codec": codec.label, "level": level,
                 "min_segment_age_minutes": 0, "spark_master": spark_master}
-        log("run 0: dry run (scan, plan with a savings estimate from sampled batches; nothing changes) ...")
+        log("dry run: DAG kafka_segment_compaction with dry_run (scan, plan, forecast from sampled batches)")
         state, run_id = run_dag({**conf, "dry_run": True})
-        plan = store.get_json(run_key(PREFIX, run_id, "plan", "manifest.json"))[0]
-        dry_run = {"state": state, "run_id": run_id, "estimate": plan["estimate"],
-                   "report": store.get_json(report_key(PREFIX, run_id))[0],
-                   "changed": sorted(k for k, v in segment_objects(store).items() if before.get(k) != v)}
-        log(f"run 0: {state}; estimated savings {plan['estimate']['saved_bytes_estimate']:,} bytes "
-            f"({plan['estimate']['saved_bytes_low']:,} to {plan['estimate']['saved_bytes_high']:,})")
+        forecast = _plan_header(store, run_id).header.estimate
+        if forecast is None:
+            raise ConfigError("the dry run's plan holds no forecast", path=run_key(PREFIX, run_id, "plan"))
+        dry_run = DryRun(state, run_id, forecast, _report(store, run_id),
+                         tuple(sorted(k for k, v in segment_objects(store).items() if before.get(k) != v)))
+        total = forecast.total
+        log(f"dry run: {state}; forecast: saves {total.saved_bytes / MIB:.2f} MiB of {total.bytes_before / MIB:.2f} "
+            f"MiB ({total.saved_low / MIB:.2f} to {total.saved_high / MIB:.2f} MiB)")
         runs = []
         for n in (1, 2):
             run_conf = conf
             if n == 2:  # the second run plans from an S3 Inventory report of the bucket, as a large bucket would
                 uri = write_inventory(store, BUCKET, "inventory/kafka-demo/daily", store.list(""))
                 run_conf = {**conf, "inventory": uri}
-                log(f"  an S3 Inventory report of the bucket: {uri}")
-            log(f"run {n}: dag kafka_segment_compaction (scan → plan → Spark {spark_master} → commit → report "
-                "→ cleanup) ...")
+                log(f"run 2 plans from an S3 Inventory report of the bucket: {uri}")
+            log(f"run {n}: DAG kafka_segment_compaction (scan, plan, Spark {spark_master}, commit, report, cleanup)")
             state, run_id = run_dag(run_conf)
-            doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
-            (workdir / f"run-{n}.json").write_text(json.dumps(doc, indent=2) + "\n")
-            runs.append({"state": state, "run_id": run_id, "document": doc, "objects": segment_objects(store),
-                         "report": store.get_json(report_key(PREFIX, run_id))[0],
-                         "plan_source": store.get_json(run_key(PREFIX, run_id, "plan", "manifest.json"))[0]["source"]})
-            log(f"run {n}: {state}; {doc['totals']}")
+            key = run_result_key(PREFIX, run_id, "compact")
+            result = RunResult.from_json(store.get_json(key)[0], f"s3://{BUCKET}/{key}")
+            (workdir / f"run-{n}.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
+            report = _report(store, run_id)
+            runs.append(DemoRun(state, run_id, result, report, _plan_header(store, run_id).source,
+                                segment_objects(store)))
+            t = report.totals
+            log(f"run {n}: {state}; {t.segments_seen} segments: {t.segments_rewritten} rewritten, "
+                f"{t.segments_skipped} skipped, {t.segments_failed} failed")
             (workdir / f"report-run-{n}.html").write_bytes(store.get(report_key(PREFIX, run_id, "html")))
-        after_first = runs[0]["objects"]
-        changed_by_second = sorted(k for k in after_first if runs[1]["objects"].get(k) != after_first[k])
+        first, second = runs
+        changed_by_second = tuple(sorted(k for k in first.objects if second.objects.get(k) != first.objects[k]))
         finals = {key: store.get(key) for key in seeded.originals}
-        final_indexes = {key: tuple(_get_or_none(store, key[: -len(LOG_SUFFIX)] + sfx)
-                                    for sfx in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)) for key in seeded.originals}
-    return {"bucket": BUCKET, "prefix": PREFIX, "endpoint": endpoint, "seeded": seeded, "before": before,
-            "dry_run": dry_run, "runs": runs, "changed_by_second_run": changed_by_second, "finals": finals,
-            "final_indexes": final_indexes,
-            "report_keys": [f"s3://{BUCKET}/{report_key(PREFIX, r['run_id'], 'html')}" for r in runs],
-            "local_copies": [str(workdir / f"report-run-{n}.html") for n in (1, 2)]}
+        final_indexes = {key: (_get_or_none(store, key[: -len(LOG_SUFFIX)] + INDEX_SUFFIX),
+                               _get_or_none(store, key[: -len(LOG_SUFFIX)] + TIME_INDEX_SUFFIX))
+                         for key in seeded.originals}
+    return PipelineDemo(BUCKET, PREFIX, seeded, dry_run, (first, second), changed_by_second, finals, final_indexes,
+                        tuple(f"s3://{BUCKET}/{report_key(PREFIX, r.run_id, 'html')}" for r in runs),
+                        tuple(str(workdir / f"report-run-{n}.html") for n in (1, 2)))

@@ -1,21 +1,24 @@
-"""Dry-run savings estimate: recompress the first batches of a sample of the planned segments.
+"""The dry run's forecast: recompress the first batches of a stratified sample of the planned segments.
 
-Segments are picked evenly across the size order (small and large ones), and the first ``sample_bytes``
-of each is read with one ranged GET. The ratio is the sampled bytes' (out / in); its uncertainty is the
-standard error of the per-segment ratios, and the range reported is the estimate +/- two standard errors.
-A sample is the beginning of a segment: a topic whose data changes character along a segment is
-estimated less well, which the range does not capture.
+Every topic to compact gets at least one sampled segment (the largest topics first when there are more
+topics than the budget), the rest of the budget goes to topics in proportion to their bytes, and a topic's
+share is spread over its partitions (the largest first) and over its segments' sizes. The first
+``sample_bytes`` of each sampled segment is read with one ranged GET and recompressed as its plan entry
+says. What the samples show becomes a :class:`tiering.cost.forecast.Forecast`: strata of topic and source
+codec, each with its own ratio and range, and the verdict a run would reach on them. A sample is the
+beginning of a segment: a topic whose data changes character along a segment is estimated less well,
+which the range does not capture.
 """
 
 from __future__ import annotations
 
 import io
-import math
 import random
-import statistics
-from dataclasses import replace
-from typing import Any, Final
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Final
 
+from tiering.cost.forecast import NOT_SAMPLED, Forecast, SampleProblem, Stratum, ratio_and_stderr
 from tiering.errors import TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import RawBatch, iter_batches
@@ -26,6 +29,7 @@ from tiering.storage.objects import ObjectStore
 
 DEFAULT_SAMPLE_SEGMENTS: Final = 16
 RESERVOIR: Final = 256  # segments kept to sample from, whatever the plan's size (the sample spreads over them)
+MIN_PER_TOPIC: Final = 2  # of them, each topic keeps at least this many
 DEFAULT_SAMPLE_BYTES: Final = 4 << 20
 
 
@@ -74,57 +78,194 @@ def sample_batches(store: ObjectStore, seg: PlannedSegment, sample_bytes: int) -
     return batches
 
 
-def _sample(store: ObjectStore, seg: PlannedSegment, options: RewriteOptions, sample_bytes: int) -> tuple[int, int]:
-    """(bytes in, bytes out) over the whole batches within the segment's first ``sample_bytes`` (re-batched
-    first where the plan says so)."""
+def _sample(store: ObjectStore, seg: PlannedSegment, options: RewriteOptions, sample_bytes: int) -> Sampled:
+    """Bytes in and out over the whole batches within the segment's first ``sample_bytes`` (re-batched
+    first where the plan says so), the codec most of those bytes had, and each batch's bytes in and out."""
+    raws = sample_batches(store, seg, sample_bytes)
+    codecs: Counter[str] = Counter()
+    for raw in raws:
+        codecs[raw.header.codec.label] += raw.header.size
+    codec = codecs.most_common(1)[0][0] if codecs else NOT_SAMPLED
     if seg.rebatch_max_bytes is not None:
-        data = b"".join(bytes(raw.data) for raw in sample_batches(store, seg, sample_bytes))
+        data = b"".join(bytes(raw.data) for raw in raws)
         merge = RebatchOptions(options.codec, options.level, seg.rebatch_max_bytes, options.decompression_limit)
         result = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=seg.base_offset,
                                  options=replace(options, proof=False), rebatch=merge)
-        return len(data), result.stats.bytes_out
-    bytes_in = bytes_out = 0
-    for raw in sample_batches(store, seg, sample_bytes):
-        bytes_in += raw.header.size
-        bytes_out += sum(len(p) for p in process_batch(raw, options).parts)
-    return bytes_in, bytes_out
+        return Sampled(seg, codec, len(data), result.stats.bytes_out, ((len(data), result.stats.bytes_out),))
+    batches = tuple((raw.header.size, sum(len(p) for p in process_batch(raw, options).parts)) for raw in raws)
+    return Sampled(seg, codec, sum(i for i, _ in batches), sum(o for _, o in batches), batches)
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """One sampled segment: its source codec (by bytes) and what its sampled batches became."""
+
+    segment: PlannedSegment
+    codec: str
+    bytes_in: int
+    bytes_out: int
+    batches: tuple[tuple[int, int], ...]  # each batch's (bytes in, bytes out)
+
+
+class _Topic:
+    """One topic's segments to compact as they stream by: counts and bytes by partition, its policy's
+    minimum savings, and a random sample of its segments (a reservoir, shrunk as topics arrive)."""
+
+    def __init__(self, seed: str) -> None:
+        self.count = self.bytes = 0
+        self.partitions: dict[str, list[int]] = {}  # directory -> [segments, bytes]
+        self.min_savings_ratio = 0.0
+        self.sample: list[PlannedSegment] = []
+        self._random = random.Random(seed)  # noqa: S311 - a sample, not a secret
+
+    def add(self, seg: PlannedSegment, keep: int) -> None:
+        self.count += 1
+        self.bytes += seg.size
+        part = self.partitions.setdefault(seg.directory, [0, 0])
+        part[0] += 1
+        part[1] += seg.size
+        self.min_savings_ratio = max(self.min_savings_ratio, seg.min_savings_ratio)
+        if len(self.sample) < keep:
+            self.sample.append(seg)
+        elif (i := self._random.randrange(self.count)) < keep:
+            self.sample[i] = seg
+
+    def shrink(self, keep: int) -> None:
+        """Keep a uniform random ``keep`` of the reservoir (still a uniform sample of the topic)."""
+        if len(self.sample) > keep:
+            self.sample = self._random.sample(self.sample, keep)
+
+    def pick(self, k: int) -> list[PlannedSegment]:
+        """``k`` of its sampled segments, spread over its partitions (the largest first, in turn), and
+        within a partition over the segments' sizes."""
+        by_dir: dict[str, list[PlannedSegment]] = {}
+        for seg in self.sample:
+            by_dir.setdefault(seg.directory, []).append(seg)
+        queues = [spread(by_dir[d], len(by_dir[d]))[::-1] for d in
+                  sorted(by_dir, key=lambda d: (-self.partitions[d][1], d))]
+        picked: list[PlannedSegment] = []
+        while len(picked) < k and any(queues):
+            for q in queues:
+                if q and len(picked) < k:
+                    picked.append(q.pop(0))
+        return picked
+
+
+class StratifiedSample:
+    """Segments to compact, summed up by topic as they stream by, each topic with a bounded random sample
+    of its own (``RESERVOIR`` segments in all, at least ``MIN_PER_TOPIC`` a topic): what the forecast
+    samples from, whatever the plan's size."""
+
+    def __init__(self, keep: int = RESERVOIR, seed: str = "") -> None:
+        self.topics: dict[str, _Topic] = {}
+        self._keep = keep
+        self._seed = seed
+
+    @property
+    def count(self) -> int:
+        return sum(t.count for t in self.topics.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.bytes for t in self.topics.values())
+
+    def add(self, seg: PlannedSegment) -> None:
+        topic = self.topics.get(seg.topic)
+        if topic is None:
+            topic = self.topics[seg.topic] = _Topic(f"{self._seed}/{seg.topic}")
+            for t in self.topics.values():
+                t.shrink(self.per_topic)
+        topic.add(seg, self.per_topic)
+
+    @property
+    def per_topic(self) -> int:
+        return max(MIN_PER_TOPIC, self._keep // max(1, len(self.topics)))
+
+
+def allocate(sizes: dict[str, int], available: dict[str, int], budget: int) -> dict[str, int]:
+    """Segments to sample per topic: one each for the ``budget`` largest topics (by bytes), then the rest of
+    the budget in proportion to their bytes (largest remainders), never more than a topic ``available``."""
+    order = sorted(sizes, key=lambda t: (-sizes[t], t))
+    chosen = [t for t in order[:budget] if available[t] > 0]
+    out = dict.fromkeys(chosen, 1)
+    left = budget - len(chosen)
+    total = sum(sizes[t] for t in chosen)
+    while left > 0 and total:
+        room = [t for t in chosen if out[t] < available[t]]
+        if not room:
+            break
+        share = {t: left * sizes[t] / sum(sizes[r] for r in room) for t in room}
+        extra = {t: min(available[t] - out[t], int(share[t])) for t in room}
+        if not any(extra.values()):  # hand out the remainders one at a time, the largest first
+            best = max(room, key=lambda t: (share[t] - int(share[t]), sizes[t], t))
+            extra[best] = 1
+        for t, n in extra.items():
+            out[t] += n
+            left -= n
+    return out
 
 
 def estimate(store: ObjectStore, plan: Plan, options: RewriteOptions, *, segments: int = DEFAULT_SAMPLE_SEGMENTS,
-             sample_bytes: int = DEFAULT_SAMPLE_BYTES) -> dict[str, Any]:
-    """Estimated bytes after compaction of the plan's ``compact`` segments, with its uncertainty."""
-    work = WorkSample()
+             sample_bytes: int = DEFAULT_SAMPLE_BYTES) -> Forecast:
+    """The forecast of the plan's ``compact`` segments (see :mod:`tiering.cost.forecast`)."""
+    work = StratifiedSample()
     for seg in plan.segments:
         if seg.action == COMPACT:
             work.add(seg)
     return estimate_work(store, work, options, segments=segments, sample_bytes=sample_bytes)
 
 
-def estimate_work(store: ObjectStore, work: WorkSample, options: RewriteOptions, *,
-                  segments: int = DEFAULT_SAMPLE_SEGMENTS, sample_bytes: int = DEFAULT_SAMPLE_BYTES
-                  ) -> dict[str, Any]:
-    """:func:`estimate` of segments seen as a stream (their sample stands for them)."""
-    total = work.bytes
-    ratios: list[float] = []
-    sampled_in = sampled_out = 0
-    problems = []
-    for seg in spread(work.sample, segments):
-        own = options if seg.codec is None else replace(options, codec=Codec.parse(seg.codec), level=seg.level)
-        try:
-            b_in, b_out = _sample(store, seg, own, sample_bytes)
-        except TieringError as e:
-            problems.append({"segment": f"{seg.directory}/{seg.base_offset}", "error": str(e)})
+def estimate_work(store: ObjectStore, work: StratifiedSample, options: RewriteOptions, *,
+                  segments: int = DEFAULT_SAMPLE_SEGMENTS, sample_bytes: int = DEFAULT_SAMPLE_BYTES) -> Forecast:
+    """:func:`estimate` of segments seen as a stream (their sample stands for them): ``segments`` ranged
+    GETs at most, spread over the topics by :func:`allocate`."""
+    topics = work.topics
+    plan = allocate({t: w.bytes for t, w in topics.items()}, {t: len(w.sample) for t, w in topics.items()},
+                    segments)
+    problems: list[SampleProblem] = []
+    sampled: dict[str, list[Sampled]] = {}
+    for name in sorted(plan):
+        for seg in topics[name].pick(plan[name]):
+            target = options if seg.codec is None else replace(options, codec=Codec.parse(seg.codec),
+                                                               level=seg.level)
+            try:
+                s = _sample(store, seg, target, sample_bytes)
+            except TieringError as e:
+                problems.append(SampleProblem(f"{seg.directory}/{seg.base_offset}", str(e)))
+                continue
+            if s.bytes_in:
+                sampled.setdefault(name, []).append(s)
+    everything = [s for rows in sampled.values() for s in rows]
+    pooled = ratio_and_stderr([(s.bytes_in, s.bytes_out) for s in everything],
+                              everything[0].batches if len(everything) == 1 else ())
+    strata: list[Stratum] = []
+    codecs: dict[str, str] = {}
+    for name, topic in sorted(topics.items()):
+        rows = sampled.get(name, [])
+        if not rows:  # nothing of its own: the pooled ratio of every sample
+            strata.append(Stratum(name, NOT_SAMPLED, len(topic.partitions), topic.count, topic.bytes, 0, 0,
+                                  *pooled, topic.min_savings_ratio))
             continue
-        if b_in:
-            ratios.append(b_out / b_in)
-            sampled_in += b_in
-            sampled_out += b_out
-    ratio = sampled_out / sampled_in if sampled_in else 1.0
-    stderr = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else (0.0 if ratios else 1.0)
-    low, high = max(0.0, ratio - 2 * stderr), min(1.0, ratio + 2 * stderr)
-    return {"estimate": True, "method": f"first {sample_bytes} bytes of up to {segments} segments, recompressed",
-            "segments_planned": work.count, "segments_sampled": len(ratios), "bytes_sampled": sampled_in,
-            "ratio": round(ratio, 6), "ratio_stderr": round(stderr, 6), "bytes_before": total,
-            "bytes_after_estimate": round(total * ratio), "saved_bytes_estimate": round(total * (1 - ratio)),
-            "saved_bytes_low": round(total * (1 - high)), "saved_bytes_high": round(total * (1 - low)),
-            "sample_errors": problems}
+        by_bytes: dict[str, Counter[str]] = {}
+        for s in rows:
+            by_bytes.setdefault(s.segment.directory, Counter())[s.codec] += s.bytes_in
+        part_codec = {d: c.most_common(1)[0][0] for d, c in by_bytes.items()}
+        codecs.update(part_codec)
+        for codec in sorted(set(part_codec.values())):
+            own = [s for s in rows if part_codec[s.segment.directory] == codec]
+            dirs = [d for d, c in part_codec.items() if c == codec]
+            strata.append(Stratum(
+                name, codec, len(dirs), sum(topic.partitions[d][0] for d in dirs),
+                sum(topic.partitions[d][1] for d in dirs), len(own), sum(s.bytes_in for s in own),
+                *ratio_and_stderr([(s.bytes_in, s.bytes_out) for s in own], own[0].batches if len(own) == 1 else ()),
+                topic.min_savings_ratio))
+        rest = [d for d in topic.partitions if d not in part_codec]
+        if rest:  # its partitions no sample reached: the topic's whole sample stands for them
+            strata.append(Stratum(
+                name, NOT_SAMPLED, len(rest), sum(topic.partitions[d][0] for d in rest),
+                sum(topic.partitions[d][1] for d in rest), 0, 0,
+                *ratio_and_stderr([(s.bytes_in, s.bytes_out) for s in rows], rows[0].batches if len(rows) == 1 else ()),
+                topic.min_savings_ratio))
+    return Forecast(f"the first {sample_bytes:,} bytes of up to {segments} segments, spread over topics by bytes "
+                    "(one at least each) and over each topic's partitions, recompressed", segments, sample_bytes,
+                    tuple(strata), codecs, tuple(problems), tuple(sorted(t for t in topics if t not in sampled)))

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
+from tiering.cost.forecast import Forecast
 from tiering.errors import ConfigError
 from tiering.kafka.batch import V2_HEADER_SIZE
 from tiering.kafka.codecs import Codec, check_level
@@ -62,7 +63,11 @@ PLAN_SCHEMA_VERSION: Final = 1
 DEFAULT_MIN_AGE_MINUTES: Final = 15
 DEFAULT_SCAN_WORKERS: Final = 8
 ARCHIVED_CLASSES: Final = frozenset({"GLACIER", "DEEP_ARCHIVE"})  # GLACIER_IR is readable at once
-MAX_IGNORED_LISTED: Final = 1000
+MAX_IGNORED_LISTED: Final = 1000  # objects not planned listed with their reason (every one is counted)
+PARTITION_FILE: Final = "partition file: kept as it is"
+SNAPSHOT: Final = "producer-state snapshot: kept as it is"
+NOT_KAFKA: Final = "not a Kafka file"
+PLACEHOLDER: Final = "directory placeholder (a zero-byte key ending in /)"
 INVENTORY_SHARDS: Final = 256  # spill files of an inventory scan: memory holds one
 
 COMPACT: Final = "compact"
@@ -155,10 +160,13 @@ class Plan:
     created_at: str
     segments: list[PlannedSegment] = field(default_factory=list)
     skipped_dirs: list[dict[str, str]] = field(default_factory=list)
+    # Every object under the prefix a compaction would not touch, with why: up to MAX_IGNORED_LISTED of them
+    # listed, all of them counted (the objects of skipped directories are not listed: see skipped_dirs).
     ignored_keys: list[dict[str, str]] = field(default_factory=list)
     ignored_count: int = 0
+    ignored_by_reason: dict[str, int] = field(default_factory=dict)
     objects_listed: int = 0
-    estimate: dict[str, Any] | None = None
+    estimate: Forecast | None = None  # a dry run's forecast of the savings
     policy: str | None = None  # the policy file the plan followed
     auto: dict[str, Any] | None = None  # per topic, the automatic codec choice and its numbers
 
@@ -175,15 +183,20 @@ class Plan:
         """What a scan found, as numbers, without its segments (``totals``: from a streamed scan)."""
         doc = self.to_json()
         doc.pop("segments")
-        return {**doc, "kind": "tiering.scan-summary", "totals": totals, "source": source}
+        return {**doc, "kind": "tiering.scan-summary", "source": source,
+                "totals": {**totals, "objects_not_planned": self.ignored_count,
+                           "objects_not_planned_by_reason": dict(sorted(self.ignored_by_reason.items()))}}
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": PLAN_SCHEMA_VERSION, "kind": "tiering.plan", "bucket": self.bucket,
                 "prefix": self.prefix, "codec": self.codec, "level": self.level,
                 "min_age_minutes": self.min_age_minutes, "topics": self.topics, "created_at": self.created_at,
-                "objects_listed": self.objects_listed, "totals": self.totals(), "estimate": self.estimate,
+                "objects_listed": self.objects_listed, "totals": self.totals(),
+                "estimate": self.estimate.to_json() if self.estimate is not None else None,
                 "skipped_dirs": self.skipped_dirs, "ignored_keys": self.ignored_keys,
-                "ignored_count": self.ignored_count, "policy": self.policy, "auto": self.auto,
+                "ignored_count": self.ignored_count,
+                "ignored_by_reason": dict(sorted(self.ignored_by_reason.items())), "policy": self.policy,
+                "auto": self.auto,
                 "segments": [s.to_json() for s in self.segments]}
 
     @classmethod
@@ -194,7 +207,10 @@ class Plan:
         return cls(doc["bucket"], doc["prefix"], doc["codec"], doc["level"], int(doc["min_age_minutes"]),
                    doc["topics"], doc["created_at"], [PlannedSegment.from_json(s) for s in doc["segments"]],
                    list(doc["skipped_dirs"]), list(doc["ignored_keys"]), int(doc["ignored_count"]),
-                   int(doc["objects_listed"]), doc.get("estimate"), doc.get("policy"), doc.get("auto"))
+                   {str(k): int(v) for k, v in (doc.get("ignored_by_reason") or {}).items()},
+                   objects_listed=int(doc["objects_listed"]),
+                   estimate=Forecast.from_json(doc["estimate"], "the plan's estimate") if doc.get("estimate") else None,
+                   policy=doc.get("policy"), auto=doc.get("auto"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,10 +270,11 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
     for info in objects:
         file = info.key[len(dir_key):]
         if file in PARTITION_FILES:
+            ignored(info.key, PARTITION_FILE)
             continue
         parsed = parse_segment_name(file) if "/" not in file else None
         if parsed is None:
-            ignored(info.key, "not a Kafka segment or partition file")
+            ignored(info.key, PLACEHOLDER if (info.size == 0 and file.endswith("/")) or not file else NOT_KAFKA)
             continue
         groups.setdefault(parsed[0], {})[parsed[1]] = info
     with_log = [base for base, g in groups.items() if LOG_SUFFIX in g]
@@ -275,8 +292,10 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
     out = []
     for base in sorted(groups):
         g = groups[base]
+        if (snapshot := g.get(SNAPSHOT_SUFFIX)) is not None:
+            ignored(snapshot.key, SNAPSHOT)  # producer state of the partition, not a segment file
         if set(g) <= {SNAPSHOT_SUFFIX}:
-            continue  # producer-state snapshots are partition state, not segment files
+            continue
         log = g.get(LOG_SUFFIX)
         refs = {"log": log, "index": g.get(INDEX_SUFFIX), "timeindex": g.get(TIME_INDEX_SUFFIX),
                 "txnindex": g.get(TXN_INDEX_SUFFIX)}
@@ -288,10 +307,28 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
         files: dict[str, Any] = {k: ObjectRef.of(v) if v else None for k, v in refs.items()}
         own = per_topic if action == COMPACT else {}  # a repair rewrites nothing: no codec of its own
         done = ours is not None and log is not None and ours.compacted and ours.log_etag == log.etag
-        out.append(PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **own,
-                                  compacted_by=ours.run_id if done and action == SKIP and ours else None,
-                                  cause=cause))
+        seg = PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **own,
+                             compacted_by=ours.run_id if done and action == SKIP and ours else None, cause=cause)
+        if action == SKIP:
+            for ref in (seg.log, seg.index, seg.timeindex, seg.txnindex):
+                if ref is not None:
+                    ignored(ref.key, object_reason(seg))
+        out.append(seg)
     return out
+
+
+def object_reason(seg: PlannedSegment) -> str:
+    """Why the objects of a skipped segment are not planned, in a few words (the segment's reason is the
+    detail): the label a scan counts them by."""
+    if seg.cause is Cause.ARCHIVED:
+        classes = sorted({r.storage_class for r in (seg.log, seg.index, seg.timeindex)
+                          if r is not None and r.storage_class in ARCHIVED_CLASSES})
+        return f"archived storage class {' and '.join(classes)}: restore first"
+    labels = {Cause.ACTIVE: "active segment", Cause.EMPTY: "empty .log", Cause.INCOMPLETE: "index without its .log",
+              Cause.TOO_YOUNG: "too young", Cause.ALREADY_COMPACTED: "already compacted",
+              Cause.INVALID: "invalid segment", Cause.POLICY: "policy: left as the producer wrote it",
+              Cause.REMEMBERED: "nothing to gain, as the last run found"}
+    return labels.get(seg.cause, str(seg.cause)) if seg.cause is not None else seg.reason.split(":")[0]
 
 
 def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | None], active: int | None,
@@ -362,6 +399,7 @@ def scan_partitions(store: ObjectStore, prefix: str, options: ScanOptions, emit:
 
     def ignored(key: str, reason: str) -> None:
         plan.ignored_count += 1
+        plan.ignored_by_reason[reason] = plan.ignored_by_reason.get(reason, 0) + 1
         if len(plan.ignored_keys) < MAX_IGNORED_LISTED:
             plan.ignored_keys.append({"key": key, "reason": reason})
 
@@ -450,7 +488,7 @@ def inventory_partitions(store: ObjectStore, root: str, objects: Iterator[Object
                 if decided[name] is None:
                     continue
                 if any(c in info.key for c in "\t\n\r"):
-                    ignored(info.key, "not a Kafka segment or partition file")
+                    ignored(info.key, NOT_KAFKA)
                     continue
                 f = files[zlib.crc32(name.encode()) % shards]
                 f.write(f"{info.key}\t{info.size}\t{info.etag}\t{info.last_modified.isoformat()}\t"

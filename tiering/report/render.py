@@ -15,7 +15,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from tiering.cost.report import GroupRow, Report
+from tiering.cost.forecast import Range
+from tiering.cost.report import GroupRow, Report, Totals
 
 FORMATS: Final = ("table", "json", "md", "csv", "html")
 NUMERIC: Final = re.compile(r"^-?\$?[0-9][0-9,.]*( ?(B|KiB|MiB|GiB|TiB|days|months))?$")
@@ -54,6 +55,13 @@ def payback(months: float | None) -> str:
     return f"{months:.1f} months"
 
 
+def per_tib(t: Totals) -> str:
+    """Savings per month for each TiB of segments like these, at the measured (or forecast) ratio."""
+    if t.monthly_savings_per_tib_usd is None:
+        return "n/a (nothing rewritten)"
+    return f"{usd(t.monthly_savings_per_tib_usd)} per month, {usd(12 * t.monthly_savings_per_tib_usd)} per year"
+
+
 def title(report: Report) -> str:
     kind = "ESTIMATE (dry run)" if report.estimate else "compaction report"
     return f"{kind}: s3://{report.bucket}/{report.prefix} run {report.run_id}"
@@ -62,13 +70,12 @@ def title(report: Report) -> str:
 def headline(report: Report) -> list[tuple[str, str]]:
     t = report.totals
     rows = [
-        ("segments rewritten" if not report.estimate else "segments planned",
+        ("per TiB of such data", per_tib(t)),
+        ("this prefix, per year", f"{usd(t.yearly_savings_usd)} ({usd(t.monthly_savings_usd)} per month)"),
+        ("segments rewritten" if not report.estimate else "segments to compact",
          str(t.segments_rewritten or t.segments_estimated)),
         ("skipped / failed", f"{t.segments_skipped} / {t.segments_failed}"),
         (".log bytes before -> after", f"{size(t.bytes_before)} -> {size(t.bytes_after)} (ratio {ratio(t.ratio)})"),
-        ("saved per month / year", f"{usd(t.monthly_savings_usd)} / {usd(t.yearly_savings_usd)}"),
-        ("at this ratio, per TiB", "n/a" if t.monthly_savings_per_tib_usd is None else
-         f"{usd(t.monthly_savings_per_tib_usd)} per month for each TiB of such segments"),
         ("one-off cost of the run", usd(t.one_off_usd)),
         ("payback", payback(t.payback_months)),
     ]
@@ -113,6 +120,28 @@ def _group_rows(groups: Sequence[GroupRow]) -> list[list[str]]:
 
 
 TOPIC_HEAD: Final = ("topic", "segments", "before", "after", "ratio", "saved/month")
+FORECAST_HEAD: Final = ("segments", "before", "after (forecast)", "ratio", "saved: range (+/- 2 s.e.)",
+                        "likely skipped", "sampled", "saved/month")
+
+
+def _forecast_rows(ranges: dict[str, Range], groups: Sequence[GroupRow]) -> list[list[str]]:
+    """A dry run's rollup: each group's forecast (its strata's ratios and ranges), and its dollars."""
+    dollars = {g.name: g.monthly_savings_usd for g in groups}
+    return [[name, str(r.segments), size(r.bytes_before), size(r.bytes_after), ratio(r.ratio),
+             f"{size(r.saved_low)} .. {size(r.saved_high)}", str(r.segments_skipped) if r.segments_skipped else "",
+             str(r.segments_sampled), usd(dollars.get(name, 0.0))] for name, r in ranges.items()]
+
+
+def rollups(report: Report) -> list[tuple[str, tuple[str, ...], list[list[str]], frozenset[int]]]:
+    """The report's tables by topic and by source codec: a real run's rows, or a dry run's forecast."""
+    if (e := report.estimate_detail) is not None:
+        right = frozenset(range(1, 9))
+        return [("topic", ("topic", *FORECAST_HEAD), _forecast_rows(e.forecast.by_topic(), report.by_topic), right),
+                ("source codec", ("source codec", *FORECAST_HEAD),
+                 _forecast_rows(e.forecast.by_source_codec(), report.by_source_codec), right)]
+    right = frozenset({1, 2, 3, 4, 5})
+    return [(label, (label, *TOPIC_HEAD[1:]), _group_rows(groups), right)
+            for label, groups in (("topic", report.by_topic), ("source codec", report.by_source_codec)) if groups]
 
 
 AUTO_HEAD: Final = ("topic", "candidate", "ratio", "saved/month", "one-off", "net (horizon)", "")
@@ -153,8 +182,8 @@ def to_table(report: Report) -> str:
     out = [title(report), ""]
     width = max(len(k) for k, _ in headline(report))
     out += [f"  {k.ljust(width)}  {v}" for k, v in headline(report)]
-    if report.by_topic:
-        out += ["", *_grid(TOPIC_HEAD, _group_rows(report.by_topic), frozenset({1, 2, 3, 4, 5}))]
+    for _, head, body, right in rollups(report):
+        out += ["", *_grid(head, body, right)]
     out += ["", *_grid(("one-off cost", "usd", "detail"), _one_off_rows(report), frozenset({1}))]
     if report.auto:
         out += ["", "automatic codec choice (net dollars over the horizon):",
@@ -176,10 +205,9 @@ def to_markdown(report: Report) -> str:
     out = [f"# {title(report)}", ""]
     out += [f"> **{w}**" for w in report.warnings]
     out += [*_md_table(("", ""), headline(report)), ""]
-    if report.by_topic:
-        out += ["## By topic", "", *_md_table(TOPIC_HEAD, _group_rows(report.by_topic)), ""]
-    for label, groups in (("source codec", report.by_source_codec), ("storage class", report.by_storage_class),
-                          ("partition", report.by_partition)):
+    for label, head, body, _ in rollups(report):
+        out += [f"## By {label}" + (" (forecast)" if report.estimate_detail else ""), "", *_md_table(head, body), ""]
+    for label, groups in (("storage class", report.by_storage_class), ("partition", report.by_partition)):
         if groups:
             out += [f"## By {label}", "", *_md_table((label, *TOPIC_HEAD[1:]), _group_rows(groups)), ""]
     if report.auto:
@@ -317,7 +345,10 @@ footer{color:#5b6472;margin-top:32px;font-size:12px}
 
 def to_html(report: Report) -> str:
     t, ledger = report.totals, report.ledger
-    cards = [("saved per month", usd(t.monthly_savings_usd)), ("saved per year", usd(t.yearly_savings_usd)),
+    tib = t.monthly_savings_per_tib_usd
+    cards = [("saved per month per TiB of such data", "n/a" if tib is None else usd(tib)),
+             ("this prefix, saved per year", usd(t.yearly_savings_usd)),
+             ("this prefix, saved per month", usd(t.monthly_savings_usd)),
              ("one-off cost", usd(t.one_off_usd)), ("payback", payback(t.payback_months)),
              ("bytes saved", size(t.saved_bytes)), ("ratio after/before", ratio(t.ratio))]
     body = [f"<h1>{_e(title(report))}</h1>",
@@ -351,11 +382,9 @@ def to_html(report: Report) -> str:
     else:
         body.append("<p>No segment was rewritten: nothing to chart.</p>")
     body.append("<h2>Summary</h2>" + _html_table(("", ""), headline(report)))
-    if topics:
-        body.append("<h2>By topic</h2>" + _html_table(TOPIC_HEAD, _group_rows(topics)))
-    if report.by_source_codec:
-        body.append("<h2>By source codec</h2>" + _html_table(("source codec", *TOPIC_HEAD[1:]),
-                                                             _group_rows(report.by_source_codec)))
+    for label, head, rows, _ in rollups(report):
+        body.append(f"<h2>By {_e(label)}" + (" (forecast)" if report.estimate_detail else "") + "</h2>"
+                    + _html_table(head, rows))
     if report.auto:
         body.append("<h2>Automatic codec choice</h2><p>Net dollars: storage saved over the horizon minus the one-off "
                     "costs (compute measured on sampled batches, requests, originals kept for the grace "

@@ -493,6 +493,14 @@ class CleanupResult:
     def exit_code(self) -> ExitCode:
         return outcome(self.recovered)
 
+    def summary(self) -> str:
+        """One line for people."""
+        left = sum(1 for r in self.recovered if r.pending is not None)
+        return (f"{self.backups_deleted:,} kept originals deleted ({self.backup_bytes_deleted:,} bytes), "
+                f"{self.staging_deleted:,} staging objects deleted, {self.uploads_aborted:,} uploads aborted, "
+                f"{self.kept_referenced:,} kept (still referenced), {len(self.recovered):,} interrupted operations "
+                f"finished" + (f", {left:,} left to a later run" if left else ""))
+
     def to_json(self) -> dict[str, Any]:
         return {"backups_deleted": self.backups_deleted, "backup_bytes_deleted": self.backup_bytes_deleted,
                 "staging_deleted": self.staging_deleted, "uploads_aborted": self.uploads_aborted,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import sys
 import threading
 import time
 from collections import Counter
@@ -42,7 +43,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Cause, Journal, Pending, Status, Swap, Verify
 from tiering.plan.auto import decide_auto, record_age, with_auto
-from tiering.plan.estimate import WorkSample, estimate_work
+from tiering.plan.estimate import StratifiedSample, WorkSample, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
 from tiering.plan.planfile import (
     MANIFEST,
@@ -135,6 +136,11 @@ class RunSettings:
         return run_key(self.prefix, self.run_id, name)
 
 
+def to_stderr(line: str) -> None:
+    """A progress line on stderr: stdout is for a command's result (one JSON document under ``--json``)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def plan_files(store: ObjectStore, settings: RunSettings, name: str = PLAN) -> ChunkedPlan:
     """The run's scan (``name="scan"``) or plan as chunk files under ``runs/<run>/<name>/``."""
     return ChunkedPlan(store, settings.prefix, settings.run_id, name)
@@ -162,13 +168,13 @@ def scan_run(store: ObjectStore, settings: RunSettings, options: ScanOptions, *,
 
 def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, *, estimate_savings: bool = False,
              policy: Policy | None = None, prices: PriceBook | None = None, max_chunks: int = DEFAULT_MAX_CHUNKS,
-             chunk_work: int = DEFAULT_CHUNK_WORK) -> dict[str, Any]:
+             chunk_work: int = DEFAULT_CHUNK_WORK, log: Callable[[str], None] = to_stderr) -> dict[str, Any]:
     """From the run's scan, apply the policy (record ages, automatic codecs) and the budget (largest first)
     and write the plan's chunks under ``runs/<run>/plan/``; return its manifest key, totals and chunk names.
     Chunks hold whole partitions, at most ``chunk_work`` segments to compact each (more when that would
     make more than ``max_chunks``: the commit step maps one task per chunk). Streams: memory holds a chunk,
     with a budget 8 bytes per segment to compact (their sizes), and samples. ``estimate_savings`` adds the dry-run
-    estimate (sampled batches)."""
+    estimate (sampled batches). ``log``: progress lines (the automatic codec choices), never on stdout."""
     scanned = plan_files(store, settings, SCAN)
     scan_manifest = scanned.manifest()
     source = scanned
@@ -197,7 +203,7 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
         policied.write_manifest(PlanManifest(scan_manifest.header, writer.totals.to_json(), writer.close(),
                                              scan_manifest.source))
         source = policied
-    choices = decide_auto(store, topics, policy, prices or load_prices(), log=print) if policy and topics else {}
+    choices = decide_auto(store, topics, policy, prices or load_prices(), log=log) if policy and topics else {}
     work_count, work_bytes = chosen.measure(t for topic, t in sizes.items()
                                             if topic is None or choices[topic]["chosen"] is not None)
     # Pass 2: the plan's chunks, sized so that there are at most max_chunks of them.
@@ -208,7 +214,7 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
     planned = plan_files(store, settings, PLAN)
     writer = planned.writer(**chunk_limits(max_chunks, segments=scan_manifest.totals["segments"],
                                            work=work_count + repairs, work_bytes=work_bytes, min_work=chunk_work))
-    sample = WorkSample(seed=settings.run_id)
+    sample = StratifiedSample(seed=settings.run_id)
     in_flight = pending_bases(store, settings.prefix)  # operations crashed runs left: their chunks get a commit
     with_pending: set[str] = set()
     for policied_part in by_partition(source.segments()):
@@ -223,13 +229,16 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
     header = scan_manifest.header  # a plan made elsewhere keeps the policy and choices it was made with
     if policy is not None:
         header = dataclasses.replace(header, policy=policy.path, auto=choices or None)
-    if estimate_savings:
-        header.estimate = estimate_work(store, sample, RewriteOptions(Codec.parse(settings.codec), settings.level))
+    header = dataclasses.replace(header, estimate=estimate_work(
+        store, sample, RewriteOptions(Codec.parse(settings.codec), settings.level)) if estimate_savings else None)
     totals = writer.totals.to_json()
     planned.write_manifest(PlanManifest(header, totals, chunks, scan_manifest.source))
     put_usage(store, settings, "plan")
+    saved = header.estimate.total if header.estimate is not None else None
     return {"plan_key": planned.manifest_key, "totals": totals, "segments": sum(c.to_compact for c in chunks),
-            "bytes": sum(c.bytes_to_compact for c in chunks), "estimate": header.estimate,
+            "bytes": sum(c.bytes_to_compact for c in chunks),
+            "estimate": None if saved is None else {"saved_bytes": saved.saved_bytes, "saved_low": saved.saved_low,
+                                                    "saved_high": saved.saved_high},
             "in_flight": sum(len(bases) for bases in in_flight.values()),
             "chunks": [{"name": c.name, "label": c.first if c.first == c.last else f"{c.first}..{c.last}"}
                        for c in chunks if c.to_compact or c.name in with_pending]}
@@ -548,8 +557,7 @@ def _chunk_outcome(store: ObjectStore, settings: RunSettings, segments: list[Pla
     return ChunkOutcome(segments, results, requests, seconds)
 
 
-def collect_run(store: ObjectStore, settings: RunSettings, estimate: dict[str, Any] | None = None, *,
-                extra: dict[str, Any] | None = None) -> RunResult:
+def collect_run(store: ObjectStore, settings: RunSettings, *, extra: dict[str, Any] | None = None) -> RunResult:
     """The run document, folded from :func:`run_outcomes` one chunk at a time: totals, counts by topic and
     reason, the segments up to the listing's limit, and the S3 requests (by partition up to a limit, and
     by the storage class of the partition's compacted segments, which is what the report prices them at).
@@ -575,15 +583,17 @@ def collect_run(store: ObjectStore, settings: RunSettings, estimate: dict[str, A
         requests.setdefault(RUN_SCOPE, Counter()).update(used.requests)
         by_class.setdefault(STANDARD, Counter()).update(used.requests)
     try:
-        started = plan_files(store, settings).manifest().header.created_at
+        header = plan_files(store, settings).manifest().header
+        started, estimate = header.created_at, header.estimate
     except ObjectNotFound:
-        started = ""
+        started, estimate = "", None
     usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items())},
              "requests_by_class": {k: dict(sorted(v.items())) for k, v in sorted(by_class.items())},
              "compute_seconds": round(seconds, 3)}
     run = tally.result("compact", settings.run_id, settings.bucket, settings.prefix, started,
                        datetime.now(UTC).isoformat(),
-                       {"codec": settings.codec, "level": settings.level, "estimate": estimate, **(extra or {})}, usage)
+                       {"codec": settings.codec, "level": settings.level,
+                        "estimate": estimate.to_json() if estimate is not None else None, **(extra or {})}, usage)
     store.put_json(run_result_key(settings.prefix, settings.run_id, "compact"), run.to_json())
     return run
 
@@ -616,7 +626,7 @@ def write_scan(store: ObjectStore, settings: RunSettings, plan: Plan) -> str:
     for part in by_partition(sorted(plan.segments, key=lambda s: (s.directory, s.base_offset))):
         writer.add(part)
     chunks = writer.close()
-    header = dataclasses.replace(plan, segments=[])
+    header = dataclasses.replace(plan, segments=[], estimate=None)  # the run's own plan decides on one
     return out.write_manifest(PlanManifest(header, writer.totals.to_json(), chunks, "plan"))
 
 
