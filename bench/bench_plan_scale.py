@@ -71,8 +71,8 @@ def child(endpoint: str, uri: str, run_id: str) -> dict[str, Any]:
     wall, cpu = time.perf_counter(), _cpu()
     planned = plan_run(store, settings, CompactOptions())
     steps["plan"] = {"wall_s": time.perf_counter() - wall, "cpu_s": _cpu() - cpu, "peak_rss_kib": _status_kib("VmHWM")}
-    return {"objects": scanned["objects"], "segments": scanned["totals"]["segments"],
-            "to_compact": planned["segments"], "chunks": len(planned["chunks"]), "steps": steps,
+    return {"objects": scanned.objects, "segments": scanned.totals.segments,
+            "to_compact": planned.segments, "chunks": len(planned.chunks), "steps": steps,
             "baseline_rss_kib": baseline, "peak_rss_kib": max(s["peak_rss_kib"] for s in steps.values()),
             "requests": dict(store.requests)}
 

@@ -90,8 +90,9 @@ def scan_step(store: S3Store, prefix: str, options: ScanOptions) -> dict[str, An
     The same call works on earlier versions of the package, so that one command compares them."""
     from tiering.run.pipeline import RunSettings, scan_run  # noqa: PLC0415 - the entry measured is imported late
 
-    result = scan_run(store, RunSettings(store.bucket, prefix, "bench-scan", "zstd"), options)
-    return {"totals": result["totals"], "objects_listed": result["objects"]}
+    result: Any = scan_run(store, RunSettings(store.bucket, prefix, "bench-scan", "zstd"), options)
+    doc = result.to_json() if hasattr(result, "to_json") else result  # a typed step, or an earlier version's dict
+    return {"totals": doc["totals"], "objects_listed": doc["objects"]}
 
 
 def child(endpoint: str, bucket: str, entry: str, workers: int | None) -> dict[str, Any]:

@@ -76,18 +76,18 @@ def _spark_path(store: S3Store, prefix: str, master: str, server_pid: int, daemo
     lines: list[str] = []
     server_cpu = _cpu_seconds(server_pid)
     started = time.perf_counter()
-    submit(JOB, ["--plan", f"s3://{store.bucket}/{planned['plan_key']}", "--run-id", settings.run_id],
+    submit(JOB, ["--plan", f"s3://{store.bucket}/{planned.plan_key}", "--run-id", settings.run_id],
            master=master, conf={"spark.log.level": "WARN", DAEMON_CONF: daemon}, log=lines.append)
     submit_seconds = time.perf_counter() - started
     server_cpu = _cpu_seconds(server_pid) - server_cpu
     stage = float(next(line.split(":")[1] for line in lines if line.startswith("stage seconds:")))
     started = time.perf_counter()
-    for chunk in planned["chunks"]:
-        commit_chunk(store, settings, chunk["name"])
+    for chunk in planned.chunks:
+        commit_chunk(store, settings, chunk.name)
     commit_seconds = time.perf_counter() - started
     run = collect_run(store, settings)
-    assert run.totals().get("compacted") == planned["segments"], run.totals()
-    return {"master": master, "segments": planned["segments"], "bytes": planned["bytes"],
+    assert run.totals().get("compacted") == planned.segments, run.totals()
+    return {"master": master, "segments": planned.segments, "bytes": planned.bytes,
             "stage_seconds": round(stage, 2), "submit_seconds": round(submit_seconds, 2),
             "commit_seconds": round(commit_seconds, 2), "wall_seconds": round(submit_seconds + commit_seconds, 2),
             "server_cpu_seconds_during_submit": round(server_cpu, 2),

@@ -260,11 +260,11 @@ def kafka_segment_compaction() -> None:
                               params["min_segment_age_minutes"], policy=_policy(params),
                               rebatch_max_bytes=params["rebatch_max_bytes"] if params["rebatch"] else None)
         result = scan_run(settings.store(), settings, options, inventory=(params["inventory"] or "").strip() or None)
-        totals = result["totals"]
-        print(f"scanned s3://{settings.bucket}/{settings.prefix}: {result['objects']:,} objects, "
-              f"{totals['segments']:,} segments: {totals['to_compact']:,} to compact, {totals['skipped']:,} skipped "
-              + "(" + ", ".join(f"{n:,} {why}" for why, n in totals["skipped_by_reason"].items()) + ")")
-        return result
+        totals = result.totals
+        print(f"scanned s3://{settings.bucket}/{settings.prefix}: {result.objects:,} objects, "
+              f"{totals.segments:,} segments: {totals.to_compact:,} to compact, {totals.skipped:,} skipped "
+              + "(" + ", ".join(f"{n:,} {why}" for why, n in totals.skipped_by_reason.items()) + ")")
+        return result.to_json()
 
     @task
     @fail_fast
@@ -277,15 +277,11 @@ def kafka_segment_compaction() -> None:
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
         planned = plan_run(settings.store(), settings, CompactOptions(params["max_segments"], params["max_bytes"]),
                            estimate_savings=params["dry_run"], policy=_policy(params), prices=cost_config()[0])
-        planned["dry_run"] = params["dry_run"]
-        saved = planned["estimate"]
-        print(f"plan: {planned['segments']:,} segments to compact ({planned['bytes']:,} bytes) in "
-              f"{len(planned['chunks'])} chunks"
-              + (f"; forecast: saves {saved['saved_bytes']:,} bytes ({saved['saved_low']:,} to "
-                 f"{saved['saved_high']:,}), by topic in the plan's manifest" if saved else ""))
-        if params["dry_run"]:
-            planned["chunks"] = []  # nothing to stage or commit
-        return planned
+        saved = planned.forecast
+        print(f"plan: {planned.segments:,} segments to compact ({planned.bytes:,} bytes) in {len(planned.chunks)} "
+              "chunks" + (f"; forecast: saves {saved.saved_bytes:,} bytes ({saved.saved_low:,} to "
+                          f"{saved.saved_high:,}), by topic in the plan's manifest" if saved else ""))
+        return (planned.dry() if params["dry_run"] else planned).to_json()
 
     @task
     @fail_fast
@@ -293,17 +289,19 @@ def kafka_segment_compaction() -> None:
         """Stage every planned segment with Spark; returns the plan's chunks (names) for the commit."""
         import json  # noqa: PLC0415
 
+        from tiering.run.pipeline import PlanStep  # noqa: PLC0415
         from tiering.spark.submit import submit  # noqa: PLC0415
 
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
-        chunks: list[dict[str, Any]] = planned["chunks"]
-        if planned["dry_run"] or not planned["segments"]:
-            print("nothing to stage" + (" (dry run)" if planned["dry_run"] else "")
+        step = PlanStep.from_json(planned)
+        chunks = [c.to_json() for c in step.chunks]
+        if step.dry_run or not step.segments:
+            print("nothing to stage" + (" (dry run)" if step.dry_run else "")
                   + (f"; {len(chunks)} chunks with operations in flight to finish" if chunks else ""))
             return chunks
         conf = {"spark.log.level": "WARN", **json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))}
-        submit(SPARK_JOB, ["--plan", f"s3://{settings.bucket}/{planned['plan_key']}", "--run-id", settings.run_id,
+        submit(SPARK_JOB, ["--plan", f"s3://{settings.bucket}/{step.plan_key}", "--run-id", settings.run_id,
                            "--lease-ttl-seconds", str(settings.lease_ttl_seconds), "--verify", settings.verify],
                master=spark_master(params["spark_master"]), conf=conf)
         return chunks
@@ -311,15 +309,15 @@ def kafka_segment_compaction() -> None:
     @task(map_index_template="{{ chunk_name }}")
     @fail_fast
     def commit(chunk: dict[str, Any]) -> dict[str, Any]:
-        from tiering.run.pipeline import commit_chunk  # noqa: PLC0415
+        from tiering.run.pipeline import ChunkRef, commit_chunk  # noqa: PLC0415
 
         ctx = get_current_context()
-        ctx["chunk_name"] = chunk["label"]  # type: ignore[typeddict-unknown-key]  # names the mapped task
+        ref = ChunkRef.from_json(chunk)
+        ctx["chunk_name"] = ref.label  # type: ignore[typeddict-unknown-key]  # names the mapped task
         settings = _settings(ctx["params"], ctx["run_id"])
-        result = commit_chunk(settings.store(), settings, chunk["name"], workers=COMMIT_WORKERS)
-        print(f"committed {chunk['name']} ({chunk['label']}): "
-              + ", ".join(f"{n:,} {what}" for what, n in result.items() if isinstance(n, int)))
-        return result
+        result = commit_chunk(settings.store(), settings, ref.name, workers=COMMIT_WORKERS)
+        print(f"committed {ref.name} ({ref.label}): {result.summary()}")
+        return result.to_json()
 
     @task(trigger_rule="none_failed", outlets=[REPORT_ASSET])
     @fail_fast
@@ -343,9 +341,9 @@ def kafka_segment_compaction() -> None:
                  "payback_months": None if t.payback_months is None else round(t.payback_months, 2)}
         uris = {fmt: f"s3://{settings.bucket}/{key}" for fmt, key in keys.items()}
         print(f"report: {uris['html']} (also {', '.join(sorted(uris))})")
-        out = {**headline, **money, "report": uris["json"], "report_html": uris["html"]}
+        out = {**headline.to_json(), **money, "report": uris["json"], "report_html": uris["html"]}
         ctx["outlet_events"][REPORT_ASSET].extra = {**out, "bucket": settings.bucket, "prefix": settings.prefix}
-        if run.pending and not headline["compacted"]:
+        if run.pending and not headline.compacted:
             from airflow.sdk.exceptions import AirflowFailException  # noqa: PLC0415
 
             raise AirflowFailException(

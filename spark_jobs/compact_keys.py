@@ -80,7 +80,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
             counts.update(done)
     print(f"key compaction seconds: {time.perf_counter() - clock:.3f}; results: {dict(sorted(counts.items()))}",
           file=sys.stderr, flush=True)
-    result = collect_keys_run(store, ctx, plan, started, options.settings(plan.now_ms), driver)
+    result = collect_keys_run(store, ctx, plan, started, options.settings_json(plan.now_ms), driver)
     print(f"run document: s3://{settings.bucket}/{settings.prefix}/_tiering/runs/{settings.run_id}/compact-keys.json"
           f" ({result.totals()})", file=sys.stderr, flush=True)
     return 0

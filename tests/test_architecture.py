@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,60 @@ def test_our_keys_are_named_in_one_module() -> None:
     naming = sorted(str(p.relative_to(root)) for p in sources if p != PACKAGE / "storage" / "layout.py"
                     and _names(p) & {"reserved_key", "RESERVED_DIR"})
     assert naming == []
+
+
+# Where a JSON document is read or written, an untyped mapping is what there is: these functions (besides every
+# to_json / from_json / *_json) take or give one, each for the reason given.
+JSON_BOUNDARIES: dict[str, str] = {
+    "run/compact.py:_check_kind": "checks the kind and version of a document read from S3",
+    "run/tier.py:_check": "checks the kind and version of a document read from S3",
+    "run/pipeline.py:stage_unit": "the Spark executor's entry: the unit and settings as the driver sent them",
+    "run/keycompact.py:keys_unit_task": "the Spark executor's entry: the unit and settings as the driver sent them",
+    "run/tier.py:lifecycle_configuration": "writes S3's PutBucketLifecycleConfiguration document",
+    "run/tier.py:rule": "one rule of that S3 document",
+    "run/tier.py:moved_objects": "the moved objects as the tiering results' stats record them (JSON)",
+    "run/tier.py:moved": "the same, of one tiering run",
+}
+TYPED_LAYERS = ("run", "report", "cli", "demo")
+
+
+def _untyped_signatures() -> list[str]:
+    """Functions of the typed layers whose parameters or return mention ``dict[str, Any]`` or
+    ``Mapping[str, Any]`` (a JSON document), outside the (de)serialisation functions."""
+    found = []
+    for layer in TYPED_LAYERS:
+        for path in sorted((PACKAGE / layer).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                args = node.args
+                hints = [a.annotation for a in [*args.posonlyargs, *args.args, *args.kwonlyargs,
+                                                *filter(None, [args.vararg, args.kwarg])] if a.annotation]
+                hints += [node.returns] if node.returns is not None else []
+                if not any("str, Any]" in ast.unparse(h) for h in hints):
+                    continue
+                name = f"{path.relative_to(PACKAGE)}:{node.name}"
+                if node.name in ("to_json", "from_json") or node.name.endswith("_json") or name in JSON_BOUNDARIES:
+                    continue
+                found.append(f"{name} (line {node.lineno})")
+    return found
+
+
+def test_documents_cross_the_typed_layers_typed() -> None:
+    """run, report, cli and demo hand typed documents to each other (Report, RunResult, the plan's steps, the
+    forecast), never a JSON mapping read back; only the (de)serialisation functions see one."""
+    assert _untyped_signatures() == []
+    for name in JSON_BOUNDARIES:
+        module, _, function = name.partition(":")
+        assert f"def {function}(" in (PACKAGE / module).read_text(), f"{name}: no such function (stale entry)"
+
+
+def test_the_signature_rule_sees_what_it_forbids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: a printer taking a report as a dict is found, however its signature is laid out."""
+    fake = tmp_path / "tiering"
+    (fake / "cli").mkdir(parents=True)
+    (fake / "cli" / "bad.py").write_text(
+        "from typing import Any\n\n\ndef to_table(\n    report: 'dict[str, Any]',\n) -> str:\n    return ''\n\n\n"
+        "def fine(report: object) -> dict[str, int]:\n    return {}\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    assert _untyped_signatures() == ["cli/bad.py:to_table (line 4)"]

@@ -26,7 +26,7 @@ CORRUPT_PARTITION, CORRUPT_INDEX = CORRUPT_SEGMENT
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     workdir = tmp_path_factory.mktemp("demo-module") / "demo"
     lines: list[str] = []
-    report = run_demo(workdir, scale=SCALE, log=lines.append)
+    report = run_demo(workdir, scale=SCALE, log=lines.append).to_json()
     assert any("corrupted" in line for line in lines)
     return workdir, report
 

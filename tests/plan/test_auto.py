@@ -138,13 +138,13 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     settings = RunSettings(store.bucket, PREFIX, "policy-pipeline", "zstd")
     scan_run(store, settings, ScanOptions("zstd", min_age_minutes=0, policy=policy))
     planned = plan_run(store, settings, CompactOptions(), policy=policy, prices=PRICES)
-    chunked, manifest = load_manifest(store, f"s3://{store.bucket}/{planned['plan_key']}")
+    chunked, manifest = load_manifest(store, f"s3://{store.bucket}/{planned.plan_key}")
     assert manifest.header.auto is not None
     assert manifest.header.auto["events"]["chosen"]["codec"] == "zstd"
     for unit in stage_units(chunked, manifest):  # as the Spark job runs them, from their JSON
         assert "failed" not in stage_unit(unit.to_json(), settings.to_json())
-    for chunk in planned["chunks"]:
-        commit_chunk(store, settings, chunk["name"])
+    for chunk in planned.chunks:
+        commit_chunk(store, settings, chunk.name)
     run = collect_run(store, settings)
     assert run.totals().get("failed", 0) == 0
     codecs = {t: check_consistent(store, o, topic=t) for t, o in originals.items()}
@@ -160,8 +160,8 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     settings2 = RunSettings(store.bucket, PREFIX, "policy-pipeline-2", "zstd")
     scan_run(store, settings2, ScanOptions("zstd", min_age_minutes=0, policy=policy))
     again = plan_run(store, settings2, CompactOptions(), policy=policy, prices=PRICES)
-    assert again["segments"] == 0  # the picky segment's outcome is remembered: it is not read again
-    chunked2, _ = load_manifest(store, f"s3://{store.bucket}/{again['plan_key']}")
+    assert again.segments == 0  # the picky segment's outcome is remembered: it is not read again
+    chunked2, _ = load_manifest(store, f"s3://{store.bucket}/{again.plan_key}")
     [picky2] = [s for s in chunked2.segments() if s.directory == "picky-0" and s.base_offset == 0]
     assert picky2.reason.startswith("no-savings last time")
 

@@ -162,12 +162,12 @@ def test_the_commit_step_copies_the_staged_log_without_reading_it(
     run = RunSettings("bkt", PREFIX, "piped", "zstd", 3, verify=verify.value)
     scan_run(s, run, ScanOptions("zstd", 3, min_age_minutes=0))
     planned = plan_run(s, run, CompactOptions())
-    plan, manifest = load_manifest(s, f"s3://bkt/{planned['plan_key']}")
+    plan, manifest = load_manifest(s, f"s3://bkt/{planned.plan_key}")
     for unit in stage_units(plan, manifest):
         run_unit(s, run, run.context(s), unit, commit=False)
     staged_decodes, s.read = len(decoded), []
-    for chunk in planned["chunks"]:
-        commit_chunk(s, run, chunk["name"])
+    for chunk in planned.chunks:
+        commit_chunk(s, run, chunk.name)
     assert no_pending(s)  # type: ignore[arg-type]
     check_consistent(s, originals)  # type: ignore[arg-type]
     assert [k for k in s.read if STAGING in k and k.endswith(".log")] == []

@@ -151,12 +151,12 @@ def test_a_scan_from_an_inventory_plans_what_a_listing_plans(store: S3Store) -> 
     uri = write_inventory(store, BUCKET, "inventory/segments/daily", objects, rows_per_file=7)
     settings_ = RunSettings(BUCKET, PREFIX, "inv-run", "zstd", 3)
     result = scan_run(store, settings_, options, inventory=uri)
-    scanned, manifest = load_manifest(store, f"s3://{BUCKET}/{result['scan_key']}")
+    scanned, manifest = load_manifest(store, f"s3://{BUCKET}/{result.scan_key}")
     from_inventory = sorted(scanned.segments(manifest), key=lambda s: (s.directory, s.base_offset))
     assert from_inventory == listed.segments
     assert manifest.source == uri
     assert manifest.totals == listed.totals()
-    assert result["totals"] == listed.totals()
+    assert result.totals.to_json() == listed.totals()
     assert manifest.header.objects_listed == listed.objects_listed
     # Every object not planned, with the same reasons (an inventory's partitions come in another order).
     assert sorted(manifest.header.ignored_keys, key=str) == sorted(listed.ignored_keys, key=str)
@@ -179,10 +179,10 @@ def test_the_plan_is_chunked_within_its_limit_and_staged_in_units_of_whole_parti
     run = RunSettings(BUCKET, PREFIX, "chunked", "zstd", 3)
     scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
     planned = plan_run(store, run, CompactOptions(max_segments=9), max_chunks=20, chunk_work=1)
-    chunked, manifest = load_manifest(store, f"s3://{BUCKET}/{planned['plan_key']}")
+    chunked, manifest = load_manifest(store, f"s3://{BUCKET}/{planned.plan_key}")
     assert 1 < len(manifest.chunks) <= 20
-    assert [c["name"] for c in planned["chunks"]] == [c.name for c in manifest.chunks if c.to_compact]
-    assert planned["segments"] == 9 == manifest.totals["to_compact"]
+    assert [c.name for c in planned.chunks] == [c.name for c in manifest.chunks if c.to_compact]
+    assert planned.segments == 9 == manifest.totals["to_compact"]
     assert manifest.totals["skipped_by_reason"]["over the --max-segments budget"] == 12 - 9
     # Every segment of the plan is in exactly one chunk; partitions are never split.
     segments = list(chunked.segments(manifest))
@@ -207,14 +207,14 @@ def test_a_commit_task_finishes_its_partitions_in_parallel_each_counted_apart(st
     run = RunSettings(BUCKET, PREFIX, "parallel", "zstd", 3)
     scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
     planned = plan_run(store, run, CompactOptions())
-    chunked, manifest = load_manifest(store, f"s3://{BUCKET}/{planned['plan_key']}")
+    chunked, manifest = load_manifest(store, f"s3://{BUCKET}/{planned.plan_key}")
     for unit in stage_units(chunked, manifest, parallelism=2):
         assert set(stage_unit(unit.to_json(), run.to_json())) == {"staged"}
-    [chunk] = planned["chunks"]
-    result = commit_chunk(store, run, chunk["name"], workers=4)
-    assert result["partitions"] == 6
-    assert result["compacted"] == planned["segments"] == 12
-    doc = store.get_json(run.key(f"commit/{chunk['name']}.json"))[0]
+    [chunk] = planned.chunks
+    result = commit_chunk(store, run, chunk.name, workers=4)
+    assert result.partitions == 6
+    assert result.counts["compacted"] == planned.segments == 12
+    doc = store.get_json(run.key(f"commit/{chunk.name}.json"))[0]
     copies = sorted(used["CopyObject"] for used in doc["usage"].values())
     assert copies == [3 * 2] * 5 + [3 * 2 + 1]  # one partition's first swap probed the store for the run
     assert collect_run(store, run).totals()["compacted"] == 12
@@ -247,12 +247,12 @@ def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(st
     assert isinstance(stage_segment(crashed.context(store), seg, lease), Staged)  # then the process died
     lease.release()
     planned = plan_run(store, run, budget, chunk_work=1)
-    assert planned["in_flight"] == 1
-    names = [c["name"] for c in planned["chunks"]]
+    assert planned.in_flight == 1
+    names = [c.name for c in planned.chunks]
     assert idle.name in names
     assert len(names) == sum(1 for c in manifest.chunks if c.to_compact) + 1
     result = commit_chunk(store, run, idle.name)
-    assert (result["partitions"], result.get(str(Status.ABORTED))) == (1, 1)  # staged by another run: abandoned
+    assert (result.partitions, result.counts.get(str(Status.ABORTED))) == (1, 1)  # staged by another run: abandoned
     assert pending_bases(store, PREFIX) == {}
 
 
@@ -367,7 +367,7 @@ def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_s
     theirs = staging_key(PREFIX, "crashed", seg.directory, seg.base_offset, ".log")
     staged_bytes = store.get(theirs)
     planned = plan_run(store, run, CompactOptions(), chunk_work=1)
-    plan, manifest = load_manifest(store, f"s3://{BUCKET}/{planned['plan_key']}")
+    plan, manifest = load_manifest(store, f"s3://{BUCKET}/{planned.plan_key}")
     staged = []
     for unit in stage_units(plan, manifest):
         run_unit(store, run, run.context(store), unit, commit=False)
@@ -380,8 +380,8 @@ def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_s
     else:
         assert [r.status for r in mine] == [Status.ABORTED, Status.STAGED]  # abandoned, then staged anew
     assert _exists(store, staging_key(PREFIX, "next", seg.directory, seg.base_offset, ".log")) is not same
-    for chunk in planned["chunks"]:
-        commit_chunk(store, run, chunk["name"])
+    for chunk in planned.chunks:
+        commit_chunk(store, run, chunk.name)
     assert pending_bases(store, PREFIX) == {}
     assert not _exists(store, theirs)  # the crashed run's staging went with its operation
     assert _exists(store, backup_key(PREFIX, "next", seg.directory, seg.base_offset, ".log"))

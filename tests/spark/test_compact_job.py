@@ -46,14 +46,14 @@ def test_spark_stages_every_segment_and_the_commit_swaps_them(server_store: S3St
     settings = RunSettings("spark", PREFIX, "spark-run-1", "zstd", 3)
     scan_run(store, settings, ScanOptions("zstd", 3, min_age_minutes=0))
     planned = plan_run(store, settings, CompactOptions(), chunk_work=1)
-    assert planned["segments"] == 3
-    assert [c["label"] for c in planned["chunks"]] == ["orders.v1-0", "orders.v1-1"]
+    assert planned.segments == 3
+    assert [c.label for c in planned.chunks] == ["orders.v1-0", "orders.v1-1"]
     lines: list[str] = []
-    submit(JOB, ["--plan", f"s3://spark/{planned['plan_key']}", "--run-id", settings.run_id], master="local[2]",
+    submit(JOB, ["--plan", f"s3://spark/{planned.plan_key}", "--run-id", settings.run_id], master="local[2]",
            log=lines.append)
     assert any("staging 3 segments in 2 tasks" in line for line in lines), lines[-20:]
-    for chunk in planned["chunks"]:
-        commit_chunk(store, settings, chunk["name"])
+    for chunk in planned.chunks:
+        commit_chunk(store, settings, chunk.name)
     run = collect_run(store, settings)
     status = {(r.directory, r.base_offset): r for r in run.segments}
     assert status[("orders.v1-0", bad)].status == "failed"

@@ -37,7 +37,7 @@ from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS, CleanOptions
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.records import Record
-from tiering.kafka.rewrite import RewriteOptions
+from tiering.kafka.rewrite import RewriteOptions, RewriteResult
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import compact_keys_dir, open_segment, reindex_file, rewrite_file, verify_file
 from tiering.report.render import headline, ratio, size, title, usd
@@ -199,30 +199,33 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 # --- segment rewrite / reindex -----------------------------------------------------------------
 
 
-def _rewrite_table(stats: dict[str, Any], title: str) -> Table:
+def _rewrite_table(result: RewriteResult, title: str) -> Table:
     t = Table(title=title, show_header=False, title_justify="left")
     t.add_column("field", style="bold")
     t.add_column("value")
-    t.add_row("bytes in → out", f"{stats['bytes_in']:,} → {stats['bytes_out']:,} (ratio {stats['ratio']})")
-    t.add_row("saved", f"{stats['saved_bytes']:,} bytes")
-    t.add_row("batches", f"{stats['batches']:,} ({stats['batches_rewritten']:,} recompressed)")
-    for reason, n in stats["batches_kept"].items():
+    st = result.stats
+    ratio_ = f"{st.bytes_out / st.bytes_in:.6g}" if st.bytes_in else "n/a"
+    t.add_row("bytes in → out", f"{st.bytes_in:,} → {st.bytes_out:,} (ratio {ratio_})")
+    t.add_row("saved", f"{st.bytes_in - st.bytes_out:,} bytes")
+    t.add_row("batches", f"{st.batches:,} ({st.batches_rewritten:,} recompressed)")
+    for reason, n in st.kept.items():
         t.add_row("  kept as they were", f"{n:,}: {reason}")
-    t.add_row("records", f"{stats['records']:,}")
-    t.add_row("codecs before", json.dumps(stats["codecs_before"]))
-    t.add_row("codecs after", json.dumps(stats["codecs_after"]))
-    t.add_row("records xxh3", f"{stats['payload_xxh3']} (every written batch proven to hold these records)")
-    if "rebatch" in stats:
-        rb = stats["rebatch"]
-        t.add_row("re-batched", f"{rb['batches_in']:,} → {rb['batches_out']:,} batches "
-                  f"({rb['batches_merged']:,} merged into {rb['runs_merged']:,})")
-        t.add_row("  saved by re-batching", f"{rb['saved_by_rebatching']:,} bytes (beyond recompressing the "
+    t.add_row("records", f"{st.records:,}")
+    t.add_row("codecs before", json.dumps(dict(st.codecs_before)))
+    t.add_row("codecs after", json.dumps(dict(st.codecs_after)))
+    t.add_row("records xxh3", f"{st.payload_xxh3} (every written batch proven to hold these records)")
+    if (rb := result.rebatch) is not None:
+        t.add_row("re-batched", f"{rb.batches_in:,} → {rb.batches_out:,} batches "
+                  f"({rb.batches_merged:,} merged into {rb.runs_merged:,})")
+        t.add_row("  saved by re-batching", f"{rb.saved_by_rebatching:,} bytes (beyond recompressing the "
                   "merged batches one by one)")
-        for reason, n in rb["refusals"].items():
-            t.add_row("  runs ended by", f"{n:,}: {reason}")
-        t.add_row("records sha256", f"{rb['records_sha256']['out']} (equal to the source's)")
-        t.add_row("batches sha256", "changed (batches merged)" if rb["batches_digest_changed"] else "unchanged")
-    t.add_row("seconds", str(stats["seconds"]))
+        for reason, n in sorted(rb.refusals.items()):
+            if n:
+                t.add_row("  runs ended by", f"{n:,}: {reason}")
+        t.add_row("records sha256", f"{rb.records_sha256_out} (equal to the source's)")
+        t.add_row("batches sha256", "changed (batches merged)" if rb.batches_sha256_out != rb.batches_sha256_in
+                  else "unchanged")
+    t.add_row("seconds", f"{st.seconds:.3f}")
     return t
 
 
@@ -242,7 +245,7 @@ def _cmd_rewrite(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(args, doc)
     else:
-        _console(args).print(_rewrite_table(doc, f"{args.path} → {written.log}"))
+        _console(args).print(_rewrite_table(result, f"{args.path} → {written.log}"))
     return EXIT_OK
 
 
@@ -302,15 +305,15 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    report = run_demo(args.out, codec=Codec.parse(args.codec), level=args.level, scale=args.scale,
-                      log=None if args.json else lambda line: print(line, file=sys.stderr))
+    demo = run_demo(args.out, codec=Codec.parse(args.codec), level=args.level, scale=args.scale,
+                    log=None if args.json else lambda line: print(line, file=sys.stderr))
     if args.json:
-        _print_json(args, report)
+        _print_json(args, demo.to_json())
     else:
         console = _console(args)
-        console.print(render_table(report))
-        console.print(f"outputs under {args.out}; JSON summary: {report['summary_path']}")
-    return EXIT_OK if report["totals"]["failed"] == 0 or report["expected_failures_only"] else EXIT_INVALID
+        console.print(render_table(demo))
+        console.print(f"outputs under {args.out}; JSON summary: {demo.summary_path}")
+    return EXIT_OK if demo.failed == 0 or demo.expected_failures_only else EXIT_INVALID
 
 
 def _cmd_pipeline_demo(args: argparse.Namespace) -> int:

@@ -336,9 +336,8 @@ def _cmd_compact(args: argparse.Namespace) -> int:
         scanned = scan_run(store, settings, scan_options, inventory=args.inventory, progress=_progress(args))
         prices = cost_config(region=args.price_region, prices_file=args.prices)[0] if scan_options.policy else None
         planned = plan_run(store, settings, budget, policy=scan_options.policy, prices=prices)
-        totals = scanned["totals"]
-        _log(args, f"{scanned['objects']:,} objects, {totals['segments']:,} segments: {planned['segments']:,} to "
-                   f"compact ({_human(planned['bytes'])}), {planned['totals']['skipped']:,} skipped")
+        _log(args, f"{scanned.objects:,} objects, {scanned.totals.segments:,} segments: {planned.segments:,} to "
+                   f"compact ({_human(planned.bytes)}), {planned.totals.skipped:,} skipped")
         _log(args, f"run {run_id}: compacting to {options.codec.label} ...")
         run = run_local(store, settings, ctx, budget, progress=progress)
     return _publish(args, store, ctx.prefix, run, _finish_run(args, run))

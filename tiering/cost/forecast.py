@@ -151,6 +151,11 @@ class Range:
                 "saved_high": self.saved_high, "segments_likely_skipped": self.segments_skipped,
                 "segments_sampled": self.segments_sampled}
 
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Range:
+        return cls(int(d["segments"]), int(d["bytes_before"]), int(d["saved_bytes"]), int(d["saved_low"]),
+                   int(d["saved_high"]), int(d["segments_likely_skipped"]), int(d["segments_sampled"]))
+
 
 @dataclass(frozen=True, slots=True)
 class SampleProblem:

@@ -18,6 +18,7 @@ import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Final
 
@@ -27,7 +28,7 @@ from tiering.demo.sample import write_segment
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import LOG_SUFFIX, segment_name
-from tiering.kafka.rewrite import RewriteOptions
+from tiering.kafka.rewrite import RewriteOptions, RewriteStats
 from tiering.local import reindex_file, rewrite_file, verify_file
 
 MIB: Final = 1024 * 1024
@@ -100,9 +101,95 @@ def _clear_workdir(workdir: Path) -> None:
     marker.write_text("created by `tiering demo`; the next run replaces this directory\n")
 
 
+class LocalStatus(StrEnum):
+    REWRITTEN = "rewritten"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRow:
+    """One segment of the local demo and what became of it (``stats``: its rewrite's, when there was one)."""
+
+    partition: str
+    segment: str
+    bytes_before: int
+    status: LocalStatus
+    reason: str | None = None
+    expected: bool = False  # a failure the demo caused on purpose (its corrupt segment)
+    stats: RewriteStats | None = None
+    records_sha256: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"partition": self.partition, "segment": self.segment,
+                               "bytes_before": self.bytes_before, "status": str(self.status), "reason": self.reason}
+        if self.status is LocalStatus.FAILED:
+            doc["expected"] = self.expected
+        if (st := self.stats) is not None:
+            doc |= {"bytes_after": st.bytes_out, "codecs_before": dict(st.codecs_before),
+                    "codecs_after": dict(st.codecs_after), "batches_kept": dict(st.kept),
+                    "batches_rewritten": st.batches_rewritten, "records": st.records,
+                    "seconds": round(st.seconds, 3), "records_sha256": self.records_sha256}
+        return doc
+
+
+@dataclass(frozen=True, slots=True)
+class LocalDemo:
+    """The local demo's result: every segment's row, the totals over those rewritten, the savings."""
+
+    codec: str
+    level: int | None
+    rows: tuple[LocalRow, ...]
+    summary_path: str
+
+    def _count(self, status: LocalStatus) -> int:
+        return sum(r.status is status for r in self.rows)
+
+    @property
+    def bytes_before(self) -> int:
+        return sum(r.bytes_before for r in self.rows if r.status is LocalStatus.REWRITTEN)
+
+    @property
+    def bytes_after(self) -> int:
+        return sum(r.stats.bytes_out for r in self.rows if r.status is LocalStatus.REWRITTEN and r.stats)
+
+    @property
+    def ratio(self) -> float | None:
+        return self.bytes_after / self.bytes_before if self.bytes_before else None
+
+    @property
+    def monthly_savings_usd_per_tib(self) -> float:
+        """At S3 Standard's first-tier price, a TiB of segments like these."""
+        return (1 - self.ratio) * 1024 * HEADLINE_PRICE_PER_GIB_MONTH if self.ratio is not None else 0.0
+
+    @property
+    def failed(self) -> int:
+        return self._count(LocalStatus.FAILED)
+
+    @property
+    def expected_failures_only(self) -> bool:
+        return all(r.expected for r in self.rows if r.status is LocalStatus.FAILED)
+
+    def to_json(self) -> dict[str, Any]:
+        saved_gib = (self.bytes_before - self.bytes_after) / 1024**3
+        return {
+            "schema_version": 1, "codec": self.codec, "level": self.level,
+            "segments": [r.to_json() for r in self.rows],
+            "totals": {
+                "rewritten": self._count(LocalStatus.REWRITTEN), "skipped": self._count(LocalStatus.SKIPPED),
+                "failed": self.failed, "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,
+                "ratio": round(self.ratio, 4) if self.ratio is not None else None,
+                "monthly_savings_usd_per_tib_like_this": round(self.monthly_savings_usd_per_tib, 2),
+                "monthly_savings_usd": round(saved_gib * HEADLINE_PRICE_PER_GIB_MONTH, 6),
+            },
+            "expected_failures_only": self.expected_failures_only,
+            "summary_path": self.summary_path,
+        }
+
+
 def run_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | None = None, scale: float = 1.0,
-             log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the whole demo in ``workdir``; returns the summary document (also written to summary.json)."""
+             log: Callable[[str], None] | None = None) -> LocalDemo:
+    """Run the whole demo in ``workdir``; its result (also written to summary.json)."""
     say = log or (lambda _line: None)
     options = RewriteOptions(codec=codec, level=level)
     if not (math.isfinite(scale) and 0 < scale <= MAX_SCALE):
@@ -110,11 +197,11 @@ def run_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | None = No
     _clear_workdir(workdir)
     logdir, outdir = workdir / "logdir", workdir / "rewritten"
     segments, corrupt_path = _generate(logdir, scale, say)
-    rows: list[dict[str, Any]] = []
+    rows: list[LocalRow] = []
     for part, path, sealed in segments:
-        row: dict[str, Any] = {"partition": part, "segment": path.name, "bytes_before": path.stat().st_size}
+        size = path.stat().st_size
         if not sealed:
-            rows.append(row | {"status": "skipped", "reason": "active segment (highest base offset)"})
+            rows.append(LocalRow(part, path.name, size, LocalStatus.SKIPPED, "active segment (highest base offset)"))
             continue
         try:
             source = verify_file(path)
@@ -123,79 +210,43 @@ def run_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | None = No
             check = verify_file(written.log, indexes=True)
         except TieringError as e:
             say(f"FAILED {path}: {e}")
-            rows.append(row | {"status": "failed", "reason": str(e), "expected": path == corrupt_path})
+            rows.append(LocalRow(part, path.name, size, LocalStatus.FAILED, str(e), expected=path == corrupt_path))
             continue
         stats = result.stats
         proven = (check.records_sha256 == source.records_sha256 and check.batches_sha256 == source.batches_sha256
                   and not check.index_problems and all(check.index_equals_rebuild.values()))
-        rows.append(row | {
-            "status": "rewritten" if proven else "failed",
-            "reason": None if proven else "digests or indexes of the rewrite differ from the source",
-            "bytes_after": stats.bytes_out,
-            "codecs_before": dict(stats.codecs_before),
-            "codecs_after": dict(stats.codecs_after),
-            "batches_kept": dict(stats.kept),
-            "batches_rewritten": stats.batches_rewritten,
-            "records": stats.records,
-            "seconds": round(stats.seconds, 3),
-            "records_sha256": check.records_sha256,
-        })
+        rows.append(LocalRow(part, path.name, size, LocalStatus.REWRITTEN if proven else LocalStatus.FAILED,
+                             None if proven else "digests or indexes of the rewrite differ from the source",
+                             stats=stats, records_sha256=check.records_sha256))
         say(f"rewrote {part}/{path.name}: {stats.bytes_in:,} -> {stats.bytes_out:,} bytes, digests equal: {proven}")
-    done = [r for r in rows if r["status"] == "rewritten"]
-    failed = [r for r in rows if r["status"] == "failed"]
-    before = sum(r["bytes_before"] for r in done)
-    after = sum(r["bytes_after"] for r in done)
-    saved_gib = (before - after) / 1024**3
-    report: dict[str, Any] = {
-        "schema_version": 1,
-        "codec": codec.label,
-        "level": options.level,
-        "segments": rows,
-        "totals": {
-            "rewritten": len(done),
-            "skipped": sum(r["status"] == "skipped" for r in rows),
-            "failed": len(failed),
-            "bytes_before": before,
-            "bytes_after": after,
-            "ratio": round(after / before, 4) if before else None,
-            "monthly_savings_usd_per_tib_like_this": round(
-                (1 - after / before) * 1024 * HEADLINE_PRICE_PER_GIB_MONTH, 2) if before else 0.0,
-            "monthly_savings_usd": round(saved_gib * HEADLINE_PRICE_PER_GIB_MONTH, 6),
-        },
-        "expected_failures_only": all(r.get("expected") for r in failed),
-        "summary_path": str(workdir / "summary.json"),
-    }
-    (workdir / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    demo = LocalDemo(codec.label, options.level, tuple(rows), str(workdir / "summary.json"))
+    (workdir / "summary.json").write_text(json.dumps(demo.to_json(), indent=2) + "\n")
+    return demo
 
 
-def render_table(report: dict[str, Any]) -> Table:
+def render_table(demo: LocalDemo) -> Table:
     """The demo's result as a table: one row per segment, totals in the footer."""
-    t = Table(title=f"Rewrite to {report['codec']} (level {report['level']})", show_footer=True,
-              title_justify="left")
-    totals = report["totals"]
+    t = Table(title=f"Rewrite to {demo.codec} (level {demo.level})", show_footer=True, title_justify="left")
     t.add_column("partition", footer="total")
     t.add_column("segment")
     t.add_column("codecs before → after")
-    t.add_column("before", justify="right", footer=f"{totals['bytes_before'] / MIB:,.1f} MiB")
-    t.add_column("after", justify="right", footer=f"{totals['bytes_after'] / MIB:,.1f} MiB")
-    saved = 1 - totals["ratio"] if totals["ratio"] is not None else 0.0
-    t.add_column("saved", justify="right", footer=f"{saved:.1%}")
+    t.add_column("before", justify="right", footer=f"{demo.bytes_before / MIB:,.1f} MiB")
+    t.add_column("after", justify="right", footer=f"{demo.bytes_after / MIB:,.1f} MiB")
+    t.add_column("saved", justify="right", footer=f"{1 - demo.ratio if demo.ratio is not None else 0.0:.1%}")
     t.add_column("status")
-    for r in report["segments"]:
-        if r["status"] == "rewritten":
-            codecs = f"{'/'.join(r['codecs_before'])} → {'/'.join(r['codecs_after'])}"
-            kept = sum(r["batches_kept"].values())
-            if r["batches_rewritten"] == 0:
-                status = "unchanged, every batch kept: " + "; ".join(r["batches_kept"])
+    for r in demo.rows:
+        if r.status is LocalStatus.REWRITTEN and (st := r.stats) is not None:
+            codecs = f"{'/'.join(st.codecs_before)} → {'/'.join(st.codecs_after)}"
+            kept = sum(st.kept.values())
+            if st.batches_rewritten == 0:
+                status = "unchanged, every batch kept: " + "; ".join(st.kept)
             else:
                 status = "rewritten, digests equal" + (f" ({kept} batches kept)" if kept else "")
-            t.add_row(r["partition"], r["segment"], codecs, f"{r['bytes_before'] / MIB:,.2f} MiB",
-                      f"{r['bytes_after'] / MIB:,.2f} MiB", f"{1 - r['bytes_after'] / r['bytes_before']:.1%}", status)
+            t.add_row(r.partition, r.segment, codecs, f"{r.bytes_before / MIB:,.2f} MiB",
+                      f"{st.bytes_out / MIB:,.2f} MiB", f"{1 - st.bytes_out / r.bytes_before:.1%}", status)
         else:
-            reason = r["reason"] if r["status"] == "skipped" else f"[red]{r['reason']}[/red]"
-            t.add_row(r["partition"], r["segment"], "", f"{r['bytes_before'] / MIB:,.2f} MiB", "", "",
-                      f"{r['status']}: {reason}")
+            reason = r.reason if r.status is LocalStatus.SKIPPED else f"[red]{r.reason}[/red]"
+            t.add_row(r.partition, r.segment, "", f"{r.bytes_before / MIB:,.2f} MiB", "", "", f"{r.status}: {reason}")
     t.caption = (f"S3 Standard at ${HEADLINE_PRICE_PER_GIB_MONTH}/GiB-month: 1 TiB like this sample would save "
-                 f"${totals['monthly_savings_usd_per_tib_like_this']:,.2f} per month")
+                 f"${demo.monthly_savings_usd_per_tib:,.2f} per month")
     return t

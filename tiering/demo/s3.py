@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -163,11 +163,11 @@ def load_dag(name: str = "kafka_segment_compaction", attr: str = "compaction_dag
     return getattr(module, attr)
 
 
-def run_dag(conf: dict[str, Any], dag: Any = None) -> tuple[str, str]:
+def run_dag(conf: Mapping[str, object], dag: Any = None) -> tuple[str, str]:
     """``dag.test()`` with ``conf`` (the compaction DAG by default); the DAG run's final state and our run id
     (its key-safe form)."""
     dag = dag or load_dag()
-    dag_run = dag.test(run_conf=conf)
+    dag_run = dag.test(run_conf=dict(conf))
     return str(dag_run.state), safe_run_id(dag_run.run_id)
 
 

@@ -23,7 +23,7 @@ import re
 import tempfile
 import zlib
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
@@ -143,10 +143,37 @@ class PlanTotals:
         elif seg.action == SKIP:
             self.skipped_by_reason[seg.reason.split(":")[0]] += 1
 
+    def counts(self) -> PlanCounts:
+        return PlanCounts(self.segments, self.to_compact, self.to_repair, self.bytes_to_compact,
+                          dict(sorted(self.skipped_by_reason.items())))
+
+    def to_json(self) -> dict[str, Any]:
+        return self.counts().to_json()
+
+
+@dataclass(frozen=True, slots=True)
+class PlanCounts:
+    """A plan's counts: segments, those to compact (and their bytes) or repair, and those skipped by reason."""
+
+    segments: int
+    to_compact: int
+    to_repair: int
+    bytes_to_compact: int
+    skipped_by_reason: Mapping[str, int]
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.skipped_by_reason.values())
+
     def to_json(self) -> dict[str, Any]:
         return {"segments": self.segments, "to_compact": self.to_compact, "to_repair": self.to_repair,
-                "bytes_to_compact": self.bytes_to_compact, "skipped": sum(self.skipped_by_reason.values()),
-                "skipped_by_reason": dict(sorted(self.skipped_by_reason.items()))}
+                "bytes_to_compact": self.bytes_to_compact, "skipped": self.skipped,
+                "skipped_by_reason": dict(self.skipped_by_reason)}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> PlanCounts:
+        return cls(int(doc["segments"]), int(doc["to_compact"]), int(doc["to_repair"]), int(doc["bytes_to_compact"]),
+                   {str(k): int(v) for k, v in doc["skipped_by_reason"].items()})
 
 
 @dataclass

@@ -200,7 +200,7 @@ class RunTally:
             self.omitted += 1
 
     def result(self, kind: str, run_id: str, bucket: str, prefix: str, started_at: str, finished_at: str,
-               settings: Mapping[str, Any], usage: Mapping[str, Any] | None = None) -> RunResult:
+               settings: Mapping[str, object], usage: Mapping[str, object] | None = None) -> RunResult:
         listed = sorted(self.problems + self.others, key=lambda r: (r.directory, r.base_offset, not r.recovered))
         return RunResult(kind, run_id, bucket, prefix, started_at, finished_at, dict(settings), dict(self.counts),
                          self.before, self.after, worst(self.codes), self.hard_failures, self.pending,

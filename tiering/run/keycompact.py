@@ -21,7 +21,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, Final
@@ -96,7 +96,8 @@ class KeyCompactOptions:
                               "compact.enable) or a regular expression of topic names", expected="--policy or --topics",
                               found="neither")
 
-    def settings(self, now_ms: int) -> dict[str, Any]:
+    def settings_json(self, now_ms: int) -> dict[str, Any]:
+        """The run document's settings of a pass at ``now_ms``."""
         doc = {"now_ms": now_ms, "codec": self.codec, "level": self.level, "topics": self.topics,
                "min_age_minutes": self.min_age_minutes, "max_keys": self.max_keys}
         if self.policy is not None:
@@ -441,7 +442,7 @@ def key_steps(store: ObjectStore, prefix: str, run_id: str) -> Iterator[StepResu
         yield StepResults.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
 
 
-def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: str, settings: dict[str, Any],
+def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: str, settings: Mapping[str, object],
                      driver_requests: Counter[str]) -> RunResult:
     """The run document from its units' step documents (and the journals the planner finished), with the S3
     requests by partition and the seconds the passes took; written to ``runs/<run>/compact-keys.json``."""
@@ -475,4 +476,4 @@ def compact_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions,
     driver = Counter(store.requests) - at_start
     for unit in plan.units:
         run_keys_unit(store, ctx, unit, options.lease_ttl_seconds, progress)
-    return collect_keys_run(store, ctx, plan, started, options.settings(plan.now_ms), driver)
+    return collect_keys_run(store, ctx, plan, started, options.settings_json(plan.now_ms), driver)

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,6 +37,7 @@ from typing import Any, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
 from tiering.commit.protocol import AUTO_SWAP, FAILED, SKIPPED, Context, SegmentResult, SwapChoice, iter_recover
+from tiering.cost.forecast import Range
 from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
@@ -55,7 +56,7 @@ from tiering.plan.planfile import (
     chunk_limits,
 )
 from tiering.plan.policy import AUTO, Policy
-from tiering.plan.scan import COMPACT, REPAIR, Plan, PlannedSegment, ScanOptions, scan_partitions
+from tiering.plan.scan import COMPACT, REPAIR, Plan, PlanCounts, PlannedSegment, ScanOptions, scan_partitions
 from tiering.plan.state import Pruning, StateBatch, load_state
 from tiering.run.compact import (
     DONE_STATUSES,
@@ -136,6 +137,108 @@ class RunSettings:
         return run_key(self.prefix, self.run_id, name)
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkRef:
+    """A plan chunk a commit task takes: its name, and a label naming its partitions (the task's name)."""
+
+    name: str
+    label: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "label": self.label}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ChunkRef:
+        return cls(str(doc["name"]), str(doc["label"]))
+
+
+@dataclass(frozen=True, slots=True)
+class ScanStep:
+    """What :func:`scan_run` wrote: the scan manifest's key, the objects read, the plan's counts."""
+
+    scan_key: str
+    objects: int
+    totals: PlanCounts
+
+    def to_json(self) -> dict[str, Any]:
+        return {"scan_key": self.scan_key, "objects": self.objects, "totals": self.totals.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ScanStep:
+        return cls(str(doc["scan_key"]), int(doc["objects"]), PlanCounts.from_json(doc["totals"]))
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """What :func:`plan_run` wrote: the plan manifest's key, its counts, the segments and bytes to compact,
+    the forecast's total (a dry run; by topic in the manifest), the operations crashed runs left, and the
+    chunks a commit task each takes (none in a dry run)."""
+
+    plan_key: str
+    totals: PlanCounts
+    segments: int
+    bytes: int
+    forecast: Range | None
+    in_flight: int
+    chunks: tuple[ChunkRef, ...]
+    dry_run: bool = False
+
+    def dry(self) -> PlanStep:
+        """This plan as a dry run takes it: nothing to stage or commit."""
+        return dataclasses.replace(self, chunks=(), dry_run=True)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan_key": self.plan_key, "totals": self.totals.to_json(), "segments": self.segments,
+                "bytes": self.bytes, "forecast": self.forecast.to_json() if self.forecast is not None else None,
+                "in_flight": self.in_flight, "chunks": [c.to_json() for c in self.chunks], "dry_run": self.dry_run}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> PlanStep:
+        return cls(str(doc["plan_key"]), PlanCounts.from_json(doc["totals"]), int(doc["segments"]),
+                   int(doc["bytes"]), Range.from_json(doc["forecast"]) if doc.get("forecast") else None,
+                   int(doc["in_flight"]), tuple(ChunkRef.from_json(c) for c in doc["chunks"]),
+                   bool(doc.get("dry_run", False)))
+
+
+@dataclass(frozen=True, slots=True)
+class CommitStep:
+    """What :func:`commit_chunk` did: its chunk, the partitions it finished, its segments by status."""
+
+    chunk: str
+    partitions: int
+    counts: Mapping[str, int]
+
+    def summary(self) -> str:
+        return f"{self.partitions:,} partitions: " + (", ".join(f"{n:,} {k}" for k, n in sorted(self.counts.items()))
+                                                       or "nothing to finish")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chunk": self.chunk, "partitions": self.partitions, **self.counts}
+
+
+@dataclass(frozen=True, slots=True)
+class RunHeadline:
+    """A compaction run's numbers for a task log and its XCom: segments by outcome, bytes, ratio."""
+
+    run_id: str
+    segments: int
+    compacted: int
+    failed: int
+    skipped: int
+    bytes_before: int
+    bytes_after: int
+
+    @property
+    def ratio(self) -> float | None:
+        return round(self.bytes_after / self.bytes_before, 4) if self.bytes_before else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "segments": self.segments, "compacted": self.compacted,
+                "failed": self.failed, "skipped": self.skipped, "bytes_before": self.bytes_before,
+                "bytes_after": self.bytes_after, "saved_bytes": self.bytes_before - self.bytes_after,
+                "ratio": self.ratio}
+
+
 def to_stderr(line: str) -> None:
     """A progress line on stderr: stdout is for a command's result (one JSON document under ``--json``)."""
     print(line, file=sys.stderr, flush=True)
@@ -147,7 +250,7 @@ def plan_files(store: ObjectStore, settings: RunSettings, name: str = PLAN) -> C
 
 
 def scan_run(store: ObjectStore, settings: RunSettings, options: ScanOptions, *, inventory: str | None = None,
-             progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[int], None] | None = None) -> ScanStep:
     """Scan the prefix (a listing, or the S3 Inventory report whose ``manifest.json`` is ``inventory``) into
     chunk files under ``runs/<run>/scan/``; the manifest's key and the totals."""
     out = plan_files(store, settings, SCAN)
@@ -163,12 +266,12 @@ def scan_run(store: ObjectStore, settings: RunSettings, options: ScanOptions, *,
     chunks = writer.close()
     out.write_manifest(PlanManifest(header, writer.totals.to_json(), chunks, inventory or "listing"))
     put_usage(store, settings, "scan")
-    return {"scan_key": out.manifest_key, "objects": header.objects_listed, "totals": writer.totals.to_json()}
+    return ScanStep(out.manifest_key, header.objects_listed, writer.totals.counts())
 
 
 def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, *, estimate_savings: bool = False,
              policy: Policy | None = None, prices: PriceBook | None = None, max_chunks: int = DEFAULT_MAX_CHUNKS,
-             chunk_work: int = DEFAULT_CHUNK_WORK, log: Callable[[str], None] = to_stderr) -> dict[str, Any]:
+             chunk_work: int = DEFAULT_CHUNK_WORK, log: Callable[[str], None] = to_stderr) -> PlanStep:
     """From the run's scan, apply the policy (record ages, automatic codecs) and the budget (largest first)
     and write the plan's chunks under ``runs/<run>/plan/``; return its manifest key, totals and chunk names.
     Chunks hold whole partitions, at most ``chunk_work`` segments to compact each (more when that would
@@ -231,17 +334,13 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
         header = dataclasses.replace(header, policy=policy.path, auto=choices or None)
     header = dataclasses.replace(header, estimate=estimate_work(
         store, sample, RewriteOptions(Codec.parse(settings.codec), settings.level)) if estimate_savings else None)
-    totals = writer.totals.to_json()
-    planned.write_manifest(PlanManifest(header, totals, chunks, scan_manifest.source))
+    planned.write_manifest(PlanManifest(header, writer.totals.to_json(), chunks, scan_manifest.source))
     put_usage(store, settings, "plan")
-    saved = header.estimate.total if header.estimate is not None else None
-    return {"plan_key": planned.manifest_key, "totals": totals, "segments": sum(c.to_compact for c in chunks),
-            "bytes": sum(c.bytes_to_compact for c in chunks),
-            "estimate": None if saved is None else {"saved_bytes": saved.saved_bytes, "saved_low": saved.saved_low,
-                                                    "saved_high": saved.saved_high},
-            "in_flight": sum(len(bases) for bases in in_flight.values()),
-            "chunks": [{"name": c.name, "label": c.first if c.first == c.last else f"{c.first}..{c.last}"}
-                       for c in chunks if c.to_compact or c.name in with_pending]}
+    return PlanStep(planned.manifest_key, writer.totals.counts(), sum(c.to_compact for c in chunks),
+                    sum(c.bytes_to_compact for c in chunks), header.estimate.total if header.estimate else None,
+                    sum(len(bases) for bases in in_flight.values()),
+                    tuple(ChunkRef(c.name, c.first if c.first == c.last else f"{c.first}..{c.last}")
+                          for c in chunks if c.to_compact or c.name in with_pending))
 
 
 def load_manifest(store: ObjectStore, uri: str) -> tuple[ChunkedPlan, PlanManifest]:
@@ -439,7 +538,7 @@ def write_results(store: ObjectStore, key: str, results: Iterable[SegmentResult]
 
 def commit_chunk(store: ObjectStore, settings: RunSettings, name: str, *, ctx: Context | None = None,
                  pending: dict[str, list[int]] | None = None, worked: bool = True, workers: int = 1
-                 ) -> dict[str, Any]:
+                 ) -> CommitStep:
     """Finish every journal entry in the partitions of plan chunk ``name`` (those with work, unless not
     ``worked``, and those with an operation in flight, from ``pending`` or a listing of the journal), under
     their leases, then release them; the results go to ``runs/<run>/commit/<name>.json``. Idempotent: a
@@ -486,7 +585,7 @@ def commit_chunk(store: ObjectStore, settings: RunSettings, name: str, *, ctx: C
             results += done
             requests[directory] = used
     counts = write_results(store, settings.key(f"commit/{name}.json"), results, usage=requests)
-    return {"chunk": name, "partitions": len(partitions), **counts}
+    return CommitStep(name, len(partitions), counts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -551,13 +650,15 @@ def _chunk_outcome(store: ObjectStore, settings: RunSettings, segments: list[Pla
             by_segment[at] = merged
             seconds += result.seconds or 0.0
     for directory, bases in sorted(earlier.items()):
-        by_segment.update(_earlier_attempts(store, settings, directory, bases, by_segment))
+        by_segment.update((at, r.to_json()) for at, r in
+                          _earlier_attempts(store, settings, directory, bases, by_segment).items())
     results = [SegmentResult.from_json(by_segment[at])
                for at in sorted(by_segment, key=lambda k: (k[0], k[1], not k[2]))]  # a recovery before its segment
     return ChunkOutcome(segments, results, requests, seconds)
 
 
-def collect_run(store: ObjectStore, settings: RunSettings, *, extra: dict[str, Any] | None = None) -> RunResult:
+def collect_run(store: ObjectStore, settings: RunSettings, *,
+                extra: Mapping[str, int | str | None] | None = None) -> RunResult:
     """The run document, folded from :func:`run_outcomes` one chunk at a time: totals, counts by topic and
     reason, the segments up to the listing's limit, and the S3 requests (by partition up to a limit, and
     by the storage class of the partition's compacted segments, which is what the report prices them at).
@@ -599,8 +700,7 @@ def collect_run(store: ObjectStore, settings: RunSettings, *, extra: dict[str, A
 
 
 def _earlier_attempts(store: ObjectStore, settings: RunSettings, directory: str, bases: list[int],
-                      reported: dict[tuple[str, int, bool], dict[str, Any]]
-                      ) -> dict[tuple[str, int, bool], dict[str, Any]]:
+                      reported: Container[tuple[str, int, bool]]) -> dict[tuple[str, int, bool], SegmentResult]:
     """Segments an earlier attempt of this run (killed, then run again with the same id) compacted, counted
     from the partition's state (what is on S3), so that the run's savings are whole whatever attempt did
     the work."""
@@ -612,10 +712,9 @@ def _earlier_attempts(store: ObjectStore, settings: RunSettings, directory: str,
     for base in bases:
         entry = state.get(base)
         if (directory, base, False) not in reported and entry is not None and entry.run_id == settings.run_id:
-            out[(directory, base, False)] = {
-                "directory": directory, "base_offset": base, "status": Status.COMPACTED.value,
-                "reason": "by an earlier attempt of this run", "bytes_before": entry.bytes_before,
-                "bytes_after": entry.bytes_after, "run_id": settings.run_id}
+            out[(directory, base, False)] = SegmentResult(
+                directory, base, Status.COMPACTED, "by an earlier attempt of this run", entry.bytes_before,
+                entry.bytes_after, run_id=settings.run_id)
     return out
 
 
@@ -669,21 +768,19 @@ def safe_run_id(run_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", run_id)
 
 
-def run_summary(run: RunResult) -> tuple[dict[str, Any], str]:
+def run_summary(run: RunResult) -> tuple[RunHeadline, str]:
     """Headline numbers and a plain-text table (per topic, then the other outcomes' reasons) for task logs."""
     totals = run.totals()
     before, after = totals["bytes_before"], totals["bytes_after"]
-    headline = {"run_id": run.run_id, "segments": totals["segments"],
-                "compacted": totals.get("compacted", 0), "failed": totals.get("failed", 0),
-                "skipped": totals.get("skipped", 0), "bytes_before": before, "bytes_after": after,
-                "saved_bytes": before - after, "ratio": round(after / before, 4) if before else None}
+    headline = RunHeadline(run.run_id, totals["segments"], totals.get("compacted", 0), totals.get("failed", 0),
+                           totals.get("skipped", 0), before, after)
     reasons: Counter[str] = Counter()
     for (_, status, reason), n in run.outcomes.items():
         reasons[f"{status}: {reason}" if reason else status] += n
     lines = [f"{'topic':<32} {'segments':>8} {'before':>14} {'after':>14} {'ratio':>6}"]
     for topic, (n, b, a) in sorted(run.topics.items()):
         lines.append(f"{topic:<32} {n:>8} {b:>14,} {a:>14,} {a / b if b else 0:>6.3f}")
-    lines.append(f"{'total':<32} {headline['compacted']:>8} {before:>14,} {after:>14,} "
+    lines.append(f"{'total':<32} {headline.compacted:>8} {before:>14,} {after:>14,} "
                  f"{after / before if before else 0:>6.3f}")
     for reason, n in sorted(reasons.items()):
         lines.append(f"  {n:>6} {reason}")
