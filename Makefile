@@ -18,7 +18,8 @@ $(STAMP): requirements.lock infra/docker/requirements-postgres.txt pyproject.tom
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	@# The compose stack's database drivers, as its image has them (the compose stand-in's test uses them).
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r infra/docker/requirements-postgres.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@# (setuptools warns that an editable install has a folder named like the package: it is meant to.)
+	PYTHONWARNINGS=ignore $(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@# Byte-compile our own code once: an editable install does not, and where PYTHONDONTWRITEBYTECODE is set every
 	@# process (each CLI run, each Spark worker) would compile it again at start-up.
 	$(BIN)/python -m compileall -q tiering spark_jobs dags >/dev/null

@@ -331,7 +331,8 @@ def kafka_segment_compaction() -> None:
         store = settings.store()
         run = collect_run(store, settings)
         headline, table = run_summary(run)
-        print(table)
+        if headline.segments:  # a dry run has no outcomes: its report below holds the forecast
+            print(table)
         prices, options = cost_config(grace_days=params["cleanup_grace_days"])
         doc, keys = publish_report(store, settings.prefix, settings.run_id, prices, options)
         print(to_table(doc))

@@ -9,7 +9,9 @@ fi
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   echo "installing chromium (Debian package) for the HTML report test ..." >&2
   if DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >/tmp/tiering-chromium.log 2>&1 \
-     || { apt-get update >>/tmp/tiering-chromium.log 2>&1 && \
+     || { # an install killed half-way leaves dpkg "interrupted", and apt refuses everything until it is finished
+          DEBIAN_FRONTEND=noninteractive dpkg --configure -a >>/tmp/tiering-chromium.log 2>&1
+          apt-get update >>/tmp/tiering-chromium.log 2>&1 && \
           DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >>/tmp/tiering-chromium.log 2>&1; }; then
     exit 0
   fi

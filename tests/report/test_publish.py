@@ -151,12 +151,16 @@ def test_cli_compact_publishes_and_report_prints_every_format(store: S3Store) ->
     assert "per TiB of such data" in out
     assert "this prefix, per year" in out
     assert "orders.v1" in out
+    assert "not planned by the scan, because" in out
     code, out, _ = _cli("report", *where, "--run-id", "cli-run", "--format", "json")
     doc = json.loads(out)
     assert doc["run_id"] == "cli-run"
     assert doc["totals"]["segments_rewritten"] == 2
+    # The scan's objects it did not plan, by reason: the active segment's three, the partition's two files.
+    assert doc["objects_not_planned"] == {"active segment": 3, "partition file: kept as it is": 2}
     _, md, _ = _cli("report", *where, "--format", "md")
     assert md.startswith("# compaction report")
+    assert "## Objects not planned" in md
     _, text, _ = _cli("report", *where, "--format", "csv")
     assert text.splitlines()[0].startswith("topic,partition")
     _, page, _ = _cli("report", *where, "--format", "html")

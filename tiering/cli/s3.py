@@ -76,6 +76,16 @@ def _log(args: argparse.Namespace, line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, found {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, found {value}")
+    return value
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -148,9 +158,9 @@ def _plan_table(plan: Plan, rows: _Rows) -> Table:
         t.add_row(f"skip dir {d['directory']}", "", d["reason"])
     if plan.ignored_by_reason:
         t.add_section()
-        t.add_row(f"objects not planned: {plan.ignored_count:,}", "", "objects")
+        t.add_row("objects not planned, by reason", "", f"{plan.ignored_count:,} objects")
         for reason, n in sorted(plan.ignored_by_reason.items()):
-            t.add_row(f"  {reason}", "", f"{n:,}")
+            t.add_row(f"  {reason}", "", f"{n:,} objects")
     return t
 
 
@@ -501,9 +511,10 @@ def _scan_args(p: argparse.ArgumentParser, *, codec_required: bool) -> None:
     p.add_argument("--rebatch-max-bytes", type=int, default=DEFAULT_REBATCH_BYTES, metavar="N",
                    help="with --rebatch: a merged batch's bound (default %(default)s: Kafka's default "
                         "max.message.bytes)")
-    p.add_argument("--sample-segments", type=int, default=DEFAULT_SAMPLE_SEGMENTS,
-                   help="segments sampled by an estimate (default %(default)s)")
-    p.add_argument("--sample-bytes", type=int, default=DEFAULT_SAMPLE_BYTES,
+    p.add_argument("--sample-segments", type=_at_least_one, default=DEFAULT_SAMPLE_SEGMENTS, metavar="N",
+                   help="ranged GETs the forecast may make: every topic gets one (the largest first when there are "
+                        "more topics than N), the rest go by bytes (default %(default)s)")
+    p.add_argument("--sample-bytes", type=_at_least_one, default=DEFAULT_SAMPLE_BYTES, metavar="BYTES",
                    help="bytes read from the start of each sampled segment (default %(default)s)")
 
 

@@ -375,13 +375,14 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
                  options: CostOptions, *, versioned: bool | None, noncurrent_days: int | None,
                  ledger: Sequence[LedgerEntry] = (), now: datetime,
                  auto: Mapping[str, Any] | None = None,
-                 chunks: Iterable[tuple[Iterable[Mapping[str, Any]], Iterable[Mapping[str, Any]]]] | None = None
-                 ) -> Report:
+                 chunks: Iterable[tuple[Iterable[Mapping[str, Any]], Iterable[Mapping[str, Any]]]] | None = None,
+                 not_planned: Mapping[str, int] | None = None) -> Report:
     """The report of one run. ``run`` is the run document (``compact.json``), ``plan`` the plan's segment
     entries (joined with the run document's segments), or ``chunks``: the plan's entries and the run's
     results a chunk at a time (a run of any size; ``plan`` is then ignored). ``ledger`` holds the earlier
     runs' ledger entries, ``now`` is the time the costs are computed at. The report lists segments (and
-    failures, and partitions) up to a limit; its totals and rollups count them all."""
+    failures, and partitions) up to a limit; its totals and rollups count them all. ``not_planned``: the
+    scan's objects it did not plan, counted by reason."""
     estimate = (run.get("settings") or {}).get("estimate")
     forecast = Forecast.from_json(estimate, f"the run document of {run['run_id']}") if estimate else None
     dry_run = forecast is not None
@@ -445,7 +446,8 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
         auto=dict(auto or {}), warnings=tuple(warnings), ledger=cumulative([], now), estimate_detail=detail,
         rebatching=fold.rebatched if fold.rebatched.segments else None,
         rebatching_monthly_usd=fold.share(by_class, fold.rebatch_billed),
-        key_compaction=fold.keys, key_compaction_monthly_usd=fold.share(by_class, fold.keys_billed))
+        key_compaction=fold.keys, key_compaction_monthly_usd=fold.share(by_class, fold.keys_billed),
+        objects_not_planned=dict(sorted((not_planned or {}).items())))
     return with_ledger(report, [e for e in ledger if e.run_id != report.run_id])
 
 

@@ -446,6 +446,7 @@ class Report:
     rebatching_monthly_usd: float = 0.0  # the dollars of the totals that re-batching's bytes account for
     key_compaction: KeyCompactionFigures | None = None  # summed over the segments a key-compaction pass cleaned
     key_compaction_monthly_usd: float = 0.0  # the dollars of the totals those segments account for
+    objects_not_planned: Mapping[str, int] = field(default_factory=dict)  # the scan's, by reason
 
     def ledger_entry(self) -> LedgerEntry:
         t = self.totals
@@ -466,7 +467,7 @@ class Report:
             "failed": [asdict(f) for f in self.failed],
             "segments": [r.to_json() for r in self.segments],
             "listing": asdict(self.listing), "auto": dict(self.auto), "warnings": list(self.warnings),
-            "ledger": self.ledger.to_json(),
+            "ledger": self.ledger.to_json(), "objects_not_planned": dict(self.objects_not_planned),
         }
         if self.estimate_detail is not None:
             doc["estimate_detail"] = self.estimate_detail.to_json()
@@ -516,7 +517,8 @@ class Report:
                 float(split["monthly_savings_usd"]) if split is not None else 0.0,
                 None if keys is None else KeyCompactionFigures(
                     **{k: int(v) for k, v in keys.items() if k != "monthly_savings_usd"}),
-                float(keys["monthly_savings_usd"]) if keys is not None else 0.0)
+                float(keys["monthly_savings_usd"]) if keys is not None else 0.0,
+                {str(k): int(v) for k, v in (doc.get("objects_not_planned") or {}).items()})
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError("report unreadable", path=where, expected="a compaction report's fields",
                               found=f"{type(e).__name__}: {e}") from None

@@ -85,8 +85,10 @@ def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, op
     run = store.get_json(run_result_key(prefix, run_id, kind))[0]
     settings = RunSettings(store.bucket, prefix, run_id, str((run.get("settings") or {}).get("codec", "")))
     chunked = plan_files(store, settings)
+    not_planned: dict[str, int] = {}
     try:
-        auto = chunked.manifest().header.auto or {}
+        header = chunked.manifest().header
+        auto, not_planned = header.auto or {}, header.ignored_by_reason
         chunks: Iterable[tuple[Iterable[dict[str, Any]], Iterable[dict[str, Any]]]] | None = (
             ((s.to_json() for s in c.segments), (r.to_json() for r in c.results))
             for c in run_outcomes(store, settings))
@@ -106,7 +108,7 @@ def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, op
     now = datetime.fromisoformat(finished) if finished else datetime.now(UTC)
     return build_report(run, plan, prices, options, versioned=facts.versioned,
                         noncurrent_days=facts.noncurrent_expiry_days, ledger=ledger, now=now, auto=auto,
-                        chunks=chunks)
+                        chunks=chunks, not_planned=not_planned)
 
 
 def publish_report(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,

@@ -169,6 +169,13 @@ def _skipped_rows(report: Report) -> list[list[str]]:
     return [[s.status, str(s.segments), s.reason] for s in report.skipped]
 
 
+NOT_PLANNED_HEAD: Final = ("objects", "not planned by the scan, because")
+
+
+def _not_planned_rows(report: Report) -> list[list[str]]:
+    return [[f"{n:,}", reason] for reason, n in report.objects_not_planned.items()]
+
+
 def _run_rows(report: Report) -> list[list[str]]:
     return [[r.entry.run_id + (" (estimate)" if r.entry.estimate else ""), r.entry.finished_at[:19],
              str(r.entry.segments_rewritten), usd(r.entry.monthly_savings_usd), usd(r.entry.one_off_usd),
@@ -190,6 +197,8 @@ def to_table(report: Report) -> str:
                 *_grid(AUTO_HEAD, _auto_rows(report), frozenset({2, 3, 4, 5}))]
     if report.skipped:
         out += ["", *_grid(("not rewritten", "segments", "reason"), _skipped_rows(report), frozenset({1}))]
+    if report.objects_not_planned:
+        out += ["", *_grid(NOT_PLANNED_HEAD, _not_planned_rows(report), frozenset({0}))]
     out += [f"WARNING: {w}" for w in report.warnings]
     return "\n".join(out)
 
@@ -217,6 +226,8 @@ def to_markdown(report: Report) -> str:
     out += ["## One-off costs", "", *_md_table(("item", "usd", "detail"), _one_off_rows(report)), ""]
     if report.skipped:
         out += ["## Not rewritten", "", *_md_table(("status", "segments", "reason"), _skipped_rows(report)), ""]
+    if report.objects_not_planned:
+        out += ["## Objects not planned", "", *_md_table(NOT_PLANNED_HEAD, _not_planned_rows(report)), ""]
     if report.failed:
         out += ["## Failed", "", *_md_table(("segment", "reason"), [[f.segment, f.reason] for f in report.failed]),
                 ""]
@@ -392,6 +403,8 @@ def to_html(report: Report) -> str:
     body.append("<h2>One-off costs</h2>" + _html_table(("item", "usd", "detail"), _one_off_rows(report)))
     if report.skipped:
         body.append("<h2>Not rewritten</h2>" + _html_table(("status", "segments", "reason"), _skipped_rows(report)))
+    if report.objects_not_planned:
+        body.append("<h2>Objects not planned</h2>" + _html_table(NOT_PLANNED_HEAD, _not_planned_rows(report)))
     if report.failed:
         body.append("<h2>Failed</h2>" + _html_table(("segment", "reason"), [[f.segment, f.reason]
                                                                              for f in report.failed]))
