@@ -41,6 +41,24 @@ def _classify(objects: list[ObjectInfo], state: dict[str, object] | None = None,
     return {s.base_offset: (s.action, s.reason) for s in segs}
 
 
+def test_no_grace_means_no_age_check_and_a_grace_allows_for_a_store_rounding_up() -> None:
+    """A store may give LastModified rounded up to the next second, ahead of its own clock (versitygw did for
+    6 of 40 puts): with --min-age-minutes 0 such a segment is not "too young", and a grace period allows a
+    second for it."""
+    n = "{:020d}".format
+
+    def at(seconds: float, name: str) -> ObjectInfo:
+        return ObjectInfo(f"p/t-0/{name}", 1000, '"e"', NOW - timedelta(seconds=seconds), "STANDARD")
+
+    objects = [at(-0.6, n(0) + LOG_SUFFIX), at(59.4, n(10) + LOG_SUFFIX), at(58, n(20) + LOG_SUFFIX),
+               at(0, n(99) + LOG_SUFFIX)]
+    assert _classify(objects, min_age_minutes=0)[0] == (COMPACT, "sealed")  # 0.6 s in the future
+    graced = _classify(objects, min_age_minutes=1)
+    assert graced[10] == (COMPACT, "sealed")  # 59.4 s by a clock that rounded up: a minute old
+    assert graced[20][1].startswith("too young")  # 58 s: two seconds short
+    assert graced[0][1].startswith("too young: uploaded 0 min ago, within the 1-minute grace period")
+
+
 def test_each_segment_gets_an_action_and_a_reason() -> None:
     n = "{:020d}".format
     objects = [

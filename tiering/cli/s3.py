@@ -49,7 +49,15 @@ from tiering.plan.scan import (
 )
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
-from tiering.run.compact import DEFAULT_GRACE_DAYS, CompactOptions, RunResult, cleanup, new_run_id, rollback
+from tiering.run.compact import (
+    DEFAULT_GRACE_DAYS,
+    CompactOptions,
+    RunResult,
+    cleanup,
+    new_run_id,
+    outcome,
+    rollback,
+)
 from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.run.pipeline import RunSettings, compact, plan_run, run_local, scan_run
 from tiering.storage.objects import ObjectStore
@@ -468,7 +476,11 @@ def _cmd_tier(args: argparse.Namespace) -> int:
     else:
         _console(args.stdout).print(_tier_table(plan))
         _console(args.stdout).print(f"run {run_id}: {len(run.moved())} objects moved in {len(run.results)} segments")
-    return 1 if any(r.status == FAILED for r in run.results) else 0
+    code = outcome(list(run.results))
+    if code != ExitCode.OK:
+        failed = sum(r.status == FAILED for r in run.results)
+        print(f"tiering: tier run {run_id}: {failed} segments stopped (see the run document for why)", file=sys.stderr)
+    return code
 
 
 def _common(p: argparse.ArgumentParser) -> None:

@@ -68,6 +68,7 @@ PARTITION_FILE: Final = "partition file: kept as it is"
 SNAPSHOT: Final = "producer-state snapshot: kept as it is"
 NOT_KAFKA: Final = "not a Kafka file"
 PLACEHOLDER: Final = "directory placeholder (a zero-byte key ending in /)"
+CLOCK_ROUNDING: Final = timedelta(seconds=1)  # stores round LastModified to the second, some of them up
 INVENTORY_SHARDS: Final = 256  # spill files of an inventory scan: memory holds one
 
 COMPACT: Final = "compact"
@@ -386,7 +387,9 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
         return (SKIP, f"archived: {' and '.join(archived)} (cannot be read or replaced without a restore)",
                 Cause.ARCHIVED)
     youngest = max(r.last_modified for r in refs.values() if r is not None)
-    if now - youngest < grace:
+    # No grace, no age check; else an object is old enough once S3's clock says so, allowing for a store that
+    # rounds LastModified up to the next second.
+    if grace and now - youngest + CLOCK_ROUNDING < grace:
         minutes = max(0, int((now - youngest).total_seconds() // 60))
         return (SKIP, f"too young: uploaded {minutes} min ago, within the {o.min_age_minutes}-minute grace period",
                 Cause.TOO_YOUNG)

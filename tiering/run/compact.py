@@ -47,11 +47,12 @@ from tiering.storage.layout import (
     journal_dir,
     lease_key,
     normalize_prefix,
+    probe_key,
     reserved_dir,
     run_result_key,
 )
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ChecksumMismatch, EncryptedWithCustomerKey, ObjectInfo
+from tiering.storage.objects import ObjectStore, delete_honours_etag
+from tiering.storage.store import ChecksumMismatch, EncryptedWithCustomerKey, ObjectInfo, ObjectNotFound
 
 RUN_SCHEMA_VERSION: Final = 1
 DEFAULT_GRACE_DAYS: Final = 7
@@ -526,6 +527,7 @@ def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRA
         if journal.txn is not None:
             referenced.update(k for k in (journal.txn.new, journal.txn.backup) if k)
     now = store.now(clock_key(prefix))
+    checked: bool | None = None  # whether the store's DeleteObjects checks each ETag (probed once, if needed)
     for sub, age in ((BACKUP_DIR, timedelta(days=grace_days)), (STAGING_DIR, timedelta(hours=stale_hours))):
         expired: dict[str, ObjectInfo] = {}
         for info in store.list(reserved_dir(prefix, sub)):
@@ -535,6 +537,10 @@ def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRA
                 out.kept_referenced += 1
                 continue
             expired[info.key] = info
+        if expired and checked is None:
+            checked = delete_honours_etag(store, probe_key(prefix, ctx.run_id, secrets.token_hex(4), "delete-etag"))
+        if expired and not checked:  # the store would delete a key rewritten since the listing: look again first
+            expired = {key: info for key, info in expired.items() if _still(store, info)}
         deleted = store.delete_many([(info.key, info.etag) for info in expired.values()])
         if sub == BACKUP_DIR:
             out.backups_deleted += len(deleted)
@@ -546,6 +552,14 @@ def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRA
             store.abort_upload(key, upload_id)
             out.uploads_aborted += 1
     return out
+
+
+def _still(store: ObjectStore, info: ObjectInfo) -> bool:
+    """Whether ``info``'s object is still the version listed (a HEAD)."""
+    try:
+        return store.head(info.key).etag == info.etag
+    except ObjectNotFound:
+        return False
 
 
 __all__ = ["JOURNAL_DIR", "CompactOptions", "RunResult", "cleanup", "new_run_id", "rollback"]

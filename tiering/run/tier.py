@@ -30,10 +30,10 @@ from typing import Any, ClassVar, Final
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
 from tiering.commit.protocol import FAILED, SKIPPED, Context, SegmentResult
 from tiering.cost.prices import GB, PriceBook
-from tiering.errors import ConfigError, TieringError
+from tiering.errors import ConfigError, ConflictError, InvalidDataError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Cause, Status
+from tiering.lifecycle.journal import Cause, Pending, Status
 from tiering.plan.ages import max_timestamp
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
 from tiering.plan.scan import COMPACT, PlannedSegment, ScanOptions, scan
@@ -41,7 +41,7 @@ from tiering.plan.state import load_state, record_segment
 from tiering.run.compact import with_lease
 from tiering.storage.layout import clock_key, journal_key, run_result_key
 from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ObjectNotFound
+from tiering.storage.store import ObjectNotFound, PreconditionFailed
 
 TIER_SCHEMA_VERSION: Final = 1
 MOVE: Final = "move"
@@ -318,9 +318,12 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
                           "monthly_savings_usd": o.monthly_savings_usd, "one_off_usd": o.one_off_usd})
     except LeaseLost:
         raise  # with_lease reports the rest of the partition as skipped
-    except TieringError as e:
+    except TieringError as e:  # what the error says decides the exit: retry, later, or the store's setup
+        pending = (Pending.TRANSIENT if e.retryable else
+                   Pending.BUSY if isinstance(e, ConflictError | PreconditionFailed) else None)
         return SegmentResult(s.directory, s.base_offset, FAILED, f"stopped: {e}",
-                             stats={"moved": moved}, error=e.to_dict())
+                             stats={"moved": moved}, error=e.to_dict(), pending=pending,
+                             cause=Cause.INVALID if isinstance(e, InvalidDataError) else None)
     finally:
         _follow_etags(store, prefix, s, etags)  # whatever moved, our state document must name it
     status = MOVED if moved else SKIPPED

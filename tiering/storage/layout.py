@@ -134,10 +134,10 @@ def staging_key(prefix: str, run_id: str, directory: str, base_offset: int, suff
     return reserved_key(prefix, STAGING_DIR, run_id, directory, segment_name(base_offset, suffix))
 
 
-def probe_key(prefix: str, run_id: str, token: str) -> str:
-    """A scratch object a run writes to learn what the store enforces (in staging: cleanup removes strays);
-    ``token`` makes it one no other probe writes."""
-    return reserved_key(prefix, STAGING_DIR, run_id, "probe", f"copy-if-match-{token}")
+def probe_key(prefix: str, run_id: str, token: str, what: str = "copy-if-match") -> str:
+    """A scratch object a run writes to learn ``what`` the store enforces (in staging: cleanup removes
+    strays); ``token`` makes it one no other probe writes."""
+    return reserved_key(prefix, STAGING_DIR, run_id, "probe", f"{what}-{token}")
 
 
 def backup_key(prefix: str, run_id: str, directory: str, base_offset: int, suffix: str) -> str:

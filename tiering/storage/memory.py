@@ -120,9 +120,11 @@ class _Upload:
 class MemoryStore:
     """One bucket in memory, with S3's semantics as S3Store exposes them (see the module docstring)."""
 
-    def __init__(self, bucket: str, *, clock: Callable[[], datetime] | None = None, checksums: bool = True) -> None:
+    def __init__(self, bucket: str, *, clock: Callable[[], datetime] | None = None, checksums: bool = True,
+                 delete_etags: bool = True) -> None:
         self.bucket = bucket
         self.checksums = checksums  # False: an endpoint without S3's additional checksums
+        self.delete_etags = delete_etags  # False: DeleteObjects ignores each object's ETag (versitygw does)
         self.requests: Counter[str] = Counter()
         self._clock = clock or (lambda: datetime.now(UTC))
         self._objects: dict[str, _Object] = {}
@@ -255,7 +257,7 @@ class MemoryStore:
                 self._count("DeleteObjects")
                 for key, etag in objects[at:at + MAX_DELETE_KEYS]:
                     current = self._objects.get(key)
-                    if current is None or _same(current.etag, etag):  # an absent key counts as deleted
+                    if current is None or _same(current.etag, etag) or not self.delete_etags:  # absent: deleted
                         self._objects.pop(key, None)
                         deleted.add(key)
         return deleted

@@ -16,6 +16,7 @@ test). The semantics are S3's, as S3Store exposes them:
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
@@ -27,6 +28,7 @@ from tiering.storage.store import (
     BucketFacts,
     ObjectAttrs,
     ObjectInfo,
+    ObjectNotFound,
     PreconditionFailed,
     StreamUpload,
 )
@@ -123,3 +125,25 @@ def copy_honours_if_match(store: ObjectStore, scratch: str) -> bool:
     finally:
         store.delete(target, missing_ok=True)
         store.delete(source, missing_ok=True)
+
+
+def delete_honours_etag(store: ObjectStore, scratch: str) -> bool:
+    """Whether ``store``'s DeleteObjects keeps an object named with another ETag than its own, as S3 does
+    (moto 5.2.5 and versitygw delete it regardless). Writes one scratch object at ``scratch``, asks to delete
+    it under a wrong ETag, looks, and deletes it where it is still there (3 or 4 requests). A transport
+    failure is raised, never taken for an answer."""
+    try:
+        etag = store.put(scratch, b"probe")
+        store.delete_many([(scratch, f'"{"0" * 32}"')])
+        try:
+            store.head(scratch)
+        except ObjectNotFound:
+            return False
+        store.delete_many([(scratch, etag)])
+        return True
+    except StorageError as e:
+        with contextlib.suppress(StorageError):
+            store.delete(scratch, missing_ok=True)
+        if e.retryable and e.status != NOT_IMPLEMENTED:
+            raise
+        return False

@@ -76,6 +76,13 @@ class AccessDenied(StorageError):
     """The credentials may not do this (a configuration problem, not the data's)."""
 
 
+class Unsupported(StorageError):
+    """The store does not implement a feature of S3's API (HTTP 501 ``NotImplemented``): a fact of the store,
+    which a retry does not change."""
+
+    code = "NotImplemented"
+
+
 class Throttled(StorageError):
     """S3 asked us to slow down, even after botocore's retries."""
 
@@ -306,6 +313,8 @@ _BY_CODE: Final[dict[str, type[StorageError]]] = {
     "Throttling": Throttled,
     "RequestTimeout": Throttled,
     "BadDigest": TransportError,  # the bytes S3 received do not have the checksum sent with them
+    "NotImplemented": Unsupported,
+    "501": Unsupported,
 }
 
 
@@ -317,8 +326,11 @@ def translate(error: ClientError, *, bucket: str, key: str | None, action: str) 
     request_id = meta.get("RequestId") or meta.get("HTTPHeaders", {}).get("x-amz-request-id")
     where = f"s3://{bucket}/{key}" if key is not None else f"s3://{bucket}"
     detail = f"HTTP {status}" + (f", request id {request_id}" if request_id else "")
-    cls = _BY_CODE.get(code, StorageError)
+    cls = Unsupported if status == 501 else _BY_CODE.get(code, StorageError)
     message = f"{action} failed with S3 error {code or 'unknown'} ({detail})"
+    if cls is Unsupported:
+        message = (f"{action} is not implemented by this S3 store ({code or 'HTTP 501'}, {detail}): a store "
+                   "without this feature cannot run this command")
     if status == 400 and action in ("head_object", "get_object") and code in ("400", "BadRequest", "InvalidRequest"):
         # S3 answers a HEAD or GET of an SSE-C object without its key with a bare 400.
         cls = EncryptedWithCustomerKey
@@ -679,7 +691,10 @@ class S3Store:
         headers = {name: r[name] for name in _CONTENT_HEADERS + _ENCRYPTION if name in r}
         if headers.get("ServerSideEncryption") == "AES256":
             headers.pop("ServerSideEncryption")  # S3's default encryption: nothing to ask for
-        tags = {t["Key"]: t["Value"] for t in self._call("get_object_tagging", key)["TagSet"]}
+        try:
+            tags = {t["Key"]: t["Value"] for t in self._call("get_object_tagging", key)["TagSet"]}
+        except Unsupported:
+            tags = {}  # a store without object tagging: its objects have no tags to keep
         info = ObjectInfo(key, int(r["ContentLength"]), str(r["ETag"]), r["LastModified"],
                           str(r.get("StorageClass", "STANDARD")), dict(r.get("Metadata", {})))
         return info, ObjectAttrs(dict(info.metadata), headers, tags, info.storage_class)
