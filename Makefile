@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-rebatch bench-keycompact bench-spark bench-scan bench-plan-scale chaos kafka-jars spark-artifact \
+.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-rebatch bench-keycompact bench-spark bench-scan bench-plan-scale chaos kafka-jars seaweedfs spark-artifact \
 	test-kafka kafka-fixtures lock clean
 
 install: $(STAMP)
@@ -31,7 +31,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) kafka-jars
+pytest: $(STAMP) kafka-jars seaweedfs
 	@bash scripts/ensure-chromium.sh
 	@bash scripts/ensure-postgres.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -42,6 +42,12 @@ pytest: $(STAMP) kafka-jars
 # (CI), where that fails the run.
 kafka-jars:
 	@bash scripts/fetch-kafka.sh || [ "$$TIERING_REQUIRE_KAFKA" != 1 ]
+
+# SeaweedFS, the tests' second S3 store (pinned in scripts/fetch-seaweedfs.sh), built with Go from the module proxy's
+# source into ~/.cache/tiering/seaweedfs/ (outside the repository); a no-op once built. Without Go it says so in
+# one line; the SeaweedFS tests then skip, except where TIERING_REQUIRE_SEAWEEDFS=1 (CI).
+seaweedfs:
+	@bash scripts/fetch-seaweedfs.sh || [ "$$TIERING_REQUIRE_SEAWEEDFS" != 1 ]
 
 test-kafka: $(STAMP) kafka-jars
 	$(BIN)/python -m pytest -q tests/kafka_broker $(PYTEST_ARGS)

@@ -244,7 +244,11 @@ class MemoryStore:
             self._count("DeleteObject")
             try:
                 if if_match:
-                    self._get(key, "delete_object", if_match=if_match)
+                    try:
+                        self._get(key, "delete_object", if_match=if_match)
+                    except PreconditionFailed:
+                        self._count("HeadObject")  # S3Store looks at a 412 (absent, or changed?), as here
+                        raise
             except ObjectNotFound:
                 if not missing_ok:
                     raise

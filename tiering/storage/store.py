@@ -654,9 +654,17 @@ class S3Store:
 
     def delete(self, key: str, *, if_match: str | None = None, missing_ok: bool = False) -> None:
         """Delete ``key``; with ``if_match`` only if its ETag is still that one. ``missing_ok``: an absent key
-        counts as deleted (what a re-run after a crash needs)."""
+        counts as deleted (what a re-run after a crash needs). S3 answers a conditional delete of an absent
+        key with 404, SeaweedFS with 412: a 412 is looked into (a HEAD), and an absent key is taken as S3's
+        404 would be."""
         try:
-            self._call("delete_object", key, **({"IfMatch": if_match} if if_match else {}))
+            try:
+                self._call("delete_object", key, **({"IfMatch": if_match} if if_match else {}))
+            except PreconditionFailed:
+                if if_match is None:
+                    raise
+                self.head(key)  # ObjectNotFound where the key is gone; else the condition failed indeed
+                raise
         except ObjectNotFound:
             if not missing_ok:
                 raise

@@ -1,0 +1,165 @@
+"""The S3 path on SeaweedFS, a real store that enforces what moto ignores (``tests/s3/seaweedfs.py``): the
+conditions the protocol relies on, the probes' verdicts (where moto's differ, the moto tests say so), and
+the whole cycle (scan, compact, rollback, compact, cleanup) through the CLI in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.s3.conftest import PREFIX, check_consistent, context, no_pending, plan_for, seed
+from tests.s3.seaweedfs import Seaweed, weed_mini
+from tiering.errors import ExitCode
+from tiering.lifecycle.journal import Swap
+from tiering.run.compact import CompactOptions
+from tiering.run.pipeline import compact
+from tiering.storage.objects import copy_honours_if_match, delete_honours_etag
+from tiering.storage.store import (
+    ObjectAttrs,
+    ObjectNotFound,
+    PreconditionFailed,
+    S3Store,
+    TransportError,
+    make_client,
+    translate,
+)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
+    with weed_mini(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
+
+
+@pytest.fixture
+def store(seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> S3Store:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweed.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    name = request.node.name.replace("_", "-")[:50].strip("-").lower()
+    client = make_client()
+    client.create_bucket(Bucket=name)
+    return S3Store(client, name)
+
+
+def test_it_refuses_what_the_protocol_relies_on(store: S3Store) -> None:
+    """Conditional writes, a copy's If-Match, DeleteObjects' ETags, CRC-32C: each failing condition refused."""
+    etag = store.put("k", b"one")
+    with pytest.raises(PreconditionFailed):
+        store.put("k", b"two", if_none_match=True)
+    with pytest.raises(PreconditionFailed):
+        store.put("k", b"two", if_match=f'"{"0" * 32}"')
+    two = store.put("k", b"two", if_match=etag)
+    assert two != etag
+    with pytest.raises(PreconditionFailed):  # a conditional delete of a changed object
+        store.delete("k", if_match=etag)
+    store.delete("k", if_match=two)
+    with pytest.raises(ObjectNotFound):  # SeaweedFS answers 412 for an absent key, S3 404: taken as S3's answer
+        store.delete("k", if_match=two)
+    store.delete("k", if_match=two, missing_ok=True)  # what a re-run after a crash does
+    store.put("k", b"two")
+    assert copy_honours_if_match(store, "probe/copy")  # so a run swaps by server-side copy here (moto: by PUT)
+    assert delete_honours_etag(store, "probe/delete")  # so cleanup needs no second look here (moto: it does)
+    source = store.put("s", b"source")
+    with pytest.raises(PreconditionFailed):
+        store.copy_over("s", "k", source_etag=source, if_match=etag, attrs=ObjectAttrs(), size=6)  # k changed
+    assert store.get("k") == b"two"
+    with pytest.raises(ClientError) as refused:  # a body whose CRC-32C is not the one sent with it
+        store.client.put_object(Bucket=store.bucket, Key="c", Body=b"data", ChecksumAlgorithm="CRC32C",
+                                ChecksumCRC32C="AAAAAA==")
+    assert refused.value.response["Error"]["Code"] == "BadDigest"  # which the store translates as retryable
+    assert isinstance(translate(refused.value, bucket=store.bucket, key="c", action="put_object"), TransportError)
+
+
+def test_a_compaction_swaps_by_server_side_copy_and_rolls_back_byte_for_byte(store: S3Store) -> None:
+    originals = seed(store, segments=3)
+    ctx = context(store)
+    run = compact(store, plan_for(store), ctx, CompactOptions())
+    assert [r.status for r in run.segments] == ["compacted", "compacted"]
+    assert ctx.swap.mode is Swap.COPY  # learnt from the store: it refuses a copy whose If-Match fails
+    assert store.requests["CopyObject"] > 0
+    codecs = check_consistent(store, originals)
+    assert [codecs[b] for b in sorted(originals)[:2]] == ["zstd", "zstd"]
+    assert no_pending(store)
+
+
+def _cli(seaweed: Seaweed, *argv: str) -> tuple[int, str, str]:
+    """The CLI in its own process, with the store's endpoint and credentials in its environment."""
+    env = {**os.environ, "AWS_ENDPOINT_URL": seaweed.endpoint, "AWS_ACCESS_KEY_ID": seaweed.access_key,
+           "AWS_SECRET_ACCESS_KEY": seaweed.secret_key, "AWS_DEFAULT_REGION": "us-east-1"}
+    done = subprocess.run([sys.executable, "-m", "tiering", *argv], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)
+    assert seaweed.secret_key not in done.stdout + done.stderr
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_the_cli_cycle_scan_compact_rollback_compact_cleanup(seaweed: Seaweed, store: S3Store,
+                                                              tmp_path: Path) -> None:
+    originals = seed(store, segments=3)
+    seeded = {o.key: store.get(o.key) for o in store.list(f"{PREFIX}/")}
+    where = ["--bucket", store.bucket, "--prefix", PREFIX]
+    code, out, err = _cli(seaweed, "s3", "scan", *where, "--min-age-minutes", "0", "--estimate", "--json")
+    assert code == ExitCode.OK, err
+    assert json.loads(out)["totals"]["to_compact"] == 2
+    code, out, err = _cli(seaweed, "s3", "compact", *where, "--codec", "zstd", "--min-age-minutes", "0",
+                          "--run-id", "first", "--json")
+    assert code == ExitCode.OK, err
+    assert [s["status"] for s in json.loads(out)["segments"]] == ["compacted", "compacted"]
+    check_consistent(store, originals)
+    code, out, err = _cli(seaweed, "s3", "rollback", *where, "--run-id", "first", "--json")
+    assert code == ExitCode.OK, err
+    back = {o.key: store.get(o.key) for o in store.list(f"{PREFIX}/") if "/_tiering/" not in o.key}
+    assert back == seeded  # every original byte, indexes included
+    code, out, err = _cli(seaweed, "s3", "compact", *where, "--codec", "zstd", "--min-age-minutes", "0",
+                          "--run-id", "second", "--json")
+    assert code == ExitCode.OK, err
+    check_consistent(store, originals)
+    code, out, err = _cli(seaweed, "s3", "cleanup", *where, "--grace-days", "0", "--json")
+    assert code == ExitCode.OK, err
+    assert json.loads(out)["backups_deleted"] == 12  # two runs' backups of two segments' three files
+    assert not list(store.list(f"{PREFIX}/_tiering/backup/"))
+    assert no_pending(store)
+
+
+def test_the_pinned_versions_agree() -> None:
+    from tests.s3.seaweedfs import VERSION
+
+    script = (Path(__file__).parents[2] / "scripts" / "fetch-seaweedfs.sh").read_text()
+    assert f'version="{VERSION}"' in script
+
+
+def _empty(store: S3Store) -> None:
+    """Every object and upload of the bucket gone (the next trial starts from an empty bucket)."""
+    store.delete_many([(o.key, o.etag) for o in store.list("")])
+    for key, upload_id, _ in store.list_uploads(""):
+        store.abort_upload(key, upload_id)
+    assert not list(store.list(""))
+
+
+def test_crash_at_every_call_then_rerun_converges(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """test_faults.py's trial on SeaweedFS, where the run learns to swap by server-side copy and every
+    condition is enforced by the store itself: crashed before and after each S3 call, then re-run."""
+    from tests.s3 import conftest
+    from tests.s3.conftest import FAULT_REPORT
+    from tests.s3.test_faults import _scenario
+
+    monkeypatch.setattr(conftest, "BUCKET", store.bucket)  # the re-runs' clients (fresh_store) use this bucket
+    calls, _, _ = _scenario(store, None, "none")
+    assert "CopyObject" in calls
+    for mode in ("before", "after"):
+        for at in range(len(calls)):
+            _empty(store)
+            _, _, crashed = _scenario(store, at, mode)
+            assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
+    FAULT_REPORT.append(f"fault injection on SeaweedFS (swap probed: copy): {len(calls)} S3 calls x 2 = "
+                        f"{2 * len(calls)} crash points, every one converged on re-run")
