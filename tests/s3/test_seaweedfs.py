@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -46,7 +47,7 @@ def store(seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch, request: pytest.Fix
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_key)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    name = request.node.name.replace("_", "-")[:50].strip("-").lower()
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:50].strip("-")
     client = make_client()
     client.create_bucket(Bucket=name)
     return S3Store(client, name)
@@ -163,3 +164,36 @@ def test_crash_at_every_call_then_rerun_converges(store: S3Store, monkeypatch: p
             assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
     FAULT_REPORT.append(f"fault injection on SeaweedFS (swap probed: copy): {len(calls)} S3 calls x 2 = "
                         f"{2 * len(calls)} crash points, every one converged on re-run")
+
+
+# The suites below were written against moto; each runs here unchanged on SeaweedFS, where the swap is a
+# server-side copy whose conditions the store enforces. (Imported inside each test, so that pytest does not
+# collect them twice.)
+
+def test_key_compaction_swaps_what_the_pure_pass_makes(store: S3Store) -> None:
+    from tests.s3 import test_keycompact_s3
+
+    test_keycompact_s3.test_a_pass_on_s3_swaps_what_the_pure_pass_makes_and_keeps_the_originals(store)
+
+
+def test_key_compaction_later_passes_and_the_txnindex(store: S3Store) -> None:
+    from tests.s3 import test_keycompact_s3
+
+    test_keycompact_s3.test_later_passes_remove_the_aborted_transaction_s_txnindex_entry_then_its_marker(store)
+
+
+def test_key_compaction_rolls_back(store: S3Store) -> None:
+    from tests.s3 import test_keycompact_s3
+
+    test_keycompact_s3.test_rollback_of_a_key_compaction_run_puts_the_originals_back(store)
+
+
+@pytest.mark.parametrize("name", ["test_apply_keeps_the_object_and_a_rerun_moves_nothing",
+                                  "test_an_object_changed_since_planning_is_left_alone",
+                                  "test_a_segment_being_compacted_is_not_moved"])
+def test_tiering(name: str, store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Storage classes moved by an in-place copy conditional on the ETag, tags and headers kept."""
+    from tests.plan import test_tier
+
+    monkeypatch.setattr(test_tier, "BUCKET", store.bucket)
+    getattr(test_tier, name)(store)
