@@ -25,6 +25,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from tiering import __version__
+from tiering.cli.args import int_at_least
 from tiering.cli.policy import add_policy_commands
 from tiering.cli.report import add_report_command
 from tiering.cli.s3 import add_s3_commands
@@ -416,14 +417,7 @@ def pipeline_table(run: RunResult) -> Table:
 # --- parser ----------------------------------------------------------------------------------------
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, found {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, found {value}")
-    return value
+_nonneg_int = int_at_least(0)
 
 
 def _add_segment_args(p: argparse.ArgumentParser, *, index_interval: bool = True) -> None:

@@ -17,6 +17,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
+from tiering.cli.args import int_at_least
 from tiering.cli.report import add_cost_args, cost_from_args
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.protocol import AUTO_SWAP, FAILED, Context, SegmentResult, SwapChoice
@@ -82,16 +83,6 @@ def _console(out: TextIO) -> Console:
 def _log(args: argparse.Namespace, line: str) -> None:
     if not args.json or args.verbose:
         print(line, file=sys.stderr, flush=True)
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, found {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, found {value}")
-    return value
 
 
 def _human(n: float) -> str:
@@ -523,10 +514,10 @@ def _scan_args(p: argparse.ArgumentParser, *, codec_required: bool) -> None:
     p.add_argument("--rebatch-max-bytes", type=int, default=DEFAULT_REBATCH_BYTES, metavar="N",
                    help="with --rebatch: a merged batch's bound (default %(default)s: Kafka's default "
                         "max.message.bytes)")
-    p.add_argument("--sample-segments", type=_at_least_one, default=DEFAULT_SAMPLE_SEGMENTS, metavar="N",
+    p.add_argument("--sample-segments", type=int_at_least(1), default=DEFAULT_SAMPLE_SEGMENTS, metavar="N",
                    help="ranged GETs the forecast may make: every topic gets one (the largest first when there are "
                         "more topics than N), the rest go by bytes (default %(default)s)")
-    p.add_argument("--sample-bytes", type=_at_least_one, default=DEFAULT_SAMPLE_BYTES, metavar="BYTES",
+    p.add_argument("--sample-bytes", type=int_at_least(1), default=DEFAULT_SAMPLE_BYTES, metavar="BYTES",
                    help="bytes read from the start of each sampled segment (default %(default)s)")
 
 
