@@ -56,6 +56,7 @@ def test_the_demo_ends_clean_and_prints_what_a_user_reads(human: tuple[Path, sub
     for topic in TOPICS:
         assert topic in out
     assert "2 of 2 likely skipped" in out  # metrics.zstd and payments.encrypted
+    assert "unreadable in the" in out  # the corrupt segment of clickstream.events, which the sample met
     assert "compaction report: s3://kafka-demo/kafka/logs run" in out
     assert "per TiB of such data" in out
     assert "this prefix, per year" in out

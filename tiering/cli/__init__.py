@@ -378,12 +378,18 @@ def demo_forecast_table(forecast: Forecast, run: RunResult) -> Table:
     outcomes: dict[str, list[str]] = {}
     for (topic, status, reason), n in sorted(run.outcomes.items()):
         outcomes.setdefault(topic, []).append(f"{n} {status}" + (f" ({reason})" if reason else ""))
+    unreadable: dict[str, int] = {}
+    for problem in forecast.problems:  # "<topic>-<partition>/<base offset>"
+        topic = problem.segment.split("/", 1)[0].rsplit("-", 1)[0]
+        unreadable[topic] = unreadable.get(topic, 0) + 1
     for topic, r in forecast.by_topic().items():
         n, before, after = run.topics.get(topic, (0, 0, 0))
         low = (r.bytes_before - r.saved_high) / r.bytes_before if r.bytes_before else 1.0
         high = (r.bytes_before - r.saved_low) / r.bytes_before if r.bytes_before else 1.0
         predicted = (f"{r.segments_skipped} of {r.segments} likely skipped" if r.segments_skipped else
                      f"{r.segments} to compact")
+        if unreadable.get(topic):
+            predicted += f" ({unreadable[topic]} unreadable in the sample)"
         real = [f"{n} compacted"] if n else []
         t.add_row(topic, size(r.bytes_before), size(r.bytes_after),
                   f"{ratio(r.ratio)} ({low:.3f}–{high:.3f})", predicted,
