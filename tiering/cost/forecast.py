@@ -183,6 +183,10 @@ class Forecast:
     partition_codecs: Mapping[str, str] = field(default_factory=dict)  # sampled directory -> its stratum codec
     problems: tuple[SampleProblem, ...] = ()
     topics_not_sampled: tuple[str, ...] = ()  # topics estimated with the pooled ratio (no sample of their own)
+    _by_key: dict[tuple[str, str], Stratum] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:  # a dry run's report looks up a stratum for every planned segment
+        object.__setattr__(self, "_by_key", {(s.topic, s.source_codec): s for s in self.strata})
 
     @property
     def total(self) -> Range:
@@ -203,11 +207,7 @@ class Forecast:
     def stratum(self, topic: str, directory: str) -> Stratum | None:
         """The stratum of a planned segment of ``topic`` in partition ``directory`` (None: not in the plan
         this forecast was made of)."""
-        codec = self.partition_codecs.get(directory, NOT_SAMPLED)
-        for s in self.strata:
-            if s.topic == topic and s.source_codec == codec:
-                return s
-        return None
+        return self._by_key.get((topic, self.partition_codecs.get(directory, NOT_SAMPLED)))
 
     @property
     def segments_sampled(self) -> int:

@@ -160,6 +160,7 @@ class StratifiedSample:
         self.topics: dict[str, _Topic] = {}
         self._keep = keep
         self._seed = seed
+        self._kept = keep  # the per-topic bound the reservoirs were last cut to
 
     @property
     def count(self) -> int:
@@ -173,8 +174,10 @@ class StratifiedSample:
         topic = self.topics.get(seg.topic)
         if topic is None:
             topic = self.topics[seg.topic] = _Topic(f"{self._seed}/{seg.topic}")
-            for t in self.topics.values():
-                t.shrink(self.per_topic)
+            if self.per_topic < self._kept:  # the bound fell: cut every reservoir to it (once per new bound)
+                self._kept = self.per_topic
+                for t in self.topics.values():
+                    t.shrink(self._kept)
         topic.add(seg, self.per_topic)
 
     @property
