@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
@@ -378,14 +379,10 @@ def demo_forecast_table(forecast: Forecast, run: RunResult) -> Table:
     outcomes: dict[str, list[str]] = {}
     for (topic, status, reason), n in sorted(run.outcomes.items()):
         outcomes.setdefault(topic, []).append(f"{n} {status}" + (f" ({reason})" if reason else ""))
-    unreadable: dict[str, int] = {}
-    for problem in forecast.problems:  # "<topic>-<partition>/<base offset>"
-        topic = problem.segment.split("/", 1)[0].rsplit("-", 1)[0]
-        unreadable[topic] = unreadable.get(topic, 0) + 1
+    unreadable = Counter(problem.topic for problem in forecast.problems)
     for topic, r in forecast.by_topic().items():
         n, before, after = run.topics.get(topic, (0, 0, 0))
-        low = (r.bytes_before - r.saved_high) / r.bytes_before if r.bytes_before else 1.0
-        high = (r.bytes_before - r.saved_low) / r.bytes_before if r.bytes_before else 1.0
+        low, high = r.ratio_range
         predicted = (f"{r.segments_skipped} of {r.segments} likely skipped" if r.segments_skipped else
                      f"{r.segments} to compact")
         if unreadable.get(topic):

@@ -133,6 +133,14 @@ class Range:
     def ratio(self) -> float | None:
         return self.bytes_after / self.bytes_before if self.bytes_before else None
 
+    @property
+    def ratio_range(self) -> tuple[float, float]:
+        """The ratio at the most and the least saved of the range."""
+        if not self.bytes_before:
+            return 1.0, 1.0
+        return ((self.bytes_before - self.saved_high) / self.bytes_before,
+                (self.bytes_before - self.saved_low) / self.bytes_before)
+
     @classmethod
     def over(cls, strata: Iterable[Stratum]) -> Range:
         """The strata's figures summed, their ranges combined in quadrature (independent samples)."""
@@ -163,10 +171,11 @@ class SampleProblem:
 
     segment: str  # <directory>/<base offset>
     error: str
+    topic: str
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SampleProblem:
-        return cls(str(d["segment"]), str(d["error"]))
+        return cls(str(d["segment"]), str(d["error"]), str(d["topic"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +236,7 @@ class Forecast:
                 "by_source_codec": [{"source_codec": c, **r.to_json()} for c, r in self.by_source_codec().items()],
                 "strata": [s.to_json() for s in self.strata],
                 "partition_codecs": dict(sorted(self.partition_codecs.items())),
-                "problems": [{"segment": p.segment, "error": p.error} for p in self.problems],
+                "problems": [{"segment": p.segment, "error": p.error, "topic": p.topic} for p in self.problems],
                 "topics_not_sampled": list(self.topics_not_sampled)}
 
     @classmethod

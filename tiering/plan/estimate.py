@@ -208,6 +208,12 @@ def allocate(sizes: dict[str, int], available: dict[str, int], budget: int) -> d
     return out
 
 
+def _ratio(samples: list[Sampled]) -> tuple[float, float]:
+    """The ratio of ``samples`` and its standard error (:func:`ratio_and_stderr`)."""
+    return ratio_and_stderr([(s.bytes_in, s.bytes_out) for s in samples],
+                            samples[0].batches if len(samples) == 1 else ())
+
+
 def estimate(store: ObjectStore, plan: Plan, options: RewriteOptions, *, segments: int = DEFAULT_SAMPLE_SEGMENTS,
              sample_bytes: int = DEFAULT_SAMPLE_BYTES) -> Forecast:
     """The forecast of the plan's ``compact`` segments (see :mod:`tiering.cost.forecast`)."""
@@ -234,13 +240,12 @@ def estimate_work(store: ObjectStore, work: StratifiedSample, options: RewriteOp
             try:
                 s = _sample(store, seg, target, sample_bytes)
             except TieringError as e:
-                problems.append(SampleProblem(f"{seg.directory}/{seg.base_offset}", str(e)))
+                problems.append(SampleProblem(f"{seg.directory}/{seg.base_offset}", str(e), seg.topic))
                 continue
             if s.bytes_in:
                 sampled.setdefault(name, []).append(s)
     everything = [s for rows in sampled.values() for s in rows]
-    pooled = ratio_and_stderr([(s.bytes_in, s.bytes_out) for s in everything],
-                              everything[0].batches if len(everything) == 1 else ())
+    pooled = _ratio(everything)
     strata: list[Stratum] = []
     codecs: dict[str, str] = {}
     for name, topic in sorted(topics.items()):
@@ -260,14 +265,14 @@ def estimate_work(store: ObjectStore, work: StratifiedSample, options: RewriteOp
             strata.append(Stratum(
                 name, codec, len(dirs), sum(topic.partitions[d][0] for d in dirs),
                 sum(topic.partitions[d][1] for d in dirs), len(own), sum(s.bytes_in for s in own),
-                *ratio_and_stderr([(s.bytes_in, s.bytes_out) for s in own], own[0].batches if len(own) == 1 else ()),
+                *_ratio(own),
                 topic.min_savings_ratio))
         rest = [d for d in topic.partitions if d not in part_codec]
         if rest:  # its partitions no sample reached: the topic's whole sample stands for them
             strata.append(Stratum(
                 name, NOT_SAMPLED, len(rest), sum(topic.partitions[d][0] for d in rest),
                 sum(topic.partitions[d][1] for d in rest), 0, 0,
-                *ratio_and_stderr([(s.bytes_in, s.bytes_out) for s in rows], rows[0].batches if len(rows) == 1 else ()),
+                *_ratio(rows),
                 topic.min_savings_ratio))
     return Forecast(f"the first {sample_bytes:,} bytes of up to {segments} segments, spread over topics by bytes "
                     "(one at least each) and over each topic's partitions, recompressed", segments, sample_bytes,
