@@ -1,25 +1,30 @@
-"""S3 figures in one run: a scan of a large bucket, and rewrite throughput through S3 vs a local file.
+"""S3 figures in one run: a scan of a large bucket, and compaction through S3 against the local rewrite.
 
-    make bench-s3
-    .venv/bin/python bench/bench_s3.py --objects 100000 --segment-mib 64 256 1024 --repeat 2
+    make bench-s3                                   # moto (scan, then 64, 256 and 1024 MiB segments)
+    make bench-s3 BENCH_ARGS="--store seaweedfs --segment-mib 256 1024"
+    .venv/bin/python bench/bench_s3.py --endpoint https://s3.example.net --bucket my-bench --segment-mib 256
 
-1. **Scan.** A moto server on loopback (in this process) holds ``--objects`` segment objects: partitions
-   of 100 segments, each with ``.log``, ``.index``, ``.timeindex`` and ``.snapshot`` (tiny bodies: a
-   scan reads listings only). ``tiering s3 scan --json`` runs as users run it, in its own process; its
-   wall time, CPU time (``wait4``) and peak RSS (VmHWM, polled: it is reset at exec) are reported. moto answers every
-   prefixed listing by walking all keys of the bucket, so on a large bucket the server dominates the
-   wall time: the CPU seconds of the scanner process are the figure that belongs to this project.
-2. **Compaction through S3.** For each ``--segment-mib`` (default 64, 256 and 1024), one generated segment
-   (snappy JSON events) is compacted to zstd level 3 by the full commit protocol against a moto server in
-   another process, in three configurations (verify + swap): ``read-back + put`` (the staged ``.log``
-   read back, then downloaded again and PUT over the original: the path before checksums and the
-   server-side swap, and the one for stores with neither), ``checksum + put`` and ``checksum + copy`` (S3's
-   CRC-32C of what it stored, then a server-side CopyObject). Each compaction runs in its own process
-   (``bench/s3_compaction.py``, the orchestrator the CLI uses) with an empty work directory as TMPDIR;
-   reported: wall and CPU seconds, the ratios to ``rewrite_file`` of the same bytes on the local disk in
-   the same run (best of ``--repeat``), the moto server's CPU seconds meanwhile, the compaction's requests,
-   its GETs of staged objects, its peak RSS (its own VmHWM) and the most bytes of files under the work
-   directory it held open (a spool is unlinked at once: counted through ``/proc/<pid>/fd``).
+1. **Scan** (moto only). A moto server on loopback (in this process) holds ``--objects`` segment objects:
+   partitions of 100 segments, each with ``.log``, ``.index``, ``.timeindex`` and ``.snapshot`` (tiny
+   bodies: a scan reads listings only). ``tiering s3 scan --json`` runs as users run it, in its own process;
+   its wall time, CPU time (``wait4``) and peak RSS (VmHWM, polled: it is reset at exec) are reported. moto
+   answers every prefixed listing by walking all keys of the bucket, so on a large bucket the server
+   dominates the wall time: the CPU seconds of the scanner process are the figure that belongs to this
+   project.
+2. **Compaction through S3.** For each ``--segment-mib``, one generated segment (snappy JSON events) is
+   compacted to zstd level 3 by the full commit protocol against the store of ``--store`` (a moto server or
+   SeaweedFS's ``weed mini``, started here on loopback in a process of its own) or ``--endpoint``, in three
+   configurations (verify + swap): ``read-back + put`` (the staged ``.log`` read back, then downloaded again
+   and PUT over the original: the path for stores without checksums or conditional copies),
+   ``checksum + put``, and ``checksum + auto`` (the CLI's default: the probe chooses a server-side copy where
+   the store honours a copy's ``If-Match``, a PUT otherwise; the table says which). Each round runs the local
+   rewrite (``tiering segment rewrite``'s function) and each compaction in processes of their own
+   (``bench/s3_compaction.py``), a compaction with an empty work directory as TMPDIR; rounds interleave, and
+   the least wall and CPU time of each are kept. Reported: wall and CPU seconds of the work alone (not the
+   interpreter's start), the ratios to the local rewrite's, the server's CPU seconds meanwhile, the
+   requests, the bytes of object bodies sent and received, the GETs of staged objects, the peak RSS (the
+   process's own VmHWM) and the most bytes of files under the work directory it held open (a spool is
+   unlinked at once: counted through ``/proc/<pid>/fd``).
 
 Prints a table and writes ``bench/out/bench_s3.json``.
 """
@@ -32,7 +37,6 @@ import json
 import logging
 import os
 import platform
-import resource
 import shutil
 import socket
 import subprocess
@@ -40,20 +44,23 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.s3.seaweedfs
 
 from bench_rewrite import _vm_hwm_kib  # same directory: the script's own path is on sys.path
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.s3.models import s3_backends
 from moto.server import ThreadedMotoServer
 
+from tests.s3 import seaweedfs
+from tiering.commit.protocol import AUTO_SWAP
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
-from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Swap, Verify
-from tiering.local import rewrite_file
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.store import S3Store, make_client, redact_url
 
 MIB = 1024 * 1024
 OUT_DIR = Path(__file__).parent / "out"
@@ -141,19 +148,17 @@ def bench_scan(objects: int) -> dict[str, Any]:
 
 
 # (verify, swap): how a staged .log is accepted and how it is put in place. The first is the path before
-# checksums and the server-side swap (and the one for stores with neither).
-CONFIGS: tuple[tuple[Verify, Swap], ...] = (
-    (Verify.READ_BACK, Swap.PUT), (Verify.CHECKSUM, Swap.PUT), (Verify.CHECKSUM, Swap.COPY))
+# checksums and the server-side swap (and the one for stores with neither); the last lets the probe choose,
+# as the CLI does by default (a server-side copy where the store honours a copy's If-Match).
+CONFIGS: tuple[tuple[Verify, str], ...] = (
+    (Verify.READ_BACK, Swap.PUT.value), (Verify.CHECKSUM, Swap.PUT.value), (Verify.CHECKSUM, AUTO_SWAP))
+DEFAULT_CONFIG: Final = f"{Verify.CHECKSUM.value} + {AUTO_SWAP}"
+STORES: Final = ("moto", "seaweedfs")
+CPU_TARGET: Final = 1.10  # the compaction's CPU over the local rewrite's (docs/benchmarks.md)
 
 
-def _label(verify: Verify, swap: Swap) -> str:
-    return f"{verify.value} + {swap.value}"
-
-
-def _cpu_seconds() -> float:
-    """CPU seconds of this process so far (every thread's)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+def _label(verify: Verify, swap: str) -> str:
+    return f"{verify.value} + {swap}"
 
 
 def _proc_cpu_seconds(pid: int) -> float:
@@ -176,136 +181,290 @@ def _open_bytes(pid: int, work_dir: Path) -> int:
     return total
 
 
-def _compaction(endpoint: str, topic: str, verify: Verify, swap: Swap, work_dir: Path) -> dict[str, Any]:
-    """bench/s3_compaction.py in its own process (TMPDIR and --work-dir an empty directory): its JSON (with its
-    peak RSS), and the most bytes of files under the work directory it held open while it ran."""
-    cmd = [sys.executable, str(Path(__file__).parent / "s3_compaction.py"), "--endpoint", endpoint,
-           "--bucket", "bench", "--prefix", "kafka", "--topic", topic, "--verify", verify.value,
-           "--swap", swap.value, "--work-dir", str(work_dir)]
+@dataclass(frozen=True)
+class Server:
+    """The S3 store the compactions run against: a moto or SeaweedFS server this benchmark started, or an
+    endpoint given to it."""
+
+    kind: str  # moto, seaweedfs, endpoint
+    store: S3Store
+    endpoint: str
+    pid: int | None  # the server's process, whose CPU seconds are read; None for an endpoint given
+    env: dict[str, str]  # the environment of a compaction process (its credentials)
+
+    def cpu_seconds(self) -> float | None:
+        return None if self.pid is None else _proc_cpu_seconds(self.pid)
+
+
+def _client(endpoint: str, bucket: str) -> S3Store:
+    """A store for ``bucket`` at ``endpoint``, the bucket created if it is not there (a server still starting
+    is waited for)."""
+    client = make_client(endpoint_url=endpoint)
+    for attempt in range(100):
+        try:
+            client.head_bucket(Bucket=bucket)
+            break
+        except Exception:  # absent, or the server is still starting
+            with contextlib.suppress(Exception):
+                client.create_bucket(Bucket=bucket)
+                break
+            if attempt == 99:
+                raise
+            time.sleep(0.1)
+    return S3Store(client, bucket)
+
+
+@contextlib.contextmanager
+def s3_server(kind: str, endpoint: str | None, bucket: str, tmp: Path) -> Iterator[Server]:
+    """The store of ``--store`` (``--endpoint``: that one, with the credentials of the environment)."""
+    if endpoint is not None:
+        yield Server("endpoint", _client(endpoint, bucket), endpoint, None, dict(os.environ))
+        return
+    if kind == "seaweedfs":
+        weed = seaweedfs.binary()
+        if not os.access(weed, os.X_OK):
+            raise SystemExit(f"--store seaweedfs needs SeaweedFS at {weed}: run scripts/fetch-seaweedfs.sh "
+                             "(make seaweedfs)")
+        with seaweedfs.weed_mini(tmp / "seaweedfs") as sw:
+            env = {**os.environ, "AWS_ACCESS_KEY_ID": sw.access_key, "AWS_SECRET_ACCESS_KEY": sw.secret_key}
+            with _environ(env):
+                yield Server(kind, _client(sw.endpoint, bucket), sw.endpoint, sw.pid, env)
+        return
+    with moto_process(bucket) as (store, url, pid):
+        yield Server(kind, store, url, pid, dict(os.environ))
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _measured(cmd: list[str], env: dict[str, str], work_dir: Path | None = None) -> dict[str, Any]:
+    """bench/s3_compaction.py in its own process: its JSON, and (with ``work_dir``, its TMPDIR) the most bytes
+    of files under the work directory it held open while it ran."""
     spooled = 0
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env={**os.environ, "TMPDIR": str(work_dir)})
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "s3_compaction.py"), *cmd],
+                                stdout=out, stderr=err, env={**env, **({"TMPDIR": str(work_dir)} if work_dir else {})})
         while True:
-            spooled = max(spooled, _open_bytes(proc.pid, work_dir))
+            if work_dir is not None:
+                spooled = max(spooled, _open_bytes(proc.pid, work_dir))
             pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             time.sleep(0.05)
         if os.waitstatus_to_exitcode(status) != 0:
             err.seek(0)
-            raise RuntimeError(f"compaction failed: {err.read().decode()[-2000:]}")
+            raise RuntimeError(f"{cmd[:2]} failed: {err.read().decode()[-2000:]}")
         out.seek(0)
         doc: dict[str, Any] = json.loads(out.read())
-    if [s["status"] for s in doc["segments"]] != ["compacted"]:
-        raise RuntimeError(f"compaction did not compact the segment: {doc['segments']}")
     return {**doc, "peak_rss_mib": round(doc["peak_rss_kib"] / 1024, 1), "work_dir_max_bytes": spooled}
 
 
+def _compaction(server: Server, store: S3Store, topic: str, verify: Verify, swap: str,
+                work_dir: Path) -> dict[str, Any]:
+    doc = _measured(["--endpoint", server.endpoint, "--bucket", store.bucket, "--prefix", "kafka",
+                     "--topic", topic, "--verify", verify.value, "--swap", swap, "--work-dir", str(work_dir)],
+                    server.env, work_dir)
+    if [s["status"] for s in doc["segments"]] != ["compacted"]:
+        raise RuntimeError(f"compaction did not compact the segment: {doc['segments']}")
+    return doc
+
+
 def _drop(store: S3Store, prefix: str) -> None:
-    """Delete everything under ``prefix`` (moto holds objects in memory: a GiB a round adds up)."""
-    keys = [(o.key, o.etag) for o in store.list(prefix)]
-    store.delete_many(keys)
+    """Delete everything under ``prefix``, multipart uploads included."""
+    store.delete_many([(o.key, o.etag) for o in store.list(prefix)])
+    for key, upload_id, _ in store.list_uploads(prefix):
+        store.abort_upload(key, upload_id)
 
 
-def bench_rewrite(segment_mib: list[int], repeat: int) -> list[dict[str, Any]]:
-    """For each size: the local rewrite, and one compaction through S3 in each of :data:`CONFIGS`, each in its
-    own process, best of ``repeat``; the requests of one compaction, the GETs of staged objects, the peak
-    RSS of the compaction process and the most its work directory held."""
+@contextlib.contextmanager
+def _bucket(server: Server, name: str) -> Iterator[S3Store]:
+    """A bucket for one compaction, emptied afterwards: on a server started here, a bucket of its own,
+    deleted with what it holds (moto keeps objects in memory, and SeaweedFS frees a deleted object's disk
+    space only when it vacuums, a bucket's at once); at an endpoint given, the one bucket, emptied."""
+    if server.kind == "endpoint":
+        yield server.store
+        _drop(server.store, "kafka/")
+        return
+    store = _client(server.endpoint, name)
+    try:
+        yield store
+    finally:
+        _drop(store, "")
+        store.client.delete_bucket(Bucket=name)
+
+
+def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the least wall time, with the least CPU of any round beside it (rounds interleave, so
+    the least of each is the figure least disturbed by the rest of the machine)."""
+    best = dict(min(runs, key=lambda d: d["seconds"]))
+    best["cpu_seconds"] = min(d["cpu_seconds"] for d in runs)
+    if all(d.get("server_cpu_seconds") is not None for d in runs):
+        best["server_cpu_seconds"] = min(d["server_cpu_seconds"] for d in runs)
+    return best
+
+
+def bench_rewrite(server: Server, segment_mib: list[int], repeat: int, tmp: Path) -> list[dict[str, Any]]:
+    """For each size, ``repeat`` interleaved rounds of: the local rewrite, then one compaction through S3 in
+    each of :data:`CONFIGS`, each in its own process."""
     rows = []
-    with moto_process("bench") as (store, endpoint, moto_pid), tempfile.TemporaryDirectory() as tmp:
-        for mib in segment_mib:
-            generated = generate_partition(segments=2, kind="json", codec=Codec.SNAPPY, segment_bytes=mib * MIB)
-            segment = generated[0]
-            options = RewriteOptions(Codec.ZSTD, 3)
-            path = Path(tmp) / f"{segment.base_offset:020d}.log"
-            path.write_bytes(segment.log)
-            local_best = local_cpu = float("inf")
-            runs: dict[tuple[Verify, Swap], dict[str, Any]] = {}
-            for round_no in range(repeat):
-                started, cpu = time.perf_counter(), _cpu_seconds()
-                result, _ = rewrite_file(path, Path(tmp) / "out.log", options)
-                local_best = min(local_best, time.perf_counter() - started)
-                local_cpu = min(local_cpu, _cpu_seconds() - cpu)
-                for verify, swap in CONFIGS:
-                    topic = f"s{mib}-r{round_no}-{verify.value}-{swap.value}"
+    for mib in segment_mib:
+        generated = generate_partition(segments=2, kind="json", codec=Codec.SNAPPY, segment_bytes=mib * MIB)
+        segment = generated[0]
+        path = tmp / f"{segment.base_offset:020d}.log"
+        path.write_bytes(segment.log)
+        locals_: list[dict[str, Any]] = []
+        runs: dict[str, list[dict[str, Any]]] = {_label(*c): [] for c in CONFIGS}
+        for round_no in range(repeat):
+            out_dir = tmp / "local-out"
+            locals_.append(_measured(["--local-file", str(path), "--out-dir", str(out_dir)], server.env))
+            shutil.rmtree(out_dir, ignore_errors=True)
+            for n, (verify, swap) in enumerate(CONFIGS):
+                topic = f"s{mib}-r{round_no}-{verify.value}-{swap}"
+                with _bucket(server, f"{server.store.bucket}-{mib}-{round_no}-{n}") as store:
                     upload_partition(store, "kafka", topic, 0, generated)
-                    work = Path(tmp) / f"work-{topic}"
+                    work = tmp / f"work-{topic}"
                     work.mkdir()
-                    moto_cpu = _proc_cpu_seconds(moto_pid)
-                    doc = _compaction(endpoint, topic, verify, swap, work)
-                    doc["moto_cpu_seconds"] = _proc_cpu_seconds(moto_pid) - moto_cpu
-                    _drop(store, f"kafka/{topic}-0/")
-                    _drop(store, "kafka/_tiering/")
-                    best = runs.get((verify, swap))
-                    if best is None or doc["seconds"] < best["seconds"]:
-                        runs[verify, swap] = doc
-                print(f"  {mib} MiB round {round_no + 1}/{repeat}: local {local_best:.2f} s, "
-                      + ", ".join(f"{_label(*c)} {runs[c]['seconds']:.2f} s" for c in CONFIGS), file=sys.stderr)
-            shutil.rmtree(Path(tmp) / "out.log", ignore_errors=True)
-            path.unlink()
-            size = len(segment.log)
-            rows.append({
-                "segment_mib": mib, "segment_bytes": size, "bytes_out": result.stats.bytes_out,
-                "local_seconds": round(local_best, 3), "local_mib_per_s": round(size / MIB / local_best, 1),
-                "local_cpu_seconds": round(local_cpu, 3),
-                "configs": {_label(*c): {
-                    "verify": c[0].value, "swap": c[1].value, "s3_seconds": round(d["seconds"], 3),
-                    "s3_mib_per_s": round(size / MIB / d["seconds"], 1),
-                    "ratio_s3_to_local": round(local_best / d["seconds"], 3),
-                    "cpu_seconds": round(d["cpu_seconds"], 3),
-                    "cpu_ratio_s3_to_local": round(local_cpu / d["cpu_seconds"], 3),
-                    "moto_cpu_seconds": round(d["moto_cpu_seconds"], 3),
-                    "requests": sum(d["requests"].values()), "requests_by_operation": d["requests"],
-                    "staged_gets": d["staged_gets"], "staged_log_gets": d["staged_log_gets"],
-                    "peak_rss_mib": d["peak_rss_mib"], "work_dir_max_bytes": d["work_dir_max_bytes"]}
-                    for c in CONFIGS for d in [runs[c]]}})
+                    server_cpu = server.cpu_seconds()
+                    doc = _compaction(server, store, topic, verify, swap, work)
+                    after = server.cpu_seconds()
+                doc["server_cpu_seconds"] = None if server_cpu is None or after is None else after - server_cpu
+                runs[_label(verify, swap)].append(doc)
+            print(f"  {mib} MiB round {round_no + 1}/{repeat}: local {locals_[-1]['seconds']:.2f} s, "
+                  + ", ".join(f"{label} {r[-1]['seconds']:.2f} s" for label, r in runs.items()), file=sys.stderr)
+        path.unlink()
+        size = len(segment.log)
+        loc = _best(locals_)
+        configs = {}
+        for label, docs in runs.items():
+            d = _best(docs)
+            segments = d["segments"]
+            configs[label] = {
+                "verify": label.split(" + ")[0], "swap_asked": label.split(" + ")[1], "swap": d["swap"],
+                "s3_seconds": round(d["seconds"], 3), "s3_mib_per_s": round(size / MIB / d["seconds"], 1),
+                "ratio_s3_to_local": round(loc["seconds"] / d["seconds"], 3),
+                "cpu_seconds": round(d["cpu_seconds"], 3),
+                "cpu_x_local": round(d["cpu_seconds"] / loc["cpu_seconds"], 3),
+                "cpu_x_local_by_round": [round(r["cpu_seconds"] / lr["cpu_seconds"], 3)
+                                         for r, lr in zip(docs, locals_, strict=True)],
+                "server_cpu_seconds": (round(d["server_cpu_seconds"], 3)
+                                       if d.get("server_cpu_seconds") is not None else None),
+                "requests": sum(d["requests"].values()), "requests_by_operation": d["requests"],
+                "bytes_sent": d["bytes_sent"], "bytes_received": d["bytes_received"],
+                "new_log_bytes": segments[0]["bytes_after"],
+                "staged_gets": d["staged_gets"], "staged_log_gets": d["staged_log_gets"],
+                "peak_rss_mib": d["peak_rss_mib"], "work_dir_max_bytes": d["work_dir_max_bytes"]}
+        rows.append({"segment_mib": mib, "segment_bytes": size, "bytes_out": loc["bytes_out"],
+                     "local_seconds": round(loc["seconds"], 3),
+                     "local_mib_per_s": round(size / MIB / loc["seconds"], 1),
+                     "local_cpu_seconds": round(loc["cpu_seconds"], 3), "local_peak_rss_mib": loc["peak_rss_mib"],
+                     "configs": configs})
     return rows
+
+
+def _print_rewrite(rows: list[dict[str, Any]], server: Server) -> None:
+    print(f"\n{'segment':>8} {'verify + swap (used)':<26} {'MiB/s':>6} {'/local':>6} {'CPU s':>6} {'xlocal':>6} "
+          f"{'server':>6} {'reqs':>5} {'MiB up':>7} {'MiB down':>8} {'staged':>6} {'RSS':>8} {'disk':>8}")
+    for row in rows:
+        print(f"{row['segment_mib']:>4} MiB {'local rewrite':<26} {row['local_mib_per_s']:>6.1f} {'':>6} "
+              f"{row['local_cpu_seconds']:>6.2f} {'1.00':>6} {'':>6} {'':>5} {'':>7} {'':>8} {'':>6} "
+              f"{row['local_peak_rss_mib']:>4.0f} MiB {'':>8}")
+        for label, c in row["configs"].items():
+            used = f"{label} ({c['swap']})" if c["swap_asked"] == AUTO_SWAP else label
+            server_cpu = f"{c['server_cpu_seconds']:>6.2f}" if c["server_cpu_seconds"] is not None else f"{'n/a':>6}"
+            print(f"{row['segment_mib']:>4} MiB {used:<26} {c['s3_mib_per_s']:>6.1f} {c['ratio_s3_to_local']:>6.2f} "
+                  f"{c['cpu_seconds']:>6.2f} {c['cpu_x_local']:>6.2f} {server_cpu} {c['requests']:>5} "
+                  f"{c['bytes_sent'] / MIB:>7.1f} {c['bytes_received'] / MIB:>8.1f} {c['staged_gets']:>6} "
+                  f"{c['peak_rss_mib']:>4.0f} MiB {c['work_dir_max_bytes'] / MIB:>4.0f} MiB")
+    print(f"\nMiB/s: the segment's bytes over the wall time; /local: that time over the local rewrite's (wall). "
+          f"CPU s: the client's CPU seconds, every thread's;\nxlocal: over the local rewrite's (least of the "
+          f"rounds each); server: the {server.kind} server's CPU seconds meanwhile. MiB up / down: object bodies "
+          "sent and received.\nstaged: GETs of staged objects. RSS: the process's peak. disk: the most it held "
+          "in files of its work directory.")
+    for row in rows:
+        c = row["configs"][DEFAULT_CONFIG]
+        verdict = "within" if c["cpu_x_local"] <= CPU_TARGET else "ABOVE"
+        print(f"{row['segment_mib']} MiB, {DEFAULT_CONFIG} ({c['swap']}): client CPU {c['cpu_x_local']:.2f}x the local "
+              f"rewrite's ({verdict} the {CPU_TARGET:.2f}x target; by round: "
+              f"{', '.join(f'{x:.2f}' for x in c['cpu_x_local_by_round'])}); the staged .log downloaded "
+              f"{c['staged_log_gets']} times; uploaded {c['bytes_sent'] / c['new_log_bytes']:.2f}x the new .log's "
+              f"bytes; {c['requests']} requests")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--objects", type=int, default=100_000, help="objects in the scanned bucket")
+    parser.add_argument("--store", choices=STORES, default="moto",
+                        help="the S3 server to start on loopback for the compactions (default: %(default)s)")
+    parser.add_argument("--endpoint", default=None, metavar="URL",
+                        help="compact against this S3 endpoint instead (credentials from the environment; the "
+                             "bucket is created if absent; the server's CPU is not measured)")
+    parser.add_argument("--bucket", default="tiering-bench", help="the bucket used (default: %(default)s)")
+    parser.add_argument("--objects", type=int, default=None,
+                        help="objects in the scanned bucket (moto only; default 100000 with moto, 0 otherwise; "
+                             "0 skips the scan)")
     parser.add_argument("--segment-mib", type=int, nargs="+", default=[64, 256, 1024],
                         help="sizes of the segments compacted through S3 (default: %(default)s)")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds of the rewrite comparison (best is kept)")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds (the least of each is kept)")
+    parser.add_argument("--pin-server", action="store_true",
+                        help="run the server on the last CPU and everything measured on the others, so that the "
+                             "server's work does not share (and slow) the client's cores")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_s3.json")
     args = parser.parse_args(argv)
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # moto accepts any; never a real account here
-        os.environ[name] = "bench"
-    os.environ.pop("AWS_ENDPOINT_URL", None)
+    kind = "endpoint" if args.endpoint else args.store
+    objects = args.objects if args.objects is not None else (100_000 if kind == "moto" else 0)
+    if objects and kind != "moto":
+        parser.error("--objects: the scan is measured on moto only (it seeds moto's backend directly)")
+    if kind != "endpoint":
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # a server started here: never a real account
+            os.environ[name] = "bench"
+        os.environ.pop("AWS_ENDPOINT_URL", None)
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    print(f"scan of {args.objects:,} objects ...", file=sys.stderr)
-    scan_doc = bench_scan(args.objects)
-    print(f"compaction of {args.segment_mib} MiB segments through S3 and locally ...", file=sys.stderr)
-    rewrite_doc = bench_rewrite(args.segment_mib, args.repeat)
-    doc = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
-           "scan": scan_doc, "rewrite": rewrite_doc}
+    doc: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "store": {"kind": kind, "endpoint": redact_url(args.endpoint) if args.endpoint else None}}
+    if objects:
+        print(f"scan of {objects:,} objects ...", file=sys.stderr)
+        doc["scan"] = bench_scan(objects)
+    print(f"compaction of {args.segment_mib} MiB segments through S3 ({kind}) and locally ...", file=sys.stderr)
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin_server and (kind == "endpoint" or len(cpus) < 2):
+        parser.error("--pin-server needs a server started here and at least two CPUs")
+    doc["pinned"] = {"server": cpus[-1:], "client": cpus[:-1]} if args.pin_server else None
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        if args.pin_server:  # the server (and every thread it starts) inherits this affinity
+            os.sched_setaffinity(0, cpus[-1:])
+        server = stack.enter_context(s3_server(args.store, args.endpoint, args.bucket, Path(tmp)))
+        if args.pin_server:  # and the local rewrite and the compactions, this one
+            os.sched_setaffinity(0, cpus[:-1])
+        doc["rewrite"] = rows = bench_rewrite(server, args.segment_mib, args.repeat, Path(tmp))
+    if len(rows) > 1:
+        low, high = rows[0], rows[-1]
+        growth = high["configs"][DEFAULT_CONFIG]["peak_rss_mib"] / low["configs"][DEFAULT_CONFIG]["peak_rss_mib"]
+        doc["rss_growth"] = {"config": DEFAULT_CONFIG, "from_mib": low["segment_mib"], "to_mib": high["segment_mib"],
+                             "ratio": round(growth, 3)}
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
-    s = scan_doc
-    print(f"\n{'scan':<44} {'value':>14}")
-    for name, value in (
-        (f"objects ({s['partitions']} partitions)", f"{s['objects']:,}"),
-        ("wall seconds (moto server included)", f"{s['seconds']:.1f}"),
-        ("CPU seconds of the scanner process", f"{s['cpu_seconds']:.1f}"),
-        ("peak RSS of the scanner process", f"{s['peak_rss_mib']:.0f} MiB"),
-    ):
-        print(f"{name:<44} {value:>14}")
-    print(f"\n{'segment':>8} {'verify + swap':<20} {'MiB/s':>7} {'local':>7} {'ratio':>6} {'CPU ratio':>9} "
-          f"{'requests':>8} {'staged GETs':>11} {'peak RSS':>9} {'on disk':>8}")
-    for row in rewrite_doc:
-        for label, c in row["configs"].items():
-            print(f"{row['segment_mib']:>4} MiB {label:<20} {c['s3_mib_per_s']:>7.1f} {row['local_mib_per_s']:>7.1f} "
-                  f"{c['ratio_s3_to_local']:>6.2f} {c['cpu_ratio_s3_to_local']:>9.2f} {c['requests']:>8} "
-                  f"{c['staged_gets']:>11} {c['peak_rss_mib']:>5.0f} MiB {c['work_dir_max_bytes'] / MIB:>4.0f} MiB")
-    copy = _label(Verify.CHECKSUM, Swap.COPY)
-    if len(rewrite_doc) > 1:
-        low, high = rewrite_doc[0], rewrite_doc[-1]
-        growth = high["configs"][copy]["peak_rss_mib"] / low["configs"][copy]["peak_rss_mib"]
-        doc["rss_growth"] = {"config": copy, "from_mib": low["segment_mib"], "to_mib": high["segment_mib"],
-                             "ratio": round(growth, 3)}
-        args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
-        print(f"\npeak RSS at {high['segment_mib']} MiB / at {low['segment_mib']} MiB ({copy}): {growth:.2f}")
+    if "scan" in doc:
+        s = doc["scan"]
+        print(f"\n{'scan':<44} {'value':>14}")
+        for name, value in (
+            (f"objects ({s['partitions']} partitions)", f"{s['objects']:,}"),
+            ("wall seconds (moto server included)", f"{s['seconds']:.1f}"),
+            ("CPU seconds of the scanner process", f"{s['cpu_seconds']:.1f}"),
+            ("peak RSS of the scanner process", f"{s['peak_rss_mib']:.0f} MiB"),
+        ):
+            print(f"{name:<44} {value:>14}")
+    _print_rewrite(rows, server)
+    if "rss_growth" in doc:
+        g = doc["rss_growth"]
+        print(f"peak RSS at {g['to_mib']} MiB / at {g['from_mib']} MiB ({DEFAULT_CONFIG}): {g['ratio']:.2f}")
     print(f"\nJSON: {args.json_out}")
     return 0
 

@@ -861,3 +861,18 @@ def test_partition_compact_keys_writes_a_whole_partition_directory(tmp_path: Pat
     assert code == 2
     assert "unfinished cleaning or swap" in err
     assert not (tmp_path / "o4").exists()
+    (part / "00000000000000000000.log.swap").unlink()
+    # A key map of 72 bytes: 3 slots, full at 2 keys (int(3 * 0.9)), as --max-keys 2: the pass ends at the
+    # offset of the third key's first record, where a broker's cleaner with that buffer would end it.
+    ends = []
+    for n, bound in enumerate((["--key-map-bytes", "72"], ["--max-keys", "2"])):
+        code, out, err = _cli("partition", "compact-keys", part, "--out", tmp_path / f"b{n}", "--now-ms", t0,
+                              "--json", *bound)
+        assert code == 0, err
+        ends.append(json.loads(out)["end_offset"])
+    assert ends == [2, 2]
+    for bad, says in ((["--key-map-bytes", "23"], "at least 24 bytes"), (["--key-map-bytes", "1.5MiB"], "128MiB"),
+                      (["--key-map-bytes", "1MiB", "--max-keys", "3"], "not allowed with")):
+        code, _, err = _cli("partition", "compact-keys", part, "--out", tmp_path / "b9", *bad)
+        assert code == 2
+        assert says in err

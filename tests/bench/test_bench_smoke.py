@@ -61,15 +61,41 @@ def test_s3_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     assert doc["scan"]["segments"] == 200
     assert [row["segment_mib"] for row in doc["rewrite"]] == [1, 2]
     for row in doc["rewrite"]:
-        before, after = row["configs"]["read-back + put"], row["configs"]["checksum + copy"]
+        before, after = row["configs"]["read-back + put"], row["configs"]["checksum + auto"]
+        assert after["swap"] == "put"  # moto ignores a copy's If-Match: the probe chooses the PUT swap
         assert after["ratio_s3_to_local"] > 0
-        # Read back at staging, then downloaded for the PUT swap; by checksum and copy: never read.
-        assert (before["staged_log_gets"], after["staged_log_gets"], after["staged_gets"]) == (2, 0, 0)
-        assert after["requests"] < before["requests"]
-        assert after["work_dir_max_bytes"] == 0
+        assert after["cpu_x_local"] > 0
+        assert after["server_cpu_seconds"] > 0
+        # Read back at staging, then downloaded for the PUT swap; by checksum: read once, for the PUT.
+        assert (before["staged_log_gets"], after["staged_log_gets"]) == (2, 1)
+        assert row["configs"]["checksum + put"]["requests"] < before["requests"]  # auto adds the swap probe's
         assert after["peak_rss_mib"] > 0
     assert doc["rss_growth"]["from_mib"] == 1
-    assert "checksum + copy" in proc.stdout
+    assert "checksum + auto (put)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_s3_bench_on_seaweedfs_swaps_by_copy_and_uploads_the_new_log_once(tmp_path: Path) -> None:
+    from tests.s3 import seaweedfs
+
+    seaweedfs.require()
+    out = tmp_path / "bench_s3.json"
+    proc = subprocess.run([sys.executable, str(BENCH.parent / "bench_s3.py"), "--store", "seaweedfs", "--segment-mib",
+                           "2", "--repeat", "1", "--json-out", str(out)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert "scan" not in doc
+    assert doc["store"]["kind"] == "seaweedfs"
+    (row,) = doc["rewrite"]
+    c = row["configs"]["checksum + auto"]
+    assert c["swap"] == "copy"
+    assert (c["staged_gets"], c["work_dir_max_bytes"]) == (0, 0)  # never downloaded, never spooled
+    # Sent: the new .log once, its indexes and the protocol's documents; received: the source .log once.
+    assert c["new_log_bytes"] <= c["bytes_sent"] < c["new_log_bytes"] * 1.1
+    assert row["segment_bytes"] <= c["bytes_received"] < row["segment_bytes"] * 1.1
+    assert c["server_cpu_seconds"] > 0
+    assert "checksum + auto (copy)" in proc.stdout
 
 
 @pytest.mark.slow

@@ -56,6 +56,7 @@ from tiering.storage.store import S3Store
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 GOLDEN: Final = ROOT / "tests" / "data" / "golden" / "logdir"
+ACCESS_KEY: Final = "testing"
 CANARY: Final = "chaos-canary-7Qx2vL9pZr4KfT8wN3sJ"  # the secret key every CLI process gets; never to be printed
 EXIT_CODES: Final = frozenset({0, 1, 2, 3, 4, 75})
 LEASE_TTL: Final = 3  # seconds: a killed run's lease expires quickly enough for a bounded wait
@@ -102,8 +103,8 @@ STEPS: Final[dict[str, Callable[[Request], bool]]] = {
     "journal": lambda r: r.method == "PUT" and _under(r, "journal"),
     "backup-copy": lambda r: r.method == "PUT" and _under(r, "backup") and _copy(r),
     "index-delete": lambda r: r.method == "DELETE" and _is_final(r, *INDEXES),
-    "log-swap": lambda r: (r.method == "PUT" and _is_final(r, LOG_SUFFIX) and not _copy(r)
-                           and r.header("If-Match") is not None),
+    # a PutObject, or a CopyObject of the staged .log where the store honours a copy's If-Match (SeaweedFS)
+    "log-swap": lambda r: r.method == "PUT" and _is_final(r, LOG_SUFFIX) and r.header("If-Match") is not None,
     "index-put": lambda r: r.method == "PUT" and _is_final(r, *INDEXES) and not _copy(r),
     "state": lambda r: r.method == "PUT" and _under(r, "state"),
     "journal-delete": lambda r: r.method == "DELETE" and _under(r, "journal"),
@@ -194,8 +195,8 @@ class Lab:
         self._buckets = 0
 
     def store(self, bucket: str) -> S3Store:
-        """A client straight to moto (no proxy), as the harness's own tools use it."""
-        session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
+        """A client straight to the store (no proxy), as the harness's own tools use it."""
+        session = boto3.session.Session(aws_access_key_id=ACCESS_KEY, aws_secret_access_key=CANARY,
                                         region_name="us-east-1")
         config = Config(retries={"mode": "standard", "total_max_attempts": 5})
         return S3Store(session.client("s3", endpoint_url=self.endpoint, config=config), bucket)
@@ -244,7 +245,7 @@ def cli_env(endpoint: str, source: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     if source is not None:
         env["PYTHONPATH"] = str(source)
-    env.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY=CANARY,
+    env.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=CANARY,
                AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull,
                AWS_EC2_METADATA_DISABLED="true")
     return env

@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from tests.golden import GOLDEN, SEGMENTS, index_path, log_path
-from tiering.kafka.codecs import Codec
+from tiering.kafka.codecs import Codec, compress
 from tiering.kafka.index import build_indexes
+from tiering.kafka.reader import iter_batches
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
-from tiering.kafka.segment import check_indexes, iter_decoded, verify_segment
+from tiering.kafka.segment import check_indexes, iter_decoded, payload_of, records_section, verify_segment
 
 
 def _verify(data: bytes, base: int) -> Any:
@@ -122,3 +123,16 @@ def test_rewrite_to_zstd_shrinks_weakly_compressed_segments(tmp_path: Path) -> N
     assert result.stats.batches_rewritten == seg["batch_count"]
     assert result.stats.bytes_out < 0.8 * result.stats.bytes_in
     assert result.stats.codecs_after == {"zstd": seg["batch_count"]}
+
+
+@pytest.mark.parametrize("path", [GOLDEN / "logdir/events-gzip-0/00000000000000000000.log",
+                                  GOLDEN.parent / "broker/fx.java.gzip-0/00000000000000000000.log"],
+                         ids=["golden", "broker"])
+def test_gzip_batches_we_compress_are_the_ones_java_wrote(path: Path) -> None:
+    """Each gzip batch Kafka's Java producer wrote, its records compressed again by us at Kafka's default
+    level: the same payload, byte for byte (java.util.zip's header, zlib's deflate)."""
+    batches = [b for b in iter_batches(io.BytesIO(path.read_bytes())) if b.header.codec is Codec.GZIP]
+    assert len(batches) >= 10
+    for b in batches:
+        written = bytes(records_section(b.data))
+        assert compress(Codec.GZIP, payload_of(b), level=6) == written, b.header.base_offset

@@ -29,7 +29,7 @@ import pytest
 
 from tests.golden import by_topic, log_path
 from tiering.kafka.builder import BatchSpec, build_batch
-from tiering.kafka.codecs import Codec, decompress
+from tiering.kafka.codecs import Codec, compress, decompress
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
@@ -260,3 +260,10 @@ def test_we_read_java_compression(java_compressed: dict[tuple[str, Codec], bytes
         assert compressed[5] == 0x40  # 64 KiB blocks
         # magic v1 takes the same frames; magic v0 would need Kafka 0.8's wrong header checksum.
         assert decompress(codec, compressed, magic=1) == original
+
+
+@pytest.mark.parametrize("payload", [p for p in _payloads() if p != "empty"])
+def test_our_gzip_is_byte_for_byte_javas(java_compressed: dict[tuple[str, Codec], bytes], payload: str) -> None:
+    """GZIPOutputStream at Kafka's default level (Deflater's default, 6) and ours: the same bytes, header
+    (XFL 0, OS 255) and trailer included, so a batch we compress to gzip is the one the broker would write."""
+    assert compress(Codec.GZIP, _payloads()[payload], level=6) == java_compressed[payload, Codec.GZIP]

@@ -6,8 +6,8 @@ plain producer, an idempotent one, a transactional one that commits and aborts) 
 ``compact`` and the broker's cleaner runs one pass. ``tiering.kafka.keycompact`` cleans the copy; both
 results must hold the same batches (offsets, producer fields, markers, horizons set or not, records with
 offset, timestamp, key, value and headers) and the same ``.txnindex`` entries; at the cleaner's clock (read
-back from the delete horizon it stamped), the same bytes, segment by segment, with the same indexes
-(uncompressed records: a rebuilt batch's bytes do not depend on a compressor's implementation).
+back from the delete horizon it stamped), the same bytes, segment by segment, with the same indexes.
+A second topic of gzip records: the batches the cleaner rebuilds (java.util.zip) are ours byte for byte.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from tiering.kafka.keycompact import (
     CleanStats,
     Segment,
     compact_partition,
+    keys_in_map,
     parse_txn_index,
 )
 from tiering.kafka.reader import iter_batches
@@ -277,25 +279,42 @@ def _check_s3_path(partition: Path, theirs: dict[int, Path], pass_time: int) -> 
     note(f"key compaction: the S3 path swapped {len(theirs)} segments, each equal to the cleaner's files")
 
 
+def _broker_with_topic(tmp_path: Path, topic_configs: dict[str, str], **extra: str) -> Broker:
+    """A started broker (its cleaner backing off 200 ms between looks) holding TOPIC, one partition."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    broker = Broker(tmp_path / "data", tmp_path / "logs", extra={"log.cleaner.backoff.ms": "200", **extra})
+    broker.start()
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=30000)
+        admin.create_topics([NewTopic(TOPIC, 1, 1, topic_configs=topic_configs)])
+        admin.close()
+    except BaseException:
+        broker.stop()
+        raise
+    return broker
+
+
+def _copied_aside(broker: Broker, to: Path, at_least: int) -> list[Segment]:
+    """The partition's files as the (stopped) broker left them, copied to ``to``: at least ``at_least``
+    segments."""
+    shutil.copytree(broker.data_dir / f"{TOPIC}-0", to)
+    segments = _segments(to)
+    assert len(segments) >= at_least, [s.name for s in segments]
+    return segments
+
+
 def test_key_compaction_equals_kafka_s_log_cleaner_over_two_passes(tmp_path: Path) -> None:
     """Pass 1 with delete.retention.ms 0: tombstones and markers are stamped with the pass's own time, which
     gives the cleaner's clock. Pass 2, over the cleaner's output and a second round of records: the stamped
     tombstones go, markers whose data is gone are stamped."""
-    broker = Broker(tmp_path / "data", tmp_path / "logs", extra={"log.cleaner.backoff.ms": "200"})
-    broker.start()
+    broker = _broker_with_topic(tmp_path, {"internal.segment.bytes": "16384"})
     try:
-        from kafka.admin import KafkaAdminClient, NewTopic
-
-        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=30000)
-        admin.create_topics([NewTopic(TOPIC, 1, 1, topic_configs={"internal.segment.bytes": "16384"})])
-        admin.close()
         note(f"key compaction: produced {_produce(broker.bootstrap)}")
     finally:
         broker.stop()
     partition = broker.data_dir / f"{TOPIC}-0"
-    shutil.copytree(partition, tmp_path / "round1")
-    first = _segments(tmp_path / "round1")
-    assert len(first) >= 6, [s.name for s in first]
+    first = _copied_aside(broker, tmp_path / "round1", 6)
 
     broker.start()
     try:
@@ -370,3 +389,97 @@ def test_key_compaction_equals_kafka_s_log_cleaner_over_two_passes(tmp_path: Pat
     assert not set(served) & aborted
     assert all(source[o] == kv for o, kv in served.items())  # every record served is the source's, unchanged
     assert _latest(served) == _latest({o: kv for o, kv in source.items() if o not in aborted and kv[0] is not None})
+
+
+def test_gzip_batches_the_cleaner_rebuilds_are_ours_byte_for_byte(tmp_path: Path) -> None:
+    """gzip records (librdkafka's gzip, OS byte 3): the cleaner rebuilds every batch that loses records with
+    java.util.zip (XFL 0, OS 255) at gzip's default level, and so do we; at the cleaner's clock the cleaned
+    log is the same bytes as ours (segments merged by the cleaner compared as one log)."""
+    from confluent_kafka import Producer
+
+    broker = _broker_with_topic(tmp_path, {"internal.segment.bytes": "16384"})
+    try:
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "gzip", "linger.ms": 2,
+                             "batch.size": 3000, "enable.idempotence": False, "acks": "1"})
+        rnd = random.Random(5)
+        for i in range(3000):
+            key = b"key-%03d" % rnd.randrange(KEYS)
+            value = None if rnd.random() < 0.05 else b'{"i": %d, "v": "%s"}' % (i, b"g" * rnd.randrange(10, 90))
+            producer.produce(TOPIC, value=value, key=key)
+            if i % 250 == 249:
+                producer.flush(30)
+        producer.flush(30)
+    finally:
+        broker.stop()
+    partition = broker.data_dir / f"{TOPIC}-0"
+    segments = _copied_aside(broker, tmp_path / "before", 4)
+    broker.start()
+    try:
+        _set_configs(broker.bootstrap, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0",
+                                        "delete.retention.ms": "0"})
+        _wait_cleaned(broker, segments[-1].base_offset)
+    finally:
+        broker.stop()
+    theirs = _files(partition, segments[-1].base_offset)
+    (pass_time,) = _horizons(theirs)  # the tombstones the pass kept, stamped at its own time
+    rebuilt = [b for p in theirs.values() for b in iter_batches(io.BytesIO(p.read_bytes()))
+               if b.header.codec.label == "gzip" and b.data[61 + 9] == 0xFF]
+    assert rebuilt, "the cleaner rebuilt no gzip batch"
+    stats = _check_pass(segments, theirs, pass_time, 0, merges=len(theirs) < len(segments) - 1)
+    assert stats.superseded_dropped > 0
+    note(f"key compaction, gzip: {len(rebuilt)} batches rebuilt by the cleaner, the cleaned log ours byte for byte")
+
+
+def _dirty_sections(broker: Broker) -> list[tuple[int, int]]:
+    """Each pass of the cleaner over the topic, as its log states it: (first dirty offset, end offset)."""
+    text = (broker.logs_dir / "server.log").read_text(errors="replace")
+    return [(int(a), int(b)) for a, b in re.findall(rf"cleaned log {re.escape(TOPIC)}-0 \(dirty section = \[(\d+), "
+                                                    r"(\d+)\]\)", text)]
+
+
+def test_a_key_map_of_the_broker_s_size_ends_a_pass_where_the_cleaner_s_does(tmp_path: Path) -> None:
+    """The broker's dedupe buffer at its minimum (just over 1 MiB a cleaner thread) maps 39,378 keys; a
+    partition with more distinct keys takes the cleaner two passes. Our pass over the same files with
+    ``keys_in_map`` of the same buffer ends at the offset the cleaner's first pass ended at, and a pass from
+    there ends where its second did."""
+    buffer = 1024 * 1024 + 24 * 64
+    capacity = keys_in_map(buffer)
+    assert capacity == int((buffer // 24) * 0.9)
+    from confluent_kafka import Producer
+
+    broker = _broker_with_topic(tmp_path, {"internal.segment.bytes": str(256 * 1024)},
+                                **{"log.cleaner.dedupe.buffer.size": str(buffer)})
+    try:
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "none", "linger.ms": 5,
+                             "enable.idempotence": False, "acks": "1"})
+        rnd = random.Random(3)
+        for i in range(capacity * 3 // 2):
+            key = i if i % 5 else rnd.randrange(i + 1)  # new keys, and updates of earlier ones
+            producer.produce(TOPIC, key=b"k%06d" % key, value=b"%d" % i)
+            if i % 10_000 == 0:
+                producer.flush(30)
+        producer.flush(30)
+    finally:
+        broker.stop()
+    segments = _copied_aside(broker, tmp_path / "before", 3)
+    broker.start()
+    try:
+        _set_configs(broker.bootstrap, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0"})
+        deadline = time.monotonic() + 120
+        while len(_dirty_sections(broker)) < 2:
+            assert time.monotonic() < deadline, broker.tail()
+            time.sleep(0.3)
+    finally:
+        broker.stop()
+    (start1, end1), (start2, end2) = _dirty_sections(broker)[:2]
+    assert (start1, start2) == (0, end1)
+    assert end1 < segments[-1].base_offset  # the map filled up: the first pass ended early
+    now = int(time.time() * 1000)
+    facts, _ = compact_partition(segments, CleanOptions(now_ms=now, max_keys=capacity), CleanStats())
+    assert len(facts.key_map) == capacity
+    assert facts.end_offset == end1
+    again, _ = compact_partition(segments, CleanOptions(now_ms=now, max_keys=capacity, first_dirty_offset=end1),
+                                 CleanStats())
+    assert again.end_offset == end2
+    note(f"key compaction: a {buffer:,}-byte key map ({capacity:,} keys) ended the first pass at {end1:,}, "
+         f"the second at {end2:,}, as the broker's cleaner did")

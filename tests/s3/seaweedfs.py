@@ -88,18 +88,23 @@ class Seaweed:
     access_key: str
     secret_key: str
     log: Path
+    pid: int  # the weed process (its CPU time is the server's)
 
 
 @contextlib.contextmanager
-def weed_mini(workdir: Path) -> Iterator[Seaweed]:
+def weed_mini(workdir: Path, *, access_key: str = ACCESS_KEY, secret_key: str = SECRET_KEY) -> Iterator[Seaweed]:
     """A `weed mini` on 127.0.0.1 (free ports, no telemetry, no WebDAV, admin UI or catalogs) with its data
-    under ``workdir``, for the duration of the block."""
+    under ``workdir``, for the duration of the block; requests must be signed with the credentials given.
+
+    Its volumes are counted from the free disk, and a deleted object's space comes back only when its volume
+    is vacuumed, a bucket's as soon as the bucket is deleted: users of a long-lived server delete their
+    buckets, or every PUT ends in a 500 (no writable volume) once the disk's worth has been written."""
     weed = require()
     data = workdir / "data"
     data.mkdir(parents=True)
     config = workdir / "s3.json"
     config.write_text(json.dumps({"identities": [{
-        "name": "tiering", "credentials": [{"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}],
+        "name": "tiering", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
         "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}))
     master, volume, filer, s3 = _free_ports(4)
     args = [str(weed), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
@@ -119,7 +124,7 @@ def weed_mini(workdir: Path) -> Iterator[Seaweed]:
                 raise RuntimeError(f"weed mini did not start (exit {proc.poll()}); its log ends: "
                                    + log.read_text(errors="replace")[-2000:])
             time.sleep(0.3)
-        yield Seaweed(endpoint, ACCESS_KEY, SECRET_KEY, log)
+        yield Seaweed(endpoint, access_key, secret_key, log, proc.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
@@ -23,6 +24,7 @@ from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.objects import copy_honours_if_match, delete_honours_etag
 from tiering.storage.store import (
+    MIN_PART_BYTES,
     ObjectAttrs,
     ObjectNotFound,
     PreconditionFailed,
@@ -42,7 +44,7 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seaweed]:
 
 
 @pytest.fixture
-def store(seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> S3Store:
+def store(seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[S3Store]:
     monkeypatch.setenv("AWS_ENDPOINT_URL", seaweed.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_key)
@@ -50,7 +52,8 @@ def store(seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch, request: pytest.Fix
     name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:50].strip("-")
     client = make_client()
     client.create_bucket(Bucket=name)
-    return S3Store(client, name)
+    yield S3Store(client, name)
+    _empty(S3Store(client, name), recreate=False)
 
 
 def test_it_refuses_what_the_protocol_relies_on(store: S3Store) -> None:
@@ -80,6 +83,34 @@ def test_it_refuses_what_the_protocol_relies_on(store: S3Store) -> None:
                                 ChecksumCRC32C="AAAAAA==")
     assert refused.value.response["Error"]["Code"] == "BadDigest"  # which the store translates as retryable
     assert isinstance(translate(refused.value, bucket=store.bucket, key="c", action="put_object"), TransportError)
+
+
+def test_uploads_carry_a_checksum_instead_of_a_signed_payload(store: S3Store,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over plain HTTP botocore would SHA-256 every uploaded byte to sign it; the client sends S3's
+    UNSIGNED-PAYLOAD instead, and every body carries a checksum the store checks (ours, or botocore's CRC32
+    even where the environment asks for checksums only when required)."""
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
+    s = S3Store(make_client(), store.bucket)
+    sent: list[tuple[str, str, list[str]]] = []
+
+    def seen(request: Any, **_: Any) -> None:
+        checksums = sorted(k.lower() for k in request.headers if k.lower().startswith("x-amz-checksum-"))
+        sent.append((request.method, request.headers["X-Amz-Content-SHA256"].decode(), checksums))
+
+    s.client.meta.events.register("before-send.s3", seen)
+    s.put("plain", b"a JSON document")
+    big = os.urandom(2 * MIN_PART_BYTES + 10)
+    with s.writer("big", part_bytes=MIN_PART_BYTES, checksum=True) as out:
+        for at in range(0, len(big), 1 << 20):
+            out.write(big[at : at + (1 << 20)])
+        out.finish()
+    assert s.get("big") == big
+    assert s.get("plain") == b"a JSON document"
+    uploads = [(sha, checks) for method, sha, checks in sent if method == "PUT"]
+    assert [sha for sha, _ in uploads] == ["UNSIGNED-PAYLOAD"] * 4  # the PUT and the three parts
+    assert uploads[0][1] == ["x-amz-checksum-crc32"]  # botocore's, though the environment said when_required
+    assert all(checks == ["x-amz-checksum-crc32c"] for _, checks in uploads[1:])  # ours, part by part
 
 
 def test_a_compaction_swaps_by_server_side_copy_and_rolls_back_byte_for_byte(store: S3Store) -> None:
@@ -139,12 +170,17 @@ def test_the_pinned_versions_agree() -> None:
     assert f'version="{VERSION}"' in script
 
 
-def _empty(store: S3Store) -> None:
-    """Every object and upload of the bucket gone (the next trial starts from an empty bucket)."""
+def _empty(store: S3Store, *, recreate: bool = True) -> None:
+    """Every object and upload of the bucket gone, and the bucket itself (the next trial starts from an empty
+    bucket, created again). SeaweedFS frees a deleted object's space only when it vacuums its volume, but a
+    bucket's at once (its volumes go with it): without this, a long suite runs out of writable volumes."""
     store.delete_many([(o.key, o.etag) for o in store.list("")])
     for key, upload_id, _ in store.list_uploads(""):
         store.abort_upload(key, upload_id)
     assert not list(store.list(""))
+    store.client.delete_bucket(Bucket=store.bucket)
+    if recreate:
+        store.client.create_bucket(Bucket=store.bucket)
 
 
 def test_crash_at_every_call_then_rerun_converges(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:

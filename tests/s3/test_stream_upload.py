@@ -5,12 +5,15 @@ CRC-32C S3 reports for what it stored."""
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 from typing import Any
 
 import crc32c
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.s3.hooks import Step
 from tiering.errors import ProofError, StorageError
@@ -142,3 +145,35 @@ def test_a_store_reporting_another_crc_fails_loudly() -> None:
     data = os.urandom(2 * MIN_PART_BYTES)
     with pytest.raises(ChecksumMismatch):
         _upload(Wrong("b"), data)
+
+
+@settings(max_examples=40, deadline=None)
+@given(pieces=st.lists(st.integers(min_value=0, max_value=3 * MIN_PART_BYTES), max_size=6),
+       seed=st.integers(min_value=0, max_value=2**32 - 1))
+def test_any_sequence_of_writes_arrives_whole_in_parts_of_the_set_size(pieces: list[int], seed: int) -> None:
+    """The part being filled is reused once the first one went out: writes of any size, across part
+    boundaries or exactly on them, arrive byte for byte, and every part but the last has the part size."""
+    data = random.Random(seed).randbytes(sum(pieces))
+    mem = _Parts()
+    with mem.writer("k", part_bytes=MIN_PART_BYTES, checksum=True) as out:
+        at = 0
+        for n in pieces:
+            out.write(data[at : at + n])
+            at += n
+        out.finish()
+    assert mem.get("k") == data
+    sizes = [size for _, size in sorted(mem.sizes)]
+    assert all(size == MIN_PART_BYTES for size in sizes[:-1])
+    assert len(sizes) == (0 if len(data) <= MIN_PART_BYTES else -(-len(data) // MIN_PART_BYTES))
+
+
+class _Parts(MemoryStore):
+    """Records the number and size of each part sent (from the upload's threads)."""
+
+    def __init__(self) -> None:
+        super().__init__("bkt")
+        self.sizes: list[tuple[int, int]] = []
+
+    def _part(self, key: str, upload_id: str, number: int, data: bytes, checksum: bool) -> dict[str, Any]:
+        self.sizes.append((number, len(data)))
+        return super()._part(key, upload_id, number, data, checksum)

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from tiering import __version__
-from tiering.cli.args import int_at_least
+from tiering.cli.args import add_key_map_args, int_at_least, max_keys
 from tiering.cli.policy import add_policy_commands
 from tiering.cli.report import add_report_command
 from tiering.cli.s3 import add_s3_commands
@@ -271,11 +271,9 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
         raise ConfigError("--delete-retention-ms and --min-compaction-lag-ms must not be negative",
                           expected=">= 0", found=min(args.delete_retention_ms, args.min_compaction_lag_ms))
     codec = Codec.parse(args.codec) if args.codec else None
-    if args.max_keys is not None and args.max_keys < 1:
-        raise ConfigError("--max-keys must be at least 1", expected=">= 1", found=args.max_keys)
     options = CleanOptions(args.now_ms if args.now_ms is not None else int(time.time() * 1000),
                            args.delete_retention_ms, args.min_compaction_lag_ms, args.first_dirty_offset,
-                           args.max_keys, codec, check_level(codec, args.level) if codec is not None else None)
+                           max_keys(args), codec, check_level(codec, args.level) if codec is not None else None)
     done = compact_keys_dir(args.path, args.out, options)
     doc = {"path": str(args.path), "out": str(args.out), "now_ms": options.now_ms,
            "first_uncleanable_offset": done.facts.upper, "end_offset": done.facts.end_offset,
@@ -533,9 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-dirty-offset", type=int, default=0, metavar="OFFSET",
                    help="where the key map starts: the end_offset a previous pass printed (Kafka's cleaner "
                         "checkpoint; default 0)")
-    p.add_argument("--max-keys", type=int, default=None, metavar="N",
-                   help="the key map's bound (Kafka's dedupe buffer): a full map ends the pass early, at the "
-                        "end_offset it prints, and a pass from there goes on (default: no bound)")
+    add_key_map_args(p)
     p.add_argument("--codec", default=None, choices=CODEC_CHOICES,
                    help="codec of the batches rebuilt (default: each batch's own)")
     p.add_argument("--level", type=int, default=None, help="with --codec: its level (default: Kafka's)")

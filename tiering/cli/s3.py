@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
-from tiering.cli.args import int_at_least
+from tiering.cli.args import add_key_map_args, int_at_least, max_keys
 from tiering.cli.report import add_cost_args, cost_from_args
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.protocol import AUTO_SWAP, FAILED, Context, SegmentResult, SwapChoice
@@ -373,7 +373,7 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy) if args.policy else None
     options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
                                 args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds, policy,
-                                args.max_keys)
+                                max_keys(args))
     run_id = args.run_id or new_run_id()
     swap = SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap))
     ctx = Context(store, args.prefix, run_id, RewriteOptions(Codec.NONE), work_dir=args.work_dir,
@@ -607,10 +607,7 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p.add_argument("--min-age-minutes", type=int, default=DEFAULT_MIN_AGE_MINUTES,
                    help="segments uploaded less than this long ago (S3's LastModified) end the cleaned range "
                         "(default %(default)s)")
-    p.add_argument("--max-keys", type=int, default=None, metavar="N",
-                   help="bound each pass's key map (its memory) to N keys, as the broker's dedupe buffer does: a "
-                        "pass whose map fills up ends there and the partition remembers it, so the next run goes "
-                        "on from that offset (default: unbounded, one pass covers the partition)")
+    add_key_map_args(p)  # a pass whose map fills up ends there; the partition remembers where, for the next run
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
     p.add_argument("--work-dir", default=None,
                    help="directory for the cleaned segment being staged (default: the system's temp dir)")

@@ -91,11 +91,17 @@ def check_level(codec: Codec, level: int | None) -> int | None:
 # --- gzip -------------------------------------------------------------------------------------
 
 _GZIP_WBITS: Final = 31  # zlib: gzip container, 32 KiB window
+_DEFLATE_WBITS: Final = -15  # zlib: a raw deflate stream, 32 KiB window
+# The member header java.util.zip.GZIPOutputStream writes (Java 16 and later; a broker runs on 17+): no flags,
+# no time, XFL 0 whatever the level, OS 255 ("unknown"). zlib's own would say OS 3 (Unix) and set XFL by
+# level; with this one a batch we compress is byte for byte the broker's (the deflate stream is zlib's in both).
+_JAVA_GZIP_HEADER: Final = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
 
 
 def _gzip_compress(data: bytes | memoryview, level: int) -> bytes:
-    c = zlib.compressobj(level, zlib.DEFLATED, _GZIP_WBITS)
-    return c.compress(data) + c.flush()
+    c = zlib.compressobj(level, zlib.DEFLATED, _DEFLATE_WBITS)
+    trailer = zlib.crc32(data).to_bytes(4, "little") + (len(data) & 0xFFFFFFFF).to_bytes(4, "little")
+    return _JAVA_GZIP_HEADER + c.compress(data) + c.flush() + trailer
 
 
 _GZIP_FEED_FIRST: Final = 256

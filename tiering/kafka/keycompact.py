@@ -57,6 +57,20 @@ from tiering.kafka.reader import RawBatch, iter_batches
 from tiering.kafka.segment import DecodedBatch, OffsetOrder, decode_batch, iter_decoded
 
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
+# The broker's key map (SkimpyOffsetMap): a slot per key, its 16-byte MD5 and an 8-byte offset, in a buffer of
+# log.cleaner.dedupe.buffer.size bytes a cleaner thread (at most 2 GiB); a pass stops mapping keys once they
+# fill log.cleaner.io.buffer.load.factor of the slots.
+KEY_MAP_SLOT_BYTES: Final = 24
+KEY_MAP_LOAD_FACTOR: Final = 0.9
+DEFAULT_KEY_MAP_BYTES: Final = 128 * 1024 * 1024  # log.cleaner.dedupe.buffer.size's default
+_KEY_MAP_MAX_BYTES: Final = 2**31 - 1
+
+
+def keys_in_map(map_bytes: int) -> int:
+    """The distinct keys a pass maps before its key map is full, with ``map_bytes`` of it: where a broker's
+    cleaner with that dedupe buffer a thread ends the same pass."""
+    slots = min(map_bytes, _KEY_MAP_MAX_BYTES) // KEY_MAP_SLOT_BYTES
+    return int(slots * KEY_MAP_LOAD_FACTOR)
 NO_PRODUCER: Final = -1
 ABORT, COMMIT = 0, 1  # control record types (the key's second int16)
 _TXN_ENTRY: Final = struct.Struct(">hqqqq")  # version, producerId, firstOffset, lastOffset, lastStableOffset

@@ -185,7 +185,8 @@ class StreamUpload(io.RawIOBase):
         self.size = self.crc = 0
         self.upload_id: str | None = None
         self.result: Uploaded | None = None
-        self._buf = bytearray()
+        self._buf = bytearray()  # the part being filled: its first _fill bytes are written
+        self._fill = 0
         self._sent: list[Future[dict[str, Any]]] = []
         self._pool: ThreadPoolExecutor | None = None
 
@@ -196,13 +197,20 @@ class StreamUpload(io.RawIOBase):
         if self.result is not None or self.closed:
             raise ValueError("write to a finished or aborted upload")
         view = memoryview(data).cast("B")
-        self._buf += view
         self.size += len(view)
         self.crc = crc32c.crc32c(view, self.crc)
-        while len(self._buf) > self.part_bytes:  # more than a part: this one is not the last
-            part = bytes(self._buf[: self.part_bytes])
-            del self._buf[: self.part_bytes]
-            self._send(part)
+        at = 0
+        while at < len(view):
+            if self._fill == self.part_bytes:  # a full part and more to come: it is not the last
+                self._send(bytes(self._buf))
+                self._fill = 0
+            take = min(self.part_bytes - self._fill, len(view) - at)
+            if self._fill == len(self._buf):  # the first part grows as it is written (a small object stays small)
+                self._buf += view[at : at + take]
+            else:  # the later ones are written over it in place: no reallocation
+                self._buf[self._fill : self._fill + take] = view[at : at + take]
+            self._fill += take
+            at += take
         return len(view)
 
     def _send(self, part: bytes) -> None:
@@ -231,17 +239,18 @@ class StreamUpload(io.RawIOBase):
         if expect_crc is not None:
             same_crc(self.where, self.crc, expect_crc)
         crc = self.crc if self.checksum else None
+        last = bytes(memoryview(self._buf)[: self._fill])
         if self.upload_id is None:
-            etag = self.store._single(self.key, bytes(self._buf), self.metadata, self.if_none_match, crc)
+            etag = self.store._single(self.key, last, self.metadata, self.if_none_match, crc)
         else:
-            self._send(bytes(self._buf))
+            self._send(last)
             parts = [f.result() for f in self._sent]
             try:
                 etag = self.store._finish(self.key, self.upload_id, parts, self.if_none_match, crc)
             except (ChecksumUnsupported, ChecksumMismatch):
                 self.upload_id = None  # completed, then judged by its checksum: nothing left to abort
                 raise
-        self._buf = bytearray()
+        self._buf, self._fill = bytearray(), 0
         self.result = Uploaded(etag, self.size, self.crc)
         self._shutdown()
         return self.result
@@ -250,7 +259,7 @@ class StreamUpload(io.RawIOBase):
         """Give the upload up: parts on their way are waited for, then the multipart upload is aborted (its
         own errors are not raised: the error that made us abort is the one to report; cleanup and a
         lifecycle rule abort a straggler)."""
-        self._buf = bytearray()
+        self._buf, self._fill = bytearray(), 0
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         if self.upload_id is not None and self.result is None:
@@ -392,7 +401,12 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None,
                               found=os.environ.get("AWS_MAX_ATTEMPTS")) from None
     if max_attempts < 1:
         raise ConfigError("S3 requests need at least one attempt", expected=">= 1", found=max_attempts)
-    config = Config(retries={"mode": "standard", "total_max_attempts": max_attempts}, region_name=region)
+    # Every upload carries a checksum S3 verifies before it stores anything (our CRC-32C, else botocore's CRC32,
+    # computed whatever AWS_REQUEST_CHECKSUM_CALCULATION says), so the payload is not also SHA-256 signed:
+    # botocore skips that itself over HTTPS when a checksum header is present, and over plain HTTP (a local
+    # store) it would hash every byte uploaded, costlier than the CRC-32C and the upload together.
+    config = Config(retries={"mode": "standard", "total_max_attempts": max_attempts}, region_name=region,
+                    request_checksum_calculation="when_supported", s3={"payload_signing_enabled": False})
     # boto3 itself reads AWS_ENDPOINT_URL(_S3) and the credentials chain when endpoint_url is None. A new
     # session per client keeps credentials current; its loader is shared, so the service model is parsed once.
     session = boto3.session.Session()
