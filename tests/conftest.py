@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,6 +15,18 @@ def golden(request: pytest.FixtureRequest) -> dict[str, Any]:
     """One MANIFEST entry per golden segment."""
     seg: dict[str, Any] = request.param
     return seg
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failing test's report shows the errors of the SeaweedFS servers running at the time."""
+    outcome: Any = yield
+    report = outcome.get_result()
+    if report.failed:
+        from tests.s3 import seaweedfs
+
+        if text := seaweedfs.complaints():
+            report.sections.append(("SeaweedFS: its log's errors and warnings", text))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

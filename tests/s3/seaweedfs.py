@@ -29,6 +29,13 @@ VERSION: Final = "v0.0.0-20261109003541-7506e5f91cd6"  # SeaweedFS 4.53; scripts
 ACCESS_KEY: Final = "tiering-test"
 SECRET_KEY: Final = "tiering-test-secret-never-printed"
 START_SECONDS: Final = 90.0
+# `weed mini` otherwise sizes its volumes from the disk's total (1 GiB on a large disk) and counts them from
+# the disk's free space: on a machine with a few GiB free it has three or four, and a suite that creates a
+# bucket (a collection with its own volume) per test runs out. Fixed here, the same on every machine; a
+# volume takes disk only as it is written.
+VOLUME_SIZE_MB: Final = 64
+VOLUME_SLOTS: Final = 1000
+RUNNING: list[Seaweed] = []  # the servers up now, whose logs a failing test's report shows (tests/conftest.py)
 
 
 def binary() -> Path:
@@ -110,7 +117,8 @@ def weed_mini(workdir: Path, *, access_key: str = ACCESS_KEY, secret_key: str = 
     args = [str(weed), "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}", f"-s3.port={s3}",
             f"-s3.config={config}", "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
-            "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.iam=false"]
+            "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.iam=false",
+            f"-master.volumeSizeLimitMB={VOLUME_SIZE_MB}", f"-volume.max={VOLUME_SLOTS}"]
     log = workdir / "weed.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     with log.open("wb") as out:
@@ -124,8 +132,11 @@ def weed_mini(workdir: Path, *, access_key: str = ACCESS_KEY, secret_key: str = 
                 raise RuntimeError(f"weed mini did not start (exit {proc.poll()}); its log ends: "
                                    + log.read_text(errors="replace")[-2000:])
             time.sleep(0.3)
-        yield Seaweed(endpoint, access_key, secret_key, log, proc.pid)
+        server = Seaweed(endpoint, access_key, secret_key, log, proc.pid)
+        RUNNING.append(server)
+        yield server
     finally:
+        RUNNING[:] = [s for s in RUNNING if s.pid != proc.pid]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -133,3 +144,15 @@ def weed_mini(workdir: Path, *, access_key: str = ACCESS_KEY, secret_key: str = 
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def complaints(lines: int = 40) -> str:
+    """The last errors and warnings in the logs of the servers running now (glog's ``E``/``W`` lines), for a
+    failing test's report: a store's 500 says little, its log says why."""
+    found = []
+    for server in RUNNING:
+        logged = [line for line in server.log.read_text(errors="replace").splitlines()
+                  if line[:1] in ("E", "W") and line[1:5].isdigit()]
+        if logged:
+            found.append(f"{server.log}:\n" + "\n".join(logged[-lines:]))
+    return "\n".join(found)
