@@ -6,13 +6,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-rebatch bench-keycompact bench-spark bench-scan bench-plan-scale chaos kafka-jars seaweedfs spark-artifact \
+.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-rebatch bench-keycompact bench-spark bench-scan bench-plan-scale chaos fuzz kafka-jars seaweedfs spark-artifact \
 	test-kafka kafka-fixtures lock clean
 
 install: $(STAMP)
 
 $(STAMP): requirements.lock infra/docker/requirements-postgres.txt pyproject.toml setup.py tiering/kafka/_walker.c \
-		tiering/kafka/_proof.c
+		tiering/kafka/_proof.c tiering/kafka/_records.c
 	@bash scripts/check-prereqs.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
@@ -33,6 +33,7 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP) kafka-jars seaweedfs
 	@bash scripts/ensure-chromium.sh
+	@bash scripts/ensure-clang.sh
 	@bash scripts/ensure-postgres.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -59,6 +60,13 @@ demo-kafka: $(STAMP) kafka-jars
 
 kafka-fixtures: $(STAMP) kafka-jars
 	$(BIN)/python -m tests.kafka_broker.make_fixtures
+
+# Fuzz the compiled code that reads segment bytes (tests/fuzz): each target for FUZZ_SECONDS (default 300) under
+# AddressSanitizer and UndefinedBehaviorSanitizer, compared with its Python reference; a table at the end.
+FUZZ_SECONDS ?= 300
+fuzz: $(STAMP)
+	@bash scripts/ensure-clang.sh
+	$(BIN)/python -m tests.fuzz.run --seconds $(FUZZ_SECONDS) --json bench/out/fuzz.json $(FUZZ_ARGS)
 
 # The chaos suite's long mode: many seeded trials (SIGKILLs, a flaky S3, racing runs, a mirror) and a table.
 chaos: $(STAMP)
@@ -105,4 +113,4 @@ lock:
 	  /tmp/tiering-lock/bin/pip freeze --all | grep -v -iE '^(kafka-s3-tiering|-e )'; } > requirements.lock
 
 clean:
-	rm -rf $(VENV) build *.egg-info tiering/kafka/_walker*.so tiering/kafka/_proof*.so
+	rm -rf $(VENV) build *.egg-info tiering/kafka/_walker*.so tiering/kafka/_proof*.so tiering/kafka/_records*.so

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
-from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
+from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS, DEFAULT_MAX_KEYS
 from tiering.plan.policy import load_policy
 from tiering.run.keycompact import KeyCompactOptions, collect_keys_run, keys_unit_task, plan_keys
 from tiering.run.pipeline import RunSettings
@@ -34,6 +34,11 @@ from tiering.spark.driver import run_driver
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    return run_driver(f"kafka-key-compaction {args.run_id}", lambda spark: run(spark, args))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bucket", required=True)
     p.add_argument("--prefix", required=True)
@@ -47,13 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--codec", default=None, help="the codec of rebuilt batches (default: each batch's own)")
     p.add_argument("--level", type=int, default=None)
     p.add_argument("--min-age-minutes", type=int, default=15)
-    p.add_argument("--max-keys", type=int, default=None, help="bound each pass's key map (see the CLI's --help)")
+    p.add_argument("--max-keys", type=int, default=DEFAULT_MAX_KEYS,
+                   help="bound each pass's key map (default: a broker's default 128 MiB dedupe buffer's keys)")
     p.add_argument("--lease-ttl-seconds", type=int, default=DEFAULT_TTL_SECONDS)
     p.add_argument("--verify", choices=["checksum", "read-back"], default="checksum")
     p.add_argument("--swap", choices=["auto", "copy", "put"], default="auto")
-    args = p.parse_args(argv)
-
-    return run_driver(f"kafka-key-compaction {args.run_id}", lambda spark: run(spark, args))
+    return p.parse_args(argv)
 
 
 def run(spark: SparkSession, args: argparse.Namespace) -> int:

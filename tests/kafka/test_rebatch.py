@@ -5,6 +5,7 @@ MANIFEST's, computed by Kafka's own reader); kafka-python reads the merged batch
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,14 @@ from kafka.record.default_records import DefaultRecordBatch
 
 from tests.golden import SEGMENTS, log_path, segment_id
 from tiering.errors import CorruptBatchError, ProofError
+from tiering.kafka._walker import crc32c as _crc32c
 from tiering.kafka.batch import Attr, TimestampType
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rebatch import (
+    MEASURE_ALL,
+    MEASURE_EVERY,
+    Engine,
     RebatchOptions,
     Refusal,
     digest_of,
@@ -53,10 +58,14 @@ def one_each(first: int, n: int, **spec: Any) -> list[tuple[BatchSpec, list[Reco
 
 
 def run(data: bytes, options: RebatchOptions = ZSTD) -> tuple[list[Any], Any, bytes]:
-    """Re-batch ``data``: the output's decoded batches, the stats, the output bytes; the records digest
-    checked equal to the source's."""
-    out = io.BytesIO()
-    stats = rebatch_segment(io.BytesIO(data), out, options)
+    """Re-batch ``data`` by both engines, which must write the same bytes and say the same: the output's
+    decoded batches, the stats, the output bytes; the records digest checked equal to the source's."""
+    outputs = {}
+    for engine in Engine:
+        out = io.BytesIO()
+        stats = rebatch_segment(io.BytesIO(data), out, replace(options, engine=engine))
+        outputs[engine] = (out.getvalue(), stats.to_json())
+    assert outputs[Engine.NATIVE] == outputs[Engine.PYTHON]
     records, _ = digest_of(io.BytesIO(out.getvalue()))
     assert records == stats.records_sha256_in == digest_of(io.BytesIO(data))[0]
     return list(iter_decoded(io.BytesIO(out.getvalue()))), stats, out.getvalue()
@@ -230,47 +239,79 @@ def test_rule_7_past_the_lookahead_a_run_s_last_batch_is_kept_out_as_if_it_were_
     assert digest_of(io.BytesIO(written.getvalue()))[0] == digest_of(io.BytesIO(data))[0]
 
 
-def test_a_merged_batch_that_lost_a_record_fails_the_proof(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("engine", Engine)
+def test_a_merged_batch_that_lost_a_record_fails_the_proof(monkeypatch: pytest.MonkeyPatch, engine: Engine) -> None:
+    """Each engine's merged batch loses the run's last batch (its header still claims the run's offsets)."""
     from tiering.kafka import rebatch
 
-    honest = rebatch.merged_batch
-
-    def lossy(group: list[Any], options: RebatchOptions) -> bytes:
-        last = group[-1]
-        return honest([*group[:-1], type(last)(last.raw, last.records[:-1], last.uncompressed_bytes)], options)
-
-    monkeypatch.setattr(rebatch, "merged_batch", lossy)
+    builder = "_merged_native" if engine is Engine.NATIVE else "merged_batch"
+    honest = getattr(rebatch, builder)
+    monkeypatch.setattr(rebatch, builder, lambda group, options: honest(group[:-1], options))
     with pytest.raises(ProofError, match="does not hold the source's records"):
-        rebatch_segment(io.BytesIO(segment(*one_each(0, 5))), io.BytesIO(), ZSTD, path="t-0/0.log")
+        rebatch_segment(io.BytesIO(segment(*one_each(0, 5))), io.BytesIO(), replace(ZSTD, engine=engine),
+                        path="t-0/0.log")
 
 
 def test_the_savings_split_counts_what_recompression_alone_would_have_written() -> None:
     """Every batch merges here, so recompression alone is the plain rewrite of the whole segment (an
     independent path: the rewriter, without re-batching)."""
-    data = segment(*one_each(0, 200))
+    data = segment(*one_each(0, MEASURE_ALL))
     options = RewriteOptions(Codec.ZSTD, 3)
     alone = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=0, options=options)
     both = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=0, options=options, rebatch=ZSTD)
     rb = both.rebatch
     assert rb is not None
-    assert rb.batches_merged == 200
+    assert rb.batches_merged == MEASURE_ALL
     assert rb.merged_bytes_in == rb.bytes_in == len(data) == both.stats.bytes_in
     assert rb.merged_bytes_recompressed == alone.stats.bytes_out
+    assert rb.to_json()["recompressed_alone_measured"] == {"batches": MEASURE_ALL, "of": MEASURE_ALL,
+                                                            "estimate": False}
     assert rb.merged_bytes_out == both.stats.bytes_out < alone.stats.bytes_out
     assert rb.saved_by_rebatching == alone.stats.bytes_out - both.stats.bytes_out
     # The source's records digest, as a plain rewrite computes it: what a rollback checks the original with.
     assert both.stats.source_payload_xxh3 == alone.stats.payload_xxh3 != both.stats.payload_xxh3
-    assert (dict(both.stats.codecs_before), both.stats.batches_rewritten) == ({"snappy": 200}, 1)
+    assert (dict(both.stats.codecs_before), both.stats.batches_rewritten) == ({"snappy": MEASURE_ALL}, 1)
 
 
-def test_a_corrupt_source_is_reported_at_its_own_byte_position() -> None:
+def test_past_the_first_merged_batches_recompression_alone_is_measured_on_a_sample() -> None:
+    """2,000 one-record batches: the first 64 merged batches measured, then one in sixteen; the estimate
+    against the plain rewrite of the same segment (every batch recompressed alone, exactly)."""
+    n = 2_000
+    data = segment(*one_each(0, n))
+    options = RewriteOptions(Codec.ZSTD, 3)
+    alone = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=0, options=options)
+    rb = rewrite_segment(io.BytesIO(data), io.BytesIO(), base_offset=0, options=options, rebatch=ZSTD).rebatch
+    assert rb is not None
+    assert rb.batches_merged == n
+    assert rb.measured_batches == MEASURE_ALL + len(range(MEASURE_ALL, n, MEASURE_EVERY)) < n
+    assert rb.to_json()["recompressed_alone_measured"] == {"batches": rb.measured_batches, "of": n, "estimate": True}
+    assert rb.merged_bytes_recompressed != rb.measured_bytes_out
+    assert abs(rb.merged_bytes_recompressed - alone.stats.bytes_out) <= 0.02 * alone.stats.bytes_out
+
+
+@pytest.mark.parametrize("engine", Engine)
+def test_a_corrupt_source_is_reported_at_its_own_byte_position(engine: Engine) -> None:
     data = bytearray(segment(*one_each(0, 10)))
     second = len(build_batch(BatchSpec(0, Codec.SNAPPY), [rec(0)]))
     data[second + 70] ^= 0xFF  # inside batch 1's records: its CRC no longer matches
     with pytest.raises(CorruptBatchError) as e:
         rewrite_segment(io.BytesIO(bytes(data)), io.BytesIO(), base_offset=0, options=RewriteOptions(Codec.ZSTD),
-                        path="t-0/0.log", rebatch=ZSTD)
+                        path="t-0/0.log", rebatch=replace(ZSTD, engine=engine))
     assert (e.value.position, e.value.base_offset, e.value.path) == (second, 1, "t-0/0.log")
+
+
+@pytest.mark.parametrize("engine", Engine)
+def test_a_batch_with_a_valid_crc_and_broken_records_is_named_by_both_engines(engine: Engine) -> None:
+    """A producer bug, not a transport one: the CRC covers the broken records. The compiled engine does not
+    vouch for the batch and the Python reference names the record."""
+    good = build_batch(BatchSpec(1, Codec.NONE), [rec(1)])
+    broken = bytearray(good)
+    broken[61] = 0x7E  # the record's length varint: 63 bytes, past the section's end
+    broken[17:21] = _crc32c(bytes(broken[21:])).to_bytes(4, "big")
+    data = segment(*one_each(0, 1)) + bytes(broken)
+    with pytest.raises(CorruptBatchError, match="record 0: length outside the records section") as e:
+        rebatch_segment(io.BytesIO(data), io.BytesIO(), replace(ZSTD, engine=engine), path="t-0/0.log")
+    assert (e.value.base_offset, e.value.path) == (1, "t-0/0.log")
 
 
 def test_rule_8_an_empty_batch_is_kept() -> None:

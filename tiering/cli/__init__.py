@@ -219,8 +219,10 @@ def _rewrite_table(result: RewriteResult, title: str) -> Table:
     if (rb := result.rebatch) is not None:
         t.add_row("re-batched", f"{rb.batches_in:,} → {rb.batches_out:,} batches "
                   f"({rb.batches_merged:,} merged into {rb.runs_merged:,})")
+        sample = (f", estimated from {rb.measured_batches:,} of the {rb.batches_merged:,} merged batches"
+                  if rb.recompressed_is_estimate else "")
         t.add_row("  saved by re-batching", f"{rb.saved_by_rebatching:,} bytes (beyond recompressing the "
-                  "merged batches one by one)")
+                  f"merged batches one by one{sample})")
         for reason, n in sorted(rb.refusals.items()):
             if n:
                 t.add_row("  runs ended by", f"{n:,}: {reason}")

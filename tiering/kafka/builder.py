@@ -87,14 +87,22 @@ def build_batch(spec: BatchSpec, records: Sequence[Record]) -> bytes:
     base_ts = records[0].timestamp if records else -1
     if spec.delete_horizon_ms is not None:
         base_ts = spec.delete_horizon_ms  # the records' timestamp deltas are taken from it
-    max_ts = max((r.timestamp for r in records), default=-1)
+    section = b"".join(encode_record(r, spec.base_offset, base_ts) for r in records)
+    return assemble_batch(spec, section, len(records), base_ts, max((r.timestamp for r in records), default=-1),
+                          records[-1].offset - spec.base_offset if records else 0)
+
+
+def assemble_batch(spec: BatchSpec, section: bytes | memoryview, count: int, base_timestamp: int,
+                   max_timestamp: int, last_offset_delta: int) -> bytes:
+    """One whole v2 batch around an uncompressed records section of ``count`` records encoded against
+    ``spec.base_offset`` and ``base_timestamp``; ``max_timestamp`` and ``last_offset_delta`` are the
+    records' (``spec`` overrides both where it sets them)."""
+    max_ts = max_timestamp
     if spec.max_timestamp is not None:
         max_ts = spec.max_timestamp
     if spec.log_append_time is not None:
         max_ts = spec.log_append_time
-    payload = b"".join(encode_record(r, spec.base_offset, base_ts) for r in records)
-    if spec.codec is not Codec.NONE:
-        payload = compress(spec.codec, payload, level=spec.level)
+    payload = bytes(section) if spec.codec is Codec.NONE else compress(spec.codec, section, level=spec.level)
     attributes = int(spec.codec)
     if spec.log_append_time is not None:
         attributes |= Attr.LOG_APPEND_TIME
@@ -104,13 +112,11 @@ def build_batch(spec: BatchSpec, records: Sequence[Record]) -> bytes:
         attributes |= Attr.CONTROL
     if spec.delete_horizon_ms is not None:
         attributes |= Attr.DELETE_HORIZON
-    last_delta = spec.last_offset_delta
-    if last_delta is None:
-        last_delta = records[-1].offset - spec.base_offset if records else 0
+    last_delta = spec.last_offset_delta if spec.last_offset_delta is not None else last_offset_delta
     header = bytearray(V2_HEADER.pack(
         spec.base_offset, V2_HEADER_SIZE - LOG_OVERHEAD + len(payload), spec.partition_leader_epoch, 2, 0,
-        attributes, last_delta, base_ts, max_ts, spec.producer_id, spec.producer_epoch, spec.base_sequence,
-        len(records)))
+        attributes, last_delta, base_timestamp, max_ts, spec.producer_id, spec.producer_epoch, spec.base_sequence,
+        count))
     batch = header + payload
     _CRC.pack_into(batch, CRC_OFFSET, crc_v2(batch))
     return bytes(batch)

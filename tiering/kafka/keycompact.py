@@ -71,6 +71,9 @@ def keys_in_map(map_bytes: int) -> int:
     cleaner with that dedupe buffer a thread ends the same pass."""
     slots = min(map_bytes, _KEY_MAP_MAX_BYTES) // KEY_MAP_SLOT_BYTES
     return int(slots * KEY_MAP_LOAD_FACTOR)
+
+
+DEFAULT_MAX_KEYS: Final = keys_in_map(DEFAULT_KEY_MAP_BYTES)  # a broker's default cleaner thread's pass
 NO_PRODUCER: Final = -1
 ABORT, COMMIT = 0, 1  # control record types (the key's second int16)
 _TXN_ENTRY: Final = struct.Struct(">hqqqq")  # version, producerId, firstOffset, lastOffset, lastStableOffset
@@ -114,7 +117,8 @@ class CleanOptions:
     delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS
     min_compaction_lag_ms: int = 0  # from the newest record of the partition
     first_dirty_offset: int = 0  # where the key map starts: the previous pass's end (Kafka's checkpoint)
-    max_keys: int | None = None  # the key map's bound: a full map ends the pass early (the rest on the next one)
+    # the key map's bound (None: none): a full map ends the pass early, the rest on the next one
+    max_keys: int | None = DEFAULT_MAX_KEYS
     codec: Codec | None = None  # a rebuilt batch's codec (None: its own)
     level: int | None = None
     index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES

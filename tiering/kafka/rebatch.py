@@ -37,12 +37,23 @@ A batch joins the run before it only when every rule below holds; the first rule
    that still comes out larger than ``max_bytes`` (a codec's framing around incompressible records) is
    not written: its batches are, as they were.
 
+10. **Offsets within a batch's reach.** A merged batch's records sit at most 2^31-1 offsets past its base
+    offset (``lastOffsetDelta`` is an int32).
+
 The merged batch: ``baseOffset`` the first batch's, ``lastOffsetDelta`` reaching the last batch's last
 offset (gaps inside stay as record offset deltas), timestamps recomputed from its records (the
 LogAppendTime kept), the first batch's leader epoch, producer id, epoch and base sequence, the target
 codec. A batch that merges with nothing is written as it was. The proof is the records digest
 (``records_sha256``) of the output, every merged batch decoded again, which must equal the source's; the
 batch digest changes where batches merged.
+
+Two engines do the record work, chosen by :class:`Engine`: the compiled one (``_records.c``: records read
+as spans of the decompressed section, re-encoded into the merged section without a Python object per
+record, the digest's input made there too) and the Python reference (records decoded into
+:class:`~tiering.kafka.records.Record` objects, :func:`~tiering.kafka.builder.build_batch`). The rules above
+are decided from batch headers by the same code for both, and the tests demand the same bytes from both.
+Where the compiled code does not vouch for a batch (a corrupt one, an arithmetic edge) it hands that batch or
+that merge to the reference, which names the problem or defines the result.
 """
 
 from __future__ import annotations
@@ -52,20 +63,27 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, Protocol, cast
 
-from tiering.errors import ProofError
+from tiering.errors import ProofError, TieringError
+from tiering.kafka import _records
 from tiering.kafka.batch import V2_HEADER_SIZE, BatchHeader, TimestampType
-from tiering.kafka.builder import BatchSpec, build_batch
+from tiering.kafka.builder import BatchSpec, assemble_batch, build_batch
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
-from tiering.kafka.reader import RawBatch
-from tiering.kafka.segment import DecodedBatch, Digests, iter_decoded
+from tiering.kafka.reader import RawBatch, iter_batches
+from tiering.kafka.segment import DecodedBatch, Digests, decode_batch, iter_decoded, payload_of
 
 DEFAULT_MAX_BYTES: Final = 1 << 20  # Kafka's default max.message.bytes / message.max.bytes
 RECORD_SLACK: Final = 15  # a re-encoded record's deltas may take this many more bytes (varint growth)
 NO_PRODUCER: Final = -1
 SEQUENCE_LIMIT: Final = (1 << 31) - 1
+OFFSET_DELTA_LIMIT: Final = (1 << 31) - 1
 DEFAULT_LOOKAHEAD_BYTES: Final = 32 << 20  # batches (uncompressed) held behind a run whose rule 7 is undecided
+# What the merged batches would have come to recompressed one by one is measured on every merged batch up to
+# MEASURE_ALL, then on one in MEASURE_EVERY, and scaled by source bytes: measuring them all costs as much as
+# the recompression the merge replaces.
+MEASURE_ALL: Final = 64
+MEASURE_EVERY: Final = 16
 
 
 class Refusal(StrEnum):
@@ -80,6 +98,14 @@ class Refusal(StrEnum):
     PRODUCER_LAST = "its producer's last batch in the segment"
     EMPTY = "no records"
     SIZE = "the merged batch would exceed the size limit"
+    OFFSET_SPAN = "its offsets too far from the merged batch's base offset"
+
+
+class Engine(StrEnum):
+    """What does the record work (see the module docs)."""
+
+    NATIVE = "native"
+    PYTHON = "python"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +114,7 @@ class RebatchOptions:
     level: int | None = None
     max_bytes: int = DEFAULT_MAX_BYTES
     decompression_limit: int = DEFAULT_DECOMPRESSION_LIMIT
+    engine: Engine = Engine.NATIVE
 
 
 @dataclass
@@ -99,7 +126,10 @@ class RebatchStats:
     records: int = 0
     bytes_in: int = 0  # the source segment's bytes
     merged_bytes_in: int = 0  # the source bytes of the batches that were merged
-    merged_bytes_recompressed: int = 0  # those batches' size after recompression alone, one by one
+    merged_bytes_recompressed: int = 0  # those batches' size after recompression alone, one by one (see below)
+    measured_batches: int = 0  # merged batches whose recompression alone was measured (all, or a sample) ...
+    measured_bytes_in: int = 0  # ... their source bytes ...
+    measured_bytes_out: int = 0  # ... and their size recompressed alone
     merged_bytes_out: int = 0  # the merged batches' size
     undecided: int = 0  # runs whose last batch was kept out at the lookahead's bound, not at the segment's end
     refusals: Counter[Refusal] = field(default_factory=Counter)
@@ -107,6 +137,24 @@ class RebatchStats:
     batches_sha256_in: str = ""
     records_sha256_out: str = ""  # of the output, once proved (equal to the source's)
     batches_sha256_out: str = ""  # differs from the source's where batches merged
+
+    @property
+    def recompressed_is_estimate(self) -> bool:
+        """Whether ``merged_bytes_recompressed`` is scaled from a sample of the merged batches."""
+        return self.measured_batches < self.batches_merged
+
+    def measured(self, source_bytes: int, alone_bytes: int) -> None:
+        """One merged batch's recompression alone, measured; ``merged_bytes_recompressed`` follows."""
+        self.measured_batches += 1
+        self.measured_bytes_in += source_bytes
+        self.measured_bytes_out += alone_bytes
+
+    def scale_measured(self) -> None:
+        """``merged_bytes_recompressed`` from what was measured: exact when every merged batch was, else the
+        sample's ratio of recompressed to source bytes over all merged source bytes."""
+        if self.measured_bytes_in:
+            self.merged_bytes_recompressed = round(self.measured_bytes_out * self.merged_bytes_in
+                                                   / self.measured_bytes_in)
 
     @property
     def saved_by_rebatching(self) -> int:
@@ -118,6 +166,8 @@ class RebatchStats:
                 "batches_merged": self.batches_merged, "records": self.records, "bytes_in": self.bytes_in,
                 "merged_bytes": {"in": self.merged_bytes_in, "recompressed_alone": self.merged_bytes_recompressed,
                                  "out": self.merged_bytes_out},
+                "recompressed_alone_measured": {"batches": self.measured_batches, "of": self.batches_merged,
+                                                "estimate": self.recompressed_is_estimate},
                 "saved_by_rebatching": self.saved_by_rebatching, "undecided": self.undecided,
                 "refusals": {str(k): v for k, v in sorted(self.refusals.items()) if v},
                 "records_sha256": {"in": self.records_sha256_in, "out": self.records_sha256_out},
@@ -148,6 +198,8 @@ def joins(first: BatchHeader, h: BatchHeader) -> Refusal | None:
     if h.timestamp_type is not first.timestamp_type or (
             h.timestamp_type is TimestampType.LOG_APPEND_TIME and h.max_timestamp != first.max_timestamp):
         return Refusal.TIMESTAMP_TYPE
+    if h.last_offset - first.offset > OFFSET_DELTA_LIMIT:
+        return Refusal.OFFSET_SPAN
     if h.producer_id != first.producer_id:
         return Refusal.PRODUCER
     if h.producer_id != NO_PRODUCER:
@@ -158,23 +210,57 @@ def joins(first: BatchHeader, h: BatchHeader) -> Refusal | None:
     return None
 
 
-def _weight(batch: DecodedBatch) -> int:
+class _Source(Protocol):
+    """A source batch as the grouping sees it (a :class:`DecodedBatch`, or a :class:`_Section`)."""
+
+    @property
+    def raw(self) -> RawBatch: ...
+    @property
+    def header(self) -> BatchHeader: ...
+    @property
+    def uncompressed_bytes(self) -> int: ...
+    @property
+    def record_count(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Section:
+    """A v2 batch the compiled engine vouched for: its decompressed records and their digest input."""
+
+    raw: RawBatch
+    section: bytes | memoryview
+    encoded: bytes  # what Digests hashes for its records (_records.digest_v2)
+
+    @property
+    def header(self) -> BatchHeader:
+        return self.raw.header
+
+    @property
+    def uncompressed_bytes(self) -> int:
+        return len(self.section)
+
+    @property
+    def record_count(self) -> int:
+        return self.raw.header.records_count or 0
+
+
+def _weight(batch: _Source) -> int:
     """What a batch adds to a merged batch's size bound (rule 9)."""
-    return batch.uncompressed_bytes + RECORD_SLACK * len(batch.records)
+    return batch.uncompressed_bytes + RECORD_SLACK * batch.record_count
 
 
 @dataclass(slots=True)
 class _Run:
     """Consecutive batches to merge (one: kept as it is)."""
 
-    batches: list[DecodedBatch]
+    batches: list[_Source]
     weight: int
     held: bool = False  # its last batch is its producer's latest so far: whether it may be merged is undecided
     ended_by: Refusal | None = None  # why the next batch did not join (None: the segment ended)
 
 
-def _groups(batches: Iterator[DecodedBatch], options: RebatchOptions, stats: RebatchStats,
-            lookahead_bytes: int) -> Iterator[list[DecodedBatch]]:
+def _groups(batches: Iterator[_Source], options: RebatchOptions, stats: RebatchStats,
+            lookahead_bytes: int) -> Iterator[list[_Source]]:
     """The source batches in file order, in groups to merge (a group of one is written as it is).
 
     Rule 7 in one pass: a run that ends with an idempotent producer's batch is held until a later batch of
@@ -198,7 +284,7 @@ def _groups(batches: Iterator[DecodedBatch], options: RebatchOptions, stats: Reb
         queue.append(r)
         queued += r.weight
 
-    def ready(end: bool) -> Iterator[list[DecodedBatch]]:
+    def ready(end: bool) -> Iterator[list[_Source]]:
         nonlocal queued
         while queue and (not queue[0].held or end or queued > lookahead_bytes):
             r = queue.popleft()
@@ -242,23 +328,96 @@ def _groups(batches: Iterator[DecodedBatch], options: RebatchOptions, stats: Reb
     yield from ready(True)
 
 
-def merged_batch(run: list[DecodedBatch], options: RebatchOptions) -> bytes:
-    """One v2 batch holding every record of ``run`` (consecutive batches that :func:`joins` accepted)."""
-    first, last = run[0].header, run[-1].header
-    records = [r for b in run for r in b.records]
-    spec = BatchSpec(first.offset, options.codec, options.level, first.partition_leader_epoch, first.producer_id,
+def _spec(first: BatchHeader, last: BatchHeader, options: RebatchOptions) -> BatchSpec:
+    """The merged batch's header fields, for a run from ``first`` to ``last``."""
+    return BatchSpec(first.offset, options.codec, options.level, first.partition_leader_epoch, first.producer_id,
                      first.producer_epoch, first.base_sequence if first.producer_id != NO_PRODUCER else -1,
                      log_append_time=first.max_timestamp
                      if first.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
                      last_offset_delta=last.last_offset - first.offset)
-    return build_batch(spec, records)
+
+
+def merged_batch(run: list[DecodedBatch], options: RebatchOptions) -> bytes:
+    """One v2 batch holding every record of ``run`` (consecutive batches that :func:`joins` accepted)."""
+    return build_batch(_spec(run[0].header, run[-1].header, options), [r for b in run for r in b.records])
+
+
+def _timestamp_base(h: BatchHeader) -> tuple[int, bool]:
+    """What a v2 batch's record timestamps are taken from, and whether it is the LogAppendTime itself."""
+    if h.timestamp_type is TimestampType.LOG_APPEND_TIME:
+        return h.max_timestamp, True
+    return h.base_timestamp, False
+
+
+def _merged_native(run: list[_Section], options: RebatchOptions) -> bytes | None:
+    """:func:`merged_batch`'s bytes by the compiled engine, or None where it does not vouch for them."""
+    first = run[0].header
+    _, log_append = _timestamp_base(first)
+    merged = _records.merge_v2([b.section for b in run],
+                               [(b.header.offset, _timestamp_base(b.header)[0], b.header.last_offset - b.header.offset)
+                                for b in run], log_append, first.offset)
+    if merged is None:
+        return None
+    section, count, first_ts, max_ts = merged
+    return assemble_batch(_spec(first, run[-1].header, options), section, count, first_ts, max_ts, 0)
+
+
+def _native(raw: RawBatch, limit: int, path: str | None) -> _Source:
+    """A source batch for the compiled engine: its records as a section it vouched for, or else decoded by
+    the Python reference (which raises the error naming the problem)."""
+    h = raw.header
+    if h.magic >= 2 and h.records_count is not None:
+        try:
+            section = payload_of(raw, limit)
+        except TieringError:
+            section = None  # decode_batch below says why, located
+        if section is not None:
+            ts, log_append = _timestamp_base(h)
+            encoded = _records.digest_v2(section, h.offset, ts, log_append, h.records_count, h.last_offset - h.offset)
+            if encoded is not None:
+                return _Section(raw, section, encoded)
+    try:
+        return decode_batch(raw, limit=limit)
+    except TieringError as e:
+        raise e.located(path=path) from None
+
+
+def _digest(digests: Digests, batch: _Source) -> None:
+    if isinstance(batch, _Section):
+        digests.update_encoded(batch.header, batch.record_count, batch.encoded)
+    else:
+        assert isinstance(batch, DecodedBatch)
+        digests.update(batch)
+
+
+def _source(raw: RawBatch, options: RebatchOptions, path: str | None) -> _Source:
+    limit = options.decompression_limit
+    return _native(raw, limit, path) if options.engine is Engine.NATIVE else _decoded(raw, limit, path)
+
+
+def _decoded(raw: RawBatch, limit: int, path: str | None) -> DecodedBatch:
+    try:
+        return decode_batch(raw, limit=limit)
+    except TieringError as e:
+        raise e.located(path=path) from None
+
+
+def _merge(group: list[_Source], options: RebatchOptions, path: str | None) -> bytes:
+    """The merged batch of a group, by the engine that holds its batches (the reference for a mixed group)."""
+    if all(isinstance(b, _Section) for b in group):
+        built = _merged_native(cast(list[_Section], group), options)
+        if built is not None:
+            return built
+    return merged_batch([b if isinstance(b, DecodedBatch) else _decoded(b.raw, options.decompression_limit, path)
+                         for b in group], options)
 
 
 def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, path: str | None = None,
               lookahead_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
-              recompressed_size: Callable[[RawBatch], int] | None = None,
+              recompressed_size: Callable[[RawBatch, bytes | memoryview | None], int] | None = None,
               progress: Callable[[int], None] | None = None,
-              on_source: Callable[[RawBatch], None] | None = None) -> Iterator[bytes | memoryview]:
+              on_source: Callable[[RawBatch, bytes | memoryview | None], None] | None = None
+              ) -> Iterator[bytes | memoryview]:
     """``src``'s batches with the runs of mergeable batches merged (see the module docs), as the bytes of
     each batch in file order; ``stats`` filled in as it goes. One pass, memory bounded by
     ``lookahead_bytes`` (:func:`_groups`).
@@ -266,48 +425,56 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
     Every merged batch is decoded again and the records of the whole output digested: once the source is
     read, a :class:`ProofError` unless the output's records digest equals the source's.
     ``recompressed_size`` gives a source batch's size after recompression alone (the counterfactual of
-    ``stats.merged_bytes_recompressed``); ``progress`` gets the source bytes read so far; ``on_source`` sees
-    each source batch in file order."""
+    ``stats.merged_bytes_recompressed``, measured on every merged batch or on a sample: MEASURE_ALL);
+    ``progress`` gets the source bytes read so far; ``on_source`` sees each source batch in file order.
+    Both callbacks get the batch's decompressed records section where the engine holds it (else None)."""
     digests_in, digests_out = Digests(), Digests()
 
-    def counted() -> Iterator[DecodedBatch]:
-        for batch in iter_decoded(src, path=path, limit=options.decompression_limit):
-            digests_in.update(batch)
+    def counted() -> Iterator[_Source]:
+        for batch in (_source(raw, options, path) for raw in iter_batches(src, path=path)):
+            _digest(digests_in, batch)
             stats.batches_in += 1
-            stats.records += len(batch.records)
+            stats.records += batch.record_count
             stats.bytes_in += len(batch.raw.data)
             if on_source is not None:
-                on_source(batch.raw)
+                on_source(batch.raw, _section_of(batch))
             if progress is not None:
                 progress(stats.bytes_in)
             yield batch
 
     for group in _groups(counted(), options, stats, lookahead_bytes):
-        built = merged_batch(group, options) if len(group) > 1 else b""
+        built = _merge(group, options, path) if len(group) > 1 else b""
         if len(built) > options.max_bytes:  # codec framing past the bound (rule 9): the batches as they were
             stats.refusals[Refusal.SIZE] += 1
             built = b""
         if not built:
             for batch in group:
-                digests_out.update(batch)
+                _digest(digests_out, batch)
                 yield batch.raw.data
             stats.batches_out += len(group)
             continue
-        for merged in iter_decoded(io.BytesIO(built), path=path, limit=options.decompression_limit):
-            digests_out.update(merged)
+        for raw in iter_batches(io.BytesIO(built), path=path):
+            _digest(digests_out, _source(raw, options, path))
+        if recompressed_size is not None:
+            for i, b in enumerate(group, stats.batches_merged):
+                if i < MEASURE_ALL or i % MEASURE_EVERY == 0:
+                    stats.measured(len(b.raw.data), recompressed_size(b.raw, _section_of(b)))
         stats.runs_merged += 1
         stats.batches_merged += len(group)
         stats.batches_out += 1
         stats.merged_bytes_in += sum(len(b.raw.data) for b in group)
         stats.merged_bytes_out += len(built)
-        if recompressed_size is not None:
-            stats.merged_bytes_recompressed += sum(recompressed_size(b.raw) for b in group)
         yield built
+    stats.scale_measured()
     stats.records_sha256_in, stats.batches_sha256_in = digests_in.records_sha256, digests_in.batches_sha256
     stats.records_sha256_out, stats.batches_sha256_out = digests_out.records_sha256, digests_out.batches_sha256
     if stats.records_sha256_out != stats.records_sha256_in:
         raise ProofError("the re-batched segment does not hold the source's records", path=path,
                          expected=f"records_sha256 {stats.records_sha256_in}", found=stats.records_sha256_out)
+
+
+def _section_of(batch: _Source) -> bytes | memoryview | None:
+    return batch.section if isinstance(batch, _Section) else None
 
 
 def rebatch_segment(src: BinaryIO, dst: BinaryIO, options: RebatchOptions, *, path: str | None = None,

@@ -210,9 +210,10 @@ def _keep(raw: RawBatch, reason: str, payload: bytes | memoryview, base_offset: 
     return _Out(raw.header, (raw.data,), raw.header.codec, base_offset, records, len(payload), digest, reason)
 
 
-def _prepare_v2(raw: RawBatch, o: RewriteOptions) -> _Out | _ToRecompress:
+def _prepare_v2(raw: RawBatch, o: RewriteOptions, payload: bytes | memoryview | None = None) -> _Out | _ToRecompress:
     h = raw.header
-    payload = payload_of(raw, o.decompression_limit)
+    if payload is None:
+        payload = payload_of(raw, o.decompression_limit)
     count = validate_v2(h, payload) if o.deep_validation else h.records_count or 0
     if h.is_control:
         return _keep(raw, KEPT_CONTROL, payload, h.offset, count)
@@ -294,11 +295,12 @@ def _half(originals: list[bytes | memoryview]) -> int:
     return len(originals)
 
 
-def process_batch(raw: RawBatch, options: RewriteOptions) -> _Out:
-    """Validate one batch, then keep it or recompress and prove it (inline: the path for legacy batches)."""
+def process_batch(raw: RawBatch, options: RewriteOptions, payload: bytes | memoryview | None = None) -> _Out:
+    """Validate one batch, then keep it or recompress and prove it (inline: the path for legacy batches).
+    ``payload``: a v2 batch's records section, already decompressed."""
     h = raw.header
     try:
-        item = _prepare_v2(raw, options) if h.magic >= 2 else _prepare_legacy(raw, options)
+        item = _prepare_v2(raw, options, payload) if h.magic >= 2 else _prepare_legacy(raw, options)
         return item if isinstance(item, _Out) else _recompress(item, options)
     except TieringError as e:
         raise e.located(position=h.position, base_offset=h.offset) from None
@@ -593,8 +595,8 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
         merged = RebatchStats()
         quick = replace(options, proof=False, deep_validation=False)
 
-        def on_source(raw: RawBatch) -> None:
-            source_digest.update(_payload_digest(raw, quick))
+        def on_source(raw: RawBatch, payload: bytes | memoryview | None) -> None:
+            source_digest.update(_payload_digest(raw, quick, payload))
             source_codecs[raw.header.codec.label] += 1
 
         src = cast(BinaryIO, ChunkStream(rebatched(src, rebatch, merged, path=path, progress=progress,
@@ -645,16 +647,16 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     return RewriteResult(stats, indexes, merged)
 
 
-def _alone_size(quick: RewriteOptions) -> Callable[[RawBatch], int]:
+def _alone_size(quick: RewriteOptions) -> Callable[[RawBatch, bytes | memoryview | None], int]:
     """A batch's size after this rewrite on its own (kept, or recompressed), without the proof: what a batch
     that re-batching merged would have come to without it."""
-    return lambda raw: sum(len(part) for part in process_batch(raw, quick).parts)
+    return lambda raw, payload: sum(len(part) for part in process_batch(raw, quick, payload).parts)
 
 
-def _payload_digest(raw: RawBatch, quick: RewriteOptions) -> bytes:
+def _payload_digest(raw: RawBatch, quick: RewriteOptions, payload: bytes | memoryview | None = None) -> bytes:
     """The xxh3-128 of a batch's records as the rewrite digests them (``payload_xxh3`` is over these), without
     recompressing it."""
-    item = _prepare_v2(raw, quick) if raw.header.magic >= 2 else _prepare_legacy(raw, quick)
+    item = _prepare_v2(raw, quick, payload) if raw.header.magic >= 2 else _prepare_legacy(raw, quick)
     return item.digest if isinstance(item, _Out) else xxhash.xxh3_128_digest(item.original)
 
 

@@ -55,6 +55,10 @@ class DecodedBatch:
         return self.raw.header
 
     @property
+    def record_count(self) -> int:
+        return len(self.records)
+
+    @property
     def base_offset(self) -> int:
         """Kafka's baseOffset(): a legacy wrapper's is its first inner message's offset."""
         h = self.header
@@ -134,13 +138,20 @@ class Digests:
     _records: hashlib._Hash = field(default_factory=hashlib.sha256)
     _batches: hashlib._Hash = field(default_factory=hashlib.sha256)
 
-    def update(self, batch: DecodedBatch) -> None:
-        h = batch.header
+    def _batch(self, h: BatchHeader, base_offset: int, records: int) -> None:
         horizon = h.delete_horizon_ms
         self._batches.update(_BATCH_DIGEST.pack(
-            batch.base_offset, h.last_offset, h.magic, h.timestamp_type.value, h.max_timestamp, h.producer_id,
+            base_offset, h.last_offset, h.magic, h.timestamp_type.value, h.max_timestamp, h.producer_id,
             h.producer_epoch, h.base_sequence, h.is_transactional, h.is_control, h.partition_leader_epoch,
-            horizon is not None, -1 if horizon is None else horizon, len(batch.records)))
+            horizon is not None, -1 if horizon is None else horizon, records))
+
+    def update_encoded(self, h: BatchHeader, records: int, encoded: bytes) -> None:
+        """A v2 batch whose records ``encoded`` holds as :meth:`update` would feed them (``_records.digest_v2``)."""
+        self._batch(h, h.offset, records)
+        self._records.update(encoded)
+
+    def update(self, batch: DecodedBatch) -> None:
+        self._batch(batch.header, batch.base_offset, len(batch.records))
         upd = self._records.update
         for r in batch.records:
             upd(_Q.pack(r.offset))

@@ -41,6 +41,7 @@ from tiering.errors import ConfigError, InvalidDataError, ProofError, Unsupporte
 from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import (
     DEFAULT_DELETE_RETENTION_MS,
+    DEFAULT_MAX_KEYS,
     AbortedTxn,
     CleanedSegment,
     CleanOptions,
@@ -82,7 +83,9 @@ class KeyCompactOptions:
     # Which topics, and their delete.retention.ms and min.compaction.lag.ms: those whose cleanup.policy has
     # compact and compact.enable is true (the two values above are then not used).
     policy: Policy | None = None
-    max_keys: int | None = None  # the key map's bound: a full map ends a pass early, the next run goes on
+    # the key map's bound (None: none), by default a broker's default cleaner thread's: a full map ends a pass
+    # early, the next run goes on
+    max_keys: int | None = DEFAULT_MAX_KEYS
 
     def __post_init__(self) -> None:
         if self.max_keys is not None and self.max_keys < 1:

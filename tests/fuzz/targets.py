@@ -1,0 +1,188 @@
+"""Fuzz targets for the compiled code that reads segment bytes, each compared with its Python reference.
+
+A target takes one input (bytes) and raises on a finding: a verdict or a result that differs from the
+reference's. Crashes, sanitizer reports (AddressSanitizer, UndefinedBehaviorSanitizer) and hangs are the
+fuzzer's to catch (``tests/fuzz/run.py`` runs these under libFuzzer through atheris, with the modules built
+with both sanitizers). The same targets replay the regression inputs and seeds in the ordinary test run.
+
+Input layouts (a small fixed prefix of parameters, then the bytes under test, so that seeds made from real
+records sections keep their meaning):
+
+- ``walk``, ``digest``: count u16 LE | last offset delta u16 LE | flags u8 | records section.
+  flags: bit 0 LogAppendTime, bit 1 base offset near the end of int64, bit 2 timestamp near int64's ends.
+- ``merge``: flags u8 | cut 1 u16 LE | cut 2 u16 LE | the sections, concatenated and cut in up to three.
+- ``scan``: a segment's bytes (batches back to back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import itertools
+import struct
+from collections.abc import Callable
+from typing import Final
+
+from tiering.errors import TieringError
+from tiering.kafka import _records, _walker
+from tiering.kafka.batch import TimestampType, parse_v2_header
+from tiering.kafka.builder import BatchSpec, build_batch, encode_record
+from tiering.kafka.reader import iter_batches
+from tiering.kafka.records import Record, decode_v2
+from tiering.kafka.segment import DecodedBatch, Digests
+
+INT64_MAX: Final = (1 << 63) - 1
+_HEADER = parse_v2_header(build_batch(BatchSpec(0), [Record(0, 1, None, None)]), 0)
+
+
+class Finding(AssertionError):
+    """The compiled code and its reference disagree."""
+
+
+def _params(data: bytes) -> tuple[int, int, int, int, bool, bytes]:
+    """(count, last offset delta, base offset, timestamp, LogAppendTime, section) of a walk/digest input."""
+    count, last = struct.unpack_from("<HH", data)
+    flags = data[4]
+    base = INT64_MAX - 70_000 if flags & 2 else 1_000
+    ts = (INT64_MAX - 5 if flags & 8 else -INT64_MAX + 5) if flags & 4 else 1_700_000_000_000
+    return count, last, base, ts, bool(flags & 1), data[5:]
+
+
+def _header(count: int, last: int, base: int, ts: int, log_append: bool):  # type: ignore[no-untyped-def]
+    return dataclasses.replace(
+        _HEADER, offset=base, last_offset=base + last, records_count=count, base_timestamp=ts, max_timestamp=ts,
+        timestamp_type=TimestampType.LOG_APPEND_TIME if log_append else TimestampType.CREATE_TIME)
+
+
+def _reference(count: int, last: int, base: int, ts: int, log_append: bool,
+               section: bytes) -> list[Record] | None:
+    try:
+        return decode_v2(_header(count, last, base, ts, log_append), section)
+    except TieringError:
+        return None
+
+
+def has_wide_varlong(section: bytes) -> bool:
+    """Whether nine continuation bytes are followed by a last byte holding bits past the 64th: a timestamp
+    delta Java reads modulo 2^64 and the reference reads whole, so the compiled code leaves it to the
+    reference."""
+    return any(all(b & 0x80 for b in section[i:i + 9]) and 2 <= section[i + 9] < 0x80
+               for i in range(len(section) - 9))
+
+
+def walk(data: bytes) -> None:
+    """_walker.walk_v2, fast and careful, against records.decode_v2: the same verdict and count."""
+    if len(data) < 5:
+        return
+    count, last, base, ts, log_append, section = _params(data)
+    verdicts = []
+    for fast in (True, False):
+        try:
+            verdicts.append(_walker.walk_v2(section, count, last, fast))
+        except ValueError:
+            verdicts.append(None)
+    records = _reference(count, last, base, ts, log_append, section)
+    expected = None if records is None else len(records)
+    if verdicts != [expected, expected]:
+        raise Finding(f"walk_v2 fast/careful {verdicts}, decode_v2 {expected}")
+
+
+def digest(data: bytes) -> None:
+    """_records.digest_v2 against the bytes segment.Digests hashes for decode_v2's records."""
+    if len(data) < 5:
+        return
+    count, last, base, ts, log_append, section = _params(data)
+    encoded = _records.digest_v2(section, base, ts, log_append, count, last)
+    records = _reference(count, last, base, ts, log_append, section)
+    if records is None:
+        if encoded is not None:
+            raise Finding("digest_v2 vouched for a section decode_v2 rejects")
+        return
+    if encoded is None:
+        if not has_wide_varlong(section) and not _offset_overflows(records):
+            raise Finding("digest_v2 refused a section decode_v2 reads")
+        return
+    h = _header(count, last, base, ts, log_append)
+    raw = type("Raw", (), {"header": h})()
+    mine, theirs = Digests(), Digests()
+    mine.update_encoded(h, len(records), encoded)
+    theirs.update(DecodedBatch(raw, records, len(section)))  # type: ignore[arg-type]
+    if mine.records_sha256 != theirs.records_sha256:
+        raise Finding("digest_v2's input differs from the reference's records")
+
+
+def _offset_overflows(records: list[Record]) -> bool:
+    return any(r.offset > INT64_MAX for r in records)
+
+
+def merge(data: bytes) -> None:
+    """_records.merge_v2 against builder.encode_record over decode_v2's records of each section."""
+    if len(data) < 5:
+        return
+    flags = data[0]
+    body = data[5:]
+    cuts = sorted({min(c, len(body)) for c in struct.unpack_from("<HH", data, 1)})
+    edges = [0, *cuts, len(body)]
+    sections = [body[a:b] for a, b in itertools.pairwise(edges)][: 1 + flags % 3]
+    log_append = bool(flags & 4)
+    bases = []
+    offset = INT64_MAX - 200_000 if flags & 8 else 0
+    for i, _ in enumerate(sections):
+        ts = 1_700_000_000_000 + ((0, INT64_MAX // 2, -INT64_MAX // 2)[i] if flags & 16 else i * 1_000)
+        bases.append((offset, ts, 65_535))
+        offset = min(offset + 65_536 + (1 << 31 if flags & 32 and i == 0 else 0), INT64_MAX - 65_535)
+    result = _records.merge_v2(sections, bases, log_append, bases[0][0])
+    decoded = []
+    for section, (base, ts, last) in zip(sections, bases, strict=True):
+        records = _reference(_count(section), last, base, ts, log_append, section)
+        if records is None:
+            if result is not None:
+                raise Finding("merge_v2 merged a section decode_v2 rejects")
+            return
+        decoded.extend(records)
+    if result is None:
+        if not any(has_wide_varlong(s) for s in sections) and not _out_of_range(decoded, bases[0][0]):
+            raise Finding("merge_v2 refused sections the reference reads and can encode")
+        return
+    first = decoded[0].timestamp if decoded else 0
+    expected = (b"".join(encode_record(r, bases[0][0], first) for r in decoded), len(decoded), first,
+                max((r.timestamp for r in decoded), default=-1))
+    if result != expected:
+        raise Finding("merge_v2's merged section differs from the reference's")
+
+
+def _count(section: bytes) -> int:
+    """The number of records decode_v2 would find (a count that never fails the check by itself)."""
+    try:
+        return len(decode_v2(dataclasses.replace(_HEADER, last_offset=65_535, records_count=None), section))
+    except TieringError:
+        return -1
+
+
+def _out_of_range(records: list[Record], base: int) -> bool:
+    first = records[0].timestamp if records else 0
+    return any(not 0 <= r.offset - base <= 0x7FFFFFFF or r.offset > INT64_MAX
+               or not -(1 << 63) <= r.timestamp - first <= INT64_MAX for r in records)
+
+
+def scan(data: bytes) -> None:
+    """_walker.scan_v2 against the Python reader: every row it gives is a batch the reader reads at the same
+    place with the same fields, in order."""
+    rows = _walker.scan_v2(data, 0, len(data))
+    if not rows:
+        return
+    reference = []
+    try:
+        for raw in iter_batches(io.BytesIO(data)):
+            if len(reference) == len(rows):
+                break
+            h = raw.header
+            reference.append((h.position, h.size, h.offset, h.last_offset, h.max_timestamp, h.attributes,
+                              h.records_count))
+    except TieringError:
+        pass
+    if [tuple(r) for r in rows] != reference[: len(rows)] or len(reference) < len(rows):
+        raise Finding(f"scan_v2 rows {rows[:3]}... differ from the reader's {reference[:3]}...")
+
+
+TARGETS: Final[dict[str, Callable[[bytes], None]]] = {"walk": walk, "digest": digest, "merge": merge, "scan": scan}
