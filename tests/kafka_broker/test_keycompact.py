@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import pytest
 from tests.kafka_broker import producers as P
 from tests.kafka_broker.broker import Broker
 from tests.kafka_broker.conftest import note
+from tiering.kafka.batch import V2_HEADER_SIZE
 from tiering.kafka.keycompact import (
     CleanOptions,
     CleanStats,
@@ -106,6 +108,24 @@ def _produce(bootstrap: str) -> dict[str, int]:
         counts["tombstones"] += 1
     fill()
     return counts
+
+
+GZIP_OS_AT = 9  # the gzip header's OS byte (RFC 1952): 255 from java.util.zip on Java 17+, 3 from zlib
+
+
+def _clean_once(broker: Broker, through: int, then: Callable[[], None] | None = None) -> int:
+    """The broker restarted with the topic turned compacted (dirty ratio 0, delete.retention.ms 0) until its
+    cleaner has cleaned up to ``through``; ``then`` runs before it stops. What _wait_cleaned returned."""
+    broker.start()
+    try:
+        _set_configs(broker.bootstrap, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0",
+                                        "delete.retention.ms": "0"})
+        cleaned = _wait_cleaned(broker, through)
+        if then is not None:
+            then()
+        return cleaned
+    finally:
+        broker.stop()
 
 
 def _set_configs(bootstrap: str, configs: dict[str, str]) -> None:
@@ -316,16 +336,13 @@ def test_key_compaction_equals_kafka_s_log_cleaner_over_two_passes(tmp_path: Pat
     partition = broker.data_dir / f"{TOPIC}-0"
     first = _copied_aside(broker, tmp_path / "round1", 6)
 
-    broker.start()
-    try:
-        switched = int(time.time() * 1000)
-        _set_configs(broker.bootstrap, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0",
-                                        "delete.retention.ms": "0"})
-        cleaned = _wait_cleaned(broker, first[-1].base_offset)
+    switched = int(time.time() * 1000)
+
+    def then_pause_and_write_more() -> None:
         _set_configs(broker.bootstrap, {"min.cleanable.dirty.ratio": "1"})  # no pass while round 2 is written
         _more(broker.bootstrap)
-    finally:
-        broker.stop()
+
+    cleaned = _clean_once(broker, first[-1].base_offset, then=then_pause_and_write_more)
     shutil.copytree(partition, tmp_path / "round2")
     second = _segments(tmp_path / "round2")
     assert second[-1].base_offset > first[-1].base_offset + 2
@@ -413,17 +430,11 @@ def test_gzip_batches_the_cleaner_rebuilds_are_ours_byte_for_byte(tmp_path: Path
         broker.stop()
     partition = broker.data_dir / f"{TOPIC}-0"
     segments = _copied_aside(broker, tmp_path / "before", 4)
-    broker.start()
-    try:
-        _set_configs(broker.bootstrap, {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0",
-                                        "delete.retention.ms": "0"})
-        _wait_cleaned(broker, segments[-1].base_offset)
-    finally:
-        broker.stop()
+    _clean_once(broker, segments[-1].base_offset)
     theirs = _files(partition, segments[-1].base_offset)
     (pass_time,) = _horizons(theirs)  # the tombstones the pass kept, stamped at its own time
     rebuilt = [b for p in theirs.values() for b in iter_batches(io.BytesIO(p.read_bytes()))
-               if b.header.codec.label == "gzip" and b.data[61 + 9] == 0xFF]
+               if b.header.codec.label == "gzip" and b.data[V2_HEADER_SIZE + GZIP_OS_AT] == 0xFF]
     assert rebuilt, "the cleaner rebuilt no gzip batch"
     stats = _check_pass(segments, theirs, pass_time, 0, merges=len(theirs) < len(segments) - 1)
     assert stats.superseded_dropped > 0
