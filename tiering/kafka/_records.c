@@ -156,6 +156,26 @@ static inline void put_varint(out_buf *o, int64_t v) {
     o->buf[o->len++] = (uint8_t)z;
 }
 
+/* A record's key, value and headers (the record ends at `end`), each length written by put_len: a big-endian
+ * int32 in the digest's input, a varint in a records section. The caller reserved the room. */
+static void put_fields(out_buf *o, const record *r, const uint8_t *end, void (*put_len)(out_buf *, int64_t)) {
+    put_len(o, r->key == NULL ? -1 : r->key_len);
+    put_bytes(o, r->key, r->key_len);
+    put_len(o, r->value == NULL ? -1 : r->value_len);
+    put_bytes(o, r->value, r->value_len);
+    put_len(o, r->header_count);
+    cursor h = {r->headers, end};
+    for (int64_t i = 0; i < r->header_count; i++) {
+        const uint8_t *k, *v;
+        int64_t kn, vn;
+        next_header(&h, &k, &kn, &v, &vn);
+        put_len(o, kn);
+        put_bytes(o, k, kn);
+        put_len(o, v == NULL ? -1 : vn);
+        put_bytes(o, v, vn);
+    }
+}
+
 static inline int64_t wrapping_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
 
 #define RELEASE_GIL_FROM (64 << 10) /* input bytes: below this the walk takes less than a GIL hand-over */
@@ -178,21 +198,7 @@ static int digest_walk(const uint8_t *buf, Py_ssize_t len, int64_t base_offset, 
             return -2;
         put_be64(o, offset);
         put_be64(o, log_append ? timestamp : wrapping_add(timestamp, r.timestamp_delta));
-        put_be32(o, r.key == NULL ? -1 : r.key_len);
-        put_bytes(o, r.key, r.key_len);
-        put_be32(o, r.value == NULL ? -1 : r.value_len);
-        put_bytes(o, r.value, r.value_len);
-        put_be32(o, r.header_count);
-        cursor h = {r.headers, c.p};
-        for (int64_t i = 0; i < r.header_count; i++) {
-            const uint8_t *k, *v;
-            int64_t kn, vn;
-            next_header(&h, &k, &kn, &v, &vn);
-            put_be32(o, kn);
-            put_bytes(o, k, kn);
-            put_be32(o, v == NULL ? -1 : vn);
-            put_bytes(o, v, vn);
-        }
+        put_fields(o, &r, c.p, put_be32);
         count++;
     }
     return count == expected_count ? 0 : -1;
@@ -269,21 +275,7 @@ static int merge_walk(const source *sources, Py_ssize_t n, int log_append, int64
             o->buf[o->len++] = 0; /* attributes */
             put_varint(o, ts_delta);
             put_varint(o, offset_delta);
-            put_varint(o, r.key == NULL ? -1 : r.key_len);
-            put_bytes(o, r.key, r.key_len);
-            put_varint(o, r.value == NULL ? -1 : r.value_len);
-            put_bytes(o, r.value, r.value_len);
-            put_varint(o, r.header_count);
-            h.p = r.headers;
-            for (int64_t i = 0; i < r.header_count; i++) {
-                const uint8_t *k, *v;
-                int64_t kn, vn;
-                next_header(&h, &k, &kn, &v, &vn);
-                put_varint(o, kn);
-                put_bytes(o, k, kn);
-                put_varint(o, v == NULL ? -1 : vn);
-                put_bytes(o, v, vn);
-            }
+            put_fields(o, &r, c.p, put_varint);
             records++;
         }
     }
