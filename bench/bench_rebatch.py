@@ -10,23 +10,29 @@ same run: recompression alone (``tiering segment rewrite``), and re-batching the
 batches before and after, the throughput of both (source MiB per second, best of ``--repeat``) and their
 ratio. ``--engine python`` re-batches with the Python reference instead of the compiled record layer.
 
+Then memory: ``tiering segment rewrite --rebatch`` as its own process on segments of ``--rss-mib`` sizes
+(default 64 and 1024 MiB) of the same 5-records-a-batch topic, its peak RSS from the kernel (``wait4``);
+re-batching holds at most its lookahead of batches, so the peak should not grow with the segment.
+
 Prints a table and writes ``bench/out/bench_rebatch.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
 import random
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from tiering.kafka.builder import BatchSpec, build_batch
+from tiering.kafka.builder import BatchSpec, build_batch, rebase_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rebatch import Engine, RebatchOptions
 from tiering.kafka.records import Record
@@ -76,6 +82,37 @@ def _best(path: Path, out: Path, options: RewriteOptions, rebatch: RebatchOption
     return best, result
 
 
+def rss_of_rebatching(tmp: Path, records: list[Record], size_mib: int, per_batch: int = 5) -> dict[str, Any]:
+    """Peak RSS and wall time of ``tiering segment rewrite --rebatch`` on a segment of ``size_mib`` MiB: the
+    batches of ``records`` laid out again and again (rebase_batch) until the size is reached."""
+    templates = [build_batch(BatchSpec(0, Codec.SNAPPY),
+                             [dataclasses.replace(r, offset=j) for j, r in enumerate(records[i:i + per_batch])])
+                 for i in range(0, len(records), per_batch)]
+    folder = tmp / f"rss-{size_mib}"
+    folder.mkdir()
+    path = folder / f"{0:020d}.log"
+    written, offset, shift = 0, 0, 0
+    with path.open("wb") as f:
+        while written < size_mib * MIB:
+            for template in templates:
+                batch = rebase_batch(template, offset, shift)
+                f.write(batch)
+                written += len(batch)
+                offset += per_batch
+            shift += 10_000_000
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "tiering", "segment", "rewrite", str(path), "--out",
+                             str(folder / "out"), "--codec", "zstd", "--rebatch"], stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"tiering segment rewrite --rebatch exited {proc.returncode} on {path}")
+    seconds = time.perf_counter() - started
+    path.unlink()
+    return {"segment_mib": size_mib, "bytes": written, "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "seconds": round(seconds, 1), "mib_per_s": round(written / MIB / seconds, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=100_000, help="records in each topic's segment")
@@ -83,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="rewrites of each kind (best is kept)")
     parser.add_argument("--engine", choices=[e.value for e in Engine], default=Engine.NATIVE.value,
                         help="what does the record work (default: the compiled record layer)")
+    parser.add_argument("--rss-mib", type=int, nargs="*", default=[64, 1024],
+                        help="segment sizes whose re-batching's peak RSS is measured (none: skip)")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_rebatch.json")
     args = parser.parse_args(argv)
     records = json_records(args.records)
@@ -106,8 +145,13 @@ def main(argv: list[str] | None = None) -> int:
                 "rebatch_speed_over_recompress": round(plain_s / merged_s, 2)})
             print(f"  {per_batch} a batch: {plain.stats.bytes_out:,} vs {merged.stats.bytes_out:,} bytes",
                   file=sys.stderr)
+        memory = []
+        for size_mib in args.rss_mib:
+            print(f"  peak RSS of re-batching {size_mib} MiB ...", file=sys.stderr)
+            memory.append(rss_of_rebatching(Path(tmp), records, size_mib))
     doc = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
-           "codec": "zstd", "level": 3, "source_codec": "snappy", "engine": args.engine, "rows": rows}
+           "codec": "zstd", "level": 3, "source_codec": "snappy", "engine": args.engine, "rows": rows,
+           "memory": memory}
     args.json_out.parent.mkdir(parents=True, exist_ok=True)
     args.json_out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\n{'a batch':>7} {'batches':>8} {'source':>10} {'recompressed':>13} {'re-batched':>11} {'ratio':>6} "
@@ -117,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['rebatched_bytes']:>11,} {r['rebatched_over_recompressed']:>6.3f} {r['batches_after_rebatch']:>13,} "
               f"{r['recompress_mib_per_s']:>6.1f} {r['rebatch_mib_per_s']:>8.1f} "
               f"{r['rebatch_speed_over_recompress']:>14.2f}")
+    if memory:
+        print(f"\n{'segment':>10} {'peak RSS':>9} {'seconds':>8} {'MiB/s':>6}  (tiering segment rewrite --rebatch)")
+        for m in memory:
+            print(f"{m['segment_mib']:>6} MiB {m['peak_rss_mib']:>5.0f} MiB {m['seconds']:>8.1f} "
+                  f"{m['mib_per_s']:>6.1f}")
+        print(f"peak RSS, largest over smallest: {memory[-1]['peak_rss_mib'] / memory[0]['peak_rss_mib']:.2f}")
     print(f"\nJSON: {args.json_out}")
     return 0
 

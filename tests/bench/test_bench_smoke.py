@@ -121,9 +121,14 @@ def test_rebatch_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     out = tmp_path / "bench_rebatch.json"
     script = BENCH.parent / "bench_rebatch.py"
     proc = subprocess.run([sys.executable, str(script), "--records", "3000", "--per-batch", "1", "100", "--repeat", "1",
-                           "--json-out", str(out)], capture_output=True, text=True, timeout=300, check=False)
+                           "--rss-mib", "1", "2", "--json-out", str(out)], capture_output=True, text=True, timeout=300,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
-    rows = {r["records_per_batch"]: r for r in json.loads(out.read_text())["rows"]}
+    doc = json.loads(out.read_text())
+    assert [m["segment_mib"] for m in doc["memory"]] == [1, 2]
+    assert all(m["bytes"] >= m["segment_mib"] << 20 and m["peak_rss_mib"] > 20 for m in doc["memory"])
+    assert "peak RSS, largest over smallest" in proc.stdout
+    rows = {r["records_per_batch"]: r for r in doc["rows"]}
     assert (rows[1]["batches"], rows[100]["batches"]) == (3000, 30)
     assert rows[1]["batches_after_rebatch"] < 3000 / 50
     assert rows[1]["rebatched_bytes"] < rows[1]["recompressed_bytes"]
