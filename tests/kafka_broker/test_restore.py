@@ -29,7 +29,7 @@ import boto3
 import pytest
 
 from tests.kafka_broker import producers as P
-from tests.kafka_broker.broker import Broker, recovery_lines
+from tests.kafka_broker.broker import Broker, error_lines, recovery_lines
 from tests.kafka_broker.conftest import Source, note
 from tests.kafka_broker.dumplog import DumpResult, dump, seg_name
 from tiering.demo.s3 import moto_server
@@ -293,8 +293,7 @@ def test_no_index_rebuild_or_corruption_in_the_server_log(source: Source, restor
     # __cluster_metadata (KRaft's own log, untouched) always has its last segment "recovered" at start-up
     ours = [line for line in recovery_lines(log) if "__cluster_metadata" not in line]
     assert ours == []
-    errors = [line for line in log.splitlines() if " ERROR " in line]
-    assert errors == []
+    assert error_lines(log) == []
     loaded = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in LOADED.finditer(log)}
     for d in _partition_dirs(source.broker.data_dir):
         topic, _, part = d.name.rpartition("-")
