@@ -25,7 +25,7 @@ from typing import Final
 
 from tiering.errors import TieringError
 from tiering.kafka import _records, _walker
-from tiering.kafka.batch import TimestampType, parse_v2_header
+from tiering.kafka.batch import BatchHeader, TimestampType, parse_v2_header
 from tiering.kafka.builder import BatchSpec, build_batch, encode_record
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.records import Record, decode_v2
@@ -48,7 +48,7 @@ def _params(data: bytes) -> tuple[int, int, int, int, bool, bytes]:
     return count, last, base, ts, bool(flags & 1), data[5:]
 
 
-def _header(count: int, last: int, base: int, ts: int, log_append: bool):  # type: ignore[no-untyped-def]
+def _header(count: int, last: int, base: int, ts: int, log_append: bool) -> BatchHeader:
     return dataclasses.replace(
         _HEADER, offset=base, last_offset=base + last, records_count=count, base_timestamp=ts, max_timestamp=ts,
         timestamp_type=TimestampType.LOG_APPEND_TIME if log_append else TimestampType.CREATE_TIME)

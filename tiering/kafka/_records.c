@@ -92,7 +92,7 @@ static int read_record(cursor *c, int64_t prev_delta, int64_t last_offset_delta,
     return r.p == r.end ? 0 : -1;
 }
 
-/* Reads the i-th header of a record whose headers were checked by read_record. */
+/* The next header at h, in a record whose headers read_record checked. */
 static inline void next_header(cursor *h, const uint8_t **key, int64_t *key_len, const uint8_t **value,
                                int64_t *value_len) {
     read_span(h, 0, key, key_len);

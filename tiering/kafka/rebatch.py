@@ -71,7 +71,7 @@ from tiering.kafka.batch import V2_HEADER_SIZE, BatchHeader, TimestampType
 from tiering.kafka.builder import BatchSpec, assemble_batch, build_batch
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
 from tiering.kafka.reader import RawBatch, iter_batches
-from tiering.kafka.segment import DecodedBatch, Digests, decode_batch, iter_decoded, payload_of
+from tiering.kafka.segment import DecodedBatch, Digests, decode_located, iter_decoded, payload_of
 
 DEFAULT_MAX_BYTES: Final = 1 << 20  # Kafka's default max.message.bytes / message.max.bytes
 RECORD_SLACK: Final = 15  # a re-encoded record's deltas may take this many more bytes (varint growth)
@@ -376,10 +376,7 @@ def _native(raw: RawBatch, limit: int, path: str | None) -> _Source:
             encoded = _records.digest_v2(section, h.offset, ts, log_append, h.records_count, h.last_offset - h.offset)
             if encoded is not None:
                 return _Section(raw, section, encoded)
-    try:
-        return decode_batch(raw, limit=limit)
-    except TieringError as e:
-        raise e.located(path=path) from None
+    return decode_located(raw, path=path, limit=limit)
 
 
 def _digest(digests: Digests, batch: _Source) -> None:
@@ -392,14 +389,9 @@ def _digest(digests: Digests, batch: _Source) -> None:
 
 def _source(raw: RawBatch, options: RebatchOptions, path: str | None) -> _Source:
     limit = options.decompression_limit
-    return _native(raw, limit, path) if options.engine is Engine.NATIVE else _decoded(raw, limit, path)
-
-
-def _decoded(raw: RawBatch, limit: int, path: str | None) -> DecodedBatch:
-    try:
-        return decode_batch(raw, limit=limit)
-    except TieringError as e:
-        raise e.located(path=path) from None
+    if options.engine is Engine.NATIVE:
+        return _native(raw, limit, path)
+    return decode_located(raw, path=path, limit=limit)
 
 
 def _merge(group: list[_Source], options: RebatchOptions, path: str | None) -> bytes:
@@ -408,8 +400,9 @@ def _merge(group: list[_Source], options: RebatchOptions, path: str | None) -> b
         built = _merged_native(cast(list[_Section], group), options)
         if built is not None:
             return built
-    return merged_batch([b if isinstance(b, DecodedBatch) else _decoded(b.raw, options.decompression_limit, path)
-                         for b in group], options)
+    return merged_batch([b if isinstance(b, DecodedBatch)
+                         else decode_located(b.raw, path=path, limit=options.decompression_limit) for b in group],
+                        options)
 
 
 def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, path: str | None = None,
@@ -431,7 +424,8 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
     digests_in, digests_out = Digests(), Digests()
 
     def counted() -> Iterator[_Source]:
-        for batch in (_source(raw, options, path) for raw in iter_batches(src, path=path)):
+        for raw in iter_batches(src, path=path):
+            batch = _source(raw, options, path)
             _digest(digests_in, batch)
             stats.batches_in += 1
             stats.records += batch.record_count

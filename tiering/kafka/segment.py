@@ -184,10 +184,15 @@ class Digests:
 def iter_decoded(stream: BinaryIO, *, path: str | None = None,
                  limit: int = DEFAULT_DECOMPRESSION_LIMIT) -> Iterator[DecodedBatch]:
     for raw in iter_batches(stream, path=path):
-        try:
-            yield decode_batch(raw, limit=limit)
-        except TieringError as e:
-            raise e.located(path=path) from None
+        yield decode_located(raw, path=path, limit=limit)
+
+
+def decode_located(raw: RawBatch, *, path: str | None, limit: int = DEFAULT_DECOMPRESSION_LIMIT) -> DecodedBatch:
+    """:func:`decode_batch`, its errors naming the file too."""
+    try:
+        return decode_batch(raw, limit=limit)
+    except TieringError as e:
+        raise e.located(path=path) from None
 
 
 class OffsetOrder:
