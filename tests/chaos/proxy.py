@@ -12,11 +12,12 @@ For each request the first :class:`Rule` (or :class:`Flaky`) that returns an :cl
 - ``error``: answer ``status`` with an S3 error document (``code``) without forwarding;
 - ``reset``: close with a TCP RST without forwarding (S3 never sees the request);
 - ``drop``: forward, then close without replying (S3 executed it, the client never hears);
-- ``cut``: forward, reply with the headers and half of the body, then close (FIN).
+- ``cut``: forward, reply with the headers and half of the body, then close (FIN);
+- ``flip``: forward, reply with one bit of the body's middle byte flipped (bytes damaged on the way).
 
 An action's ``before`` hook runs before the request is forwarded, its ``after`` hook once S3 has
 answered and before the client is: a test kills the client there, or mirrors objects behind its back.
-Every request is recorded in :attr:`Proxy.seen`.
+Every request is recorded in :attr:`Proxy.seen`, and :attr:`Proxy.connections` counts the connections accepted.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Final, Literal, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-Kind = Literal["pass", "delay", "error", "reset", "drop", "cut"]
+Kind = Literal["pass", "delay", "error", "reset", "drop", "cut", "flip"]
 MAX_LINE: Final = 65_536
 TIMEOUT_SECONDS: Final = 120.0
 _ERROR_REASONS: Final = {500: "Internal Server Error", 503: "Service Unavailable"}
@@ -317,6 +318,7 @@ class Proxy:
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.rules: list[Decider] = list(rules)
         self.seen: list[Seen] = []
+        self.connections = 0
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
         self._clients: set[socket.socket] = set()
@@ -358,6 +360,7 @@ class Proxy:
         client.settimeout(TIMEOUT_SECONDS)
         with self._lock:
             self._clients.add(client)
+            self.connections += 1
         upstream = _Upstream(self.upstream)
         f = client.makefile("rb")
         try:
@@ -403,6 +406,8 @@ class Proxy:
         kind = action.kind
         if kind == "cut" and not response.body:
             kind = "drop"  # nothing to cut: the closest fault is an answer that never comes
+        if kind == "flip" and not response.body:
+            kind = "pass"  # no byte to damage
         self.seen.append(Seen(method, target, kind, response.status))
         if kind == "drop":
             return False
@@ -410,6 +415,10 @@ class Proxy:
             client.sendall(response.head + response.body[: len(response.body) // 2])
             client.shutdown(socket.SHUT_WR)
             return False
-        client.sendall(response.head + response.body)
+        body = response.body
+        if kind == "flip":
+            middle = len(body) // 2
+            body = body[:middle] + bytes([body[middle] ^ 0x10]) + body[middle + 1 :]
+        client.sendall(response.head + body)
         # Where the upstream closed (its body may have been delimited by the close), so does the client's.
         return not (response.close or (_get(headers, "connection") or "").lower() == "close")

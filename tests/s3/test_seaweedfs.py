@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from tests.chaos.proxy import Proxy
 from tests.s3.conftest import PREFIX, check_consistent, context, no_pending, plan_for, seed
 from tests.s3.seaweedfs import Seaweed, weed_mini
 from tiering.errors import ExitCode
@@ -233,3 +234,24 @@ def test_tiering(name: str, store: S3Store, monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(test_tier, "BUCKET", store.bucket)
     getattr(test_tier, name)(store)
+
+
+def test_reads_are_checked_and_give_their_connection_back(store: S3Store, seaweed: Seaweed) -> None:
+    """A whole object read in pieces is checked against the checksum the store keeps (ours, CRC-32C, or an AWS
+    SDK's CRC32), and once its last byte is in, the connection serves the next request: the body is read
+    below urllib3, which would otherwise not see its end. Through the chaos proxy, which counts connections
+    (SeaweedFS keeps them alive; moto's server closes each)."""
+    data = bytes(range(256)) * 8192  # 2 MiB
+    store.put("c", data, checksum=True)
+    store.client.put_object(Bucket=store.bucket, Key="d", Body=data)  # botocore's default checksum
+    with Proxy(seaweed.endpoint) as proxy:
+        s = S3Store(make_client(endpoint_url=proxy.url), store.bucket)
+        for key, algorithm in [("c", "CRC32C"), ("d", "CRC32")] * 3:
+            with s.open(key) as body:
+                pieces = []
+                while piece := body.read(100_000):
+                    pieces.append(piece)
+            assert b"".join(pieces) == data
+            assert getattr(body, "verified", None) == algorithm
+            s.head(key)
+        assert proxy.connections == 1

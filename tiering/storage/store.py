@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import http.client
 import io
 import json
 import os
@@ -50,6 +51,7 @@ from botocore.exceptions import (
 )
 from botocore.loaders import create_loader
 from urllib3.exceptions import HTTPError as URLLib3Error
+from zlib_ng import zlib_ng
 
 from tiering.errors import ConfigError, ProofError, StorageError, TieringError
 
@@ -305,7 +307,7 @@ class EncryptedWithCustomerKey(StorageError):
 
 # What botocore raises when a request or a body read fails on the wire (after its own retries).
 _TRANSPORT: Final = (BotoConnectionError, ConnectionClosedError, ReadTimeoutError, ResponseStreamingError,
-                     IncompleteReadError, URLLib3Error, ConnectionError, TimeoutError)
+                     IncompleteReadError, URLLib3Error, http.client.HTTPException, ConnectionError, TimeoutError)
 
 
 _BY_CODE: Final[dict[str, type[StorageError]]] = {
@@ -520,15 +522,63 @@ def put_json(store: _JsonWriter, key: str, doc: object, *, if_match: str | None 
         raise
 
 
+class _Checksum:
+    """The full-object checksum S3 keeps for an object, computed over the bytes of a GET as they arrive: CRC-32C
+    (what this platform uploads with), CRC-32 (the AWS SDKs' default), SHA-1 or SHA-256. ``None`` from
+    :meth:`of` where S3 reported none of these for the whole object (a ranged GET, a composite multipart
+    checksum ``...-N``, CRC-64/NVME, an object stored without one)."""
+
+    __slots__ = ("_crc", "_hash", "algorithm", "expected")
+
+    def __init__(self, algorithm: str, expected: str) -> None:
+        self.algorithm, self.expected = algorithm, expected
+        self._crc = 0
+        self._hash = hashlib.new(algorithm.lower()) if algorithm.startswith("SHA") else None
+
+    @classmethod
+    def of(cls, response: Mapping[str, Any]) -> _Checksum | None:
+        if "ContentRange" in response or response.get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
+            return None
+        for algorithm in ("CRC32C", "CRC32", "SHA256", "SHA1"):
+            value = response.get(f"Checksum{algorithm}")
+            if value and "-" not in value:
+                return cls(algorithm, str(value))
+        return None
+
+    def update(self, data: memoryview) -> None:
+        if self._hash is not None:
+            self._hash.update(data)
+        elif self.algorithm == "CRC32C":
+            self._crc = crc32c.crc32c(data, self._crc)
+        else:
+            self._crc = zlib_ng.crc32(data, self._crc)
+
+    def found(self) -> str:
+        digest = self._hash.digest() if self._hash is not None else self._crc.to_bytes(4, "big")
+        return base64.b64encode(digest).decode()
+
+
 class Body(io.RawIOBase):
     """A GET's body, read in pieces: failures while reading become :class:`TransportError`, and the end of
     the stream is checked against the Content-Length S3 announced, so a body cut short (a connection
-    closed early) is never taken for a short object: its bytes are not judged as data."""
+    closed early) is never taken for a short object: its bytes are not judged as data. A whole object's
+    bytes are checked against the checksum S3 stored for it (:class:`_Checksum`): bytes damaged on the way
+    are a :class:`TransportError` (retryable), never invalid data.
 
-    def __init__(self, raw: Any, length: int, store: S3Store, key: str) -> None:
+    The bytes are read from the innermost stream into the caller's buffer: botocore's ``StreamingBody``
+    wraps urllib3's response, which wraps http.client's, and each layer above copies every byte once more
+    (botocore's own checksum check, which this one replaces, also covers only CRC-32 and SHA without
+    awscrt). A stream without http.client's (moto in-process) is read through urllib3's or botocore's."""
+
+    def __init__(self, response: Mapping[str, Any], store: S3Store, key: str) -> None:
         super().__init__()
-        self._raw, self.length, self._store, self._key = raw, length, store, key
+        self._raw, self.length, self._store, self._key = response["Body"], int(response["ContentLength"]), store, key
+        self._stream = getattr(self._raw, "_raw_stream", self._raw)
+        inner = getattr(self._stream, "_fp", None)
+        self._readinto = (inner if isinstance(inner, http.client.HTTPResponse) else self._stream).readinto
+        self._checksum = _Checksum.of(response)
         self.read_bytes = 0
+        self.verified: str | None = None  # the algorithm of the stored checksum the bytes were found to match
 
     def readable(self) -> bool:
         return True
@@ -537,15 +587,36 @@ class Body(io.RawIOBase):
         view = memoryview(buffer).cast("B")
         if not len(view) or self.read_bytes >= self.length:
             return 0
+        view = view[: self.length - self.read_bytes]
         with self._store._errors("get_object (reading the body)", self._key):
-            n = self._raw.readinto(view[: self.length - self.read_bytes])
-        if n == 0:
+            n = self._readinto(view)
+        if not n:
             raise TransportError("the body ended before its announced length (the connection closed early; "
-                                 "retryable)", path=f"s3://{self._store.bucket}/{self._key}",
-                                 position=self.read_bytes, expected=f"{self.length} bytes",
-                                 found=f"{self.read_bytes} bytes")
+                                 "retryable)", path=self._where, position=self.read_bytes,
+                                 expected=f"{self.length} bytes", found=f"{self.read_bytes} bytes")
         self.read_bytes += n
+        if self._checksum is not None:
+            self._checksum.update(view[:n])
+        if self.read_bytes == self.length:
+            self._end()
         return int(n)
+
+    @property
+    def _where(self) -> str:
+        return f"s3://{self._store.bucket}/{self._key}"
+
+    def _end(self) -> None:
+        """The last byte is in: the checksum judged, and the connection handed back to urllib3's pool (read
+        below urllib3, the body's end is not seen there)."""
+        check, self._checksum = self._checksum, None
+        if check is not None and check.found() != check.expected:
+            raise TransportError(f"the bytes received do not match the {check.algorithm} S3 stored for the "
+                                 "object (damaged on the way; retryable)", path=self._where,
+                                 expected=check.expected, found=check.found())
+        self.verified = None if check is None else check.algorithm
+        release = getattr(self._stream, "release_conn", None)
+        if release is not None:
+            release()
 
     def readall(self) -> bytes:
         out = bytearray(self.length - self.read_bytes)
@@ -611,7 +682,7 @@ class S3Store:
         elif start is not None:
             kwargs["Range"] = f"bytes={start}-"
         r = self._call("get_object", key, **kwargs)
-        return cast(BinaryIO, Body(r["Body"], int(r["ContentLength"]), self, key))
+        return cast(BinaryIO, Body(r, self, key))
 
     def get(self, key: str) -> bytes:
         with self.open(key) as body:
@@ -627,7 +698,7 @@ class S3Store:
         # SSE-KMS and SSE-C objects have 32 hex digits of ETag too, but not the MD5 of their bytes.
         encrypted = str(r.get("ServerSideEncryption", "")).startswith("aws:kms") or "SSECustomerAlgorithm" in r
         plain = not encrypted and len(digest) == 32 and all(c in "0123456789abcdef" for c in digest)
-        with Body(r["Body"], int(r["ContentLength"]), self, key) as body:
+        with Body(r, self, key) as body:
             while chunk := body.read(1 << 20):
                 md5.update(chunk)
                 out.write(chunk)
@@ -775,7 +846,7 @@ class S3Store:
     def get_json(self, key: str) -> tuple[Any, str]:
         """A JSON document and its ETag (for a later ``If-Match`` update)."""
         r = self._call("get_object", key)
-        with Body(r["Body"], int(r["ContentLength"]), self, key) as body:
+        with Body(r, self, key) as body:
             data = body.read()
         try:
             return json.loads(data), str(r["ETag"])
