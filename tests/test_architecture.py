@@ -26,6 +26,37 @@ def test_only_the_store_module_imports_boto3() -> None:
     assert users == ["storage/store.py"]
 
 
+def _modules(path: Path) -> set[str]:
+    """Every module this file imports, by its full name."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+# Who builds an S3 store, and so imports the boto3 implementation: the entry points. Everything else speaks
+# to tiering.storage.objects and is handed a store. RunSettings.store() (run/pipeline.py) is the exception
+# left: Spark tasks and the commit step's worker threads still build their own there.
+STORE_BUILDERS = {"cli/report.py", "cli/s3.py", "demo/s3.py", "run/pipeline.py"}
+
+
+def test_only_the_entry_points_import_the_boto3_store() -> None:
+    users = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "tiering.storage.store" in _modules(p)}
+    assert users == STORE_BUILDERS
+
+
+def test_the_store_interface_and_the_memory_store_know_no_s3_client() -> None:
+    """The interface, its values, errors and the streamed upload import no S3 client and no implementation;
+    the memory store depends on the interface only."""
+    for name in ("objects.py", "memory.py", "layout.py"):
+        imports = _modules(PACKAGE / "storage" / name)
+        assert not {m for m in imports if m.split(".")[0] in ("boto3", "botocore", "urllib3")}, name
+        assert "tiering.storage.store" not in imports, name
+
+
 def test_the_format_package_is_pure() -> None:
     """tiering.kafka: bytes and streams in, bytes and dataclasses out; no S3, Spark, Airflow or other layers."""
     for path in (PACKAGE / "kafka").rglob("*.py"):

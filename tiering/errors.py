@@ -123,7 +123,7 @@ class ConfigError(TieringError):
 
 
 class StorageError(TieringError):
-    """An S3 request failed (its subclasses live with the S3 client, :mod:`tiering.storage.store`); ``code`` is
+    """An S3 request failed (its subclasses live with the store interface, :mod:`tiering.storage.objects`); ``code`` is
     S3's error code, ``status`` the HTTP status and ``request_id`` S3's request id (what AWS support asks
     for), where S3 answered at all."""
 

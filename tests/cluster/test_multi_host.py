@@ -36,7 +36,8 @@ from tiering.demo.seed import seed_partition
 from tiering.kafka.codecs import Codec
 from tiering.spark.artifact import build
 from tiering.storage.layout import lease_key, reserved_dir, run_result_key
-from tiering.storage.store import ObjectNotFound, S3Store, make_client
+from tiering.storage.objects import ObjectNotFound
+from tiering.storage.store import S3Store, make_client
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]

@@ -98,7 +98,7 @@ def test_a_task_fails_at_once_on_what_another_attempt_would_meet_again() -> None
     from airflow.sdk.exceptions import AirflowFailException
 
     from tiering.errors import ConfigError
-    from tiering.storage.store import TransportError
+    from tiering.storage.objects import TransportError
 
     sys.path.insert(0, str(ROOT / "dags"))
     try:

@@ -130,7 +130,7 @@ class FailingStateWrites(MemoryStore):
 
     def put_json(self, key: str, doc: object, **kwargs: Any) -> str:
         if self.failing and key == state_key(PREFIX, DIR):
-            from tiering.storage.store import TransportError
+            from tiering.storage.objects import TransportError
 
             raise TransportError("PutObject: S3 at memory did not answer in time; retryable", path=key)
         return super().put_json(key, doc, **kwargs)

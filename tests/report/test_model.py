@@ -204,7 +204,7 @@ def test_a_dry_run_counts_the_parts_of_a_large_staging_upload() -> None:
     """A segment whose new .log spans several upload parts costs a request a part (and the upload's create
     and complete) instead of one PUT; the part size is the one the store uploads with."""
     from tiering.cost.model import REQUESTS_PER_SEGMENT, UPLOAD_PART_BYTES, tier1_requests
-    from tiering.storage.store import DEFAULT_PART_BYTES
+    from tiering.storage.objects import DEFAULT_PART_BYTES
 
     assert UPLOAD_PART_BYTES == DEFAULT_PART_BYTES
     base = REQUESTS_PER_SEGMENT["tier1"]

@@ -17,7 +17,8 @@ from tests.s3.conftest import PREFIX, seed
 from tiering.cli import main
 from tiering.demo.s3 import moto_server
 from tiering.errors import ExitCode
-from tiering.storage.store import Body, S3Store, TransportError, make_client
+from tiering.storage.objects import TransportError
+from tiering.storage.store import Body, S3Store, make_client
 
 DATA = hashlib.sha256(b"seed").digest() * 40_000  # 1.25 MiB: several reads of the body
 FLIP = Action("flip")

@@ -26,7 +26,8 @@ from tiering.lifecycle.journal import Cause, Status, Swap, Verify
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.memory import MemoryStore
-from tiering.storage.store import MIN_PART_BYTES, ChecksumMismatch, S3Store, crc32c_b64
+from tiering.storage.objects import MIN_PART_BYTES, ChecksumMismatch, crc32c_b64
+from tiering.storage.store import S3Store
 
 STAGING = "/_tiering/staging/"
 

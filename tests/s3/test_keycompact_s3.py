@@ -29,7 +29,8 @@ from tiering.plan.state import load_state
 from tiering.run.compact import RunResult, rollback
 from tiering.run.keycompact import RUN_KIND, KeyCompactOptions, compact_keys
 from tiering.storage.layout import run_result_key, segment_key
-from tiering.storage.store import ObjectNotFound, S3Store
+from tiering.storage.objects import ObjectNotFound
+from tiering.storage.store import S3Store
 
 TOPIC = "profiles.compacted"
 DIRECTORY = f"{TOPIC}-0"

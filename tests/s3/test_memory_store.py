@@ -26,15 +26,15 @@ import pytest
 from tests.s3.conftest import BUCKET
 from tiering.errors import ConfigError, StorageError, TieringError
 from tiering.storage.memory import ManualClock, MemoryStore
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import (
+from tiering.storage.objects import (
     MIN_PART_BYTES,
     BucketFacts,
     ObjectAttrs,
     ObjectInfo,
+    ObjectStore,
     PreconditionFailed,
-    S3Store,
 )
+from tiering.storage.store import S3Store
 
 MEMBERS = ("head", "open", "get", "download", "put", "delete", "delete_many", "now", "describe", "put_object", "copy",
            "copy_over",

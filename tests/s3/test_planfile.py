@@ -338,7 +338,7 @@ def _crash_after_staging(store: S3Store, run: RunSettings, codec: str, level: in
 
 
 def _exists(store: S3Store, key: str) -> bool:
-    from tiering.storage.store import ObjectNotFound
+    from tiering.storage.objects import ObjectNotFound
 
     try:
         store.head(key)

@@ -28,7 +28,8 @@ from tiering.plan.scan import SKIP
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
 from tiering.storage.layout import lease_key, segment_key
-from tiering.storage.store import ObjectAttrs, ObjectNotFound, S3Store
+from tiering.storage.objects import ObjectAttrs, ObjectNotFound
+from tiering.storage.store import S3Store
 
 DIR = f"{TOPIC}-0"
 

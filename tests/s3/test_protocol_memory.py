@@ -24,7 +24,7 @@ from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
 from tiering.storage.layout import lease_key, segment_key
 from tiering.storage.memory import ManualClock, MemoryStore
-from tiering.storage.store import PreconditionFailed, StreamUpload
+from tiering.storage.objects import PreconditionFailed, StreamUpload
 
 DIR = f"{TOPIC}-0"
 SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
@@ -407,7 +407,7 @@ def test_a_crash_during_a_multipart_staging_upload_loses_nothing_and_leaves_noth
     completion; a re-run compacts the segment, and cleanup aborts what the dead run left uploading."""
     from dataclasses import replace
 
-    from tiering.storage.store import MIN_PART_BYTES
+    from tiering.storage.objects import MIN_PART_BYTES
 
     mem = MemoryStore(BUCKET, clock=clock)
     originals = seed(mem, segments=2, segment_bytes=14 * MIN_PART_BYTES // 5)

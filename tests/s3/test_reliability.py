@@ -31,7 +31,8 @@ from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
 from tiering.storage.layout import DirKind, lease_key, parse_dir, segment_key
-from tiering.storage.store import S3Store, TransportError
+from tiering.storage.objects import TransportError
+from tiering.storage.store import S3Store
 
 DIR = f"{TOPIC}-0"
 INDEXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX)

@@ -21,7 +21,8 @@ from tiering.plan.state import PartitionState
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.layout import parse_dir, partition_key, segment_key
-from tiering.storage.store import ObjectAttrs, ObjectInfo, S3Store
+from tiering.storage.objects import ObjectAttrs, ObjectInfo
+from tiering.storage.store import S3Store
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -23,17 +23,16 @@ from tiering.errors import ExitCode
 from tiering.lifecycle.journal import Swap
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
-from tiering.storage.objects import copy_honours_if_match, delete_honours_etag
-from tiering.storage.store import (
+from tiering.storage.objects import (
     MIN_PART_BYTES,
     ObjectAttrs,
     ObjectNotFound,
     PreconditionFailed,
-    S3Store,
     TransportError,
-    make_client,
-    translate,
+    copy_honours_if_match,
+    delete_honours_etag,
 )
+from tiering.storage.store import S3Store, make_client, translate
 
 pytestmark = pytest.mark.slow
 

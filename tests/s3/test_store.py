@@ -11,16 +11,8 @@ import pytest
 from moto import mock_aws
 
 from tiering.errors import ConfigError
-from tiering.storage.store import (
-    MIN_PART_BYTES,
-    AccessDenied,
-    ObjectAttrs,
-    ObjectNotFound,
-    PreconditionFailed,
-    S3Store,
-    StorageError,
-    make_client,
-)
+from tiering.storage.objects import MIN_PART_BYTES, AccessDenied, ObjectAttrs, ObjectNotFound, PreconditionFailed
+from tiering.storage.store import S3Store, StorageError, make_client
 
 BUCKET = "segments"
 

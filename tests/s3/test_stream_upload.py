@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from tests.s3.hooks import Step
 from tiering.errors import ProofError, StorageError
 from tiering.storage.memory import MemoryStore
-from tiering.storage.store import MIN_PART_BYTES, ChecksumMismatch, S3Store, crc32c_b64
+from tiering.storage.objects import MIN_PART_BYTES, ChecksumMismatch, crc32c_b64
+from tiering.storage.store import S3Store
 
 
 def _write_in_pieces(out: Any, data: bytes, piece: int = 1 << 20) -> None:

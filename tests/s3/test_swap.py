@@ -22,8 +22,8 @@ from tiering.plan.scan import PlannedSegment
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.memory import MemoryStore
-from tiering.storage.objects import copy_honours_if_match
-from tiering.storage.store import ObjectAttrs, ObjectNotFound, PreconditionFailed, S3Store
+from tiering.storage.objects import ObjectAttrs, ObjectNotFound, PreconditionFailed, copy_honours_if_match
+from tiering.storage.store import S3Store
 
 STAGING = "/_tiering/staging/"
 

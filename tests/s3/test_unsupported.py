@@ -24,8 +24,8 @@ from tiering.kafka.rewrite import RewriteOptions
 from tiering.run.compact import cleanup
 from tiering.storage.layout import backup_key
 from tiering.storage.memory import MemoryStore
-from tiering.storage.objects import delete_honours_etag
-from tiering.storage.store import ObjectInfo, ObjectNotFound, S3Store, Unsupported, make_client
+from tiering.storage.objects import ObjectInfo, ObjectNotFound, Unsupported, delete_honours_etag
+from tiering.storage.store import S3Store, make_client
 
 NOT_IMPLEMENTED = Action("error", status=501, code="NotImplemented")
 

@@ -61,8 +61,8 @@ from tiering.run.compact import (
 )
 from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.run.pipeline import RunSettings, compact, plan_run, run_local, scan_run
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ObjectInfo, S3Store, make_client
+from tiering.storage.objects import ObjectInfo, ObjectStore
+from tiering.storage.store import S3Store, make_client
 
 CODEC_CHOICES = [c.label for c in Codec]
 

@@ -29,8 +29,7 @@ from typing import ClassVar, Final, Protocol
 
 from tiering.errors import ConflictError, StorageError
 from tiering.storage.layout import clock_key
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ObjectNotFound, PreconditionFailed
+from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
 
 DEFAULT_TTL_SECONDS: Final = 600
 ACQUIRE_ATTEMPTS: Final = 4

@@ -70,15 +70,16 @@ from tiering.storage.layout import (
     sibling_key,
     staging_key,
 )
-from tiering.storage.objects import ObjectStore, copy_honours_if_match
-from tiering.storage.store import (
+from tiering.storage.objects import (
     DEFAULT_PART_BYTES,
     ChecksumUnsupported,
     ObjectAttrs,
     ObjectInfo,
     ObjectNotFound,
+    ObjectStore,
     PreconditionFailed,
     StreamUpload,
+    copy_honours_if_match,
     crc32c_b64,
 )
 

@@ -64,7 +64,7 @@ KMS_CALLS_PER_SEGMENT: Final = 10
 # verify by checksum, commit; tests/test_pipeline.py checks the measured count stays within 35% of these),
 # and a rewrite speed per core through S3 (docs/benchmarks.md, bench-s3).
 REQUESTS_PER_SEGMENT: Final = {"tier1": 17, "tier2": 24}
-# The staging upload's part size (tiering.storage.store.DEFAULT_PART_BYTES; a test keeps them equal): a new
+# The staging upload's part size (tiering.storage.objects.DEFAULT_PART_BYTES; a test keeps them equal): a new
 # .log larger than one part is a multipart upload, one request a part plus its create and complete.
 UPLOAD_PART_BYTES: Final = 8 << 20
 

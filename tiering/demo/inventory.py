@@ -29,8 +29,7 @@ from datetime import UTC, datetime
 from typing import BinaryIO, Final
 from urllib.parse import quote_plus
 
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ObjectInfo
+from tiering.storage.objects import ObjectInfo, ObjectStore
 
 MANIFEST_VERSION: Final = "2016-11-30"
 COLUMNS: Final = ("Bucket", "Key", "Size", "LastModifiedDate", "ETag", "StorageClass")

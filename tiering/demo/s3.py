@@ -36,8 +36,8 @@ from tiering.plan.planfile import PlanManifest
 from tiering.run.compact import RunResult
 from tiering.run.pipeline import safe_run_id
 from tiering.storage.layout import report_key, reserved_dir, run_key, run_result_key, segment_key
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ObjectNotFound, S3Store, make_client
+from tiering.storage.objects import ObjectNotFound, ObjectStore
+from tiering.storage.store import S3Store, make_client
 
 BUCKET: Final = "kafka-demo"
 PREFIX: Final = "kafka/logs"

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Final
 
 from tiering.errors import ConfigError
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.storage.store import ObjectAttrs
+from tiering.storage.objects import ObjectAttrs
 
 # The three files an operation replaces, by name, with their suffixes.
 FILES: Final = (("log", LOG_SUFFIX), ("index", INDEX_SUFFIX), ("timeindex", TIME_INDEX_SUFFIX))

@@ -62,8 +62,7 @@ from typing import Any, BinaryIO, Final
 from urllib.parse import unquote_plus
 
 from tiering.errors import ConfigError, InvalidDataError, StorageError, TieringError
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ObjectInfo
+from tiering.storage.objects import ObjectInfo, ObjectStore
 
 CSV: Final = "CSV"
 UNREADABLE_FORMATS: Final = frozenset({"ORC", "Parquet"})  # real S3 formats, but no reader here (no pyarrow)

@@ -56,8 +56,7 @@ from tiering.storage.layout import (
     partition_prefix,
     reserved_dir,
 )
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ObjectInfo
+from tiering.storage.objects import ObjectInfo, ObjectStore
 
 PLAN_SCHEMA_VERSION: Final = 1
 DEFAULT_MIN_AGE_MINUTES: Final = 15

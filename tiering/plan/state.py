@@ -20,8 +20,7 @@ from typing import Any, ClassVar, Final
 
 from tiering.errors import ConfigError, TieringError
 from tiering.storage.layout import state_key
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ObjectNotFound, PreconditionFailed
+from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
 
 CAS_ATTEMPTS: Final = 5
 BATCH_ENTRIES: Final = 100  # a batch writes itself once this many changes wait (bounds the bytes rewritten)

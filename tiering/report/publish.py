@@ -27,8 +27,7 @@ from tiering.run.keycompact import RUN_KIND as KEYS_RUN
 from tiering.run.keycompact import key_steps
 from tiering.run.pipeline import RunSettings, plan_files, run_outcomes
 from tiering.storage.layout import ledger_key, report_key, run_key, run_result_key
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ObjectAttrs, ObjectNotFound, PreconditionFailed
+from tiering.storage.objects import ObjectAttrs, ObjectNotFound, ObjectStore, PreconditionFailed
 
 LATEST: Final = "latest"
 MAX_LEDGER_ATTEMPTS: Final = 20

@@ -51,8 +51,14 @@ from tiering.storage.layout import (
     reserved_dir,
     run_result_key,
 )
-from tiering.storage.objects import ObjectStore, delete_honours_etag
-from tiering.storage.store import ChecksumMismatch, EncryptedWithCustomerKey, ObjectInfo, ObjectNotFound
+from tiering.storage.objects import (
+    ChecksumMismatch,
+    EncryptedWithCustomerKey,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    delete_honours_etag,
+)
 
 RUN_SCHEMA_VERSION: Final = 1
 DEFAULT_GRACE_DAYS: Final = 7

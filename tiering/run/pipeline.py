@@ -71,8 +71,8 @@ from tiering.run.compact import (
     with_lease,
 )
 from tiering.storage.layout import normalize_prefix, run_key, run_result_key
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ObjectNotFound, S3Store, make_client
+from tiering.storage.objects import ObjectNotFound, ObjectStore
+from tiering.storage.store import S3Store, make_client
 
 RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
 OTHER_SCOPE: Final = "_other_partitions"  # requests of the partitions past the run document's limit

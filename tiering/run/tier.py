@@ -40,8 +40,7 @@ from tiering.plan.scan import COMPACT, PlannedSegment, ScanOptions, scan
 from tiering.plan.state import load_state, record_segment
 from tiering.run.compact import with_lease
 from tiering.storage.layout import clock_key, journal_key, run_result_key
-from tiering.storage.objects import ObjectStore
-from tiering.storage.store import ObjectNotFound, PreconditionFailed
+from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
 
 TIER_SCHEMA_VERSION: Final = 1
 MOVE: Final = "move"

@@ -50,7 +50,7 @@ class SparkJobMisconfigured(ConfigError):
 
 # Lines of a failed job's output that say why; and the markers of a configuration problem.
 OURS: Final = re.compile(r"^tiering: .*")
-# An exception of our package, as a Python worker's traceback ends (``tiering.storage.store.NoCredentials: ...``):
+# An exception of our package, as a Python worker's traceback ends (``tiering.storage.objects.NoCredentials: ...``):
 # the root cause of a task's failure, below the driver's generic "exception from the Python worker".
 OURS_RAISED: Final = re.compile(r"^tiering(\.\w+)+: .*")
 RAISED: Final = re.compile(r"^(Exception in thread .*|[\w.$]*(Error|Exception)(: .*)?)$")

@@ -32,20 +32,21 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, BinaryIO, Final, TypeVar
+from typing import Any, BinaryIO, Final, TypeVar
 
 import crc32c
 
 from tiering.errors import ConfigError, StorageError, TieringError
-from tiering.storage.store import (
-    _CONTENT_HEADERS,
-    _ENCRYPTION,
+from tiering.storage.objects import (
+    CONTENT_HEADERS,
     DEFAULT_PART_BYTES,
+    ENCRYPTION_HEADERS,
     MAX_DELETE_KEYS,
     BucketFacts,
     ObjectAttrs,
     ObjectInfo,
     ObjectNotFound,
+    ObjectStore,
     PreconditionFailed,
     StreamUpload,
     TransportError,
@@ -55,13 +56,10 @@ from tiering.storage.store import (
     upload_from,
 )
 
-if TYPE_CHECKING:
-    from tiering.storage.objects import ObjectStore
-
 PAGE: Final = 1000  # entries a listing page holds (keys and common prefixes), uploads a ListMultipartUploads page
 DEFAULT_CONTENT_TYPE: Final = "binary/octet-stream"
 ARCHIVED: Final = frozenset({"GLACIER", "DEEP_ARCHIVE"})  # not readable without a restore
-_HEADERS: Final = frozenset(_CONTENT_HEADERS + _ENCRYPTION)
+_HEADERS: Final = frozenset(CONTENT_HEADERS + ENCRYPTION_HEADERS)
 _T = TypeVar("_T")
 
 
@@ -185,8 +183,8 @@ class MemoryStore:
     @staticmethod
     def _kept(source: _Object, attrs: ObjectAttrs) -> dict[str, Any]:
         """A copy's headers: the source's content headers (``COPY``), the request's encryption."""
-        return ({k: v for k, v in source.headers.items() if k in _CONTENT_HEADERS}
-                | {k: attrs.headers[k] for k in _ENCRYPTION if k in attrs.headers})
+        return ({k: v for k, v in source.headers.items() if k in CONTENT_HEADERS}
+                | {k: attrs.headers[k] for k in ENCRYPTION_HEADERS if k in attrs.headers})
 
     # The interface (tiering.storage.objects.ObjectStore), in S3Store's order.
 

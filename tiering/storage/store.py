@@ -1,4 +1,6 @@
-"""The one module that talks to S3 (the only importer of boto3 in the package).
+"""The boto3 implementation of :class:`~tiering.storage.objects.ObjectStore`: the one module that talks to S3
+(the only importer of boto3 in the package). Its values, errors and the streamed upload are defined in
+:mod:`tiering.storage.objects`, which imports no S3 client.
 
 - :func:`make_client`: a client from the standard AWS environment (``AWS_ENDPOINT_URL``,
   ``AWS_REGION``/``AWS_DEFAULT_REGION``, the credentials chain), with retries configured once here
@@ -23,13 +25,10 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, BinaryIO, Final, Protocol, cast
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from typing import Any, BinaryIO, Final, cast
 
 import boto3
 import botocore.utils
@@ -53,256 +52,34 @@ from botocore.loaders import create_loader
 from urllib3.exceptions import HTTPError as URLLib3Error
 from zlib_ng import zlib_ng
 
-from tiering.errors import ConfigError, ProofError, StorageError, TieringError
-
-if TYPE_CHECKING:
-    from tiering.storage.objects import ObjectStore
+from tiering.errors import ConfigError, StorageError, TieringError
+from tiering.storage.objects import (
+    CONTENT_HEADERS,
+    DEFAULT_PART_BYTES,
+    ENCRYPTION_HEADERS,
+    MAX_COPY_BYTES,
+    MAX_DELETE_KEYS,
+    AccessDenied,
+    BucketFacts,
+    EncryptedWithCustomerKey,
+    NoCredentials,
+    ObjectAttrs,
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    PreconditionFailed,
+    StreamUpload,
+    Throttled,
+    TransportError,
+    Unsupported,
+    check_stored,
+    crc32c_b64,
+    put_json,
+    redact_url,
+    upload_from,
+)
 
 DEFAULT_MAX_ATTEMPTS: Final = 8  # requests in all, the first included
-MIN_PART_BYTES: Final = 5 * 1024 * 1024  # S3's smallest part (all but the last)
-DEFAULT_PART_BYTES: Final = 8 * 1024 * 1024  # memory holds about three parts: two on their way, one filling
-MAX_PARTS: Final = 10_000
-MAX_COPY_BYTES: Final = 5 * 1024 ** 3  # CopyObject's largest source
-MAX_DELETE_KEYS: Final = 1000  # DeleteObjects takes at most this many keys a request
-
-
-class ObjectNotFound(StorageError):
-    """The key (or bucket) does not exist."""
-
-
-class PreconditionFailed(StorageError):
-    """A conditional request lost: the object exists already, or changed since it was read."""
-
-
-class AccessDenied(StorageError):
-    """The credentials may not do this (a configuration problem, not the data's)."""
-
-
-class Unsupported(StorageError):
-    """The store does not implement a feature of S3's API (HTTP 501 ``NotImplemented``): a fact of the store,
-    which a retry does not change."""
-
-    code = "NotImplemented"
-
-
-class Throttled(StorageError):
-    """S3 asked us to slow down, even after botocore's retries."""
-
-    retryable = True
-
-
-class TransportError(StorageError):
-    """The request or its answer did not cross the network whole (unreachable endpoint, reset or timed-out
-    connection, a body cut short): nothing is known about the data, so trying again can help."""
-
-    retryable = True
-    code = "Transport"
-
-
-class ChecksumMismatch(StorageError):
-    """The store reports another CRC-32C for an object than the bytes we sent have: it holds other bytes,
-    or computes the checksum wrongly (moto 5.2.5 without the ``crc32c`` package computes CRC-32 for it).
-    Never taken for a verified object; ``--verify read-back`` checks by downloading instead."""
-
-    code = "ChecksumMismatch"
-
-
-class ChecksumUnsupported(StorageError):
-    """The store reports no CRC-32C for an object uploaded with one (an endpoint without S3's additional
-    checksums): verify it by reading it back."""
-
-    code = "ChecksumUnsupported"
-
-
-def same_crc(where: str, read: int, produced: int) -> None:
-    """:class:`ProofError` unless the CRC-32C of the bytes read for an upload is the producer's."""
-    if read != produced:
-        raise ProofError("the bytes read for the upload are not the ones produced (the local copy changed)",
-                         path=where, expected=crc32c_b64(produced), found=crc32c_b64(read))
-
-
-def crc32c_b64(value: int) -> str:
-    """A CRC-32C as S3's checksum headers carry it: four big-endian bytes, base64."""
-    return base64.b64encode(value.to_bytes(4, "big")).decode()
-
-
-def check_stored(where: str, reported: str | None, ours: int) -> None:
-    """:class:`ChecksumUnsupported` without a reported CRC-32C; :class:`ChecksumMismatch` unless it is ours
-    (a full-object checksum: a composite one, ``...-N``, never equals it)."""
-    if reported is None:
-        raise ChecksumUnsupported("the store reports no CRC-32C for the object uploaded with one", path=where)
-    if reported != crc32c_b64(ours):
-        raise ChecksumMismatch("the store reports another CRC-32C than the bytes sent have", path=where,
-                               expected=crc32c_b64(ours), found=reported)
-
-
-@dataclass(frozen=True, slots=True)
-class Uploaded:
-    """An object a :class:`StreamUpload` completed: its ETag, size and the CRC-32C of the bytes written."""
-
-    etag: str
-    size: int
-    crc32c: int
-
-
-class _Multipart(Protocol):
-    """What a :class:`StreamUpload` needs of a store: S3's upload calls, each checked as its store checks them."""
-
-    bucket: str
-
-    def _single(self, key: str, data: bytes, metadata: dict[str, str], if_none_match: bool,
-                crc: int | None) -> str: ...
-
-    def _start(self, key: str, metadata: dict[str, str], checksum: bool) -> str: ...
-
-    def _part(self, key: str, upload_id: str, number: int, data: bytes, checksum: bool) -> dict[str, Any]: ...
-
-    def _finish(self, key: str, upload_id: str, parts: Sequence[dict[str, Any]], if_none_match: bool,
-                crc: int | None) -> str: ...
-
-    def abort_upload(self, key: str, upload_id: str) -> None: ...
-
-
-class StreamUpload(io.RawIOBase):
-    """A writable file that uploads what is written to it while it is written: parts of ``part_bytes`` go out
-    on ``in_flight`` threads as they fill (memory holds at most ``in_flight`` parts being sent and the one
-    filling), so no copy of the object is kept anywhere. An object that fits in one part is sent by a single
-    PUT at :meth:`finish`; a larger one is a multipart upload, started when the second part begins.
-
-    :meth:`finish` completes it and returns the :class:`Uploaded`; leaving the ``with`` block without
-    finishing (an error, a rewrite not worth keeping) aborts it, and nothing is left billed. With
-    ``checksum``, every part and the whole object carry their CRC-32C (S3 refuses bytes that do not have
-    it) and the one S3 reports for the stored object must equal the CRC-32C of the bytes written
-    (:func:`check_stored`)."""
-
-    def __init__(self, store: _Multipart, key: str, *, part_bytes: int = DEFAULT_PART_BYTES,
-                 metadata: dict[str, str] | None = None, if_none_match: bool = False, checksum: bool = False,
-                 in_flight: int = 2) -> None:
-        super().__init__()
-        if part_bytes < MIN_PART_BYTES:
-            raise ConfigError("part size below S3's minimum", expected=f">= {MIN_PART_BYTES}", found=part_bytes)
-        self.store, self.key, self.part_bytes, self.in_flight = store, key, part_bytes, max(1, in_flight)
-        self.metadata, self.if_none_match, self.checksum = dict(metadata or {}), if_none_match, checksum
-        self.where = f"s3://{store.bucket}/{key}"
-        self.size = self.crc = 0
-        self.upload_id: str | None = None
-        self.result: Uploaded | None = None
-        self._buf = bytearray()  # the part being filled: its first _fill bytes are written
-        self._fill = 0
-        self._sent: list[Future[dict[str, Any]]] = []
-        self._pool: ThreadPoolExecutor | None = None
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        if self.result is not None or self.closed:
-            raise ValueError("write to a finished or aborted upload")
-        view = memoryview(data).cast("B")
-        self.size += len(view)
-        self.crc = crc32c.crc32c(view, self.crc)
-        at = 0
-        while at < len(view):
-            if self._fill == self.part_bytes:  # a full part and more to come: it is not the last
-                self._send(bytes(self._buf))
-                self._fill = 0
-            take = min(self.part_bytes - self._fill, len(view) - at)
-            if self._fill == len(self._buf):  # the first part grows as it is written (a small object stays small)
-                self._buf += view[at : at + take]
-            else:  # the later ones are written over it in place: no reallocation
-                self._buf[self._fill : self._fill + take] = view[at : at + take]
-            self._fill += take
-            at += take
-        return len(view)
-
-    def _send(self, part: bytes) -> None:
-        if self.upload_id is None:
-            self.upload_id = self.store._start(self.key, self.metadata, self.checksum)
-            self._pool = ThreadPoolExecutor(self.in_flight, thread_name_prefix="tiering-upload")
-        number = len(self._sent) + 1
-        if number > MAX_PARTS:
-            raise ConfigError("object needs more parts than S3 allows; raise the part size", path=self.where,
-                              expected=f"<= {MAX_PARTS}", found=number)
-        for sent in self._sent:  # a part S3 refused stops the upload now, not at its end
-            if sent.done() and sent.exception() is not None:
-                sent.result()
-        waiting = [f for f in self._sent if not f.done()]
-        if len(waiting) >= self.in_flight:  # bounded memory: wait for the oldest part still on its way
-            waiting[0].result()
-        assert self._pool is not None
-        assert self.upload_id is not None
-        self._sent.append(self._pool.submit(self.store._part, self.key, self.upload_id, number, part, self.checksum))
-
-    def finish(self, *, expect_crc: int | None = None) -> Uploaded:
-        """Complete the object. ``expect_crc``: the CRC-32C its producer computed; other bytes written are a
-        :class:`ProofError` and nothing is completed."""
-        if self.result is not None:
-            return self.result
-        if expect_crc is not None:
-            same_crc(self.where, self.crc, expect_crc)
-        crc = self.crc if self.checksum else None
-        last = bytes(memoryview(self._buf)[: self._fill])
-        if self.upload_id is None:
-            etag = self.store._single(self.key, last, self.metadata, self.if_none_match, crc)
-        else:
-            self._send(last)
-            parts = [f.result() for f in self._sent]
-            try:
-                etag = self.store._finish(self.key, self.upload_id, parts, self.if_none_match, crc)
-            except (ChecksumUnsupported, ChecksumMismatch):
-                self.upload_id = None  # completed, then judged by its checksum: nothing left to abort
-                raise
-        self._buf, self._fill = bytearray(), 0
-        self.result = Uploaded(etag, self.size, self.crc)
-        self._shutdown()
-        return self.result
-
-    def abort(self) -> None:
-        """Give the upload up: parts on their way are waited for, then the multipart upload is aborted (its
-        own errors are not raised: the error that made us abort is the one to report; cleanup and a
-        lifecycle rule abort a straggler)."""
-        self._buf, self._fill = bytearray(), 0
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-        if self.upload_id is not None and self.result is None:
-            with contextlib.suppress(StorageError):
-                self.store.abort_upload(self.key, self.upload_id)
-            self.upload_id = None
-        self._shutdown()
-
-    def _shutdown(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        self._sent = []
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if self.result is None:
-            self.abort()
-        super().__exit__(exc_type, exc, tb)
-
-
-def upload_from(store: _Multipart, key: str, stream: BinaryIO, *, part_bytes: int, metadata: dict[str, str] | None,
-                if_none_match: bool, crc: int | None) -> str:
-    """What a store's ``upload`` does: ``stream`` through a :class:`StreamUpload`, checked against ``crc``."""
-    with StreamUpload(store, key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
-                      checksum=crc is not None) as out:
-        while chunk := stream.read(part_bytes):
-            out.write(chunk)
-        return out.finish(expect_crc=crc).etag
-
-
-class NoCredentials(StorageError):
-    """No (complete) AWS credentials were found: a configuration problem."""
-
-    code = "NoCredentials"
-
-
-class EncryptedWithCustomerKey(StorageError):
-    """The object is encrypted with a customer-provided key (SSE-C): it cannot be read without that key."""
-
-    code = "SSE-C"
 
 
 # What botocore raises when a request or a body read fails on the wire (after its own retries).
@@ -354,18 +131,6 @@ def translate(error: ClientError, *, bucket: str, key: str | None, action: str) 
     if cls is StorageError:
         err.retryable = status >= 500
     return err
-
-
-def redact_url(url: str | None) -> str:
-    """An endpoint URL without the user name and password it may carry."""
-    if not url:
-        return "AWS"
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def transport_error(error: BaseException, *, bucket: str, key: str | None, action: str,
@@ -430,96 +195,12 @@ def parse_time(value: str) -> datetime:
     return stamp
 
 
-@dataclass(frozen=True, slots=True)
-class ObjectInfo:
-    key: str
-    size: int
-    etag: str
-    last_modified: datetime
-    storage_class: str = "STANDARD"
-    metadata: dict[str, str] = field(default_factory=dict)
-
-
-# Object settings a rewrite must carry over (invariant 6), as PutObject/CopyObject parameter names.
-_CONTENT_HEADERS: Final = ("ContentType", "CacheControl", "ContentDisposition", "ContentEncoding", "ContentLanguage")
-_ENCRYPTION: Final = ("ServerSideEncryption", "SSEKMSKeyId", "BucketKeyEnabled")
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectAttrs:
-    """What makes an object more than its bytes: user metadata, content headers, tags, encryption and
-    storage class. Read from an original with :meth:`S3Store.attrs`, given to the objects that replace it."""
-
-    metadata: dict[str, str] = field(default_factory=dict)
-    headers: dict[str, Any] = field(default_factory=dict)  # content headers and encryption settings
-    tags: dict[str, str] = field(default_factory=dict)
-    storage_class: str = "STANDARD"
-
-    def with_metadata(self, extra: Mapping[str, str]) -> ObjectAttrs:
-        return replace(self, metadata={**self.metadata, **extra})
-
-    def to_json(self) -> dict[str, object]:
-        return {"metadata": self.metadata, "headers": self.headers, "tags": self.tags,
-                "storage_class": self.storage_class}
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> ObjectAttrs:
-        return cls(dict(doc["metadata"]), dict(doc["headers"]), dict(doc["tags"]), str(doc["storage_class"]))
-
-    def put_args(self) -> dict[str, Any]:
-        args: dict[str, Any] = {"Metadata": self.metadata, **self.headers}
-        if self.storage_class != "STANDARD":
-            args["StorageClass"] = self.storage_class
-        if self.tags:
-            args["Tagging"] = urlencode(self.tags)
-        return args
-
-
 def server_time(response: Mapping[str, Any]) -> datetime | None:
     """S3's clock: the ``Date`` header of a response, else the ``Last-Modified`` of the object it wrote.
     Leases and grace periods never use a local clock."""
     headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
     value = headers.get("date") or headers.get("last-modified")
     return parsedate_to_datetime(value) if value else None
-
-
-_JSON_ATTRS: Final = ObjectAttrs(headers={"ContentType": "application/json"})
-
-
-@dataclass(frozen=True, slots=True)
-class BucketFacts:
-    """What the cost report needs to know about the bucket: ``None`` where S3 would not say (access denied)."""
-
-    versioned: bool | None
-    noncurrent_expiry_days: int | None  # the lifecycle rule that expires noncurrent versions under the prefix
-
-
-class _JsonWriter(Protocol):
-    def put_object(self, key: str, body: bytes | BinaryIO, attrs: ObjectAttrs, *, if_match: str | None = None,
-                   if_none_match: bool = False) -> ObjectInfo: ...
-
-    def get_json(self, key: str) -> tuple[Any, str]: ...
-
-
-def put_json(store: _JsonWriter, key: str, doc: object, *, if_match: str | None = None,
-             if_none_match: bool = False) -> str:
-    """Write a JSON document through ``store``, conditionally; returns its ETag.
-
-    A conditional write that S3 performed but whose answer was lost (a 5xx or a dropped connection) is
-    retried by botocore, and the retry then fails its own condition. So on ``PreconditionFailed`` the
-    document is read back: if it is exactly ours, our write happened. Documents that must never be
-    mistaken for another writer's carry a unique token (leases, journal entries)."""
-    data = json.dumps(doc, indent=1, sort_keys=True).encode()
-    try:
-        return store.put_object(key, data, _JSON_ATTRS, if_match=if_match, if_none_match=if_none_match).etag
-    except PreconditionFailed as refused:
-        try:
-            there, etag = store.get_json(key)
-        except ObjectNotFound:
-            raise refused from None  # deleted since: the condition failed all the same
-        if there == json.loads(data):
-            return etag
-        raise
 
 
 class _Checksum:
@@ -781,7 +462,7 @@ class S3Store:
     def describe(self, key: str) -> tuple[ObjectInfo, ObjectAttrs]:
         """An object's size and ETag, with its metadata, content headers, encryption, tags and storage class."""
         r = self._call("head_object", key)
-        headers = {name: r[name] for name in _CONTENT_HEADERS + _ENCRYPTION if name in r}
+        headers = {name: r[name] for name in CONTENT_HEADERS + ENCRYPTION_HEADERS if name in r}
         if headers.get("ServerSideEncryption") == "AES256":
             headers.pop("ServerSideEncryption")  # S3's default encryption: nothing to ask for
         try:
@@ -809,7 +490,7 @@ class S3Store:
     def copy(self, source: str, key: str, *, source_etag: str, attrs: ObjectAttrs) -> str:
         """Server-side copy keeping metadata and tags (``COPY`` directives) with ``attrs``' storage class and
         encryption; ``CopySourceIfMatch`` asks S3 to copy only the version we planned on. Returns the ETag."""
-        kwargs: dict[str, Any] = {name: attrs.headers[name] for name in _ENCRYPTION if name in attrs.headers}
+        kwargs: dict[str, Any] = {name: attrs.headers[name] for name in ENCRYPTION_HEADERS if name in attrs.headers}
         if attrs.storage_class != "STANDARD":
             kwargs["StorageClass"] = attrs.storage_class
         r = self._call("copy_object", key, CopySource={"Bucket": self.bucket, "Key": source},
@@ -837,7 +518,7 @@ class S3Store:
         """Move an object to ``storage_class`` by copying it onto itself: metadata, tags, content headers and
         encryption kept. ``CopySourceIfMatch`` and ``IfMatch`` make S3 copy only the version planned on and
         overwrite only that version (a writer in between wins: nothing it wrote is lost). The new ETag."""
-        kwargs: dict[str, Any] = {name: attrs.headers[name] for name in _ENCRYPTION if name in attrs.headers}
+        kwargs: dict[str, Any] = {name: attrs.headers[name] for name in ENCRYPTION_HEADERS if name in attrs.headers}
         r = self._call("copy_object", key, CopySource={"Bucket": self.bucket, "Key": key}, CopySourceIfMatch=etag,
                        IfMatch=etag, StorageClass=storage_class, MetadataDirective="COPY", TaggingDirective="COPY",
                        **kwargs)
