@@ -146,6 +146,13 @@ def _policy(params: dict[str, Any]) -> Any:
     return load_policy(path) if path else None
 
 
+def _store(settings: Any) -> Any:
+    """The run's bucket, through a client from the worker's AWS environment (never in params or XCom)."""
+    from tiering.storage.store import S3Store, make_client  # noqa: PLC0415
+
+    return S3Store(make_client(), settings.bucket)
+
+
 def _settings(params: dict[str, Any], run_id: str) -> Any:
     from tiering.run.pipeline import RunSettings, safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
 
@@ -218,7 +225,7 @@ def kafka_segment_compaction() -> None:
         from tiering.storage.layout import run_result_key  # noqa: PLC0415
 
         settings = _settings(params, ctx["run_id"])
-        store = settings.store()
+        store = _store(settings)
         run_id = f"{settings.run_id}-keys"  # its own backups: the recompression that follows keeps its own
         policy = (params.get("policy") or "").strip()
         if policy:
@@ -259,7 +266,7 @@ def kafka_segment_compaction() -> None:
         options = ScanOptions(params["codec"], params["level"], params["topics"] or None,
                               params["min_segment_age_minutes"], policy=_policy(params),
                               rebatch_max_bytes=params["rebatch_max_bytes"] if params["rebatch"] else None)
-        result = scan_run(settings.store(), settings, options, inventory=(params["inventory"] or "").strip() or None)
+        result = scan_run(_store(settings), settings, options, inventory=(params["inventory"] or "").strip() or None)
         totals = result.totals
         print(f"scanned s3://{settings.bucket}/{settings.prefix}: {result.objects:,} objects, "
               f"{totals.segments:,} segments: {totals.to_compact:,} to compact, {totals.skipped:,} skipped "
@@ -275,7 +282,7 @@ def kafka_segment_compaction() -> None:
 
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
-        planned = plan_run(settings.store(), settings, CompactOptions(params["max_segments"], params["max_bytes"]),
+        planned = plan_run(_store(settings), settings, CompactOptions(params["max_segments"], params["max_bytes"]),
                            estimate_savings=params["dry_run"], policy=_policy(params), prices=cost_config()[0])
         saved = planned.forecast
         print(f"plan: {planned.segments:,} segments to compact ({planned.bytes:,} bytes) in {len(planned.chunks)} "
@@ -315,7 +322,7 @@ def kafka_segment_compaction() -> None:
         ref = ChunkRef.from_json(chunk)
         ctx["chunk_name"] = ref.label  # type: ignore[typeddict-unknown-key]  # names the mapped task
         settings = _settings(ctx["params"], ctx["run_id"])
-        result = commit_chunk(settings.store(), settings, ref.name, workers=COMMIT_WORKERS)
+        result = commit_chunk(_store(settings), settings, ref.name, workers=COMMIT_WORKERS)
         print(f"committed {ref.name} ({ref.label}): {result.summary()}")
         return result.to_json()
 
@@ -328,7 +335,7 @@ def kafka_segment_compaction() -> None:
 
         ctx = get_current_context()
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
-        store = settings.store()
+        store = _store(settings)
         run = collect_run(store, settings)
         headline, table = run_summary(run)
         if headline.segments:  # a dry run has no outcomes: its report below holds the forecast
@@ -362,7 +369,7 @@ def kafka_segment_compaction() -> None:
         params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
         if params["dry_run"]:
             return {"dry_run": True}
-        store = settings.store()
+        store = _store(settings)
         result = clean(store, settings.context(store), grace_days=params["cleanup_grace_days"])
         print(f"cleanup: {result.summary()}")
         return result.to_json()

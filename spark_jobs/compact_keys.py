@@ -31,6 +31,7 @@ from tiering.plan.policy import load_policy
 from tiering.run.keycompact import KeyCompactOptions, collect_keys_run, keys_unit_task, plan_keys
 from tiering.run.pipeline import RunSettings
 from tiering.spark.driver import run_driver
+from tiering.storage.store import S3Store, make_client
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +69,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
     options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
                                 args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds,
                                 load_policy(args.policy) if args.policy else None, args.max_keys)
-    store = settings.store()
+    store = S3Store(make_client(), settings.bucket)
     ctx = settings.context(store)
     started = datetime.now(UTC).isoformat()
     plan = plan_keys(store, ctx, options, parallelism=spark.sparkContext.defaultParallelism)
@@ -78,9 +79,10 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
     clock = time.perf_counter()
     counts: Counter[str] = Counter()
     if plan.units:
-        conf = settings.to_json()
+        conf, bucket = settings.to_json(), settings.bucket
         rdd = spark.sparkContext.parallelize([u.to_json() for u in plan.units], len(plan.units))
-        for done in rdd.map(lambda unit: keys_unit_task(unit, conf)).collect():
+        # Each task builds its store from its executor's AWS environment.
+        for done in rdd.map(lambda unit: keys_unit_task(S3Store(make_client(), bucket), unit, conf)).collect():
             counts.update(done)
     print(f"key compaction seconds: {time.perf_counter() - clock:.3f}; results: {dict(sorted(counts.items()))}",
           file=sys.stderr, flush=True)

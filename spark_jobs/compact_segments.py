@@ -52,12 +52,13 @@ def stage(spark: SparkSession, args: argparse.Namespace) -> int:
     units = stage_units(plan, manifest, parallelism=spark.sparkContext.defaultParallelism)
     print(f"staging {sum(u.segments for u in units)} segments in {len(units)} tasks", file=sys.stderr,
           flush=True)
-    conf = settings.to_json()
+    conf, bucket = settings.to_json(), settings.bucket
     started = time.perf_counter()
     counts: Counter[str] = Counter()
     if units:
         rdd = spark.sparkContext.parallelize([u.to_json() for u in units], len(units))
-        for done in rdd.map(lambda unit: stage_unit(unit, conf)).collect():
+        # Each task builds its store from its executor's AWS environment.
+        for done in rdd.map(lambda unit: stage_unit(S3Store(make_client(), bucket), unit, conf)).collect():
             counts.update(done)
     print(f"stage seconds: {time.perf_counter() - started:.3f}", file=sys.stderr, flush=True)
     put_usage(plan.store, settings, "stage-driver")

@@ -142,7 +142,7 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     assert manifest.header.auto is not None
     assert manifest.header.auto["events"]["chosen"]["codec"] == "zstd"
     for unit in stage_units(chunked, manifest):  # as the Spark job runs them, from their JSON
-        assert "failed" not in stage_unit(unit.to_json(), settings.to_json())
+        assert "failed" not in stage_unit(store, unit.to_json(), settings.to_json())
     for chunk in planned.chunks:
         commit_chunk(store, settings, chunk.name)
     run = collect_run(store, settings)

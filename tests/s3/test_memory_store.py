@@ -39,7 +39,7 @@ from tiering.storage.store import S3Store
 MEMBERS = ("head", "open", "get", "download", "put", "delete", "delete_many", "now", "describe", "put_object", "copy",
            "copy_over",
            "transition", "get_json", "put_json", "facts", "list_dirs", "list_uploads", "abort_upload", "list", "upload",
-           "writer", "for_bucket")
+           "writer", "another", "for_bucket")
 ATTRIBUTES = ("bucket", "requests")
 
 
@@ -637,3 +637,16 @@ def test_differential_transcript(store: S3Store) -> None:
     got, want = _transcript(MemoryStore(BUCKET)), _transcript(store)
     for i, (mine, theirs) in enumerate(zip(got, want, strict=True)):
         assert mine == theirs, f"step {i}"
+
+
+def test_another_store_sees_the_same_objects_and_counts_its_own_requests(s: ObjectStore) -> None:
+    """What a thread of the commit step uses: the same bucket, each store's requests counted apart."""
+    other = s.another()
+    assert other.bucket == s.bucket
+    etag = s.put("k", b"one")
+    before = dict(s.requests)
+    assert other.get("k") == b"one"
+    other.put("k", b"two", if_match=etag)
+    assert s.get("k") == b"two"
+    assert other.requests == {"GetObject": 1, "PutObject": 1}
+    assert s.requests - Counter(before) == Counter({"GetObject": 1})

@@ -209,7 +209,7 @@ def test_a_commit_task_finishes_its_partitions_in_parallel_each_counted_apart(st
     planned = plan_run(store, run, CompactOptions())
     chunked, manifest = load_manifest(store, f"s3://{BUCKET}/{planned.plan_key}")
     for unit in stage_units(chunked, manifest, parallelism=2):
-        assert set(stage_unit(unit.to_json(), run.to_json())) == {"staged"}
+        assert set(stage_unit(store, unit.to_json(), run.to_json())) == {"staged"}
     [chunk] = planned.chunks
     result = commit_chunk(store, run, chunk.name, workers=4)
     assert result.partitions == 6

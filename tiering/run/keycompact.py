@@ -428,11 +428,10 @@ def run_keys_unit(store: ObjectStore, ctx: Context, unit: KeyUnit, lease_ttl_sec
                          usage=requests)
 
 
-def keys_unit_task(unit: dict[str, Any], settings: dict[str, Any]) -> dict[str, int]:
+def keys_unit_task(store: ObjectStore, unit: dict[str, Any], settings: dict[str, Any]) -> dict[str, int]:
     """Spark executor side of :func:`run_keys_unit` (a task that fails is retried by Spark: the journal of a
     segment it left in flight is finished by the retry, which takes the run's lease back)."""
     run = RunSettings.from_json(settings)
-    store = run.store()
     return run_keys_unit(store, run.context(store, one_core=True), KeyUnit.from_json(unit), run.lease_ttl_seconds)
 
 

@@ -72,7 +72,6 @@ from tiering.run.compact import (
 )
 from tiering.storage.layout import normalize_prefix, run_key, run_result_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore
-from tiering.storage.store import S3Store, make_client
 
 RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
 OTHER_SCOPE: Final = "_other_partitions"  # requests of the partitions past the run document's limit
@@ -106,10 +105,6 @@ class RunSettings:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunSettings:
         return cls(**doc)
-
-    def store(self) -> ObjectStore:
-        """A client from this process's AWS environment (endpoint and credentials are never in settings)."""
-        return S3Store(make_client(), self.bucket)
 
     def swap_choice(self) -> SwapChoice:
         """The run's swap mode, to share among the contexts of its partitions (learnt once when "auto")."""
@@ -513,12 +508,12 @@ def _snapshot(requests: Counter[str]) -> Counter[str]:
             continue
 
 
-def stage_unit(unit: dict[str, Any], settings: dict[str, Any], work_dir: str | None = None) -> dict[str, int]:
+def stage_unit(store: ObjectStore, unit: dict[str, Any], settings: dict[str, Any],
+               work_dir: str | None = None) -> dict[str, int]:
     """Spark executor side: stage the segments of one unit (see :func:`run_unit`), each partition under the
     run's lease, taken here and kept for the commit step. A retried task finds what it staged before in
     the journal and finishes it."""
     run = RunSettings.from_json(settings)
-    store = run.store()
     return run_unit(store, run, run.context(store, work_dir, one_core=True), StageUnit.from_json(unit),
                     commit=False)
 
@@ -543,7 +538,8 @@ def commit_chunk(store: ObjectStore, settings: RunSettings, name: str, *, ctx: C
     ``worked``, and those with an operation in flight, from ``pending`` or a listing of the journal), under
     their leases, then release them; the results go to ``runs/<run>/commit/<name>.json``. Idempotent: a
     retry finds nothing left to finish. ``workers`` > 1: that many partitions at once, each thread with
-    its own client from the environment (partitions are independent: one lease, one journal each)."""
+    its own client (:meth:`~tiering.storage.objects.ObjectStore.another`: partitions are independent, one
+    lease and one journal each, and each partition's requests are counted apart)."""
     plan = plan_files(store, settings)
     manifest = plan.manifest()
     info = next((c for c in manifest.chunks if c.name == name), None)
@@ -563,7 +559,7 @@ def commit_chunk(store: ObjectStore, settings: RunSettings, name: str, *, ctx: C
             own, own_ctx = store, ctx or settings.context(store, swap=swap)
         else:
             if not hasattr(local, "store"):
-                local.store = settings.store()
+                local.store = store.another()
                 local.ctx = settings.context(local.store, swap=swap)
             own, own_ctx = local.store, local.ctx
 

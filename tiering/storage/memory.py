@@ -22,6 +22,7 @@ SSE-KMS ETags (S3's are not MD5s), and S3's checks of tags, part sizes and copie
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -379,6 +380,12 @@ class MemoryStore:
             self._count("AbortMultipartUpload")
             self._upload(key, upload_id, "abort_multipart_upload")
             del self._uploads[upload_id]
+
+    def another(self) -> ObjectStore:
+        """As :meth:`S3Store.another`: the same objects (and lock), a request count of its own."""
+        twin = copy.copy(self)
+        twin.requests = Counter()
+        return twin
 
     def for_bucket(self, bucket: str) -> ObjectStore:
         """This store: it holds one bucket, and another cannot be reached from it."""

@@ -580,6 +580,13 @@ class S3Store:
     def abort_upload(self, key: str, upload_id: str) -> None:
         self._call("abort_multipart_upload", key, UploadId=upload_id)
 
+    def another(self) -> ObjectStore:
+        """The same bucket through a client of its own (from the same endpoint, region and AWS environment),
+        with its own request count: what another thread uses, so that each thread's requests are counted
+        apart (a client counts every call made through it, whichever store made it)."""
+        meta = self.client.meta
+        return S3Store(make_client(endpoint_url=meta.endpoint_url, region=meta.region_name), self.bucket)
+
     def for_bucket(self, bucket: str) -> ObjectStore:
         """The same client on another bucket (an inventory's, a plan's), its calls counted here too."""
         return self if bucket == self.bucket else S3Store(self.client, bucket, self.requests, counting=False)
