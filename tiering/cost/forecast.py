@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
+from tiering.documents import check_document
 from tiering.errors import ConfigError
 
 FORECAST_KIND: Final = "tiering.forecast"
@@ -241,11 +242,8 @@ class Forecast:
 
     @classmethod
     def from_json(cls, doc: Any, where: str = "forecast") -> Forecast:
-        if not isinstance(doc, dict) or (doc.get("kind"), doc.get("schema_version")) != (FORECAST_KIND,
-                                                                                       cls.SCHEMA_VERSION):
-            found = f"{doc.get('kind')} v{doc.get('schema_version')}" if isinstance(doc, dict) else type(doc).__name__
-            raise ConfigError("not a forecast this version can read (a dry run of an earlier version: run it "
-                              "again)", path=where, expected=f"{FORECAST_KIND} v{cls.SCHEMA_VERSION}", found=found)
+        doc = check_document(doc, kind=FORECAST_KIND, version=cls.SCHEMA_VERSION, what="a forecast", where=where,
+                             advice=" (a dry run of an earlier version: run it again)")
         try:
             return cls(str(doc["method"]), int(doc["sample_segments"]), int(doc["sample_bytes"]),
                        tuple(Stratum.from_json(s) for s in doc["strata"]),

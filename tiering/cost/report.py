@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Final
 
 from tiering.cost.forecast import Forecast
+from tiering.documents import check_document
 from tiering.errors import ConfigError
 
 REPORT_KIND: Final = "compaction-report"
@@ -357,10 +358,7 @@ class Ledger:
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> Ledger:
-        if not isinstance(doc, dict) or doc.get("schema_version") != cls.SCHEMA_VERSION:
-            raise ConfigError("not a ledger this version can read", path=where,
-                              expected=f"schema_version {cls.SCHEMA_VERSION}",
-                              found=doc.get("schema_version") if isinstance(doc, dict) else type(doc).__name__)
+        doc = check_document(doc, kind=None, version=cls.SCHEMA_VERSION, what="a ledger", where=where)
         try:
             return cls(tuple(LedgerEntry.from_json(r) for r in doc["runs"]))
         except (KeyError, TypeError, ValueError) as e:
@@ -488,11 +486,7 @@ class Report:
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> Report:
-        if not isinstance(doc, dict) or (doc.get("kind"), doc.get("schema_version")) != (REPORT_KIND,
-                                                                                       cls.SCHEMA_VERSION):
-            found = f"{doc.get('kind')} v{doc.get('schema_version')}" if isinstance(doc, dict) else type(doc).__name__
-            raise ConfigError("not a report this version can read", path=where,
-                              expected=f"{REPORT_KIND} v{cls.SCHEMA_VERSION}", found=found)
+        doc = check_document(doc, kind=REPORT_KIND, version=cls.SCHEMA_VERSION, what="a report", where=where)
         try:
             rollups = {name: tuple(GroupRow.from_json(g, key) for g in doc[name]) for name, key in ROLLUP_KEYS.items()}
             detail = doc.get("estimate_detail")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum, StrEnum
 from typing import Any, ClassVar, Final
 
+from tiering.documents import check_document
 from tiering.errors import ConfigError
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.storage.objects import ObjectAttrs
@@ -186,10 +187,7 @@ class Journal:
     @classmethod
     def from_json(cls, doc: object, *, where: str) -> Journal:
         """Read an entry; a document of another version or shape is a :class:`ConfigError` naming it."""
-        if not isinstance(doc, dict) or doc.get("schema_version") != cls.SCHEMA_VERSION:
-            found = doc.get("schema_version") if isinstance(doc, dict) else type(doc).__name__
-            raise ConfigError("journal entry of an unknown version", path=where, expected=cls.SCHEMA_VERSION,
-                              found=found)
+        doc = check_document(doc, kind=None, version=cls.SCHEMA_VERSION, what="a journal entry", where=where)
         try:
             new = doc["new"]
             return cls(OpKind(doc["kind"]), str(doc["op"]), str(doc["run_id"]), JournalState(doc["state"]),

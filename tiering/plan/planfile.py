@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from tiering.documents import check_document
 from tiering.errors import ConfigError, InvalidDataError
 from tiering.lifecycle.journal import Cause
 from tiering.plan.scan import COMPACT, PLAN_SCHEMA_VERSION, REPAIR, SKIP, Plan, PlannedSegment, PlanTotals
@@ -76,10 +77,7 @@ class PlanManifest:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> PlanManifest:
-        if doc.get("kind") != MANIFEST_KIND or doc.get("schema_version") != PLAN_SCHEMA_VERSION:
-            raise ConfigError("not a plan manifest this version can read",
-                              expected=f"{MANIFEST_KIND} v{PLAN_SCHEMA_VERSION}",
-                              found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+        check_document(doc, kind=MANIFEST_KIND, version=PLAN_SCHEMA_VERSION, what="a plan manifest")
         header = Plan.from_json({**doc, "kind": "tiering.plan", "segments": []})
         return cls(header, dict(doc["totals"]), tuple(ChunkInfo.from_json(c) for c in doc["chunks"]),
                    str(doc.get("source", "listing")))

@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from tiering.cost.forecast import Forecast
+from tiering.documents import check_document
 from tiering.errors import ConfigError
 from tiering.kafka.batch import V2_HEADER_SIZE
 from tiering.kafka.codecs import Codec, check_level
@@ -228,9 +229,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Plan:
-        if doc.get("kind") != "tiering.plan" or doc.get("schema_version") != PLAN_SCHEMA_VERSION:
-            raise ConfigError("not a plan this version can read", expected=f"tiering.plan v{PLAN_SCHEMA_VERSION}",
-                              found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+        check_document(doc, kind="tiering.plan", version=PLAN_SCHEMA_VERSION, what="a plan")
         return cls(doc["bucket"], doc["prefix"], doc["codec"], doc["level"], int(doc["min_age_minutes"]),
                    doc["topics"], doc["created_at"], [PlannedSegment.from_json(s) for s in doc["segments"]],
                    list(doc["skipped_dirs"]), list(doc["ignored_keys"]), int(doc["ignored_count"]),

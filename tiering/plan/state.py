@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final
 
+from tiering.documents import check_document
 from tiering.errors import ConfigError, TieringError
 from tiering.storage.layout import state_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
@@ -115,10 +116,8 @@ class PartitionState:
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> PartitionState:
-        if not isinstance(doc, dict) or doc.get("schema_version") != cls.SCHEMA_VERSION:
-            raise ConfigError("partition state document of an unknown version", path=where,
-                              expected=cls.SCHEMA_VERSION,
-                              found=doc.get("schema_version") if isinstance(doc, dict) else type(doc).__name__)
+        doc = check_document(doc, kind=None, version=cls.SCHEMA_VERSION, what="a partition state document",
+                             where=where)
         try:
             checkpoint = doc.get("keys_checkpoint")
             return cls({int(b): SegmentState.from_json(e) for b, e in doc["segments"].items()},

@@ -34,6 +34,7 @@ from tiering.commit.protocol import (
     stage_segment,
     state_entry,
 )
+from tiering.documents import check_document
 from tiering.errors import ConfigError, ExitCode, InvalidDataError, ProofError, StorageError, TieringError
 from tiering.kafka.files import parse_segment_name
 from tiering.lifecycle.journal import NOTHING_TO_GAIN, Cause, Pending, Status
@@ -144,9 +145,7 @@ class RunResult:
                 tally.add(SegmentResult.from_json(s))
             return tally.result(doc["kind"], doc["run_id"], doc["bucket"], doc["prefix"], doc["started_at"],
                                 doc.get("finished_at", ""), doc.get("settings") or {}, doc.get("usage") or {})
-        if version != cls.SCHEMA_VERSION:
-            raise ConfigError("not a run document this version can read", path=where,
-                              expected=f"schema_version {cls.SCHEMA_VERSION}", found=f"schema_version {version}")
+        check_document(doc, kind=None, version=cls.SCHEMA_VERSION, what="a run document", where=where)
         totals = dict(doc["totals"])
         before, after = int(totals.pop("bytes_before")), int(totals.pop("bytes_after"))
         totals.pop("segments")
@@ -215,13 +214,6 @@ class RunTally:
                          tuple(listed), self.omitted, dict(usage or {}))
 
 
-def _check_kind(doc: dict[str, Any], kind: str, version: int, what: str, where: str) -> None:
-    """A :class:`ConfigError` unless ``doc`` is a ``kind`` document of ``version``."""
-    if doc.get("kind") != kind or doc.get("schema_version") != version:
-        raise ConfigError(f"not {what} this version can read", path=where, expected=f"{kind} v{version}",
-                          found=f"{doc.get('kind')} v{doc.get('schema_version')}")
-
-
 @dataclass(frozen=True, slots=True)
 class StepResults:
     """What one step of a run (a Spark unit, a commit task) did: its segments' results and the S3 requests it
@@ -245,7 +237,7 @@ class StepResults:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], where: str) -> StepResults:
-        _check_kind(doc, cls.KIND, cls.SCHEMA_VERSION, "step results", where)
+        check_document(doc, kind=cls.KIND, version=cls.SCHEMA_VERSION, what="step results", where=where)
         return cls(tuple(SegmentResult.from_json(r) for r in doc["results"]),
                    {k: dict(v) for k, v in doc.get("usage", {}).items()})
 
@@ -264,7 +256,7 @@ class StepUsage:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any], where: str) -> StepUsage:
-        _check_kind(doc, cls.KIND, cls.SCHEMA_VERSION, "step usage", where)
+        check_document(doc, kind=cls.KIND, version=cls.SCHEMA_VERSION, what="step usage", where=where)
         return cls({str(k): int(v) for k, v in doc["requests"].items()})
 
 

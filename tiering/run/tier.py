@@ -30,7 +30,8 @@ from typing import Any, ClassVar, Final
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
 from tiering.commit.protocol import FAILED, SKIPPED, Context, SegmentResult
 from tiering.cost.prices import GB, PriceBook
-from tiering.errors import ConfigError, ConflictError, InvalidDataError, TieringError
+from tiering.documents import check_document
+from tiering.errors import ConflictError, InvalidDataError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Cause, Pending, Status
@@ -169,9 +170,7 @@ class TierPlan:
 
 
 def _check(doc: Mapping[str, Any], kind: str, what: str) -> None:
-    if doc.get("kind") != kind or doc.get("schema_version") != TIER_SCHEMA_VERSION:
-        raise ConfigError(f"not {what} this version can read", expected=f"{kind} v{TIER_SCHEMA_VERSION}",
-                          found=f"{doc.get('kind')} v{doc.get('schema_version')}")
+    check_document(doc, kind=kind, version=TIER_SCHEMA_VERSION, what=what)
 
 
 @dataclass(frozen=True, slots=True)
