@@ -278,13 +278,6 @@ def _compaction(server: Server, store: S3Store, topic: str, verify: Verify, swap
     return doc
 
 
-def _drop(store: S3Store, prefix: str) -> None:
-    """Delete everything under ``prefix``, multipart uploads included."""
-    store.delete_many([(o.key, o.etag) for o in store.list(prefix)])
-    for key, upload_id, _ in store.list_uploads(prefix):
-        store.abort_upload(key, upload_id)
-
-
 @contextlib.contextmanager
 def _bucket(server: Server, name: str) -> Iterator[S3Store]:
     """A bucket for one compaction, emptied afterwards: on a server started here, a bucket of its own,
@@ -292,14 +285,13 @@ def _bucket(server: Server, name: str) -> Iterator[S3Store]:
     space only when it vacuums, a bucket's at once); at an endpoint given, the one bucket, emptied."""
     if server.kind == "endpoint":
         yield server.store
-        _drop(server.store, "kafka/")
+        seaweedfs.empty(server.store, "kafka/")
         return
     store = _client(server.endpoint, name)
     try:
         yield store
     finally:
-        _drop(store, "")
-        store.client.delete_bucket(Bucket=name)
+        seaweedfs.empty(store, delete_bucket=True)
 
 
 def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:

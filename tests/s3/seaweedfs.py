@@ -21,9 +21,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import pytest
+
+if TYPE_CHECKING:
+    from tiering.storage.store import S3Store
 
 VERSION: Final = "v0.0.0-20261109003541-7506e5f91cd6"  # SeaweedFS 4.53; scripts/fetch-seaweedfs.sh pins the same
 ACCESS_KEY: Final = "tiering-test"
@@ -156,3 +159,14 @@ def complaints(lines: int = 40) -> str:
         if logged:
             found.append(f"{server.log}:\n" + "\n".join(logged[-lines:]))
     return "\n".join(found)
+
+
+def empty(store: S3Store, prefix: str = "", *, delete_bucket: bool = False) -> None:
+    """Every object and multipart upload under ``prefix`` gone, and with ``delete_bucket`` the bucket too.
+    SeaweedFS frees a deleted object's space only when it vacuums the volume, a bucket's at once (its volumes go
+    with it): a long-lived server's users delete their buckets, or empty a bucket they keep."""
+    store.delete_many([(o.key, o.etag) for o in store.list(prefix)])
+    for key, upload_id, _ in store.list_uploads(prefix):
+        store.abort_upload(key, upload_id)
+    if delete_bucket:
+        store.client.delete_bucket(Bucket=store.bucket)

@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 
 from tests.chaos.proxy import Proxy
 from tests.s3.conftest import PREFIX, check_consistent, context, no_pending, plan_for, seed
-from tests.s3.seaweedfs import Seaweed, weed_mini
+from tests.s3.seaweedfs import Seaweed, empty, weed_mini
 from tiering.errors import ExitCode
 from tiering.lifecycle.journal import Swap
 from tiering.run.compact import CompactOptions
@@ -53,7 +53,7 @@ def store(seaweed: Seaweed, monkeypatch: pytest.MonkeyPatch, request: pytest.Fix
     client = make_client()
     client.create_bucket(Bucket=name)
     yield S3Store(client, name)
-    _empty(S3Store(client, name), delete_bucket=True)
+    empty(S3Store(client, name), delete_bucket=True)  # its volumes go with it
 
 
 def test_it_refuses_what_the_protocol_relies_on(store: S3Store) -> None:
@@ -170,19 +170,6 @@ def test_the_pinned_versions_agree() -> None:
     assert f'version="{VERSION}"' in script
 
 
-def _empty(store: S3Store, *, delete_bucket: bool) -> None:
-    """Every object and upload of the bucket gone, and with ``delete_bucket`` the bucket too. SeaweedFS frees
-    a deleted object's space only when it vacuums the volume, a bucket's at once (its volumes go with it), so
-    each test deletes its bucket; the crash trial empties its one bucket between trials (a few hundred KB
-    each), so that it does not create and delete a collection of volumes two hundred times."""
-    store.delete_many([(o.key, o.etag) for o in store.list("")])
-    for key, upload_id, _ in store.list_uploads(""):
-        store.abort_upload(key, upload_id)
-    assert not list(store.list(""))
-    if delete_bucket:
-        store.client.delete_bucket(Bucket=store.bucket)
-
-
 def test_crash_at_every_call_then_rerun_converges(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """test_faults.py's trial on SeaweedFS, where the run learns to swap by server-side copy and every
     condition is enforced by the store itself: crashed before and after each S3 call, then re-run."""
@@ -195,7 +182,8 @@ def test_crash_at_every_call_then_rerun_converges(store: S3Store, monkeypatch: p
     assert "CopyObject" in calls
     for mode in ("before", "after"):
         for at in range(len(calls)):
-            _empty(store, delete_bucket=False)
+            empty(store)  # a few hundred KB a trial: not two hundred buckets' volumes
+            assert not list(store.list(""))
             _, _, crashed = _scenario(store, at, mode)
             assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
     FAULT_REPORT.append(f"fault injection on SeaweedFS (swap probed: copy): {len(calls)} S3 calls x 2 = "
