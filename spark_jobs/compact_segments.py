@@ -26,7 +26,7 @@ from collections import Counter
 from pyspark.sql import SparkSession
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
-from tiering.run.pipeline import RunSettings, load_manifest, put_usage, stage_unit, stage_units
+from tiering.run.pipeline import RunSettings, load_manifest, manifest_location, put_usage, stage_unit, stage_units
 from tiering.spark.driver import run_driver
 from tiering.storage.store import S3Store, make_client
 
@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def stage(spark: SparkSession, args: argparse.Namespace) -> int:
     """Cut the plan into units and stage them on the cluster; 0 (per-segment problems are results)."""
-    plan, manifest = load_manifest(S3Store(make_client(), ""), args.plan)
+    plan_bucket, _ = manifest_location(args.plan)
+    plan, manifest = load_manifest(S3Store(make_client(), plan_bucket), args.plan)
     header = manifest.header
     settings = RunSettings(header.bucket, header.prefix, args.run_id, header.codec, header.level,
                            args.lease_ttl_seconds, args.verify)

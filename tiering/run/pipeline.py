@@ -338,11 +338,18 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
                           for c in chunks if c.to_compact or c.name in with_pending))
 
 
-def load_manifest(store: ObjectStore, uri: str) -> tuple[ChunkedPlan, PlanManifest]:
-    """A run's chunked plan from the ``s3://BUCKET/.../runs/<run>/<name>/manifest.json`` of it."""
+def manifest_location(uri: str) -> tuple[str, str]:
+    """The bucket and key of a plan named by its manifest, ``s3://BUCKET/.../runs/<run>/<name>/manifest.json``."""
     if not uri.startswith("s3://") or not uri.endswith("/" + MANIFEST):
         raise ConfigError("a plan is named by its manifest on S3", expected=f"s3://BUCKET/.../{MANIFEST}", found=uri)
     bucket, _, key = uri[5:].partition("/")
+    return bucket, key
+
+
+def load_manifest(store: ObjectStore, uri: str) -> tuple[ChunkedPlan, PlanManifest]:
+    """A run's chunked plan from the manifest ``uri`` names (:func:`manifest_location`), read through ``store``
+    on that bucket."""
+    bucket, key = manifest_location(uri)
     store = store.for_bucket(bucket)
     manifest = PlanManifest.from_json(store.get_json(key)[0])
     run_dir = key.removesuffix("/" + MANIFEST)
