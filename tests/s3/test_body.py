@@ -108,3 +108,14 @@ def test_a_segment_damaged_on_the_way_is_a_retry_and_the_original_stays(upstream
     assert reasons
     assert all("do not match the CRC32 S3 stored for the object (damaged on the way" in r for r in reasons), reasons
     assert {o.key: o.etag for o in direct.list(f"{PREFIX}/") if "/_tiering/" not in o.key} == before
+
+
+@pytest.mark.usefixtures("credentials")
+def test_an_empty_object_is_checked_too(upstream: str) -> None:
+    direct = _store(upstream, "body-empty")
+    direct.client.create_bucket(Bucket="body-empty")
+    direct.put("empty", b"", checksum=True)
+    with direct.open("empty") as body:
+        assert body.read() == b""
+    assert isinstance(body, Body)
+    assert body.verified == "CRC32C"

@@ -260,13 +260,17 @@ class Body(io.RawIOBase):
         self._checksum = _Checksum.of(response)
         self.read_bytes = 0
         self.verified: str | None = None  # the algorithm of the stored checksum the bytes were found to match
+        self._ended = False
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        if not len(view) or self.read_bytes >= self.length:
+        if self.read_bytes >= self.length:
+            self._end()  # an empty body has its end here, at its first read
+            return 0
+        if not len(view):
             return 0
         view = view[: self.length - self.read_bytes]
         with self._store._errors("get_object (reading the body)", self._key):
@@ -288,7 +292,10 @@ class Body(io.RawIOBase):
 
     def _end(self) -> None:
         """The last byte is in: the checksum judged, and the connection handed back to urllib3's pool (read
-        below urllib3, the body's end is not seen there)."""
+        below urllib3, the body's end is not seen there). Once."""
+        if self._ended:
+            return
+        self._ended = True
         check, self._checksum = self._checksum, None
         if check is not None and check.found() != check.expected:
             raise TransportError(f"the bytes received do not match the {check.algorithm} S3 stored for the "
@@ -304,6 +311,7 @@ class Body(io.RawIOBase):
         view, at = memoryview(out), 0
         while at < len(out):
             at += self.readinto(view[at:])
+        self._end()
         return bytes(out)
 
     def close(self) -> None:
