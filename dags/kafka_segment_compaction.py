@@ -156,9 +156,9 @@ def _store(settings: Any) -> Any:
 def _settings(params: dict[str, Any], run_id: str) -> Any:
     from tiering.run.pipeline import RunSettings, safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
 
+    verify, swap = RunSettings.modes(params["verify"], params["swap"])
     return RunSettings(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id),
-                       params["codec"], params["level"], params["lease_ttl_seconds"], params["verify"],
-                       params["swap"])
+                       params["codec"], params["level"], params["lease_ttl_seconds"], verify, swap)
 
 
 @dag(
@@ -239,8 +239,8 @@ def kafka_segment_compaction() -> None:
         conf = {"spark.log.level": "WARN", **json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))}
         submit(SPARK_KEYS_JOB, ["--bucket", settings.bucket, "--prefix", settings.prefix, "--run-id", run_id, *chosen,
                                 "--min-age-minutes", str(params["min_segment_age_minutes"]),
-                                "--lease-ttl-seconds", str(settings.lease_ttl_seconds), "--verify", settings.verify,
-                                "--swap", settings.swap],
+                                "--lease-ttl-seconds", str(settings.lease_ttl_seconds), "--verify",
+                                settings.verify.value, "--swap", settings.swap_text],
                master=spark_master(params["spark_master"]), conf=conf)
         key = run_result_key(settings.prefix, run_id, "compact-keys")
         run = RunResult.from_json(store.get_json(key)[0], f"s3://{settings.bucket}/{key}")
@@ -309,7 +309,7 @@ def kafka_segment_compaction() -> None:
             return chunks
         conf = {"spark.log.level": "WARN", **json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))}
         submit(SPARK_JOB, ["--plan", f"s3://{settings.bucket}/{step.plan_key}", "--run-id", settings.run_id,
-                           "--lease-ttl-seconds", str(settings.lease_ttl_seconds), "--verify", settings.verify],
+                           "--lease-ttl-seconds", str(settings.lease_ttl_seconds), "--verify", settings.verify.value],
                master=spark_master(params["spark_master"]), conf=conf)
         return chunks
 

@@ -65,7 +65,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
     """Plan on the driver, clean the units on the cluster, write the run document; 0 (per-segment problems
     are results in it)."""
     settings = RunSettings(args.bucket, args.prefix.strip("/"), args.run_id, "none", None, args.lease_ttl_seconds,
-                           args.verify, args.swap)
+                           *RunSettings.modes(args.verify, args.swap))
     options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
                                 args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds,
                                 load_policy(args.policy) if args.policy else None, args.max_keys)

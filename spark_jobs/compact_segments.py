@@ -49,7 +49,7 @@ def stage(spark: SparkSession, args: argparse.Namespace) -> int:
     plan, manifest = load_manifest(S3Store(make_client(), plan_bucket), args.plan)
     header = manifest.header
     settings = RunSettings(header.bucket, header.prefix, args.run_id, header.codec, header.level,
-                           args.lease_ttl_seconds, args.verify)
+                           args.lease_ttl_seconds, RunSettings.modes(args.verify, "auto")[0])
     units = stage_units(plan, manifest, parallelism=spark.sparkContext.defaultParallelism)
     print(f"staging {sum(u.segments for u in units)} segments in {len(units)} tasks", file=sys.stderr,
           flush=True)

@@ -160,7 +160,7 @@ def test_the_commit_step_copies_the_staged_log_without_reading_it(
                                                                                                              **kw))
     s = Watched("bkt")
     originals = seed(s, segments=3)  # type: ignore[arg-type]
-    run = RunSettings("bkt", PREFIX, "piped", "zstd", 3, verify=verify.value)
+    run = RunSettings("bkt", PREFIX, "piped", "zstd", 3, verify=verify)
     scan_run(s, run, ScanOptions("zstd", 3, min_age_minutes=0))
     planned = plan_run(s, run, CompactOptions())
     plan, manifest = load_manifest(s, f"s3://bkt/{planned.plan_key}")

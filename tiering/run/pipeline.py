@@ -96,36 +96,48 @@ class RunSettings:
     codec: str
     level: int | None = None
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
-    verify: str = Verify.CHECKSUM.value  # a Verify value: how staged files are accepted
-    swap: str = AUTO_SWAP  # a Swap value, or "auto": learnt from the store (copy where it honours If-Match)
+    verify: Verify = Verify.CHECKSUM  # how staged files are accepted
+    swap: Swap | None = None  # how the new .log goes over the original; None ("auto"): learnt from the store
+
+    @staticmethod
+    def modes(verify: str, swap: str) -> tuple[Verify, Swap | None]:
+        """The verification and swap modes as people write them (a DAG param, an option), typed; ``"auto"``
+        is the swap learnt from the store."""
+        try:
+            typed = Verify(verify)
+        except ValueError:
+            raise ConfigError("unknown verification mode", expected=" or ".join(v.value for v in Verify),
+                              found=verify) from None
+        if swap == AUTO_SWAP:
+            return typed, None
+        try:
+            return typed, Swap(swap)
+        except ValueError:
+            raise ConfigError("unknown swap mode", expected=" or ".join([AUTO_SWAP, *(m.value for m in Swap)]),
+                              found=swap) from None
+
+    @property
+    def swap_text(self) -> str:
+        """The swap mode as people write it (``"auto"`` where it is learnt)."""
+        return self.swap.value if self.swap is not None else AUTO_SWAP
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "verify": self.verify.value, "swap": self.swap_text}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RunSettings:
-        return cls(**doc)
+        verify, swap = cls.modes(str(doc["verify"]), str(doc["swap"]))
+        return cls(**{**doc, "verify": verify, "swap": swap})
 
     def swap_choice(self) -> SwapChoice:
         """The run's swap mode, to share among the contexts of its partitions (learnt once when "auto")."""
-        if self.swap == AUTO_SWAP:
-            return SwapChoice()
-        try:
-            return SwapChoice(Swap(self.swap))
-        except ValueError:
-            raise ConfigError("unknown swap mode", expected=" or ".join([AUTO_SWAP, *(m.value for m in Swap)]),
-                              found=self.swap) from None
+        return SwapChoice(self.swap)
 
     def context(self, store: ObjectStore, work_dir: str | None = None, *, one_core: bool = False,
                 swap: SwapChoice | None = None) -> Context:
         """``one_core``: the rewrite proves inline instead of on a second thread (a Spark task has one core)."""
         options = RewriteOptions(Codec.parse(self.codec), self.level, proof_thread=not one_core)
-        try:
-            verify = Verify(self.verify)
-        except ValueError:
-            raise ConfigError("unknown verification mode", expected=" or ".join(v.value for v in Verify),
-                              found=self.verify) from None
-        return Context(store, self.prefix, self.run_id, options, work_dir=work_dir, verify=verify,
+        return Context(store, self.prefix, self.run_id, options, work_dir=work_dir, verify=self.verify,
                        swap=swap or self.swap_choice())
 
     def key(self, name: str) -> str:
@@ -759,8 +771,7 @@ def compact(store: ObjectStore, plan: Plan, ctx: Context, options: CompactOption
     """Compact what ``plan`` selected, in this process, through the same steps as the DAG: the plan becomes
     the run's scan, the budget is applied (largest first), then :func:`run_local`."""
     settings = RunSettings(store.bucket, ctx.prefix, ctx.run_id, ctx.options.codec.label, ctx.options.level,
-                           options.lease_ttl_seconds, ctx.verify.value,
-                           ctx.swap.mode.value if ctx.swap.mode is not None else AUTO_SWAP)
+                           options.lease_ttl_seconds, ctx.verify, ctx.swap.mode)
     write_scan(store, settings, plan)
     plan_run(store, settings, options)
     return run_local(store, settings, ctx, options, progress)
