@@ -12,9 +12,10 @@ from tests.s3.conftest import PREFIX, check_consistent, context, seed
 from tiering.cost.model import CostOptions
 from tiering.cost.prices import load_prices
 from tiering.kafka.codecs import Codec
+from tiering.lifecycle.journal import Action
 from tiering.plan.auto import apply_policy, choose_codec
 from tiering.plan.policy import parse_policy
-from tiering.plan.scan import COMPACT, SKIP, ScanOptions, scan
+from tiering.plan.scan import ScanOptions, scan
 from tiering.report.publish import publish_report
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
@@ -55,7 +56,8 @@ def test_auto_chooses_differently_for_json_events_and_incompressible_data(store:
     _seed_topics(store)
     listing = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0, policy=parse_policy(POLICY)))
     candidates = parse_policy(POLICY).resolve("events").auto_candidates
-    by_topic = {t: [s for s in listing.segments if s.topic == t and s.action == COMPACT] for t in ("events", "noise")}
+    by_topic = {t: [s for s in listing.segments if s.topic == t and s.action == Action.COMPACT]
+                for t in ("events", "noise")}
     events = choose_codec(store, by_topic["events"], candidates, PRICES, horizon_months=120)
     noise = choose_codec(store, by_topic["noise"], candidates, PRICES, horizon_months=120)
     assert events["chosen"] is not None
@@ -81,18 +83,19 @@ def test_the_plan_follows_the_policy_topic_by_topic(store: S3Store) -> None:
     sealed = {(s.topic, s.base_offset): s for s in plan.segments if not s.reason.startswith("active")}
     for (topic, _), s in sealed.items():
         if topic == "payments":
-            assert (s.action, s.reason) == (SKIP, "policy: compression.type producer (keep what the producer wrote)")
+            assert s.action == Action.SKIP
+            assert s.reason == "policy: compression.type producer (keep what the producer wrote)"
         elif topic == "events":
-            assert (s.action, s.codec) == (COMPACT, "zstd")
+            assert (s.action, s.codec) == (Action.COMPACT, "zstd")
         elif topic == "noise":
-            assert s.action == SKIP
+            assert s.action == Action.SKIP
             assert s.reason.startswith("auto: no candidate codec pays off")
         elif topic == "logs":
-            assert (s.action, s.codec, s.level) == (COMPACT, "gzip", 9)
+            assert (s.action, s.codec, s.level) == (Action.COMPACT, "gzip", 9)
         elif topic == "picky":
-            assert (s.action, s.codec, s.min_savings_ratio) == (COMPACT, "zstd", 0.95)
+            assert (s.action, s.codec, s.min_savings_ratio) == (Action.COMPACT, "zstd", 0.95)
         elif topic == "recent":
-            assert s.action == SKIP
+            assert s.action == Action.SKIP
             assert s.reason.startswith("too young by its records")
     assert plan.auto is not None
     assert set(plan.auto) == {"events", "noise"}

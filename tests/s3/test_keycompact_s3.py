@@ -458,14 +458,15 @@ def test_cleanup_keeps_the_txnindex_a_pending_operation_needs(store: S3Store) ->
 
 
 def test_auto_codec_choice_still_recompresses_key_compacted_segments(store: S3Store) -> None:
+    from tiering.lifecycle.journal import Action
     from tiering.plan.policy import parse_policy
-    from tiering.plan.scan import COMPACT, ScanOptions, scan
+    from tiering.plan.scan import ScanOptions, scan
 
     upload(store, partition(aborts=False))
     compact_keys(store, keys_context(store), at(NOW))
     policy = parse_policy({"cluster": {"compression.type": "auto"}})
     plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0, policy=policy))
-    assert {s.base_offset for s in plan.segments if s.action == COMPACT} >= {0, 20, 40}
+    assert {s.base_offset for s in plan.segments if s.action == Action.COMPACT} >= {0, 20, 40}
 
 
 def test_the_report_counts_every_segment_of_the_run_not_only_those_its_document_lists(

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from tests.s3.conftest import PREFIX, TOPIC, context, plan_for, seed
 from tiering.kafka.codecs import Codec
-from tiering.plan.scan import COMPACT, SKIP, Plan, PlannedSegment
+from tiering.lifecycle.journal import Action
+from tiering.plan.scan import Plan, PlannedSegment
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
@@ -24,7 +25,7 @@ def test_no_savings_is_remembered_until_the_target_changes(store: S3Store) -> No
     assert first.status == "skipped"
     assert first.reason.startswith("no savings")
     again = _by_base(plan_for(store))[0]
-    assert again.action == SKIP
+    assert again.action == Action.SKIP
     assert again.reason.startswith("no-savings last time (zstd by run run-1)")
     read: list[str] = []
     store.client.meta.events.register("provide-client-params.s3.GetObject",
@@ -33,7 +34,7 @@ def test_no_savings_is_remembered_until_the_target_changes(store: S3Store) -> No
     assert read  # documents of ours were read
     assert not [key for key in read if key.endswith(".log")]  # the .log is not read again
     other = _by_base(plan_for(store, codec="gzip"))[0]
-    assert other.action == COMPACT
+    assert other.action == Action.COMPACT
 
 
 def test_an_invalid_segment_is_not_read_again_until_it_changes(store: S3Store) -> None:
@@ -48,7 +49,7 @@ def test_an_invalid_segment_is_not_read_again_until_it_changes(store: S3Store) -
         seg = _by_base(plan_for(store, codec=codec))[0]
         assert seg.reason.startswith("invalid last time")
     store.put(key, originals[0].log)  # repaired by its owner: a new object
-    assert _by_base(plan_for(store))[0].action == COMPACT
+    assert _by_base(plan_for(store))[0].action == Action.COMPACT
 
 
 def test_a_compacted_segments_record_is_not_replaced_by_an_outcome(store: S3Store) -> None:

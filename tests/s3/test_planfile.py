@@ -19,9 +19,9 @@ from tiering.demo.inventory import write_inventory
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.errors import InvalidDataError
 from tiering.kafka.codecs import Codec
-from tiering.lifecycle.journal import Cause
+from tiering.lifecycle.journal import Action, Cause
 from tiering.plan.planfile import Budget, ChunkWriter, by_partition, chunk_limits, read_chunk
-from tiering.plan.scan import COMPACT, REPAIR, SKIP, ObjectRef, Plan, PlannedSegment, ScanOptions, scan
+from tiering.plan.scan import ObjectRef, Plan, PlannedSegment, ScanOptions, scan
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import RunSettings, load_manifest, plan_run, scan_run, stage_units
 from tiering.storage.store import S3Store
@@ -34,7 +34,7 @@ def select(plan: Plan, max_segments: int | None, max_bytes: int | None
     chosen: list[PlannedSegment] = []
     left: list[tuple[str, int, str]] = []
     total = 0
-    for seg in sorted((s for s in plan.segments if s.action == COMPACT),
+    for seg in sorted((s for s in plan.segments if s.action == Action.COMPACT),
                       key=lambda s: (-s.size, s.directory, s.base_offset)):
         if max_segments is not None and len(chosen) >= max_segments:
             left.append((seg.directory, seg.base_offset, "over the --max-segments budget"))
@@ -46,11 +46,11 @@ def select(plan: Plan, max_segments: int | None, max_bytes: int | None
     return chosen, left
 
 
-def _segment(directory: str, base: int, size: int, action: str = COMPACT) -> PlannedSegment:
+def _segment(directory: str, base: int, size: int, action: str = Action.COMPACT) -> PlannedSegment:
     ref = ObjectRef(f"p/{directory}/{base:020d}.log", size, f'"{base:032x}"', "2026-01-01T00:00:00+00:00", "STANDARD")
     return PlannedSegment(directory, directory.rsplit("-", 1)[0], int(directory.rsplit("-", 1)[1]), base, action,
-                          "sealed" if action == COMPACT else "active: highest", log=ref,
-                          cause=None if action != SKIP else Cause.ACTIVE)
+                          "sealed" if action == Action.COMPACT else "active: highest", log=ref,
+                          cause=None if action != Action.SKIP else Cause.ACTIVE)
 
 
 def _plan(sizes: list[list[int]]) -> list[PlannedSegment]:
@@ -73,20 +73,20 @@ def test_the_streaming_budget_chooses_what_the_whole_plan_selection_chooses(
         tallies[i % 2].add(s.size)
     count, total = budget.measure(tallies)
     streamed = [budget.apply(s) for s in segments]
-    assert {(s.directory, s.base_offset) for s in streamed if s.action == COMPACT} == {
+    assert {(s.directory, s.base_offset) for s in streamed if s.action == Action.COMPACT} == {
         (s.directory, s.base_offset) for s in chosen}
     assert (count, total) == (len(chosen), sum(s.size for s in chosen))
-    assert {(s.directory, s.base_offset, s.reason) for s in streamed if s.action == SKIP} == set(left)
-    assert all(s.cause is Cause.BUDGET for s in streamed if s.action == SKIP)
+    assert {(s.directory, s.base_offset, s.reason) for s in streamed if s.action == Action.SKIP} == set(left)
+    assert all(s.cause is Cause.BUDGET for s in streamed if s.action == Action.SKIP)
 
 
 def test_repairs_and_skips_are_never_budgeted() -> None:
-    segments = [_segment("t-0", 0, 50, REPAIR), _segment("t-0", 100, 50, SKIP), _segment("t-0", 200, 50)]
+    segments = [_segment("t-0", 0, 50, Action.REPAIR), _segment("t-0", 100, 50, Action.SKIP), _segment("t-0", 200, 50)]
     budget = Budget(0, None)
     tally = budget.tally()
     tally.add(50)
     budget.measure([tally])
-    assert [budget.apply(s).action for s in segments] == [REPAIR, SKIP, SKIP]
+    assert [budget.apply(s).action for s in segments] == [Action.REPAIR, Action.SKIP, Action.SKIP]
 
 
 @settings(max_examples=200, deadline=None)
@@ -100,7 +100,8 @@ def test_a_plan_never_makes_more_chunks_than_allowed(partitions: list[tuple[int,
                           work_bytes=sum(b for _, _, b in parts), min_work=1, min_segments=1, min_bytes=1)
     writer = ChunkWriter(lambda name, data: name, **limits)
     for p, (n, w, b) in enumerate(parts):
-        writer.add([_segment(f"t-{p}", i, (b // w if i < w else 1), COMPACT if i < w else SKIP) for i in range(n)])
+        writer.add([_segment(f"t-{p}", i, (b // w if i < w else 1), Action.COMPACT if i < w else Action.SKIP)
+                    for i in range(n)])
     assert 1 <= len(writer.close()) <= max_chunks
 
 
@@ -191,8 +192,8 @@ def test_the_plan_is_chunked_within_its_limit_and_staged_in_units_of_whole_parti
     units = stage_units(chunked, manifest, parallelism=2)
     assert sum(u.segments for u in units) == 9
     staged = list(itertools.chain.from_iterable(chunked.chunk(u.chunk_key, u.start, u.stop) for u in units))
-    assert {(s.directory, s.base_offset) for s in staged if s.action == COMPACT} == {
-        (s.directory, s.base_offset) for s in segments if s.action == COMPACT}
+    assert {(s.directory, s.base_offset) for s in staged if s.action == Action.COMPACT} == {
+        (s.directory, s.base_offset) for s in segments if s.action == Action.COMPACT}
     assert [u.bytes for u in units] == sorted((u.bytes for u in units), reverse=True)
 
 
@@ -240,7 +241,7 @@ def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(st
     manifest = plan_files(store, run).manifest()
     idle = next(c for c in manifest.chunks if not c.to_compact)
     seg = next(s for s in plan_files(store, run, "scan").segments() if s.directory == idle.first
-               and s.action == COMPACT)
+               and s.action == Action.COMPACT)
     crashed = RunSettings(BUCKET, PREFIX, "crashed", "zstd", 3)
     lease = Lease(store, lease_key(PREFIX, seg.directory), "crashed", 60)
     lease.acquire(PREFIX)
@@ -306,7 +307,7 @@ def test_an_operation_left_in_a_partition_without_work_inside_a_unit_is_finished
     assert f"{TOPIC}-3" in pending_bases(store, PREFIX)
     time.sleep(1.5)  # run-x's lease expires
     nothing_in_3 = dataclasses.replace(plan_for(store), segments=[
-        dataclasses.replace(s, action=SKIP, reason="active: held back by the test", cause=Cause.ACTIVE)
+        dataclasses.replace(s, action=Action.SKIP, reason="active: held back by the test", cause=Cause.ACTIVE)
         if s.directory == f"{TOPIC}-3" else s for s in plan_for(store).segments])
     run = compact(store, nothing_in_3, context(store, "run-y"), CompactOptions())
     plan = plan_files(store, RunSettings(BUCKET, PREFIX, "run-y", "zstd"))
@@ -328,7 +329,7 @@ def _crash_after_staging(store: S3Store, run: RunSettings, codec: str, level: in
     from tiering.storage.layout import lease_key
 
     seg = next(s for s in plan_files(store, run, "scan").segments() if s.directory == f"{TOPIC}-0"
-               and s.action == COMPACT)
+               and s.action == Action.COMPACT)
     lease = Lease(store, lease_key(PREFIX, seg.directory), "crashed", 60)
     lease.acquire(PREFIX)
     staged = stage_segment(RunSettings(BUCKET, PREFIX, "crashed", codec, level).context(store), seg, lease)
@@ -455,7 +456,7 @@ def test_an_index_that_appeared_since_the_crashed_run_staged_stops_the_takeover(
     _seed(store, 1)
     run = RunSettings(BUCKET, PREFIX, "next", "zstd", 3)
     scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
-    seg = next(s for s in plan_files(store, run, "scan").segments() if s.action == COMPACT)
+    seg = next(s for s in plan_files(store, run, "scan").segments() if s.action == Action.COMPACT)
     assert seg.index is not None
     index = store.get(seg.index.key)
     store.delete(seg.index.key)

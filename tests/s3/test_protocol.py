@@ -24,7 +24,7 @@ from tiering.commit.lease import Lease
 from tiering.commit.protocol import META_CODEC, META_RUN, META_SOURCE_ETAG, pending_journals
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.plan.scan import SKIP
+from tiering.lifecycle.journal import Action
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
 from tiering.storage.layout import lease_key, segment_key
@@ -74,7 +74,7 @@ def test_a_second_run_finds_everything_already_compacted(store: S3Store) -> None
     compact(store, plan_for(store), context(store), CompactOptions())
     plan = plan_for(store)
     reasons = {s.base_offset: s.reason for s in plan.segments}
-    assert [s.action for s in plan.segments] == [SKIP] * len(plan.segments)
+    assert [s.action for s in plan.segments] == [Action.SKIP] * len(plan.segments)
     assert sum(r.startswith("already compacted: zstd by run run-1") for r in reasons.values()) == 2
     # Another codec is new work for the same segments.
     assert len(plan_for(store, codec="gzip").to_compact()) == 2

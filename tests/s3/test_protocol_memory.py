@@ -17,8 +17,7 @@ from tiering.commit.lease import Lease
 from tiering.commit.protocol import META_OP, META_RUN, META_SOURCE_ETAG, Pending, pending_journals
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.lifecycle.journal import Cause, JournalState
-from tiering.plan.scan import SKIP
+from tiering.lifecycle.journal import Action, Cause, JournalState
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
@@ -194,7 +193,7 @@ def test_compaction_journals_records_state_and_leaves_only_backups(mem: MemorySt
     copies = doc["usage"]["requests"][DIR]["CopyObject"]  # by partition, counted as S3 would bill them
     assert copies == 4 * len(sealed) + 2  # three backups and the swap a segment; the two copies of the run's probe
     plan = plan_for(mem)
-    assert [s.action for s in plan.segments] == [SKIP] * len(plan.segments)
+    assert [s.action for s in plan.segments] == [Action.SKIP] * len(plan.segments)
 
 
 def test_rollback_then_cleanup_by_the_store_s_clock(mem: MemoryStore, clock: ManualClock,

@@ -25,6 +25,7 @@ from tiering.kafka.reader import iter_batches
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
 from tiering.kafka.segment import iter_decoded, verify_segment
+from tiering.lifecycle.journal import Action
 from tiering.plan.policy import parse_policy
 from tiering.plan.scan import ScanOptions, scan
 from tiering.run.compact import CompactOptions, rollback
@@ -69,7 +70,7 @@ POLICY = parse_policy({"version": 1, "cluster": {"compression.type": "zstd"},
 def test_a_policy_re_batches_one_topic_and_the_report_splits_the_savings(store: S3Store) -> None:
     logs = seed_topics(store)
     plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0, policy=POLICY))
-    bounds = {(s.topic, s.base_offset): s.rebatch_max_bytes for s in plan.segments if s.action == "compact"}
+    bounds = {(s.topic, s.base_offset): s.rebatch_max_bytes for s in plan.segments if s.action is Action.COMPACT}
     assert bounds == {(MERGED, 0): 8192, (MERGED, PER_SEGMENT): 8192, (PLAIN, 0): None, (PLAIN, PER_SEGMENT): None}
     run = compact(store, plan, context(store), CompactOptions())
     results = {(r.directory.rsplit("-", 1)[0], r.base_offset): r for r in run.segments}
@@ -178,11 +179,11 @@ def test_re_batching_is_another_target_than_recompression_alone(store: S3Store) 
     plain = ScanOptions("zstd", min_age_minutes=0, topics=MERGED)
     first = compact(store, scan(store, PREFIX, plain), context(store, "plain"), CompactOptions())
     assert {r.reason.split(":")[0] for r in first.segments} == {"no savings"}
-    assert all(s.action == "skip" for s in scan(store, PREFIX, plain).segments)
+    assert all(s.action is Action.SKIP for s in scan(store, PREFIX, plain).segments)
     merging = ScanOptions("zstd", min_age_minutes=0, topics=MERGED, rebatch_max_bytes=1 << 20)
-    assert [s.base_offset for s in scan(store, PREFIX, merging).segments if s.action == "compact"] == [
+    assert [s.base_offset for s in scan(store, PREFIX, merging).segments if s.action is Action.COMPACT] == [
         0, PER_SEGMENT]
     second = compact(store, scan(store, PREFIX, merging), context(store, "merge"), CompactOptions())
     assert {r.status for r in second.segments} == {"compacted"}
-    assert all(s.action == "skip" and "already compacted" in s.reason for s in scan(store, PREFIX, plain).segments
+    assert all(s.action is Action.SKIP and "already compacted" in s.reason for s in scan(store, PREFIX, plain).segments
                if s.base_offset < 2 * PER_SEGMENT)

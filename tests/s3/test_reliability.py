@@ -27,6 +27,7 @@ from tiering.commit.lease import Lease, LeaseHeld
 from tiering.commit.protocol import Pending
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from tiering.lifecycle.journal import Action
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
@@ -317,7 +318,7 @@ def test_a_segment_s3_refuses_to_read_without_its_customer_key_is_named_and_not_
     assert got.error is not None
     assert (got.error["status"], got.error["request_id"]) == (400, "REQ-42")
     again = {s.base_offset: s for s in plan_for(store).segments}[target]
-    assert again.action == "skip"
+    assert again.action is Action.SKIP
     assert again.reason.startswith("unreadable last time")
     assert store.get(key(target)) == originals[target].log
 

@@ -14,9 +14,9 @@ from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Cause
+from tiering.lifecycle.journal import Action, Cause
 from tiering.plan.estimate import estimate
-from tiering.plan.scan import COMPACT, REPAIR, SKIP, Plan, ScanOptions, classify_partition, scan
+from tiering.plan.scan import Plan, ScanOptions, classify_partition, scan
 from tiering.plan.state import PartitionState
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
@@ -53,9 +53,9 @@ def test_no_grace_means_no_age_check_and_a_grace_allows_for_a_store_rounding_up(
 
     objects = [at(-0.6, n(0) + LOG_SUFFIX), at(59.4, n(10) + LOG_SUFFIX), at(58, n(20) + LOG_SUFFIX),
                at(0, n(99) + LOG_SUFFIX)]
-    assert _classify(objects, min_age_minutes=0)[0] == (COMPACT, "sealed")  # 0.6 s in the future
+    assert _classify(objects, min_age_minutes=0)[0] == (Action.COMPACT, "sealed")  # 0.6 s in the future
     graced = _classify(objects, min_age_minutes=1)
-    assert graced[10] == (COMPACT, "sealed")  # 59.4 s by a clock that rounded up: a minute old
+    assert graced[10] == (Action.COMPACT, "sealed")  # 59.4 s by a clock that rounded up: a minute old
     assert graced[20][1].startswith("too young")  # 58 s: two seconds short
     assert graced[0][1].startswith("too young: uploaded 0 min ago, within the 1-minute grace period")
 
@@ -77,19 +77,20 @@ def test_each_segment_gets_an_action_and_a_reason() -> None:
         _obj("leader-epoch-checkpoint"), _obj("partition.metadata"),
     ]
     got = _classify(objects)
-    assert got[0] == (COMPACT, "sealed")
-    assert got[100][0] == SKIP
+    assert got[0] == (Action.COMPACT, "sealed")
+    assert got[100][0] == Action.SKIP
     assert got[100][1].startswith("too young: uploaded 5 min ago, within the 15-minute grace period")
-    assert got[200] == (SKIP, "archived: the .log is GLACIER (cannot be read or replaced without a restore)")
-    assert got[250] == (SKIP, "archived: the .log is DEEP_ARCHIVE (cannot be read or replaced without a restore)")
-    assert got[260] == (COMPACT, "sealed")
+    assert got[200] == (Action.SKIP, "archived: the .log is GLACIER (cannot be read or replaced without a restore)")
+    assert got[250] == (Action.SKIP,
+                        "archived: the .log is DEEP_ARCHIVE (cannot be read or replaced without a restore)")
+    assert got[260] == (Action.COMPACT, "sealed")
     assert got[300][1].startswith("incomplete: index files without a .log")
-    assert got[400] == (SKIP, "empty: the .log holds no batches")
+    assert got[400] == (Action.SKIP, "empty: the .log holds no batches")
     assert got[500][1].startswith("too young: uploaded 1 min ago")
     assert got[600][1].startswith("invalid: 3221225472 bytes is beyond Kafka's 2 GiB segment limit")
     assert got[700][1].startswith("active: the highest base offset")
     assert 650 not in got
-    assert _classify(objects, min_age_minutes=0)[100] == (COMPACT, "sealed")
+    assert _classify(objects, min_age_minutes=0)[100] == (Action.COMPACT, "sealed")
     # Decisions read the cause, not the text: one per skip, none for the work.
     segs = classify_partition(parse_dir("t-0"), "p/t-0/", objects, PartitionState(), NOW, ScanOptions("zstd"),
                               lambda k, r: None)
@@ -107,10 +108,10 @@ def test_state_tells_already_compacted_and_a_mirror_reupload() -> None:
     state = {"0": {"codec": "zstd", "level": 3, "run_id": "r1", "log_etag": '"new"', "index_etag": '"our-index"'},
              "5": {"codec": "zstd", "level": 3, "run_id": "r1", "log_etag": '"ours5"', "index_etag": '"our-idx5"'}}
     got = _classify(objects, state)
-    assert got[0] == (SKIP, "already compacted: zstd by run r1")
-    assert got[5][0] == REPAIR
+    assert got[0] == (Action.SKIP, "already compacted: zstd by run r1")
+    assert got[5][0] == Action.REPAIR
     assert "replaced after run r1 compacted it" in got[5][1]
-    assert _classify(objects, state, level=19)[0] == (COMPACT, "sealed")  # another level is new work
+    assert _classify(objects, state, level=19)[0] == (Action.COMPACT, "sealed")  # another level is new work
 
 
 def test_scan_skips_internal_and_special_directories_unless_included(store: S3Store) -> None:
@@ -228,7 +229,7 @@ def test_every_object_the_scan_does_not_plan_has_a_reason(store: S3Store) -> Non
     assert reasons[key(bases[3], LOG_SUFFIX)] == "active segment"
     assert reasons[key(bases[3], ".snapshot")] == "producer-state snapshot: kept as it is"
     assert reasons[f"{PREFIX}/{TOPIC}-0/leader-epoch-checkpoint"] == "partition file: kept as it is"
-    planned = {r.key for s in plan.segments if s.action == COMPACT
+    planned = {r.key for s in plan.segments if s.action == Action.COMPACT
                for r in (s.log, s.index, s.timeindex, s.txnindex) if r is not None}
     everything = {o.key for o in store.list(f"{PREFIX}/") if "/_tiering/" not in o.key}
     assert planned.isdisjoint(reasons)

@@ -27,7 +27,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Swap, Verify
+from tiering.lifecycle.journal import Action, Swap, Verify
 from tiering.plan.auto import apply_policy
 from tiering.plan.estimate import (
     DEFAULT_SAMPLE_BYTES,
@@ -39,7 +39,6 @@ from tiering.plan.estimate import (
 from tiering.plan.inventory import iter_inventory, read_manifest
 from tiering.plan.policy import load_policy
 from tiering.plan.scan import (
-    COMPACT,
     DEFAULT_MIN_AGE_MINUTES,
     Plan,
     PlannedSegment,
@@ -142,7 +141,8 @@ class _Rows:
 
     def add(self, segments: Iterable[PlannedSegment]) -> None:
         for s in segments:
-            row = self.rows.setdefault(s.action if s.action != "skip" else "skip: " + s.reason.split(":")[0], [0, 0])
+            label = s.action.value if s.action is not Action.SKIP else "skip: " + s.reason.split(":")[0]
+            row = self.rows.setdefault(label, [0, 0])
             row[0] += 1
             row[1] += s.size
 
@@ -223,7 +223,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
             rows.add(segments)
             for seg in segments:
                 counted.add(seg)
-                if seg.action == COMPACT:
+                if seg.action == Action.COMPACT:
                     sample.add(seg)
 
         plan = scan_partitions(store, args.prefix, _scan_options(args), emit, source=_source(args, store),

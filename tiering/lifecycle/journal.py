@@ -24,6 +24,14 @@ FILES: Final = (("log", LOG_SUFFIX), ("index", INDEX_SUFFIX), ("timeindex", TIME
 INDEX_FILES: Final = ("index", "timeindex")
 
 
+class Action(StrEnum):
+    """What a plan does with a segment."""
+
+    COMPACT = "compact"  # rewrite it with the run's codec (and re-batch, or clean its keys) and swap it in
+    REPAIR = "repair"  # rebuild indexes the bucket lacks or holds wrong; the .log stays as it is
+    SKIP = "skip"  # leave it as it is (its cause and reason say why)
+
+
 class OpKind(StrEnum):
     COMPACT = "compact"  # the originals replaced by a rewrite
     ROLLBACK = "rollback"  # a rewrite replaced by the originals kept in a backup

@@ -30,11 +30,11 @@ from tiering.errors import TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import RawBatch
 from tiering.kafka.rewrite import RewriteOptions, process_batch
-from tiering.lifecycle.journal import Cause
+from tiering.lifecycle.journal import Action, Cause
 from tiering.plan.ages import max_timestamp
 from tiering.plan.estimate import WorkSample, sample_batches, spread
 from tiering.plan.policy import AUTO, Policy
-from tiering.plan.scan import COMPACT, SKIP, Plan, PlannedSegment
+from tiering.plan.scan import Plan, PlannedSegment
 from tiering.storage.objects import ObjectStore
 
 HORIZON_MONTHS: Final = 12.0
@@ -89,7 +89,7 @@ def choose_codec(store: ObjectStore, segments: list[PlannedSegment], candidates:
 
 def record_age(store: ObjectStore, seg: PlannedSegment, policy: Policy, clock: datetime) -> PlannedSegment:
     """``seg`` skipped when its newest record is younger than its topic's ``min.segment.age.hours``."""
-    if seg.action != COMPACT:
+    if seg.action != Action.COMPACT:
         return seg
     need = policy.resolve(seg.topic).min_age_hours
     if need <= 0:
@@ -103,7 +103,7 @@ def record_age(store: ObjectStore, seg: PlannedSegment, policy: Policy, clock: d
     hours = (clock.timestamp() * 1000 - newest) / 3_600_000
     if hours >= need:
         return seg
-    return dataclasses.replace(seg, action=SKIP, cause=Cause.TOO_YOUNG,
+    return dataclasses.replace(seg, action=Action.SKIP, cause=Cause.TOO_YOUNG,
                                reason=f"too young by its records: the newest is {hours:.1f} h old, "
                                f"the policy's min.segment.age.hours is {need:g}")
 
@@ -125,11 +125,12 @@ def decide_auto(store: ObjectStore, topics: dict[str, WorkSample], policy: Polic
 
 def with_auto(seg: PlannedSegment, choices: dict[str, Any], policy: Policy) -> PlannedSegment:
     """``seg`` with its topic's automatic choice: the chosen codec, or skipped when none pays off."""
-    if seg.action != COMPACT or seg.codec != AUTO:
+    if seg.action != Action.COMPACT or seg.codec != AUTO:
         return seg
     chosen = choices[seg.topic]["chosen"]
     if chosen is None:
-        return dataclasses.replace(seg, action=SKIP, cause=Cause.AUTO_DECLINED, reason="auto: no candidate codec "
+        return dataclasses.replace(seg, action=Action.SKIP, cause=Cause.AUTO_DECLINED,
+                                   reason="auto: no candidate codec "
                                    f"pays off within {policy.resolve(seg.topic).auto_horizon_months:g} months "
                                    "(see the plan's auto section)")
     return dataclasses.replace(seg, codec=chosen["codec"], level=chosen["level"])
@@ -142,7 +143,7 @@ def apply_policy(store: ObjectStore, plan: Plan, policy: Policy, prices: PriceBo
     segments = [record_age(store, seg, policy, clock) for seg in plan.segments]
     topics: dict[str, WorkSample] = {}
     for seg in segments:
-        if seg.action == COMPACT and seg.codec == AUTO:
+        if seg.action == Action.COMPACT and seg.codec == AUTO:
             topics.setdefault(seg.topic, WorkSample(seed=seg.topic)).add(seg)
     choices = decide_auto(store, topics, policy, prices, log)
     return dataclasses.replace(plan, segments=[with_auto(seg, choices, policy) for seg in segments],

@@ -24,7 +24,8 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import RawBatch, iter_batches
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions, process_batch, rewrite_segment
-from tiering.plan.scan import COMPACT, Plan, PlannedSegment
+from tiering.lifecycle.journal import Action
+from tiering.plan.scan import Plan, PlannedSegment
 from tiering.storage.objects import ObjectStore
 
 DEFAULT_SAMPLE_SEGMENTS: Final = 16
@@ -219,7 +220,7 @@ def estimate(store: ObjectStore, plan: Plan, options: RewriteOptions, *, segment
     """The forecast of the plan's ``compact`` segments (see :mod:`tiering.cost.forecast`)."""
     work = StratifiedSample()
     for seg in plan.segments:
-        if seg.action == COMPACT:
+        if seg.action == Action.COMPACT:
             work.add(seg)
     return estimate_work(store, work, options, segments=segments, sample_bytes=sample_bytes)
 

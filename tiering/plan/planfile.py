@@ -24,8 +24,8 @@ from typing import Any, Final
 
 from tiering.documents import check_document
 from tiering.errors import ConfigError, InvalidDataError
-from tiering.lifecycle.journal import Cause
-from tiering.plan.scan import COMPACT, PLAN_SCHEMA_VERSION, REPAIR, SKIP, Plan, PlannedSegment, PlanTotals
+from tiering.lifecycle.journal import Action, Cause
+from tiering.plan.scan import PLAN_SCHEMA_VERSION, Plan, PlannedSegment, PlanTotals
 from tiering.storage.layout import run_key
 from tiering.storage.objects import ObjectStore
 
@@ -116,13 +116,13 @@ class ChunkWriter:
         self._pieces.append(self._zip.compress(lines))
         for seg in segments:
             self.totals.add(seg)
-        work = [s for s in segments if s.action in (COMPACT, REPAIR)]
+        work = [s for s in segments if s.action in (Action.COMPACT, Action.REPAIR)]
         self._first = self._first or segments[0].directory
         self._last = segments[-1].directory
         self._partitions += 1
         self._segments += len(segments)
         self._todo += len(work)
-        self._bytes += sum(s.size for s in work if s.action == COMPACT)  # a repair rewrites nothing
+        self._bytes += sum(s.size for s in work if s.action == Action.COMPACT)  # a repair rewrites nothing
         if self._load() >= 1:
             self._flush()
 
@@ -308,11 +308,11 @@ class Budget:
 
     def apply(self, seg: PlannedSegment) -> PlannedSegment:
         """The segment as the budget leaves it: unchanged, or skipped as over the budget."""
-        if seg.action != COMPACT or not self.limited or seg.size > self._above:
+        if seg.action != Action.COMPACT or not self.limited or seg.size > self._above:
             return seg
         left = self._quota.get(seg.size, 0)
         if left > 0:
             self._quota[seg.size] = left - 1
             return seg
         which = "--max-segments" if seg.size <= self._counted_out else "--max-bytes"
-        return replace(seg, action=SKIP, reason=f"over the {which} budget", cause=Cause.BUDGET)
+        return replace(seg, action=Action.SKIP, reason=f"over the {which} budget", cause=Cause.BUDGET)

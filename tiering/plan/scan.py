@@ -43,7 +43,7 @@ from tiering.kafka.files import (
     parse_segment_name,
 )
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
-from tiering.lifecycle.journal import Cause
+from tiering.lifecycle.journal import Action, Cause
 from tiering.plan.policy import AUTO, PRODUCER, Policy
 from tiering.plan.state import Outcome, PartitionState, SegmentState, load_state
 from tiering.storage.layout import (
@@ -71,11 +71,6 @@ PLACEHOLDER: Final = "directory placeholder (a zero-byte key ending in /)"
 CLOCK_ROUNDING: Final = timedelta(seconds=1)  # stores round LastModified to the second, some of them up
 INVENTORY_SHARDS: Final = 256  # spill files of an inventory scan: memory holds one
 
-COMPACT: Final = "compact"
-REPAIR: Final = "repair"
-SKIP: Final = "skip"
-
-
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
     key: str
@@ -95,7 +90,7 @@ class PlannedSegment:
     topic: str
     partition: int
     base_offset: int
-    action: str
+    action: Action
     reason: str
     log: ObjectRef | None = None
     index: ObjectRef | None = None
@@ -120,8 +115,8 @@ class PlannedSegment:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> PlannedSegment:
         refs = {k: ObjectRef(**doc[k]) if doc.get(k) else None for k in ("log", "index", "timeindex", "txnindex")}
-        return cls(doc["directory"], doc["topic"], int(doc["partition"]), int(doc["base_offset"]), doc["action"],
-                   doc["reason"], **refs, codec=doc.get("codec"), level=doc.get("level"),
+        return cls(doc["directory"], doc["topic"], int(doc["partition"]), int(doc["base_offset"]),
+                   Action(doc["action"]), doc["reason"], **refs, codec=doc.get("codec"), level=doc.get("level"),
                    min_savings_ratio=float(doc.get("min_savings_ratio", 0.0)),
                    rebatch_max_bytes=doc.get("rebatch_max_bytes"), compacted_by=doc.get("compacted_by"),
                    cause=Cause(doc["cause"]) if doc.get("cause") else None)
@@ -136,12 +131,12 @@ class PlanTotals:
 
     def add(self, seg: PlannedSegment) -> None:
         self.segments += 1
-        if seg.action == COMPACT:
+        if seg.action == Action.COMPACT:
             self.to_compact += 1
             self.bytes_to_compact += seg.size
-        elif seg.action == REPAIR:
+        elif seg.action == Action.REPAIR:
             self.to_repair += 1
-        elif seg.action == SKIP:
+        elif seg.action == Action.SKIP:
             self.skipped_by_reason[seg.reason.split(":")[0]] += 1
 
     def counts(self) -> PlanCounts:
@@ -199,7 +194,7 @@ class Plan:
     auto: dict[str, Any] | None = None  # per topic, the automatic codec choice and its numbers
 
     def to_compact(self) -> list[PlannedSegment]:
-        return [s for s in self.segments if s.action in (COMPACT, REPAIR)]
+        return [s for s in self.segments if s.action in (Action.COMPACT, Action.REPAIR)]
 
     def totals(self) -> dict[str, Any]:
         totals = PlanTotals()
@@ -327,15 +322,15 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
                 "txnindex": g.get(TXN_INDEX_SUFFIX)}
         ours = state.get(base)
         action, reason, cause = _classify(base, log, refs, active, ours, now, grace, target)
-        if action == COMPACT and target.codec == PRODUCER:
-            action, cause = SKIP, Cause.POLICY
+        if action == Action.COMPACT and target.codec == PRODUCER:
+            action, cause = Action.SKIP, Cause.POLICY
             reason = "policy: compression.type producer (keep what the producer wrote)"
         files: dict[str, Any] = {k: ObjectRef.of(v) if v else None for k, v in refs.items()}
-        own = per_topic if action == COMPACT else {}  # a repair rewrites nothing: no codec of its own
+        own = per_topic if action == Action.COMPACT else {}  # a repair rewrites nothing: no codec of its own
         done = ours is not None and log is not None and ours.compacted and ours.log_etag == log.etag
         seg = PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **own,
-                             compacted_by=ours.run_id if done and action == SKIP and ours else None, cause=cause)
-        if action == SKIP:
+                             compacted_by=ours.run_id if done and action == Action.SKIP and ours else None, cause=cause)
+        if action == Action.SKIP:
             for ref in (seg.log, seg.index, seg.timeindex, seg.txnindex):
                 if ref is not None:
                     ignored(ref.key, object_reason(seg))
@@ -359,48 +354,50 @@ def object_reason(seg: PlannedSegment) -> str:
 
 def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | None], active: int | None,
               ours: SegmentState | None, now: datetime, grace: timedelta,
-              o: ScanOptions) -> tuple[str, str, Cause | None]:
+              o: ScanOptions) -> tuple[Action, str, Cause | None]:
     if log is None:
-        return SKIP, "incomplete: index files without a .log (orphans; a broker ignores them)", Cause.INCOMPLETE
+        return Action.SKIP, "incomplete: index files without a .log (orphans; a broker ignores them)", Cause.INCOMPLETE
     # A rewrite with re-batching is another target than one without; a plain target is met by either.
     covers = ours is not None and (o.rebatch_max_bytes is None or ours.rebatch_max_bytes == o.rebatch_max_bytes)
     if ours is not None and ours.outcome is not None:  # a rewrite of this very object gave nothing, or it was invalid
         same_target = o.codec == AUTO or ((ours.codec, ours.level) == (o.codec, o.level) and covers)
         if ours.log_etag == log.etag and (same_target or ours.outcome in (Outcome.INVALID, Outcome.UNREADABLE)):
-            return SKIP, (f"{ours.outcome} last time ({ours.codec} by run {ours.run_id}): not read "
+            return Action.SKIP, (f"{ours.outcome} last time ({ours.codec} by run {ours.run_id}): not read "
                           "again until the .log or the target codec changes"), Cause.REMEMBERED
         ours = None
     if ours is not None and ours.log_etag != log.etag:
         etags = {"index": ours.index_etag, "timeindex": ours.timeindex_etag}
         stale = [k for k in ("index", "timeindex") if (r := refs[k]) and etags[k] == r.etag]
         if stale:
-            return REPAIR, (f"the .log was replaced after run {ours.run_id} compacted it (a mirroring tool?); "
+            return Action.REPAIR, (f"the .log was replaced after run {ours.run_id} compacted it (a mirroring tool?); "
                             f"our rebuilt {' and '.join(stale)} no longer match it and are removed"), None
         ours = None  # a new original: judged like any other segment
     if base == active:
-        return SKIP, "active: the highest base offset of its partition (a broker may still append to it)", Cause.ACTIVE
+        return (Action.SKIP, "active: the highest base offset of its partition (a broker may still append to it)",
+                Cause.ACTIVE)
     archived = [f"the .{name} is {r.storage_class}" for name in ("log", "index", "timeindex")
                 if (r := refs[name]) is not None and r.storage_class in ARCHIVED_CLASSES]
     if archived:  # the .txnindex is never read or replaced
-        return (SKIP, f"archived: {' and '.join(archived)} (cannot be read or replaced without a restore)",
+        return (Action.SKIP, f"archived: {' and '.join(archived)} (cannot be read or replaced without a restore)",
                 Cause.ARCHIVED)
     youngest = max(r.last_modified for r in refs.values() if r is not None)
     # No grace, no age check; else an object is old enough once S3's clock says so, allowing for a store that
     # rounds LastModified up to the next second.
     if grace and now - youngest + CLOCK_ROUNDING < grace:
         minutes = max(0, int((now - youngest).total_seconds() // 60))
-        return (SKIP, f"too young: uploaded {minutes} min ago, within the {o.min_age_minutes}-minute grace period",
+        return (Action.SKIP,
+                f"too young: uploaded {minutes} min ago, within the {o.min_age_minutes}-minute grace period",
                 Cause.TOO_YOUNG)
     if log.size == 0:
-        return SKIP, "empty: the .log holds no batches", Cause.EMPTY
+        return Action.SKIP, "empty: the .log holds no batches", Cause.EMPTY
     if log.size > MAX_SEGMENT_BYTES:
-        return SKIP, f"invalid: {log.size} bytes is beyond Kafka's 2 GiB segment limit", Cause.INVALID
+        return Action.SKIP, f"invalid: {log.size} bytes is beyond Kafka's 2 GiB segment limit", Cause.INVALID
     if ours is not None and o.codec == AUTO and ours.codec is not None:  # (key compaction records no codec)
-        return (SKIP, f"already compacted: {ours.codec} (chosen automatically) by run {ours.run_id}",
+        return (Action.SKIP, f"already compacted: {ours.codec} (chosen automatically) by run {ours.run_id}",
                 Cause.ALREADY_COMPACTED)
     if ours is not None and ours.codec == o.codec and ours.level == o.level and covers:
-        return SKIP, f"already compacted: {o.codec} by run {ours.run_id}", Cause.ALREADY_COMPACTED
-    return COMPACT, "sealed", None
+        return Action.SKIP, f"already compacted: {o.codec} by run {ours.run_id}", Cause.ALREADY_COMPACTED
+    return Action.COMPACT, "sealed", None
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,8 +37,8 @@ from tiering.commit.protocol import (
 from tiering.documents import check_document
 from tiering.errors import ConfigError, ExitCode, InvalidDataError, ProofError, StorageError, TieringError
 from tiering.kafka.files import parse_segment_name
-from tiering.lifecycle.journal import NOTHING_TO_GAIN, Cause, Pending, Status
-from tiering.plan.scan import REPAIR, PlannedSegment
+from tiering.lifecycle.journal import NOTHING_TO_GAIN, Action, Cause, Pending, Status
+from tiering.plan.scan import PlannedSegment
 from tiering.plan.state import Outcome, SegmentState, forget_keys_run, load_state, stamped
 from tiering.storage.layout import (
     BACKUP_DIR,
@@ -297,7 +297,7 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict())
 
     def attempt() -> SegmentResult:
-        if seg.action == REPAIR:
+        if seg.action == Action.REPAIR:
             return repair_segment(own, seg, lease)
         staged = stage_segment(own, seg, lease)
         if not isinstance(staged, Staged):

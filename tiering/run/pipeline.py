@@ -42,7 +42,7 @@ from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Cause, Journal, Pending, Status, Swap, Verify
+from tiering.lifecycle.journal import Action, Cause, Journal, Pending, Status, Swap, Verify
 from tiering.plan.auto import decide_auto, record_age, with_auto
 from tiering.plan.estimate import StratifiedSample, WorkSample, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
@@ -56,7 +56,7 @@ from tiering.plan.planfile import (
     chunk_limits,
 )
 from tiering.plan.policy import AUTO, Policy
-from tiering.plan.scan import COMPACT, REPAIR, Plan, PlanCounts, PlannedSegment, ScanOptions, scan_partitions
+from tiering.plan.scan import Plan, PlanCounts, PlannedSegment, ScanOptions, scan_partitions
 from tiering.plan.state import Pruning, StateBatch, load_state
 from tiering.run.compact import (
     DONE_STATUSES,
@@ -300,9 +300,9 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
     for listed in by_partition(scanned.segments(scan_manifest)):
         part = [record_age(store, seg, policy, clock) for seg in listed] if policy is not None else listed
         for seg in part:
-            if seg.action == REPAIR:
+            if seg.action == Action.REPAIR:
                 repairs += 1
-            elif seg.action == COMPACT:
+            elif seg.action == Action.COMPACT:
                 auto = seg.codec == AUTO
                 sizes.setdefault(seg.topic if auto else None, chosen.tally()).add(seg.size)
                 if auto:
@@ -330,7 +330,7 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
     for policied_part in by_partition(source.segments()):
         part = [chosen.apply(with_auto(seg, choices, policy) if policy else seg) for seg in policied_part]
         for seg in part:
-            if seg.action == COMPACT:
+            if seg.action == Action.COMPACT:
                 sample.add(seg)
         if part and part[0].directory in in_flight:
             with_pending.add(writer.open_chunk)
@@ -406,7 +406,7 @@ def stage_units(plan: ChunkedPlan, manifest: PlanManifest, *, parallelism: int =
             continue
         line = start = count = size = 0
         for part in by_partition(plan.chunk(info.key)):
-            todo = [s for s in part if s.action in (COMPACT, REPAIR)]
+            todo = [s for s in part if s.action in (Action.COMPACT, Action.REPAIR)]
             if not todo and not count:
                 start = line + len(part)  # nothing to stage before this partition: begin after it
             line += len(part)
@@ -427,7 +427,7 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
     swapped in at once (the CLI), else it is left journalled ``staged`` for the commit step (Spark). The
     partition's state changes are written in batches (pruned by ``pruning``)."""
 
-    planned = {s.base_offset: s for s in segments if s.action == COMPACT and s.log is not None}
+    planned = {s.base_offset: s for s in segments if s.action == Action.COMPACT and s.log is not None}
 
     def adoptable(journal: Journal) -> bool:
         """This run would stage the very same: the same source objects (each index present or absent as
@@ -503,7 +503,7 @@ def run_unit(store: ObjectStore, settings: RunSettings, ctx: Context, unit: Stag
     results: list[SegmentResult] = []
     requests: dict[str, dict[str, int]] = {}
     for part in by_partition(plan.chunk(unit.chunk_key, unit.start, unit.stop)):
-        todo = [s for s in part if s.action in (COMPACT, REPAIR)]
+        todo = [s for s in part if s.action in (Action.COMPACT, Action.REPAIR)]
         if not todo:
             continue
         directory = todo[0].directory
@@ -569,7 +569,8 @@ def commit_chunk(store: ObjectStore, settings: RunSettings, name: str, *, ctx: C
     for s in plan.chunk(info.key):
         segments.setdefault(s.directory, []).append(s)
     partitions = sorted(d for d, part in segments.items()
-                        if d in in_flight or (worked and any(s.action in (COMPACT, REPAIR) for s in part)))
+                        if d in in_flight
+                        or (worked and any(s.action in (Action.COMPACT, Action.REPAIR) for s in part)))
     local = threading.local()
     swap = ctx.swap if ctx is not None else settings.swap_choice()  # learnt once for all the partitions
 
@@ -757,7 +758,7 @@ def run_local(store: ObjectStore, settings: RunSettings, ctx: Context, options: 
         list(pool.map(lambda u: run_unit(store, settings, ctx, u, commit=True, pending=pending, progress=progress),
                       units))
     worked = {s.directory for u in units for s in plan.chunk(u.chunk_key, u.start, u.stop)
-              if s.action in (COMPACT, REPAIR)}  # a unit's line range may hold partitions without work
+              if s.action in (Action.COMPACT, Action.REPAIR)}  # a unit's line range may hold partitions without work
     left = {d: b for d, b in pending.items() if d not in worked}
     if left:
         for info in manifest.chunks:

@@ -34,10 +34,10 @@ from tiering.documents import check_document
 from tiering.errors import ConflictError, InvalidDataError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Cause, Pending, Status
+from tiering.lifecycle.journal import Action, Cause, Pending, Status
 from tiering.plan.ages import max_timestamp
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
-from tiering.plan.scan import COMPACT, PlannedSegment, ScanOptions, scan
+from tiering.plan.scan import PlannedSegment, ScanOptions, scan
 from tiering.plan.state import load_state, record_segment
 from tiering.run.compact import with_lease
 from tiering.storage.layout import clock_key, journal_key, run_result_key
@@ -244,7 +244,7 @@ def _tier_segment(store: ObjectStore, seg: PlannedSegment, policy: Policy, price
                   ) -> SegmentTiering:
     """Where one segment's objects go (or why the segment stays as a whole)."""
     t = SegmentTiering(seg.directory, seg.topic, seg.base_offset, None, None, "")
-    sealed = seg.action == COMPACT or seg.cause in (Cause.ALREADY_COMPACTED, Cause.TOO_YOUNG)
+    sealed = seg.action == Action.COMPACT or seg.cause in (Cause.ALREADY_COMPACTED, Cause.TOO_YOUNG)
     if seg.log is None or not sealed:
         return replace(t, reason=f"not tiered: {seg.reason}")
     try:
