@@ -87,3 +87,47 @@ def test_the_job_s_code_runs_from_the_archive_on_a_bare_host(built: dict[str, ob
     assert not any(str(ROOT) in p or p.startswith(sys.base_prefix) for p in facts["path"])
     missing = _bare([sys.executable, "-c", "print(1)"])  # the build's own Python is not there
     assert missing.returncode != 0
+
+
+def _third_party_imports(entries: list[Path]) -> set[str]:
+    """The top-level modules outside the standard library and this package that the files ``entries`` import,
+    directly or through modules of the package (imports inside functions included)."""
+    import ast
+
+    package = ROOT / "tiering"
+    seen: set[Path] = set()
+    todo = list(entries)
+    found: set[str] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen or not path.exists():
+            continue
+        seen.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top == "tiering":
+                    parts = name.split(".")[1:]
+                    module = package.joinpath(*parts)
+                    todo += [module.with_suffix(".py"), module / "__init__.py"]
+                elif top not in sys.stdlib_module_names:
+                    found.add(top)
+    return found
+
+
+def test_the_archive_holds_every_package_the_executor_entries_import() -> None:
+    """What a Spark task imports (both jobs, whose tasks build their store, and what they reach in the
+    package) is in the archive: a package missing there fails every task on a real cluster, and nowhere else."""
+    from importlib.metadata import packages_distributions
+
+    from tiering.spark.artifact import RUNTIME
+
+    provided = {"pyspark"}  # the worker's Spark
+    dists = packages_distributions()
+    jobs = sorted((ROOT / "spark_jobs").glob("*.py"))
+    assert len(jobs) >= 2
+    imported = _third_party_imports(jobs) - provided
+    needed = {d.lower() for m in imported for d in dists.get(m, [m])}
+    assert needed <= {r.lower() for r in RUNTIME}, sorted(needed - {r.lower() for r in RUNTIME})

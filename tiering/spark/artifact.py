@@ -4,7 +4,7 @@
 
 builds ``dist/tiering-job-env.tar.gz``: a relocatable Python (this interpreter's binary, its shared
 library and its standard library, without the test suites, IDLE and Tk), the packages the executors
-import (boto3 and its dependencies, the codecs, crc32c, xxhash, PyYAML; not Airflow, not pyspark: the
+import (boto3 and its dependencies, the codecs, crc32c, zlib-ng, xxhash, PyYAML; not Airflow, not pyspark: the
 worker's Spark provides pyspark), and the ``tiering`` wheel with its compiled extensions for this
 platform. ``env/bin/python`` is a small launcher that finds its own directory, so the archive works
 wherever Spark unpacks it (``spark.archives=...tiering-job-env.tar.gz#env`` and
@@ -37,7 +37,7 @@ from tiering.errors import ConfigError
 ARCHIVE: Final = "tiering-job-env.tar.gz"
 # What the executors import, pinned by requirements.lock (boto3's own dependencies included).
 RUNTIME: Final = ("boto3", "botocore", "s3transfer", "jmespath", "urllib3", "python-dateutil", "six",
-                  "python-snappy", "cramjam", "lz4", "zstandard", "crc32c", "xxhash", "PyYAML")
+                  "python-snappy", "cramjam", "lz4", "zstandard", "crc32c", "zlib-ng", "xxhash", "PyYAML")
 STDLIB_LEFT_OUT: Final = frozenset({"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip",
                                     "lib2to3", "__pycache__", "pydoc_data", "venv"})
 EPOCH: Final = 315532800  # 1980-01-01, the earliest time a zip (a wheel) can hold: every entry's mtime
