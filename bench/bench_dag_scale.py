@@ -32,7 +32,7 @@ from bench_scan import _status_kib
 
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
-from tiering.storage.layout import run_key, run_result_key
+from tiering.storage.layout import run_dir, run_result_key
 from tiering.storage.store import S3Store, make_client
 
 BUCKET: Final = "bench-dag"
@@ -67,8 +67,8 @@ def child(endpoint: str, master: str) -> dict[str, Any]:
     doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
     by_class = doc["usage"].get("requests_by_class") or doc["usage"]["requests"]  # every request, by class
     requests = sum(sum(v.values()) for v in by_class.values())
-    sizes = {info.key.removeprefix(run_key(PREFIX, run_id) + "/"): info.size
-             for info in store.list(run_key(PREFIX, run_id) + "/")}
+    sizes = {info.key.removeprefix(run_dir(PREFIX, run_id)): info.size
+             for info in store.list(run_dir(PREFIX, run_id))}
     peak_kib = _status_kib("VmHWM")
     compacted = int(doc["totals"].get("compacted", 0))
     return {"state": state, "run_id": run_id, "wall_s": round(wall, 1), "steps_s": steps,

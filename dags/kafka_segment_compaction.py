@@ -138,27 +138,34 @@ def spark_master(value: str) -> str:
     return f"{url}:{conn.port}" if conn.port else url
 
 
-def _policy(params: dict[str, Any]) -> Any:
-    """The run's policy (validated: a bad file fails the first task with the key and the problem), or None."""
-    from tiering.plan.policy import load_policy  # noqa: PLC0415
-
-    path = (params.get("policy") or "").strip()
-    return load_policy(path) if path else None
-
-
-def _store(settings: Any) -> Any:
+def _store(bucket: str) -> Any:
     """The run's bucket, through a client from the worker's AWS environment (never in params or XCom)."""
     from tiering.storage.store import S3Store, make_client  # noqa: PLC0415
 
-    return S3Store(make_client(), settings.bucket)
+    return S3Store(make_client(), bucket)
 
 
-def _settings(params: dict[str, Any], run_id: str) -> Any:
-    from tiering.run.pipeline import RunSettings, safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
+def _run() -> tuple[Any, Any]:
+    """The running task's params, typed (:class:`~tiering.steps.compaction.CompactionParams`), and its store."""
+    from tiering.steps.compaction import CompactionParams  # noqa: PLC0415 - heavy imports stay inside tasks
 
-    verify, swap = RunSettings.modes(params["verify"], params["swap"])
-    return RunSettings(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id),
-                       params["codec"], params["level"], params["lease_ttl_seconds"], verify, swap)
+    ctx = get_current_context()
+    run = CompactionParams.from_params(ctx["params"], ctx["run_id"])
+    return run, _store(run.settings.bucket)
+
+
+def _job(path: Path) -> Any:
+    from tiering.steps.compaction import SparkJob  # noqa: PLC0415
+
+    return SparkJob.configured(path, spark_master(get_current_context()["params"]["spark_master"]))
+
+
+def _fail(failure: str | None) -> None:
+    """Fail the task, without retries, for what the step says (another attempt would find the same)."""
+    if failure:
+        from airflow.sdk.exceptions import AirflowFailException  # noqa: PLC0415
+
+        raise AirflowFailException(failure)
 
 
 @dag(
@@ -212,167 +219,71 @@ def kafka_segment_compaction() -> None:
     @fail_fast
     def key_compaction() -> dict[str, Any]:
         """With ``compact_keys``: one key-compaction pass (run ``<run>-keys``, its report published)."""
-        ctx = get_current_context()
-        params = ctx["params"]
-        if not params["compact_keys"] or params["dry_run"]:
-            return {"skipped": True}
-        import json  # noqa: PLC0415
+        from tiering.steps import compaction  # noqa: PLC0415
 
-        from tiering.report.publish import cost_config, publish_report  # noqa: PLC0415
-        from tiering.report.render import to_table  # noqa: PLC0415
-        from tiering.run.compact import RunResult  # noqa: PLC0415
-        from tiering.spark.submit import submit  # noqa: PLC0415
-        from tiering.storage.layout import run_result_key  # noqa: PLC0415
-
-        settings = _settings(params, ctx["run_id"])
-        store = _store(settings)
-        run_id = f"{settings.run_id}-keys"  # its own backups: the recompression that follows keeps its own
-        policy = (params.get("policy") or "").strip()
-        if policy:
-            _policy(params)  # a bad file fails here, with the key and the problem
-        elif not params["topics"]:
-            from tiering.errors import ConfigError  # noqa: PLC0415
-
-            raise ConfigError("compact_keys needs the compacted topics: a policy, or the topics param")
-        chosen = ["--policy", policy] if policy else []
-        chosen += ["--topics", params["topics"]] if params["topics"] else []
-        conf = {"spark.log.level": "WARN", **json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))}
-        submit(SPARK_KEYS_JOB, ["--bucket", settings.bucket, "--prefix", settings.prefix, "--run-id", run_id, *chosen,
-                                "--min-age-minutes", str(params["min_segment_age_minutes"]),
-                                "--lease-ttl-seconds", str(settings.lease_ttl_seconds), "--verify",
-                                settings.verify.value, "--swap", settings.swap_text],
-               master=spark_master(params["spark_master"]), conf=conf)
-        key = run_result_key(settings.prefix, run_id, "compact-keys")
-        run = RunResult.from_json(store.get_json(key)[0], f"s3://{settings.bucket}/{key}")
-        prices, cost = cost_config(grace_days=params["cleanup_grace_days"])
-        doc, keys = publish_report(store, settings.prefix, run_id, prices, cost, kind=run.kind)
-        print(to_table(doc))
-        if run.failed:
-            from airflow.sdk.exceptions import AirflowFailException  # noqa: PLC0415
-
-            raise AirflowFailException(f"key compaction run {run_id}: {run.hard_failures} segments failed "
-                                       f"(see s3://{settings.bucket}/{keys['json']})")
-        return {"run_id": run_id, **run.totals(), "pending": run.pending,
-                "report": f"s3://{settings.bucket}/{keys['json']}"}
+        run, store = _run()
+        step = compaction.key_compaction(store, run, _job(SPARK_KEYS_JOB), print)
+        _fail(step.failure)
+        return step.to_json()
 
     @task
     @fail_fast
     def scan() -> dict[str, Any]:
-        from tiering.plan.scan import ScanOptions  # noqa: PLC0415
-        from tiering.run.pipeline import scan_run  # noqa: PLC0415
+        from tiering.steps import compaction  # noqa: PLC0415
 
-        ctx = get_current_context()
-        params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
-        options = ScanOptions(params["codec"], params["level"], params["topics"] or None,
-                              params["min_segment_age_minutes"], policy=_policy(params),
-                              rebatch_max_bytes=params["rebatch_max_bytes"] if params["rebatch"] else None)
-        result = scan_run(_store(settings), settings, options, inventory=(params["inventory"] or "").strip() or None)
-        totals = result.totals
-        print(f"scanned s3://{settings.bucket}/{settings.prefix}: {result.objects:,} objects, "
-              f"{totals.segments:,} segments: {totals.to_compact:,} to compact, {totals.skipped:,} skipped "
-              + "(" + ", ".join(f"{n:,} {why}" for why, n in totals.skipped_by_reason.items()) + ")")
-        return result.to_json()
+        run, store = _run()
+        return compaction.scan(store, run, print).to_json()
 
     @task
     @fail_fast
     def plan(scanned: dict[str, Any]) -> dict[str, Any]:
-        from tiering.report.publish import cost_config  # noqa: PLC0415
-        from tiering.run.compact import CompactOptions  # noqa: PLC0415
-        from tiering.run.pipeline import plan_run  # noqa: PLC0415
+        from tiering.steps import compaction  # noqa: PLC0415
 
-        ctx = get_current_context()
-        params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
-        planned = plan_run(_store(settings), settings, CompactOptions(params["max_segments"], params["max_bytes"]),
-                           estimate_savings=params["dry_run"], policy=_policy(params), prices=cost_config()[0])
-        saved = planned.forecast
-        print(f"plan: {planned.segments:,} segments to compact ({planned.bytes:,} bytes) in {len(planned.chunks)} "
-              "chunks" + (f"; forecast: saves {saved.saved_bytes:,} bytes ({saved.saved_low:,} to "
-                          f"{saved.saved_high:,}), by topic in the plan's manifest" if saved else ""))
-        return (planned.dry() if params["dry_run"] else planned).to_json()
+        run, store = _run()
+        return compaction.plan(store, run, print).to_json()
 
     @task
     @fail_fast
     def spark_compaction(planned: dict[str, Any]) -> list[dict[str, Any]]:
         """Stage every planned segment with Spark; returns the plan's chunks (names) for the commit."""
-        import json  # noqa: PLC0415
-
         from tiering.run.pipeline import PlanStep  # noqa: PLC0415
-        from tiering.spark.submit import submit  # noqa: PLC0415
+        from tiering.steps import compaction  # noqa: PLC0415
 
-        ctx = get_current_context()
-        params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
-        step = PlanStep.from_json(planned)
-        chunks = [c.to_json() for c in step.chunks]
-        if step.dry_run or not step.segments:
-            print("nothing to stage" + (" (dry run)" if step.dry_run else "")
-                  + (f"; {len(chunks)} chunks with operations in flight to finish" if chunks else ""))
-            return chunks
-        conf = {"spark.log.level": "WARN", **json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))}
-        submit(SPARK_JOB, ["--plan", f"s3://{settings.bucket}/{step.plan_key}", "--run-id", settings.run_id,
-                           "--lease-ttl-seconds", str(settings.lease_ttl_seconds), "--verify", settings.verify.value],
-               master=spark_master(params["spark_master"]), conf=conf)
-        return chunks
+        run, _ = _run()
+        return [c.to_json() for c in compaction.stage(run, PlanStep.from_json(planned), _job(SPARK_JOB), print)]
 
     @task(map_index_template="{{ chunk_name }}")
     @fail_fast
     def commit(chunk: dict[str, Any]) -> dict[str, Any]:
-        from tiering.run.pipeline import ChunkRef, commit_chunk  # noqa: PLC0415
+        from tiering.run.pipeline import ChunkRef  # noqa: PLC0415
+        from tiering.steps import compaction  # noqa: PLC0415
 
-        ctx = get_current_context()
         ref = ChunkRef.from_json(chunk)
-        ctx["chunk_name"] = ref.label  # type: ignore[typeddict-unknown-key]  # names the mapped task
-        settings = _settings(ctx["params"], ctx["run_id"])
-        result = commit_chunk(_store(settings), settings, ref.name, workers=COMMIT_WORKERS)
-        print(f"committed {ref.name} ({ref.label}): {result.summary()}")
-        return result.to_json()
+        get_current_context()["chunk_name"] = ref.label  # type: ignore[typeddict-unknown-key]  # the task's name
+        run, store = _run()
+        return compaction.commit(store, run, ref, COMMIT_WORKERS, print).to_json()
 
     @task(trigger_rule="none_failed", outlets=[REPORT_ASSET])
     @fail_fast
     def report(planned: dict[str, Any]) -> dict[str, Any]:
-        from tiering.report.publish import cost_config, publish_report  # noqa: PLC0415
-        from tiering.report.render import to_table  # noqa: PLC0415
-        from tiering.run.pipeline import collect_run, run_summary  # noqa: PLC0415
+        from tiering.steps import compaction  # noqa: PLC0415
 
-        ctx = get_current_context()
-        params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
-        store = _store(settings)
-        run = collect_run(store, settings)
-        headline, table = run_summary(run)
-        if headline.segments:  # a dry run has no outcomes: its report below holds the forecast
-            print(table)
-        prices, options = cost_config(grace_days=params["cleanup_grace_days"])
-        doc, keys = publish_report(store, settings.prefix, settings.run_id, prices, options)
-        print(to_table(doc))
-        t = doc.totals
-        money = {"estimate": doc.estimate, "monthly_savings_usd": round(t.monthly_savings_usd, 2),
-                 "yearly_savings_usd": round(t.yearly_savings_usd, 2), "one_off_usd": round(t.one_off_usd, 2),
-                 "payback_months": None if t.payback_months is None else round(t.payback_months, 2)}
-        uris = {fmt: f"s3://{settings.bucket}/{key}" for fmt, key in keys.items()}
-        print(f"report: {uris['html']} (also {', '.join(sorted(uris))})")
-        out = {**headline.to_json(), **money, "report": uris["json"], "report_html": uris["html"]}
-        ctx["outlet_events"][REPORT_ASSET].extra = {**out, "bucket": settings.bucket, "prefix": settings.prefix}
-        if run.pending and not headline.compacted:
-            from airflow.sdk.exceptions import AirflowFailException  # noqa: PLC0415
-
-            raise AirflowFailException(
-                f"nothing was compacted, and {run.pending} segments were left to a later run (partitions "
-                f"busy: another run holds their leases, which expire {params['lease_ttl_seconds']} s after its "
-                "last renewal; or S3 failing). The report above says which; run again later.")
+        run, store = _run()
+        step = compaction.report(store, run, print)
+        out = step.to_json()
+        get_current_context()["outlet_events"][REPORT_ASSET].extra = {
+            **out, "bucket": run.settings.bucket, "prefix": run.settings.prefix}
+        _fail(step.failure)
         return out
 
     @task(trigger_rule="none_failed")
     @fail_fast
     def cleanup() -> dict[str, Any]:
-        from tiering.run.compact import cleanup as clean  # noqa: PLC0415
+        from tiering.steps import compaction  # noqa: PLC0415
 
-        ctx = get_current_context()
-        params, settings = ctx["params"], _settings(ctx["params"], ctx["run_id"])
-        if params["dry_run"]:
-            return {"dry_run": True}
-        store = _store(settings)
-        result = clean(store, settings.context(store), grace_days=params["cleanup_grace_days"])
-        print(f"cleanup: {result.summary()}")
-        return result.to_json()
+        run, store = _run()
+        result = compaction.clean(store, run, print)
+        return result.to_json() if result is not None else {"dry_run": True}
 
     keys_done = key_compaction()
     scanned = scan()

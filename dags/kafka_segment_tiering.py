@@ -45,12 +45,15 @@ SCHEDULE = os.environ.get("TIERING_TIERING_SCHEDULE", "@daily") if POLICY_FILE e
 REPORT_ASSET = Asset(name="kafka_segment_tiering_report", uri="tiering://kafka_segment_tiering/report")
 
 
-def _where(ctx: Any) -> tuple[Any, str, str]:
-    from tiering.run.pipeline import safe_run_id  # noqa: PLC0415 - heavy imports stay inside tasks
+def _run() -> tuple[Any, Any]:
+    """The running task's params, typed (:class:`~tiering.steps.storage_classes.TieringParams`), and its store
+    (a client from the worker's AWS environment)."""
+    from tiering.steps.storage_classes import TieringParams  # noqa: PLC0415 - heavy imports stay inside tasks
     from tiering.storage.store import S3Store, make_client  # noqa: PLC0415
 
-    params = ctx["params"]
-    return S3Store(make_client(), params["bucket"]), params["prefix"].strip("/"), safe_run_id(ctx["run_id"])
+    ctx = get_current_context()
+    run = TieringParams.from_params(ctx["params"], ctx["run_id"])
+    return run, S3Store(make_client(), run.bucket)
 
 
 @dag(
@@ -75,61 +78,29 @@ def _where(ctx: Any) -> tuple[Any, str, str]:
 def kafka_segment_tiering() -> None:
     @task
     def plan() -> dict[str, Any]:
-        from tiering.plan.policy import load_policy  # noqa: PLC0415
-        from tiering.report.publish import cost_config  # noqa: PLC0415
-        from tiering.run.tier import plan_tiering  # noqa: PLC0415
-        from tiering.storage.layout import run_key  # noqa: PLC0415
+        from tiering.steps import storage_classes  # noqa: PLC0415
 
-        ctx = get_current_context()
-        path = ctx["params"]["policy"].strip()
-        if not path:
-            raise ValueError("kafka_segment_tiering needs a policy: pass the policy param or set TIERING_POLICY_FILE")
-        policy = load_policy(path)  # a bad policy fails here, before any request
-        store, prefix, run_id = _where(ctx)
-        planned = plan_tiering(store, prefix, policy, cost_config()[0])
-        key = run_key(prefix, run_id, "tier-plan.json")
-        store.put_json(key, planned.to_json())
-        totals = planned.totals()
-        print(f"plan: {totals.objects_to_move} objects to move ({totals.bytes_to_move:,} bytes); "
-              f"staying: {dict(totals.staying)}")
-        return {"plan_key": key, "objects_to_move": totals.objects_to_move}
+        run, store = _run()
+        return storage_classes.plan(store, run, print).to_json()
 
     @task
     def apply(planned: dict[str, Any]) -> dict[str, Any]:
-        from tiering.run.tier import TierPlan, apply_tiering  # noqa: PLC0415
-        from tiering.storage.layout import run_result_key  # noqa: PLC0415
+        from tiering.steps import storage_classes  # noqa: PLC0415
 
-        ctx = get_current_context()
-        store, _, run_id = _where(ctx)
-        if ctx["params"]["dry_run"] or not planned["objects_to_move"]:
-            print("nothing to move" + (" (dry run)" if ctx["params"]["dry_run"] else ""))
-            return {"segments": 0}
-        run = apply_tiering(store, TierPlan.from_json(store.get_json(planned["plan_key"])[0]), run_id,
-                            progress=lambda r: print(f"  {r.directory}/{r.base_offset}: {r.status} {r.reason}"))
-        return {"run_key": run_result_key(run.plan.prefix, run_id, "tier"), "segments": len(run.results)}
+        run, store = _run()
+        return storage_classes.apply(store, run, storage_classes.TierPlanStep.from_json(planned), print).to_json()
 
     @task(outlets=[REPORT_ASSET])
     def report(planned: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
-        from tiering.run.tier import TierPlan, TierRun, tier_report, tier_table  # noqa: PLC0415
-        from tiering.storage.layout import tier_report_key  # noqa: PLC0415
+        from tiering.steps import storage_classes as steps  # noqa: PLC0415
 
-        ctx = get_current_context()
-        store, prefix, run_id = _where(ctx)
-        plan = TierPlan.from_json(store.get_json(planned["plan_key"])[0])
-        results = TierRun.from_json(store.get_json(applied["run_key"])[0]).results if "run_key" in applied else ()
-        doc = tier_report(plan, results, run_id, dry_run=ctx["params"]["dry_run"])
-        text = tier_table(doc)
-        print(text)
-        key = tier_report_key(prefix, run_id, "json")
-        store.put_json(key, doc.to_json())
-        store.put(tier_report_key(prefix, run_id, "md"), ("```\n" + text + "\n```\n").encode())
-        monthly, one_off = doc.money()  # a run reports what it did
-        out: dict[str, Any] = {"run_id": run_id, "dry_run": doc.dry_run, "objects_moved": doc.objects_moved,
-                               "bytes_moved": doc.bytes_moved, "monthly_savings_usd": round(monthly, 6),
-                               "one_off_usd": round(one_off, 6), "report": f"s3://{store.bucket}/{key}"}
-        ctx["outlet_events"][REPORT_ASSET].extra = {**out, "bucket": store.bucket, "prefix": prefix}
-        if doc.segments_failed:
-            raise RuntimeError(f"{len(doc.segments_failed)} segments failed to move (see the report)")
+        run, store = _run()
+        step = steps.report(store, run, steps.TierPlanStep.from_json(planned), steps.TierApplyStep.from_json(applied),
+                            print)
+        out = step.to_json()
+        get_current_context()["outlet_events"][REPORT_ASSET].extra = {**out, "bucket": run.bucket, "prefix": run.prefix}
+        if step.failure:
+            raise RuntimeError(step.failure)
         return out
 
     planned = plan()

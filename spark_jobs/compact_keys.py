@@ -5,7 +5,7 @@
         [--codec C [--level N]] [--min-age-minutes M] [--max-keys N] [--lease-ttl-seconds 600] \\
         [--verify checksum|read-back] [--swap auto|copy|put]
 
-Thin on purpose: argument parsing, the SparkSession, and calls into ``tiering.run.keycompact``. The driver
+Thin on purpose: argument parsing and a call to ``tiering.spark.jobs.compact_keys_plan``. The driver
 finishes what a crashed run left in flight, lists the partitions and resolves each topic's cleaner settings
 (the policy is read here only), and cuts them into units balanced by bytes; each task cleans its partitions
 one after the other, each under the run's lease, every changed segment swapped by the commit protocol in
@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections import Counter
-from datetime import UTC, datetime
-
-from pyspark.sql import SparkSession
+from typing import Any
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS, DEFAULT_MAX_KEYS
 from tiering.plan.policy import load_policy
-from tiering.run.keycompact import KeyCompactOptions, collect_keys_run, keys_unit_task, plan_keys
+from tiering.run.keycompact import KeyCompactOptions
 from tiering.run.pipeline import RunSettings
 from tiering.spark.driver import run_driver
-from tiering.storage.store import S3Store, make_client
+from tiering.spark.jobs import compact_keys_plan
+
+
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run(spark: SparkSession, args: argparse.Namespace) -> int:
+def run(spark: Any, args: argparse.Namespace) -> int:
     """Plan on the driver, clean the units on the cluster, write the run document; 0 (per-segment problems
     are results in it)."""
     settings = RunSettings(args.bucket, args.prefix.strip("/"), args.run_id, "none", None, args.lease_ttl_seconds,
@@ -69,26 +69,7 @@ def run(spark: SparkSession, args: argparse.Namespace) -> int:
     options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
                                 args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds,
                                 load_policy(args.policy) if args.policy else None, args.max_keys)
-    store = S3Store(make_client(), settings.bucket)
-    ctx = settings.context(store)
-    started = datetime.now(UTC).isoformat()
-    plan = plan_keys(store, ctx, options, parallelism=spark.sparkContext.defaultParallelism)
-    driver = Counter(store.requests)
-    print(f"key compaction: {sum(len(u.partitions) for u in plan.units)} partitions in {len(plan.units)} tasks",
-          file=sys.stderr, flush=True)
-    clock = time.perf_counter()
-    counts: Counter[str] = Counter()
-    if plan.units:
-        conf, bucket = settings.to_json(), settings.bucket
-        rdd = spark.sparkContext.parallelize([u.to_json() for u in plan.units], len(plan.units))
-        # Each task builds its store from its executor's AWS environment.
-        for done in rdd.map(lambda unit: keys_unit_task(S3Store(make_client(), bucket), unit, conf)).collect():
-            counts.update(done)
-    print(f"key compaction seconds: {time.perf_counter() - clock:.3f}; results: {dict(sorted(counts.items()))}",
-          file=sys.stderr, flush=True)
-    result = collect_keys_run(store, ctx, plan, started, options.settings_json(plan.now_ms), driver)
-    print(f"run document: s3://{settings.bucket}/{settings.prefix}/_tiering/runs/{settings.run_id}/compact-keys.json"
-          f" ({result.totals()})", file=sys.stderr, flush=True)
+    compact_keys_plan(spark, settings, options, log)
     return 0
 
 

@@ -4,7 +4,7 @@
         --plan s3://BUCKET/PREFIX/_tiering/runs/RUN/plan/manifest.json --run-id RUN [--lease-ttl-seconds 600] \\
         [--verify checksum|read-back]
 
-Thin on purpose: argument parsing, the SparkSession, and calls into ``tiering.run.pipeline``. The driver reads
+Thin on purpose: argument parsing and a call to ``tiering.spark.jobs.stage_plan``. The driver reads
 the plan's chunks one at a time and cuts their work into units (up to 64 segments or 4 GiB of whole
 partitions); each task takes the run's leases of its partitions and renews them while it streams each
 segment from S3, rewrites it straight into a multipart upload to staging (no local copy), verifies the
@@ -20,50 +20,34 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections import Counter
-
-from pyspark.sql import SparkSession
+from typing import Any
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
-from tiering.run.pipeline import RunSettings, load_manifest, manifest_location, put_usage, stage_unit, stage_units
+from tiering.lifecycle.journal import Verify
 from tiering.spark.driver import run_driver
-from tiering.storage.store import S3Store, make_client
+from tiering.spark.jobs import stage_plan
+from tiering.storage.layout import PlanName, plan_manifest_key
+
+
+def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--plan", required=True, help="the run's plan: s3://BUCKET/.../runs/RUN/plan/manifest.json")
+    example = plan_manifest_key("PREFIX", "RUN", PlanName.PLAN)
+    p.add_argument("--plan", required=True, help=f"the run's plan: s3://BUCKET/{example}")
     p.add_argument("--run-id", required=True, help="the run (leases are taken in its name)")
     p.add_argument("--lease-ttl-seconds", type=int, default=DEFAULT_TTL_SECONDS)
-    p.add_argument("--verify", choices=["checksum", "read-back"], default="checksum",
+    p.add_argument("--verify", choices=[v.value for v in Verify], default=Verify.CHECKSUM.value,
                    help="how staged files are accepted: S3's CRC-32C of what it stored, or read back")
     args = p.parse_args(argv)
-
     return run_driver(f"kafka-segment-compaction {args.run_id}", lambda spark: stage(spark, args))
 
 
-def stage(spark: SparkSession, args: argparse.Namespace) -> int:
-    """Cut the plan into units and stage them on the cluster; 0 (per-segment problems are results)."""
-    plan_bucket, _ = manifest_location(args.plan)
-    plan, manifest = load_manifest(S3Store(make_client(), plan_bucket), args.plan)
-    header = manifest.header
-    settings = RunSettings(header.bucket, header.prefix, args.run_id, header.codec, header.level,
-                           args.lease_ttl_seconds, RunSettings.modes(args.verify, "auto")[0])
-    units = stage_units(plan, manifest, parallelism=spark.sparkContext.defaultParallelism)
-    print(f"staging {sum(u.segments for u in units)} segments in {len(units)} tasks", file=sys.stderr,
-          flush=True)
-    conf, bucket = settings.to_json(), settings.bucket
-    started = time.perf_counter()
-    counts: Counter[str] = Counter()
-    if units:
-        rdd = spark.sparkContext.parallelize([u.to_json() for u in units], len(units))
-        # Each task builds its store from its executor's AWS environment.
-        for done in rdd.map(lambda unit: stage_unit(S3Store(make_client(), bucket), unit, conf)).collect():
-            counts.update(done)
-    print(f"stage seconds: {time.perf_counter() - started:.3f}", file=sys.stderr, flush=True)
-    put_usage(plan.store, settings, "stage-driver")
-    print(f"stage results: {dict(sorted(counts.items()))}", file=sys.stderr, flush=True)
+def stage(spark: Any, args: argparse.Namespace) -> int:
+    """0: per-segment problems are results in the run's step documents, not the job's exit code."""
+    stage_plan(spark, args.plan, args.run_id, args.lease_ttl_seconds, Verify(args.verify), log)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -37,10 +38,10 @@ def _modules(path: Path) -> set[str]:
     return found
 
 
-# Who builds an S3 store, and so imports the boto3 implementation: the entry points (here the CLI and the
-# demo; outside the package the DAGs and the Spark jobs, their tasks included). Everything else speaks to
+# Who builds an S3 store, and so imports the boto3 implementation: the entry points (here the CLI, the demo
+# and the Spark jobs' drivers and tasks; outside the package the DAGs). Everything else speaks to
 # tiering.storage.objects and is handed a store; a thread that needs its own asks the store for another.
-STORE_BUILDERS = {"cli/report.py", "cli/s3.py", "demo/s3.py"}
+STORE_BUILDERS = {"cli/report.py", "cli/s3.py", "demo/s3.py", "spark/jobs.py"}
 
 
 def test_only_the_entry_points_import_the_boto3_store() -> None:
@@ -92,9 +93,10 @@ LAYERS: dict[str, int] = {
     "commit": 5,  # the commit protocol and partition leases
     "run": 6,  # runs over a bucket: the pipeline's steps, compact, rollback, cleanup, tiering
     "report": 7, "spark": 7,
-    "demo": 8,  # demos and their generated data: apart from the product
-    "cli": 9,
-    "__main__": 10,
+    "steps": 8,  # the DAGs' tasks: each a call from typed params to a typed step document
+    "demo": 9,  # demos and their generated data: apart from the product
+    "cli": 10,
+    "__main__": 11,
 }
 
 
@@ -158,6 +160,33 @@ def test_our_keys_are_named_in_one_module() -> None:
     assert naming == []
 
 
+# What our keys are made of below PREFIX/_tiering/: the reserved directory, a run's step directories and plan
+# files, and its documents' names. Docstrings may show them; code builds them with storage/layout.py.
+KEY_PARTS = re.compile(r"(?<![\w.])_tiering\b|(^|/)(runs|stage|commit|usage|keys|staging|backup|journal|leases)/"
+                       r"|^part-|\.jsonl\.gz|tier-plan\.json|compact-keys\.json|(^|/)plan\.json")
+
+
+def _key_literals(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [f"{path.name}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+            and KEY_PARTS.search(node.value)]
+
+
+def test_no_module_spells_out_a_key_below_a_run() -> None:
+    """The parts of our keys (``_tiering``, ``runs/``, ``stage/``, ``part-00000``, ``.jsonl.gz``, the run
+    documents' names) appear as literals in storage/layout.py only."""
+    root = PACKAGE.parent
+    sources = [*PACKAGE.rglob("*.py"), *(root / "dags").glob("*.py"), *(root / "spark_jobs").glob("*.py")]
+    found = [hit for p in sorted(sources) if p != PACKAGE / "storage" / "layout.py" for hit in _key_literals(p)]
+    assert found == []
+    seen = " ".join(_key_literals(PACKAGE / "storage" / "layout.py"))  # the rule sees them where they are
+    assert all(part in seen for part in ("'_tiering'", "'part-'", "'.jsonl.gz'", "'tier-plan.json'")), seen
+
+
 # Where a JSON document is read or written, an untyped mapping is what there is: these functions (besides every
 # to_json / from_json / *_json) take or give one, each for the reason given.
 JSON_BOUNDARIES: dict[str, str] = {
@@ -168,8 +197,10 @@ JSON_BOUNDARIES: dict[str, str] = {
     "run/tier.py:rule": "one rule of that S3 document",
     "run/tier.py:moved_objects": "the moved objects as the tiering results' stats record them (JSON)",
     "run/tier.py:moved": "the same, of one tiering run",
+    "steps/compaction.py:from_params": "the DAG's params, as Airflow validated them against their schema",
+    "steps/storage_classes.py:from_params": "the DAG's params, as Airflow validated them against their schema",
 }
-TYPED_LAYERS = ("run", "report", "cli", "demo")
+TYPED_LAYERS = ("run", "report", "steps", "cli", "demo")
 
 
 def _untyped_signatures() -> list[str]:
@@ -212,3 +243,69 @@ def test_the_signature_rule_sees_what_it_forbids(tmp_path: Path, monkeypatch: py
         "def fine(report: object) -> dict[str, int]:\n    return {}\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     assert _untyped_signatures() == ["cli/bad.py:to_table (line 4)"]
+
+
+def _third_party_users(module: str) -> list[str]:
+    root = PACKAGE.parent
+    sources = [*PACKAGE.rglob("*.py"), *(root / "dags").glob("*.py"), *(root / "spark_jobs").glob("*.py")]
+    return sorted(str(p.relative_to(root)) for p in sources if module in _imports(p))
+
+
+def test_airflow_is_imported_by_the_dags_only() -> None:
+    assert _third_party_users("airflow") == ["dags/kafka_segment_compaction.py", "dags/kafka_segment_tiering.py"]
+
+
+def test_pyspark_is_imported_where_spark_is_run_only() -> None:
+    """A job's driver starts the session, spark-submit is found in the pyspark package, Spark's Python
+    daemon is ours; the job files and everything else only hand functions to them."""
+    assert _third_party_users("pyspark") == ["tiering/spark/daemon.py", "tiering/spark/driver.py",
+                                             "tiering/spark/submit.py"]
+
+
+def _body(node: ast.FunctionDef | ast.Module) -> list[ast.stmt]:
+    """The statements that do something: not a docstring, an import, or a nested function's definition."""
+    body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) and isinstance(
+        getattr(node.body[0], "value", None), ast.Constant) else node.body
+    return [s for s in body if not isinstance(s, ast.Import | ast.ImportFrom | ast.FunctionDef)]
+
+
+MAX_TASK_STATEMENTS = 6
+
+
+def _root(decorator: ast.expr) -> str:
+    """The name a decorator starts from (``task`` of ``@task``, ``@task(...)``, ``@task.branch``)."""
+    node = decorator.func if isinstance(decorator, ast.Call) else decorator
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def test_a_dag_task_is_one_call_of_a_step() -> None:
+    """The DAG files declare tasks and params: a task reads its typed params and calls one step function of
+    tiering.steps (with the Airflow-only parts: failing without retries, the asset's extra), no loop or
+    decision of the run's own."""
+    tasks = []
+    for path in sorted((PACKAGE.parent / "dags").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(_root(d) == "task" for d in node.decorator_list):
+                statements = _body(node)
+                loops = [s for s in ast.walk(node) if isinstance(s, ast.For | ast.While | ast.comprehension)]
+                steps = [c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                         and isinstance(c.func.value, ast.Name) and c.func.value.id in ("compaction", "storage_classes",
+                                                                                        "steps")]
+                tasks.append((f"{path.name}:{node.name}", len(statements) <= MAX_TASK_STATEMENTS, len(loops) <= 1,
+                              len(steps) >= 1))
+    assert len(tasks) == 10
+    assert [t for t in tasks if not all(t[1:])] == []
+
+
+def test_a_spark_job_file_parses_its_arguments_and_calls_one_driver_function() -> None:
+    for path in sorted((PACKAGE.parent / "spark_jobs").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        loops = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.For | ast.While)]
+        assert loops == [], path.name
+        assert "tiering.spark.jobs" in _modules(path), path.name
+        assert "tiering.storage.store" not in _modules(path), path.name
+        from_run = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
+            "tiering.run.") for a in n.names}
+        assert all(name[0].isupper() for name in from_run), f"{path.name} calls into tiering.run: {from_run}"

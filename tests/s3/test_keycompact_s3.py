@@ -24,10 +24,10 @@ from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN
 from tiering.kafka.keycompact import AbortedTxn, CleanOptions, Segment, compact_partition, encode_txn_index
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import read_back
-from tiering.lifecycle.journal import Cause, Status, Swap
+from tiering.lifecycle.journal import Cause, RunKind, Status, Swap
 from tiering.plan.state import load_state
 from tiering.run.compact import RunResult, rollback
-from tiering.run.keycompact import RUN_KIND, KeyCompactOptions, compact_keys
+from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.storage.layout import run_result_key, segment_key
 from tiering.storage.objects import ObjectNotFound
 from tiering.storage.store import S3Store
@@ -154,8 +154,8 @@ def test_a_pass_on_s3_swaps_what_the_pure_pass_makes_and_keeps_the_originals(sto
     state = load_state(store, PREFIX, DIRECTORY)
     assert sorted(state.segments) == [0, 20, 40]
     assert all(e.codec is None and e.run_id == "keys-1" for e in state.segments.values())
-    doc = RunResult.from_json(store.get_json(run_result_key(PREFIX, "keys-1", RUN_KIND))[0], "run")
-    assert doc.kind == RUN_KIND
+    doc = RunResult.from_json(store.get_json(run_result_key(PREFIX, "keys-1", RunKind.COMPACT_KEYS))[0], "run")
+    assert doc.kind is RunKind.COMPACT_KEYS
     assert doc.settings["now_ms"] == NOW
     assert doc.usage["requests"][DIRECTORY]["CopyObject"] >= 3  # the backups, at least: priced in the report
     assert doc.usage["requests"]["_run"]["ListObjectsV2"] >= 1

@@ -9,12 +9,26 @@ from hypothesis import strategies as st
 from tiering.errors import ConfigError
 from tiering.storage.layout import (
     DirKind,
+    PlanName,
+    StepDir,
+    chunk_of,
     normalize_prefix,
     parse_dir,
     parse_key,
+    parse_plan_manifest_key,
     partition_key,
+    plan_chunk_key,
+    plan_chunk_name,
+    plan_dir,
+    plan_manifest_key,
     reserved_key,
+    run_dir,
     segment_key,
+    step_dir,
+    step_key,
+    step_name,
+    unit_chunk,
+    unit_name,
 )
 
 
@@ -96,3 +110,30 @@ def test_any_topic_name_round_trips(topic: str, partition: int, base: int) -> No
     info = parse_key("p", segment_key("p", topic, partition, base, ".log"))
     assert info is not None
     assert (info.directory.topic, info.directory.partition, info.base_offset) == (topic, partition, base)
+
+
+@pytest.mark.parametrize("prefix", ["", "logs", "a/b/c"])
+@pytest.mark.parametrize("name", list(PlanName))
+def test_a_runs_plan_keys_read_back(prefix: str, name: PlanName) -> None:
+    """A plan's manifest, chunks and step documents lie under the run's directory, and their names read back:
+    the Spark job is given a plan by its manifest's key alone."""
+    run = "manual__2026-11-28T03:00:00+00:00"
+    manifest = plan_manifest_key(prefix, run, name)
+    assert manifest.startswith(plan_dir(prefix, run, name))
+    assert plan_dir(prefix, run, name).startswith(run_dir(prefix, run))
+    assert parse_plan_manifest_key(manifest) == (run, name)
+    chunk = plan_chunk_key(prefix, run, name, plan_chunk_name(7))
+    assert chunk.startswith(plan_dir(prefix, run, name))
+    assert chunk_of(chunk) == "part-00007"
+    unit = unit_name(chunk_of(chunk), 1200)
+    assert unit_chunk(unit) == "part-00007"
+    for step in StepDir:
+        key = step_key(prefix, run, step, unit)
+        assert key.startswith(step_dir(prefix, run, step))
+        assert step_name(key) == unit
+
+
+@pytest.mark.parametrize("key", ["logs/_tiering/runs/r/plan/part-00000.jsonl.gz", "logs/runs/r/plan/manifest.json",
+                                 "logs/_tiering/runs/r/other/manifest.json", "manifest.json", "inv/x/manifest.json"])
+def test_other_keys_are_not_plan_manifests(key: str) -> None:
+    assert parse_plan_manifest_key(key) is None

@@ -24,6 +24,7 @@ from tiering.plan.planfile import Budget, ChunkWriter, by_partition, chunk_limit
 from tiering.plan.scan import ObjectRef, Plan, PlannedSegment, ScanOptions, scan
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import RunSettings, load_manifest, plan_run, scan_run, stage_units
+from tiering.storage.layout import PlanName, StepDir
 from tiering.storage.store import S3Store
 
 
@@ -215,7 +216,7 @@ def test_a_commit_task_finishes_its_partitions_in_parallel_each_counted_apart(st
     result = commit_chunk(store, run, chunk.name, workers=4)
     assert result.partitions == 6
     assert result.counts["compacted"] == planned.segments == 12
-    doc = store.get_json(run.key(f"commit/{chunk.name}.json"))[0]
+    doc = store.get_json(run.step_key(StepDir.COMMIT, chunk.name))[0]
     copies = sorted(used["CopyObject"] for used in doc["usage"].values())
     assert copies == [3 * 2] * 5 + [3 * 2 + 1]  # one partition's first swap probed the store for the run
     assert collect_run(store, run).totals()["compacted"] == 12
@@ -240,7 +241,7 @@ def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(st
     plan_run(store, run, budget, chunk_work=1)
     manifest = plan_files(store, run).manifest()
     idle = next(c for c in manifest.chunks if not c.to_compact)
-    seg = next(s for s in plan_files(store, run, "scan").segments() if s.directory == idle.first
+    seg = next(s for s in plan_files(store, run, PlanName.SCAN).segments() if s.directory == idle.first
                and s.action == Action.COMPACT)
     crashed = RunSettings(BUCKET, PREFIX, "crashed", "zstd", 3)
     lease = Lease(store, lease_key(PREFIX, seg.directory), "crashed", 60)
@@ -328,7 +329,7 @@ def _crash_after_staging(store: S3Store, run: RunSettings, codec: str, level: in
     from tiering.run.pipeline import plan_files
     from tiering.storage.layout import lease_key
 
-    seg = next(s for s in plan_files(store, run, "scan").segments() if s.directory == f"{TOPIC}-0"
+    seg = next(s for s in plan_files(store, run, PlanName.SCAN).segments() if s.directory == f"{TOPIC}-0"
                and s.action == Action.COMPACT)
     lease = Lease(store, lease_key(PREFIX, seg.directory), "crashed", 60)
     lease.acquire(PREFIX)
@@ -372,7 +373,7 @@ def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_s
     staged = []
     for unit in stage_units(plan, manifest):
         run_unit(store, run, run.context(store), unit, commit=False)
-        key = run.key(f"stage/{unit.name}.json")
+        key = run.step_key(StepDir.STAGE, unit.name)
         staged += StepResults.from_json(store.get_json(key)[0], key).results
     mine = [r for r in staged if (r.directory, r.base_offset) == (seg.directory, seg.base_offset)]
     if same:
@@ -456,7 +457,7 @@ def test_an_index_that_appeared_since_the_crashed_run_staged_stops_the_takeover(
     _seed(store, 1)
     run = RunSettings(BUCKET, PREFIX, "next", "zstd", 3)
     scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
-    seg = next(s for s in plan_files(store, run, "scan").segments() if s.action == Action.COMPACT)
+    seg = next(s for s in plan_files(store, run, PlanName.SCAN).segments() if s.action == Action.COMPACT)
     assert seg.index is not None
     index = store.get(seg.index.key)
     store.delete(seg.index.key)

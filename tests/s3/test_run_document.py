@@ -11,7 +11,7 @@ from tests.s3.conftest import BUCKET, PREFIX
 from tests.s3.test_planfile import _seed
 from tiering.commit.protocol import SegmentResult
 from tiering.errors import ConfigError, ExitCode
-from tiering.lifecycle.journal import Cause, Pending, Status
+from tiering.lifecycle.journal import Cause, Pending, RunKind, Status
 from tiering.plan.scan import ScanOptions
 from tiering.run.compact import CompactOptions, RunResult, RunTally
 from tiering.run.pipeline import RunSettings, collect_run, plan_run, run_local, scan_run
@@ -29,7 +29,7 @@ def test_a_full_listing_lists_the_problems_first_and_counts_everything() -> None
     tally = RunTally(max_listed=3)
     for r in _results():
         tally.add(r)
-    run = tally.result("compact", "r", "b", "p", "s", "f", {"codec": "zstd"})
+    run = tally.result(RunKind.COMPACT, "r", "b", "p", "s", "f", {"codec": "zstd"})
     assert run.totals() == {"segments": 8, "compacted": 6, "failed": 1, "skipped": 1,
                             "bytes_before": 600, "bytes_after": 240}
     assert {(r.directory, r.status) for r in run.segments} >= {("t-9", Status.FAILED), ("u-1", Status.SKIPPED)}
@@ -43,7 +43,7 @@ def test_the_document_reads_back_equal_and_a_version_1_document_is_counted_again
     tally = RunTally()
     for r in _results():
         tally.add(r)
-    run = tally.result("compact", "r", "b", "p", "s", "f", {"codec": "zstd"}, {"compute_seconds": 1.5})
+    run = tally.result(RunKind.COMPACT, "r", "b", "p", "s", "f", {"codec": "zstd"}, {"compute_seconds": 1.5})
     assert RunResult.from_json(json.loads(json.dumps(run.to_json())), "here") == run
     v1 = {"schema_version": 1, "kind": "compact", "run_id": "r", "bucket": "b", "prefix": "p", "started_at": "s",
           "finished_at": "f", "settings": {"codec": "zstd"}, "usage": {"compute_seconds": 1.5},

@@ -60,6 +60,7 @@ from tiering.run.compact import (
 )
 from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.run.pipeline import RunSettings, compact, plan_run, run_local, scan_run
+from tiering.storage.layout import reserved_dir
 from tiering.storage.objects import ObjectInfo, ObjectStore
 from tiering.storage.store import S3Store, make_client
 
@@ -525,7 +526,7 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     s3 = verbs.add_parser("s3", help="scan, compact, roll back and clean up segment prefixes on S3",
                           description="Work on a Kafka logdir tree in S3: s3://BUCKET/PREFIX/<topic>-<partition>/"
                                       "<20-digit base>.{log,index,timeindex}. Our own objects live under "
-                                      "PREFIX/_tiering/.")
+                                      f"{reserved_dir('PREFIX')}.")
     sub = s3.add_subparsers(dest="s3_command", metavar="VERB", parser_class=parser_class)
 
     p = sub.add_parser("scan", help="list a prefix and plan what a compaction would do",

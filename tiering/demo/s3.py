@@ -32,10 +32,19 @@ from tiering.demo.seed import generate_partition, upload_partition
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from tiering.lifecycle.journal import RunKind
 from tiering.plan.planfile import PlanManifest
 from tiering.run.compact import RunResult
 from tiering.run.pipeline import safe_run_id
-from tiering.storage.layout import report_key, reserved_dir, run_key, run_result_key, segment_key
+from tiering.storage.layout import (
+    PlanName,
+    plan_dir,
+    plan_manifest_key,
+    report_key,
+    reserved_dir,
+    run_result_key,
+    segment_key,
+)
 from tiering.storage.objects import ObjectNotFound, ObjectStore
 from tiering.storage.store import S3Store, make_client
 
@@ -254,7 +263,7 @@ def _report(store: ObjectStore, run_id: str) -> Report:
 
 
 def _plan_header(store: ObjectStore, run_id: str) -> PlanManifest:
-    return PlanManifest.from_json(store.get_json(run_key(PREFIX, run_id, "plan", "manifest.json"))[0])
+    return PlanManifest.from_json(store.get_json(plan_manifest_key(PREFIX, run_id, PlanName.PLAN))[0])
 
 
 @contextlib.contextmanager
@@ -316,7 +325,7 @@ def _run(workdir: Path, codec: Codec, level: int | None, scale: float, spark_mas
         state, run_id = run_dag({**conf, "dry_run": True})
         forecast = _plan_header(store, run_id).header.estimate
         if forecast is None:
-            raise ConfigError("the dry run's plan holds no forecast", path=run_key(PREFIX, run_id, "plan"))
+            raise ConfigError("the dry run's plan holds no forecast", path=plan_dir(PREFIX, run_id, PlanName.PLAN))
         dry_run = DryRun(state, run_id, forecast, _report(store, run_id),
                          tuple(sorted(k for k, v in segment_objects(store).items() if before.get(k) != v)))
         total = forecast.total
@@ -331,7 +340,7 @@ def _run(workdir: Path, codec: Codec, level: int | None, scale: float, spark_mas
                 log(f"run 2 plans from an S3 Inventory report of the bucket: {uri}")
             log(f"run {n}: DAG kafka_segment_compaction (scan, plan, Spark {spark_master}, commit, report, cleanup)")
             state, run_id = run_dag(run_conf)
-            key = run_result_key(PREFIX, run_id, "compact")
+            key = run_result_key(PREFIX, run_id, RunKind.COMPACT)
             result = RunResult.from_json(store.get_json(key)[0], f"s3://{BUCKET}/{key}")
             (workdir / f"run-{n}.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
             report = _report(store, run_id)

@@ -32,6 +32,15 @@ class Action(StrEnum):
     SKIP = "skip"  # leave it as it is (its cause and reason say why)
 
 
+class RunKind(StrEnum):
+    """What a run does (its run document is ``runs/<run>/<kind>.json``)."""
+
+    COMPACT = "compact"  # recompress (and re-batch) sealed segments
+    COMPACT_KEYS = "compact-keys"  # one pass of Kafka's log cleaner over compacted topics
+    ROLLBACK = "rollback"  # restore the originals a run replaced
+    TIER = "tier"  # move objects to other storage classes
+
+
 class OpKind(StrEnum):
     COMPACT = "compact"  # the originals replaced by a rewrite
     ROLLBACK = "rollback"  # a rewrite replaced by the originals kept in a backup

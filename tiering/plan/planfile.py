@@ -26,11 +26,10 @@ from tiering.documents import check_document
 from tiering.errors import ConfigError, InvalidDataError
 from tiering.lifecycle.journal import Action, Cause
 from tiering.plan.scan import PLAN_SCHEMA_VERSION, Plan, PlannedSegment, PlanTotals
-from tiering.storage.layout import run_key
+from tiering.storage.layout import PlanName, plan_chunk_key, plan_chunk_name, plan_dir, plan_manifest_key
 from tiering.storage.objects import ObjectStore
 
 MANIFEST_KIND: Final = "tiering.plan-manifest"
-MANIFEST: Final = "manifest.json"
 DEFAULT_CHUNK_SEGMENTS: Final = 20_000
 DEFAULT_CHUNK_BYTES: Final = 256 << 30  # .log bytes to compact per chunk, unless that makes too many chunks
 
@@ -136,14 +135,14 @@ class ChunkWriter:
     @property
     def open_chunk(self) -> str:
         """The name of the chunk the next :meth:`add` goes into."""
-        return f"part-{len(self.chunks):05d}"
+        return plan_chunk_name(len(self.chunks))
 
     def _flush(self) -> None:
         if not self._segments:
             return
         name = self.open_chunk
         self._pieces.append(self._zip.flush())
-        key = self._put(f"{name}.jsonl.gz", b"".join(self._pieces))
+        key = self._put(name, b"".join(self._pieces))
         self.chunks.append(ChunkInfo(name, key, self._partitions, self._segments, self._todo, self._bytes,
                                      self._first, self._last))
         self._open()
@@ -190,22 +189,25 @@ def read_chunk(stream: io.RawIOBase | io.BufferedIOBase | Any, where: str, start
 class ChunkedPlan:
     """A chunked plan on S3 under ``PREFIX/_tiering/runs/<run>/<name>/``."""
 
-    def __init__(self, store: ObjectStore, prefix: str, run_id: str, name: str) -> None:
+    def __init__(self, store: ObjectStore, prefix: str, run_id: str, name: PlanName) -> None:
         self.store = store
         self.prefix, self.run_id, self.name = prefix, run_id, name
 
-    def key(self, file: str) -> str:
-        return run_key(self.prefix, self.run_id, self.name, file)
+    @property
+    def directory(self) -> str:
+        """The listing prefix of the plan's objects."""
+        return plan_dir(self.prefix, self.run_id, self.name)
 
     @property
     def manifest_key(self) -> str:
-        return self.key(MANIFEST)
+        return plan_manifest_key(self.prefix, self.run_id, self.name)
 
     def writer(self, *, max_segments: int = DEFAULT_CHUNK_SEGMENTS, max_work: int | None = None,
                max_bytes: int | None = None) -> ChunkWriter:
-        def put(file: str, data: bytes) -> str:
-            self.store.put(self.key(file), data)
-            return self.key(file)
+        def put(chunk: str, data: bytes) -> str:
+            key = plan_chunk_key(self.prefix, self.run_id, self.name, chunk)
+            self.store.put(key, data)
+            return key
 
         return ChunkWriter(put, max_segments=max_segments, max_work=max_work, max_bytes=max_bytes)
 

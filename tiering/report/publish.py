@@ -21,12 +21,12 @@ from tiering.cost.model import CostOptions, build_report, with_ledger
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
 from tiering.cost.report import Ledger, LedgerEntry, Report
 from tiering.errors import ConfigError, StorageError
+from tiering.lifecycle.journal import RunKind
 from tiering.plan.scan import Plan
 from tiering.report.render import render
-from tiering.run.keycompact import RUN_KIND as KEYS_RUN
 from tiering.run.keycompact import key_steps
 from tiering.run.pipeline import RunSettings, plan_files, run_outcomes
-from tiering.storage.layout import ledger_key, report_key, run_key, run_result_key
+from tiering.storage.layout import ledger_key, report_key, run_result_key, whole_plan_key
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound, ObjectStore, PreconditionFailed
 
 LATEST: Final = "latest"
@@ -63,10 +63,10 @@ def record_in_ledger(store: ObjectStore, prefix: str, entry: LedgerEntry) -> lis
                           path=f"s3://{store.bucket}/{ledger_key(prefix)}")
 
 
-RUN_KINDS: Final = ("compact", KEYS_RUN)  # the runs that have a savings report
+RUN_KINDS: Final = (RunKind.COMPACT, RunKind.COMPACT_KEYS)  # the runs that have a savings report
 
 
-def _kind_of(store: ObjectStore, prefix: str, run_id: str) -> str:
+def _kind_of(store: ObjectStore, prefix: str, run_id: str) -> RunKind:
     for kind in RUN_KINDS[:-1]:
         try:
             store.head(run_result_key(prefix, run_id, kind))
@@ -77,7 +77,7 @@ def _kind_of(store: ObjectStore, prefix: str, run_id: str) -> str:
 
 
 def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
-             ledger: list[LedgerEntry], *, kind: str | None = None) -> Report:
+             ledger: list[LedgerEntry], *, kind: RunKind | None = None) -> Report:
     """The report of ``run_id`` from its run document (of ``kind``; None: whichever of :data:`RUN_KINDS` the
     run has), and its plan and step results a chunk at a time (nothing is written)."""
     kind = kind or _kind_of(store, prefix, run_id)
@@ -93,12 +93,12 @@ def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, op
             for c in run_outcomes(store, settings))
     except ObjectNotFound:  # no chunked plan: a key-compaction run's step documents, else its document's list
         auto, chunks = {}, None
-        if kind == KEYS_RUN:
+        if kind is RunKind.COMPACT_KEYS:
             chunks = (((), (r.to_json() for r in step.results)) for step in key_steps(store, prefix, run_id))
     plan: list[dict[str, Any]] = []
     if chunks is None:
         try:  # a run of an earlier version of the CLI kept its whole plan in one document
-            whole = Plan.from_json(store.get_json(run_key(prefix, run_id, "plan.json"))[0])
+            whole = Plan.from_json(store.get_json(whole_plan_key(prefix, run_id))[0])
             plan, auto = [s.to_json() for s in whole.segments], whole.auto or {}
         except ObjectNotFound:
             pass  # a rollback: no plan
@@ -111,7 +111,7 @@ def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, op
 
 
 def publish_report(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
-                   *, kind: str | None = None) -> tuple[Report, dict[str, str]]:
+                   *, kind: RunKind | None = None) -> tuple[Report, dict[str, str]]:
     """Build the report of ``run_id``, record it in the ledger, and write it in every format to the run's key
     and to ``latest``. Returns the report and its keys by format."""
     # The ledger's running totals include this run: record it first, then build with the ledger as written.

@@ -37,7 +37,7 @@ from tiering.commit.protocol import (
 from tiering.documents import check_document
 from tiering.errors import ConfigError, ExitCode, InvalidDataError, ProofError, StorageError, TieringError
 from tiering.kafka.files import parse_segment_name
-from tiering.lifecycle.journal import NOTHING_TO_GAIN, Action, Cause, Pending, Status
+from tiering.lifecycle.journal import NOTHING_TO_GAIN, Action, Cause, Pending, RunKind, Status
 from tiering.plan.scan import PlannedSegment
 from tiering.plan.state import Outcome, SegmentState, forget_keys_run, load_state, stamped
 from tiering.storage.layout import (
@@ -93,7 +93,7 @@ class RunResult:
 
     SCHEMA_VERSION: ClassVar[int] = 2
 
-    kind: str
+    kind: RunKind
     run_id: str
     bucket: str
     prefix: str
@@ -125,7 +125,7 @@ class RunResult:
         return self.exit
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": self.SCHEMA_VERSION, "kind": self.kind, "run_id": self.run_id,
+        return {"schema_version": self.SCHEMA_VERSION, "kind": self.kind.value, "run_id": self.run_id,
                 "bucket": self.bucket, "prefix": self.prefix, "started_at": self.started_at,
                 "finished_at": self.finished_at, "settings": dict(self.settings), "totals": self.totals(),
                 "exit_code": int(self.exit), "hard_failures": self.hard_failures, "pending": self.pending,
@@ -143,13 +143,13 @@ class RunResult:
             tally = RunTally()
             for s in doc["segments"]:
                 tally.add(SegmentResult.from_json(s))
-            return tally.result(doc["kind"], doc["run_id"], doc["bucket"], doc["prefix"], doc["started_at"],
+            return tally.result(RunKind(doc["kind"]), doc["run_id"], doc["bucket"], doc["prefix"], doc["started_at"],
                                 doc.get("finished_at", ""), doc.get("settings") or {}, doc.get("usage") or {})
         check_document(doc, kind=None, version=cls.SCHEMA_VERSION, what="a run document", where=where)
         totals = dict(doc["totals"])
         before, after = int(totals.pop("bytes_before")), int(totals.pop("bytes_after"))
         totals.pop("segments")
-        return cls(str(doc["kind"]), str(doc["run_id"]), str(doc["bucket"]), str(doc["prefix"]),
+        return cls(RunKind(doc["kind"]), str(doc["run_id"]), str(doc["bucket"]), str(doc["prefix"]),
                    str(doc["started_at"]), str(doc["finished_at"]), dict(doc.get("settings") or {}),
                    {k: int(v) for k, v in totals.items()}, before, after, ExitCode(doc["exit_code"]),
                    int(doc["hard_failures"]), int(doc["pending"]),
@@ -205,7 +205,7 @@ class RunTally:
         else:
             self.omitted += 1
 
-    def result(self, kind: str, run_id: str, bucket: str, prefix: str, started_at: str, finished_at: str,
+    def result(self, kind: RunKind, run_id: str, bucket: str, prefix: str, started_at: str, finished_at: str,
                settings: Mapping[str, object], usage: Mapping[str, object] | None = None) -> RunResult:
         listed = sorted(self.problems + self.others, key=lambda r: (r.directory, r.base_offset, not r.recovered))
         return RunResult(kind, run_id, bucket, prefix, started_at, finished_at, dict(settings), dict(self.counts),
@@ -474,9 +474,9 @@ def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int =
 
         for result in with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)]):
             tally.add(result)
-    run = tally.result("rollback", ctx.run_id, store.bucket, ctx.prefix, started, datetime.now(UTC).isoformat(),
+    run = tally.result(RunKind.ROLLBACK, ctx.run_id, store.bucket, ctx.prefix, started, datetime.now(UTC).isoformat(),
                        {"restores_run": target_run})
-    store.put_json(run_result_key(ctx.prefix, ctx.run_id, "rollback"), run.to_json())
+    store.put_json(run_result_key(ctx.prefix, ctx.run_id, RunKind.ROLLBACK), run.to_json())
     return run
 
 

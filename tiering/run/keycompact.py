@@ -51,16 +51,15 @@ from tiering.kafka.keycompact import (
     parse_txn_index,
     survey,
 )
-from tiering.lifecycle.journal import Cause, Pending
+from tiering.lifecycle.journal import Cause, Pending, RunKind
 from tiering.plan.policy import Policy
 from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
 from tiering.plan.state import load_state, record_keys_checkpoint, record_keys_run
 from tiering.run.compact import RunResult, RunTally, StepResults, guarded, pending_bases, with_lease
 from tiering.run.pipeline import MAX_LISTED_PARTITIONS, OTHER_SCOPE, RUN_SCOPE, RunSettings, write_results
-from tiering.storage.layout import clock_key, run_key, run_result_key
+from tiering.storage.layout import StepDir, clock_key, keys_unit_name, run_result_key, step_dir, step_key
 from tiering.storage.objects import ObjectStore
 
-RUN_KIND: Final = "compact-keys"
 NO_CHECKPOINT: Final = -1  # a whole pass: the partition's checkpoint is cleared
 # Segments the pass cannot read past: the cleaned range ends before them.
 _UNREADABLE: Final = frozenset({Cause.ARCHIVED, Cause.UNREADABLE, Cause.INCOMPLETE})
@@ -383,7 +382,7 @@ def plan_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions, *, p
             recovered.append(r)
             if progress is not None:
                 progress(r)
-    for info in store.list(run_key(ctx.prefix, ctx.run_id, KEYS_STEPS)):  # a retried run's: it plans anew
+    for info in store.list(step_dir(ctx.prefix, ctx.run_id, StepDir.KEYS)):  # a retried run's: it plans anew
         store.delete(info.key, missing_ok=True)
     partitions: list[KeyPartition] = []
 
@@ -405,7 +404,7 @@ def plan_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions, *, p
         i = loads.index(min(loads))
         groups[i].append(part)
         loads[i] += sum(s.size for s in part.segments)
-    units = tuple(KeyUnit(f"unit-{i:05d}", tuple(sorted(g, key=lambda p: p.directory)))
+    units = tuple(KeyUnit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory)))
                   for i, g in enumerate(groups) if g)
     return KeyPlan(now_ms, units, tuple(recovered))
 
@@ -424,7 +423,7 @@ def run_keys_unit(store: ObjectStore, ctx: Context, unit: KeyUnit, lease_ttl_sec
         before = Counter(store.requests)
         results += with_lease(ctx, part.directory, lease_ttl_seconds, work, todo)
         requests[part.directory] = dict(Counter(store.requests) - before)
-    return write_results(store, run_key(ctx.prefix, ctx.run_id, f"{KEYS_STEPS}{unit.name}.json"), results,
+    return write_results(store, step_key(ctx.prefix, ctx.run_id, StepDir.KEYS, unit.name), results,
                          usage=requests)
 
 
@@ -435,12 +434,10 @@ def keys_unit_task(store: ObjectStore, unit: dict[str, Any], settings: dict[str,
     return run_keys_unit(store, run.context(store, one_core=True), KeyUnit.from_json(unit), run.lease_ttl_seconds)
 
 
-KEYS_STEPS: Final = "keys/"  # under the run's key: its step documents
-
 
 def key_steps(store: ObjectStore, prefix: str, run_id: str) -> Iterator[StepResults]:
     """The step documents of key-compaction run ``run_id`` (its units', and the journals it finished first)."""
-    for info in store.list(run_key(prefix, run_id, KEYS_STEPS)):
+    for info in store.list(step_dir(prefix, run_id, StepDir.KEYS)):
         yield StepResults.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
 
 
@@ -452,7 +449,7 @@ def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: s
     requests: dict[str, Counter[str]] = {RUN_SCOPE: Counter(driver_requests)}
     seconds = 0.0
     if plan.recovered:  # a step document like the units' (the report reads them all, whatever the run's size)
-        write_results(store, run_key(ctx.prefix, ctx.run_id, f"{KEYS_STEPS}recovered.json"), plan.recovered)
+        write_results(store, step_key(ctx.prefix, ctx.run_id, StepDir.KEYS, "recovered"), plan.recovered)
     for step in key_steps(store, ctx.prefix, ctx.run_id):
         for r in step.results:
             tally.add(r)
@@ -462,9 +459,9 @@ def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: s
             requests.setdefault(scope, Counter()).update(ops)
     usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items()) if v},
              "compute_seconds": round(seconds, 3)}
-    run = tally.result(RUN_KIND, ctx.run_id, store.bucket, ctx.prefix, started, datetime.now(UTC).isoformat(),
-                       settings, usage)
-    store.put_json(run_result_key(ctx.prefix, ctx.run_id, RUN_KIND), run.to_json())
+    run = tally.result(RunKind.COMPACT_KEYS, ctx.run_id, store.bucket, ctx.prefix, started,
+                       datetime.now(UTC).isoformat(), settings, usage)
+    store.put_json(run_result_key(ctx.prefix, ctx.run_id, RunKind.COMPACT_KEYS), run.to_json())
     return run
 
 

@@ -42,12 +42,11 @@ from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Action, Cause, Journal, Pending, Status, Swap, Verify
+from tiering.lifecycle.journal import Action, Cause, Journal, Pending, RunKind, Status, Swap, Verify
 from tiering.plan.auto import decide_auto, record_age, with_auto
 from tiering.plan.estimate import StratifiedSample, WorkSample, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
 from tiering.plan.planfile import (
-    MANIFEST,
     Budget,
     ChunkedPlan,
     PlanManifest,
@@ -70,16 +69,26 @@ from tiering.run.compact import (
     run_segment,
     with_lease,
 )
-from tiering.storage.layout import normalize_prefix, run_key, run_result_key
+from tiering.storage.layout import (
+    PlanName,
+    StepDir,
+    chunk_of,
+    normalize_prefix,
+    parse_plan_manifest_key,
+    plan_manifest_key,
+    run_result_key,
+    step_dir,
+    step_key,
+    step_name,
+    unit_chunk,
+    unit_name,
+)
 from tiering.storage.objects import ObjectNotFound, ObjectStore
 
 RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
 OTHER_SCOPE: Final = "_other_partitions"  # requests of the partitions past the run document's limit
 MAX_LISTED_PARTITIONS: Final = 10_000
 STANDARD: Final = "STANDARD"
-SCAN: Final = "scan"
-POLICIED: Final = "policy"  # the scan with the policy's record-age verdicts (between the plan's two passes)
-PLAN: Final = "plan"
 DEFAULT_MAX_CHUNKS: Final = 512  # commit tasks of a run at most (Airflow maps up to 1024 by default)
 DEFAULT_CHUNK_WORK: Final = 1_000  # segments to compact per commit chunk, unless that makes too many chunks
 UNIT_SEGMENTS: Final = 64  # a Spark task's segments at most
@@ -140,8 +149,12 @@ class RunSettings:
         return Context(store, self.prefix, self.run_id, options, work_dir=work_dir, verify=self.verify,
                        swap=swap or self.swap_choice())
 
-    def key(self, name: str) -> str:
-        return run_key(self.prefix, self.run_id, name)
+    def step_key(self, step: StepDir, name: str) -> str:
+        """The key of the run's document ``name`` of ``step``."""
+        return step_key(self.prefix, self.run_id, step, name)
+
+    def step_dir(self, step: StepDir) -> str:
+        return step_dir(self.prefix, self.run_id, step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +264,7 @@ def to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def plan_files(store: ObjectStore, settings: RunSettings, name: str = PLAN) -> ChunkedPlan:
+def plan_files(store: ObjectStore, settings: RunSettings, name: PlanName = PlanName.PLAN) -> ChunkedPlan:
     """The run's scan (``name="scan"``) or plan as chunk files under ``runs/<run>/<name>/``."""
     return ChunkedPlan(store, settings.prefix, settings.run_id, name)
 
@@ -260,7 +273,7 @@ def scan_run(store: ObjectStore, settings: RunSettings, options: ScanOptions, *,
              progress: Callable[[int], None] | None = None) -> ScanStep:
     """Scan the prefix (a listing, or the S3 Inventory report whose ``manifest.json`` is ``inventory``) into
     chunk files under ``runs/<run>/scan/``; the manifest's key and the totals."""
-    out = plan_files(store, settings, SCAN)
+    out = plan_files(store, settings, PlanName.SCAN)
     writer = out.writer()
     source = None
     if inventory is not None:
@@ -285,7 +298,7 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
     make more than ``max_chunks``: the commit step maps one task per chunk). Streams: memory holds a chunk,
     with a budget 8 bytes per segment to compact (their sizes), and samples. ``estimate_savings`` adds the dry-run
     estimate (sampled batches). ``log``: progress lines (the automatic codec choices), never on stdout."""
-    scanned = plan_files(store, settings, SCAN)
+    scanned = plan_files(store, settings, PlanName.SCAN)
     scan_manifest = scanned.manifest()
     source = scanned
     # Pass 1: the record-age minimum (one ranged read per segment, so its verdicts are written down), the
@@ -294,7 +307,7 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
     sizes: dict[str | None, SizeTally] = {None: chosen.tally()}  # by auto topic; None: every other segment
     topics: dict[str, WorkSample] = {}
     repairs = 0
-    policied = plan_files(store, settings, POLICIED) if policy is not None else None
+    policied = plan_files(store, settings, PlanName.POLICY) if policy is not None else None
     writer = policied.writer() if policied is not None else None
     clock = datetime.fromisoformat(scan_manifest.header.created_at)
     for listed in by_partition(scanned.segments(scan_manifest)):
@@ -319,9 +332,9 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
     # Pass 2: the plan's chunks, sized so that there are at most max_chunks of them.
     # Results of an earlier attempt of this run id (a DAG run cleared and run again) belong to its plan's
     # chunks, not to this one's: what it compacted is counted from the partitions' state instead.
-    store.delete_many([(info.key, info.etag) for step in ("stage/", "commit/")
-                       for info in store.list(settings.key(step))])
-    planned = plan_files(store, settings, PLAN)
+    store.delete_many([(info.key, info.etag) for step in (StepDir.STAGE, StepDir.COMMIT)
+                       for info in store.list(settings.step_dir(step))])
+    planned = plan_files(store, settings, PlanName.PLAN)
     writer = planned.writer(**chunk_limits(max_chunks, segments=scan_manifest.totals["segments"],
                                            work=work_count + repairs, work_bytes=work_bytes, min_work=chunk_work))
     sample = StratifiedSample(seed=settings.run_id)
@@ -351,10 +364,11 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
 
 
 def manifest_location(uri: str) -> tuple[str, str]:
-    """The bucket and key of a plan named by its manifest, ``s3://BUCKET/.../runs/<run>/<name>/manifest.json``."""
-    if not uri.startswith("s3://") or not uri.endswith("/" + MANIFEST):
-        raise ConfigError("a plan is named by its manifest on S3", expected=f"s3://BUCKET/.../{MANIFEST}", found=uri)
-    bucket, _, key = uri[5:].partition("/")
+    """The bucket and key of a plan named by its manifest (:func:`~tiering.storage.layout.plan_manifest_key`)."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    if not uri.startswith("s3://") or parse_plan_manifest_key(key) is None:
+        example = plan_manifest_key("PREFIX", "<run>", PlanName.PLAN)
+        raise ConfigError("a plan is named by its manifest on S3", expected=f"s3://BUCKET/{example}", found=uri)
     return bucket, key
 
 
@@ -364,8 +378,7 @@ def load_manifest(store: ObjectStore, uri: str) -> tuple[ChunkedPlan, PlanManife
     bucket, key = manifest_location(uri)
     store = store.for_bucket(bucket)
     manifest = PlanManifest.from_json(store.get_json(key)[0])
-    run_dir = key.removesuffix("/" + MANIFEST)
-    run_id, name = run_dir.split("/")[-2:]
+    run_id, name = parse_plan_manifest_key(key) or ("", PlanName.PLAN)  # checked by manifest_location
     return ChunkedPlan(store, manifest.header.prefix, run_id, name), manifest
 
 
@@ -381,7 +394,7 @@ class StageUnit:
 
     @property
     def name(self) -> str:
-        return f"{self.chunk_key.rsplit('/', 1)[-1].removesuffix('.jsonl.gz')}-{self.start:06d}"
+        return unit_name(chunk_of(self.chunk_key), self.start)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -498,7 +511,7 @@ def run_unit(store: ObjectStore, settings: RunSettings, ctx: Context, unit: Stag
     """The work of one unit, partition by partition under the run's leases: staged for the commit step
     (kept leases, which it takes back) or committed at once (released leases). The results go to
     ``runs/<run>/stage/<unit>.json``; the counts by status come back."""
-    plan = ChunkedPlan(store, settings.prefix, settings.run_id, PLAN)
+    plan = plan_files(store, settings)
     manifest = plan.manifest()
     results: list[SegmentResult] = []
     requests: dict[str, dict[str, int]] = {}
@@ -514,7 +527,7 @@ def run_unit(store: ObjectStore, settings: RunSettings, ctx: Context, unit: Stag
                                              progress=progress),
                               in_flight + [(s.directory, s.base_offset) for s in todo], keep=not commit)
         requests[directory] = dict(_snapshot(store.requests) - before)
-    return write_results(store, settings.key(f"stage/{unit.name}.json"), results, usage=requests)
+    return write_results(store, settings.step_key(StepDir.STAGE, unit.name), results, usage=requests)
 
 
 def _snapshot(requests: Counter[str]) -> Counter[str]:
@@ -539,7 +552,7 @@ def stage_unit(store: ObjectStore, unit: dict[str, Any], settings: dict[str, Any
 
 def put_usage(store: ObjectStore, settings: RunSettings, step: str) -> None:
     """Record the S3 requests ``store`` made for this run outside any partition's work (``usage/<step>``)."""
-    store.put_json(settings.key(f"usage/{step}.json"), StepUsage(dict(store.requests)).to_json())
+    store.put_json(settings.step_key(StepDir.USAGE, step), StepUsage(dict(store.requests)).to_json())
 
 
 def write_results(store: ObjectStore, key: str, results: Iterable[SegmentResult],
@@ -600,7 +613,7 @@ def commit_chunk(store: ObjectStore, settings: RunSettings, name: str, *, ctx: C
         for directory, (done, used) in zip(partitions, pool.map(one, partitions), strict=True):
             results += done
             requests[directory] = used
-    counts = write_results(store, settings.key(f"commit/{name}.json"), results, usage=requests)
+    counts = write_results(store, settings.step_key(StepDir.COMMIT, name), results, usage=requests)
     return CommitStep(name, len(partitions), counts)
 
 
@@ -622,10 +635,10 @@ def run_outcomes(store: ObjectStore, settings: RunSettings) -> Iterator[ChunkOut
     compacted (the plan found them compacted already, by this run id). Results outside the plan's chunks
     (none is expected) come last, with no segments."""
     docs: dict[str, list[str]] = {}  # a chunk's step documents: its units' staging, then its commit
-    for step in ("stage/", "commit/"):
-        for info in store.list(settings.key(step)):
-            name = info.key.rsplit("/", 1)[-1].removesuffix(".json")
-            docs.setdefault(name.rsplit("-", 1)[0] if step == "stage/" else name, []).append(info.key)
+    for step in (StepDir.STAGE, StepDir.COMMIT):
+        for info in store.list(settings.step_dir(step)):
+            name = step_name(info.key)
+            docs.setdefault(unit_chunk(name) if step is StepDir.STAGE else name, []).append(info.key)
     plan = plan_files(store, settings)
     try:
         chunks = plan.manifest().chunks
@@ -695,7 +708,7 @@ def collect_run(store: ObjectStore, settings: RunSettings, *,
             scope = directory if len(requests) < MAX_LISTED_PARTITIONS or directory in requests else OTHER_SCOPE
             requests.setdefault(scope, Counter()).update(counts)
         seconds += chunk.seconds
-    for info in store.list(settings.key("usage/")):
+    for info in store.list(settings.step_dir(StepDir.USAGE)):
         used = StepUsage.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
         requests.setdefault(RUN_SCOPE, Counter()).update(used.requests)
         by_class.setdefault(STANDARD, Counter()).update(used.requests)
@@ -707,11 +720,11 @@ def collect_run(store: ObjectStore, settings: RunSettings, *,
     usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items())},
              "requests_by_class": {k: dict(sorted(v.items())) for k, v in sorted(by_class.items())},
              "compute_seconds": round(seconds, 3)}
-    run = tally.result("compact", settings.run_id, settings.bucket, settings.prefix, started,
+    run = tally.result(RunKind.COMPACT, settings.run_id, settings.bucket, settings.prefix, started,
                        datetime.now(UTC).isoformat(),
                        {"codec": settings.codec, "level": settings.level,
                         "estimate": estimate.to_json() if estimate is not None else None, **(extra or {})}, usage)
-    store.put_json(run_result_key(settings.prefix, settings.run_id, "compact"), run.to_json())
+    store.put_json(run_result_key(settings.prefix, settings.run_id, RunKind.COMPACT), run.to_json())
     return run
 
 
@@ -736,7 +749,7 @@ def _earlier_attempts(store: ObjectStore, settings: RunSettings, directory: str,
 
 def write_scan(store: ObjectStore, settings: RunSettings, plan: Plan) -> str:
     """A plan made elsewhere (``tiering s3 scan --out``, or in memory) as the run's scan; its manifest key."""
-    out = plan_files(store, settings, SCAN)
+    out = plan_files(store, settings, PlanName.SCAN)
     writer = out.writer()
     for part in by_partition(sorted(plan.segments, key=lambda s: (s.directory, s.base_offset))):
         writer.add(part)

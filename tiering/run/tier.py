@@ -34,13 +34,13 @@ from tiering.documents import check_document
 from tiering.errors import ConflictError, InvalidDataError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Action, Cause, Pending, Status
+from tiering.lifecycle.journal import Action, Cause, Pending, RunKind, Status
 from tiering.plan.ages import max_timestamp
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
 from tiering.plan.scan import PlannedSegment, ScanOptions, scan
 from tiering.plan.state import load_state, record_segment
 from tiering.run.compact import with_lease
-from tiering.storage.layout import clock_key, journal_key, run_result_key
+from tiering.storage.layout import clock_key, journal_key, reserved_dir, run_result_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
 
 TIER_SCHEMA_VERSION: Final = 1
@@ -177,7 +177,7 @@ def _check(doc: Mapping[str, Any], kind: str, what: str) -> None:
 class TierRun:
     """A tiering run's document (``runs/<run>/tier.json``): its plan and one result per segment with moves."""
 
-    KIND: ClassVar[str] = "tier"
+    KIND: ClassVar[str] = RunKind.TIER.value
 
     run_id: str
     plan: TierPlan
@@ -283,7 +283,7 @@ def apply_tiering(store: ObjectStore, plan: TierPlan, run_id: str, *, lease_ttl:
 
         results += with_lease(ctx, directory, lease_ttl, work, [(s.directory, s.base_offset) for s in segments])
     run = TierRun(run_id, plan, tuple(results), store.now(clock_key(plan.prefix)).isoformat())
-    store.put_json(run_result_key(plan.prefix, run_id, "tier"), run.to_json())
+    store.put_json(run_result_key(plan.prefix, run_id, RunKind.TIER), run.to_json())
     return run
 
 
@@ -465,7 +465,7 @@ def lifecycle_configuration(policy: Policy, prefix: str) -> tuple[dict[str, Any]
         "Objects of 128 KiB or less are excluded (ObjectSizeGreaterThan), as the policy never moves them to IA.",
         "S3 applies every matching rule and the coldest transition wins: a topic entry cannot exempt a topic "
         "from the cluster rule, and regex entries cannot be expressed at all.",
-        "The reserved prefix _tiering/ matches the cluster rule too; its objects are small or short-lived.",
+        f"The reserved prefix {reserved_dir('')} matches the cluster rule too; its objects are small or short-lived.",
     ]
 
     def rule(rule_id: str, key_prefix: str, tiers: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, StrEnum
 from typing import Final
 
 from tiering.errors import ConfigError
@@ -157,14 +157,118 @@ def state_key(prefix: str, directory: str) -> str:
     return reserved_key(prefix, STATE_DIR, f"{directory}.json")
 
 
-def run_key(prefix: str, run_id: str, *parts: str) -> str:
-    """A document of a run: ``runs/<run>/<parts...>`` (its plan, results, usage, run document)."""
+# A run's documents, all under runs/<run>/:
+#   <kind>.json                     the run document (kind: a RunKind's value: compact, compact-keys, ...)
+#   <plan>/manifest.json            a chunked plan (scan, policy, plan): settings, totals, chunk list
+#   <plan>/part-NNNNN.jsonl.gz      its chunks, one planned segment per line
+#   <step>/<name>.json              step documents (StepDir): a unit's, a chunk's or a step's results
+#   tier-plan.json                  a storage-tiering run's plan
+#   plan.json                       the whole plan, as the CLI of an earlier version kept it (read only)
+PLAN_MANIFEST: Final = "manifest.json"
+_CHUNK_SUFFIX: Final = ".jsonl.gz"
+
+
+class PlanName(StrEnum):
+    """A run's chunked plans."""
+
+    SCAN = "scan"  # every segment listed, with its verdict
+    POLICY = "policy"  # the scan with a policy's record-age verdicts (between the plan's two passes)
+    PLAN = "plan"  # what the run does
+
+
+class StepDir(StrEnum):
+    """The directories of a run's step documents, one JSON document each."""
+
+    STAGE = "stage"  # stage/<unit>.json: what a Spark task staged (a unit is <chunk>-<first line>)
+    COMMIT = "commit"  # commit/<chunk>.json: what a commit task finished
+    USAGE = "usage"  # usage/<step>.json: the S3 requests of a step outside any partition's work
+    KEYS = "keys"  # keys/<unit>.json: a key-compaction unit's partition passes
+
+
+def _run_key(prefix: str, run_id: str, *parts: str) -> str:
     return reserved_key(prefix, RUNS_DIR, run_id, *parts)
 
 
+def run_dir(prefix: str, run_id: str) -> str:
+    """The listing prefix of all of a run's documents (ends with ``/``)."""
+    return _run_key(prefix, run_id) + "/"
+
+
 def run_result_key(prefix: str, run_id: str, kind: str) -> str:
-    """The run document of a ``compact``, ``rollback`` or ``tier`` run."""
-    return run_key(prefix, run_id, f"{kind}.json")
+    """The run document of a run of ``kind`` (a :class:`~tiering.lifecycle.journal.RunKind`)."""
+    return _run_key(prefix, run_id, f"{kind}.json")
+
+
+def plan_dir(prefix: str, run_id: str, name: PlanName) -> str:
+    """The listing prefix of the chunked plan ``name`` of a run (ends with ``/``)."""
+    return _run_key(prefix, run_id, name.value) + "/"
+
+
+def plan_manifest_key(prefix: str, run_id: str, name: PlanName) -> str:
+    return _run_key(prefix, run_id, name.value, PLAN_MANIFEST)
+
+
+def plan_chunk_name(index: int) -> str:
+    """The name of a plan's ``index``-th chunk (counted from 0)."""
+    return f"part-{index:05d}"
+
+
+def plan_chunk_key(prefix: str, run_id: str, name: PlanName, chunk: str) -> str:
+    return _run_key(prefix, run_id, name.value, chunk + _CHUNK_SUFFIX)
+
+
+def chunk_of(chunk_key: str) -> str:
+    """The chunk name of a plan chunk's key."""
+    return chunk_key.rsplit("/", 1)[-1].removesuffix(_CHUNK_SUFFIX)
+
+
+def parse_plan_manifest_key(key: str) -> tuple[str, PlanName] | None:
+    """The run id and plan name of a plan manifest's key (``.../runs/<run>/<name>/manifest.json``); None when
+    ``key`` is not one."""
+    parts = key.split("/")
+    if (len(parts) < 5 or parts[-1] != PLAN_MANIFEST or parts[-4] != RUNS_DIR or parts[-5] != RESERVED_DIR
+            or parts[-2] not in PlanName.__members__.values()):
+        return None
+    return parts[-3], PlanName(parts[-2])
+
+
+def unit_name(chunk: str, start: int) -> str:
+    """The name of the stage unit taking a chunk's lines from ``start`` on."""
+    return f"{chunk}-{start:06d}"
+
+
+def unit_chunk(unit: str) -> str:
+    """The chunk a stage unit's name belongs to (:func:`unit_name` read back)."""
+    return unit.rsplit("-", 1)[0]
+
+
+def keys_unit_name(index: int) -> str:
+    """The name of a key-compaction run's ``index``-th unit (counted from 0)."""
+    return f"unit-{index:05d}"
+
+
+def step_dir(prefix: str, run_id: str, step: StepDir) -> str:
+    """The listing prefix of a run's documents of one step (ends with ``/``)."""
+    return _run_key(prefix, run_id, step.value) + "/"
+
+
+def step_key(prefix: str, run_id: str, step: StepDir, name: str) -> str:
+    return _run_key(prefix, run_id, step.value, f"{name}.json")
+
+
+def step_name(key: str) -> str:
+    """The name of a step document (its unit, chunk or step), from its key."""
+    return key.rsplit("/", 1)[-1].removesuffix(".json")
+
+
+def tier_plan_key(prefix: str, run_id: str) -> str:
+    """A storage-tiering run's plan."""
+    return _run_key(prefix, run_id, "tier-plan.json")
+
+
+def whole_plan_key(prefix: str, run_id: str) -> str:
+    """The one-document plan an earlier version of the CLI kept beside its run document."""
+    return _run_key(prefix, run_id, "plan.json")
 
 
 def report_key(prefix: str, run_id: str, fmt: str = "json") -> str:

@@ -1,0 +1,237 @@
+"""The tasks of the DAG ``kafka_segment_compaction``: key compaction (optional), scan, plan, stage on Spark,
+commit (one task per plan chunk), report, cleanup."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tiering.cost.forecast import Range
+from tiering.errors import ConfigError
+from tiering.lifecycle.journal import RunKind
+from tiering.plan.policy import Policy, load_policy
+from tiering.plan.scan import ScanOptions
+from tiering.report.publish import cost_config, publish_report
+from tiering.report.render import to_table
+from tiering.run.compact import CleanupResult, CompactOptions, RunResult, cleanup
+from tiering.run.pipeline import (
+    ChunkRef,
+    CommitStep,
+    PlanStep,
+    RunHeadline,
+    RunSettings,
+    ScanStep,
+    collect_run,
+    commit_chunk,
+    plan_run,
+    run_summary,
+    safe_run_id,
+    scan_run,
+)
+from tiering.spark.submit import submit
+from tiering.storage.layout import run_result_key
+from tiering.storage.objects import ObjectStore
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class SparkJob:
+    """Where a Spark job runs: its file, the master URL, and ``spark-submit --conf`` pairs."""
+
+    path: Path
+    master: str
+    conf: Mapping[str, str]
+
+    @classmethod
+    def configured(cls, path: Path, master: str) -> SparkJob:
+        """The job with Spark's log level at WARN and the pairs of ``TIERING_SPARK_CONF`` (a JSON object)."""
+        try:
+            extra = json.loads(os.environ.get("TIERING_SPARK_CONF", "{}"))
+        except ValueError as e:
+            raise ConfigError("TIERING_SPARK_CONF is not JSON", expected='{"spark.key": "value", ...}',
+                              found=str(e)) from None
+        return cls(path, master, {"spark.log.level": "WARN", **{str(k): str(v) for k, v in extra.items()}})
+
+    def run(self, args: list[str], log: Log) -> None:
+        submit(self.path, args, master=self.master, conf=self.conf, log=log)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionParams:
+    """A compaction run as the DAG's params describe it, typed once."""
+
+    settings: RunSettings
+    topics: str | None
+    min_age_minutes: int
+    max_segments: int | None
+    max_bytes: int | None
+    dry_run: bool
+    grace_days: float
+    inventory: str | None
+    policy_file: str | None
+    rebatch_max_bytes: int | None  # None: no re-batching
+    compact_keys: bool
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], run_id: str) -> CompactionParams:
+        verify, swap = RunSettings.modes(params["verify"], params["swap"])
+        settings = RunSettings(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id), params["codec"],
+                               params["level"], params["lease_ttl_seconds"], verify, swap)
+        return cls(settings, params["topics"] or None, params["min_segment_age_minutes"], params["max_segments"],
+                   params["max_bytes"], bool(params["dry_run"]), float(params["cleanup_grace_days"]),
+                   (params["inventory"] or "").strip() or None, (params.get("policy") or "").strip() or None,
+                   params["rebatch_max_bytes"] if params["rebatch"] else None, bool(params["compact_keys"]))
+
+    def policy(self) -> Policy | None:
+        """The run's policy, read and checked (a bad file fails the first task, naming the key and problem)."""
+        return load_policy(self.policy_file) if self.policy_file else None
+
+
+@dataclass(frozen=True, slots=True)
+class KeysStep:
+    """What the key-compaction task did: nothing (not asked, or a dry run), or a run ``<run>-keys``."""
+
+    run: RunResult | None
+    report: str | None = None  # the report's S3 URI
+
+    @property
+    def failure(self) -> str | None:
+        """Why the task fails (segments failed for a reason a retry does not fix), else None."""
+        if self.run is None or not self.run.failed:
+            return None
+        return f"key compaction run {self.run.run_id}: {self.run.hard_failures} segments failed (see {self.report})"
+
+    def to_json(self) -> dict[str, Any]:
+        if self.run is None:
+            return {"skipped": True}
+        return {"run_id": self.run.run_id, **self.run.totals(), "pending": self.run.pending, "report": self.report}
+
+
+def key_compaction(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) -> KeysStep:
+    """With ``compact_keys`` (and not a dry run): one pass of Kafka's cleaner over the compacted topics, as the
+    Spark job ``job``, run ``<run>-keys`` (its own backups: the recompression that follows keeps its own),
+    its report published."""
+    if not run.compact_keys or run.dry_run:
+        return KeysStep(None)
+    settings = run.settings
+    run_id = f"{settings.run_id}-keys"
+    if run.policy_file:
+        run.policy()  # a bad file fails here, with the key and the problem
+    elif not run.topics:
+        raise ConfigError("compact_keys needs the compacted topics: a policy, or the topics param")
+    chosen = ["--policy", run.policy_file] if run.policy_file else []
+    chosen += ["--topics", run.topics] if run.topics else []
+    job.run(["--bucket", settings.bucket, "--prefix", settings.prefix, "--run-id", run_id, *chosen,
+             "--min-age-minutes", str(run.min_age_minutes), "--lease-ttl-seconds", str(settings.lease_ttl_seconds),
+             "--verify", settings.verify.value, "--swap", settings.swap_text], log)
+    key = run_result_key(settings.prefix, run_id, RunKind.COMPACT_KEYS)
+    result = RunResult.from_json(store.get_json(key)[0], f"s3://{settings.bucket}/{key}")
+    prices, cost = cost_config(grace_days=run.grace_days)
+    doc, keys = publish_report(store, settings.prefix, run_id, prices, cost, kind=result.kind)
+    log(to_table(doc))
+    return KeysStep(result, f"s3://{settings.bucket}/{keys['json']}")
+
+
+def scan(store: ObjectStore, run: CompactionParams, log: Log) -> ScanStep:
+    """List the prefix (or read the S3 Inventory report) and classify every segment."""
+    settings = run.settings
+    options = ScanOptions(settings.codec, settings.level, run.topics, run.min_age_minutes, policy=run.policy(),
+                          rebatch_max_bytes=run.rebatch_max_bytes)
+    result = scan_run(store, settings, options, inventory=run.inventory)
+    totals = result.totals
+    log(f"scanned s3://{settings.bucket}/{settings.prefix}: {result.objects:,} objects, {totals.segments:,} "
+        f"segments: {totals.to_compact:,} to compact, {totals.skipped:,} skipped ("
+        + ", ".join(f"{n:,} {why}" for why, n in totals.skipped_by_reason.items()) + ")")
+    return result
+
+
+def plan(store: ObjectStore, run: CompactionParams, log: Log) -> PlanStep:
+    """The budget applied, the plan written as chunks of whole partitions; a dry run's plan holds the forecast
+    and gives no chunk to stage or commit."""
+    planned = plan_run(store, run.settings, CompactOptions(run.max_segments, run.max_bytes),
+                       estimate_savings=run.dry_run, policy=run.policy(), prices=cost_config()[0])
+    saved = _forecast_text(planned.forecast)
+    log(f"plan: {planned.segments:,} segments to compact ({planned.bytes:,} bytes) in {len(planned.chunks)} chunks"
+        + saved)
+    return planned.dry() if run.dry_run else planned
+
+
+def _forecast_text(saved: Range | None) -> str:
+    return (f"; forecast: saves {saved.saved_bytes:,} bytes ({saved.saved_low:,} to {saved.saved_high:,}), by topic "
+            "in the plan's manifest" if saved else "")
+
+
+def stage(run: CompactionParams, planned: PlanStep, job: SparkJob, log: Log) -> tuple[ChunkRef, ...]:
+    """Stage every planned segment with the Spark job ``job``; the plan's chunks a commit task each takes."""
+    settings = run.settings
+    if planned.dry_run or not planned.segments:
+        log("nothing to stage" + (" (dry run)" if planned.dry_run else "")
+            + (f"; {len(planned.chunks)} chunks with operations in flight to finish" if planned.chunks else ""))
+        return planned.chunks
+    job.run(["--plan", f"s3://{settings.bucket}/{planned.plan_key}", "--run-id", settings.run_id,
+             "--lease-ttl-seconds", str(settings.lease_ttl_seconds), "--verify", settings.verify.value], log)
+    return planned.chunks
+
+
+def commit(store: ObjectStore, run: CompactionParams, chunk: ChunkRef, workers: int, log: Log) -> CommitStep:
+    """Swap in what the plan chunk's partitions staged, ``workers`` partitions at once, under their leases."""
+    result = commit_chunk(store, run.settings, chunk.name, workers=workers)
+    log(f"committed {chunk.name} ({chunk.label}): {result.summary()}")
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class ReportStep:
+    """The run's headline and the savings its report gives, with the report's URIs."""
+
+    headline: RunHeadline
+    estimate: bool  # a dry run's forecast, not a measurement
+    monthly_usd: float
+    yearly_usd: float
+    one_off_usd: float
+    payback_months: float | None
+    report: str
+    report_html: str
+    failure: str | None  # why the task fails: nothing was compacted and work was left to a later run
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.headline.to_json(), "estimate": self.estimate, "monthly_savings_usd": round(self.monthly_usd, 2),
+                "yearly_savings_usd": round(self.yearly_usd, 2), "one_off_usd": round(self.one_off_usd, 2),
+                "payback_months": None if self.payback_months is None else round(self.payback_months, 2),
+                "report": self.report, "report_html": self.report_html}
+
+
+def report(store: ObjectStore, run: CompactionParams, log: Log) -> ReportStep:
+    """The run document from the step documents, then the savings report in every format and the ledger."""
+    settings = run.settings
+    result = collect_run(store, settings)
+    headline, table = run_summary(result)
+    if headline.segments:  # a dry run has no outcomes: its report holds the forecast
+        log(table)
+    prices, options = cost_config(grace_days=run.grace_days)
+    doc, keys = publish_report(store, settings.prefix, settings.run_id, prices, options)
+    log(to_table(doc))
+    uris = {fmt: f"s3://{settings.bucket}/{key}" for fmt, key in keys.items()}
+    log(f"report: {uris['html']} (also {', '.join(sorted(uris))})")
+    failure = None
+    if result.pending and not headline.compacted:
+        failure = (f"nothing was compacted, and {result.pending} segments were left to a later run (partitions "
+                   f"busy: another run holds their leases, which expire {settings.lease_ttl_seconds} s after its "
+                   "last renewal; or S3 failing). The report above says which; run again later.")
+    t = doc.totals
+    return ReportStep(headline, doc.estimate, t.monthly_savings_usd, t.yearly_savings_usd, t.one_off_usd,
+                      t.payback_months, uris["json"], uris["html"], failure)
+
+
+def clean(store: ObjectStore, run: CompactionParams, log: Log) -> CleanupResult | None:
+    """Originals past their grace period, abandoned staging objects and multipart uploads; None on a dry run."""
+    if run.dry_run:
+        return None
+    result = cleanup(store, run.settings.context(store), grace_days=run.grace_days)
+    log(f"cleanup: {result.summary()}")
+    return result
