@@ -155,7 +155,7 @@ def test_a_scan_from_an_inventory_plans_what_a_listing_plans(store: S3Store) -> 
     result = scan_run(store, settings_, options, inventory=uri)
     scanned, manifest = load_manifest(store, f"s3://{BUCKET}/{result.scan_key}")
     from_inventory = sorted(scanned.segments(manifest), key=lambda s: (s.directory, s.base_offset))
-    assert from_inventory == listed.segments
+    assert from_inventory == list(listed.segments)
     assert manifest.source == uri
     assert manifest.totals == listed.totals()
     assert result.totals.to_json() == listed.totals()

@@ -11,6 +11,7 @@ import json
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -213,8 +214,8 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         rows.add(plan.segments)
         totals = plan.totals()
         if args.estimate:
-            plan.estimate = estimate(store, plan, _rewrite_options(args), segments=args.sample_segments,
-                                     sample_bytes=args.sample_bytes)
+            plan = replace(plan, estimate=estimate(store, plan, _rewrite_options(args),
+                                                   segments=args.sample_segments, sample_bytes=args.sample_bytes))
         _write_plan(args, plan)
     else:
         _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
@@ -231,8 +232,8 @@ def _cmd_scan(args: argparse.Namespace) -> int:
                                progress=_progress(args))
         totals = counted.to_json()
         if args.estimate:
-            plan.estimate = estimate_work(store, sample, _rewrite_options(args), segments=args.sample_segments,
-                                          sample_bytes=args.sample_bytes)
+            plan = replace(plan, estimate=estimate_work(store, sample, _rewrite_options(args),
+                                                        segments=args.sample_segments, sample_bytes=args.sample_bytes))
     _log(args, f"{plan.objects_listed:,} objects, {totals['segments']:,} segments: {totals['to_compact']:,} to "
                f"compact ({_human(totals['bytes_to_compact'])}), {totals['skipped']:,} skipped")
     if args.json:
@@ -312,15 +313,16 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     options = _rewrite_options(args)
     if args.dry_run:
         plan = _load_plan(args, store) if args.plan else _scan(args, store)
-        plan.estimate = estimate(store, plan, options, segments=args.sample_segments, sample_bytes=args.sample_bytes)
+        forecast = estimate(store, plan, options, segments=args.sample_segments, sample_bytes=args.sample_bytes)
+        plan = replace(plan, estimate=forecast)
         if args.json:
-            _emit_json(args.stdout, {"dry_run": True, "forecast": plan.estimate.to_json(), "plan": plan.to_json()})
+            _emit_json(args.stdout, {"dry_run": True, "forecast": forecast.to_json(), "plan": plan.to_json()})
         else:
             rows = _Rows()
             rows.add(plan.segments)
             console = _console(args.stdout)
             console.print(_plan_table(plan, rows))
-            console.print(forecast_table(plan.estimate))
+            console.print(forecast_table(forecast))
             console.print("dry run: nothing was written")
         return 0
     run_id = args.run_id or new_run_id()
@@ -404,20 +406,18 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     ctx = Context(store, args.prefix, new_run_id(), RewriteOptions(Codec.NONE))
     result = cleanup(store, ctx, grace_days=args.grace_days, stale_hours=args.stale_hours,
                      lease_ttl=args.lease_ttl_seconds)
-    doc = result.to_json()
     if args.json:
-        _emit_json(args.stdout, doc)
+        _emit_json(args.stdout, result.to_json())
     else:
-        args.stdout.write(f"deleted {doc['backups_deleted']} kept originals ({_human(doc['backup_bytes_deleted'])}) "
-                          f"past {args.grace_days} days, {doc['staging_deleted']} abandoned staging objects; "
-                          f"aborted {doc['uploads_aborted']} incomplete multipart uploads; finished "
-                          f"{len(doc['recovered']) - len(doc['left_pending'])} interrupted segment operations\n")
-        for r in result.recovered:
-            if r.pending is not None:
-                args.stdout.write(f"  left pending: {r.directory}/{r.base_offset:020d}: {r.reason}\n")
+        args.stdout.write(f"deleted {result.backups_deleted} kept originals ({_human(result.backup_bytes_deleted)}) "
+                          f"past {args.grace_days} days, {result.staging_deleted} abandoned staging objects; "
+                          f"aborted {result.uploads_aborted} incomplete multipart uploads; finished "
+                          f"{len(result.recovered) - len(result.left_pending)} interrupted segment operations\n")
+        for r in result.left_pending:
+            args.stdout.write(f"  left pending: {r.directory}/{r.base_offset:020d}: {r.reason}\n")
     code = result.exit_code()
     if code != ExitCode.OK:
-        print(f"tiering: cleanup left {len(doc['left_pending'])} interrupted operations in flight (see above); "
+        print(f"tiering: cleanup left {len(result.left_pending)} interrupted operations in flight (see above); "
               "run it again later", file=sys.stderr)
     return code
 

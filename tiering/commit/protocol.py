@@ -32,7 +32,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, BinaryIO, Final, cast
 
 import crc32c
@@ -156,7 +156,7 @@ class Context:
         return ctx if rebatch == ctx.rebatch else replace(ctx, rebatch=rebatch)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class SegmentResult:
     directory: str
     base_offset: int
@@ -174,7 +174,7 @@ class SegmentResult:
     seconds: float | None = None  # the segment's time on one core, start to result (the report's compute)
 
     def to_json(self) -> dict[str, object]:
-        doc = {k: v for k, v in self.__dict__.items() if v is not None}
+        doc = {f.name: v for f in fields(self) if (v := getattr(self, f.name)) is not None}
         if self.pending is not None:
             doc["pending"] = self.pending.value
         return doc
@@ -197,7 +197,7 @@ def _spool(ctx: Context) -> BinaryIO:
     return tempfile.TemporaryFile(prefix="tiering-", dir=ctx.work_dir)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Staged:
     """A journal entry in state ``staged``, with what the segment's result will say once it is swapped and the
     new indexes (verified with the staged files: the swap puts them without reading them back)."""
@@ -982,8 +982,7 @@ def iter_recover(ctx: Context, directory: str, lease: LeaseGuard, *, commit: boo
             result = finish_one(ctx, journal, etag, lease)
         # A recovery: another run's operation finished or dropped here. Not one: this run's own (a retry, the
         # commit step) or one it took over (its results are this run's, like those of what it stages).
-        result.recovered = (result.run_id or journal.run_id) != ctx.run_id
-        yield result
+        yield replace(result, recovered=(result.run_id or journal.run_id) != ctx.run_id)
 
 
 def adopt(ctx: Context, journal: Journal, etag: str) -> tuple[Journal, str]:

@@ -146,5 +146,5 @@ def apply_policy(store: ObjectStore, plan: Plan, policy: Policy, prices: PriceBo
         if seg.action == Action.COMPACT and seg.codec == AUTO:
             topics.setdefault(seg.topic, WorkSample(seed=seg.topic)).add(seg)
     choices = decide_auto(store, topics, policy, prices, log)
-    return dataclasses.replace(plan, segments=[with_auto(seg, choices, policy) for seg in segments],
+    return dataclasses.replace(plan, segments=tuple(with_auto(seg, choices, policy) for seg in segments),
                                policy=policy.path, auto=choices or None)

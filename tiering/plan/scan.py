@@ -172,8 +172,10 @@ class PlanCounts:
                    {str(k): int(v) for k, v in doc["skipped_by_reason"].items()})
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Plan:
+    """A scan's verdicts: the run's settings, every planned segment, and every object it leaves alone with why."""
+
     bucket: str
     prefix: str
     codec: str
@@ -181,17 +183,17 @@ class Plan:
     min_age_minutes: int
     topics: str | None
     created_at: str
-    segments: list[PlannedSegment] = field(default_factory=list)
-    skipped_dirs: list[dict[str, str]] = field(default_factory=list)
+    segments: tuple[PlannedSegment, ...] = ()
+    skipped_dirs: tuple[Mapping[str, str], ...] = ()
     # Every object under the prefix a compaction would not touch, with why: up to MAX_IGNORED_LISTED of them
     # listed, all of them counted (the objects of skipped directories are not listed: see skipped_dirs).
-    ignored_keys: list[dict[str, str]] = field(default_factory=list)
+    ignored_keys: tuple[Mapping[str, str], ...] = ()
     ignored_count: int = 0
-    ignored_by_reason: dict[str, int] = field(default_factory=dict)
+    ignored_by_reason: Mapping[str, int] = field(default_factory=dict)
     objects_listed: int = 0
     estimate: Forecast | None = None  # a dry run's forecast of the savings
     policy: str | None = None  # the policy file the plan followed
-    auto: dict[str, Any] | None = None  # per topic, the automatic codec choice and its numbers
+    auto: Mapping[str, Any] | None = None  # per topic, the automatic codec choice and its numbers
 
     def to_compact(self) -> list[PlannedSegment]:
         return [s for s in self.segments if s.action in (Action.COMPACT, Action.REPAIR)]
@@ -216,18 +218,19 @@ class Plan:
                 "min_age_minutes": self.min_age_minutes, "topics": self.topics, "created_at": self.created_at,
                 "objects_listed": self.objects_listed, "totals": self.totals(),
                 "estimate": self.estimate.to_json() if self.estimate is not None else None,
-                "skipped_dirs": self.skipped_dirs, "ignored_keys": self.ignored_keys,
+                "skipped_dirs": [dict(d) for d in self.skipped_dirs],
+                "ignored_keys": [dict(k) for k in self.ignored_keys],
                 "ignored_count": self.ignored_count,
                 "ignored_by_reason": dict(sorted(self.ignored_by_reason.items())), "policy": self.policy,
-                "auto": self.auto,
+                "auto": dict(self.auto) if self.auto is not None else None,
                 "segments": [s.to_json() for s in self.segments]}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Plan:
         check_document(doc, kind="tiering.plan", version=PLAN_SCHEMA_VERSION, what="a plan")
         return cls(doc["bucket"], doc["prefix"], doc["codec"], doc["level"], int(doc["min_age_minutes"]),
-                   doc["topics"], doc["created_at"], [PlannedSegment.from_json(s) for s in doc["segments"]],
-                   list(doc["skipped_dirs"]), list(doc["ignored_keys"]), int(doc["ignored_count"]),
+                   doc["topics"], doc["created_at"], tuple(PlannedSegment.from_json(s) for s in doc["segments"]),
+                   tuple(doc["skipped_dirs"]), tuple(doc["ignored_keys"]), int(doc["ignored_count"]),
                    {str(k): int(v) for k, v in (doc.get("ignored_by_reason") or {}).items()},
                    objects_listed=int(doc["objects_listed"]),
                    estimate=Forecast.from_json(doc["estimate"], "the plan's estimate") if doc.get("estimate") else None,
@@ -419,14 +422,14 @@ def scan_partitions(store: ObjectStore, prefix: str, options: ScanOptions, emit:
     (see :func:`inventory_partitions`)."""
     root = normalize_prefix(prefix)
     now = store.now(clock_key(root))
-    plan = Plan(store.bucket, root, options.codec, options.level, options.min_age_minutes, options.topics,
-                now.isoformat())
+    ignored_by_reason: Counter[str] = Counter()
+    ignored_keys: list[dict[str, str]] = []
+    skipped_dirs: list[dict[str, str]] = []
 
     def ignored(key: str, reason: str) -> None:
-        plan.ignored_count += 1
-        plan.ignored_by_reason[reason] = plan.ignored_by_reason.get(reason, 0) + 1
-        if len(plan.ignored_keys) < MAX_IGNORED_LISTED:
-            plan.ignored_keys.append({"key": key, "reason": reason})
+        ignored_by_reason[reason] += 1
+        if len(ignored_keys) < MAX_IGNORED_LISTED:
+            ignored_keys.append({"key": key, "reason": reason})
 
     def wanted(name: str) -> PartitionDir | None:
         d = parse_dir(name)
@@ -434,7 +437,7 @@ def scan_partitions(store: ObjectStore, prefix: str, options: ScanOptions, emit:
             return None
         reason = _dir_skip_reason(d, options)
         if reason is not None:
-            plan.skipped_dirs.append({"directory": d.name, "reason": reason})
+            skipped_dirs.append({"directory": d.name, "reason": reason})
             return None
         return d
 
@@ -448,9 +451,10 @@ def scan_partitions(store: ObjectStore, prefix: str, options: ScanOptions, emit:
         emit(classify_partition(part.directory, part.dir_key, part.objects, part.state, now, options, ignored))
         if progress is not None:
             progress(listed)
-    plan.objects_listed = listed
-    plan.skipped_dirs.sort(key=lambda d: d["directory"])
-    return plan
+    return Plan(store.bucket, root, options.codec, options.level, options.min_age_minutes, options.topics,
+                now.isoformat(), skipped_dirs=tuple(sorted(skipped_dirs, key=lambda d: d["directory"])),
+                ignored_keys=tuple(ignored_keys), ignored_count=ignored_by_reason.total(),
+                ignored_by_reason=dict(ignored_by_reason), objects_listed=listed)
 
 
 def scan(store: ObjectStore, prefix: str, options: ScanOptions, progress: Callable[[int], None] | None = None,
@@ -458,8 +462,7 @@ def scan(store: ObjectStore, prefix: str, options: ScanOptions, progress: Callab
     """The whole plan in memory (for a CLI run or a test); :func:`scan_partitions` streams it."""
     segments: list[PlannedSegment] = []
     plan = scan_partitions(store, prefix, options, segments.extend, source=source, progress=progress)
-    plan.segments = segments
-    return plan
+    return replace(plan, segments=tuple(segments))
 
 
 def _listed_partitions(store: ObjectStore, root: str, options: ScanOptions,

@@ -13,7 +13,7 @@ task) replaces the run's entry: the ledger holds each run once.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -84,7 +84,7 @@ def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, op
     run = store.get_json(run_result_key(prefix, run_id, kind))[0]
     settings = RunSettings(store.bucket, prefix, run_id, str((run.get("settings") or {}).get("codec", "")))
     chunked = plan_files(store, settings)
-    not_planned: dict[str, int] = {}
+    not_planned: Mapping[str, int] = {}
     try:
         header = chunked.manifest().header
         auto, not_planned = header.auto or {}, header.ignored_by_reason

@@ -283,7 +283,7 @@ def worst(codes: Iterable[ExitCode]) -> ExitCode:
     return next((c for c in order if c in seen), ExitCode.OK)
 
 
-def outcome(results: list[SegmentResult]) -> ExitCode:
+def outcome(results: Iterable[SegmentResult]) -> ExitCode:
     """The exit code of ``results`` (see :func:`exit_code_of`)."""
     return worst(exit_code_of(r) for r in results)
 
@@ -305,8 +305,7 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
                 remember(own, seg, Outcome.NO_SAVINGS, staged.reason)
             return staged
         if not commit:
-            staged.result.status = STAGED_STATUS
-            return staged.result
+            return replace(staged.result, status=STAGED_STATUS)
         result = finish_one(own, staged.journal, staged.etag, lease, indexes=staged.indexes)
         return staged.result if result.status == staged.result.status else result
 
@@ -480,31 +479,49 @@ def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int =
     return run
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class CleanupResult:
+    """What a cleanup did: kept originals, staging objects and uploads removed, referenced ones kept, and the
+    operations of crashed runs it finished first (or left pending)."""
+
+    KIND: ClassVar[str] = "tiering.cleanup"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
     backups_deleted: int = 0
     backup_bytes_deleted: int = 0
     staging_deleted: int = 0
     uploads_aborted: int = 0
     kept_referenced: int = 0
-    recovered: list[SegmentResult] = field(default_factory=list)
+    recovered: tuple[SegmentResult, ...] = ()
+
+    @property
+    def left_pending(self) -> tuple[SegmentResult, ...]:
+        return tuple(r for r in self.recovered if r.pending is not None)
 
     def exit_code(self) -> ExitCode:
         return outcome(self.recovered)
 
     def summary(self) -> str:
         """One line for people."""
-        left = sum(1 for r in self.recovered if r.pending is not None)
+        left = len(self.left_pending)
         return (f"{self.backups_deleted:,} kept originals deleted ({self.backup_bytes_deleted:,} bytes), "
                 f"{self.staging_deleted:,} staging objects deleted, {self.uploads_aborted:,} uploads aborted, "
                 f"{self.kept_referenced:,} kept (still referenced), {len(self.recovered):,} interrupted operations "
                 f"finished" + (f", {left:,} left to a later run" if left else ""))
 
     def to_json(self) -> dict[str, Any]:
-        return {"backups_deleted": self.backups_deleted, "backup_bytes_deleted": self.backup_bytes_deleted,
-                "staging_deleted": self.staging_deleted, "uploads_aborted": self.uploads_aborted,
-                "kept_referenced": self.kept_referenced, "recovered": [r.to_json() for r in self.recovered],
-                "left_pending": [r.to_json() for r in self.recovered if r.pending is not None]}
+        return {"schema_version": self.SCHEMA_VERSION, "kind": self.KIND, "backups_deleted": self.backups_deleted,
+                "backup_bytes_deleted": self.backup_bytes_deleted, "staging_deleted": self.staging_deleted,
+                "uploads_aborted": self.uploads_aborted, "kept_referenced": self.kept_referenced,
+                "recovered": [r.to_json() for r in self.recovered],
+                "left_pending": [r.to_json() for r in self.left_pending]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], where: str) -> CleanupResult:
+        check_document(doc, kind=cls.KIND, version=cls.SCHEMA_VERSION, what="a cleanup result", where=where)
+        return cls(int(doc["backups_deleted"]), int(doc["backup_bytes_deleted"]), int(doc["staging_deleted"]),
+                   int(doc["uploads_aborted"]), int(doc["kept_referenced"]),
+                   tuple(SegmentResult.from_json(r) for r in doc["recovered"]))
 
 
 def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRACE_DAYS,
@@ -512,12 +529,13 @@ def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRA
     """Converge journal entries left by crashed runs, then delete kept originals past the grace period,
     abandoned staging objects, and incomplete multipart uploads; ages by S3's clock (LastModified)."""
     prefix = normalize_prefix(ctx.prefix)
-    out = CleanupResult()
+    recovered: list[SegmentResult] = []
+    counts: Counter[str] = Counter()
     for directory, bases in sorted(pending_bases(store, prefix).items()):
         def work(lease: Lease, done: list[SegmentResult], directory: str = directory) -> None:
             done += recover_partition(ctx, directory, lease)
 
-        out.recovered += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in bases])
+        recovered += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in bases])
     referenced: set[str] = set()
     for journal, _ in pending_journals(store, prefix):  # those still pending (their partition was busy)
         referenced.update(journal.new.present())
@@ -532,7 +550,7 @@ def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRA
             if now - info.last_modified < age:
                 continue
             if info.key in referenced:
-                out.kept_referenced += 1
+                counts["kept_referenced"] += 1
                 continue
             expired[info.key] = info
         if expired and checked is None:
@@ -541,15 +559,16 @@ def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRA
             expired = {key: info for key, info in expired.items() if _still(store, info)}
         deleted = store.delete_many([(info.key, info.etag) for info in expired.values()])
         if sub == BACKUP_DIR:
-            out.backups_deleted += len(deleted)
-            out.backup_bytes_deleted += sum(expired[key].size for key in deleted)
+            counts["backups_deleted"] += len(deleted)
+            counts["backup_bytes_deleted"] += sum(expired[key].size for key in deleted)
         else:
-            out.staging_deleted += len(deleted)
+            counts["staging_deleted"] += len(deleted)
     for key, upload_id, initiated in store.list_uploads(reserved_dir(prefix)):
         if now - initiated > timedelta(hours=stale_hours):
             store.abort_upload(key, upload_id)
-            out.uploads_aborted += 1
-    return out
+            counts["uploads_aborted"] += 1
+    return CleanupResult(counts["backups_deleted"], counts["backup_bytes_deleted"], counts["staging_deleted"],
+                         counts["uploads_aborted"], counts["kept_referenced"], tuple(recovered))
 
 
 def _still(store: ObjectStore, info: ObjectInfo) -> bool:

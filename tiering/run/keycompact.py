@@ -241,7 +241,7 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
                     record_keys_run(store, ctx.prefix, seg.directory, ctx.run_id)
                     noted = True
                 result = _swap_one(ctx, seg, cleaned, path, figures, lease, aborted[seg.base_offset])
-            result.seconds, mark = round(time.perf_counter() - mark, 3), time.perf_counter()
+            result, mark = replace(result, seconds=round(time.perf_counter() - mark, 3)), time.perf_counter()
             os.unlink(path)
             report(result)
             if result.status is not COMPACTED and result.cause not in (Cause.NOTHING_TO_CLEAN,
@@ -296,8 +296,7 @@ def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: 
         return staged.result if result.status == staged.result.status else result
 
     result = guarded(ctx, seg, attempt)
-    result.stats = {**(result.stats or {}), **stats}
-    return result
+    return replace(result, stats={**(result.stats or {}), **stats})
 
 
 def now_ms_of(store: ObjectStore, prefix: str, options: KeyCompactOptions) -> int:

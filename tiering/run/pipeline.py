@@ -472,8 +472,8 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
                 if batch.full:
                     batch.flush(lease.check)
                 started = time.perf_counter()
-                out.append(run_segment(own, seg, lease, commit=commit))
-                out[-1].seconds = round(time.perf_counter() - started, 3)
+                out.append(dataclasses.replace(run_segment(own, seg, lease, commit=commit),
+                                               seconds=round(time.perf_counter() - started, 3)))
                 if progress is not None:
                     progress(out[-1])
             batch.flush(lease.check)
@@ -754,7 +754,7 @@ def write_scan(store: ObjectStore, settings: RunSettings, plan: Plan) -> str:
     for part in by_partition(sorted(plan.segments, key=lambda s: (s.directory, s.base_offset))):
         writer.add(part)
     chunks = writer.close()
-    header = dataclasses.replace(plan, segments=[], estimate=None)  # the run's own plan decides on one
+    header = dataclasses.replace(plan, segments=(), estimate=None)  # the run's own plan decides on one
     return out.write_manifest(PlanManifest(header, writer.totals.to_json(), chunks, "plan"))
 
 
