@@ -309,3 +309,28 @@ def test_a_spark_job_file_parses_its_arguments_and_calls_one_driver_function() -
         from_run = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
             "tiering.run.") for a in n.names}
         assert all(name[0].isupper() for name in from_run), f"{path.name} calls into tiering.run: {from_run}"
+
+
+DONE = {"COMPACTED", "ROLLED_BACK", "REPAIRED", "STAGED", "MOVED"}  # a segment's work done (or staged for its commit)
+
+
+def test_a_segment_left_as_it_was_names_its_cause() -> None:
+    """Outcomes are counted by cause, never by the reason's words: every SegmentResult the package makes for a
+    segment skipped, failed, aborted or superseded says its Cause."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "SegmentResult"):
+                continue
+            status = ast.unparse(node.args[2]) if len(node.args) > 2 else ""
+            if not any(done in status for done in DONE) and "cause" not in {k.arg for k in node.keywords}:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {status}")
+    assert found == []
+
+
+def test_no_module_groups_by_the_words_of_a_reason() -> None:
+    splitting = [f"{p.relative_to(PACKAGE)}:{n.lineno}" for p in sorted(PACKAGE.rglob("*.py"))
+                 for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Attribute) and n.func.attr in ("split", "partition")
+                 and "reason" in ast.unparse(n.func.value)]
+    assert splitting == []

@@ -103,7 +103,7 @@ def test_the_forecast_of_every_topic_is_within_a_tenth_of_the_real_run(machine: 
     assert set(forecast) == set(TOPICS)
     for topic in TOPICS:
         assert abs(forecast[topic]["ratio"] - real[topic]) <= 0.10, (topic, forecast[topic]["ratio"], real[topic])
-    no_savings = {o["topic"] for o in run["outcomes"] if o["status"] == "skipped" and o["reason"] == "no savings"}
+    no_savings = {o["topic"] for o in run["outcomes"] if o["status"] == "skipped" and o["cause"] == "no savings"}
     assert no_savings == {"metrics.zstd", "payments.encrypted"}
     for topic in no_savings:
         assert forecast[topic]["segments_likely_skipped"] == forecast[topic]["segments"] > 0

@@ -40,7 +40,7 @@ def test_dry_run_then_run_then_rerun(facts: dict[str, Any]) -> None:
     assert real["classes"][active] == "STANDARD"
     assert again["report"]["objects_moved"] == 0
     assert again["classes"] == real["classes"]
-    assert "already in GLACIER_IR" in again["report"]["planned"]["staying"]
+    assert "already there" in again["report"]["planned"]["staying"]
 
 
 def test_a_missing_policy_fails_the_run(facts: dict[str, Any]) -> None:

@@ -36,7 +36,7 @@ def test_a_full_listing_lists_the_problems_first_and_counts_everything() -> None
     assert (len(run.segments), run.omitted) == (3, 5)
     assert (run.exit_code(), run.failed, run.pending) == (ExitCode.INVALID, True, 1)
     assert run.topics == {"t": (6, 600, 240)}
-    assert run.outcomes == {("t", "failed", "invalid data"): 1, ("u", "skipped", "partition busy"): 1}
+    assert run.outcomes == {("t", Status.FAILED, Cause.INVALID): 1, ("u", Status.SKIPPED, Cause.BUSY): 1}
 
 
 def test_the_document_reads_back_equal_and_a_version_1_document_is_counted_again() -> None:

@@ -143,7 +143,7 @@ class _Rows:
 
     def add(self, segments: Iterable[PlannedSegment]) -> None:
         for s in segments:
-            label = s.action.value if s.action is not Action.SKIP else "skip: " + s.reason.split(":")[0]
+            label = s.action.value if s.action is not Action.SKIP else "skip: " + s.skip_label
             row = self.rows.setdefault(label, [0, 0])
             row[0] += 1
             row[1] += s.size

@@ -606,7 +606,8 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, indexes
                     return _abandon(ctx, journal, etag, "the .log changed after planning: the new object is "
                                     "left untouched")
         except TakenOver as e:
-            return SegmentResult(d, base, ABORTED, e.message, run_id=journal.run_id, pending=Pending.BUSY)
+            return SegmentResult(d, base, ABORTED, e.message, run_id=journal.run_id, pending=Pending.BUSY,
+                                 cause=Cause.BUSY)
         except SourceChanged as e:
             return _abandon(ctx, journal, etag, e.message,
                             pending=None if isinstance(e, SourceGone) else Pending.BUSY)
@@ -633,7 +634,7 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, indexes
                 # stays, so the next run that covers the partition tries again
                 return SegmentResult(d, base, FAILED, f"another writer keeps putting a .{name} beside our .log: "
                                      "left in flight for the next run", run_id=journal.run_id,
-                                     pending=Pending.TRANSIENT)
+                                     pending=Pending.TRANSIENT, cause=Cause.BUSY)
             if put is None:
                 superseded = f"another writer put a .{name} beside our .log after the swap"
             else:
@@ -712,12 +713,13 @@ def finish_one(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *,
         if taken_from is not None:  # another run's copy: this run compacts the segment anew
             return SegmentResult(journal.directory, journal.base_offset, ABORTED, f"the copy run {taken_from} "
                                  f"staged does not verify, dropped; the segment is compacted anew: {e}",
-                                 error=e.to_dict(), run_id=taken_from)
+                                 error=e.to_dict(), run_id=taken_from, cause=Cause.ABANDONED)
         return replace(failed, reason=f"proof failed, the staged copy dropped (nothing final changed): {e}")
     except StorageError as e:
         return SegmentResult(journal.directory, journal.base_offset, FAILED, f"S3 error, left in flight: {e}",
                              error=e.to_dict(), run_id=journal.run_id,
-                             pending=Pending.TRANSIENT if e.retryable else None)
+                             pending=Pending.TRANSIENT if e.retryable else None,
+                             cause=Cause.TRANSIENT if e.retryable else Cause.REFUSED)
 
 
 def _still_ours(ctx: Context, journal: Journal, etag: str) -> None:
@@ -761,7 +763,8 @@ def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str],
     with contextlib.suppress(TakenOver):
         _forget(ctx, journal, etag)
     return SegmentResult(journal.directory, journal.base_offset, SUPERSEDED,
-                         f"{why}: its objects are left as they are", run_id=journal.run_id, pending=Pending.BUSY)
+                         f"{why}: its objects are left as they are", run_id=journal.run_id, pending=Pending.BUSY,
+                         cause=Cause.REPLACED)
 
 
 def _kms(headers: dict[str, Any]) -> str | None:
@@ -930,9 +933,9 @@ def _abandon(ctx: Context, journal: Journal, etag: str, reason: str,
         _forget(ctx, journal, etag)
     except TakenOver as e:
         return SegmentResult(journal.directory, journal.base_offset, ABORTED, e.message, run_id=journal.run_id,
-                             pending=Pending.BUSY)
+                             pending=Pending.BUSY, cause=Cause.BUSY)
     return SegmentResult(journal.directory, journal.base_offset, ABORTED, reason, run_id=journal.run_id,
-                         pending=pending)
+                         pending=pending, cause=Cause.BUSY if pending is Pending.BUSY else Cause.ABANDONED)
 
 
 def pending_journals(store: ObjectStore, prefix: str, directory: str | None = None) -> Iterator[tuple[Journal, str]]:
@@ -1019,7 +1022,7 @@ def _adopted(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *, co
         taken, etag = adopt(ctx, journal, etag)
     except TakenOver as e:
         return SegmentResult(journal.directory, journal.base_offset, ABORTED, e.message, run_id=journal.run_id,
-                             pending=Pending.BUSY)
+                             pending=Pending.BUSY, cause=Cause.BUSY)
     why = f"staged by run {journal.run_id}, which did not finish it: taken over"
     if commit:
         result = finish_one(ctx, taken, etag, lease, taken_from=journal.run_id)
@@ -1067,11 +1070,13 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
     try:
         current, _ = store.describe(final["log"])
     except ObjectNotFound:
-        return SegmentResult(directory, base, SKIPPED, "the .log is gone: nothing to restore over")
+        return SegmentResult(directory, base, SKIPPED, "the .log is gone: nothing to restore over",
+                             cause=Cause.NOT_RESTORABLE)
     owner = current.metadata.get(META_RUN)
     if owner != target_run:
         what = f"run {owner}" if owner else "an object we did not write (the original, or a replacement)"
-        return SegmentResult(directory, base, SKIPPED, f"the .log in place is from {what}, not from run {target_run}")
+        return SegmentResult(directory, base, SKIPPED, f"the .log in place is from {what}, not from run {target_run}",
+                             cause=Cause.NOT_RESTORABLE)
     source: dict[str, str | None] = {"log": current.etag}
     attrs: dict[str, ObjectAttrs] = {}
     new: dict[str, str | None] = {}
@@ -1088,7 +1093,7 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
         except ObjectNotFound:
             if name == "log":
                 return SegmentResult(directory, base, FAILED, "the backup of the .log is missing",
-                                     error={"path": _uri(store, backups[name])})
+                                     error={"path": _uri(store, backups[name])}, cause=Cause.BACKUP_MISSING)
             new[name] = None
             continue
         new[name] = backups[name]
@@ -1105,5 +1110,5 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
         etag = store.put_json(journal_key(ctx.prefix, directory, base), journal.to_json(), if_none_match=True)
     except PreconditionFailed:
         return SegmentResult(directory, base, SKIPPED, "another operation's journal entry is pending for it",
-                             pending=Pending.BUSY)
+                             pending=Pending.BUSY, cause=Cause.BUSY)
     return journal, etag

@@ -125,7 +125,7 @@ def _row(directory: str, base: int, r: Mapping[str, Any], plan: Mapping[str, Any
                       int(r.get("bytes_after", 0)), source_codec(r.get("stats")) if codec is None else codec,
                       r.get("encryption"), r.get("error"), rebatch=rebatch_figures(r.get("stats")),
                       keys=key_compaction_figures(r.get("stats"), int(r.get("bytes_before", 0)),
-                                                  int(r.get("bytes_after", 0))))
+                                                  int(r.get("bytes_after", 0))), cause=r.get("cause"))
 
 
 def key_compaction_figures(stats: Mapping[str, Any] | None, before: int, after: int) -> KeyCompactionFigures | None:
@@ -162,19 +162,19 @@ def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]
         stratum = forecast.stratum(s["topic"], s["directory"]) if forecast is not None else None
         codec = ""
         if s["action"] == "skip":
-            r = {"status": RowStatus.SKIPPED, "reason": s["reason"]}
+            r = {"status": RowStatus.SKIPPED, "reason": s["reason"], "cause": s.get("cause")}
         elif stratum is not None and s["action"] == "compact":
             codec = stratum.source_codec
             if stratum.saves:
-                r = {"status": RowStatus.ESTIMATED, "reason": "dry run", "bytes_before": size,
+                r = {"status": RowStatus.ESTIMATED, "reason": "dry run", "cause": "dry run", "bytes_before": size,
                      "bytes_after": round(size * stratum.ratio)}
             else:
                 r = {"status": RowStatus.LIKELY_SKIPPED, "reason": f"{stratum.verdict}: its sample's ratio is "
-                     f"{stratum.ratio:.3f} ({stratum.topic}, {stratum.source_codec})"}
+                     f"{stratum.ratio:.3f} ({stratum.topic}, {stratum.source_codec})", "cause": str(stratum.verdict)}
         elif forecast is not None:
-            r = {"status": RowStatus.PLANNED, "reason": s["reason"]}
+            r = {"status": RowStatus.PLANNED, "reason": s["reason"], "cause": "planned"}
         else:
-            r = {"status": RowStatus.NOT_RUN, "reason": "planned, but no result was recorded"}
+            r = {"status": RowStatus.NOT_RUN, "reason": "planned, but no result was recorded", "cause": "no result"}
         yield _row(*key, r, s, codec=codec)
     for (directory, base), r in sorted(by_key.items()):
         yield _row(directory, base, r)
@@ -245,7 +245,7 @@ class _Fold:
         else:
             self.rows_omitted += 1
         if row.status not in SAVING:
-            self.reasons[(row.status, row.reason.split(":")[0].split(" (")[0])] += 1
+            self.reasons[(row.status, row.why)] += 1
             if row.status is RowStatus.FAILED:
                 if len(self.failed) < MAX_LISTED_ROWS:
                     self.failed.append(Failure(f"{row.directory}/{row.base_offset}", row.reason, row.error))

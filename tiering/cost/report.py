@@ -84,6 +84,12 @@ class SegmentRow:
     monthly_savings_usd: float = 0.0
     rebatch: RebatchFigures | None = None  # set when the rewrite merged runs of batches
     keys: KeyCompactionFigures | None = None  # set when a key-compaction pass cleaned the segment
+    cause: str | None = None  # why it was not rewritten (the lifecycle's cause, or the dry run's verdict)
+
+    @property
+    def why(self) -> str:
+        """What the report counts a segment left as it was by: its cause, else its status."""
+        return self.cause or str(self.status)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "status": str(self.status)}
@@ -96,7 +102,7 @@ class SegmentRow:
                    str(d["reason"]), int(d["bytes_before"]), int(d["bytes_after"]), str(d["source_codec"]),
                    d.get("encryption"), d.get("error"), float(d["monthly_savings_usd"]),
                    RebatchFigures(**rb) if rb else None,
-                   KeyCompactionFigures(**d["keys"]) if d.get("keys") else None)
+                   KeyCompactionFigures(**d["keys"]) if d.get("keys") else None, d.get("cause"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,16 @@ class Cause(StrEnum):
     UNCLEANABLE = "uncleanable"  # past a key-compaction pass's first uncleanable offset
     PASS_STOPPED = "pass stopped"  # noqa: S105 (a cause, not a password): a key-compaction pass stopped at an earlier segment of the partition
     UNSUPPORTED = "unsupported"  # work this version cannot do on that data (the reason says what)
+    BUSY = "busy"  # another run holds the partition or an operation on the segment, or a writer changed it
+    TRANSIENT = "transient"  # S3 or the network failed (throttling, 5xx, a connection cut): a later run retries
+    ABANDONED = "abandoned"  # an operation given up before its swap: the segment is planned anew (or is gone)
+    REPLACED = "replaced"  # swapped in, then another writer replaced the segment: its objects are kept
+    NOT_RESTORABLE = "not restorable"  # a rollback finds the .log gone, or not the one the run put in place
+    BACKUP_MISSING = "backup missing"  # a rollback's kept original is not there
+    LATER_RUN = "later run"  # a later key-compaction run replaced what a rollback would restore
+    REFUSED = "refused"  # the settings, the store or its permissions refuse the work (a configuration problem)
+    LOCAL_ERROR = "local error"  # this machine's side: a full disk, an unwritable work directory
+    NOTHING_TO_MOVE = "nothing to move"  # storage tiering: every object is in its class already
 
 
 # The causes a finished rewrite is not swapped in for: remembered, so the object is not read again.

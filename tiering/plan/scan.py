@@ -106,6 +106,11 @@ class PlannedSegment:
 
 
     @property
+    def skip_label(self) -> str:
+        """What a skipped segment is counted by: its cause (the reason beside it is the detail)."""
+        return self.cause.value if self.cause is not None else self.action.value
+
+    @property
     def size(self) -> int:
         return self.log.size if self.log else 0
 
@@ -137,7 +142,7 @@ class PlanTotals:
         elif seg.action == Action.REPAIR:
             self.to_repair += 1
         elif seg.action == Action.SKIP:
-            self.skipped_by_reason[seg.reason.split(":")[0]] += 1
+            self.skipped_by_reason[seg.skip_label] += 1
 
     def counts(self) -> PlanCounts:
         return PlanCounts(self.segments, self.to_compact, self.to_repair, self.bytes_to_compact,
@@ -352,7 +357,7 @@ def object_reason(seg: PlannedSegment) -> str:
               Cause.TOO_YOUNG: "too young", Cause.ALREADY_COMPACTED: "already compacted",
               Cause.INVALID: "invalid segment", Cause.POLICY: "policy: left as the producer wrote it",
               Cause.REMEMBERED: "nothing to gain, as the last run found"}
-    return labels.get(seg.cause, str(seg.cause)) if seg.cause is not None else seg.reason.split(":")[0]
+    return labels.get(seg.cause, seg.skip_label) if seg.cause is not None else seg.skip_label
 
 
 def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | None], active: int | None,

@@ -84,6 +84,11 @@ MAX_LISTED_SEGMENTS: Final = 10_000  # segments a run document names one by one 
 DONE_STATUSES: Final = (Status.COMPACTED, Status.ROLLED_BACK)
 
 
+def _cause_from_json(outcome: Mapping[str, Any]) -> Cause | None:
+    name = outcome.get("cause", outcome.get("reason"))
+    return Cause(name) if name in Cause.__members__.values() else None
+
+
 @dataclass(frozen=True, slots=True)
 class RunResult:
     """A run's document (``runs/<run>/<kind>.json``): its totals, the outcome of every segment counted by
@@ -91,7 +96,7 @@ class RunResult:
     were left to a later run first), so that it stays small whatever the run's size. Every segment's
     result is in the run's step documents (``runs/<run>/stage/``, ``commit/``)."""
 
-    SCHEMA_VERSION: ClassVar[int] = 2
+    SCHEMA_VERSION: ClassVar[int] = 3
 
     kind: RunKind
     run_id: str
@@ -107,10 +112,15 @@ class RunResult:
     hard_failures: int  # failed for a reason a retry does not fix
     pending: int  # left to a later run (busy, transient)
     topics: Mapping[str, tuple[int, int, int]]  # compacted, bytes before, bytes after
-    outcomes: Mapping[tuple[str, str, str], int]  # every other outcome: (topic, status, reason's first clause)
+    outcomes: Mapping[tuple[str, Status, Cause | None], int]  # every other outcome, by topic, status and cause
     segments: tuple[SegmentResult, ...]
     omitted: int = 0  # segments not listed
     usage: Mapping[str, Any] = field(default_factory=dict)  # S3 requests by partition and class, task seconds
+
+    def outcome_rows(self) -> list[tuple[str, Status, Cause | None, int]]:
+        """The outcomes other than compacted, by topic, status and cause (none for a repair or a move)."""
+        return [(t, st, cause, n) for (t, st, cause), n in
+                sorted(self.outcomes.items(), key=lambda o: (o[0][0], o[0][1], o[0][2] or ""))]
 
     def totals(self) -> dict[str, int]:
         return {"segments": sum(self.counts.values()), **dict(sorted(self.counts.items())),
@@ -131,8 +141,8 @@ class RunResult:
                 "exit_code": int(self.exit), "hard_failures": self.hard_failures, "pending": self.pending,
                 "by_topic": [{"topic": t, "compacted": n, "bytes_before": b, "bytes_after": a}
                              for t, (n, b, a) in sorted(self.topics.items())],
-                "outcomes": [{"topic": t, "status": st, "reason": why, "segments": n}
-                             for (t, st, why), n in sorted(self.outcomes.items())],
+                "outcomes": [{"topic": t, "status": st.value, "cause": cause.value if cause else None, "segments": n}
+                             for t, st, cause, n in self.outcome_rows()],
                 "segments": [s.to_json() for s in self.segments], "segments_omitted": self.omitted,
                 **({"usage": dict(self.usage)} if self.usage else {})}
 
@@ -145,6 +155,8 @@ class RunResult:
                 tally.add(SegmentResult.from_json(s))
             return tally.result(RunKind(doc["kind"]), doc["run_id"], doc["bucket"], doc["prefix"], doc["started_at"],
                                 doc.get("finished_at", ""), doc.get("settings") or {}, doc.get("usage") or {})
+        if version == 2:  # outcomes by reason text: a text that is no cause's name reads back without one
+            doc = {**doc, "schema_version": cls.SCHEMA_VERSION}
         check_document(doc, kind=None, version=cls.SCHEMA_VERSION, what="a run document", where=where)
         totals = dict(doc["totals"])
         before, after = int(totals.pop("bytes_before")), int(totals.pop("bytes_after"))
@@ -155,7 +167,8 @@ class RunResult:
                    int(doc["hard_failures"]), int(doc["pending"]),
                    {t["topic"]: (int(t["compacted"]), int(t["bytes_before"]), int(t["bytes_after"]))
                     for t in doc["by_topic"]},
-                   {(o["topic"], o["status"], o["reason"]): int(o["segments"]) for o in doc["outcomes"]},
+                   {(o["topic"], Status(o["status"]), _cause_from_json(o)): int(o["segments"])
+                    for o in doc["outcomes"]},
                    tuple(SegmentResult.from_json(s) for s in doc["segments"]), int(doc["segments_omitted"]),
                    dict(doc.get("usage") or {}))
 
@@ -174,7 +187,7 @@ class RunTally:
         self.before = self.after = self.hard_failures = self.pending = self.omitted = 0
         self.codes: set[ExitCode] = set()
         self.topics: dict[str, list[int]] = {}
-        self.outcomes: Counter[tuple[str, str, str]] = Counter()
+        self.outcomes: Counter[tuple[str, Status, Cause | None]] = Counter()
         self.problems: list[SegmentResult] = []  # failed or left to a later run: listed first
         self.others: list[SegmentResult] = []
 
@@ -191,7 +204,7 @@ class RunTally:
             row[1] += r.bytes_before
             row[2] += r.bytes_after
         else:
-            self.outcomes[(topic, str(r.status), r.reason.split(":")[0])] += 1
+            self.outcomes[(topic, r.status, r.cause)] += 1
         problem = r.status is Status.FAILED or r.pending is not None
         self.hard_failures += r.status is Status.FAILED and r.pending is None
         self.pending += r.pending is not None
@@ -294,7 +307,8 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
     try:
         own = ctx.for_segment(seg)
     except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
-        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict())
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict(),
+                             cause=Cause.REFUSED)
 
     def attempt() -> SegmentResult:
         if seg.action == Action.REPAIR:
@@ -319,8 +333,9 @@ def guarded(ctx: Context, seg: PlannedSegment, attempt: Callable[[], SegmentResu
     try:
         return attempt()
     except SourceChanged as e:  # a .log gone (retention) leaves nothing to do; any other change is left to a re-plan
+        gone = isinstance(e, SourceGone)
         return SegmentResult(seg.directory, seg.base_offset, SKIPPED, e.message, error=e.to_dict(),
-                             pending=None if isinstance(e, SourceGone) else Pending.BUSY)
+                             pending=None if gone else Pending.BUSY, cause=Cause.ABANDONED if gone else Cause.BUSY)
     except ProofError as e:  # what we wrote or what S3 stored disagrees with the source: not the source's fault
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"proof failed, original untouched: {e}",
                              seg.size, error=e.to_dict(), cause=Cause.PROOF_FAILED)
@@ -338,15 +353,18 @@ def guarded(ctx: Context, seg: PlannedSegment, attempt: Callable[[], SegmentResu
                            cause=Cause.UNREADABLE)
         return _failed(seg.directory, seg.base_offset, e, "S3 error, original untouched")
     except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
-        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict())
+        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict(),
+                             cause=Cause.REFUSED)
     except OSError as e:  # this machine's side: a full disk or an unwritable --work-dir for the spool files
         return SegmentResult(seg.directory, seg.base_offset, FAILED, f"local error, original untouched: "
-                             f"{e.strerror or e}", error={"error": type(e).__name__, "path": e.filename})
+                             f"{e.strerror or e}", error={"error": type(e).__name__, "path": e.filename},
+                             cause=Cause.LOCAL_ERROR)
 
 
 def _failed(directory: str, base: int, e: TieringError, what: str) -> SegmentResult:
     return SegmentResult(directory, base, FAILED, f"{what}: {e}", error=e.to_dict(),
-                         pending=Pending.TRANSIENT if e.retryable else None)
+                         pending=Pending.TRANSIENT if e.retryable else None,
+                         cause=Cause.TRANSIENT if e.retryable else Cause.REFUSED)
 
 
 def _judged_invalid(ctx: Context, seg: PlannedSegment, e: InvalidDataError) -> SegmentResult:
@@ -363,7 +381,7 @@ def _judged_invalid(ctx: Context, seg: PlannedSegment, e: InvalidDataError) -> S
         return _failed(seg.directory, seg.base_offset, check, f"could not confirm that the data is invalid ({e})")
     return SegmentResult(seg.directory, seg.base_offset, FAILED, "the first download was damaged on the way (a "
                          f"second one is valid; retryable), original untouched: {e}", error=e.to_dict(),
-                         pending=Pending.TRANSIENT)
+                         pending=Pending.TRANSIENT, cause=Cause.TRANSIENT)
 
 
 def remember(ctx: Context, seg: PlannedSegment, outcome: Outcome, reason: str) -> None:
@@ -397,7 +415,8 @@ def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tu
     try:
         lease.acquire(ctx.prefix)
     except LeaseHeld as e:
-        return [SegmentResult(d, b, SKIPPED, f"partition busy: {e.message}", pending=Pending.BUSY) for d, b in todo]
+        return [SegmentResult(d, b, SKIPPED, f"partition busy: {e.message}", pending=Pending.BUSY, cause=Cause.BUSY)
+                for d, b in todo]
     except TieringError as e:
         return [_failed(d, b, e, "partition not touched") for d, b in todo]
     results: list[SegmentResult] = []
@@ -418,7 +437,8 @@ def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tu
             if (d, b) in seen:
                 continue
             if isinstance(stopped, LeaseLost):
-                results.append(SegmentResult(d, b, SKIPPED, f"stopped: {stopped.message}", pending=Pending.BUSY))
+                results.append(SegmentResult(d, b, SKIPPED, f"stopped: {stopped.message}", pending=Pending.BUSY,
+                                             cause=Cause.BUSY))
             else:
                 results.append(_failed(d, b, stopped, "stopped"))
     return results
@@ -459,7 +479,8 @@ def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int =
                 out.extend(SegmentResult(directory, base, FAILED, f"not rolled back: key-compaction run(s) {later} "
                                          "replaced segments here after it; roll those back first (this run's "
                                          "originals could bring back a value whose tombstone, or aborted data "
-                                         "whose .txnindex entry, a later pass let go)") for base in sorted(bases))
+                                         "whose .txnindex entry, a later pass let go)", cause=Cause.LATER_RUN)
+                           for base in sorted(bases))
                 return
             restored = []
             for base in sorted(bases):

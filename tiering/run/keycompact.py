@@ -158,7 +158,8 @@ def partition_pass(ctx: Context, store: ObjectStore, segments: list[PlannedSegme
     if recovered:  # a journal that appeared since the listing (another run's crash): the listing is stale
         for seg in segments:
             report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "not cleaned: another run's operation was "
-                                 "finished here after the listing; run again", pending=Pending.BUSY))
+                                 "finished here after the listing; run again", pending=Pending.BUSY,
+                                 cause=Cause.BUSY))
         return
     chain, past = _chain(segments)
     for seg in past:

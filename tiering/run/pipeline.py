@@ -494,7 +494,8 @@ def recorded(batch: StateBatch, out: list[SegmentResult]) -> Iterator[None]:
             if r.base_offset in unfinished and r.directory == batch.directory and r.status in DONE_STATUSES:
                 out[i] = SegmentResult(r.directory, r.base_offset, FAILED, f"swapped in, but not recorded ({e}): "
                                        "left in flight for the next run", error=e.to_dict(), run_id=r.run_id,
-                                       pending=Pending.TRANSIENT, recovered=r.recovered, seconds=r.seconds)
+                                       pending=Pending.TRANSIENT, recovered=r.recovered, seconds=r.seconds,
+                                       cause=Cause.TRANSIENT)
         raise
 
 
@@ -803,8 +804,8 @@ def run_summary(run: RunResult) -> tuple[RunHeadline, str]:
     headline = RunHeadline(run.run_id, totals["segments"], totals.get("compacted", 0), totals.get("failed", 0),
                            totals.get("skipped", 0), before, after)
     reasons: Counter[str] = Counter()
-    for (_, status, reason), n in run.outcomes.items():
-        reasons[f"{status}: {reason}" if reason else status] += n
+    for _, status, cause, n in run.outcome_rows():
+        reasons[f"{status}: {cause}" if cause else status.value] += n
     lines = [f"{'topic':<32} {'segments':>8} {'before':>14} {'after':>14} {'ratio':>6}"]
     for topic, (n, b, a) in sorted(run.topics.items()):
         lines.append(f"{topic:<32} {n:>8} {b:>14,} {a:>14,} {a / b if b else 0:>6.3f}")

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
@@ -44,8 +45,26 @@ from tiering.storage.layout import clock_key, journal_key, reserved_dir, run_res
 from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
 
 TIER_SCHEMA_VERSION: Final = 1
-MOVE: Final = "move"
-STAY: Final = "stay"
+
+
+class TierAction(StrEnum):
+    MOVE = "move"
+    STAY = "stay"
+
+
+class StayCause(StrEnum):
+    """Why an object, or a whole segment, stays in its storage class (the reason beside it is the detail)."""
+
+    NOT_TIERED = "not tiered"  # the segment: not sealed (active, empty, invalid, ...), or its age unreadable
+    TOO_YOUNG = "not old enough"  # for any tier of its topic's policy
+    ALREADY_THERE = "already there"  # in the target class, or a colder one
+    TOO_SMALL = "under the minimum billable size"  # the target bills it as larger than it is
+    MIN_DURATION = "under the minimum duration"  # moving it now bills the rest of its class's minimum days
+    NO_SAVING = "no saving"  # per-object minimum size and metadata overhead outweigh the cheaper class
+
+
+MOVE: Final = TierAction.MOVE
+STAY: Final = TierAction.STAY
 MOVED: Final = Status.MOVED
 FILES: Final = ("log", "index", "timeindex", "txnindex")
 IA_CLASSES: Final = frozenset({"STANDARD_IA", "ONEZONE_IA"})
@@ -60,10 +79,17 @@ class ObjectMove:
     etag: str
     storage_class: str
     target: str | None
-    action: str  # move / stay
+    action: TierAction
     reason: str
     monthly_savings_usd: float = 0.0
     one_off_usd: float = 0.0
+    cause: StayCause | None = None  # why it stays (None: it moves)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ObjectMove:
+        return cls(str(d["key"]), str(d["file"]), int(d["size"]), str(d["etag"]), str(d["storage_class"]),
+                   d.get("target"), TierAction(d["action"]), str(d["reason"]), float(d.get("monthly_savings_usd", 0)),
+                   float(d.get("one_off_usd", 0)), StayCause(d["cause"]) if d.get("cause") else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +102,7 @@ class SegmentTiering:
     age_source: str
     objects: tuple[ObjectMove, ...] = ()
     reason: str = ""  # why the whole segment stays (active, no age, ...)
+    cause: StayCause | None = None  # set with the reason
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "objects": [asdict(o) for o in self.objects]}
@@ -83,8 +110,8 @@ class SegmentTiering:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SegmentTiering:
         return cls(str(d["directory"]), str(d["topic"]), int(d["base_offset"]), d.get("max_timestamp_ms"),
-                   d.get("age_days"), str(d["age_source"]), tuple(ObjectMove(**o) for o in d["objects"]),
-                   str(d.get("reason", "")))
+                   d.get("age_days"), str(d["age_source"]), tuple(ObjectMove.from_json(o) for o in d["objects"]),
+                   str(d.get("reason", "")), StayCause(d["cause"]) if d.get("cause") else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +176,9 @@ class TierPlan:
             by_class[name] = Transition(row.objects + 1, row.bytes + o.size)
         reasons: Counter[str] = Counter()
         for s in self.segments:
-            reasons.update(o.reason.split(":")[0] for o in s.objects if o.action == STAY)
-            if s.reason:
-                reasons[s.reason.split(":")[0]] += 1
+            reasons.update(o.cause.value for o in s.objects if o.cause is not None)
+            if s.cause is not None:
+                reasons[s.cause.value] += 1
         return TierTotals(len(self.segments), len(moves), sum(o.size for _, o in moves), by_class,
                           sum(o.monthly_savings_usd for _, o in moves), sum(o.one_off_usd for _, o in moves),
                           dict(reasons))
@@ -204,24 +231,25 @@ def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: dat
     base = {"key": ref.key, "file": file, "size": ref.size, "etag": ref.etag, "storage_class": ref.storage_class,
             "target": target}
     if target is None:
-        return ObjectMove(**base, action=STAY, reason="not old enough for any storage tier")
+        return ObjectMove(**base, action=STAY, reason="not old enough for any storage tier", cause=StayCause.TOO_YOUNG)
     current = ref.storage_class if ref.storage_class in STORAGE_ORDER else "STANDARD"
     if STORAGE_ORDER.index(current) >= STORAGE_ORDER.index(target):
-        return ObjectMove(**base, action=STAY, reason=f"already in {ref.storage_class}")
+        return ObjectMove(**base, action=STAY, reason=f"already in {ref.storage_class}", cause=StayCause.ALREADY_THERE)
     to, frm = prices.of(target), prices.of(current)
     if to.min_object_bytes and ref.size < to.min_object_bytes:
         return ObjectMove(**base, action=STAY, reason=f"under {to.min_object_bytes // 1024} KiB: {target} would bill "
-                          f"it as {to.min_object_bytes // 1024} KiB (costs more than {current})")
+                          f"it as {to.min_object_bytes // 1024} KiB (costs more than {current})",
+                          cause=StayCause.TOO_SMALL)
     in_class_days = (now - datetime.fromisoformat(ref.last_modified)).total_seconds() / 86400
     if frm.min_days and in_class_days < frm.min_days:
         return ObjectMove(**base, action=STAY, reason=f"in {current} for {in_class_days:.0f} days, under its "
-                          f"{frm.min_days}-day minimum (moving now bills the rest)")
+                          f"{frm.min_days}-day minimum (moving now bills the rest)", cause=StayCause.MIN_DURATION)
     std = prices.of("STANDARD").rate()
     monthly = (ref.size / GB * (frm.rate() - to.rate()) - max(0, to.min_object_bytes - ref.size) / GB * to.rate()
                - (to.overhead_bytes_class * to.rate() + to.overhead_bytes_standard * std) / GB)
     if monthly <= 0:
         return ObjectMove(**base, action=STAY, reason=f"no saving: in {target} it would cost more than in {current} "
-                          "(per-object minimum size and metadata overhead)")
+                          "(per-object minimum size and metadata overhead)", cause=StayCause.NO_SAVING)
     one_off = to.put_per_1000 / 1000 + ref.size / GB * frm.retrieval_per_gb
     return ObjectMove(**base, action=MOVE, reason=f"{target} after its newest record's age",
                       monthly_savings_usd=monthly, one_off_usd=one_off)
@@ -246,11 +274,11 @@ def _tier_segment(store: ObjectStore, seg: PlannedSegment, policy: Policy, price
     t = SegmentTiering(seg.directory, seg.topic, seg.base_offset, None, None, "")
     sealed = seg.action == Action.COMPACT or seg.cause in (Cause.ALREADY_COMPACTED, Cause.TOO_YOUNG)
     if seg.log is None or not sealed:
-        return replace(t, reason=f"not tiered: {seg.reason}")
+        return replace(t, reason=f"not tiered: {seg.reason}", cause=StayCause.NOT_TIERED)
     try:
         newest_ms, source = max_timestamp(store, seg)
     except (TieringError, ObjectNotFound) as e:
-        return replace(t, reason=f"not tiered: cannot read its newest timestamp: {e}")
+        return replace(t, reason=f"not tiered: cannot read its newest timestamp: {e}", cause=StayCause.NOT_TIERED)
     if newest_ms is None:
         source = f"S3 LastModified ({source})"
         newest = datetime.fromisoformat(seg.log.last_modified)
@@ -294,7 +322,7 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
     try:
         store.head(journal_key(prefix, s.directory, s.base_offset))
         return SegmentResult(s.directory, s.base_offset, SKIPPED, "a compaction of this segment is in progress "
-                             "(its journal entry exists): left for a later run")
+                             "(its journal entry exists): left for a later run", cause=Cause.BUSY)
     except ObjectNotFound:
         pass
     try:
@@ -321,13 +349,14 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
                    Pending.BUSY if isinstance(e, ConflictError | PreconditionFailed) else None)
         return SegmentResult(s.directory, s.base_offset, FAILED, f"stopped: {e}",
                              stats={"moved": moved}, error=e.to_dict(), pending=pending,
-                             cause=Cause.INVALID if isinstance(e, InvalidDataError) else None)
+                             cause=Cause.INVALID if isinstance(e, InvalidDataError) else
+                             Cause.TRANSIENT if e.retryable else Cause.BUSY if pending else Cause.REFUSED)
     finally:
         _follow_etags(store, prefix, s, etags)  # whatever moved, our state document must name it
     status = MOVED if moved else SKIPPED
     reason = "; ".join(notes) or ("" if moved else "nothing left to move")
     return SegmentResult(s.directory, s.base_offset, status, reason, sum(int(m.get("bytes", 0)) for m in moved),
-                         stats={"moved": moved})
+                         stats={"moved": moved}, cause=None if moved else Cause.NOTHING_TO_MOVE)
 
 
 def _follow_etags(store: ObjectStore, prefix: str, s: SegmentTiering, etags: dict[str, tuple[str, str]]) -> None:
