@@ -23,10 +23,10 @@ VCPU_HOUR = 0.052624 + 4 * 0.0057785
 
 
 def seg(directory: str, base: int, *, action: str = "compact", reason: str = "", size: int = GB,
-        storage_class: str = "STANDARD", age_days: float = 100) -> dict[str, Any]:
+        storage_class: str = "STANDARD", age_days: float = 100, cause: str | None = None) -> dict[str, Any]:
     when = (NOW - timedelta(days=age_days)).isoformat()
     return {"directory": directory, "topic": directory.rsplit("-", 1)[0], "partition": int(directory.rsplit("-", 1)[1]),
-            "base_offset": base, "action": action, "reason": reason,
+            "base_offset": base, "action": action, "reason": reason, "cause": cause,
             "log": {"key": f"p/{directory}/{base:020d}.log", "size": size, "etag": '"x"', "last_modified": when,
                     "storage_class": storage_class}}
 
@@ -61,7 +61,8 @@ def one_off(rep: Report, prefix: str) -> float:
 
 
 def test_standard_and_infrequent_access_by_hand() -> None:
-    plan = [seg("events-0", 0), seg("events-0", 100, action="skip", reason="active: the partition's newest"),
+    plan = [seg("events-0", 0),
+            seg("events-0", 100, action="skip", reason="active: the partition's newest", cause="active"),
             seg("logs-0", 0, size=2 * GB, storage_class="STANDARD_IA", age_days=10)]
     usage = {"requests": {"events-0": {"PutObject": 1000, "GetObject": 1000, "DeleteObject": 50},
                           "logs-0": {"PutObject": 1000, "HeadObject": 2000}, "_run": {"ListObjectsV2": 10}},
@@ -163,9 +164,11 @@ def test_no_segments_at_all() -> None:
 
 
 def test_everything_skipped() -> None:
-    plan = [seg("t-0", 0, action="skip", reason="already compacted (zstd)"),
-            seg("t-0", 1, action="skip", reason="active: the partition's newest")]
-    run = run_doc([result("t-0", 2, 0, 0, status="skipped", reason="no savings: zstd would not shrink it (5 -> 9)")])
+    plan = [seg("t-0", 0, action="skip", reason="already compacted (zstd)",
+                cause="already compacted"),
+            seg("t-0", 1, action="skip", reason="active: the partition's newest", cause="active")]
+    run = run_doc([result("t-0", 2, 0, 0, status="skipped", reason="no savings: zstd would not shrink it (5 -> 9)",
+                          cause="no savings")])
     rep = report(run, [*plan, seg("t-0", 2)])
     assert rep.totals.segments_rewritten == 0
     assert rep.totals.monthly_savings_usd == 0
@@ -186,7 +189,7 @@ def test_a_run_that_made_things_bigger_is_reported_honestly() -> None:
 
 def test_a_dry_run_is_an_estimate_with_a_range() -> None:
     run = run_doc([], estimate=forecast(0.4, 0.075))
-    rep = report(run, [seg("t-0", 0, size=1000), seg("t-0", 1, action="skip", reason="active")])
+    rep = report(run, [seg("t-0", 0, size=1000), seg("t-0", 1, action="skip", reason="active", cause="active")])
     assert rep.estimate is True
     assert rep.totals.segments_estimated == 1
     assert (rep.totals.bytes_before, rep.totals.bytes_after) == (1000, 400)
@@ -235,7 +238,7 @@ def test_source_codec_is_the_majority_or_mixed() -> None:
 
 def test_csv_has_one_row_per_segment() -> None:
     run = run_doc([result("t-0", 0, GB, GB // 2)])
-    text = render(report(run, [seg("t-0", 0), seg("t-0", 5, action="skip", reason="active")]), "csv")
+    text = render(report(run, [seg("t-0", 0), seg("t-0", 5, action="skip", reason="active", cause="active")]), "csv")
     lines = text.strip().splitlines()
     assert lines[0].startswith("topic,partition,base_offset,status")
     assert len(lines) == 3
@@ -286,7 +289,7 @@ def test_the_report_document_reads_back_as_written() -> None:
     """report.json is the typed report: from_json(to_json()) gives it back, for a run and for a dry run."""
     run = run_doc([result("t-0", 0, GB, GB // 2), result("t-0", 5, 0, 0, status="failed", reason="invalid data",
                                                          error="CRC mismatch")])
-    real = report(run, [seg("t-0", 0), seg("t-0", 5), seg("t-0", 9, action="skip", reason="active")])
+    real = report(run, [seg("t-0", 0), seg("t-0", 5), seg("t-0", 9, action="skip", reason="active", cause="active")])
     dry = report(run_doc([], estimate=forecast(0.4, 0.075)), [seg("t-0", 0, size=1000)])
     for rep in (real, dry):
         doc = json.loads(json.dumps(rep.to_json()))

@@ -22,7 +22,7 @@ from tiering.storage.store import S3Store
 def _results() -> list[SegmentResult]:
     done = [SegmentResult(f"t-{p}", b, Status.COMPACTED, "", 100, 40) for p in range(3) for b in (0, 10)]
     return [*done, SegmentResult("t-9", 0, Status.FAILED, "invalid data: crc", 50, cause=Cause.INVALID),
-            SegmentResult("u-1", 5, Status.SKIPPED, "partition busy: x", pending=Pending.BUSY)]
+            SegmentResult("u-1", 5, Status.SKIPPED, "partition busy: x", pending=Pending.BUSY, cause=Cause.BUSY)]
 
 
 def test_a_full_listing_lists_the_problems_first_and_counts_everything() -> None:
@@ -50,7 +50,19 @@ def test_the_document_reads_back_equal_and_a_version_1_document_is_counted_again
           "segments": [r.to_json() for r in _results()]}
     assert RunResult.from_json(v1, "here") == run
     with pytest.raises(ConfigError, match="not a run document"):
-        RunResult.from_json({**run.to_json(), "schema_version": 3}, "here")
+        RunResult.from_json({**run.to_json(), "schema_version": 4}, "here")
+
+
+def test_a_version_2_document_counts_its_outcomes_by_cause_where_its_reason_names_one() -> None:
+    """Version 2 counted outcomes by the first words of their reasons: those that are a cause's name read back
+    as that cause, the others under their status alone, added up (never one overwriting another)."""
+    run = RunTally().result(RunKind.COMPACT, "r", "b", "p", "s", "f", {"codec": "zstd"})
+    v2 = {**run.to_json(), "schema_version": 2, "outcomes": [
+        {"topic": "t", "status": "skipped", "reason": "partition busy", "segments": 3},
+        {"topic": "t", "status": "skipped", "reason": "stopped", "segments": 2},
+        {"topic": "t", "status": "skipped", "reason": "too young", "segments": 4}]}
+    assert RunResult.from_json(v2, "here").outcomes == {("t", Status.SKIPPED, None): 5,
+                                                        ("t", Status.SKIPPED, Cause.TOO_YOUNG): 4}
 
 
 def test_a_run_larger_than_the_listing_stays_bounded_and_whole_in_its_figures(

@@ -84,9 +84,15 @@ MAX_LISTED_SEGMENTS: Final = 10_000  # segments a run document names one by one 
 DONE_STATUSES: Final = (Status.COMPACTED, Status.ROLLED_BACK)
 
 
-def _cause_from_json(outcome: Mapping[str, Any]) -> Cause | None:
-    name = outcome.get("cause", outcome.get("reason"))
-    return Cause(name) if name in Cause.__members__.values() else None
+def _outcomes_from_json(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, Status, Cause | None], int]:
+    """A run document's outcome rows (version 2's by reason text: a text that is no cause's name counts under
+    its status alone)."""
+    out: Counter[tuple[str, Status, Cause | None]] = Counter()
+    for o in rows:
+        name = o.get("cause", o.get("reason"))
+        out[(str(o["topic"]), Status(o["status"]), Cause(name) if name in Cause.__members__.values() else None)] += \
+            int(o["segments"])
+    return dict(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +173,7 @@ class RunResult:
                    int(doc["hard_failures"]), int(doc["pending"]),
                    {t["topic"]: (int(t["compacted"]), int(t["bytes_before"]), int(t["bytes_after"]))
                     for t in doc["by_topic"]},
-                   {(o["topic"], Status(o["status"]), _cause_from_json(o)): int(o["segments"])
-                    for o in doc["outcomes"]},
+                   _outcomes_from_json(doc["outcomes"]),
                    tuple(SegmentResult.from_json(s) for s in doc["segments"]), int(doc["segments_omitted"]),
                    dict(doc.get("usage") or {}))
 

@@ -44,7 +44,7 @@ from tiering.run.compact import with_lease
 from tiering.storage.layout import clock_key, journal_key, reserved_dir, run_result_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
 
-TIER_SCHEMA_VERSION: Final = 1
+TIER_SCHEMA_VERSION: Final = 2  # 2: each object that stays, and each segment, says its StayCause
 
 
 class TierAction(StrEnum):
@@ -356,7 +356,8 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
     status = MOVED if moved else SKIPPED
     reason = "; ".join(notes) or ("" if moved else "nothing left to move")
     return SegmentResult(s.directory, s.base_offset, status, reason, sum(int(m.get("bytes", 0)) for m in moved),
-                         stats={"moved": moved}, cause=None if moved else Cause.NOTHING_TO_MOVE)
+                         stats={"moved": moved},
+                         cause=None if moved else Cause.BUSY if notes else Cause.NOTHING_TO_MOVE)
 
 
 def _follow_etags(store: ObjectStore, prefix: str, s: SegmentTiering, etags: dict[str, tuple[str, str]]) -> None:
