@@ -33,7 +33,7 @@ from bench_scan import _status_kib
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.storage.layout import run_dir, run_result_key
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 BUCKET: Final = "bench-dag"
 PREFIX: Final = "kafka/logs"

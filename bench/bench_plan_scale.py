@@ -33,7 +33,7 @@ from bench_scan import _status_kib  # same directory: on sys.path as the script'
 from synth_inventory import kafka_layout_rows
 
 from tiering.demo.inventory import write_inventory
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 BUCKET: Final = "segments"
 PREFIX: Final = "logs"

@@ -59,9 +59,9 @@ from tests.s3 import seaweedfs
 from tiering.commit.protocol import AUTO_SWAP
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
-from tiering.lifecycle.journal import Swap, Verify
+from tiering.lifecycle.vocabulary import Swap, Verify
 from tiering.storage.objects import redact_url
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 MIB = 1024 * 1024
 OUT_DIR = Path(__file__).parent / "out"

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tiering.plan.scan import ScanOptions
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 OUT_DIR = Path(__file__).parent / "out"
 ROOT = Path(__file__).resolve().parents[1]

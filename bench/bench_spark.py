@@ -47,7 +47,7 @@ from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
 from tiering.spark.daemon import DAEMON_CONF, DAEMON_MODULE
 from tiering.spark.submit import submit
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 MIB = 1024 * 1024
 OUT_DIR = Path(__file__).parent / "out"

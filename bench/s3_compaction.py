@@ -25,12 +25,12 @@ from typing import Any
 from tiering.commit.protocol import AUTO_SWAP, Context, SwapChoice
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Swap, Verify
+from tiering.lifecycle.vocabulary import Swap, Verify
 from tiering.local import rewrite_file
 from tiering.plan.scan import ScanOptions, scan
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 STAGING = "/_tiering/staging/"
 OPTIONS = RewriteOptions(Codec.ZSTD, 3)

@@ -27,7 +27,7 @@ from moto import mock_aws
 from tiering.demo.inventory import write_inventory
 from tiering.plan.inventory import iter_inventory, read_manifest
 from tiering.storage.objects import ObjectInfo
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 SEGMENT_FILES: Final = (".log", ".index", ".timeindex", ".snapshot")
 GIB: Final = 1 << 30

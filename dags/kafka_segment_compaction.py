@@ -140,7 +140,7 @@ def spark_master(value: str) -> str:
 
 def _store(bucket: str) -> Any:
     """The run's bucket, through a client from the worker's AWS environment (never in params or XCom)."""
-    from tiering.storage.store import S3Store, make_client  # noqa: PLC0415
+    from tiering.storage.s3 import S3Store, make_client  # noqa: PLC0415
 
     return S3Store(make_client(), bucket)
 

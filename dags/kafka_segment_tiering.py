@@ -49,7 +49,7 @@ def _run() -> tuple[Any, Any]:
     """The running task's params, typed (:class:`~tiering.steps.storage_classes.TieringParams`), and its store
     (a client from the worker's AWS environment)."""
     from tiering.steps.storage_classes import TieringParams  # noqa: PLC0415 - heavy imports stay inside tasks
-    from tiering.storage.store import S3Store, make_client  # noqa: PLC0415
+    from tiering.storage.s3 import S3Store, make_client  # noqa: PLC0415
 
     ctx = get_current_context()
     run = TieringParams.from_params(ctx["params"], ctx["run_id"])

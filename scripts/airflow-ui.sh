@@ -23,7 +23,7 @@ trap 'kill $MOTO 2>/dev/null' EXIT
 for _ in $(seq 50); do curl -s "$AWS_ENDPOINT_URL" > /dev/null && break; sleep 0.2; done
 "$BIN/python" -c "
 from tiering.demo.s3 import BUCKET, PREFIX, seed_demo
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 client = make_client()
 client.create_bucket(Bucket=BUCKET)
 seeded = seed_demo(S3Store(client, BUCKET))

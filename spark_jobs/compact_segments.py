@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
-from tiering.lifecycle.journal import Verify
+from tiering.lifecycle.vocabulary import Verify
 from tiering.spark.driver import run_driver
 from tiering.spark.jobs import stage_plan
 from tiering.storage.layout import PlanName, plan_manifest_key

@@ -24,7 +24,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_only_the_store_module_imports_boto3() -> None:
     users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if _imports(p) & {"boto3", "botocore"})
-    assert users == ["storage/store.py"]
+    assert users == ["storage/s3.py"]
 
 
 def _modules(path: Path) -> set[str]:
@@ -45,7 +45,7 @@ STORE_BUILDERS = {"cli/report.py", "cli/s3.py", "demo/s3.py", "spark/jobs.py"}
 
 
 def test_only_the_entry_points_import_the_boto3_store() -> None:
-    users = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "tiering.storage.store" in _modules(p)}
+    users = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "tiering.storage.s3" in _modules(p)}
     assert users == STORE_BUILDERS
 
 
@@ -55,7 +55,7 @@ def test_the_store_interface_and_the_memory_store_know_no_s3_client() -> None:
     for name in ("objects.py", "memory.py", "layout.py"):
         imports = _modules(PACKAGE / "storage" / name)
         assert not {m for m in imports if m.split(".")[0] in ("boto3", "botocore", "urllib3")}, name
-        assert "tiering.storage.store" not in imports, name
+        assert "tiering.storage.s3" not in imports, name
 
 
 def test_the_format_package_is_pure() -> None:
@@ -305,7 +305,7 @@ def test_a_spark_job_file_parses_its_arguments_and_calls_one_driver_function() -
         loops = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.For | ast.While)]
         assert loops == [], path.name
         assert "tiering.spark.jobs" in _modules(path), path.name
-        assert "tiering.storage.store" not in _modules(path), path.name
+        assert "tiering.storage.s3" not in _modules(path), path.name
         from_run = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
             "tiering.run.") for a in n.names}
         assert all(name[0].isupper() for name in from_run), f"{path.name} calls into tiering.run: {from_run}"

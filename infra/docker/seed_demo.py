@@ -15,7 +15,7 @@ import os
 import sys
 
 from tiering.demo.s3 import BUCKET, PREFIX, seed_demo
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 
 def main() -> int:

@@ -52,7 +52,7 @@ from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.index import build_indexes
 from tiering.kafka.segment import verify_segment
 from tiering.storage.layout import segment_key
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 GOLDEN: Final = ROOT / "tests" / "data" / "golden" / "logdir"

@@ -18,7 +18,7 @@ from tests.s3 import test_keycompact_s3 as K
 from tiering.commit.protocol import pending_journals
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TXN_INDEX_SUFFIX
 from tiering.storage.layout import segment_key
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 pytestmark = pytest.mark.slow
 TRIALS = 6  # per pass: kill instants spread evenly over an uninterrupted run's duration, then jittered

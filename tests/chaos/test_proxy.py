@@ -11,7 +11,7 @@ import pytest
 from botocore.exceptions import BotoCoreError, ClientError
 
 from tests.chaos.proxy import Action, Flaky, Proxy, Request, Response, Rule
-from tiering.storage.store import make_client
+from tiering.storage.s3 import make_client
 
 BUCKET = "proxy-check"
 

@@ -37,7 +37,7 @@ from tiering.kafka.codecs import Codec
 from tiering.spark.artifact import build
 from tiering.storage.layout import lease_key, reserved_dir, run_result_key
 from tiering.storage.objects import ObjectNotFound
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).parents[2]

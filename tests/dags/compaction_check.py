@@ -22,7 +22,7 @@ from tiering.kafka.records import Record
 from tiering.kafka.segment import iter_decoded
 from tiering.run.pipeline import safe_run_id
 from tiering.storage.layout import lease_key, run_result_key, segment_key
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 BUCKET, PREFIX, TOPIC = "compaction-dag", "kafka/logs", "clicks"
 COMPACTED = "profiles"

@@ -13,7 +13,7 @@ import yaml
 from tiering.demo.s3 import airflow_env, load_dag, moto_server, prepare_airflow, run_dag
 from tiering.demo.seed import seed_partition
 from tiering.kafka.codecs import Codec
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 BUCKET, PREFIX = "tier-dag", "kafka/logs"
 

@@ -337,7 +337,7 @@ def test_seed_leaves_a_bucket_that_already_holds_the_prefix_alone(monkeypatch: p
     from moto import mock_aws
 
     from tiering.demo.s3 import BUCKET, PREFIX
-    from tiering.storage.store import make_client
+    from tiering.storage.s3 import make_client
 
     seed = _load_seed_script()
     for key, value in {"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo", "AWS_DEFAULT_REGION": "us-east-1",

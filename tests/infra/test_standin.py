@@ -30,7 +30,7 @@ from tests.infra.standin import (
 )
 from tiering.run.pipeline import safe_run_id
 from tiering.storage.layout import run_result_key
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
 

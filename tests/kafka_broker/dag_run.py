@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from tiering.demo.s3 import airflow_env, prepare_airflow, run_dag
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 
 def main() -> None:

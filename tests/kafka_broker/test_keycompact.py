@@ -265,7 +265,7 @@ def _check_s3_path(partition: Path, theirs: dict[int, Path], pass_time: int) -> 
     from tiering.kafka.rewrite import RewriteOptions
     from tiering.run.keycompact import KeyCompactOptions, compact_keys
     from tiering.storage.objects import ObjectNotFound
-    from tiering.storage.store import S3Store, make_client
+    from tiering.storage.s3 import S3Store, make_client
 
     saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")}
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")

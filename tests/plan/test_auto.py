@@ -12,14 +12,14 @@ from tests.s3.conftest import PREFIX, check_consistent, context, seed
 from tiering.cost.model import CostOptions
 from tiering.cost.prices import load_prices
 from tiering.kafka.codecs import Codec
-from tiering.lifecycle.journal import Action
+from tiering.lifecycle.vocabulary import Action
 from tiering.plan.auto import apply_policy, choose_codec
 from tiering.plan.policy import parse_policy
 from tiering.plan.scan import ScanOptions, scan
 from tiering.report.publish import publish_report
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 PRICES = load_prices("us-east-1")
 POLICY: dict[str, Any] = {

@@ -138,7 +138,7 @@ class FailingStateWrites(MemoryStore):
 
 def test_segments_whose_state_write_failed_are_left_in_flight_not_reported_done() -> None:
     from tiering.errors import ExitCode
-    from tiering.lifecycle.journal import Pending
+    from tiering.lifecycle.vocabulary import Pending
     from tiering.run.compact import pending_bases
 
     mem = FailingStateWrites()

@@ -32,7 +32,7 @@ from tiering.run.tier import (
     tier_report,
 )
 from tiering.storage.layout import segment_key
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 PRICES = load_prices("us-east-1")
 DOC: dict[str, Any] = {"cluster": {"storage.tiers": [{"after.days": 30, "storage.class": "STANDARD_IA"},

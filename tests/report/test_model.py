@@ -311,7 +311,7 @@ def test_a_document_of_another_kind_or_version_is_refused_by_name() -> None:
 
 
 def test_a_report_row_can_say_every_status_a_run_gives_a_segment() -> None:
-    from tiering.lifecycle.journal import Status
+    from tiering.lifecycle.vocabulary import Status
 
     assert {str(s) for s in Status} <= {str(s) for s in RowStatus}
 

@@ -22,7 +22,7 @@ from tiering.report.publish import LATEST, load_report, publish_report, read_led
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.layout import ledger_key, report_key
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 PRICES = load_prices("us-east-1")
 

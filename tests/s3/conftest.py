@@ -23,7 +23,7 @@ from tiering.kafka.segment import verify_segment
 from tiering.plan.scan import Plan, ScanOptions, scan
 from tiering.storage.layout import BACKUP_DIR, segment_key
 from tiering.storage.objects import ObjectNotFound
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 BUCKET = "segments"
 PREFIX = "prod/kafka"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 Match = Callable[[Mapping[str, Any]], bool]
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Final
 import pytest
 
 if TYPE_CHECKING:
-    from tiering.storage.store import S3Store
+    from tiering.storage.s3 import S3Store
 
 VERSION: Final = "v0.0.0-20261109003541-7506e5f91cd6"  # SeaweedFS 4.53; scripts/fetch-seaweedfs.sh pins the same
 ACCESS_KEY: Final = "tiering-test"

@@ -1,4 +1,4 @@
-"""A GET's body as the store reads it (:class:`tiering.storage.store.Body`): every byte checked against the
+"""A GET's body as the store reads it (:class:`tiering.storage.s3.Body`): every byte checked against the
 checksum S3 stored for the whole object, whichever of CRC-32C, CRC-32, SHA-256 or SHA-1 it is; bytes damaged
 on the way are a retryable transport failure, never invalid data. Against a moto server behind the chaos proxy,
 which can flip a bit of a body (test_seaweedfs.py shows the same reads on SeaweedFS keep their connection)."""
@@ -18,7 +18,7 @@ from tiering.cli import main
 from tiering.demo.s3 import moto_server
 from tiering.errors import ExitCode
 from tiering.storage.objects import TransportError
-from tiering.storage.store import Body, S3Store, make_client
+from tiering.storage.s3 import Body, S3Store, make_client
 
 DATA = hashlib.sha256(b"seed").digest() * 40_000  # 1.25 MiB: several reads of the body
 FLIP = Action("flip")

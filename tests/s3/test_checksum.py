@@ -22,12 +22,12 @@ import pytest
 from tests.s3.conftest import PREFIX, TOPIC, check_consistent, context, no_pending, plan_for, seed
 from tiering.commit.protocol import SwapChoice
 from tiering.errors import ProofError
-from tiering.lifecycle.journal import Cause, Status, Swap, Verify
+from tiering.lifecycle.vocabulary import Cause, Status, Swap, Verify
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.memory import MemoryStore
 from tiering.storage.objects import MIN_PART_BYTES, ChecksumMismatch, crc32c_b64
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 STAGING = "/_tiering/staging/"
 

@@ -18,7 +18,7 @@ from moto.server import ThreadedMotoServer
 from tests.s3.conftest import PREFIX, seed
 from tiering.cli import main
 from tiering.errors import ExitCode
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 SECRET = "sEcReT-never-printed-0123456789"
 

@@ -18,10 +18,10 @@ import pytest
 
 from tests.s3.conftest import FAULT_REPORT, Original, check_consistent, context, fresh_store, no_pending, plan_for, seed
 from tiering.commit.protocol import Context, SwapChoice
-from tiering.lifecycle.journal import Swap
+from tiering.lifecycle.vocabulary import Swap
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 
 class Crash(Exception):
@@ -95,7 +95,7 @@ def test_crash_at_every_call_then_rerun_converges(swap: Swap | None, rebatch: bo
     from moto import mock_aws
 
     from tests.s3.conftest import BUCKET
-    from tiering.storage.store import make_client
+    from tiering.storage.s3 import make_client
 
     def fresh() -> S3Store:
         client = make_client()

@@ -16,7 +16,7 @@ from tiering.plan.estimate import StratifiedSample, allocate, estimate
 from tiering.plan.scan import ScanOptions, scan
 from tiering.run.compact import CompactOptions, RunResult
 from tiering.run.pipeline import compact
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 # topic -> (partitions, kind of payload, producer codec); three segments a partition, the last one active
 TOPICS = {

@@ -19,7 +19,7 @@ from tiering.demo.inventory import COLUMNS, Version, write_inventory
 from tiering.errors import ConfigError, InvalidDataError
 from tiering.plan.inventory import InventoryManifest, iter_inventory, read_manifest
 from tiering.storage.objects import ObjectInfo, ObjectNotFound
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 SOURCE = "kafka-logs"
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from tiering.errors import ConfigError
-from tiering.lifecycle.journal import Journal, JournalState, OpKind
+from tiering.lifecycle.journal import Journal
+from tiering.lifecycle.vocabulary import JournalState, OpKind
 
 # An entry exactly as the dict-built journal of the previous version wrote it (a run in flight across an
 # upgrade must still be finished).

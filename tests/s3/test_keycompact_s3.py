@@ -24,13 +24,13 @@ from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN
 from tiering.kafka.keycompact import AbortedTxn, CleanOptions, Segment, compact_partition, encode_txn_index
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import read_back
-from tiering.lifecycle.journal import Cause, RunKind, Status, Swap
+from tiering.lifecycle.vocabulary import Cause, RunKind, Status, Swap
 from tiering.plan.state import load_state
 from tiering.run.compact import RunResult, rollback
 from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.storage.layout import run_result_key, segment_key
 from tiering.storage.objects import ObjectNotFound
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 TOPIC = "profiles.compacted"
 DIRECTORY = f"{TOPIC}-0"
@@ -275,7 +275,7 @@ def test_a_crash_at_every_s3_call_then_a_rerun_converges_on_the_same_bytes(secon
     from moto import mock_aws
 
     from tests.s3.conftest import BUCKET
-    from tiering.storage.store import make_client
+    from tiering.storage.s3 import make_client
 
     def fresh() -> S3Store:
         client = make_client()
@@ -458,7 +458,7 @@ def test_cleanup_keeps_the_txnindex_a_pending_operation_needs(store: S3Store) ->
 
 
 def test_auto_codec_choice_still_recompresses_key_compacted_segments(store: S3Store) -> None:
-    from tiering.lifecycle.journal import Action
+    from tiering.lifecycle.vocabulary import Action
     from tiering.plan.policy import parse_policy
     from tiering.plan.scan import ScanOptions, scan
 

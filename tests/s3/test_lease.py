@@ -9,7 +9,7 @@ import pytest
 from tests.s3.conftest import PREFIX, fresh_store
 from tiering.commit.lease import Lease, LeaseHeld, LeaseLost
 from tiering.storage.layout import lease_key
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 KEY = lease_key(PREFIX, "orders-0")
 

@@ -34,7 +34,7 @@ from tiering.storage.objects import (
     ObjectStore,
     PreconditionFailed,
 )
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 MEMBERS = ("head", "open", "get", "download", "put", "delete", "delete_many", "now", "describe", "put_object", "copy",
            "copy_over",

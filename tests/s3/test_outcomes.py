@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from tests.s3.conftest import PREFIX, TOPIC, context, plan_for, seed
 from tiering.kafka.codecs import Codec
-from tiering.lifecycle.journal import Action
+from tiering.lifecycle.vocabulary import Action
 from tiering.plan.scan import Plan, PlannedSegment
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.layout import segment_key
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 
 def _by_base(plan: Plan) -> dict[int, PlannedSegment]:

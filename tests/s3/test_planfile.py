@@ -19,13 +19,13 @@ from tiering.demo.inventory import write_inventory
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.errors import InvalidDataError
 from tiering.kafka.codecs import Codec
-from tiering.lifecycle.journal import Action, Cause
+from tiering.lifecycle.vocabulary import Action, Cause
 from tiering.plan.planfile import Budget, ChunkWriter, by_partition, chunk_limits, read_chunk
 from tiering.plan.scan import ObjectRef, Plan, PlannedSegment, ScanOptions, scan
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import RunSettings, load_manifest, plan_run, scan_run, stage_units
 from tiering.storage.layout import PlanName, StepDir
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 
 def select(plan: Plan, max_segments: int | None, max_bytes: int | None
@@ -229,7 +229,7 @@ def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(st
     step for that reason alone."""
     from tiering.commit.lease import Lease
     from tiering.commit.protocol import Staged, stage_segment
-    from tiering.lifecycle.journal import Status
+    from tiering.lifecycle.vocabulary import Status
     from tiering.run.compact import pending_bases
     from tiering.run.pipeline import commit_chunk, plan_files
     from tiering.storage.layout import lease_key
@@ -261,7 +261,7 @@ def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(st
 def test_step_documents_are_typed_and_versioned() -> None:
     from tiering.commit.protocol import SegmentResult
     from tiering.errors import ConfigError
-    from tiering.lifecycle.journal import Pending, Status
+    from tiering.lifecycle.vocabulary import Pending, Status
     from tiering.run.compact import StepResults, StepUsage
 
     results = (SegmentResult("t-0", 0, Status.STAGED, "sealed", 10, 4, seconds=0.5),
@@ -356,7 +356,7 @@ def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_s
     the same source, codec and level it takes the operation over (its staged files, nothing staged again),
     the commit step swaps it in under the new run's backups, and the crashed run's staging is gone; with
     another level it abandons it and stages the segment itself."""
-    from tiering.lifecycle.journal import Status
+    from tiering.lifecycle.vocabulary import Status
     from tiering.run.compact import StepResults, pending_bases
     from tiering.run.pipeline import collect_run, commit_chunk, run_unit
     from tiering.storage.layout import backup_key, staging_key
@@ -422,7 +422,7 @@ def test_a_taken_over_staged_copy_that_does_not_verify_is_dropped_and_the_segmen
     """A crashed run's staged copy that does not verify (same size, other bytes) is never swapped in: the
     run that takes it over drops it (nothing final had changed) and compacts the segment itself; nothing is
     left in flight for every later run to meet again."""
-    from tiering.lifecycle.journal import Status
+    from tiering.lifecycle.vocabulary import Status
     from tiering.run.compact import pending_bases
 
     seg, results = _crashed_then_compact(store, "corrupt")
@@ -435,7 +435,7 @@ def test_a_taken_over_staged_copy_that_does_not_verify_is_dropped_and_the_segmen
 
 
 def test_a_staged_operation_whose_staged_log_is_gone_is_abandoned_and_staged_again(store: S3Store) -> None:
-    from tiering.lifecycle.journal import Status
+    from tiering.lifecycle.vocabulary import Status
 
     _, results = _crashed_then_compact(store, "gone")
     assert [r.status for r in results] == [Status.ABORTED, Status.COMPACTED]
@@ -450,7 +450,7 @@ def test_an_index_that_appeared_since_the_crashed_run_staged_stops_the_takeover(
 
     from tiering.commit.lease import Lease
     from tiering.commit.protocol import Staged, stage_segment
-    from tiering.lifecycle.journal import Status
+    from tiering.lifecycle.vocabulary import Status
     from tiering.run.pipeline import compact, plan_files
     from tiering.storage.layout import backup_key, lease_key
 

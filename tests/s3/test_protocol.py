@@ -24,12 +24,12 @@ from tiering.commit.lease import Lease
 from tiering.commit.protocol import META_CODEC, META_RUN, META_SOURCE_ETAG, pending_journals
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.lifecycle.journal import Action
+from tiering.lifecycle.vocabulary import Action
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
 from tiering.storage.layout import lease_key, segment_key
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 DIR = f"{TOPIC}-0"
 

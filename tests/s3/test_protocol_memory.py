@@ -17,7 +17,7 @@ from tiering.commit.lease import Lease
 from tiering.commit.protocol import META_OP, META_RUN, META_SOURCE_ETAG, Pending, pending_journals
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.lifecycle.journal import Action, Cause, JournalState
+from tiering.lifecycle.vocabulary import Action, Cause, JournalState
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact

@@ -25,13 +25,13 @@ from tiering.kafka.reader import iter_batches
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
 from tiering.kafka.segment import iter_decoded, verify_segment
-from tiering.lifecycle.journal import Action
+from tiering.lifecycle.vocabulary import Action
 from tiering.plan.policy import parse_policy
 from tiering.plan.scan import ScanOptions, scan
 from tiering.run.compact import CompactOptions, rollback
 from tiering.run.pipeline import compact
 from tiering.storage.layout import segment_key
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 T0 = 1_790_000_000_000
 PER_SEGMENT = 300

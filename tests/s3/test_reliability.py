@@ -27,13 +27,13 @@ from tiering.commit.lease import Lease, LeaseHeld
 from tiering.commit.protocol import Pending
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.lifecycle.journal import Action
+from tiering.lifecycle.vocabulary import Action
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
 from tiering.storage.layout import DirKind, lease_key, parse_dir, segment_key
 from tiering.storage.objects import TransportError
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 DIR = f"{TOPIC}-0"
 INDEXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
@@ -377,7 +377,7 @@ def test_a_run_stalled_after_an_index_delete_stops_as_a_conflict_when_another_fi
 
 def test_a_run_s_exit_code_is_its_worst_segment() -> None:
     from tiering.commit.protocol import SegmentResult
-    from tiering.lifecycle.journal import Cause, Status
+    from tiering.lifecycle.vocabulary import Cause, Status
     from tiering.run.compact import outcome
 
     def seg(status: Status, cause: Cause | None = None, pending: Pending | None = None) -> SegmentResult:

@@ -11,12 +11,12 @@ from tests.s3.conftest import BUCKET, PREFIX
 from tests.s3.test_planfile import _seed
 from tiering.commit.protocol import SegmentResult
 from tiering.errors import ConfigError, ExitCode
-from tiering.lifecycle.journal import Cause, Pending, RunKind, Status
+from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.plan.scan import ScanOptions
 from tiering.run.compact import CompactOptions, RunResult, RunTally
 from tiering.run.pipeline import RunSettings, collect_run, plan_run, run_local, scan_run
 from tiering.storage.layout import run_result_key
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 
 def _results() -> list[SegmentResult]:

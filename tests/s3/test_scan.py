@@ -14,7 +14,7 @@ from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Action, Cause
+from tiering.lifecycle.vocabulary import Action, Cause
 from tiering.plan.estimate import estimate
 from tiering.plan.scan import Plan, ScanOptions, classify_partition, scan
 from tiering.plan.state import PartitionState
@@ -22,7 +22,7 @@ from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.layout import parse_dir, partition_key, segment_key
 from tiering.storage.objects import ObjectAttrs, ObjectInfo
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

@@ -20,7 +20,7 @@ from tests.chaos.proxy import Proxy
 from tests.s3.conftest import PREFIX, check_consistent, context, no_pending, plan_for, seed
 from tests.s3.seaweedfs import Seaweed, empty, weed_mini
 from tiering.errors import ExitCode
-from tiering.lifecycle.journal import Swap
+from tiering.lifecycle.vocabulary import Swap
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.objects import (
@@ -32,7 +32,7 @@ from tiering.storage.objects import (
     copy_honours_if_match,
     delete_honours_etag,
 )
-from tiering.storage.store import S3Store, make_client, translate
+from tiering.storage.s3 import S3Store, make_client, translate
 
 pytestmark = pytest.mark.slow
 

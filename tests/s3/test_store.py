@@ -1,4 +1,4 @@
-"""tiering.storage.store against moto's in-process S3 (mock_aws)."""
+"""tiering.storage.s3 against moto's in-process S3 (mock_aws)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from moto import mock_aws
 
 from tiering.errors import ConfigError
 from tiering.storage.objects import MIN_PART_BYTES, AccessDenied, ObjectAttrs, ObjectNotFound, PreconditionFailed
-from tiering.storage.store import S3Store, StorageError, make_client
+from tiering.storage.s3 import S3Store, StorageError, make_client
 
 BUCKET = "segments"
 

@@ -19,7 +19,7 @@ from tests.s3.hooks import Step
 from tiering.errors import ProofError, StorageError
 from tiering.storage.memory import MemoryStore
 from tiering.storage.objects import MIN_PART_BYTES, ChecksumMismatch, crc32c_b64
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 
 def _write_in_pieces(out: Any, data: bytes, piece: int = 1 << 20) -> None:

@@ -17,13 +17,13 @@ import pytest
 from tests.s3.conftest import PREFIX, check_consistent, context, fresh_store, no_pending, plan_for, seed
 from tiering.commit.protocol import META_OP, SwapChoice, swap_mode
 from tiering.errors import StorageError
-from tiering.lifecycle.journal import Status, Swap
+from tiering.lifecycle.vocabulary import Status, Swap
 from tiering.plan.scan import PlannedSegment
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.memory import MemoryStore
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound, PreconditionFailed, copy_honours_if_match
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 STAGING = "/_tiering/staging/"
 

@@ -25,7 +25,7 @@ from tiering.run.compact import cleanup
 from tiering.storage.layout import backup_key
 from tiering.storage.memory import MemoryStore
 from tiering.storage.objects import ObjectInfo, ObjectNotFound, Unsupported, delete_honours_etag
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 NOT_IMPLEMENTED = Action("error", status=501, code="NotImplemented")
 
@@ -88,7 +88,7 @@ def test_a_missing_feature_the_protocol_needs_is_a_configuration_fact_not_a_retr
 def test_501_translates_to_unsupported_whatever_the_code() -> None:
     from botocore.exceptions import ClientError
 
-    from tiering.storage.store import translate
+    from tiering.storage.s3 import translate
 
     for code in ("NotImplemented", "", "XNotImplemented"):
         e = ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": 501}}, "PutObjectTagging")

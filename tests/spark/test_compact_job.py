@@ -14,7 +14,7 @@ from tiering.plan.scan import ScanOptions
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
 from tiering.spark.submit import submit
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 JOB = Path(__file__).parents[2] / "spark_jobs" / "compact_segments.py"
 

@@ -13,7 +13,7 @@ from tiering.kafka.files import LOG_SUFFIX, TXN_INDEX_SUFFIX
 from tiering.run.compact import RunResult
 from tiering.spark.submit import submit
 from tiering.storage.layout import run_result_key, segment_key
-from tiering.storage.store import S3Store
+from tiering.storage.s3 import S3Store
 
 JOB = Path(__file__).parents[2] / "spark_jobs" / "compact_keys.py"
 

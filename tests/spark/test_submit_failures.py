@@ -36,13 +36,13 @@ def test_the_summary_is_the_root_cause_not_a_stack_frame() -> None:
     # worker's error generically; the summary is the worker's own last line, and it is a configuration error.
     executor = ["pyspark.errors.exceptions.captured.PythonException: An exception was thrown from the Python worker:",
                 "Traceback (most recent call last):",
-                '  File "/w/app-1/0/env/lib/python3.11/site-packages/tiering/storage/store.py", line 371, in _errors',
-                "tiering.storage.store.NoCredentials: s3://b/p/_tiering/runs/r/plan/manifest.json: get_object not "
+                '  File "/w/app-1/0/env/lib/python3.11/site-packages/tiering/storage/s3.py", line 371, in _errors',
+                "tiering.storage.s3.NoCredentials: s3://b/p/_tiering/runs/r/plan/manifest.json: get_object not "
                 "sent: no complete AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a "
                 "profile, or a role)",
                 " SQLSTATE: 38000",
                 "pyspark.errors.exceptions.captured.PythonException: An exception was thrown from the Python worker:"]
-    assert failure_summary(executor).startswith("tiering.storage.store.NoCredentials: s3://b/p/")
+    assert failure_summary(executor).startswith("tiering.storage.s3.NoCredentials: s3://b/p/")
     assert isinstance(failure(1, executor, JOB), SparkJobMisconfigured)
     retried = ["WARN TaskSetManager: Lost task 0.0: java.io.FileNotFoundException: /blockmgr-1/x (No such file)",
                "WARN TaskSetManager: Lost task 0.0: ImportError: a flaky mount", *lost]

@@ -16,7 +16,7 @@ from tiering.cost.model import with_ledger
 from tiering.report.publish import LATEST, assemble, cost_config, load_report, read_ledger
 from tiering.report.render import FORMATS, render
 from tiering.run.compact import DEFAULT_GRACE_DAYS
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:

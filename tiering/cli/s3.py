@@ -28,7 +28,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Action, Swap, Verify
+from tiering.lifecycle.vocabulary import Action, Swap, Verify
 from tiering.plan.auto import apply_policy
 from tiering.plan.estimate import (
     DEFAULT_SAMPLE_BYTES,
@@ -63,7 +63,7 @@ from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.run.pipeline import RunSettings, compact, plan_run, run_local, scan_run
 from tiering.storage.layout import reserved_dir
 from tiering.storage.objects import ObjectInfo, ObjectStore
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 CODEC_CHOICES = [c.label for c in Codec]
 

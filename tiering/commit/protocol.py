@@ -44,20 +44,8 @@ from tiering.kafka.files import TXN_INDEX_SUFFIX
 from tiering.kafka.index import Indexes
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions, read_back, rewrite_segment
-from tiering.lifecycle.journal import (
-    FILES,
-    INDEX_FILES,
-    Cause,
-    Journal,
-    JournalState,
-    NewFiles,
-    OpKind,
-    Pending,
-    Status,
-    Swap,
-    TxnIndexSwap,
-    Verify,
-)
+from tiering.lifecycle.journal import FILES, INDEX_FILES, Journal, NewFiles, TxnIndexSwap
+from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Swap, Verify
 from tiering.plan.scan import PlannedSegment
 from tiering.plan.state import SegmentState, StateBatch, load_state, record_segment, stamped
 from tiering.storage.layout import (

@@ -22,7 +22,7 @@ REPORT_KIND: Final = "compaction-report"
 
 class RowStatus(StrEnum):
     """What became of a segment, as the report lists it: a run's outcome (the values of
-    :class:`tiering.lifecycle.journal.Status`, which a test keeps equal) or, in a dry run, the plan's."""
+    :class:`tiering.lifecycle.vocabulary.Status`, which a test keeps equal) or, in a dry run, the plan's."""
 
     COMPACTED = "compacted"
     ROLLED_BACK = "rolled-back"

@@ -32,7 +32,7 @@ from tiering.demo.seed import generate_partition, upload_partition
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.lifecycle.journal import RunKind
+from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.planfile import PlanManifest
 from tiering.run.compact import RunResult
 from tiering.run.pipeline import safe_run_id
@@ -46,7 +46,7 @@ from tiering.storage.layout import (
     segment_key,
 )
 from tiering.storage.objects import ObjectNotFound, ObjectStore
-from tiering.storage.store import S3Store, make_client
+from tiering.storage.s3 import S3Store, make_client
 
 BUCKET: Final = "kafka-demo"
 PREFIX: Final = "kafka/logs"

@@ -30,7 +30,7 @@ from tiering.errors import TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import RawBatch
 from tiering.kafka.rewrite import RewriteOptions, process_batch
-from tiering.lifecycle.journal import Action, Cause
+from tiering.lifecycle.vocabulary import Action, Cause
 from tiering.plan.ages import max_timestamp
 from tiering.plan.estimate import WorkSample, sample_batches, spread
 from tiering.plan.policy import AUTO, Policy

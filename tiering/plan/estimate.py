@@ -24,7 +24,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import RawBatch, iter_batches
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions, process_batch, rewrite_segment
-from tiering.lifecycle.journal import Action
+from tiering.lifecycle.vocabulary import Action
 from tiering.plan.scan import Plan, PlannedSegment
 from tiering.storage.objects import ObjectStore
 

@@ -43,7 +43,7 @@ from tiering.kafka.files import (
     parse_segment_name,
 )
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
-from tiering.lifecycle.journal import Action, Cause
+from tiering.lifecycle.vocabulary import Action, Cause
 from tiering.plan.policy import AUTO, PRODUCER, Policy
 from tiering.plan.state import Outcome, PartitionState, SegmentState, load_state
 from tiering.storage.layout import (

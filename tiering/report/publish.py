@@ -21,7 +21,7 @@ from tiering.cost.model import CostOptions, build_report, with_ledger
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
 from tiering.cost.report import Ledger, LedgerEntry, Report
 from tiering.errors import ConfigError, StorageError
-from tiering.lifecycle.journal import RunKind
+from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.scan import Plan
 from tiering.report.render import render
 from tiering.run.keycompact import key_steps

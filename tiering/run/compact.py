@@ -37,7 +37,7 @@ from tiering.commit.protocol import (
 from tiering.documents import check_document
 from tiering.errors import ConfigError, ExitCode, InvalidDataError, ProofError, StorageError, TieringError
 from tiering.kafka.files import parse_segment_name
-from tiering.lifecycle.journal import NOTHING_TO_GAIN, Action, Cause, Pending, RunKind, Status
+from tiering.lifecycle.vocabulary import NOTHING_TO_GAIN, Action, Cause, Pending, RunKind, Status
 from tiering.plan.scan import PlannedSegment
 from tiering.plan.state import Outcome, SegmentState, forget_keys_run, load_state, stamped
 from tiering.storage.layout import (

@@ -51,7 +51,7 @@ from tiering.kafka.keycompact import (
     parse_txn_index,
     survey,
 )
-from tiering.lifecycle.journal import Cause, Pending, RunKind
+from tiering.lifecycle.vocabulary import Cause, Pending, RunKind
 from tiering.plan.policy import Policy
 from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
 from tiering.plan.state import load_state, record_keys_checkpoint, record_keys_run

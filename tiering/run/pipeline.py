@@ -42,7 +42,8 @@ from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import Action, Cause, Journal, Pending, RunKind, Status, Swap, Verify
+from tiering.lifecycle.journal import Journal
+from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status, Swap, Verify
 from tiering.plan.auto import decide_auto, record_age, with_auto
 from tiering.plan.estimate import StratifiedSample, WorkSample, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest

@@ -12,7 +12,7 @@ from typing import Any
 
 from tiering.cost.forecast import Range
 from tiering.errors import ConfigError
-from tiering.lifecycle.journal import RunKind
+from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.policy import Policy, load_policy
 from tiering.plan.scan import ScanOptions
 from tiering.report.publish import cost_config, publish_report

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiering.errors import ConfigError
-from tiering.lifecycle.journal import RunKind
+from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.policy import load_policy
 from tiering.report.publish import cost_config
 from tiering.run.pipeline import safe_run_id

@@ -195,7 +195,7 @@ def run_dir(prefix: str, run_id: str) -> str:
 
 
 def run_result_key(prefix: str, run_id: str, kind: str) -> str:
-    """The run document of a run of ``kind`` (a :class:`~tiering.lifecycle.journal.RunKind`)."""
+    """The run document of a run of ``kind`` (a :class:`~tiering.lifecycle.vocabulary.RunKind`)."""
     return _run_key(prefix, run_id, f"{kind}.json")
 
 

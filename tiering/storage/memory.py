@@ -1,7 +1,7 @@
-"""One bucket in memory that answers like :class:`~tiering.storage.store.S3Store` does on S3: unit tests of the commit
+"""One bucket in memory that answers like :class:`~tiering.storage.s3.S3Store` does on S3: unit tests of the commit
 protocol run on it without moto. It satisfies :class:`~tiering.storage.objects.ObjectStore`.
 
-- Errors: S3Store's types, with the code, status and message :func:`~tiering.storage.store.translate` gives them.
+- Errors: S3Store's types, with the code, status and message :func:`~tiering.storage.s3.translate` gives them.
 - Conditions: ``If-None-Match: *`` refuses an existing key (412); ``If-Match`` refuses another ETag (412) or
   a missing key (404) on PUT, GET, DELETE and a copy's target; a DELETE without one succeeds on a missing key.
   Unlike moto, ``CopyObject``'s source and target conditions and ``DeleteObjects``' per-object ETags are
@@ -139,7 +139,7 @@ class MemoryStore:
         return self._clock().astimezone(UTC).replace(microsecond=0)
 
     def _error(self, cls: type[StorageError], action: str, key: str, code: str, status: int) -> StorageError:
-        """What :func:`~tiering.storage.store.translate` makes of S3's answer (S3's request id aside)."""
+        """What :func:`~tiering.storage.s3.translate` makes of S3's answer (S3's request id aside)."""
         err = cls(f"{action} failed with S3 error {code} (HTTP {status})", path=f"s3://{self.bucket}/{key}")
         err.code, err.status = code, status
         return err

@@ -5,7 +5,7 @@ streamed upload both stores share (:class:`StreamUpload`, :func:`upload_from`), 
 probes of what a store honours. Every layer above imports from here; only the entry points that build a
 store import an implementation.
 
-:class:`tiering.storage.store.S3Store` (boto3) and :class:`tiering.storage.memory.MemoryStore` (a dict, for unit tests)
+:class:`tiering.storage.s3.S3Store` (boto3) and :class:`tiering.storage.memory.MemoryStore` (a dict, for unit tests)
 both satisfy it structurally; neither inherits from it. The signatures are S3Store's, copied exactly (the
 test suite compares them with :mod:`inspect`, so a change to one that is not made to the others fails a
 test). The semantics are S3's, as S3Store exposes them:
