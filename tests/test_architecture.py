@@ -190,7 +190,6 @@ def test_no_module_spells_out_a_key_below_a_run() -> None:
 # Where a JSON document is read or written, an untyped mapping is what there is: these functions (besides every
 # to_json / from_json / *_json) take or give one, each for the reason given.
 JSON_BOUNDARIES: dict[str, str] = {
-    "run/tier.py:_check": "checks the kind and version of a document read from S3",
     "run/pipeline.py:stage_unit": "the Spark executor's entry: the unit and settings as the driver sent them",
     "run/keycompact.py:keys_unit_task": "the Spark executor's entry: the unit and settings as the driver sent them",
     "run/tier.py:lifecycle_configuration": "writes S3's PutBucketLifecycleConfiguration document",

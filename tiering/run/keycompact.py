@@ -56,7 +56,7 @@ from tiering.plan.policy import Policy
 from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
 from tiering.plan.state import load_state, record_keys_checkpoint, record_keys_run
 from tiering.run.compact import RunResult, RunTally, StepResults, guarded, pending_bases, with_lease
-from tiering.run.pipeline import MAX_LISTED_PARTITIONS, OTHER_SCOPE, RUN_SCOPE, RunSettings, write_results
+from tiering.run.pipeline import RUN_SCOPE, RequestTally, RunSettings, write_results
 from tiering.storage.layout import StepDir, clock_key, keys_unit_name, run_result_key, step_dir, step_key
 from tiering.storage.objects import ObjectStore
 
@@ -446,7 +446,8 @@ def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: s
     """The run document from its units' step documents (and the journals the planner finished), with the S3
     requests by partition and the seconds the passes took; written to ``runs/<run>/compact-keys.json``."""
     tally = RunTally()
-    requests: dict[str, Counter[str]] = {RUN_SCOPE: Counter(driver_requests)}
+    requests = RequestTally()
+    requests.add(RUN_SCOPE, driver_requests)
     seconds = 0.0
     if plan.recovered:  # a step document like the units' (the report reads them all, whatever the run's size)
         write_results(store, step_key(ctx.prefix, ctx.run_id, StepDir.KEYS, "recovered"), plan.recovered)
@@ -455,9 +456,8 @@ def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: s
             tally.add(r)
             seconds += r.seconds or 0.0
         for directory, ops in step.requests.items():
-            scope = directory if len(requests) <= MAX_LISTED_PARTITIONS or directory in requests else OTHER_SCOPE
-            requests.setdefault(scope, Counter()).update(ops)
-    usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items()) if v},
+            requests.add(directory, ops)
+    usage = {"requests": requests.to_json(),
              "compute_seconds": round(seconds, 3)}
     run = tally.result(RunKind.COMPACT_KEYS, ctx.run_id, store.bucket, ctx.prefix, started,
                        datetime.now(UTC).isoformat(), settings, usage)

@@ -96,6 +96,26 @@ UNIT_SEGMENTS: Final = 64  # a Spark task's segments at most
 UNIT_BYTES: Final = 4 << 30  # and its .log bytes (a partition is never split, so one may be larger)
 
 
+class RequestTally:
+    """A run's S3 requests, for its run document: by partition for up to :data:`MAX_LISTED_PARTITIONS` of them
+    (the others' summed under :data:`OTHER_SCOPE`), and the run's own outside any partition (:data:`RUN_SCOPE`)."""
+
+    def __init__(self) -> None:
+        self.by_scope: dict[str, Counter[str]] = {}
+        self._partitions = 0
+
+    def add(self, scope: str, counts: Mapping[str, int]) -> None:
+        if scope not in self.by_scope and scope != RUN_SCOPE:
+            if self._partitions >= MAX_LISTED_PARTITIONS:
+                scope = OTHER_SCOPE
+            else:
+                self._partitions += 1
+        self.by_scope.setdefault(scope, Counter()).update(counts)
+
+    def to_json(self) -> dict[str, dict[str, int]]:
+        return {k: dict(sorted(v.items())) for k, v in sorted(self.by_scope.items()) if v}
+
+
 @dataclass(frozen=True, slots=True)
 class RunSettings:
     """What every step of one run needs; small and JSON-able (it travels to Spark executors)."""
@@ -695,7 +715,7 @@ def collect_run(store: ObjectStore, settings: RunSettings, *,
     by the storage class of the partition's compacted segments, which is what the report prices them at).
     ``extra``: more settings of the run to record."""
     tally = RunTally()
-    requests: dict[str, Counter[str]] = {}
+    requests = RequestTally()
     by_class: dict[str, Counter[str]] = {}
     seconds = 0.0
     for chunk in run_outcomes(store, settings):
@@ -707,19 +727,18 @@ def collect_run(store: ObjectStore, settings: RunSettings, *,
                 class_of[result.directory] = classes.get((result.directory, result.base_offset), STANDARD)
         for directory, counts in chunk.requests.items():
             by_class.setdefault(class_of.get(directory, STANDARD), Counter()).update(counts)
-            scope = directory if len(requests) < MAX_LISTED_PARTITIONS or directory in requests else OTHER_SCOPE
-            requests.setdefault(scope, Counter()).update(counts)
+            requests.add(directory, counts)
         seconds += chunk.seconds
     for info in store.list(settings.step_dir(StepDir.USAGE)):
         used = StepUsage.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
-        requests.setdefault(RUN_SCOPE, Counter()).update(used.requests)
+        requests.add(RUN_SCOPE, used.requests)
         by_class.setdefault(STANDARD, Counter()).update(used.requests)
     try:
         header = plan_files(store, settings).manifest().header
         started, estimate = header.created_at, header.estimate
     except ObjectNotFound:
         started, estimate = "", None
-    usage = {"requests": {k: dict(sorted(v.items())) for k, v in sorted(requests.items())},
+    usage = {"requests": requests.to_json(),
              "requests_by_class": {k: dict(sorted(v.items())) for k, v in sorted(by_class.items())},
              "compute_seconds": round(seconds, 3)}
     run = tally.result(RunKind.COMPACT, settings.run_id, settings.bucket, settings.prefix, started,

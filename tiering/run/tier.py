@@ -191,13 +191,9 @@ class TierPlan:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> TierPlan:
-        _check(doc, cls.KIND, "a tiering plan")
+        check_document(doc, kind=cls.KIND, version=TIER_SCHEMA_VERSION, what="a tiering plan")
         return cls(doc["bucket"], doc["prefix"], doc["created_at"], doc["policy"], doc["prices"],
                    tuple(SegmentTiering.from_json(s) for s in doc["segments"]))
-
-
-def _check(doc: Mapping[str, Any], kind: str, what: str) -> None:
-    check_document(doc, kind=kind, version=TIER_SCHEMA_VERSION, what=what)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +218,7 @@ class TierRun:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> TierRun:
-        _check(doc, cls.KIND, "a tiering run")
+        check_document(doc, kind=cls.KIND, version=TIER_SCHEMA_VERSION, what="a tiering run")
         return cls(str(doc["run_id"]), TierPlan.from_json(doc["plan"]),
                    tuple(SegmentResult.from_json(r) for r in doc["results"]), str(doc["finished_at"]))
 
@@ -421,7 +417,7 @@ class TierReport:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> TierReport:
-        _check(doc, cls.KIND, "a tiering report")
+        check_document(doc, kind=cls.KIND, version=TIER_SCHEMA_VERSION, what="a tiering report")
         achieved = doc["achieved"]
         return cls(str(doc["run_id"]), bool(doc["dry_run"]), str(doc["bucket"]), str(doc["prefix"]),
                    str(doc["planned_at"]), doc.get("policy"), dict(doc["prices"]), TierTotals.from_json(doc["planned"]),

@@ -297,10 +297,11 @@ class Body(io.RawIOBase):
             return
         self._ended = True
         check, self._checksum = self._checksum, None
-        if check is not None and check.found() != check.expected:
+        found = check.found() if check is not None else None
+        if check is not None and found != check.expected:
             raise TransportError(f"the bytes received do not match the {check.algorithm} S3 stored for the "
                                  "object (damaged on the way; retryable)", path=self._where,
-                                 expected=check.expected, found=check.found())
+                                 expected=check.expected, found=found)
         self.verified = None if check is None else check.algorithm
         release = getattr(self._stream, "release_conn", None)
         if release is not None:
