@@ -86,6 +86,7 @@ def test_full_pyspark_is_installed_without_the_pyspark_client_that_would_overwri
 # What each holds: docs/architecture.md.
 LAYERS: dict[str, int] = {
     "errors": 0, "documents": 0,
+    "lifecycle/vocabulary": 0,  # the lifecycle's words (enums only): every layer may speak them, the cost model too
     "kafka": 1, "cost": 1,  # the format; prices and the cost model (both pure)
     "storage": 2, "local": 2,  # the object store and key naming; segment files on a local disk
     "lifecycle": 3,  # the lifecycle's typed vocabulary and the journal entry
@@ -101,8 +102,10 @@ LAYERS: dict[str, int] = {
 
 
 def _layer(path: Path) -> str:
+    """The layer's name: the module's own where LAYERS names it (``lifecycle/vocabulary``), else its package's."""
     rel = path.relative_to(PACKAGE)
-    return rel.parts[0].removesuffix(".py")
+    module = "/".join(rel.with_suffix("").parts[:2])
+    return module if module in LAYERS else rel.parts[0].removesuffix(".py")
 
 
 def _tiering_imports(path: Path) -> set[str]:
@@ -114,7 +117,8 @@ def _tiering_imports(path: Path) -> set[str]:
         for name in names:
             parts = name.split(".")
             if parts[0] == "tiering" and len(parts) > 1:
-                found.add(parts[1])
+                module = "/".join(parts[1:3])
+                found.add(module if module in LAYERS else parts[1])
     return found
 
 

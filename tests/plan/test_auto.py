@@ -119,8 +119,8 @@ def test_a_compaction_under_the_policy(store: S3Store) -> None:
     assert report.auto["events"]["chosen"]["codec"] == "zstd"
     assert report.auto["noise"]["chosen"] is None
     assert {(s.status, s.reason) for s in report.skipped} >= {
-        ("skipped", "policy"), ("skipped", "auto declined"), ("skipped", "too young"),
-        ("skipped", "below min savings")}
+        ("skipped", "left as the producer wrote it (policy)"), ("skipped", "no codec pays off (auto)"),
+        ("skipped", "too young"), ("skipped", "below min.savings.ratio")}
 
 
 def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3Store) -> None:

@@ -185,7 +185,7 @@ def test_the_plan_is_chunked_within_its_limit_and_staged_in_units_of_whole_parti
     assert 1 < len(manifest.chunks) <= 20
     assert [c.name for c in planned.chunks] == [c.name for c in manifest.chunks if c.to_compact]
     assert planned.segments == 9 == manifest.totals["to_compact"]
-    assert manifest.totals["skipped_by_reason"]["budget"] == 12 - 9
+    assert manifest.totals["skipped_by_reason"]["over the budget"] == 12 - 9
     # Every segment of the plan is in exactly one chunk; partitions are never split.
     segments = list(chunked.segments(manifest))
     assert len(segments) == manifest.totals["segments"] == 18

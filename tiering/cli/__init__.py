@@ -378,7 +378,7 @@ def demo_forecast_table(forecast: Forecast, run: RunResult) -> Table:
         t.add_column(col, justify="left" if col in ("topic", "forecast", "real run") else "right")
     outcomes: dict[str, list[str]] = {}
     for topic, status, cause, n in run.outcome_rows():
-        outcomes.setdefault(topic, []).append(f"{n} {status}" + (f" ({cause})" if cause else ""))
+        outcomes.setdefault(topic, []).append(f"{n} {status}" + (f" ({cause.label})" if cause else ""))
     unreadable = Counter(problem.topic for problem in forecast.problems)
     for topic, r in forecast.by_topic().items():
         n, before, after = run.topics.get(topic, (0, 0, 0))
@@ -403,7 +403,7 @@ def pipeline_table(run: RunResult) -> Table:
     t = Table(title=f"run {run.run_id}: compaction to {run.settings['codec']}", title_justify="left",
               show_footer=True)
     rows = run.topics
-    notes = {f"{topic}: {status}" + (f" ({cause})" if cause else ""): n
+    notes = {f"{topic}: {status}" + (f" ({cause.label})" if cause else ""): n
              for topic, status, cause, n in run.outcome_rows()}
     before, after = run.bytes_before, run.bytes_after
     t.add_column("topic", footer="total")

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Final
 from tiering.cost.forecast import Forecast
 from tiering.documents import check_document
 from tiering.errors import ConfigError
+from tiering.lifecycle.vocabulary import Cause
 
 REPORT_KIND: Final = "compaction-report"
 
@@ -88,8 +89,10 @@ class SegmentRow:
 
     @property
     def why(self) -> str:
-        """What the report counts a segment left as it was by: its cause, else its status."""
-        return self.cause or str(self.status)
+        """What the report counts a segment left as it was by: its cause as people read it, else its status."""
+        if self.cause is None:
+            return str(self.status)
+        return Cause(self.cause).label if self.cause in Cause.__members__.values() else self.cause
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "status": str(self.status)}

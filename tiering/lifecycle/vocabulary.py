@@ -84,6 +84,24 @@ class Cause(StrEnum):
     LOCAL_ERROR = "local error"  # this machine's side: a full disk, an unwritable work directory
     NOTHING_TO_MOVE = "nothing to move"  # storage tiering: every object is in its class already
 
+    @property
+    def label(self) -> str:
+        """The cause as people read it beside a count ("5 over the budget")."""
+        return _LABELS.get(self, self.value)
+
+
+_LABELS: Final = {
+    Cause.INCOMPLETE: "index without its .log",
+    Cause.REMEMBERED: "nothing to gain, as an earlier run found",
+    Cause.POLICY: "left as the producer wrote it (policy)",
+    Cause.AUTO_DECLINED: "no codec pays off (auto)",
+    Cause.BUDGET: "over the budget",
+    Cause.BELOW_MIN_SAVINGS: "below min.savings.ratio",
+    Cause.TRANSIENT: "S3 failing (retry)",
+    Cause.REPLACED: "replaced by another writer",
+    Cause.LATER_RUN: "replaced by a later key-compaction run",
+}
+
 
 # The causes a finished rewrite is not swapped in for: remembered, so the object is not read again.
 NOTHING_TO_GAIN: Final = frozenset({Cause.NO_SAVINGS, Cause.BELOW_MIN_SAVINGS})

@@ -107,8 +107,8 @@ class PlannedSegment:
 
     @property
     def skip_label(self) -> str:
-        """What a skipped segment is counted by: its cause (the reason beside it is the detail)."""
-        return self.cause.value if self.cause is not None else self.action.value
+        """What a skipped segment is counted by: its cause, as people read it (the reason is the detail)."""
+        return self.cause.label if self.cause is not None else self.action.value
 
     @property
     def size(self) -> int:

@@ -825,7 +825,7 @@ def run_summary(run: RunResult) -> tuple[RunHeadline, str]:
                            totals.get("skipped", 0), before, after)
     reasons: Counter[str] = Counter()
     for _, status, cause, n in run.outcome_rows():
-        reasons[f"{status}: {cause}" if cause else status.value] += n
+        reasons[f"{status}: {cause.label}" if cause else status.value] += n
     lines = [f"{'topic':<32} {'segments':>8} {'before':>14} {'after':>14} {'ratio':>6}"]
     for topic, (n, b, a) in sorted(run.topics.items()):
         lines.append(f"{topic:<32} {n:>8} {b:>14,} {a:>14,} {a / b if b else 0:>6.3f}")
