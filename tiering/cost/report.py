@@ -90,9 +90,8 @@ class SegmentRow:
     @property
     def why(self) -> str:
         """What the report counts a segment left as it was by: its cause as people read it, else its status."""
-        if self.cause is None:
-            return str(self.status)
-        return Cause(self.cause).label if self.cause in Cause.__members__.values() else self.cause
+        cause = Cause.named(self.cause)
+        return cause.label if cause is not None else self.cause or str(self.status)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "status": str(self.status)}

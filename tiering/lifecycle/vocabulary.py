@@ -84,6 +84,11 @@ class Cause(StrEnum):
     LOCAL_ERROR = "local error"  # this machine's side: a full disk, an unwritable work directory
     NOTHING_TO_MOVE = "nothing to move"  # storage tiering: every object is in its class already
 
+    @classmethod
+    def named(cls, text: object) -> Cause | None:
+        """The cause whose value ``text`` is; None for any other text (a reason written before causes were)."""
+        return cls(text) if isinstance(text, str) and text in cls.__members__.values() else None
+
     @property
     def label(self) -> str:
         """The cause as people read it beside a count ("5 over the budget")."""

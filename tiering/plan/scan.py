@@ -353,11 +353,10 @@ def object_reason(seg: PlannedSegment) -> str:
         classes = sorted({r.storage_class for r in (seg.log, seg.index, seg.timeindex)
                           if r is not None and r.storage_class in ARCHIVED_CLASSES})
         return f"archived storage class {' and '.join(classes)}: restore first"
-    labels = {Cause.ACTIVE: "active segment", Cause.EMPTY: "empty .log", Cause.INCOMPLETE: "index without its .log",
-              Cause.TOO_YOUNG: "too young", Cause.ALREADY_COMPACTED: "already compacted",
-              Cause.INVALID: "invalid segment", Cause.POLICY: "policy: left as the producer wrote it",
-              Cause.REMEMBERED: "nothing to gain, as the last run found"}
-    return labels.get(seg.cause, seg.skip_label) if seg.cause is not None else seg.skip_label
+    objects = {Cause.ACTIVE: "active segment", Cause.EMPTY: "empty .log", Cause.INVALID: "invalid segment",
+               Cause.POLICY: "policy: left as the producer wrote it",
+               Cause.REMEMBERED: "nothing to gain, as the last run found"}  # where the objects read otherwise
+    return objects.get(seg.cause, seg.skip_label) if seg.cause is not None else seg.skip_label
 
 
 def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | None], active: int | None,

@@ -89,9 +89,7 @@ def _outcomes_from_json(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, St
     its status alone)."""
     out: Counter[tuple[str, Status, Cause | None]] = Counter()
     for o in rows:
-        name = o.get("cause", o.get("reason"))
-        out[(str(o["topic"]), Status(o["status"]), Cause(name) if name in Cause.__members__.values() else None)] += \
-            int(o["segments"])
+        out[(str(o["topic"]), Status(o["status"]), Cause.named(o.get("cause", o.get("reason"))))] += int(o["segments"])
     return dict(out)
 
 
