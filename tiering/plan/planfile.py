@@ -26,7 +26,7 @@ from tiering.documents import check_document
 from tiering.errors import ConfigError, InvalidDataError
 from tiering.lifecycle.vocabulary import Action, Cause
 from tiering.plan.scan import PLAN_SCHEMA_VERSION, Plan, PlannedSegment, PlanTotals
-from tiering.storage.layout import PlanName, plan_chunk_key, plan_chunk_name, plan_dir, plan_manifest_key
+from tiering.storage.layout import PlanName, plan_chunk_key, plan_chunk_name, plan_manifest_key
 from tiering.storage.objects import ObjectStore
 
 MANIFEST_KIND: Final = "tiering.plan-manifest"
@@ -192,11 +192,6 @@ class ChunkedPlan:
     def __init__(self, store: ObjectStore, prefix: str, run_id: str, name: PlanName) -> None:
         self.store = store
         self.prefix, self.run_id, self.name = prefix, run_id, name
-
-    @property
-    def directory(self) -> str:
-        """The listing prefix of the plan's objects."""
-        return plan_dir(self.prefix, self.run_id, self.name)
 
     @property
     def manifest_key(self) -> str:

@@ -434,7 +434,6 @@ def keys_unit_task(store: ObjectStore, unit: dict[str, Any], settings: dict[str,
     return run_keys_unit(store, run.context(store, one_core=True), KeyUnit.from_json(unit), run.lease_ttl_seconds)
 
 
-
 def key_steps(store: ObjectStore, prefix: str, run_id: str) -> Iterator[StepResults]:
     """The step documents of key-compaction run ``run_id`` (its units', and the journals it finished first)."""
     for info in store.list(step_dir(prefix, run_id, StepDir.KEYS)):
