@@ -56,7 +56,7 @@ from moto.s3.models import s3_backends
 from moto.server import ThreadedMotoServer
 
 from tests.s3 import seaweedfs
-from tiering.commit.protocol import AUTO_SWAP
+from tiering.commit.operation import AUTO_SWAP
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.lifecycle.vocabulary import Swap, Verify

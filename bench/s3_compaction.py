@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tiering.commit.protocol import AUTO_SWAP, Context, SwapChoice
+from tiering.commit.operation import AUTO_SWAP, Context, SwapChoice
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import Swap, Verify

@@ -15,7 +15,7 @@ from tests.chaos.harness import Proc, Running
 from tests.chaos.proxy import Action, Proxy, Rule
 from tests.kafka.test_keycompact import DAY, NOW
 from tests.s3 import test_keycompact_s3 as K
-from tiering.commit.protocol import pending_journals
+from tiering.commit.recover import pending_journals
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TXN_INDEX_SUFFIX
 from tiering.storage.layout import segment_key
 from tiering.storage.s3 import S3Store, make_client

@@ -260,7 +260,7 @@ def _check_s3_path(partition: Path, theirs: dict[int, Path], pass_time: int) -> 
 
     from moto import mock_aws
 
-    from tiering.commit.protocol import Context
+    from tiering.commit.operation import Context
     from tiering.kafka.codecs import Codec
     from tiering.kafka.rewrite import RewriteOptions
     from tiering.run.keycompact import KeyCompactOptions, compact_keys

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
-from tiering.commit.protocol import Context, pending_journals
+from tiering.commit.operation import Context
+from tiering.commit.recover import pending_journals
 from tiering.demo.seed import DEFAULT_START_MS, GeneratedSegment, generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX

@@ -20,7 +20,7 @@ import crc32c
 import pytest
 
 from tests.s3.conftest import PREFIX, TOPIC, check_consistent, context, no_pending, plan_for, seed
-from tiering.commit.protocol import SwapChoice
+from tiering.commit.operation import SwapChoice
 from tiering.errors import ProofError
 from tiering.lifecycle.vocabulary import Cause, Status, Swap, Verify
 from tiering.run.compact import CompactOptions
@@ -150,14 +150,16 @@ def test_the_commit_step_copies_the_staged_log_without_reading_it(
         verify: Verify, monkeypatch: pytest.MonkeyPatch) -> None:
     """The pipeline's commit step puts the staged .log in place by a server-side copy held to the ETag it was
     verified with: it neither downloads nor decodes it, in either mode (read-back decodes once, at staging)."""
-    from tiering.commit import protocol
+    from tiering.commit import stage, swap
+    from tiering.commit import verify as verifying
     from tiering.plan.scan import ScanOptions
     from tiering.run.pipeline import RunSettings, commit_chunk, load_manifest, plan_run, run_unit, scan_run, stage_units
 
     decoded: list[str] = []
-    real = protocol.read_back
-    monkeypatch.setattr(protocol, "read_back", lambda body, **kw: decoded.append(kw.get("path", "")) or real(body,
-                                                                                                             **kw))
+    real = verifying.read_back
+    for module in (stage, swap, verifying):
+        monkeypatch.setattr(module, "read_back", lambda body, **kw: decoded.append(kw.get("path", "")) or real(body,
+                                                                                                                 **kw))
     s = Watched("bkt")
     originals = seed(s, segments=3)  # type: ignore[arg-type]
     run = RunSettings("bkt", PREFIX, "piped", "zstd", 3, verify=verify)

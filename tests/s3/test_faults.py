@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.s3.conftest import FAULT_REPORT, Original, check_consistent, context, fresh_store, no_pending, plan_for, seed
-from tiering.commit.protocol import Context, SwapChoice
+from tiering.commit.operation import Context, SwapChoice
 from tiering.lifecycle.vocabulary import Swap
 from tiering.run.compact import CompactOptions
 from tiering.run.pipeline import compact

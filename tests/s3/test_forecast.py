@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.s3.conftest import PREFIX
-from tiering.commit.protocol import Context
+from tiering.commit.operation import Context
 from tiering.cost.forecast import NOT_SAMPLED, Forecast, Stratum, Verdict
 from tiering.demo.seed import seed_partition
 from tiering.kafka.codecs import Codec

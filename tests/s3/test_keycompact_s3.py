@@ -16,7 +16,7 @@ import pytest
 from tests.kafka.test_keycompact import DAY, NOW, batch, marker, rec
 from tests.s3.conftest import PREFIX, context, fresh_store, no_pending
 from tests.s3.test_faults import Crash, Faults
-from tiering.commit.protocol import Context, SegmentResult, SwapChoice
+from tiering.commit.operation import Context, SegmentResult, SwapChoice
 from tiering.errors import ExitCode
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
@@ -429,7 +429,7 @@ def test_an_operation_abandoned_after_its_txnindex_went_puts_the_original_back(s
     .index: the retry abandons the operation and, the original .log being in place, puts the original
     .txnindex back beside it."""
     from tiering.commit.lease import Lease
-    from tiering.commit.protocol import recover_partition
+    from tiering.commit.recover import recover_partition
     from tiering.storage.layout import lease_key
 
     parts = _second_pass_crashed_after_its_txnindex(store)

@@ -228,7 +228,8 @@ def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(st
     budget) is finished by the commit of that partition's chunk, which the plan hands to the DAG's commit
     step for that reason alone."""
     from tiering.commit.lease import Lease
-    from tiering.commit.protocol import Staged, stage_segment
+    from tiering.commit.operation import Staged
+    from tiering.commit.stage import stage_segment
     from tiering.lifecycle.vocabulary import Status
     from tiering.run.compact import pending_bases
     from tiering.run.pipeline import commit_chunk, plan_files
@@ -259,7 +260,7 @@ def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(st
 
 
 def test_step_documents_are_typed_and_versioned() -> None:
-    from tiering.commit.protocol import SegmentResult
+    from tiering.commit.operation import SegmentResult
     from tiering.errors import ConfigError
     from tiering.lifecycle.vocabulary import Pending, Status
     from tiering.run.compact import StepResults, StepUsage
@@ -325,7 +326,8 @@ def test_an_operation_left_in_a_partition_without_work_inside_a_unit_is_finished
 def _crash_after_staging(store: S3Store, run: RunSettings, codec: str, level: int) -> PlannedSegment:
     """A run ``crashed`` that staged (and journalled) the first sealed segment of partition 0, then died."""
     from tiering.commit.lease import Lease
-    from tiering.commit.protocol import Staged, stage_segment
+    from tiering.commit.operation import Staged
+    from tiering.commit.stage import stage_segment
     from tiering.run.pipeline import plan_files
     from tiering.storage.layout import lease_key
 
@@ -449,7 +451,8 @@ def test_an_index_that_appeared_since_the_crashed_run_staged_stops_the_takeover(
     import dataclasses
 
     from tiering.commit.lease import Lease
-    from tiering.commit.protocol import Staged, stage_segment
+    from tiering.commit.operation import Staged
+    from tiering.commit.stage import stage_segment
     from tiering.lifecycle.vocabulary import Status
     from tiering.run.pipeline import compact, plan_files
     from tiering.storage.layout import backup_key, lease_key
@@ -476,7 +479,7 @@ def test_an_index_that_appeared_since_the_crashed_run_staged_stops_the_takeover(
 
 
 def context_for(store: S3Store, run_id: str) -> Any:
-    from tiering.commit.protocol import Context
+    from tiering.commit.operation import Context
     from tiering.kafka.rewrite import RewriteOptions
 
     return Context(store, PREFIX, run_id, RewriteOptions(Codec.ZSTD, 3))

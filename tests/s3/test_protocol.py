@@ -21,7 +21,8 @@ from tests.s3.conftest import (
     seed,
 )
 from tiering.commit.lease import Lease
-from tiering.commit.protocol import META_CODEC, META_RUN, META_SOURCE_ETAG, pending_journals
+from tiering.commit.operation import META_CODEC, META_RUN, META_SOURCE_ETAG
+from tiering.commit.recover import pending_journals
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.lifecycle.vocabulary import Action

@@ -14,10 +14,11 @@ import pytest
 
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC, Original, check_consistent, context, no_pending, plan_for, seed
 from tiering.commit.lease import Lease
-from tiering.commit.protocol import META_OP, META_RUN, META_SOURCE_ETAG, Pending, pending_journals
+from tiering.commit.operation import META_OP, META_RUN, META_SOURCE_ETAG
+from tiering.commit.recover import pending_journals
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.lifecycle.vocabulary import Action, Cause, JournalState
+from tiering.lifecycle.vocabulary import Action, Cause, JournalState, Pending
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact

@@ -24,10 +24,9 @@ from tests.s3.conftest import (
 )
 from tests.s3.hooks import Step, key_ends
 from tiering.commit.lease import Lease, LeaseHeld
-from tiering.commit.protocol import Pending
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.lifecycle.vocabulary import Action
+from tiering.lifecycle.vocabulary import Action, Pending
 from tiering.plan.state import load_state
 from tiering.run.compact import CompactOptions, cleanup, rollback
 from tiering.run.pipeline import compact
@@ -376,7 +375,7 @@ def test_a_run_stalled_after_an_index_delete_stops_as_a_conflict_when_another_fi
 
 
 def test_a_run_s_exit_code_is_its_worst_segment() -> None:
-    from tiering.commit.protocol import SegmentResult
+    from tiering.commit.operation import SegmentResult
     from tiering.lifecycle.vocabulary import Cause, Status
     from tiering.run.compact import outcome
 

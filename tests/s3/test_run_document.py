@@ -9,7 +9,7 @@ import pytest
 import tiering.run.compact as compact_module
 from tests.s3.conftest import BUCKET, PREFIX
 from tests.s3.test_planfile import _seed
-from tiering.commit.protocol import SegmentResult
+from tiering.commit.operation import SegmentResult
 from tiering.errors import ConfigError, ExitCode
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.plan.scan import ScanOptions

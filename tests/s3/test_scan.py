@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.s3.conftest import PREFIX, TOPIC, plan_for, seed
-from tiering.commit.protocol import Context
+from tiering.commit.operation import Context
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX

@@ -15,7 +15,8 @@ from urllib.parse import unquote
 import pytest
 
 from tests.s3.conftest import PREFIX, check_consistent, context, fresh_store, no_pending, plan_for, seed
-from tiering.commit.protocol import META_OP, SwapChoice, swap_mode
+from tiering.commit.operation import META_OP, SwapChoice
+from tiering.commit.swap import swap_mode
 from tiering.errors import StorageError
 from tiering.lifecycle.vocabulary import Status, Swap
 from tiering.plan.scan import PlannedSegment
@@ -113,9 +114,9 @@ def test_a_run_that_swaps_by_copy_never_reads_a_staged_log_and_keeps_every_attri
 def test_the_swap_mode_is_learnt_once_per_run(monkeypatch: pytest.MonkeyPatch) -> None:
     mem = MemoryStore("b")
     probes: list[Any] = []
-    from tiering.commit import protocol
-    real = protocol.copy_honours_if_match
-    monkeypatch.setattr(protocol, "copy_honours_if_match", lambda *a: probes.append(a) or real(*a))
+    from tiering.commit import swap
+    real = swap.copy_honours_if_match
+    monkeypatch.setattr(swap, "copy_honours_if_match", lambda *a: probes.append(a) or real(*a))
     ctx = context(mem)
     assert swap_mode(ctx) is Swap.COPY
     own = ctx.for_segment(PlannedSegment("t-0", "t", 0, 0, "compact", "", codec="zstd", level=9,

@@ -16,7 +16,7 @@ import yaml
 from tests.chaos.proxy import Action, Proxy, Request, Rule
 from tests.s3.conftest import PREFIX, seed
 from tiering.cli import main
-from tiering.commit.protocol import Context
+from tiering.commit.operation import Context
 from tiering.demo.s3 import moto_server
 from tiering.errors import ExitCode
 from tiering.kafka.codecs import Codec

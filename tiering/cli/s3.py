@@ -21,14 +21,14 @@ from rich.table import Table
 from tiering.cli.args import add_key_map_args, int_at_least, max_keys
 from tiering.cli.report import add_cost_args, cost_from_args
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
-from tiering.commit.protocol import AUTO_SWAP, FAILED, Context, SegmentResult, SwapChoice
+from tiering.commit.operation import AUTO_SWAP, Context, SegmentResult, SwapChoice
 from tiering.cost.forecast import Forecast
 from tiering.errors import ConfigError, ExitCode, StorageError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.vocabulary import Action, Swap, Verify
+from tiering.lifecycle.vocabulary import Action, Status, Swap, Verify
 from tiering.plan.auto import apply_policy
 from tiering.plan.estimate import (
     DEFAULT_SAMPLE_BYTES,
@@ -470,7 +470,7 @@ def _cmd_tier(args: argparse.Namespace) -> int:
         _console(args.stdout).print(f"run {run_id}: {len(run.moved())} objects moved in {len(run.results)} segments")
     code = outcome(list(run.results))
     if code != ExitCode.OK:
-        failed = sum(r.status == FAILED for r in run.results)
+        failed = sum(r.status == Status.FAILED for r in run.results)
         print(f"tiering: tier run {run_id}: {failed} segments stopped (see the run document for why)", file=sys.stderr)
     return code
 

@@ -1,7 +1,7 @@
 """What runs are made of: one segment's work turned into a result, a partition's work under its lease, the
 run document and its exit code; rolling a run back; cleaning up after the grace period.
 
-The per-segment protocol lives in :mod:`tiering.commit.protocol`; compaction runs are driven by the one
+The per-segment protocol lives in :mod:`tiering.commit`; compaction runs are driven by the one
 orchestrator, :mod:`tiering.run.pipeline`. Every per-segment problem becomes a result, never a crash of
 the whole run.
 """
@@ -16,24 +16,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseGuard, LeaseHeld, LeaseLost
-from tiering.commit.protocol import (
-    FAILED,
-    SKIPPED,
+from tiering.commit.operation import (
     Context,
     SegmentResult,
     SourceChanged,
     SourceGone,
     Staged,
-    finish_one,
-    pending_journals,
-    recheck_source,
     record_state,
-    recover_partition,
-    repair_segment,
-    stage_rollback,
-    stage_segment,
     state_entry,
 )
+from tiering.commit.recover import pending_journals, recover_partition, repair_segment, stage_rollback
+from tiering.commit.stage import recheck_source, stage_segment
+from tiering.commit.swap import finish_one
 from tiering.documents import check_document
 from tiering.errors import ConfigError, ExitCode, InvalidDataError, ProofError, StorageError, TieringError
 from tiering.kafka.files import parse_segment_name
@@ -282,7 +276,7 @@ def exit_code_of(r: SegmentResult) -> ExitCode:
     (retry), work left to a busy partition or a concurrent writer (run again later), else done."""
     if r.cause is Cause.UNSUPPORTED:
         return ExitCode.INVALID
-    if r.status == FAILED and r.pending is None:
+    if r.status == Status.FAILED and r.pending is None:
         return (ExitCode.INTERNAL if r.cause is Cause.PROOF_FAILED else
                 ExitCode.INVALID if r.cause in (Cause.INVALID, Cause.UNREADABLE) else ExitCode.USAGE)
     if r.pending is Pending.TRANSIENT:
@@ -310,7 +304,7 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
     try:
         own = ctx.for_segment(seg)
     except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
-        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict(),
+        return SegmentResult(seg.directory, seg.base_offset, Status.FAILED, f"not run: {e}", error=e.to_dict(),
                              cause=Cause.REFUSED)
 
     def attempt() -> SegmentResult:
@@ -337,17 +331,17 @@ def guarded(ctx: Context, seg: PlannedSegment, attempt: Callable[[], SegmentResu
         return attempt()
     except SourceChanged as e:  # a .log gone (retention) leaves nothing to do; any other change is left to a re-plan
         gone = isinstance(e, SourceGone)
-        return SegmentResult(seg.directory, seg.base_offset, SKIPPED, e.message, error=e.to_dict(),
+        return SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, e.message, error=e.to_dict(),
                              pending=None if gone else Pending.BUSY, cause=Cause.ABANDONED if gone else Cause.BUSY)
     except ProofError as e:  # what we wrote or what S3 stored disagrees with the source: not the source's fault
-        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"proof failed, original untouched: {e}",
+        return SegmentResult(seg.directory, seg.base_offset, Status.FAILED, f"proof failed, original untouched: {e}",
                              seg.size, error=e.to_dict(), cause=Cause.PROOF_FAILED)
     except InvalidDataError as e:
         return _judged_invalid(ctx, seg, e)
     except LeaseLost:
         raise
     except ChecksumMismatch as e:  # the store holds (or says it holds) other bytes than the proved ones
-        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"proof failed, original untouched: {e}",
+        return SegmentResult(seg.directory, seg.base_offset, Status.FAILED, f"proof failed, original untouched: {e}",
                              seg.size, error=e.to_dict(), cause=Cause.PROOF_FAILED)
     except StorageError as e:
         if isinstance(e, EncryptedWithCustomerKey) or e.code == "InvalidObjectState":
@@ -356,16 +350,16 @@ def guarded(ctx: Context, seg: PlannedSegment, attempt: Callable[[], SegmentResu
                            cause=Cause.UNREADABLE)
         return _failed(seg.directory, seg.base_offset, e, "S3 error, original untouched")
     except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
-        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"not run: {e}", error=e.to_dict(),
+        return SegmentResult(seg.directory, seg.base_offset, Status.FAILED, f"not run: {e}", error=e.to_dict(),
                              cause=Cause.REFUSED)
     except OSError as e:  # this machine's side: a full disk or an unwritable --work-dir for the spool files
-        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"local error, original untouched: "
+        return SegmentResult(seg.directory, seg.base_offset, Status.FAILED, f"local error, original untouched: "
                              f"{e.strerror or e}", error={"error": type(e).__name__, "path": e.filename},
                              cause=Cause.LOCAL_ERROR)
 
 
 def _failed(directory: str, base: int, e: TieringError, what: str) -> SegmentResult:
-    return SegmentResult(directory, base, FAILED, f"{what}: {e}", error=e.to_dict(),
+    return SegmentResult(directory, base, Status.FAILED, f"{what}: {e}", error=e.to_dict(),
                          pending=Pending.TRANSIENT if e.retryable else None,
                          cause=Cause.TRANSIENT if e.retryable else Cause.REFUSED)
 
@@ -378,11 +372,12 @@ def _judged_invalid(ctx: Context, seg: PlannedSegment, e: InvalidDataError) -> S
         recheck_source(ctx, seg)
     except InvalidDataError as again:
         remember(ctx, seg, Outcome.INVALID, str(again))
-        return SegmentResult(seg.directory, seg.base_offset, FAILED, f"invalid data, original untouched: {again}",
-                             seg.size, error=again.to_dict(), cause=Cause.INVALID)
+        return SegmentResult(seg.directory, seg.base_offset, Status.FAILED,
+                             f"invalid data, original untouched: {again}", seg.size, error=again.to_dict(),
+                             cause=Cause.INVALID)
     except StorageError as check:
         return _failed(seg.directory, seg.base_offset, check, f"could not confirm that the data is invalid ({e})")
-    return SegmentResult(seg.directory, seg.base_offset, FAILED, "the first download was damaged on the way (a "
+    return SegmentResult(seg.directory, seg.base_offset, Status.FAILED, "the first download was damaged on the way (a "
                          f"second one is valid; retryable), original untouched: {e}", error=e.to_dict(),
                          pending=Pending.TRANSIENT, cause=Cause.TRANSIENT)
 
@@ -418,8 +413,8 @@ def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tu
     try:
         lease.acquire(ctx.prefix)
     except LeaseHeld as e:
-        return [SegmentResult(d, b, SKIPPED, f"partition busy: {e.message}", pending=Pending.BUSY, cause=Cause.BUSY)
-                for d, b in todo]
+        return [SegmentResult(d, b, Status.SKIPPED, f"partition busy: {e.message}", pending=Pending.BUSY,
+                              cause=Cause.BUSY) for d, b in todo]
     except TieringError as e:
         return [_failed(d, b, e, "partition not touched") for d, b in todo]
     results: list[SegmentResult] = []
@@ -440,7 +435,7 @@ def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tu
             if (d, b) in seen:
                 continue
             if isinstance(stopped, LeaseLost):
-                results.append(SegmentResult(d, b, SKIPPED, f"stopped: {stopped.message}", pending=Pending.BUSY,
+                results.append(SegmentResult(d, b, Status.SKIPPED, f"stopped: {stopped.message}", pending=Pending.BUSY,
                                              cause=Cause.BUSY))
             else:
                 results.append(_failed(d, b, stopped, "stopped"))
@@ -479,7 +474,8 @@ def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int =
             runs = load_state(store, ctx.prefix, directory).keys_runs
             if target_run in runs and runs[-1] != target_run:
                 later = ", ".join(runs[runs.index(target_run) + 1:])
-                out.extend(SegmentResult(directory, base, FAILED, f"not rolled back: key-compaction run(s) {later} "
+                out.extend(SegmentResult(directory, base, Status.FAILED,
+                                         f"not rolled back: key-compaction run(s) {later} "
                                          "replaced segments here after it; roll those back first (this run's "
                                          "originals could bring back a value whose tombstone, or aborted data "
                                          "whose .txnindex entry, a later pass let go)", cause=Cause.LATER_RUN)

@@ -4,7 +4,7 @@ partition's archived segments, each cleaned segment swapped in by the commit pro
 Per partition, under its lease: the journals a crashed run left are finished first; the segments are
 listed; the cleaner's first pass reads them (headers, and the cleaned range's records for the key map);
 its second pass makes each cleaned segment in offset order, and each one that changed is staged, backed
-up and swapped (:func:`~tiering.commit.protocol.stage_cleaned`, :func:`~tiering.commit.protocol.finish_one`)
+up and swapped (:func:`~tiering.commit.stage.stage_cleaned`, :func:`~tiering.commit.swap.finish_one`)
 before the next one is made. So whatever stops a pass (a crash, a changed source, S3 failing) leaves the
 segments below some offset cleaned and the rest as they were: the state a broker's cleaner leaves when it
 stops between two groups, which the next pass (a later run) cleans from.
@@ -27,16 +27,10 @@ from datetime import UTC, datetime
 from typing import Any, BinaryIO, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
-from tiering.commit.protocol import (
-    COMPACTED,
-    FAILED,
-    SKIPPED,
-    Context,
-    SegmentResult,
-    finish_one,
-    recover_partition,
-    stage_cleaned,
-)
+from tiering.commit.operation import Context, SegmentResult
+from tiering.commit.recover import recover_partition
+from tiering.commit.stage import stage_cleaned
+from tiering.commit.swap import finish_one
 from tiering.errors import ConfigError, InvalidDataError, ProofError, UnsupportedError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import (
@@ -51,7 +45,7 @@ from tiering.kafka.keycompact import (
     parse_txn_index,
     survey,
 )
-from tiering.lifecycle.vocabulary import Cause, Pending, RunKind
+from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.plan.policy import Policy
 from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
 from tiering.plan.state import load_state, record_keys_checkpoint, record_keys_run
@@ -157,17 +151,17 @@ def partition_pass(ctx: Context, store: ObjectStore, segments: list[PlannedSegme
         report(r)
     if recovered:  # a journal that appeared since the listing (another run's crash): the listing is stale
         for seg in segments:
-            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "not cleaned: another run's operation was "
-                                 "finished here after the listing; run again", pending=Pending.BUSY,
-                                 cause=Cause.BUSY))
+            report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED,
+                                 "not cleaned: another run's operation was finished here after the listing; run again",
+                                 pending=Pending.BUSY, cause=Cause.BUSY))
         return
     chain, past = _chain(segments)
     for seg in past:
-        report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, f"past the cleaned range: {seg.reason}"
+        report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, f"past the cleaned range: {seg.reason}"
                              if seg.cause is not None else "past the cleaned range", cause=seg.cause))
     if len(chain) < 2:
         for seg in chain:
-            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, seg.reason, cause=seg.cause))
+            report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, seg.reason, cause=seg.cause))
         return
 
     # A pass whose key map filled up ended early: the next one goes on from where it ended (Kafka's
@@ -188,7 +182,7 @@ def partition_pass(ctx: Context, store: ObjectStore, segments: list[PlannedSegme
         cause = Cause.UNSUPPORTED if isinstance(e, UnsupportedError) else Cause.INVALID
         for seg in chain:
             if seg.base_offset not in reported:
-                report(SegmentResult(seg.directory, seg.base_offset, FAILED, f"not cleaned: the pass read {e}",
+                report(SegmentResult(seg.directory, seg.base_offset, Status.FAILED, f"not cleaned: the pass read {e}",
                                      error=e.to_dict(), cause=cause))
         return
     if end is not None and (None if end == NO_CHECKPOINT else end) != checkpoint:
@@ -234,8 +228,9 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
             done.add(seg.base_offset)
             path = os.path.join(work, f"{seg.base_offset}.log")
             if seg.base_offset in ours:
-                result = SegmentResult(seg.directory, seg.base_offset, SKIPPED, "already cleaned by this run (an "
-                                       "earlier attempt swapped it)", seg.size, seg.size, cause=Cause.ALREADY_COMPACTED)
+                result = SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED,
+                                       "already cleaned by this run (an earlier attempt swapped it)", seg.size,
+                                       seg.size, cause=Cause.ALREADY_COMPACTED)
             else:
                 if not noted and _changed(figures):  # before its first swap here: rollbacks go latest first
                     lease.check()
@@ -245,7 +240,7 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
             result, mark = replace(result, seconds=round(time.perf_counter() - mark, 3)), time.perf_counter()
             os.unlink(path)
             report(result)
-            if result.status is not COMPACTED and result.cause not in (Cause.NOTHING_TO_CLEAN,
+            if result.status is not Status.COMPACTED and result.cause not in (Cause.NOTHING_TO_CLEAN,
                                                                         Cause.ALREADY_COMPACTED):
                 stopped = result
                 break
@@ -253,16 +248,16 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
         if seg.base_offset in done:
             continue
         if stopped is not None:
-            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, f"not cleaned: the pass stopped at "
+            report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, f"not cleaned: the pass stopped at "
                                  f"segment {stopped.base_offset}", cause=Cause.PASS_STOPPED))
         elif seg.cause in _LAST:
-            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, seg.reason, cause=seg.cause))
+            report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, seg.reason, cause=seg.cause))
         elif facts.end_offset < facts.upper:
-            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, f"past where this pass's key map filled "
-                                 f"up ({len(facts.key_map):,} keys, offset {facts.end_offset}): the next pass goes "
-                                 "on from there", cause=Cause.UNCLEANABLE))
+            report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED,
+                                 f"past where this pass's key map filled up ({len(facts.key_map):,} keys, offset "
+                                 f"{facts.end_offset}): the next pass goes on from there", cause=Cause.UNCLEANABLE))
         else:
-            report(SegmentResult(seg.directory, seg.base_offset, SKIPPED, "past the first uncleanable offset "
+            report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, "past the first uncleanable offset "
                                  f"{facts.upper} (an open transaction, min.compaction.lag.ms, or the range's "
                                  "end)", cause=Cause.UNCLEANABLE))
     if stopped is not None:
@@ -281,7 +276,7 @@ def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: 
     d, base = seg.directory, seg.base_offset
     stats: dict[str, object] = {"key_compaction": figures}
     if not _changed(figures):
-        return SegmentResult(d, base, SKIPPED, "nothing to clean: every batch stays as it is", seg.size,
+        return SegmentResult(d, base, Status.SKIPPED, "nothing to clean: every batch stays as it is", seg.size,
                              seg.size, stats=stats, cause=Cause.NOTHING_TO_CLEAN)
     def attempt() -> SegmentResult:
         where = f"s3://{ctx.store.bucket}/{seg.txnindex.key}" if seg.txnindex else None

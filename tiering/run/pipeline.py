@@ -36,7 +36,8 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
-from tiering.commit.protocol import AUTO_SWAP, FAILED, SKIPPED, Context, SegmentResult, SwapChoice, iter_recover
+from tiering.commit.operation import AUTO_SWAP, Context, SegmentResult, SwapChoice
+from tiering.commit.recover import iter_recover
 from tiering.cost.forecast import Range
 from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, TieringError
@@ -513,10 +514,10 @@ def recorded(batch: StateBatch, out: list[SegmentResult]) -> Iterator[None]:
         unfinished = batch.unfinished()
         for i, r in enumerate(out):
             if r.base_offset in unfinished and r.directory == batch.directory and r.status in DONE_STATUSES:
-                out[i] = SegmentResult(r.directory, r.base_offset, FAILED, f"swapped in, but not recorded ({e}): "
-                                       "left in flight for the next run", error=e.to_dict(), run_id=r.run_id,
-                                       pending=Pending.TRANSIENT, recovered=r.recovered, seconds=r.seconds,
-                                       cause=Cause.TRANSIENT)
+                out[i] = SegmentResult(r.directory, r.base_offset, Status.FAILED,
+                                       f"swapped in, but not recorded ({e}): left in flight for the next run",
+                                       error=e.to_dict(), run_id=r.run_id, pending=Pending.TRANSIENT,
+                                       recovered=r.recovered, seconds=r.seconds, cause=Cause.TRANSIENT)
         raise
 
 
@@ -680,7 +681,7 @@ def _chunk_outcome(store: ObjectStore, settings: RunSettings, segments: list[Pla
     for s in segments:
         if s.cause is Cause.BUDGET:
             by_segment[(s.directory, s.base_offset, False)] = {
-                "directory": s.directory, "base_offset": s.base_offset, "status": SKIPPED, "reason": s.reason}
+                "directory": s.directory, "base_offset": s.base_offset, "status": Status.SKIPPED, "reason": s.reason}
         elif s.compacted_by == settings.run_id:
             earlier.setdefault(s.directory, []).append(s.base_offset)
     requests: dict[str, Counter[str]] = {}

@@ -29,7 +29,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
-from tiering.commit.protocol import FAILED, SKIPPED, Context, SegmentResult
+from tiering.commit.operation import Context, SegmentResult
 from tiering.cost.prices import GB, PriceBook
 from tiering.documents import check_document
 from tiering.errors import ConflictError, InvalidDataError, TieringError
@@ -317,7 +317,7 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
     etags: dict[str, tuple[str, str]] = {}
     try:
         store.head(journal_key(prefix, s.directory, s.base_offset))
-        return SegmentResult(s.directory, s.base_offset, SKIPPED, "a compaction of this segment is in progress "
+        return SegmentResult(s.directory, s.base_offset, Status.SKIPPED, "a compaction of this segment is in progress "
                              "(its journal entry exists): left for a later run", cause=Cause.BUSY)
     except ObjectNotFound:
         pass
@@ -343,13 +343,13 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
     except TieringError as e:  # what the error says decides the exit: retry, later, or the store's setup
         pending = (Pending.TRANSIENT if e.retryable else
                    Pending.BUSY if isinstance(e, ConflictError | PreconditionFailed) else None)
-        return SegmentResult(s.directory, s.base_offset, FAILED, f"stopped: {e}",
+        return SegmentResult(s.directory, s.base_offset, Status.FAILED, f"stopped: {e}",
                              stats={"moved": moved}, error=e.to_dict(), pending=pending,
                              cause=Cause.INVALID if isinstance(e, InvalidDataError) else
                              Cause.TRANSIENT if e.retryable else Cause.BUSY if pending else Cause.REFUSED)
     finally:
         _follow_etags(store, prefix, s, etags)  # whatever moved, our state document must name it
-    status = MOVED if moved else SKIPPED
+    status = MOVED if moved else Status.SKIPPED
     reason = "; ".join(notes) or ("" if moved else "nothing left to move")
     return SegmentResult(s.directory, s.base_offset, status, reason, sum(int(m.get("bytes", 0)) for m in moved),
                          stats={"moved": moved},
@@ -445,7 +445,7 @@ def tier_report(plan: TierPlan, results: Sequence[SegmentResult], run_id: str, *
         len(moved), sum(int(m.get("bytes", 0)) for m in moved),
         sum(float(m.get("monthly_savings_usd", 0.0)) for m in moved),
         sum(float(m.get("one_off_usd", 0.0)) for m in moved),
-        tuple(r for r in results if r.status == FAILED), tuple(r for r in results if r.status == SKIPPED),
+        tuple(r for r in results if r.status == Status.FAILED), tuple(r for r in results if r.status == Status.SKIPPED),
         tuple(f"{n} objects go to {cls}: they cannot be read (by Kafka, a consumer or the compaction) without a "
               "restore first" for cls, n in sorted(_archived(plan).items())))
 
@@ -473,7 +473,7 @@ def tier_table(report: TierReport) -> str:
     for reason, n in sorted(t.staying.items()):
         lines.append(f"  stays ({n}): {reason}")
     for r in report.segments_failed:
-        lines.append(f"  FAILED {r.directory}/{r.base_offset}: {r.reason}")
+        lines.append(f"  Status.FAILED {r.directory}/{r.base_offset}: {r.reason}")
     lines += [f"  WARNING: {w}" for w in report.warnings]
     return "\n".join(lines)
 

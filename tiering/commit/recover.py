@@ -1,0 +1,221 @@
+"""Journal entries left in flight, rollback and repair: the commit protocol run again over what is there.
+
+A crash leaves journal entries; the next run that holds the partition's lease finishes each of them (or
+abandons one whose source changed) with :func:`tiering.commit.swap.finish`, or takes over a compaction
+another run staged and left when this run would stage the same. A rollback journals the restore of a
+segment from a run's backups and swaps them in the same way; a repair removes the indexes we rebuilt
+beside a ``.log`` that has since been replaced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from tiering.commit.lease import LeaseGuard
+from tiering.commit.operation import (
+    META_OP,
+    META_RESTORED,
+    META_RUN,
+    Context,
+    SegmentResult,
+    SourceChanged,
+    TakenOver,
+    kms,
+    record_state,
+    state_entry,
+    uri,
+)
+from tiering.commit.swap import abandon, finish_one
+from tiering.kafka.files import TXN_INDEX_SUFFIX
+from tiering.lifecycle.journal import FILES, Journal, NewFiles, TxnIndexSwap
+from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status
+from tiering.plan.scan import PlannedSegment
+from tiering.storage.layout import (
+    backup_key,
+    dir_segment_key,
+    journal_dir,
+    journal_key,
+)
+from tiering.storage.objects import (
+    ObjectAttrs,
+    ObjectNotFound,
+    ObjectStore,
+    PreconditionFailed,
+)
+
+
+def pending_journals(store: ObjectStore, prefix: str, directory: str | None = None) -> Iterator[tuple[Journal, str]]:
+    """Journal entries left in flight (by a crash, or by a stage step waiting for its commit)."""
+    under = journal_dir(prefix, directory)
+    for info in store.list(under):
+        try:
+            doc, etag = store.get_json(info.key)
+        except ObjectNotFound:
+            continue  # finished in between
+        yield Journal.from_json(doc, where=uri(store, info.key)), etag
+
+
+def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[SegmentResult]:
+    """Finish (or abandon) every journal entry of the partition; the caller holds its lease.
+
+    A compaction of ANOTHER run still ``staged`` (nothing final changed, no backup made yet) is never rolled
+    forward into that run's backup keys: that run may only be stalled, with a backup copy in flight to the
+    keys its journal names, and a copy landing after our swap would put the new ``.log`` where the original
+    must be kept (S3 refuses such a copy by its ``x-amz-copy-source-if-match``; moto does not). Here it is
+    abandoned and its segment planned again like any other (:func:`iter_recover` can take it over instead).
+    Entries of this run (a retry, or the pipeline's commit step) and entries past their backup are
+    finished."""
+    return list(iter_recover(ctx, directory, lease))
+
+
+def iter_recover(ctx: Context, directory: str, lease: LeaseGuard, *, commit: bool = True,
+                 adoptable: Callable[[Journal], bool] | None = None) -> Iterator[SegmentResult]:
+    """:func:`recover_partition`, one result at a time (the partition's state batch is written between two
+    operations when it is full, so that a failed write stops the work after the results already given).
+
+    A compaction another run left ``staged`` is taken over (:func:`adopt`) when ``adoptable`` says this run
+    would stage the same (same source, codec and level): its staged files are used instead of being made
+    again; with ``commit`` it is finished at once, else left staged for this run's commit step. Otherwise it
+    is abandoned and the segment compacted anew."""
+    for journal, etag in list(pending_journals(ctx.store, ctx.prefix, directory)):
+        if ctx.state is not None and ctx.state.full:
+            ctx.state.flush(lease.check)
+        theirs = journal.run_id != ctx.run_id
+        if journal.kind is OpKind.COMPACT and journal.state is JournalState.STAGED and theirs:
+            if adoptable is not None and adoptable(journal):
+                result = _adopted(ctx, journal, etag, lease, commit=commit)
+            else:
+                result = abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}): "
+                                  "abandoned; the segment is compacted anew", pending=None)
+        else:
+            result = finish_one(ctx, journal, etag, lease)
+        # A recovery: another run's operation finished or dropped here. Not one: this run's own (a retry, the
+        # commit step) or one it took over (its results are this run's, like those of what it stages).
+        yield replace(result, recovered=(result.run_id or journal.run_id) != ctx.run_id)
+
+
+def adopt(ctx: Context, journal: Journal, etag: str) -> tuple[Journal, str]:
+    """Take over a compaction another run staged and left (nothing final changed, no backup made yet): the
+    same staged files, with this run's operation id, backup keys and state entry, written over that run's
+    journal entry if it is still the one read (``If-Match``). A stalled owner then finds its entry changed
+    and stops, and whatever it still copies goes to its own backup keys, which no journal names any more.
+    :class:`TakenOver` if the entry changed in between."""
+    d, base = journal.directory, journal.base_offset
+    op = ctx.new_op()
+    marks = {META_RUN: ctx.run_id, META_OP: op}
+    taken = replace(journal, op=op, run_id=ctx.run_id,
+                    attrs={name: a.with_metadata(marks) for name, a in journal.attrs.items()},
+                    backup={name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if journal.source[name] else None
+                            for name, sfx in FILES},
+                    entry={**journal.entry, "run_id": ctx.run_id})
+    try:
+        return taken, ctx.store.put_json(journal_key(ctx.prefix, d, base), taken.to_json(), if_match=etag)
+    except (PreconditionFailed, ObjectNotFound):
+        raise TakenOver("another run took this operation over first: left to that run",
+                        path=uri(ctx.store, journal_key(ctx.prefix, d, base))) from None
+
+
+def _adopted(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *, commit: bool) -> SegmentResult:
+    lease.check()
+    try:
+        staged = ctx.store.head(journal.new.log)
+    except ObjectNotFound:
+        staged = None
+    if staged is None or staged.size != journal.new.log_size:
+        return abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}), its staged "
+                        ".log gone or other: abandoned; the segment is compacted anew", pending=None)
+    try:
+        taken, etag = adopt(ctx, journal, etag)
+    except TakenOver as e:
+        return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, e.message, run_id=journal.run_id,
+                             pending=Pending.BUSY, cause=Cause.BUSY)
+    why = f"staged by run {journal.run_id}, which did not finish it: taken over"
+    if commit:
+        result = finish_one(ctx, taken, etag, lease, taken_from=journal.run_id)
+        return replace(result, reason=why) if result.status is Status.COMPACTED else result
+    return SegmentResult(taken.directory, taken.base_offset, Status.STAGED, why,
+                         int(taken.entry.get("bytes_before", 0)), int(taken.entry.get("bytes_after", 0)),
+                         run_id=ctx.run_id, encryption=kms(taken.attrs["log"].headers))
+
+
+def repair_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> SegmentResult:
+    """Remove the indexes we rebuilt for a ``.log`` that has since been replaced (``If-Match``: only ours)."""
+    lease.check()
+    for ref in (seg.index, seg.timeindex):
+        if ref is not None:
+            try:
+                ctx.store.delete(ref.key, if_match=ref.etag, missing_ok=True)
+            except PreconditionFailed:
+                raise SourceChanged("an index changed after planning", path=uri(ctx.store, ref.key)) from None
+    record_state(ctx, seg.directory, seg.base_offset, None)
+    return SegmentResult(seg.directory, seg.base_offset, Status.REPAIRED, seg.reason)
+
+
+def _txn_index_restore(ctx: Context, directory: str, base: int, target_run: str, op: str) -> TxnIndexSwap | None:
+    """The ``.txnindex`` a rollback puts back after the ``.log``: the one ``target_run`` backed up, if any."""
+    store = ctx.store
+    kept = backup_key(ctx.prefix, target_run, directory, base, TXN_INDEX_SUFFIX)
+    try:
+        _, attrs = store.describe(kept)
+    except ObjectNotFound:
+        return None  # that run did not replace it
+    final = dir_segment_key(ctx.prefix, directory, base, TXN_INDEX_SUFFIX)
+    try:
+        source: str | None = store.head(final).etag
+    except ObjectNotFound:
+        source = None
+    return TxnIndexSwap(final, source, kept, None, False, attrs.with_metadata({META_RESTORED: target_run, META_OP: op}))
+
+
+def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> tuple[Journal, str] | SegmentResult:
+    """Journal the restore of one segment from ``target_run``'s backups, if that run's ``.log`` is still the
+    one in place; otherwise a skipped result saying what is there instead."""
+    store = ctx.store
+    final = {name: dir_segment_key(ctx.prefix, directory, base, sfx) for name, sfx in FILES}
+    backups = {name: backup_key(ctx.prefix, target_run, directory, base, sfx) for name, sfx in FILES}
+    try:
+        current, _ = store.describe(final["log"])
+    except ObjectNotFound:
+        return SegmentResult(directory, base, Status.SKIPPED, "the .log is gone: nothing to restore over",
+                             cause=Cause.NOT_RESTORABLE)
+    owner = current.metadata.get(META_RUN)
+    if owner != target_run:
+        what = f"run {owner}" if owner else "an object we did not write (the original, or a replacement)"
+        return SegmentResult(directory, base, Status.SKIPPED,
+                             f"the .log in place is from {what}, not from run {target_run}", cause=Cause.NOT_RESTORABLE)
+    source: dict[str, str | None] = {"log": current.etag}
+    attrs: dict[str, ObjectAttrs] = {}
+    new: dict[str, str | None] = {}
+    log_size = 0
+    op = ctx.new_op()
+    for name, _ in FILES:
+        if name != "log":
+            try:
+                source[name] = store.head(final[name]).etag
+            except ObjectNotFound:
+                source[name] = None
+        try:
+            info, original = store.describe(backups[name])
+        except ObjectNotFound:
+            if name == "log":
+                return SegmentResult(directory, base, Status.FAILED, "the backup of the .log is missing",
+                                     error={"path": uri(store, backups[name])}, cause=Cause.BACKUP_MISSING)
+            new[name] = None
+            continue
+        new[name] = backups[name]
+        attrs[name] = original.with_metadata({META_RESTORED: target_run, META_OP: op})
+        if name == "log":
+            log_size = info.size
+    entry = state_entry(ctx, directory, base)
+    journal = Journal(OpKind.ROLLBACK, op, ctx.run_id, JournalState.BACKED_UP, directory, base, final, source,
+                      NewFiles(backups["log"], log_size, new["index"], new["timeindex"]), attrs,
+                      payload_xxh3=entry.payload_xxh3 if entry else None, restores_run=target_run,
+                      entry={"bytes_before": current.size, "bytes_after": log_size},
+                      txn=_txn_index_restore(ctx, directory, base, target_run, op))
+    try:
+        etag = store.put_json(journal_key(ctx.prefix, directory, base), journal.to_json(), if_none_match=True)
+    except PreconditionFailed:
+        return SegmentResult(directory, base, Status.SKIPPED, "another operation's journal entry is pending for it",
+                             pending=Pending.BUSY, cause=Cause.BUSY)
+    return journal, etag

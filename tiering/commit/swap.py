@@ -1,0 +1,510 @@
+"""Steps 2-4 of the commit protocol: back up, swap, put the indexes, record, forget.
+
+:func:`finish` takes a journal entry in any state and rolls it forward from wherever it is: it looks at the
+final ``.log`` first (the planned original, ours, gone, or someone else's), so the same code finishes a
+segment this run just staged, one a crashed run left behind and a rollback. A segment whose source
+changed is abandoned (:func:`abandon`): its staging objects and journal entry go, backups stay, and
+whatever this operation had put beside a ``.log`` that is not ours is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from dataclasses import dataclass, replace
+from typing import BinaryIO, Final
+
+from tiering.commit.lease import LeaseGuard, LeaseLost
+from tiering.commit.operation import (
+    META_OP,
+    Context,
+    SegmentResult,
+    SourceChanged,
+    SourceGone,
+    TakenOver,
+    kms,
+    record_state,
+    uri,
+)
+from tiering.commit.verify import copy_source, download_verified
+from tiering.errors import InvalidDataError, ProofError, StorageError
+from tiering.kafka.index import Indexes
+from tiering.kafka.rewrite import read_back
+from tiering.lifecycle.journal import FILES, INDEX_FILES, Journal
+from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Swap
+from tiering.plan.state import SegmentState, stamped
+from tiering.storage.layout import (
+    journal_key,
+    probe_key,
+)
+from tiering.storage.objects import (
+    ObjectInfo,
+    ObjectNotFound,
+    PreconditionFailed,
+    copy_honours_if_match,
+)
+
+REPLACE_ATTEMPTS: Final = 3  # another writer's index beside our .log: deleted and ours put, at most this often
+
+
+def swap_mode(ctx: Context) -> Swap:
+    """The run's :class:`Swap`: as given, else learnt from the store once (:func:`copy_honours_if_match`)."""
+    with ctx.swap.lock:
+        if ctx.swap.mode is None:
+            honoured = copy_honours_if_match(ctx.store, probe_key(ctx.prefix, ctx.run_id, secrets.token_hex(4)))
+            ctx.swap.mode = Swap.COPY if honoured else Swap.PUT
+        return ctx.swap.mode
+
+
+def _exists(ctx: Context, key: str) -> bool:
+    try:
+        ctx.store.head(key)
+    except ObjectNotFound:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class _Swapped:
+    """The journal entry as it stands after the ``.log`` swap (advanced to ``backed-up``, maybe rewritten)
+    and the ETag of the ``.log`` now in place."""
+
+    journal: Journal
+    etag: str
+    log_etag: str
+
+
+def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, indexes: Indexes | None = None
+           ) -> SegmentResult:
+    """Steps 2-4 (or the rest of them, after a crash): idempotent, and safe to call with any journal entry.
+    ``indexes``: the staged indexes' bytes, when the caller staged them (else they are read from staging).
+
+    The final ``.log`` decides where the operation stands: gone (retention) or another writer's, the
+    operation is abandoned; the planned original, the new ``.log`` is swapped in (:func:`_swap_log`); ours
+    already (a crash after the swap), the swap is done. Then the indexes, the state and the journal
+    (:func:`_complete`)."""
+    try:
+        current, _ = ctx.store.describe(journal.final["log"])
+    except ObjectNotFound:
+        return abandon(ctx, journal, etag, "the .log disappeared (deleted by retention?): nothing to replace",
+                       pending=None)
+    if current.metadata.get(META_OP) == journal.op:
+        return _complete(ctx, _Swapped(journal, etag, current.etag), indexes)
+    if current.etag != journal.source["log"]:
+        return abandon(ctx, journal, etag, "the .log changed after planning: the new object is left untouched")
+    swapped = _swap_log(ctx, journal, etag, lease)
+    return swapped if isinstance(swapped, SegmentResult) else _complete(ctx, swapped, indexes)
+
+
+def _swap_log(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> _Swapped | SegmentResult:
+    """Steps 2 and 3, with the original ``.log`` still in place: the copy to put in place verified, the
+    originals backed up (state ``backed-up``), a ``.txnindex`` that goes first swapped, the old indexes
+    deleted (``If-Match``), the new ``.log`` put over the original (``If-Match`` its ETag). A source that
+    changed on the way abandons the operation; another run that took it over ends it here."""
+    spool: BinaryIO | None = None
+    try:
+        staged, spool = _copy_to_put(ctx, journal)
+        if journal.state is JournalState.STAGED and journal.backup:
+            _back_up(ctx, journal)
+            journal, etag = _advance(ctx, journal, etag, JournalState.BACKED_UP)
+        lease.check()
+        if journal.txn is not None and journal.txn.before_log:
+            _swap_txn_index(ctx, journal)
+        _delete_old_indexes(ctx, journal, etag)
+        lease.check()
+        log_etag = _put_log(ctx, journal, staged, spool)
+    except TakenOver as e:
+        return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, e.message,
+                             run_id=journal.run_id, pending=Pending.BUSY, cause=Cause.BUSY)
+    except SourceChanged as e:
+        return abandon(ctx, journal, etag, e.message, pending=None if isinstance(e, SourceGone) else Pending.BUSY)
+    finally:
+        if spool is not None:
+            spool.close()
+    return _Swapped(journal, etag, log_etag)
+
+
+def _copy_to_put(ctx: Context, journal: Journal) -> tuple[str | None, BinaryIO | None]:
+    """The new ``.log``, verified, as the run's :class:`Swap` puts it: the ETag a server-side copy is held
+    to, or a spool file holding its bytes for a PUT."""
+    try:
+        if swap_mode(ctx) is Swap.COPY:
+            return copy_source(ctx, journal), None
+        return None, download_verified(ctx, journal)
+    except ObjectNotFound:
+        raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
+                            path=uri(ctx.store, journal.new.log)) from None
+
+
+def _advance(ctx: Context, journal: Journal, etag: str, state: JournalState) -> tuple[Journal, str]:
+    """The journal entry in its next state, written over the one we last wrote (``If-Match``)."""
+    advanced = journal.advanced(state)
+    try:
+        return advanced, ctx.store.put_json(journal_key(ctx.prefix, journal.directory, journal.base_offset),
+                                            advanced.to_json(), if_match=etag)
+    except (PreconditionFailed, ObjectNotFound):
+        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
+                        "to that run", path=uri(ctx.store, journal.final["log"])) from None
+
+
+def _delete_old_indexes(ctx: Context, journal: Journal, etag: str) -> None:
+    """The original indexes go before the ``.log`` is replaced (``If-Match``: a changed one stops the swap), so
+    that no index is ever beside a ``.log`` it was not made for."""
+    final, source = journal.final, journal.source
+    for name in INDEX_FILES:
+        if source[name]:
+            try:
+                ctx.store.delete(final[name], if_match=source[name], missing_ok=True)
+            except PreconditionFailed:
+                _still_ours(ctx, journal, etag)
+                raise SourceChanged(f"the .{name} changed after planning", path=uri(ctx.store, final[name]),
+                                    expected=source[name]) from None
+
+
+def _put_log(ctx: Context, journal: Journal, staged: str | None, spool: BinaryIO | None) -> str:
+    """Put the new ``.log`` over the original (``If-Match`` the planned ETag): a server-side copy of the
+    staged version ``staged``, else a PUT of ``spool``. The ETag now in place; :class:`SourceChanged` when
+    another writer's object is there."""
+    store, final, source = ctx.store, journal.final, journal.source
+    try:
+        if staged is not None:
+            return store.copy_over(journal.new.log, final["log"], source_etag=staged, if_match=str(source["log"]),
+                                   attrs=journal.attrs["log"], size=journal.new.log_size).etag
+        assert spool is not None
+        spool.seek(0)
+        return store.put_object(final["log"], spool, journal.attrs["log"], if_match=source["log"]).etag
+    except ObjectNotFound:
+        if staged is not None and _exists(ctx, final["log"]):
+            raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
+                                path=uri(store, journal.new.log)) from None
+        raise SourceGone("the .log disappeared (deleted by retention?) before the swap",
+                         path=uri(store, final["log"])) from None
+    except PreconditionFailed:
+        # Either someone replaced the .log (or the staged copy), or this write happened and only its answer
+        # was lost (the retry then fails its own condition): our op id on the object tells.
+        try:
+            current, _ = store.describe(final["log"])
+        except ObjectNotFound:
+            raise SourceGone("the .log disappeared (deleted by retention?) before the swap",
+                             path=uri(store, final["log"])) from None
+        if current.metadata.get(META_OP) != journal.op:
+            raise SourceChanged("the .log changed after planning: the new object is left untouched",
+                                path=uri(store, final["log"])) from None
+        return current.etag
+
+
+def _complete(ctx: Context, swapped: _Swapped, indexes: Indexes | None) -> SegmentResult:
+    """Step 4, with the new ``.log`` in place (maybe by a run that crashed): a ``.txnindex`` that goes after
+    it, the new indexes where none is (another writer's index is never overwritten), a check that the
+    ``.log`` is still ours, then the segment recorded in the partition's state and the journal forgotten.
+    Another writer's objects found on the way leave the segment to them (:func:`_superseded`)."""
+    journal, etag = swapped.journal, swapped.etag
+    etags = {"log_etag": swapped.log_etag}
+    superseded = ""
+    if journal.txn is not None and not journal.txn.before_log:
+        try:
+            _swap_txn_index(ctx, journal)
+        except SourceChanged as e:
+            superseded = e.message
+    for name in INDEX_FILES:
+        if journal.new.key(name) and not superseded:
+            put = _put_index_beside_ours(ctx, journal, name, indexes)
+            if put is None and _log_is_ours(ctx, journal):  # still a foreign index beside our .log: the journal
+                # stays, so the next run that covers the partition tries again
+                return SegmentResult(journal.directory, journal.base_offset, Status.FAILED,
+                                     f"another writer keeps putting a .{name} beside our .log: left in flight for "
+                                     "the next run", run_id=journal.run_id, pending=Pending.TRANSIENT,
+                                     cause=Cause.BUSY)
+            if put is None:
+                superseded = f"another writer put a .{name} beside our .log after the swap"
+            else:
+                etags[f"{name}_etag"] = put
+    if not superseded and not _log_is_ours(ctx, journal):
+        superseded = "another writer replaced the .log after our swap"
+    if superseded:
+        return _superseded(ctx, journal, etag, etags, superseded)
+
+    def forget() -> None:
+        with contextlib.suppress(TakenOver):  # done all the same: the run that took the entry over forgets it
+            _forget(ctx, journal, etag)
+
+    compacted = journal.kind is OpKind.COMPACT
+    record_state(ctx, journal.directory, journal.base_offset,
+                 stamped(SegmentState.from_json({**journal.entry, **etags})) if compacted else None, then=forget)
+    return SegmentResult(journal.directory, journal.base_offset, Status.COMPACTED if compacted else
+                         Status.ROLLED_BACK, "", int(journal.entry.get("bytes_before", 0)),
+                         int(journal.entry.get("bytes_after", 0)), run_id=journal.run_id,
+                         encryption=kms(journal.attrs["log"].headers))
+
+
+def _put_index_beside_ours(ctx: Context, journal: Journal, name: str, indexes: Indexes | None) -> str | None:
+    """:func:`_put_index`, and while another writer's index sits beside our ``.log``, that one replaced by ours
+    (:func:`_replace_foreign_index`, at most :data:`REPLACE_ATTEMPTS` times). The ETag put, or None."""
+    put = _put_index(ctx, journal, name, indexes)
+    for _ in range(REPLACE_ATTEMPTS):
+        if put is not None or not _log_is_ours(ctx, journal):
+            break
+        put = _replace_foreign_index(ctx, journal, name, indexes)
+    return put
+
+
+def _log_is_ours(ctx: Context, journal: Journal) -> bool:
+    try:
+        return ctx.store.head(journal.final["log"]).metadata.get(META_OP) == journal.op
+    except ObjectNotFound:
+        return False
+
+
+def _replace_foreign_index(ctx: Context, journal: Journal, name: str, indexes: Indexes | None) -> str | None:
+    """Another writer's index sits beside OUR ``.log`` (e.g. a mirror re-uploading a byte-identical original:
+    its ``.log`` kept the planned ETag, so our swap went through, and its index arrived after our delete).
+    It cannot be valid for our bytes, and a broker trusts a present index: delete it (``If-Match`` the ETag
+    seen; the original is in the backup) and put ours. None if yet another index arrives meanwhile."""
+    key = journal.final[name]
+    try:
+        there = ctx.store.head(key)
+        ctx.store.delete(key, if_match=there.etag, missing_ok=True)
+    except (ObjectNotFound, PreconditionFailed):
+        pass  # gone already, or replaced again: the put below decides
+    return _put_index(ctx, journal, name, indexes)
+
+
+def finish_one(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *,
+               taken_from: str | None = None, indexes: Indexes | None = None) -> SegmentResult:
+    """:func:`finish` with every per-segment problem as a result (the partition's other entries go on); a lost
+    lease still stops the partition. ``taken_from``: the run whose staged operation this run took over."""
+    try:
+        return finish(ctx, journal, etag, lease, indexes)
+    except LeaseLost:
+        raise
+    except (ProofError, InvalidDataError) as e:  # a staged or backup copy that does not verify: nothing swapped
+        failed = SegmentResult(journal.directory, journal.base_offset, Status.FAILED,
+                               f"proof failed, left in flight: {e}", error=e.to_dict(), run_id=journal.run_id,
+                               cause=Cause.PROOF_FAILED)
+        if journal.kind is not OpKind.COMPACT or journal.state is not JournalState.STAGED:
+            return failed
+        # Nothing final changed: drop the staged copy and its journal, so that the segment is staged anew
+        # instead of every later run meeting the same bad copy.
+        dropped = abandon(ctx, journal, etag, "", pending=None)
+        if dropped.pending is not None:  # another run took the entry over in between: left to it
+            return dropped
+        if taken_from is not None:  # another run's copy: this run compacts the segment anew
+            return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, f"the copy run {taken_from} "
+                                 f"staged does not verify, dropped; the segment is compacted anew: {e}",
+                                 error=e.to_dict(), run_id=taken_from, cause=Cause.ABANDONED)
+        return replace(failed, reason=f"proof failed, the staged copy dropped (nothing final changed): {e}")
+    except StorageError as e:
+        return SegmentResult(journal.directory, journal.base_offset, Status.FAILED, f"S3 error, left in flight: {e}",
+                             error=e.to_dict(), run_id=journal.run_id,
+                             pending=Pending.TRANSIENT if e.retryable else None,
+                             cause=Cause.TRANSIENT if e.retryable else Cause.REFUSED)
+
+
+def _still_ours(ctx: Context, journal: Journal, etag: str) -> None:
+    """:class:`TakenOver` unless the journal entry is still the one we last wrote."""
+    key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
+    try:
+        _, there = ctx.store.get_json(key)
+    except ObjectNotFound:
+        there = None
+    if there != etag:
+        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
+                        "to that run", path=uri(ctx.store, key))
+
+
+def _forget(ctx: Context, journal: Journal, etag: str) -> None:
+    """Delete a finished (or given up) operation's journal entry, then its staging objects: a crash in between
+    leaves only staging objects that no journal names (cleanup removes them), never a journal whose staged
+    copy is gone. :class:`TakenOver` if the entry is no longer the one we wrote (nothing is deleted then)."""
+    try:
+        ctx.store.delete(journal_key(ctx.prefix, journal.directory, journal.base_offset), if_match=etag,
+                         missing_ok=True)
+    except PreconditionFailed:
+        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
+                        "to that run", path=uri(ctx.store, journal.final["log"])) from None
+    if journal.kind is OpKind.COMPACT:
+        for key in journal.new.present():
+            ctx.store.delete(key, missing_ok=True)
+        if journal.txn is not None and journal.txn.new is not None:
+            ctx.store.delete(journal.txn.new, missing_ok=True)
+
+
+def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str], why: str) -> SegmentResult:
+    """Another writer replaced the segment after our ``.log`` swap: remove the indexes we put (``If-Match``:
+    only ours; a broker rebuilds a missing index, but would trust ours beside a ``.log`` they do not belong
+    to), leave every object of the other writer as it is, and forget the operation. The originals stay
+    in the backup for the grace period."""
+    for name in INDEX_FILES:
+        if f"{name}_etag" in ours:
+            with contextlib.suppress(PreconditionFailed):  # replaced by the other writer already: theirs
+                ctx.store.delete(journal.final[name], if_match=ours[f"{name}_etag"], missing_ok=True)
+    with contextlib.suppress(TakenOver):
+        _forget(ctx, journal, etag)
+    return SegmentResult(journal.directory, journal.base_offset, Status.SUPERSEDED,
+                         f"{why}: its objects are left as they are", run_id=journal.run_id, pending=Pending.BUSY,
+                         cause=Cause.REPLACED)
+
+
+def _put_index(ctx: Context, journal: Journal, name: str, indexes: Indexes | None = None) -> str | None:
+    """Put one new index in place where no index is (``If-None-Match``: the old one was deleted before the
+    swap) unless a crashed run of this operation already did; its ETag. None when another writer's index
+    is there: it is left alone."""
+    store, final, op = ctx.store, journal.final, journal.op
+    try:
+        there = store.head(final[name])
+        return there.etag if there.metadata.get(META_OP) == op else None
+    except ObjectNotFound:
+        pass
+    staged = journal.new.key(name)
+    assert staged is not None
+    try:
+        if indexes is not None:
+            data = indexes.offset_index if name == "index" else indexes.time_index
+        else:
+            data = store.get(staged)
+    except ObjectNotFound:  # only if the staging copy went first: rebuild from the .log in place
+        with store.open(final["log"]) as body:
+            rebuilt = read_back(body, base_offset=journal.base_offset, path=uri(store, final["log"]),
+                                index_interval_bytes=ctx.options.index_interval_bytes,
+                                decompression_limit=ctx.options.decompression_limit).indexes
+        data = rebuilt.offset_index if name == "index" else rebuilt.time_index
+    try:
+        return store.put_object(final[name], data, journal.attrs[name], if_none_match=True).etag
+    except PreconditionFailed:
+        # Another writer's index, or this very PUT whose answer was lost (the retry then fails its own
+        # condition): our op id tells them apart.
+        there = store.head(final[name])
+        return there.etag if there.metadata.get(META_OP) == op else None
+
+
+def _back_up(ctx: Context, journal: Journal) -> None:
+    """Server-side copies of the originals. moto ignores CopySourceIfMatch, so the source ETag is checked
+    again after the copy: a source that changed meanwhile stops the swap before anything is replaced."""
+    store, final, source, backup = ctx.store, journal.final, journal.source, journal.backup or {}
+    for name, _ in FILES:
+        etag, target = source[name], backup.get(name)
+        if not etag or not target:
+            continue
+        try:
+            store.copy(final[name], target, source_etag=etag, attrs=journal.attrs[name])
+            copied, after = store.head(target), store.head(final[name])
+        except (PreconditionFailed, ObjectNotFound):
+            raise SourceChanged(f"the {name} file changed while it was backed up",
+                                path=uri(store, final[name])) from None
+        if after.etag != etag or copied.size != journal.source_sizes[name]:
+            raise SourceChanged(f"the {name} file changed while it was backed up", path=uri(store, final[name]),
+                                expected=etag, found=after.etag)
+    txn = journal.txn
+    if txn is not None and txn.source and txn.backup:
+        try:
+            _, attrs = store.describe(txn.final)
+            store.copy(txn.final, txn.backup, source_etag=txn.source, attrs=attrs)
+            after = store.head(txn.final)
+        except (PreconditionFailed, ObjectNotFound):
+            raise SourceChanged("the .txnindex changed while it was backed up", path=uri(store, txn.final)) from None
+        if after.etag != txn.source:
+            raise SourceChanged("the .txnindex changed while it was backed up", path=uri(store, txn.final),
+                                expected=txn.source, found=after.etag)
+
+
+def _swap_txn_index(ctx: Context, journal: Journal) -> None:
+    """Put the journal's ``.txnindex`` in place (or remove it), unless a crashed run of this operation did;
+    :class:`SourceChanged` when another writer's is there."""
+    store, txn = ctx.store, journal.txn
+    assert txn is not None
+    try:
+        there: ObjectInfo | None = store.head(txn.final)
+    except ObjectNotFound:
+        there = None
+    if there is not None and there.metadata.get(META_OP) == journal.op:
+        return
+    if there is None and txn.new is None:
+        return  # removed (by us, or by a crashed run of this operation)
+    if (there.etag if there is not None else None) != txn.source:
+        raise SourceChanged("the .txnindex changed after planning", path=uri(store, txn.final),
+                            expected=txn.source or "no object", found=there.etag if there else "no object")
+    try:
+        if txn.new is None:
+            store.delete(txn.final, if_match=txn.source, missing_ok=True)
+            return
+        try:
+            data = store.get(txn.new)
+        except ObjectNotFound:
+            raise SourceChanged("the staged .txnindex is gone (an interrupted cleanup of this operation)",
+                                path=uri(store, txn.new)) from None
+        if txn.source:
+            store.put_object(txn.final, data, txn.attrs, if_match=txn.source)
+        else:
+            store.put_object(txn.final, data, txn.attrs, if_none_match=True)
+    except PreconditionFailed:  # another writer's, or this very request whose answer was lost
+        with contextlib.suppress(ObjectNotFound):
+            if store.head(txn.final).metadata.get(META_OP) == journal.op:
+                return
+        raise SourceChanged("the .txnindex changed after planning", path=uri(store, txn.final)) from None
+
+
+def _put_back_txn_index(ctx: Context, journal: Journal) -> None:
+    """An abandoned operation that had put its ``.txnindex`` in before the ``.log``: while the original
+    ``.log`` is in place, the original ``.txnindex`` goes back beside it (from its backup; or, if there was
+    none, ours is removed). Beside a ``.log`` another writer put there, the ``.txnindex`` is that writer's
+    business (either one could be wrong for its ``.log``): left as it is; with the ``.log`` gone, ours is
+    removed."""
+    store, txn = ctx.store, journal.txn
+    assert txn is not None
+    try:
+        there = store.head(txn.final)
+    except ObjectNotFound:
+        there = None
+    ours = there is not None and there.metadata.get(META_OP) == journal.op
+    removed = there is None and txn.new is None and txn.source is not None
+    if not ours and not removed:
+        return
+    try:
+        log_etag: str | None = store.head(journal.final["log"]).etag
+    except ObjectNotFound:
+        log_etag = None
+    if log_etag is None:  # deleted by retention: no .txnindex of ours stays behind
+        if ours and there is not None:
+            with contextlib.suppress(PreconditionFailed):
+                store.delete(txn.final, if_match=there.etag, missing_ok=True)
+        return
+    if log_etag != journal.source["log"]:
+        return
+    with contextlib.suppress(PreconditionFailed):
+        if txn.backup is None:
+            if there is not None:
+                store.delete(txn.final, if_match=there.etag, missing_ok=True)
+            return
+        try:
+            _, attrs = store.describe(txn.backup)
+            data = store.get(txn.backup)
+        except ObjectNotFound:  # not backed up: it was never replaced
+            return
+        if there is not None:
+            store.put_object(txn.final, data, attrs, if_match=there.etag)
+        else:
+            store.put_object(txn.final, data, attrs, if_none_match=True)
+
+
+def abandon(ctx: Context, journal: Journal, etag: str, reason: str,
+             pending: Pending | None = Pending.BUSY) -> SegmentResult:
+    """Give up a segment whose ``.log`` is not (or no longer) ours: drop staging and the journal; backups stay.
+    Indexes this operation had put beside a ``.log`` that has since been replaced are removed (only ours)."""
+    store = ctx.store
+    for name in INDEX_FILES:
+        try:
+            there = store.head(journal.final[name])
+        except ObjectNotFound:
+            continue
+        if there.metadata.get(META_OP) == journal.op:
+            with contextlib.suppress(PreconditionFailed):
+                store.delete(journal.final[name], if_match=there.etag, missing_ok=True)
+    if journal.txn is not None and journal.txn.before_log:
+        _put_back_txn_index(ctx, journal)
+    try:
+        _forget(ctx, journal, etag)
+    except TakenOver as e:
+        return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, e.message, run_id=journal.run_id,
+                             pending=Pending.BUSY, cause=Cause.BUSY)
+    return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, reason, run_id=journal.run_id,
+                         pending=pending, cause=Cause.BUSY if pending is Pending.BUSY else Cause.ABANDONED)
