@@ -41,8 +41,8 @@ from bench_s3 import moto_process  # same directory: on sys.path as the script's
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.records import Record
-from tiering.plan.state import load_state
-from tiering.run.compact import RunResult
+from tiering.lifecycle.state import load_state
+from tiering.run.documents import RunResult
 from tiering.storage.layout import run_result_key
 
 MIB = 1024 * 1024

@@ -56,7 +56,7 @@ def _cpu() -> float:
 def child(endpoint: str, uri: str, run_id: str) -> dict[str, Any]:
     """Scan and plan from the inventory at ``uri``, in this fresh process; what each step cost."""
     from tiering.plan.scan import ScanOptions  # noqa: PLC0415
-    from tiering.run.compact import CompactOptions  # noqa: PLC0415
+    from tiering.run.documents import CompactOptions  # noqa: PLC0415
     from tiering.run.pipeline import RunSettings, plan_run, scan_run  # noqa: PLC0415
 
     store = S3Store(make_client(endpoint_url=endpoint), BUCKET)

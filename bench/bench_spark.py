@@ -43,7 +43,7 @@ from tiering.demo.sample import write_segment
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.plan.scan import ScanOptions
-from tiering.run.compact import CompactOptions
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
 from tiering.spark.daemon import DAEMON_CONF, DAEMON_MODULE
 from tiering.spark.submit import submit

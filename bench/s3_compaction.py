@@ -28,7 +28,7 @@ from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import Swap, Verify
 from tiering.local import rewrite_file
 from tiering.plan.scan import ScanOptions, scan
-from tiering.run.compact import CompactOptions
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.s3 import S3Store, make_client
 

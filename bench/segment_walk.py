@@ -42,8 +42,8 @@ from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.lifecycle.vocabulary import Action, Status
 from tiering.plan.scan import ScanOptions
-from tiering.run.compact import run_segment
 from tiering.run.pipeline import RunSettings, plan_files, scan_run
+from tiering.run.segment import run_segment
 from tiering.storage.layout import PlanName, lease_key
 from tiering.storage.memory import MemoryStore
 

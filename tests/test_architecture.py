@@ -89,8 +89,8 @@ LAYERS: dict[str, int] = {
     "lifecycle/vocabulary": 0,  # the lifecycle's words (enums only): every layer may speak them, the cost model too
     "kafka": 1, "cost": 1,  # the format; prices and the cost model (both pure)
     "storage": 2, "local": 2,  # the object store and key naming; segment files on a local disk
-    "lifecycle": 3,  # the lifecycle's typed vocabulary and the journal entry
-    "plan": 4,  # scan, inventory, policy, the plan's chunks, estimates, our per-partition record
+    "lifecycle": 3,  # the journal entry and the partition's state document
+    "plan": 4,  # the plan document, scan, inventory, policy, the plan's chunks, estimates
     "commit": 5,  # the commit protocol and partition leases
     "run": 6,  # runs over a bucket: the pipeline's steps, compact, rollback, cleanup, tiering
     "report": 7, "spark": 7,

@@ -17,7 +17,7 @@ from tiering.plan.auto import apply_policy, choose_codec
 from tiering.plan.policy import parse_policy
 from tiering.plan.scan import ScanOptions, scan
 from tiering.report.publish import publish_report
-from tiering.run.compact import CompactOptions
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.s3 import S3Store
 
@@ -154,7 +154,7 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     assert {codecs["logs"][b] for b in sorted(originals["logs"])[:-1]} == {"gzip"}
     assert {codecs["events"][b] for b in sorted(originals["events"])[:-1]} == {"zstd"}
     assert set(codecs["payments"].values()) == {"snappy"}
-    from tiering.plan.state import load_state
+    from tiering.lifecycle.state import load_state
 
     assert load_state(store, PREFIX, "logs-0").segments[0].level == 9  # the topic's level reached the executor
     picky = next(r for r in run.segments if r.directory == "picky-0" and r.base_offset == 0)

@@ -10,7 +10,7 @@ import pytest
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC, check_consistent, context, plan_for, seed
 from tiering.errors import ConfigError
 from tiering.kafka.files import SEGMENT_SUFFIXES
-from tiering.plan.state import (
+from tiering.lifecycle.state import (
     PRUNE_MARGIN,
     Outcome,
     PartitionState,
@@ -19,7 +19,7 @@ from tiering.plan.state import (
     load_state,
     record_segments,
 )
-from tiering.run.compact import CompactOptions
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.layout import segment_key, state_key
 from tiering.storage.memory import MemoryStore
@@ -139,7 +139,7 @@ class FailingStateWrites(MemoryStore):
 def test_segments_whose_state_write_failed_are_left_in_flight_not_reported_done() -> None:
     from tiering.errors import ExitCode
     from tiering.lifecycle.vocabulary import Pending
-    from tiering.run.compact import pending_bases
+    from tiering.run.maintenance import pending_bases
 
     mem = FailingStateWrites()
     originals = seed(mem, segments=4)

@@ -15,9 +15,9 @@ import yaml
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC, context, plan_for, seed
 from tiering.cli import main
 from tiering.cost.prices import GB, load_prices
+from tiering.lifecycle.state import load_state
 from tiering.plan.policy import parse_policy
-from tiering.plan.state import load_state
-from tiering.run.compact import CompactOptions
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.run.tier import (
     MOVE,
@@ -163,7 +163,7 @@ def test_lifecycle_configuration_states_what_s3_cannot_do() -> None:
 
 
 def test_the_state_entry_follows_a_changed_etag(store: S3Store) -> None:
-    from tiering.plan.state import SegmentState, record_segment
+    from tiering.lifecycle.state import SegmentState, record_segment
     from tiering.run.tier import SegmentTiering, _follow_etags
 
     record_segment(store, PREFIX, f"{TOPIC}-0", 0, SegmentState('"old"', "r1", "zstd", index_etag='"i"'))

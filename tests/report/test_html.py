@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tiering.cost.document import LedgerEntry, Report
 from tiering.cost.model import CostOptions, build_report
 from tiering.cost.prices import GB, load_prices
-from tiering.cost.report import LedgerEntry, Report
 from tiering.report.render import AFTER, BEFORE, LINE, SAVED, to_html
 
 pytestmark = pytest.mark.slow

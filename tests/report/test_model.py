@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from tiering.cost.document import LedgerEntry, Listing, NotRewritten, Report, RowStatus
 from tiering.cost.forecast import Forecast, Stratum
 from tiering.cost.model import KMS_CALLS_PER_SEGMENT, CostOptions, build_report, cumulative, source_codec
 from tiering.cost.prices import GB, load_prices
-from tiering.cost.report import LedgerEntry, Listing, NotRewritten, Report, RowStatus
 from tiering.errors import ConfigError
 from tiering.report.render import FORMATS, render
 

@@ -15,11 +15,11 @@ from moto.server import ThreadedMotoServer
 
 from tests.s3.conftest import BUCKET, PREFIX, context, plan_for, seed
 from tiering.cli import main
+from tiering.cost.document import LedgerEntry
 from tiering.cost.model import CostOptions
 from tiering.cost.prices import GB, load_prices
-from tiering.cost.report import LedgerEntry
 from tiering.report.publish import LATEST, load_report, publish_report, read_ledger, record_in_ledger
-from tiering.run.compact import CompactOptions
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.layout import ledger_key, report_key
 from tiering.storage.s3 import S3Store, make_client

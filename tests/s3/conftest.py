@@ -21,7 +21,8 @@ from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.index import build_indexes
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.kafka.segment import verify_segment
-from tiering.plan.scan import Plan, ScanOptions, scan
+from tiering.plan.document import Plan
+from tiering.plan.scan import ScanOptions, scan
 from tiering.storage.layout import BACKUP_DIR, segment_key
 from tiering.storage.objects import ObjectNotFound
 from tiering.storage.s3 import S3Store, make_client

@@ -23,7 +23,7 @@ from tests.s3.conftest import PREFIX, TOPIC, check_consistent, context, no_pendi
 from tiering.commit.operation import SwapChoice
 from tiering.errors import ProofError
 from tiering.lifecycle.vocabulary import Cause, Status, Swap, Verify
-from tiering.run.compact import CompactOptions
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.memory import MemoryStore
 from tiering.storage.objects import MIN_PART_BYTES, ChecksumMismatch, crc32c_b64

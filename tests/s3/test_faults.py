@@ -19,7 +19,7 @@ import pytest
 from tests.s3.conftest import FAULT_REPORT, Original, check_consistent, context, fresh_store, no_pending, plan_for, seed
 from tiering.commit.operation import Context, SwapChoice
 from tiering.lifecycle.vocabulary import Swap
-from tiering.run.compact import CompactOptions
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.s3 import S3Store
 

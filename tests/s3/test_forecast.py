@@ -14,7 +14,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.plan.estimate import StratifiedSample, allocate, estimate
 from tiering.plan.scan import ScanOptions, scan
-from tiering.run.compact import CompactOptions, RunResult
+from tiering.run.documents import CompactOptions, RunResult
 from tiering.run.pipeline import compact
 from tiering.storage.s3 import S3Store
 
@@ -111,7 +111,7 @@ def test_allocation_gives_every_topic_one_and_the_rest_by_bytes() -> None:
 
 
 def test_the_reservoir_keeps_every_topic_within_its_bound() -> None:
-    from tiering.plan.scan import PlannedSegment
+    from tiering.plan.document import PlannedSegment
 
     work = StratifiedSample(keep=8)
     for t in range(6):

@@ -24,10 +24,11 @@ from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN
 from tiering.kafka.keycompact import AbortedTxn, CleanOptions, Segment, compact_partition, encode_txn_index
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import read_back
+from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status, Swap
-from tiering.plan.state import load_state
-from tiering.run.compact import RunResult, rollback
+from tiering.run.documents import RunResult
 from tiering.run.keycompact import KeyCompactOptions, compact_keys
+from tiering.run.maintenance import rollback
 from tiering.storage.layout import run_result_key, segment_key
 from tiering.storage.objects import ObjectNotFound
 from tiering.storage.s3 import S3Store
@@ -447,7 +448,7 @@ def test_an_operation_abandoned_after_its_txnindex_went_puts_the_original_back(s
 
 
 def test_cleanup_keeps_the_txnindex_a_pending_operation_needs(store: S3Store) -> None:
-    from tiering.run.compact import cleanup
+    from tiering.run.maintenance import cleanup
 
     parts = _second_pass_crashed_after_its_txnindex(store)  # its lease still held: the partition is busy
     cleaned = cleanup(store, keys_context(store, "cleanup"), grace_days=0, stale_hours=0)
@@ -475,7 +476,7 @@ def test_the_report_counts_every_segment_of_the_run_not_only_those_its_document_
     from tiering.cost.prices import load_prices
     from tiering.report.publish import assemble
 
-    monkeypatch.setattr("tiering.run.compact.MAX_LISTED_SEGMENTS", 2)
+    monkeypatch.setattr("tiering.run.documents.MAX_LISTED_SEGMENTS", 2)
     upload(store, partition(aborts=True))
     run = compact_keys(store, keys_context(store), at(NOW))
     assert len(run.segments) == 2

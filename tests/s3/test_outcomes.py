@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from tests.s3.conftest import PREFIX, TOPIC, context, plan_for, seed
 from tiering.kafka.codecs import Codec
+from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Action
-from tiering.plan.scan import Plan, PlannedSegment
-from tiering.plan.state import load_state
-from tiering.run.compact import CompactOptions
+from tiering.plan.document import Plan, PlannedSegment
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.layout import segment_key
 from tiering.storage.s3 import S3Store

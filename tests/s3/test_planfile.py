@@ -20,9 +20,10 @@ from tiering.demo.seed import generate_partition, upload_partition
 from tiering.errors import InvalidDataError
 from tiering.kafka.codecs import Codec
 from tiering.lifecycle.vocabulary import Action, Cause
+from tiering.plan.document import ObjectRef, Plan, PlannedSegment
 from tiering.plan.planfile import Budget, ChunkWriter, by_partition, chunk_limits, read_chunk
-from tiering.plan.scan import ObjectRef, Plan, PlannedSegment, ScanOptions, scan
-from tiering.run.compact import CompactOptions
+from tiering.plan.scan import ScanOptions, scan
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import RunSettings, load_manifest, plan_run, scan_run, stage_units
 from tiering.storage.layout import PlanName, StepDir
 from tiering.storage.s3 import S3Store
@@ -231,7 +232,7 @@ def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(st
     from tiering.commit.operation import Staged
     from tiering.commit.stage import stage_segment
     from tiering.lifecycle.vocabulary import Status
-    from tiering.run.compact import pending_bases
+    from tiering.run.maintenance import pending_bases
     from tiering.run.pipeline import commit_chunk, plan_files
     from tiering.storage.layout import lease_key
 
@@ -263,7 +264,7 @@ def test_step_documents_are_typed_and_versioned() -> None:
     from tiering.commit.operation import SegmentResult
     from tiering.errors import ConfigError
     from tiering.lifecycle.vocabulary import Pending, Status
-    from tiering.run.compact import StepResults, StepUsage
+    from tiering.run.documents import StepResults, StepUsage
 
     results = (SegmentResult("t-0", 0, Status.STAGED, "sealed", 10, 4, seconds=0.5),
                SegmentResult("t-0", 100, Status.SKIPPED, "partition busy: x", pending=Pending.BUSY,
@@ -291,7 +292,7 @@ def test_an_operation_left_in_a_partition_without_work_inside_a_unit_is_finished
 
     from tests.s3.conftest import check_consistent, context, fresh_store, plan_for, seed
     from tests.s3.hooks import Step, key_ends
-    from tiering.run.compact import pending_bases
+    from tiering.run.maintenance import pending_bases
     from tiering.run.pipeline import compact, plan_files
 
     originals = {p: seed(store, partition=p) for p in range(7)}
@@ -359,7 +360,8 @@ def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_s
     the commit step swaps it in under the new run's backups, and the crashed run's staging is gone; with
     another level it abandons it and stages the segment itself."""
     from tiering.lifecycle.vocabulary import Status
-    from tiering.run.compact import StepResults, pending_bases
+    from tiering.run.documents import StepResults
+    from tiering.run.maintenance import pending_bases
     from tiering.run.pipeline import collect_run, commit_chunk, run_unit
     from tiering.storage.layout import backup_key, staging_key
 
@@ -425,7 +427,7 @@ def test_a_taken_over_staged_copy_that_does_not_verify_is_dropped_and_the_segmen
     run that takes it over drops it (nothing final had changed) and compacts the segment itself; nothing is
     left in flight for every later run to meet again."""
     from tiering.lifecycle.vocabulary import Status
-    from tiering.run.compact import pending_bases
+    from tiering.run.maintenance import pending_bases
 
     seg, results = _crashed_then_compact(store, "corrupt")
     assert [(r.status, r.recovered, r.run_id) for r in results] == [(Status.ABORTED, True, "crashed"),

@@ -26,7 +26,8 @@ from tiering.commit.recover import pending_journals
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.lifecycle.vocabulary import Action
-from tiering.run.compact import CompactOptions, cleanup, rollback
+from tiering.run.documents import CompactOptions
+from tiering.run.maintenance import cleanup, rollback
 from tiering.run.pipeline import compact
 from tiering.storage.layout import lease_key, segment_key
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound

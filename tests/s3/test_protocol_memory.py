@@ -18,9 +18,10 @@ from tiering.commit.operation import META_OP, META_RUN, META_SOURCE_ETAG
 from tiering.commit.recover import pending_journals
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Action, Cause, JournalState, Pending
-from tiering.plan.state import load_state
-from tiering.run.compact import CompactOptions, cleanup, rollback
+from tiering.run.documents import CompactOptions
+from tiering.run.maintenance import cleanup, rollback
 from tiering.run.pipeline import compact
 from tiering.storage.layout import lease_key, segment_key
 from tiering.storage.memory import ManualClock, MemoryStore

@@ -26,9 +26,10 @@ from tests.s3.hooks import Step, key_ends
 from tiering.commit.lease import Lease, LeaseHeld
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Action, Pending
-from tiering.plan.state import load_state
-from tiering.run.compact import CompactOptions, cleanup, rollback
+from tiering.run.documents import CompactOptions
+from tiering.run.maintenance import cleanup, rollback
 from tiering.run.pipeline import compact
 from tiering.storage.layout import DirKind, lease_key, parse_dir, segment_key
 from tiering.storage.objects import TransportError
@@ -377,7 +378,7 @@ def test_a_run_stalled_after_an_index_delete_stops_as_a_conflict_when_another_fi
 def test_a_run_s_exit_code_is_its_worst_segment() -> None:
     from tiering.commit.operation import SegmentResult
     from tiering.lifecycle.vocabulary import Cause, Status
-    from tiering.run.compact import outcome
+    from tiering.run.documents import outcome
 
     def seg(status: Status, cause: Cause | None = None, pending: Pending | None = None) -> SegmentResult:
         return SegmentResult("t-0", 0, status, cause=cause, pending=pending)

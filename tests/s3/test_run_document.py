@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-import tiering.run.compact as compact_module
+import tiering.run.documents as compact_module
 from tests.s3.conftest import BUCKET, PREFIX
 from tests.s3.test_planfile import _seed
 from tiering.commit.operation import SegmentResult
 from tiering.errors import ConfigError, ExitCode
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.plan.scan import ScanOptions
-from tiering.run.compact import CompactOptions, RunResult, RunTally
+from tiering.run.documents import CompactOptions, RunResult, RunTally
 from tiering.run.pipeline import RunSettings, collect_run, plan_run, run_local, scan_run
 from tiering.storage.layout import run_result_key
 from tiering.storage.s3 import S3Store
@@ -89,7 +89,7 @@ def test_a_run_larger_than_the_listing_stays_bounded_and_whole_in_its_figures(
 def test_a_kept_lease_is_released_when_the_work_fails_unexpectedly(store: S3Store) -> None:
     """A Spark task keeps its partitions' leases for the commit step; a bug in its work must not leave the
     partition busy for the lease's TTL."""
-    from tiering.run.compact import with_lease
+    from tiering.run.segment import with_lease
     from tiering.storage.layout import lease_key
 
     run = RunSettings(BUCKET, PREFIX, "buggy", "zstd")

@@ -14,11 +14,12 @@ from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.rewrite import RewriteOptions
+from tiering.lifecycle.state import PartitionState
 from tiering.lifecycle.vocabulary import Action, Cause
+from tiering.plan.document import Plan
 from tiering.plan.estimate import estimate
-from tiering.plan.scan import Plan, ScanOptions, classify_partition, scan
-from tiering.plan.state import PartitionState
-from tiering.run.compact import CompactOptions
+from tiering.plan.scan import ScanOptions, classify_partition, scan
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.layout import parse_dir, partition_key, segment_key
 from tiering.storage.objects import ObjectAttrs, ObjectInfo

@@ -21,7 +21,7 @@ from tests.s3.conftest import PREFIX, check_consistent, context, no_pending, pla
 from tests.s3.seaweedfs import Seaweed, empty, weed_mini
 from tiering.errors import ExitCode
 from tiering.lifecycle.vocabulary import Swap
-from tiering.run.compact import CompactOptions
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.objects import (
     MIN_PART_BYTES,

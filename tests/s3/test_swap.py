@@ -19,8 +19,8 @@ from tiering.commit.operation import META_OP, SwapChoice
 from tiering.commit.swap import swap_mode
 from tiering.errors import StorageError
 from tiering.lifecycle.vocabulary import Status, Swap
-from tiering.plan.scan import PlannedSegment
-from tiering.run.compact import CompactOptions
+from tiering.plan.document import PlannedSegment
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.memory import MemoryStore
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound, PreconditionFailed, copy_honours_if_match

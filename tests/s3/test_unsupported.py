@@ -21,7 +21,7 @@ from tiering.demo.s3 import moto_server
 from tiering.errors import ExitCode
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.run.compact import cleanup
+from tiering.run.maintenance import cleanup
 from tiering.storage.layout import backup_key
 from tiering.storage.memory import MemoryStore
 from tiering.storage.objects import ObjectInfo, ObjectNotFound, Unsupported, delete_honours_etag

@@ -11,7 +11,7 @@ from moto.server import ThreadedMotoServer
 
 from tests.s3.conftest import PREFIX, check_consistent, seed
 from tiering.plan.scan import ScanOptions
-from tiering.run.compact import CompactOptions
+from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
 from tiering.spark.submit import submit
 from tiering.storage.s3 import S3Store, make_client

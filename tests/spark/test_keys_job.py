@@ -10,7 +10,7 @@ from tests.kafka.test_keycompact import NOW
 from tests.s3 import test_keycompact_s3 as K
 from tests.spark.test_compact_job import server_store  # noqa: F401 - the fixture
 from tiering.kafka.files import LOG_SUFFIX, TXN_INDEX_SUFFIX
-from tiering.run.compact import RunResult
+from tiering.run.documents import RunResult
 from tiering.spark.submit import submit
 from tiering.storage.layout import run_result_key, segment_key
 from tiering.storage.s3 import S3Store

@@ -43,7 +43,7 @@ from tiering.kafka.rewrite import RewriteOptions, RewriteResult
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import compact_keys_dir, open_segment, reindex_file, rewrite_file, verify_file
 from tiering.report.render import headline, ratio, size, title, usd
-from tiering.run.compact import RunResult
+from tiering.run.documents import RunResult
 
 EXIT_OK = ExitCode.OK
 EXIT_INVALID = ExitCode.INVALID

@@ -30,6 +30,7 @@ from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import Action, Status, Swap, Verify
 from tiering.plan.auto import apply_policy
+from tiering.plan.document import Plan, PlannedSegment, PlanTotals
 from tiering.plan.estimate import (
     DEFAULT_SAMPLE_BYTES,
     DEFAULT_SAMPLE_SEGMENTS,
@@ -39,27 +40,12 @@ from tiering.plan.estimate import (
 )
 from tiering.plan.inventory import iter_inventory, read_manifest
 from tiering.plan.policy import load_policy
-from tiering.plan.scan import (
-    DEFAULT_MIN_AGE_MINUTES,
-    Plan,
-    PlannedSegment,
-    PlanTotals,
-    ScanOptions,
-    scan,
-    scan_partitions,
-)
+from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan, scan_partitions
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
-from tiering.run.compact import (
-    DEFAULT_GRACE_DAYS,
-    CompactOptions,
-    RunResult,
-    cleanup,
-    new_run_id,
-    outcome,
-    rollback,
-)
+from tiering.run.documents import CompactOptions, RunResult, new_run_id, outcome
 from tiering.run.keycompact import KeyCompactOptions, compact_keys
+from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup, rollback
 from tiering.run.pipeline import RunSettings, compact, plan_run, run_local, scan_run
 from tiering.storage.layout import reserved_dir
 from tiering.storage.objects import ObjectInfo, ObjectStore

@@ -36,9 +36,9 @@ from tiering.kafka.index import Indexes
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Journal
+from tiering.lifecycle.state import SegmentState, StateBatch, load_state, record_segment
 from tiering.lifecycle.vocabulary import Cause, Pending, Status, Swap, Verify
-from tiering.plan.scan import PlannedSegment
-from tiering.plan.state import SegmentState, StateBatch, load_state, record_segment
+from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import normalize_prefix
 from tiering.storage.objects import DEFAULT_PART_BYTES, ObjectStore
 

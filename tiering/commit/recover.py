@@ -30,7 +30,7 @@ from tiering.commit.swap import abandon, finish_one
 from tiering.kafka.files import TXN_INDEX_SUFFIX
 from tiering.lifecycle.journal import FILES, Journal, NewFiles, TxnIndexSwap
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status
-from tiering.plan.scan import PlannedSegment
+from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
     backup_key,
     dir_segment_key,

@@ -36,7 +36,7 @@ from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back, rewrite_segment
 from tiering.lifecycle.journal import FILES, Journal, NewFiles, TxnIndexSwap
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Status, Verify
-from tiering.plan.scan import PlannedSegment
+from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
     backup_key,
     journal_key,

@@ -31,8 +31,8 @@ from tiering.errors import InvalidDataError, ProofError, StorageError
 from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.journal import FILES, INDEX_FILES, Journal
+from tiering.lifecycle.state import SegmentState, stamped
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Swap
-from tiering.plan.state import SegmentState, stamped
 from tiering.storage.layout import (
     journal_key,
     probe_key,

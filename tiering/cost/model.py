@@ -35,9 +35,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
-from tiering.cost.forecast import Forecast
-from tiering.cost.prices import DAYS_PER_MONTH, GB, PriceBook
-from tiering.cost.report import (
+from tiering.cost.document import (
     SAVING,
     Assumptions,
     EstimateDetail,
@@ -56,6 +54,8 @@ from tiering.cost.report import (
     SegmentRow,
     Totals,
 )
+from tiering.cost.forecast import Forecast
+from tiering.cost.prices import DAYS_PER_MONTH, GB, PriceBook
 
 # KMS calls per SSE-KMS segment of three objects: a Decrypt to read the .log, a Decrypt and a GenerateDataKey
 # per backup copy (3 objects), a GenerateDataKey per object put in place (3).

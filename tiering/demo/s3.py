@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from tiering.cost.document import Report
 from tiering.cost.forecast import Forecast
-from tiering.cost.report import Report
 from tiering.demo.inventory import write_inventory
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.errors import ConfigError
@@ -34,7 +34,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.planfile import PlanManifest
-from tiering.run.compact import RunResult
+from tiering.run.documents import RunResult
 from tiering.run.pipeline import safe_run_id
 from tiering.storage.layout import (
     PlanName,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from tiering.kafka.reader import iter_batches
-from tiering.plan.scan import PlannedSegment
+from tiering.plan.document import PlannedSegment
 from tiering.storage.objects import ObjectStore
 
 INDEX_ENTRY_BYTES: Final = 8

@@ -32,9 +32,9 @@ from tiering.kafka.reader import RawBatch
 from tiering.kafka.rewrite import RewriteOptions, process_batch
 from tiering.lifecycle.vocabulary import Action, Cause
 from tiering.plan.ages import max_timestamp
+from tiering.plan.document import Plan, PlannedSegment
 from tiering.plan.estimate import WorkSample, sample_batches, spread
 from tiering.plan.policy import AUTO, Policy
-from tiering.plan.scan import Plan, PlannedSegment
 from tiering.storage.objects import ObjectStore
 
 HORIZON_MONTHS: Final = 12.0

@@ -25,7 +25,7 @@ from tiering.kafka.reader import RawBatch, iter_batches
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions, process_batch, rewrite_segment
 from tiering.lifecycle.vocabulary import Action
-from tiering.plan.scan import Plan, PlannedSegment
+from tiering.plan.document import Plan, PlannedSegment
 from tiering.storage.objects import ObjectStore
 
 DEFAULT_SAMPLE_SEGMENTS: Final = 16

@@ -25,7 +25,7 @@ from typing import Any, Final
 from tiering.documents import check_document
 from tiering.errors import ConfigError, InvalidDataError
 from tiering.lifecycle.vocabulary import Action, Cause
-from tiering.plan.scan import PLAN_SCHEMA_VERSION, Plan, PlannedSegment, PlanTotals
+from tiering.plan.document import PLAN_SCHEMA_VERSION, Plan, PlannedSegment, PlanTotals
 from tiering.storage.layout import PlanName, plan_chunk_key, plan_chunk_name, plan_manifest_key
 from tiering.storage.objects import ObjectStore
 

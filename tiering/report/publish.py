@@ -17,12 +17,12 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from tiering.cost.document import Ledger, LedgerEntry, Report
 from tiering.cost.model import CostOptions, build_report, with_ledger
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
-from tiering.cost.report import Ledger, LedgerEntry, Report
 from tiering.errors import ConfigError, StorageError
 from tiering.lifecycle.vocabulary import RunKind
-from tiering.plan.scan import Plan
+from tiering.plan.document import Plan
 from tiering.report.render import render
 from tiering.run.keycompact import key_steps
 from tiering.run.pipeline import RunSettings, plan_files, run_outcomes

@@ -15,8 +15,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Final
 
+from tiering.cost.document import GroupRow, Report, Totals
 from tiering.cost.forecast import Range
-from tiering.cost.report import GroupRow, Report, Totals
 
 FORMATS: Final = ("table", "json", "md", "csv", "html")
 NUMERIC: Final = re.compile(r"^-?\$?[0-9][0-9,.]*( ?(B|KiB|MiB|GiB|TiB|days|months))?$")

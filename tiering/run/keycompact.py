@@ -45,12 +45,15 @@ from tiering.kafka.keycompact import (
     parse_txn_index,
     survey,
 )
+from tiering.lifecycle.state import load_state, record_keys_checkpoint, record_keys_run
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
+from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy
-from tiering.plan.scan import PlannedSegment, ScanOptions, scan_partitions
-from tiering.plan.state import load_state, record_keys_checkpoint, record_keys_run
-from tiering.run.compact import RunResult, RunTally, StepResults, guarded, pending_bases, with_lease
+from tiering.plan.scan import ScanOptions, scan_partitions
+from tiering.run.documents import RunResult, RunTally, StepResults
+from tiering.run.maintenance import pending_bases
 from tiering.run.pipeline import RUN_SCOPE, RequestTally, RunSettings, write_results
+from tiering.run.segment import guarded, with_lease
 from tiering.storage.layout import StepDir, clock_key, keys_unit_name, run_result_key, step_dir, step_key
 from tiering.storage.objects import ObjectStore
 

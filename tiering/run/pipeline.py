@@ -44,8 +44,10 @@ from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Journal
+from tiering.lifecycle.state import Pruning, StateBatch, load_state
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status, Swap, Verify
 from tiering.plan.auto import decide_auto, record_age, with_auto
+from tiering.plan.document import Plan, PlanCounts, PlannedSegment
 from tiering.plan.estimate import StratifiedSample, WorkSample, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
 from tiering.plan.planfile import (
@@ -57,20 +59,10 @@ from tiering.plan.planfile import (
     chunk_limits,
 )
 from tiering.plan.policy import AUTO, Policy
-from tiering.plan.scan import Plan, PlanCounts, PlannedSegment, ScanOptions, scan_partitions
-from tiering.plan.state import Pruning, StateBatch, load_state
-from tiering.run.compact import (
-    DONE_STATUSES,
-    CompactOptions,
-    RunResult,
-    RunTally,
-    StepResults,
-    StepUsage,
-    Work,
-    pending_bases,
-    run_segment,
-    with_lease,
-)
+from tiering.plan.scan import ScanOptions, scan_partitions
+from tiering.run.documents import DONE_STATUSES, CompactOptions, RunResult, RunTally, StepResults, StepUsage
+from tiering.run.maintenance import pending_bases
+from tiering.run.segment import Work, run_segment, with_lease
 from tiering.storage.layout import (
     PlanName,
     StepDir,

@@ -35,12 +35,13 @@ from tiering.documents import check_document
 from tiering.errors import ConflictError, InvalidDataError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
+from tiering.lifecycle.state import load_state, record_segment
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status
 from tiering.plan.ages import max_timestamp
+from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
-from tiering.plan.scan import PlannedSegment, ScanOptions, scan
-from tiering.plan.state import load_state, record_segment
-from tiering.run.compact import with_lease
+from tiering.plan.scan import ScanOptions, scan
+from tiering.run.segment import with_lease
 from tiering.storage.layout import clock_key, journal_key, reserved_dir, run_result_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
 

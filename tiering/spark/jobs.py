@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from tiering.lifecycle.vocabulary import RunKind, Verify
-from tiering.run.compact import RunResult
+from tiering.run.documents import RunResult
 from tiering.run.keycompact import KeyCompactOptions, collect_keys_run, keys_unit_task, plan_keys
 from tiering.run.pipeline import RunSettings, load_manifest, manifest_location, put_usage, stage_unit, stage_units
 from tiering.storage.layout import run_result_key

@@ -17,7 +17,8 @@ from tiering.plan.policy import Policy, load_policy
 from tiering.plan.scan import ScanOptions
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
-from tiering.run.compact import CleanupResult, CompactOptions, RunResult, cleanup
+from tiering.run.documents import CompactOptions, RunResult
+from tiering.run.maintenance import CleanupResult, cleanup
 from tiering.run.pipeline import (
     ChunkRef,
     CommitStep,

@@ -3,8 +3,7 @@ typed, frozen, with a schema version; :mod:`tiering.cost.model` builds them, :mo
 and publishes them.
 
 Figures that follow from others (bytes saved, ratios, yearly savings, payback) are properties: written into
-the JSON for its readers, never read back from it.
-"""
+the JSON for its readers, never read back from it."""
 
 from __future__ import annotations
 

@@ -1,0 +1,203 @@
+"""After runs: a run rolled back from its backups, and the cleanup of what the grace period no longer
+keeps: journal entries crashed runs left are finished first, then the kept originals past the grace period,
+abandoned staging objects and incomplete multipart uploads are deleted."""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar, Final
+
+from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
+from tiering.commit.operation import (
+    Context,
+    SegmentResult,
+)
+from tiering.commit.recover import pending_journals, recover_partition, stage_rollback
+from tiering.commit.swap import finish_one
+from tiering.documents import check_document
+from tiering.errors import ConfigError, ExitCode
+from tiering.kafka.files import parse_segment_name
+from tiering.lifecycle.state import forget_keys_run, load_state
+from tiering.lifecycle.vocabulary import Cause, RunKind, Status
+from tiering.run.documents import RunResult, RunTally, outcome
+from tiering.run.segment import with_lease
+from tiering.storage.layout import (
+    BACKUP_DIR,
+    STAGING_DIR,
+    clock_key,
+    journal_dir,
+    normalize_prefix,
+    probe_key,
+    reserved_dir,
+    run_result_key,
+)
+from tiering.storage.objects import (
+    ObjectInfo,
+    ObjectNotFound,
+    ObjectStore,
+    delete_honours_etag,
+)
+
+DEFAULT_GRACE_DAYS: Final = 7
+DEFAULT_STALE_HOURS: Final = 24  # staging objects and multipart uploads older than this are abandoned
+
+
+def pending_bases(store: ObjectStore, prefix: str) -> dict[str, list[int]]:
+    """The segments with a journal entry in flight, by partition directory (keys only: nothing is read)."""
+    root = journal_dir(prefix)
+    out: dict[str, list[int]] = {}
+    for info in store.list(root):
+        directory, _, name = info.key[len(root):].partition("/")
+        parsed = parse_segment_name(name.removesuffix(".json") + ".log") if name.endswith(".json") else None
+        if parsed is not None and "/" not in name:
+            out.setdefault(directory, []).append(parsed[0])
+    return out
+
+
+def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult:
+    """Put back the originals that run ``target_run`` replaced (wherever its ``.log`` is still in place)."""
+    started = datetime.now(UTC).isoformat()
+    tally = RunTally()
+    root = reserved_dir(ctx.prefix, BACKUP_DIR, target_run)
+    segments: dict[str, set[int]] = {}
+    for info in store.list(root):
+        directory, _, name = info.key[len(root):].partition("/")
+        parsed = parse_segment_name(name)
+        if parsed is not None:
+            segments.setdefault(directory, set()).add(parsed[0])
+    if not segments:
+        raise ConfigError("no backups of that run: nothing to roll back (or its grace period is over)",
+                          path=f"s3://{store.bucket}/{root}")
+    for directory, bases in sorted(segments.items()):
+        def work(lease: Lease, out: list[SegmentResult], directory: str = directory, bases: set[int] = bases) -> None:
+            out += recover_partition(ctx, directory, lease)
+            runs = load_state(store, ctx.prefix, directory).keys_runs
+            if target_run in runs and runs[-1] != target_run:
+                later = ", ".join(runs[runs.index(target_run) + 1:])
+                out.extend(SegmentResult(directory, base, Status.FAILED,
+                                         f"not rolled back: key-compaction run(s) {later} "
+                                         "replaced segments here after it; roll those back first (this run's "
+                                         "originals could bring back a value whose tombstone, or aborted data "
+                                         "whose .txnindex entry, a later pass let go)", cause=Cause.LATER_RUN)
+                           for base in sorted(bases))
+                return
+            restored = []
+            for base in sorted(bases):
+                staged = stage_rollback(ctx, directory, base, target_run)
+                restored.append(staged if isinstance(staged, SegmentResult) else finish_one(ctx, *staged, lease))
+            out.extend(restored)
+            # Off the list once all of it is undone (a segment another run replaced since keeps this pass's
+            # output), and the checkpoint cleared (records put back below it would be missed).
+            if target_run in runs and all(r.status is Status.ROLLED_BACK for r in restored):
+                forget_keys_run(store, ctx.prefix, directory, target_run)
+
+        for result in with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)]):
+            tally.add(result)
+    run = tally.result(RunKind.ROLLBACK, ctx.run_id, store.bucket, ctx.prefix, started, datetime.now(UTC).isoformat(),
+                       {"restores_run": target_run})
+    store.put_json(run_result_key(ctx.prefix, ctx.run_id, RunKind.ROLLBACK), run.to_json())
+    return run
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupResult:
+    """What a cleanup did: kept originals, staging objects and uploads removed, referenced ones kept, and the
+    operations of crashed runs it finished first (or left pending)."""
+
+    KIND: ClassVar[str] = "tiering.cleanup"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    backups_deleted: int = 0
+    backup_bytes_deleted: int = 0
+    staging_deleted: int = 0
+    uploads_aborted: int = 0
+    kept_referenced: int = 0
+    recovered: tuple[SegmentResult, ...] = ()
+
+    @property
+    def left_pending(self) -> tuple[SegmentResult, ...]:
+        return tuple(r for r in self.recovered if r.pending is not None)
+
+    def exit_code(self) -> ExitCode:
+        return outcome(self.recovered)
+
+    def summary(self) -> str:
+        """One line for people."""
+        left = len(self.left_pending)
+        return (f"{self.backups_deleted:,} kept originals deleted ({self.backup_bytes_deleted:,} bytes), "
+                f"{self.staging_deleted:,} staging objects deleted, {self.uploads_aborted:,} uploads aborted, "
+                f"{self.kept_referenced:,} kept (still referenced), {len(self.recovered):,} interrupted operations "
+                f"finished" + (f", {left:,} left to a later run" if left else ""))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": self.SCHEMA_VERSION, "kind": self.KIND, "backups_deleted": self.backups_deleted,
+                "backup_bytes_deleted": self.backup_bytes_deleted, "staging_deleted": self.staging_deleted,
+                "uploads_aborted": self.uploads_aborted, "kept_referenced": self.kept_referenced,
+                "recovered": [r.to_json() for r in self.recovered],
+                "left_pending": [r.to_json() for r in self.left_pending]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], where: str) -> CleanupResult:
+        check_document(doc, kind=cls.KIND, version=cls.SCHEMA_VERSION, what="a cleanup result", where=where)
+        return cls(int(doc["backups_deleted"]), int(doc["backup_bytes_deleted"]), int(doc["staging_deleted"]),
+                   int(doc["uploads_aborted"]), int(doc["kept_referenced"]),
+                   tuple(SegmentResult.from_json(r) for r in doc["recovered"]))
+
+
+def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRACE_DAYS,
+            stale_hours: float = DEFAULT_STALE_HOURS, lease_ttl: int = DEFAULT_TTL_SECONDS) -> CleanupResult:
+    """Converge journal entries left by crashed runs, then delete kept originals past the grace period,
+    abandoned staging objects, and incomplete multipart uploads; ages by S3's clock (LastModified)."""
+    prefix = normalize_prefix(ctx.prefix)
+    recovered: list[SegmentResult] = []
+    counts: Counter[str] = Counter()
+    for directory, bases in sorted(pending_bases(store, prefix).items()):
+        def work(lease: Lease, done: list[SegmentResult], directory: str = directory) -> None:
+            done += recover_partition(ctx, directory, lease)
+
+        recovered += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in bases])
+    referenced: set[str] = set()
+    for journal, _ in pending_journals(store, prefix):  # those still pending (their partition was busy)
+        referenced.update(journal.new.present())
+        referenced.update(v for v in (journal.backup or {}).values() if v)
+        if journal.txn is not None:
+            referenced.update(k for k in (journal.txn.new, journal.txn.backup) if k)
+    now = store.now(clock_key(prefix))
+    checked: bool | None = None  # whether the store's DeleteObjects checks each ETag (probed once, if needed)
+    for sub, age in ((BACKUP_DIR, timedelta(days=grace_days)), (STAGING_DIR, timedelta(hours=stale_hours))):
+        expired: dict[str, ObjectInfo] = {}
+        for info in store.list(reserved_dir(prefix, sub)):
+            if now - info.last_modified < age:
+                continue
+            if info.key in referenced:
+                counts["kept_referenced"] += 1
+                continue
+            expired[info.key] = info
+        if expired and checked is None:
+            checked = delete_honours_etag(store, probe_key(prefix, ctx.run_id, secrets.token_hex(4), "delete-etag"))
+        if expired and not checked:  # the store would delete a key rewritten since the listing: look again first
+            expired = {key: info for key, info in expired.items() if _still(store, info)}
+        deleted = store.delete_many([(info.key, info.etag) for info in expired.values()])
+        if sub == BACKUP_DIR:
+            counts["backups_deleted"] += len(deleted)
+            counts["backup_bytes_deleted"] += sum(expired[key].size for key in deleted)
+        else:
+            counts["staging_deleted"] += len(deleted)
+    for key, upload_id, initiated in store.list_uploads(reserved_dir(prefix)):
+        if now - initiated > timedelta(hours=stale_hours):
+            store.abort_upload(key, upload_id)
+            counts["uploads_aborted"] += 1
+    return CleanupResult(counts["backups_deleted"], counts["backup_bytes_deleted"], counts["staging_deleted"],
+                         counts["uploads_aborted"], counts["kept_referenced"], tuple(recovered))
+
+
+def _still(store: ObjectStore, info: ObjectInfo) -> bool:
+    """Whether ``info``'s object is still the version listed (a HEAD)."""
+    try:
+        return store.head(info.key).etag == info.etag
+    except ObjectNotFound:
+        return False
