@@ -1,7 +1,7 @@
 """The walk of one segment's operation through the package: which modules it visits and how deep it goes.
 
     .venv/bin/python bench/segment_walk.py            # a table
-    .venv/bin/python bench/segment_walk.py --json     # the same as JSON (also written to bench/out/)
+    .venv/bin/python bench/segment_walk.py --json     # the same as JSON (always written to --out too)
 
 A partition of three segments is generated in a memory store and scanned; then the first sealed segment is
 compacted and swapped by ``run_segment`` (stage, back up, swap, indexes, state, journal forgotten), and a
@@ -145,9 +145,11 @@ def walks() -> list[Walk]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the measures as JSON")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "segment_walk.json",
+                        help="where the JSON goes (default: %(default)s)")
     args = parser.parse_args()
     measured = walks()
-    out = ROOT / "bench" / "out" / "segment_walk.json"
+    out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = [asdict(w) for w in measured]
     out.write_text(json.dumps(doc, indent=2) + "\n")
@@ -162,7 +164,7 @@ def main() -> None:
     for w in measured:
         print(f"\n{w.name}:\n  modules: " + ", ".join(m.removeprefix("tiering.") for m in w.visited))
         print("  calls between packages: " + ", ".join(f"{pair} {n}" for pair, n in w.between.items()))
-    print(f"\nwritten: {out.relative_to(ROOT)}")
+    print(f"\nwritten: {out}")
 
 
 if __name__ == "__main__":

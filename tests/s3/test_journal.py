@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tiering.errors import ConfigError
-from tiering.lifecycle.journal import Journal
+from tiering.lifecycle.journal import Journal, Recorded
 from tiering.lifecycle.vocabulary import JournalState, OpKind
 
 # An entry exactly as the dict-built journal of the previous version wrote it (a run in flight across an
@@ -37,7 +37,21 @@ def test_an_entry_written_before_reads_back_and_writes_the_same_json() -> None:
     assert (journal.kind, journal.state, journal.base_offset) == (OpKind.COMPACT, JournalState.STAGED, 42)
     assert journal.new.log_size == 400
     assert journal.attrs["log"].tags == {"t": "1"}
+    assert journal.entry == Recorded(1000, 400, "r1", codec="zstd", level=3)
     assert journal.to_json() == WRITTEN_BEFORE
+
+
+def test_an_entry_of_a_key_compaction_pass_reads_typed() -> None:
+    """A key-compaction pass's entry: no codec or level (written as nulls), and the pass's figures, which
+    the state does not keep, beside them."""
+    doc = copy.deepcopy(WRITTEN_BEFORE)
+    doc["entry"] = {"codec": None, "level": None, "key_compaction": {"records_in": 10, "records_out": 4},
+                    "run_id": "r1", "source_log_etag": '"e1"', "bytes_before": 1000, "bytes_after": 400,
+                    "payload_xxh3": "cd" * 16}
+    journal = Journal.from_json(doc, where="s3://b/k")
+    assert journal.entry == Recorded(1000, 400, "r1", '"e1"', None, None, "cd" * 16)
+    assert journal.to_json()["entry"] == {"run_id": "r1", "source_log_etag": '"e1"', "bytes_before": 1000,
+                                          "bytes_after": 400, "payload_xxh3": "cd" * 16}
 
 
 def test_a_transition_is_a_new_entry() -> None:

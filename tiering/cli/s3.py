@@ -28,7 +28,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.vocabulary import Action, Status, Swap, Verify
+from tiering.lifecycle.vocabulary import Action, Swap, Verify
 from tiering.plan.auto import apply_policy
 from tiering.plan.document import Plan, PlannedSegment, PlanTotals
 from tiering.plan.estimate import (
@@ -425,10 +425,14 @@ def _tier_table(plan: Any) -> Table:
 
 
 def _cmd_tier(args: argparse.Namespace) -> int:
-    from tiering.plan.policy import load_policy  # noqa: PLC0415
-    from tiering.run.tier import apply_tiering, lifecycle_configuration, plan_tiering  # noqa: PLC0415
+    """The tiering DAG's steps in this process: plan (written to the run's tier-plan document), apply (not on
+    a dry run), report (beside the run's other reports)."""
+    from tiering.run.tier import TierPlan, TierRun, lifecycle_configuration  # noqa: PLC0415
+    from tiering.steps import storage_classes as steps  # noqa: PLC0415
 
-    policy = load_policy(args.policy)  # a bad policy stops here, before any request
+    run = steps.TieringParams(args.bucket, args.prefix.strip("/"), args.run_id or new_run_id(), str(args.policy),
+                              args.dry_run, args.include_internal, args.lease_ttl_seconds)
+    policy = run.policy()  # a bad policy stops here, before any request
     if args.emit_lifecycle:
         config, notes = lifecycle_configuration(policy, args.prefix)
         _emit_json(args.stdout, config)  # as put-bucket-lifecycle-configuration takes it
@@ -438,7 +442,11 @@ def _cmd_tier(args: argparse.Namespace) -> int:
     store = _store(args)
     prices, _ = cost_from_args(args)
     _log(args, f"planning storage tiers of s3://{args.bucket}/{args.prefix} ...")
-    plan = plan_tiering(store, args.prefix, policy, prices, include_internal=args.include_internal)
+    planned = steps.plan(store, run, lambda line: _log(args, line), prices=prices)
+    plan = TierPlan.from_json(store.get_json(planned.plan_key)[0])
+    applied = steps.apply(store, run, planned, lambda line: _log(args, line))
+    reported = steps.report(store, run, planned, applied, lambda _: None)  # the table below says it
+    _log(args, f"report: {reported.report}")
     if args.dry_run:
         if args.json:
             _emit_json(args.stdout, {"dry_run": True, "plan": plan.to_json()})
@@ -446,18 +454,18 @@ def _cmd_tier(args: argparse.Namespace) -> int:
             _console(args.stdout).print(_tier_table(plan))
             _console(args.stdout).print("dry run: nothing was moved")
         return 0
-    run_id = args.run_id or new_run_id()
-    run = apply_tiering(store, plan, run_id, lease_ttl=args.lease_ttl_seconds,
-                        progress=lambda r: _log(args, f"  {r.directory}/{r.base_offset:020d}: {r.status} {r.reason}"))
+    assert applied.run_key is not None  # a run that is not a dry run writes its document
+    tiered = TierRun.from_json(store.get_json(applied.run_key)[0])
     if args.json:
-        _emit_json(args.stdout, run.to_json())
+        _emit_json(args.stdout, tiered.to_json())
     else:
         _console(args.stdout).print(_tier_table(plan))
-        _console(args.stdout).print(f"run {run_id}: {len(run.moved())} objects moved in {len(run.results)} segments")
-    code = outcome(list(run.results))
+        _console(args.stdout).print(f"run {run.run_id}: {len(tiered.moved())} objects moved in "
+                                    f"{len(tiered.results)} segments")
+    code = outcome(list(tiered.results))
     if code != ExitCode.OK:
-        failed = sum(r.status == Status.FAILED for r in run.results)
-        print(f"tiering: tier run {run_id}: {failed} segments stopped (see the run document for why)", file=sys.stderr)
+        print(f"tiering: tier run {run.run_id}: {reported.failed} segments stopped (see the run document for why)",
+              file=sys.stderr)
     return code
 
 
@@ -611,10 +619,12 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "record (its max timestamp, not LastModified), per the policy's storage.tiers. "
                                    "A transition is an in-place copy with the new class, keeping metadata, tags "
                                    "and encryption, under the partition lease. Objects under 128 KiB never go to "
-                                   "IA classes; GLACIER / DEEP_ARCHIVE only where the policy allows them.")
+                                   "IA classes; GLACIER / DEEP_ARCHIVE only where the policy allows them. The "
+                                   "plan and a report are written under PREFIX/_tiering/ (on a dry run too).")
     _common(p)
     p.add_argument("--policy", required=True, metavar="FILE", help="the policy YAML file (see 'tiering policy')")
-    p.add_argument("--dry-run", action="store_true", help="plan only: what would move, and why the rest stays")
+    p.add_argument("--dry-run", action="store_true",
+                   help="plan and report only: what would move, and why the rest stays; nothing is moved")
     p.add_argument("--emit-lifecycle", action="store_true",
                    help="print an approximate S3 Lifecycle configuration instead (S3 sees object age, not record "
                         "age: read its notes)")

@@ -28,7 +28,7 @@ from tiering.commit.operation import (
 )
 from tiering.commit.swap import abandon, finish_one
 from tiering.kafka.files import TXN_INDEX_SUFFIX
-from tiering.lifecycle.journal import FILES, Journal, NewFiles, TxnIndexSwap
+from tiering.lifecycle.journal import FILES, Journal, NewFiles, Recorded, TxnIndexSwap
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status
 from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
@@ -108,7 +108,7 @@ def adopt(ctx: Context, journal: Journal, etag: str) -> tuple[Journal, str]:
                     attrs={name: a.with_metadata(marks) for name, a in journal.attrs.items()},
                     backup={name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if journal.source[name] else None
                             for name, sfx in FILES},
-                    entry={**journal.entry, "run_id": ctx.run_id})
+                    entry=replace(journal.entry, run_id=ctx.run_id))
     try:
         return taken, ctx.store.put_json(journal_key(ctx.prefix, d, base), taken.to_json(), if_match=etag)
     except (PreconditionFailed, ObjectNotFound):
@@ -135,7 +135,7 @@ def _adopted(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *, co
         result = finish_one(ctx, taken, etag, lease, taken_from=journal.run_id)
         return replace(result, reason=why) if result.status is Status.COMPACTED else result
     return SegmentResult(taken.directory, taken.base_offset, Status.STAGED, why,
-                         int(taken.entry.get("bytes_before", 0)), int(taken.entry.get("bytes_after", 0)),
+                         taken.entry.bytes_before, taken.entry.bytes_after,
                          run_id=ctx.run_id, encryption=kms(taken.attrs["log"].headers))
 
 
@@ -211,7 +211,7 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
     journal = Journal(OpKind.ROLLBACK, op, ctx.run_id, JournalState.BACKED_UP, directory, base, final, source,
                       NewFiles(backups["log"], log_size, new["index"], new["timeindex"]), attrs,
                       payload_xxh3=entry.payload_xxh3 if entry else None, restores_run=target_run,
-                      entry={"bytes_before": current.size, "bytes_after": log_size},
+                      entry=Recorded(current.size, log_size),
                       txn=_txn_index_restore(ctx, directory, base, target_run, op))
     try:
         etag = store.put_json(journal_key(ctx.prefix, directory, base), journal.to_json(), if_none_match=True)

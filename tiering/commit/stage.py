@@ -10,7 +10,6 @@ stored, or by reading them back (:mod:`tiering.commit.verify`). Then the journal
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import BinaryIO, cast
 
@@ -34,7 +33,7 @@ from tiering.errors import InvalidDataError, ProofError
 from tiering.kafka.files import TXN_INDEX_SUFFIX
 from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back, rewrite_segment
-from tiering.lifecycle.journal import FILES, Journal, NewFiles, TxnIndexSwap
+from tiering.lifecycle.journal import FILES, Journal, NewFiles, Recorded, TxnIndexSwap
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Status, Verify
 from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
@@ -87,19 +86,17 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
                                  cause=Cause.BELOW_MIN_SAVINGS)
         lease.check()
         upload = _finish_upload(ctx, out, base, new, result.indexes, stats.bytes_out, stats.payload_xxh3)
-    journal, etag = _journal(
-        ctx, seg, src, new, upload, stats.bytes_in, stats.bytes_out, stats.payload_xxh3, ctx.options.codec.label,
-        {"codec": ctx.options.codec.label, "level": ctx.options.level,
-         # what the original holds (the state keeps it: a rollback checks the backup against it)
-         "payload_xxh3": stats.source_payload_xxh3 or stats.payload_xxh3,
-         "rebatch_max_bytes": ctx.rebatch.max_bytes if ctx.rebatch is not None else None})
+    recorded = Recorded(stats.bytes_in, stats.bytes_out, ctx.run_id, seg.log.etag, ctx.options.codec.label,
+                        ctx.options.level, stats.source_payload_xxh3 or stats.payload_xxh3,
+                        ctx.rebatch.max_bytes if ctx.rebatch is not None else None)
+    journal, etag = _journal(ctx, seg, src, new, upload, recorded, stats.payload_xxh3, ctx.options.codec.label)
     return Staged(journal, etag, SegmentResult(d, base, Status.COMPACTED, "", stats.bytes_in, stats.bytes_out,
                                                stats={**stats_doc, "verified": str(upload.verified)},
                                                run_id=ctx.run_id), result.indexes)
 
 
 def stage_cleaned(ctx: Context, seg: PlannedSegment, log: BinaryIO, size: int, indexes: Indexes,
-                  entry: Mapping[str, object], lease: LeaseGuard, txn_index: bytes | None = None) -> Staged:
+                  lease: LeaseGuard, txn_index: bytes | None = None) -> Staged:
     """Step 1 for a ``.log`` made elsewhere (a key-compaction pass): ``log`` holds its ``size`` bytes and
     ``indexes`` are the ones made with it. It is read back here (CRCs, every record, offsets) and its indexes
     must equal a rebuild; the source is read once more for its records digest (a rollback checks the backup
@@ -136,8 +133,8 @@ def stage_cleaned(ctx: Context, seg: PlannedSegment, log: BinaryIO, size: int, i
         lease.check()
         upload = _finish_upload(ctx, out, base, new, indexes, size, made.payload_xxh3)
     txn = None if txn_index is None else _stage_txn_index(ctx, seg, txn_index)
-    journal, etag = _journal(ctx, seg, src, new, upload, original.size, size, made.payload_xxh3, "keys",
-                             {**entry, "payload_xxh3": original.payload_xxh3}, txn)
+    recorded = Recorded(original.size, size, ctx.run_id, seg.log.etag, payload_xxh3=original.payload_xxh3)
+    journal, etag = _journal(ctx, seg, src, new, upload, recorded, made.payload_xxh3, "keys", txn)
     return Staged(journal, etag, SegmentResult(d, base, Status.COMPACTED, "", original.size, size, run_id=ctx.run_id),
                   indexes)
 
@@ -245,8 +242,8 @@ def _finish_upload(ctx: Context, out: StreamUpload, base: int, new: dict[str, st
 
 
 def _journal(ctx: Context, seg: PlannedSegment, src: _Sources, new: dict[str, str], upload: _Upload,
-             bytes_in: int, bytes_out: int, new_digest: str, codec_mark: str,
-             entry: Mapping[str, object], txn: TxnIndexSwap | None = None) -> tuple[Journal, str]:
+             recorded: Recorded, new_digest: str, codec_mark: str, txn: TxnIndexSwap | None = None
+             ) -> tuple[Journal, str]:
     """Create the segment's journal entry in state ``staged`` (``If-None-Match``: one operation at a time)."""
     store, base, d = ctx.store, seg.base_offset, seg.directory
     assert seg.log is not None
@@ -255,13 +252,11 @@ def _journal(ctx: Context, seg: PlannedSegment, src: _Sources, new: dict[str, st
     source = src.etags
     journal = Journal(
         OpKind.COMPACT, op, ctx.run_id, JournalState.STAGED, d, base, src.final, source,
-        NewFiles(new["log"], bytes_out, new["index"], new["timeindex"], upload.log_etag),
+        NewFiles(new["log"], recorded.bytes_after, new["index"], new["timeindex"], upload.log_etag),
         {name: src.attrs.get(name, src.attrs["log"]).with_metadata(marks) for name, _ in FILES}, src.sizes,
         {name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if source[name] else None for name, sfx in FILES},
-        new_digest,
-        {"run_id": ctx.run_id, "source_log_etag": seg.log.etag, "bytes_before": bytes_in, "bytes_after": bytes_out,
-         **entry},
-        log_crc32c=upload.log_crc32c, txn=None if txn is None else replace(txn, attrs=txn.attrs.with_metadata(marks)))
+        new_digest, recorded, log_crc32c=upload.log_crc32c,
+        txn=None if txn is None else replace(txn, attrs=txn.attrs.with_metadata(marks)))
     try:
         etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
     except PreconditionFailed:

@@ -31,7 +31,7 @@ from tiering.errors import InvalidDataError, ProofError, StorageError
 from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.journal import FILES, INDEX_FILES, Journal
-from tiering.lifecycle.state import SegmentState, stamped
+from tiering.lifecycle.state import SegmentState
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Swap
 from tiering.storage.layout import (
     journal_key,
@@ -199,7 +199,7 @@ def _complete(ctx: Context, swapped: _Swapped, indexes: Indexes | None) -> Segme
     ``.log`` is still ours, then the segment recorded in the partition's state and the journal forgotten.
     Another writer's objects found on the way leave the segment to them (:func:`_superseded`)."""
     journal, etag = swapped.journal, swapped.etag
-    etags = {"log_etag": swapped.log_etag}
+    indexes_put: dict[str, str] = {}
     superseded = ""
     if journal.txn is not None and not journal.txn.before_log:
         try:
@@ -218,11 +218,11 @@ def _complete(ctx: Context, swapped: _Swapped, indexes: Indexes | None) -> Segme
             if put is None:
                 superseded = f"another writer put a .{name} beside our .log after the swap"
             else:
-                etags[f"{name}_etag"] = put
+                indexes_put[name] = put
     if not superseded and not _log_is_ours(ctx, journal):
         superseded = "another writer replaced the .log after our swap"
     if superseded:
-        return _superseded(ctx, journal, etag, etags, superseded)
+        return _superseded(ctx, journal, etag, indexes_put, superseded)
 
     def forget() -> None:
         with contextlib.suppress(TakenOver):  # done all the same: the run that took the entry over forgets it
@@ -230,11 +230,11 @@ def _complete(ctx: Context, swapped: _Swapped, indexes: Indexes | None) -> Segme
 
     compacted = journal.kind is OpKind.COMPACT
     record_state(ctx, journal.directory, journal.base_offset,
-                 stamped(SegmentState.from_json({**journal.entry, **etags})) if compacted else None, then=forget)
+                 SegmentState.done(journal.entry, swapped.log_etag, indexes_put.get("index"),
+                                   indexes_put.get("timeindex")) if compacted else None, then=forget)
     return SegmentResult(journal.directory, journal.base_offset, Status.COMPACTED if compacted else
-                         Status.ROLLED_BACK, "", int(journal.entry.get("bytes_before", 0)),
-                         int(journal.entry.get("bytes_after", 0)), run_id=journal.run_id,
-                         encryption=kms(journal.attrs["log"].headers))
+                         Status.ROLLED_BACK, "", journal.entry.bytes_before, journal.entry.bytes_after,
+                         run_id=journal.run_id, encryption=kms(journal.attrs["log"].headers))
 
 
 def _put_index_beside_ours(ctx: Context, journal: Journal, name: str, indexes: Indexes | None) -> str | None:
@@ -330,14 +330,13 @@ def _forget(ctx: Context, journal: Journal, etag: str) -> None:
 
 
 def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str], why: str) -> SegmentResult:
-    """Another writer replaced the segment after our ``.log`` swap: remove the indexes we put (``If-Match``:
-    only ours; a broker rebuilds a missing index, but would trust ours beside a ``.log`` they do not belong
-    to), leave every object of the other writer as it is, and forget the operation. The originals stay
-    in the backup for the grace period."""
-    for name in INDEX_FILES:
-        if f"{name}_etag" in ours:
-            with contextlib.suppress(PreconditionFailed):  # replaced by the other writer already: theirs
-                ctx.store.delete(journal.final[name], if_match=ours[f"{name}_etag"], missing_ok=True)
+    """Another writer replaced the segment after our ``.log`` swap: remove the indexes we put (``ours``: their
+    ETags by file name; ``If-Match``: only ours; a broker rebuilds a missing index, but would trust ours
+    beside a ``.log`` they do not belong to), leave every object of the other writer as it is, and forget the
+    operation. The originals stay in the backup for the grace period."""
+    for name, put in ours.items():
+        with contextlib.suppress(PreconditionFailed):  # replaced by the other writer already: theirs
+            ctx.store.delete(journal.final[name], if_match=put, missing_ok=True)
     with contextlib.suppress(TakenOver):
         _forget(ctx, journal, etag)
     return SegmentResult(journal.directory, journal.base_offset, Status.SUPERSEDED,

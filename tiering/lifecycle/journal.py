@@ -10,7 +10,7 @@ The words it uses (operation kinds, states) are in :mod:`tiering.lifecycle.vocab
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Final
 
 from tiering.documents import check_document
@@ -69,6 +69,38 @@ class TxnIndexSwap:
 
 
 @dataclass(frozen=True, slots=True)
+class Recorded:
+    """What the partition's state document records for the segment once the operation is done, and what the
+    operation's result reports: the sizes before and after and, for a compaction, the run, the source
+    ``.log`` it replaced, the codec and level, the records digest of the original (a rollback checks the
+    backup against it) and the re-batching bound. A rollback records its sizes only."""
+
+    bytes_before: int = 0
+    bytes_after: int = 0
+    run_id: str | None = None
+    source_log_etag: str | None = None
+    codec: str | None = None  # None: a key-compaction pass (the batches keep their codecs)
+    level: int | None = None
+    payload_xxh3: str | None = None
+    rebatch_max_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Recorded:
+        def text(name: str) -> str | None:
+            return None if doc.get(name) is None else str(doc[name])
+
+        def number(name: str) -> int | None:
+            return None if doc.get(name) is None else int(doc[name])
+
+        return cls(int(doc.get("bytes_before") or 0), int(doc.get("bytes_after") or 0), text("run_id"),
+                   text("source_log_etag"), text("codec"), number("level"), text("payload_xxh3"),
+                   number("rebatch_max_bytes"))
+
+
+@dataclass(frozen=True, slots=True)
 class Journal:
     """One in-flight operation on one segment. ``final``, ``source`` and ``backup`` map the file names of
     :data:`FILES` to the final keys, the ETags being replaced (None: no such file) and the backup keys."""
@@ -88,7 +120,7 @@ class Journal:
     source_sizes: Mapping[str, int] = field(default_factory=dict)
     backup: Mapping[str, str | None] | None = None  # None: nothing to back up (a rollback)
     payload_xxh3: str | None = None  # the records digest the new .log must decode to
-    entry: Mapping[str, Any] = field(default_factory=dict)  # what the partition state records when done
+    entry: Recorded = field(default_factory=Recorded)  # what the partition state records when done
     restores_run: str | None = None
     log_crc32c: int | None = None  # the new .log's CRC-32C, when S3 reported it for the staged object
     txn: TxnIndexSwap | None = None  # the .txnindex replaced too (None: left as it is)
@@ -106,7 +138,7 @@ class Journal:
                         **({"log_etag": self.new.log_etag} if self.new.log_etag else {})},
                 "attrs": {name: a.to_json() for name, a in self.attrs.items()},
                 "backup": dict(self.backup) if self.backup is not None else None,
-                "payload_xxh3": self.payload_xxh3, "entry": dict(self.entry),
+                "payload_xxh3": self.payload_xxh3, "entry": self.entry.to_json(),
                 **({"restores_run": self.restores_run} if self.restores_run else {}),
                 **({"log_crc32c": self.log_crc32c} if self.log_crc32c is not None else {}),
                 **({"txn": self.txn.to_json()} if self.txn is not None else {})}
@@ -123,7 +155,7 @@ class Journal:
                                 new.get("log_etag")),
                        {name: ObjectAttrs.from_json(a) for name, a in doc["attrs"].items()},
                        dict(doc.get("source_sizes") or {}), doc.get("backup"), doc.get("payload_xxh3"),
-                       dict(doc.get("entry") or {}), doc.get("restores_run"),
+                       Recorded.from_json(doc.get("entry") or {}), doc.get("restores_run"),
                        None if doc.get("log_crc32c") is None else int(doc["log_crc32c"]),
                        TxnIndexSwap.from_json(doc["txn"]) if doc.get("txn") else None)
         except (KeyError, TypeError, ValueError) as e:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Final
 
 from tiering.documents import check_document
 from tiering.errors import ConfigError, TieringError
+from tiering.lifecycle.journal import Recorded
 from tiering.storage.layout import state_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
 
@@ -58,6 +59,15 @@ class SegmentState:
     @property
     def compacted(self) -> bool:
         return self.outcome is None
+
+    @classmethod
+    def done(cls, recorded: Recorded, log_etag: str, index_etag: str | None, timeindex_etag: str | None
+             ) -> SegmentState:
+        """The entry of a segment a compaction (or key-compaction pass) just swapped in, stamped now."""
+        assert recorded.run_id is not None, "a compaction's journal entry names its run"
+        return stamped(cls(log_etag, recorded.run_id, recorded.codec, recorded.level, None, None, index_etag,
+                           timeindex_etag, recorded.source_log_etag, recorded.bytes_before, recorded.bytes_after,
+                           recorded.payload_xxh3, None, recorded.rebatch_max_bytes))
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"log_etag": self.log_etag, "run_id": self.run_id, "codec": self.codec,

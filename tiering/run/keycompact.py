@@ -288,8 +288,7 @@ def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: 
             raise ProofError("the cleaned .txnindex holds an entry the original does not", path=where,
                              expected=f"a subset of {len(before)} entries", found=f"{len(after)} entries")
         with open(path, "rb") as log:
-            staged = stage_cleaned(ctx, seg, log, cleaned.size, cleaned.indexes,
-                                   {"codec": None, "level": None, "key_compaction": figures}, lease,
+            staged = stage_cleaned(ctx, seg, log, cleaned.size, cleaned.indexes, lease,
                                    txn_index=None if after == before else cleaned.txn_index)
         result = finish_one(ctx, staged.journal, staged.etag, lease, indexes=staged.indexes)
         return staged.result if result.status == staged.result.status else result

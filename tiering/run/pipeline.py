@@ -466,7 +466,7 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
             return False
         own = ctx.for_segment(seg)
         rebatch = own.rebatch.max_bytes if own.rebatch is not None else None
-        return (journal.entry.get("codec"), journal.entry.get("level"), journal.entry.get("rebatch_max_bytes")) == (
+        return (journal.entry.codec, journal.entry.level, journal.entry.rebatch_max_bytes) == (
             own.options.codec.label, own.options.level, rebatch)
 
     def work(lease: Lease, out: list[SegmentResult]) -> None:

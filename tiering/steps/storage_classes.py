@@ -7,9 +7,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tiering.commit.lease import DEFAULT_TTL_SECONDS
+from tiering.cost.prices import PriceBook
 from tiering.errors import ConfigError
 from tiering.lifecycle.vocabulary import RunKind
-from tiering.plan.policy import load_policy
+from tiering.plan.policy import Policy, load_policy
 from tiering.report.publish import cost_config
 from tiering.run.pipeline import safe_run_id
 from tiering.run.tier import TierPlan, TierRun, apply_tiering, plan_tiering, tier_report, tier_table
@@ -21,18 +23,27 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True, slots=True)
 class TieringParams:
-    """A storage-class tiering run as the DAG's params describe it, typed once."""
+    """A storage-class tiering run as the DAG's params (or the command line) describe it, typed once."""
 
     bucket: str
     prefix: str
     run_id: str
     policy_file: str
     dry_run: bool
+    include_internal: bool = False  # plan the internal topics (__consumer_offsets, ...) too
+    lease_ttl: int = DEFAULT_TTL_SECONDS
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], run_id: str) -> TieringParams:
         return cls(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id), params["policy"].strip(),
                    bool(params["dry_run"]))
+
+    def policy(self) -> Policy:
+        """The policy file read and checked (a :class:`ConfigError` naming what is wrong in it)."""
+        if not self.policy_file:
+            raise ConfigError("storage-class tiering needs a policy: pass the policy param or set "
+                              "TIERING_POLICY_FILE")
+        return load_policy(self.policy_file)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,28 +99,30 @@ class TierReportStep:
                 "one_off_usd": round(self.one_off_usd, 6), "report": self.report}
 
 
-def plan(store: ObjectStore, run: TieringParams, log: Log) -> TierPlanStep:
+def plan(store: ObjectStore, run: TieringParams, log: Log, *, prices: PriceBook | None = None) -> TierPlanStep:
     """Each sealed segment's target class, from its newest record's age and its topic's policy; the plan is
-    written to the run's ``tier-plan`` document."""
-    if not run.policy_file:
-        raise ConfigError("kafka_segment_tiering needs a policy: pass the policy param or set TIERING_POLICY_FILE")
-    policy = load_policy(run.policy_file)  # a bad policy fails here, before any request
-    planned = plan_tiering(store, run.prefix, policy, cost_config()[0])
+    written to the run's ``tier-plan`` document. ``prices``: the price book (default: the configured one)."""
+    policy = run.policy()  # a bad policy fails here, before any request
+    planned = plan_tiering(store, run.prefix, policy, prices or cost_config()[0],
+                           include_internal=run.include_internal)
     key = tier_plan_key(run.prefix, run.run_id)
     store.put_json(key, planned.to_json())
     totals = planned.totals()
-    log(f"plan: {totals.objects_to_move} objects to move ({totals.bytes_to_move:,} bytes); "
-        f"staying: {dict(totals.staying)}")
+    staying = ", ".join(f"{n:,} {reason}" for reason, n in sorted(totals.staying.items())) or "none"
+    log(f"plan: {totals.objects_to_move:,} objects to move ({totals.bytes_to_move:,} bytes); staying: {staying}")
     return TierPlanStep(key, totals.objects_to_move)
 
 
 def apply(store: ObjectStore, run: TieringParams, planned: TierPlanStep, log: Log) -> TierApplyStep:
-    """Each planned move: an in-place copy with the new class, under the partition's lease."""
-    if run.dry_run or not planned.objects_to_move:
-        log("nothing to move" + (" (dry run)" if run.dry_run else ""))
+    """Each planned move: an in-place copy with the new class, under the partition's lease; the run document
+    is written whatever the plan holds (none on a dry run)."""
+    if run.dry_run:
+        log("dry run: nothing is moved")
         return TierApplyStep(None, 0)
     result = apply_tiering(store, TierPlan.from_json(store.get_json(planned.plan_key)[0]), run.run_id,
-                           progress=lambda r: log(f"  {r.directory}/{r.base_offset}: {r.status} {r.reason}"))
+                           lease_ttl=run.lease_ttl,
+                           progress=lambda r: log(f"  {r.directory}/{r.base_offset:020d}: {r.status}"
+                                                  + (f" ({r.reason})" if r.reason else "")))
     return TierApplyStep(run_result_key(run.prefix, run.run_id, RunKind.TIER), len(result.results))
 
 

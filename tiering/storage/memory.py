@@ -40,7 +40,6 @@ import crc32c
 from tiering.errors import ConfigError, StorageError, TieringError
 from tiering.storage.objects import (
     CONTENT_HEADERS,
-    DEFAULT_PART_BYTES,
     ENCRYPTION_HEADERS,
     MAX_DELETE_KEYS,
     BucketFacts,
@@ -49,12 +48,11 @@ from tiering.storage.objects import (
     ObjectNotFound,
     ObjectStore,
     PreconditionFailed,
-    StreamUpload,
+    StreamUploads,
     TransportError,
     check_stored,
     crc32c_b64,
     put_json,
-    upload_from,
 )
 
 PAGE: Final = 1000  # entries a listing page holds (keys and common prefixes), uploads a ListMultipartUploads page
@@ -116,7 +114,7 @@ class _Upload:
     parts: dict[int, bytes] = field(default_factory=dict)
 
 
-class MemoryStore:
+class MemoryStore(StreamUploads):
     """One bucket in memory, with S3's semantics as S3Store exposes them (see the module docstring)."""
 
     def __init__(self, bucket: str, *, clock: Callable[[], datetime] | None = None, checksums: bool = True,
@@ -405,19 +403,6 @@ class MemoryStore:
             upload_id = secrets.token_urlsafe(24)
             self._uploads[upload_id] = _Upload(key, self._now(), dict(metadata or {}))
             return upload_id
-
-    def upload(self, key: str, stream: BinaryIO, *, part_bytes: int = DEFAULT_PART_BYTES,
-               metadata: dict[str, str] | None = None, if_none_match: bool = False,
-               crc: int | None = None) -> str:
-        """As :meth:`S3Store.upload`."""
-        return upload_from(self, key, stream, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
-                           crc=crc)
-
-    def writer(self, key: str, *, part_bytes: int = DEFAULT_PART_BYTES, metadata: dict[str, str] | None = None,
-               if_none_match: bool = False, checksum: bool = False, in_flight: int = 2) -> StreamUpload:
-        """As :meth:`S3Store.writer`: the same :class:`StreamUpload` on this store's upload calls."""
-        return StreamUpload(self, key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
-                            checksum=checksum, in_flight=in_flight)
 
     def _single(self, key: str, data: bytes, metadata: dict[str, str], if_none_match: bool,
                 crc: int | None) -> str:

@@ -1,7 +1,7 @@
 """The object store as the platform sees it, with no S3 client in it: the interface (:class:`ObjectStore`, a
 :class:`typing.Protocol`), the values it speaks in (:class:`ObjectInfo`, :class:`ObjectAttrs`,
 :class:`BucketFacts`, :class:`Uploaded`), its errors (:class:`~tiering.errors.StorageError` subclasses), the
-streamed upload both stores share (:class:`StreamUpload`, :func:`upload_from`), :func:`put_json`, and the
+streamed upload both stores share (:class:`StreamUpload`, :class:`StreamUploads`), :func:`put_json`, and the
 probes of what a store honours. Every layer above imports from here; only the entry points that build a
 store import an implementation.
 
@@ -270,14 +270,29 @@ class StreamUpload(io.RawIOBase):
         super().__exit__(exc_type, exc, tb)
 
 
-def upload_from(store: _Multipart, key: str, stream: BinaryIO, *, part_bytes: int, metadata: dict[str, str] | None,
-                if_none_match: bool, crc: int | None) -> str:
-    """What a store's ``upload`` does: ``stream`` through a :class:`StreamUpload`, checked against ``crc``."""
-    with StreamUpload(store, key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
-                      checksum=crc is not None) as out:
-        while chunk := stream.read(part_bytes):
-            out.write(chunk)
-        return out.finish(expect_crc=crc).etag
+class StreamUploads:
+    """``upload`` and ``writer`` of a store that makes S3's upload calls (:class:`_Multipart`): both stores
+    inherit them, so that a streamed upload is the same code on each."""
+
+    def upload(self: _Multipart, key: str, stream: BinaryIO, *, part_bytes: int = DEFAULT_PART_BYTES,
+               metadata: dict[str, str] | None = None, if_none_match: bool = False, crc: int | None = None) -> str:
+        """Upload what ``stream`` yields through a :class:`StreamUpload` (a single PUT for a small input, else
+        parts, aborted if anything fails). With ``crc``, the CRC-32C its producer computed: the bytes read must
+        have it (:class:`ProofError` otherwise: the local copy changed) and the upload is checked by checksum.
+        Returns the ETag."""
+        with StreamUpload(self, key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
+                          checksum=crc is not None) as out:
+            while chunk := stream.read(part_bytes):
+                out.write(chunk)
+            return out.finish(expect_crc=crc).etag
+
+    def writer(self: _Multipart, key: str, *, part_bytes: int = DEFAULT_PART_BYTES,
+               metadata: dict[str, str] | None = None, if_none_match: bool = False, checksum: bool = False,
+               in_flight: int = 2) -> StreamUpload:
+        """A :class:`StreamUpload` to ``key``: what is written goes to the store as it comes, ``in_flight``
+        parts at once."""
+        return StreamUpload(self, key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
+                            checksum=checksum, in_flight=in_flight)
 
 
 class NoCredentials(StorageError):

@@ -55,7 +55,6 @@ from zlib_ng import zlib_ng
 from tiering.errors import ConfigError, StorageError, TieringError
 from tiering.storage.objects import (
     CONTENT_HEADERS,
-    DEFAULT_PART_BYTES,
     ENCRYPTION_HEADERS,
     MAX_COPY_BYTES,
     MAX_DELETE_KEYS,
@@ -68,7 +67,7 @@ from tiering.storage.objects import (
     ObjectNotFound,
     ObjectStore,
     PreconditionFailed,
-    StreamUpload,
+    StreamUploads,
     Throttled,
     TransportError,
     Unsupported,
@@ -76,7 +75,6 @@ from tiering.storage.objects import (
     crc32c_b64,
     put_json,
     redact_url,
-    upload_from,
 )
 
 DEFAULT_MAX_ATTEMPTS: Final = 8  # requests in all, the first included
@@ -323,7 +321,7 @@ class Body(io.RawIOBase):
 
 
 @dataclass(slots=True)
-class S3Store:
+class S3Store(StreamUploads):
     """S3 operations on one bucket, errors translated (see the module docstring). ``requests`` counts the API
     calls made through its client by operation name (one per call and per listing page; what S3 bills)."""
 
@@ -610,22 +608,6 @@ class S3Store:
                 for item in page.get("Contents", []):
                     yield ObjectInfo(item["Key"], int(item["Size"]), str(item["ETag"]), item["LastModified"],
                                      str(item.get("StorageClass", "STANDARD")))
-
-    def upload(self, key: str, stream: BinaryIO, *, part_bytes: int = DEFAULT_PART_BYTES,
-               metadata: dict[str, str] | None = None, if_none_match: bool = False,
-               crc: int | None = None) -> str:
-        """Upload what ``stream`` yields through a :meth:`writer` (a single PUT for a small input, else parts,
-        aborted if anything fails). With ``crc``, the CRC-32C its producer computed: the bytes read must have
-        it (:class:`ProofError` otherwise: the local copy changed) and the upload is checked by checksum.
-        Returns the ETag."""
-        return upload_from(self, key, stream, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
-                           crc=crc)
-
-    def writer(self, key: str, *, part_bytes: int = DEFAULT_PART_BYTES, metadata: dict[str, str] | None = None,
-               if_none_match: bool = False, checksum: bool = False, in_flight: int = 2) -> StreamUpload:
-        """A :class:`StreamUpload` to ``key``: what is written goes to S3 as it comes, ``in_flight`` parts at once."""
-        return StreamUpload(self, key, part_bytes=part_bytes, metadata=metadata, if_none_match=if_none_match,
-                            checksum=checksum, in_flight=in_flight)
 
     # StreamUpload's calls (_Multipart).
 
