@@ -14,8 +14,10 @@ import yaml
 
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC, context, plan_for, seed
 from tiering.cli import main
+from tiering.commit.operation import SegmentResult
 from tiering.cost.prices import GB, load_prices
 from tiering.lifecycle.state import load_state
+from tiering.lifecycle.vocabulary import Status
 from tiering.plan.policy import parse_policy
 from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
@@ -194,9 +196,13 @@ def test_cli_tier_dry_run_then_apply(store: S3Store, tmp_path: Path) -> None:
     assert main([*where, "--dry-run", "--json"], stdout=out) == 0
     assert json.loads(out.getvalue())["plan"]["totals"]["objects_to_move"] == 1
     assert "StorageClass" not in store.client.head_object(Bucket=BUCKET, Key=_key(0))  # a dry run moves nothing
+    assert not [o.key for o in store.list(f"{PREFIX}/_tiering/") if "/runs/" in o.key or "/reports/" in o.key]
     out = StringIO()
     assert main([*where, "--run-id", "cli-tier"], stdout=out) == 0
     assert "1 objects moved" in out.getvalue()
+    written = {o.key.removeprefix(f"{PREFIX}/_tiering/") for o in store.list(f"{PREFIX}/_tiering/")}
+    assert {"runs/cli-tier/tier-plan.json", "runs/cli-tier/tier.json", "reports/cli-tier/tiering.json",
+            "reports/cli-tier/tiering.md"} <= written  # the DAG's steps, as the DAG writes them
     assert store.client.head_object(Bucket=BUCKET, Key=_key(0))["StorageClass"] == "GLACIER_IR"
     out = StringIO()
     assert main([*where, "--emit-lifecycle"], stdout=out) == 0
@@ -236,3 +242,6 @@ def test_archive_classes_only_when_allowed_and_the_report_says_so(store: S3Store
     assert report.warnings == ("1 objects go to GLACIER: they cannot be read (by Kafka, a consumer or the "
                                "compaction) without a restore first",)
     assert "WARNING" in tier_table(report)
+    failed = SegmentResult(f"{TOPIC}-0", 0, Status.FAILED, "S3 error: SlowDown")
+    lines = tier_table(tier_report(plan, [failed], "run", dry_run=False)).splitlines()
+    assert f"  FAILED {TOPIC}-0/0: S3 error: SlowDown" in lines

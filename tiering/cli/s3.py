@@ -28,7 +28,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.vocabulary import Action, Swap, Verify
+from tiering.lifecycle.vocabulary import Action, Status, Swap, Verify
 from tiering.plan.auto import apply_policy
 from tiering.plan.document import Plan, PlannedSegment, PlanTotals
 from tiering.plan.estimate import (
@@ -43,7 +43,7 @@ from tiering.plan.policy import load_policy
 from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan, scan_partitions
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
-from tiering.run.documents import CompactOptions, RunResult, new_run_id, outcome
+from tiering.run.documents import CompactOptions, RunResult, new_run_id, outcome, worst
 from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup, rollback
 from tiering.run.pipeline import RunSettings, compact, plan_run, run_local, scan_run
@@ -425,8 +425,8 @@ def _tier_table(plan: Any) -> Table:
 
 
 def _cmd_tier(args: argparse.Namespace) -> int:
-    """The tiering DAG's steps in this process: plan (written to the run's tier-plan document), apply (not on
-    a dry run), report (beside the run's other reports)."""
+    """The tiering DAG's steps in this process: plan (written to the run's tier-plan document), apply, report
+    (beside the run's other reports). A dry run plans and writes nothing."""
     from tiering.run.tier import TierPlan, TierRun, lifecycle_configuration  # noqa: PLC0415
     from tiering.steps import storage_classes as steps  # noqa: PLC0415
 
@@ -442,30 +442,34 @@ def _cmd_tier(args: argparse.Namespace) -> int:
     store = _store(args)
     prices, _ = cost_from_args(args)
     _log(args, f"planning storage tiers of s3://{args.bucket}/{args.prefix} ...")
-    planned = steps.plan(store, run, lambda line: _log(args, line), prices=prices)
-    plan = TierPlan.from_json(store.get_json(planned.plan_key)[0])
-    applied = steps.apply(store, run, planned, lambda line: _log(args, line))
-    reported = steps.report(store, run, planned, applied, lambda _: None)  # the table below says it
-    _log(args, f"report: {reported.report}")
     if args.dry_run:
+        plan = steps.plan_of(store, run, prices=prices)
         if args.json:
             _emit_json(args.stdout, {"dry_run": True, "plan": plan.to_json()})
         else:
             _console(args.stdout).print(_tier_table(plan))
-            _console(args.stdout).print("dry run: nothing was moved")
+            _console(args.stdout).print("dry run: nothing was moved or written")
         return 0
+    planned = steps.plan(store, run, lambda line: _log(args, line), prices=prices)
+    applied = steps.apply(store, run, planned, lambda line: _log(args, line))
     assert applied.run_key is not None  # a run that is not a dry run writes its document
     tiered = TierRun.from_json(store.get_json(applied.run_key)[0])
     if args.json:
         _emit_json(args.stdout, tiered.to_json())
     else:
-        _console(args.stdout).print(_tier_table(plan))
+        _console(args.stdout).print(_tier_table(TierPlan.from_json(store.get_json(planned.plan_key)[0])))
         _console(args.stdout).print(f"run {run.run_id}: {len(tiered.moved())} objects moved in "
                                     f"{len(tiered.results)} segments")
     code = outcome(list(tiered.results))
     if code != ExitCode.OK:
-        print(f"tiering: tier run {run.run_id}: {reported.failed} segments stopped (see the run document for why)",
+        failed = sum(r.status is Status.FAILED for r in tiered.results)
+        print(f"tiering: tier run {run.run_id}: {failed} segments stopped (see the run document for why)",
               file=sys.stderr)
+    try:
+        _log(args, f"report: {steps.report(store, run, planned, applied, lambda _: None).report}")
+    except StorageError as e:  # the run's outcome is on S3 and printed already: only the report is missing
+        print(f"tiering: the tiering report was not published: {e}", file=sys.stderr)
+        return worst([code, ExitCode.RETRY if e.retryable else ExitCode.USAGE])
     return code
 
 
@@ -620,11 +624,11 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "A transition is an in-place copy with the new class, keeping metadata, tags "
                                    "and encryption, under the partition lease. Objects under 128 KiB never go to "
                                    "IA classes; GLACIER / DEEP_ARCHIVE only where the policy allows them. The "
-                                   "plan and a report are written under PREFIX/_tiering/ (on a dry run too).")
+                                   "plan and a report are written under PREFIX/_tiering/ (a dry run writes nothing).")
     _common(p)
     p.add_argument("--policy", required=True, metavar="FILE", help="the policy YAML file (see 'tiering policy')")
     p.add_argument("--dry-run", action="store_true",
-                   help="plan and report only: what would move, and why the rest stays; nothing is moved")
+                   help="plan only: what would move, and why the rest stays; nothing is moved or written")
     p.add_argument("--emit-lifecycle", action="store_true",
                    help="print an approximate S3 Lifecycle configuration instead (S3 sees object age, not record "
                         "age: read its notes)")

@@ -49,7 +49,7 @@ META_CODEC: Final = "tiering-codec"
 META_SOURCE_ETAG: Final = "tiering-source-etag"
 META_RESTORED: Final = "tiering-restored-from-run"
 COPY_CHUNK: Final = 1 << 20
-AUTO_SWAP: Final = "auto"  # the swap setting that learns the mode from the store (:func:`swap_mode`)
+AUTO_SWAP: Final = "auto"  # the swap setting that learns the mode from the store (tiering.commit.swap.swap_mode)
 
 
 class SourceChanged(ConflictError):

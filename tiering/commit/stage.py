@@ -100,9 +100,9 @@ def stage_cleaned(ctx: Context, seg: PlannedSegment, log: BinaryIO, size: int, i
     """Step 1 for a ``.log`` made elsewhere (a key-compaction pass): ``log`` holds its ``size`` bytes and
     ``indexes`` are the ones made with it. It is read back here (CRCs, every record, offsets) and its indexes
     must equal a rebuild; the source is read once more for its records digest (a rollback checks the backup
-    against it); then staged, verified and journalled as :func:`stage_segment` does. ``entry``: what the
-    journal entry (and then the state) records beside the sizes and digests. ``txn_index``: the segment's new
-    ``.txnindex`` (empty: removed), when it loses entries (:class:`TxnIndexSwap`); None: left as it is."""
+    against it); then staged, verified and journalled as :func:`stage_segment` does (no codec or level
+    recorded: the batches keep theirs). ``txn_index``: the segment's new ``.txnindex`` (empty: removed),
+    when it loses entries (:class:`TxnIndexSwap`); None: left as it is."""
     store, base, d = ctx.store, seg.base_offset, seg.directory
     assert seg.log is not None
     src = _sources(ctx, seg)

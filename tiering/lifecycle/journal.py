@@ -158,5 +158,5 @@ class Journal:
                        Recorded.from_json(doc.get("entry") or {}), doc.get("restores_run"),
                        None if doc.get("log_crc32c") is None else int(doc["log_crc32c"]),
                        TxnIndexSwap.from_json(doc["txn"]) if doc.get("txn") else None)
-        except (KeyError, TypeError, ValueError) as e:
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"journal entry is malformed ({type(e).__name__}: {e})", path=where) from None

@@ -64,7 +64,8 @@ class SegmentState:
     def done(cls, recorded: Recorded, log_etag: str, index_etag: str | None, timeindex_etag: str | None
              ) -> SegmentState:
         """The entry of a segment a compaction (or key-compaction pass) just swapped in, stamped now."""
-        assert recorded.run_id is not None, "a compaction's journal entry names its run"
+        if recorded.run_id is None:
+            raise ConfigError("a compaction's journal entry names no run", expected="its run_id", found="none")
         return stamped(cls(log_etag, recorded.run_id, recorded.codec, recorded.level, None, None, index_etag,
                            timeindex_etag, recorded.source_log_etag, recorded.bytes_before, recorded.bytes_after,
                            recorded.payload_xxh3, None, recorded.rebatch_max_bytes))

@@ -474,7 +474,7 @@ def tier_table(report: TierReport) -> str:
     for reason, n in sorted(t.staying.items()):
         lines.append(f"  stays ({n}): {reason}")
     for r in report.segments_failed:
-        lines.append(f"  Status.FAILED {r.directory}/{r.base_offset}: {r.reason}")
+        lines.append(f"  FAILED {r.directory}/{r.base_offset}: {r.reason}")
     lines += [f"  WARNING: {w}" for w in report.warnings]
     return "\n".join(lines)
 

@@ -63,7 +63,7 @@ class TierPlanStep:
 
 @dataclass(frozen=True, slots=True)
 class TierApplyStep:
-    """The run document's key (None: nothing was moved, or a dry run) and the segments with moves."""
+    """The run document's key (None: a dry run) and the segments with moves."""
 
     run_key: str | None
     segments: int
@@ -99,12 +99,16 @@ class TierReportStep:
                 "one_off_usd": round(self.one_off_usd, 6), "report": self.report}
 
 
-def plan(store: ObjectStore, run: TieringParams, log: Log, *, prices: PriceBook | None = None) -> TierPlanStep:
-    """Each sealed segment's target class, from its newest record's age and its topic's policy; the plan is
-    written to the run's ``tier-plan`` document. ``prices``: the price book (default: the configured one)."""
+def plan_of(store: ObjectStore, run: TieringParams, *, prices: PriceBook | None = None) -> TierPlan:
+    """Each sealed segment's target class, from its newest record's age and its topic's policy; nothing is
+    written (the command line's dry run shows it). ``prices``: the price book (default: the configured one)."""
     policy = run.policy()  # a bad policy fails here, before any request
-    planned = plan_tiering(store, run.prefix, policy, prices or cost_config()[0],
-                           include_internal=run.include_internal)
+    return plan_tiering(store, run.prefix, policy, prices or cost_config()[0], include_internal=run.include_internal)
+
+
+def plan(store: ObjectStore, run: TieringParams, log: Log, *, prices: PriceBook | None = None) -> TierPlanStep:
+    """:func:`plan_of`, written to the run's ``tier-plan`` document."""
+    planned = plan_of(store, run, prices=prices)
     key = tier_plan_key(run.prefix, run.run_id)
     store.put_json(key, planned.to_json())
     totals = planned.totals()

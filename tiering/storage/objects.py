@@ -274,6 +274,8 @@ class StreamUploads:
     """``upload`` and ``writer`` of a store that makes S3's upload calls (:class:`_Multipart`): both stores
     inherit them, so that a streamed upload is the same code on each."""
 
+    __slots__ = ()
+
     def upload(self: _Multipart, key: str, stream: BinaryIO, *, part_bytes: int = DEFAULT_PART_BYTES,
                metadata: dict[str, str] | None = None, if_none_match: bool = False, crc: int | None = None) -> str:
         """Upload what ``stream`` yields through a :class:`StreamUpload` (a single PUT for a small input, else
