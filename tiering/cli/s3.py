@@ -624,7 +624,8 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "A transition is an in-place copy with the new class, keeping metadata, tags "
                                    "and encryption, under the partition lease. Objects under 128 KiB never go to "
                                    "IA classes; GLACIER / DEEP_ARCHIVE only where the policy allows them. The "
-                                   "plan and a report are written under PREFIX/_tiering/ (a dry run writes nothing).")
+                                   "plan and a report are written beside the run's other documents; a dry run "
+                                   "writes nothing.")
     _common(p)
     p.add_argument("--policy", required=True, metavar="FILE", help="the policy YAML file (see 'tiering policy')")
     p.add_argument("--dry-run", action="store_true",

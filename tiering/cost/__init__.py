@@ -1,1 +1,1 @@
-"""Prices and the cost model (pure)."""
+"""Prices, the cost model and the report document it produces (pure)."""

@@ -1,1 +1,2 @@
-"""The segment lifecycle's vocabulary and the journal entry: typed, versioned, no I/O."""
+"""The segment lifecycle: its vocabulary (enums), the journal entry of an operation in flight, and the
+partition's state document of what each segment became (the one module here that reads and writes S3)."""

@@ -1,1 +1,2 @@
-"""Policies (per-topic codec and storage tiering, ``policy``) and the storage-class tiering planner (``tier``)."""
+"""What a run will do: the plan document, the scanner, S3 Inventory reports, policies, the plan's chunk files
+and the dry run's estimate."""
