@@ -13,12 +13,13 @@ from tiering.cost.model import CostOptions
 from tiering.cost.prices import load_prices
 from tiering.kafka.codecs import Codec
 from tiering.lifecycle.vocabulary import Action
-from tiering.plan.auto import apply_policy, choose_codec
+from tiering.plan.auto import choose_codec
+from tiering.plan.document import Plan
 from tiering.plan.policy import parse_policy
 from tiering.plan.scan import ScanOptions, scan
 from tiering.report.publish import publish_report
 from tiering.run.documents import CompactOptions
-from tiering.run.pipeline import compact
+from tiering.run.pipeline import RunSettings, compact, dry_run
 from tiering.storage.s3 import S3Store
 
 PRICES = load_prices("us-east-1")
@@ -46,10 +47,11 @@ def _seed_topics(store: S3Store) -> dict[str, Any]:
     }
 
 
-def _plan(store: S3Store) -> Any:
-    policy = parse_policy(POLICY)
-    listing = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0, policy=policy))
-    return apply_policy(store, listing, policy, PRICES)
+def _plan(store: S3Store) -> Plan:
+    """The plan a run under the policy makes (its scan and plan steps, written to memory only)."""
+    settings = RunSettings(store.bucket, PREFIX, "policy-plan", "zstd", None, 60)
+    return dry_run(store, settings, ScanOptions("zstd", min_age_minutes=0, policy=parse_policy(POLICY)),
+                   CompactOptions(), None, prices=PRICES)
 
 
 def test_auto_chooses_differently_for_json_events_and_incompressible_data(store: S3Store) -> None:

@@ -121,6 +121,27 @@ def test_dry_run_estimates_and_writes_nothing(bucket: S3Store) -> None:
     assert after == before  # moto's server sends Date: not even a clock object is written
 
 
+def test_the_dry_run_plans_what_the_run_then_does(bucket: S3Store) -> None:
+    """The dry run takes the run's own steps (scan, plan with the budget) with its documents in memory: its plan
+    is the plan the real run then writes and follows, segment for segment."""
+    from tiering.run.pipeline import RunSettings, plan_files
+
+    seed(bucket)
+    where = ["--bucket", bucket.bucket, "--prefix", PREFIX, "--codec", "zstd", "--min-age-minutes", "0",
+             "--max-segments", "1"]
+    code, out, err = _cli("s3", "compact", *where, "--dry-run", "--json", "--run-id", "same")
+    assert code == 0, err
+    dry = json.loads(out)["plan"]
+    assert not [o.key for o in bucket.list(f"{PREFIX}/_tiering/")]
+    code, out, err = _cli("s3", "compact", *where, "--json", "--run-id", "same", "--no-report")
+    assert code == 0, err
+    planned = plan_files(bucket, RunSettings(bucket.bucket, PREFIX, "same", "zstd", None, 60))
+    assert sorted(s["action"] for s in dry["segments"]) == ["compact", "skip", "skip"]  # the active one, the budget
+    assert dry["segments"] == [s.to_json() for s in planned.segments()]
+    assert [s["base_offset"] for s in json.loads(out)["segments"] if s["status"] == "compacted"] == [
+        s["base_offset"] for s in dry["segments"] if s["action"] == "compact"]
+
+
 def test_a_corrupt_segment_makes_exit_code_1_and_the_rest_proceeds(bucket: S3Store) -> None:
     originals = seed(bucket)
     base = sorted(originals)[0]

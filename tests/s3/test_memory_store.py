@@ -25,6 +25,7 @@ import pytest
 
 from tests.s3.conftest import BUCKET
 from tiering.errors import ConfigError, StorageError, TieringError
+from tiering.storage.aside import WriteAside
 from tiering.storage.memory import ManualClock, MemoryStore
 from tiering.storage.objects import (
     MIN_PART_BYTES,
@@ -118,6 +119,8 @@ def test_the_protocol_names_exactly_the_interface_with_s3store_signatures() -> N
         want = _signature(S3Store, name)
         assert _signature(ObjectStore, name) == want, name
         assert _signature(MemoryStore, name) == want, name
+        assert _signature(WriteAside, name) == want, name
+    assert _methods(WriteAside) == set(MEMBERS)
     assert S3Store.__annotations__["requests"] == ObjectStore.__annotations__["requests"] == "Counter[str]"
 
 

@@ -29,24 +29,23 @@ from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import Action, Status, Swap, Verify
-from tiering.plan.auto import apply_policy
 from tiering.plan.document import Plan, PlannedSegment, PlanTotals
 from tiering.plan.estimate import (
     DEFAULT_SAMPLE_BYTES,
     DEFAULT_SAMPLE_SEGMENTS,
+    Sampling,
     StratifiedSample,
-    estimate,
     estimate_work,
 )
 from tiering.plan.inventory import iter_inventory, read_manifest
 from tiering.plan.policy import load_policy
-from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan, scan_partitions
+from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan_partitions
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table
 from tiering.run.documents import CompactOptions, RunResult, new_run_id, outcome, worst
 from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup, rollback
-from tiering.run.pipeline import RunSettings, compact, plan_run, run_local, scan_run
+from tiering.run.pipeline import RunSettings, compact, dry_run, plan_run, run_local, scan_run
 from tiering.storage.layout import reserved_dir
 from tiering.storage.objects import ObjectInfo, ObjectStore
 from tiering.storage.s3 import S3Store, make_client
@@ -111,14 +110,24 @@ def _progress(args: argparse.Namespace) -> Callable[[int], None]:
     return progress
 
 
-def _scan(args: argparse.Namespace, store: ObjectStore) -> Plan:
-    _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
-    options = _scan_options(args)
-    plan = scan(store, args.prefix, options, progress=_progress(args), source=_source(args, store))
-    if options.policy is not None:
-        prices = cost_config(region=getattr(args, "price_region", None), prices_file=getattr(args, "prices", None))[0]
-        plan = apply_policy(store, plan, options.policy, prices, log=lambda line: _log(args, line))
-    return plan
+def _settings(args: argparse.Namespace, store: ObjectStore) -> RunSettings:
+    return RunSettings(store.bucket, args.prefix.strip("/"), getattr(args, "run_id", None) or new_run_id(),
+                       Codec.parse(args.codec).label, args.level, args.lease_ttl_seconds,
+                       *RunSettings.modes(getattr(args, "verify", "read-back"), getattr(args, "swap", AUTO_SWAP)))
+
+
+def _plan_dry(args: argparse.Namespace, store: ObjectStore, settings: RunSettings, budget: CompactOptions,
+              sampling: Sampling | None) -> Plan:
+    """The run's scan (or --plan) and plan, as a run makes them, written to memory only (see dry_run)."""
+    if getattr(args, "plan", None):
+        source: ScanOptions | Plan = _load_plan(args, store)
+    else:
+        source = _scan_options(args)
+        _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
+    prices = cost_config(region=getattr(args, "price_region", None),
+                         prices_file=getattr(args, "prices", None))[0] if args.policy else None
+    return dry_run(store, settings, source, budget, sampling, inventory=args.inventory, prices=prices,
+                   progress=_progress(args), log=lambda line: _log(args, line))
 
 
 class _Rows:
@@ -195,13 +204,11 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     """Without --out or a policy the scan streams: it holds a few partitions, never the whole plan."""
     store = _store(args)
     rows = _Rows()
-    if args.out is not None or args.policy:
-        plan = _scan(args, store)
+    sampling = Sampling(args.sample_segments, args.sample_bytes) if args.estimate else None
+    if args.out is not None or args.policy:  # the plan step of a run without a budget, written to memory
+        plan = _plan_dry(args, store, _settings(args, store), CompactOptions(), sampling)
         rows.add(plan.segments)
         totals = plan.totals()
-        if args.estimate:
-            plan = replace(plan, estimate=estimate(store, plan, _rewrite_options(args),
-                                                   segments=args.sample_segments, sample_bytes=args.sample_bytes))
         _write_plan(args, plan)
     else:
         _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
@@ -217,9 +224,9 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         plan = scan_partitions(store, args.prefix, _scan_options(args), emit, source=_source(args, store),
                                progress=_progress(args))
         totals = counted.to_json()
-        if args.estimate:
+        if sampling is not None:
             plan = replace(plan, estimate=estimate_work(store, sample, _rewrite_options(args),
-                                                        segments=args.sample_segments, sample_bytes=args.sample_bytes))
+                                                        segments=sampling.segments, sample_bytes=sampling.bytes))
     _log(args, f"{plan.objects_listed:,} objects, {totals['segments']:,} segments: {totals['to_compact']:,} to "
                f"compact ({_human(totals['bytes_to_compact'])}), {totals['skipped']:,} skipped")
     if args.json:
@@ -297,10 +304,13 @@ def _finish_run(args: argparse.Namespace, run: RunResult) -> int:
 def _cmd_compact(args: argparse.Namespace) -> int:
     store = _store(args)
     options = _rewrite_options(args)
+    settings = _settings(args, store)
+    run_id = settings.run_id
+    budget = CompactOptions(args.max_segments, args.max_bytes, args.lease_ttl_seconds, args.workers)
     if args.dry_run:
-        plan = _load_plan(args, store) if args.plan else _scan(args, store)
-        forecast = estimate(store, plan, options, segments=args.sample_segments, sample_bytes=args.sample_bytes)
-        plan = replace(plan, estimate=forecast)
+        plan = _plan_dry(args, store, settings, budget, Sampling(args.sample_segments, args.sample_bytes))
+        forecast = plan.estimate
+        assert forecast is not None  # a dry run's plan holds its forecast
         if args.json:
             _emit_json(args.stdout, {"dry_run": True, "forecast": forecast.to_json(), "plan": plan.to_json()})
         else:
@@ -311,10 +321,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
             console.print(forecast_table(forecast))
             console.print("dry run: nothing was written")
         return 0
-    run_id = args.run_id or new_run_id()
-    swap = SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap))
-    ctx = Context(store, args.prefix, run_id, options, work_dir=args.work_dir, verify=Verify(args.verify), swap=swap)
-    budget = CompactOptions(args.max_segments, args.max_bytes, args.lease_ttl_seconds, args.workers)
+    ctx = settings.context(store, args.work_dir)
     done = [0]
     lock = threading.Lock()
 
@@ -327,12 +334,10 @@ def _cmd_compact(args: argparse.Namespace) -> int:
         _log(args, f"run {run_id}: compacting to {options.codec.label} ...")
         run = compact(store, _load_plan(args, store), ctx, budget, progress=progress)
     else:  # the DAG's steps, in this process: nothing holds the whole plan
-        settings = RunSettings(store.bucket, args.prefix.strip("/"), run_id, options.codec.label, options.level,
-                               args.lease_ttl_seconds)
-        scan_options = _scan_options(args)
         _log(args, f"scanning s3://{args.bucket}/{args.prefix} ...")
-        scanned = scan_run(store, settings, scan_options, inventory=args.inventory, progress=_progress(args))
+        scan_options = _scan_options(args)
         prices = cost_config(region=args.price_region, prices_file=args.prices)[0] if scan_options.policy else None
+        scanned = scan_run(store, settings, scan_options, inventory=args.inventory, progress=_progress(args))
         planned = plan_run(store, settings, budget, policy=scan_options.policy, prices=prices)
         _log(args, f"{scanned.objects:,} objects, {scanned.totals.segments:,} segments: {planned.segments:,} to "
                    f"compact ({_human(planned.bytes)}), {planned.totals.skipped:,} skipped")

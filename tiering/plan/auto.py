@@ -32,7 +32,7 @@ from tiering.kafka.reader import RawBatch
 from tiering.kafka.rewrite import RewriteOptions, process_batch
 from tiering.lifecycle.vocabulary import Action, Cause
 from tiering.plan.ages import max_timestamp
-from tiering.plan.document import Plan, PlannedSegment
+from tiering.plan.document import PlannedSegment
 from tiering.plan.estimate import WorkSample, sample_batches, spread
 from tiering.plan.policy import AUTO, Policy
 from tiering.storage.objects import ObjectStore
@@ -134,17 +134,3 @@ def with_auto(seg: PlannedSegment, choices: dict[str, Any], policy: Policy) -> P
                                    f"pays off within {policy.resolve(seg.topic).auto_horizon_months:g} months "
                                    "(see the plan's auto section)")
     return dataclasses.replace(seg, codec=chosen["codec"], level=chosen["level"])
-
-
-def apply_policy(store: ObjectStore, plan: Plan, policy: Policy, prices: PriceBook,
-                 log: Callable[[str], None] | None = None) -> Plan:
-    """The plan with the policy's record-age minimum applied and every ``auto`` topic's codec chosen."""
-    clock = datetime.fromisoformat(plan.created_at)
-    segments = [record_age(store, seg, policy, clock) for seg in plan.segments]
-    topics: dict[str, WorkSample] = {}
-    for seg in segments:
-        if seg.action == Action.COMPACT and seg.codec == AUTO:
-            topics.setdefault(seg.topic, WorkSample(seed=seg.topic)).add(seg)
-    choices = decide_auto(store, topics, policy, prices, log)
-    return dataclasses.replace(plan, segments=tuple(with_auto(seg, choices, policy) for seg in segments),
-                               policy=policy.path, auto=choices or None)

@@ -34,6 +34,14 @@ MIN_PER_TOPIC: Final = 2  # of them, each topic keeps at least this many
 DEFAULT_SAMPLE_BYTES: Final = 4 << 20
 
 
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """What a forecast may read: ``segments`` ranged GETs at most, the first ``bytes`` of a segment each."""
+
+    segments: int = DEFAULT_SAMPLE_SEGMENTS
+    bytes: int = DEFAULT_SAMPLE_BYTES
+
+
 class WorkSample:
     """Segments to compact, summed up as they stream by: their count, bytes, storage classes, and a bounded
     random sample of them (reservoir sampling, seeded: the same plan samples the same segments)."""

@@ -48,7 +48,7 @@ from tiering.lifecycle.state import Pruning, StateBatch, load_state
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status, Swap, Verify
 from tiering.plan.auto import decide_auto, record_age, with_auto
 from tiering.plan.document import Plan, PlanCounts, PlannedSegment
-from tiering.plan.estimate import StratifiedSample, WorkSample, estimate_work
+from tiering.plan.estimate import Sampling, StratifiedSample, WorkSample, estimate_work
 from tiering.plan.inventory import iter_inventory, read_manifest
 from tiering.plan.planfile import (
     Budget,
@@ -63,6 +63,7 @@ from tiering.plan.scan import ScanOptions, scan_partitions
 from tiering.run.documents import DONE_STATUSES, CompactOptions, RunResult, RunTally, StepResults, StepUsage
 from tiering.run.maintenance import pending_bases
 from tiering.run.segment import Work, run_segment, with_lease
+from tiering.storage.aside import WriteAside
 from tiering.storage.layout import (
     PlanName,
     StepDir,
@@ -70,6 +71,7 @@ from tiering.storage.layout import (
     normalize_prefix,
     parse_plan_manifest_key,
     plan_manifest_key,
+    run_dir,
     run_result_key,
     step_dir,
     step_key,
@@ -303,15 +305,16 @@ def scan_run(store: ObjectStore, settings: RunSettings, options: ScanOptions, *,
     return ScanStep(out.manifest_key, header.objects_listed, writer.totals.counts())
 
 
-def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, *, estimate_savings: bool = False,
+def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, *, forecast: Sampling | None = None,
              policy: Policy | None = None, prices: PriceBook | None = None, max_chunks: int = DEFAULT_MAX_CHUNKS,
              chunk_work: int = DEFAULT_CHUNK_WORK, log: Callable[[str], None] = to_stderr) -> PlanStep:
     """From the run's scan, apply the policy (record ages, automatic codecs) and the budget (largest first)
     and write the plan's chunks under ``runs/<run>/plan/``; return its manifest key, totals and chunk names.
     Chunks hold whole partitions, at most ``chunk_work`` segments to compact each (more when that would
     make more than ``max_chunks``: the commit step maps one task per chunk). Streams: memory holds a chunk,
-    with a budget 8 bytes per segment to compact (their sizes), and samples. ``estimate_savings`` adds the dry-run
-    estimate (sampled batches). ``log``: progress lines (the automatic codec choices), never on stdout."""
+    with a budget 8 bytes per segment to compact (their sizes), and samples. ``forecast`` adds the dry run's
+    forecast, reading what it allows (sampled batches). ``log``: progress lines (the automatic codec
+    choices), never on stdout."""
     scanned = plan_files(store, settings, PlanName.SCAN)
     scan_manifest = scanned.manifest()
     source = scanned
@@ -367,7 +370,8 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
     if policy is not None:
         header = dataclasses.replace(header, policy=policy.path, auto=choices or None)
     header = dataclasses.replace(header, estimate=estimate_work(
-        store, sample, RewriteOptions(Codec.parse(settings.codec), settings.level)) if estimate_savings else None)
+        store, sample, RewriteOptions(Codec.parse(settings.codec), settings.level), segments=forecast.segments,
+        sample_bytes=forecast.bytes) if forecast is not None else None)
     planned.write_manifest(PlanManifest(header, writer.totals.to_json(), chunks, scan_manifest.source))
     put_usage(store, settings, "plan")
     return PlanStep(planned.manifest_key, writer.totals.counts(), sum(c.to_compact for c in chunks),
@@ -375,6 +379,26 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
                     sum(len(bases) for bases in in_flight.values()),
                     tuple(ChunkRef(c.name, c.first if c.first == c.last else f"{c.first}..{c.last}")
                           for c in chunks if c.to_compact or c.name in with_pending))
+
+
+def dry_run(store: ObjectStore, settings: RunSettings, source: ScanOptions | Plan, budget: CompactOptions,
+            sampling: Sampling | None, *, inventory: str | None = None, prices: PriceBook | None = None,
+            progress: Callable[[int], None] | None = None, log: Callable[[str], None] = to_stderr) -> Plan:
+    """A run's first steps as a real run takes them, on the bucket as it is: :func:`scan_run` with ``source``'s
+    options (or ``source``, a plan made elsewhere, as the scan, as :func:`compact` takes it), then
+    :func:`plan_run` (with the forecast ``sampling`` allows, if any). Their documents stay in memory
+    (:class:`~tiering.storage.aside.WriteAside`): nothing is written to S3. The plan, whole."""
+    aside = WriteAside(store, run_dir(settings.prefix, settings.run_id))
+    if isinstance(source, Plan):
+        write_scan(aside, settings, source)
+        policy = None
+    else:
+        scan_run(aside, settings, source, inventory=inventory, progress=progress)
+        policy = source.policy
+    plan_run(aside, settings, budget, forecast=sampling, policy=policy, prices=prices, log=log)
+    planned = plan_files(aside, settings)
+    manifest = planned.manifest()
+    return dataclasses.replace(manifest.header, segments=tuple(planned.segments(manifest)))
 
 
 def manifest_location(uri: str) -> tuple[str, str]:

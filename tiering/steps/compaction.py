@@ -13,6 +13,7 @@ from typing import Any
 from tiering.cost.forecast import Range
 from tiering.errors import ConfigError
 from tiering.lifecycle.vocabulary import RunKind
+from tiering.plan.estimate import Sampling
 from tiering.plan.policy import Policy, load_policy
 from tiering.plan.scan import ScanOptions
 from tiering.report.publish import cost_config, publish_report
@@ -155,7 +156,7 @@ def plan(store: ObjectStore, run: CompactionParams, log: Log) -> PlanStep:
     """The budget applied, the plan written as chunks of whole partitions; a dry run's plan holds the forecast
     and gives no chunk to stage or commit."""
     planned = plan_run(store, run.settings, CompactOptions(run.max_segments, run.max_bytes),
-                       estimate_savings=run.dry_run, policy=run.policy(), prices=cost_config()[0])
+                       forecast=Sampling() if run.dry_run else None, policy=run.policy(), prices=cost_config()[0])
     saved = _forecast_text(planned.forecast)
     log(f"plan: {planned.segments:,} segments to compact ({planned.bytes:,} bytes) in {len(planned.chunks)} chunks"
         + saved)
