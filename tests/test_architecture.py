@@ -51,8 +51,8 @@ def test_only_the_entry_points_import_the_boto3_store() -> None:
 
 def test_the_store_interface_and_the_memory_store_know_no_s3_client() -> None:
     """The interface, its values, errors and the streamed upload import no S3 client and no implementation;
-    the memory store depends on the interface only."""
-    for name in ("objects.py", "memory.py", "layout.py"):
+    the memory store and the dry run's store depend on the interface only."""
+    for name in ("objects.py", "memory.py", "aside.py", "layout.py"):
         imports = _modules(PACKAGE / "storage" / name)
         assert not {m for m in imports if m.split(".")[0] in ("boto3", "botocore", "urllib3")}, name
         assert "tiering.storage.s3" not in imports, name
