@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from tiering.cost.document import LedgerEntry, Listing, NotRewritten, Report, RowStatus
+from tiering.cost.document import LedgerEntry, Listing, NotRewritten, Report, row_status
 from tiering.cost.forecast import Forecast, Stratum
 from tiering.cost.model import KMS_CALLS_PER_SEGMENT, CostOptions, build_report, cumulative, source_codec
 from tiering.cost.prices import GB, load_prices
 from tiering.errors import ConfigError
+from tiering.lifecycle.vocabulary import Status
 from tiering.report.render import FORMATS, render
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -90,7 +91,7 @@ def test_standard_and_infrequent_access_by_hand() -> None:
     assert {r.name: r.monthly_savings_usd for r in rep.by_topic} == pytest.approx(
         {"events": 0.75 * 0.023, "logs": 0.0125})
     assert rep.by_source_codec[0].name == "snappy"
-    assert rep.skipped == (NotRewritten(RowStatus.SKIPPED, "active", 1),)
+    assert rep.skipped == (NotRewritten(Status.SKIPPED, "active", 1),)
     assert rep.requests_by_operation["DeleteObject"] == 50
 
 
@@ -310,10 +311,14 @@ def test_a_document_of_another_kind_or_version_is_refused_by_name() -> None:
         Report.from_json({k: v for k, v in doc.items() if k != "totals"}, "report.json")
 
 
-def test_a_report_row_can_say_every_status_a_run_gives_a_segment() -> None:
-    from tiering.lifecycle.vocabulary import Status
+def test_a_report_row_says_a_run_s_status_or_what_a_plan_says_of_an_unrun_segment() -> None:
+    from tiering.lifecycle.vocabulary import Status, Unrun
 
-    assert {str(s) for s in Status} <= {str(s) for s in RowStatus}
+    assert not {str(s) for s in Status} & {str(s) for s in Unrun}  # a row's text names one of them
+    for status in [*Status, *Unrun]:
+        assert row_status(str(status)) is status
+    with pytest.raises(ConfigError, match="a report row's status is unknown"):
+        row_status("compressed")
 
 
 def _rebatch_stats(batches_in: int, batches_out: int, saved: int) -> dict[str, Any]:

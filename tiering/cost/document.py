@@ -9,38 +9,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeAlias
 
 from tiering.cost.forecast import Forecast
 from tiering.documents import check_document
 from tiering.errors import ConfigError
-from tiering.lifecycle.vocabulary import Cause
+from tiering.lifecycle.vocabulary import Cause, Status, Unrun
 
 REPORT_KIND: Final = "compaction-report"
 
 
-class RowStatus(StrEnum):
-    """What became of a segment, as the report lists it: a run's outcome (the values of
-    :class:`tiering.lifecycle.vocabulary.Status`, which a test keeps equal) or, in a dry run, the plan's."""
+RowStatus: TypeAlias = Status | Unrun  # what became of a segment, as the report lists it
 
-    COMPACTED = "compacted"
-    ROLLED_BACK = "rolled-back"
-    REPAIRED = "repaired"
-    STAGED = "staged"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-    ABORTED = "aborted"
-    SUPERSEDED = "superseded"
-    MOVED = "moved"
-    ESTIMATED = "estimated"  # a dry run: its stratum's sampled ratio applied to a planned segment
-    LIKELY_SKIPPED = "likely skipped"  # a dry run: its stratum's sample saves nothing (or too little)
-    PLANNED = "planned"  # a dry run: planned, but not estimated
-    NOT_RUN = "not run"  # planned, and the run recorded no result for it
+
+def row_status(text: str) -> RowStatus:
+    """A report row's status from its text: a run's outcome, else what a plan says of an unrun segment."""
+    try:
+        return Status(text)
+    except ValueError:
+        pass
+    try:
+        return Unrun(text)
+    except ValueError:
+        raise ConfigError("a report row's status is unknown", expected="a segment status", found=text) from None
 
 
 # The rows whose bytes the report counts as saved.
-SAVING: Final = frozenset({RowStatus.COMPACTED, RowStatus.ESTIMATED})
+SAVING: Final[frozenset[RowStatus]] = frozenset({Status.COMPACTED, Unrun.ESTIMATED})
 
 
 class _BeforeAfter:
@@ -99,7 +94,7 @@ class SegmentRow:
     def from_json(cls, d: Mapping[str, Any]) -> SegmentRow:
         rb = d.get("rebatch")
         return cls(str(d["directory"]), str(d["topic"]), int(d["partition"]), int(d["base_offset"]),
-                   str(d["storage_class"]), d.get("last_modified"), int(d["size"]), RowStatus(d["status"]),
+                   str(d["storage_class"]), d.get("last_modified"), int(d["size"]), row_status(d["status"]),
                    str(d["reason"]), int(d["bytes_before"]), int(d["bytes_after"]), str(d["source_codec"]),
                    d.get("encryption"), d.get("error"), float(d["monthly_savings_usd"]),
                    RebatchFigures(**rb) if rb else None,
@@ -253,7 +248,7 @@ class NotRewritten:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> NotRewritten:
-        return cls(RowStatus(d["status"]), str(d["reason"]), int(d["segments"]))
+        return cls(row_status(d["status"]), str(d["reason"]), int(d["segments"]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,9 +53,11 @@ from tiering.cost.document import (
     RowStatus,
     SegmentRow,
     Totals,
+    row_status,
 )
 from tiering.cost.forecast import Forecast
 from tiering.cost.prices import DAYS_PER_MONTH, GB, PriceBook
+from tiering.lifecycle.vocabulary import Status, Unrun
 
 # KMS calls per SSE-KMS segment of three objects: a Decrypt to read the .log, a Decrypt and a GenerateDataKey
 # per backup copy (3 objects), a GenerateDataKey per object put in place (3).
@@ -121,7 +123,7 @@ def _row(directory: str, base: int, r: Mapping[str, Any], plan: Mapping[str, Any
     return SegmentRow(directory, s.get("topic") or topic_of(directory),
                       int(s.get("partition", directory.rsplit("-", 1)[-1])), base,
                       log.get("storage_class") or "STANDARD", log.get("last_modified"), int(log.get("size", 0)),
-                      RowStatus(r["status"]), str(r.get("reason", "")), int(r.get("bytes_before", 0)),
+                      row_status(r["status"]), str(r.get("reason", "")), int(r.get("bytes_before", 0)),
                       int(r.get("bytes_after", 0)), source_codec(r.get("stats")) if codec is None else codec,
                       r.get("encryption"), r.get("error"), rebatch=rebatch_figures(r.get("stats")),
                       keys=key_compaction_figures(r.get("stats"), int(r.get("bytes_before", 0)),
@@ -162,19 +164,19 @@ def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]
         stratum = forecast.stratum(s["topic"], s["directory"]) if forecast is not None else None
         codec = ""
         if s["action"] == "skip":
-            r = {"status": RowStatus.SKIPPED, "reason": s["reason"], "cause": s.get("cause")}
+            r = {"status": Status.SKIPPED, "reason": s["reason"], "cause": s.get("cause")}
         elif stratum is not None and s["action"] == "compact":
             codec = stratum.source_codec
             if stratum.saves:
-                r = {"status": RowStatus.ESTIMATED, "reason": "dry run", "cause": "dry run", "bytes_before": size,
+                r = {"status": Unrun.ESTIMATED, "reason": "dry run", "cause": "dry run", "bytes_before": size,
                      "bytes_after": round(size * stratum.ratio)}
             else:
-                r = {"status": RowStatus.LIKELY_SKIPPED, "reason": f"{stratum.verdict}: its sample's ratio is "
+                r = {"status": Unrun.LIKELY_SKIPPED, "reason": f"{stratum.verdict}: its sample's ratio is "
                      f"{stratum.ratio:.3f} ({stratum.topic}, {stratum.source_codec})", "cause": str(stratum.verdict)}
         elif forecast is not None:
-            r = {"status": RowStatus.PLANNED, "reason": s["reason"], "cause": "planned"}
+            r = {"status": Unrun.PLANNED, "reason": s["reason"], "cause": "planned"}
         else:
-            r = {"status": RowStatus.NOT_RUN, "reason": "planned, but no result was recorded", "cause": "no result"}
+            r = {"status": Unrun.NOT_RUN, "reason": "planned, but no result was recorded", "cause": "no result"}
         yield _row(*key, r, s, codec=codec)
     for (directory, base), r in sorted(by_key.items()):
         yield _row(directory, base, r)
@@ -246,7 +248,7 @@ class _Fold:
             self.rows_omitted += 1
         if row.status not in SAVING:
             self.reasons[(row.status, row.why)] += 1
-            if row.status is RowStatus.FAILED:
+            if row.status is Status.FAILED:
                 if len(self.failed) < MAX_LISTED_ROWS:
                     self.failed.append(Failure(f"{row.directory}/{row.base_offset}", row.reason, row.error))
                 else:
@@ -416,8 +418,8 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
     if after > before:
         warnings.append(f"This run made the rewritten segments bigger: {before:,} -> {after:,} bytes.")
     statuses = fold.statuses
-    totals = Totals(sum(statuses.values()), statuses[RowStatus.COMPACTED], statuses[RowStatus.ESTIMATED],
-                    statuses[RowStatus.SKIPPED], statuses[RowStatus.FAILED], before, after, monthly,
+    totals = Totals(sum(statuses.values()), statuses[Status.COMPACTED], statuses[Unrun.ESTIMATED],
+                    statuses[Status.SKIPPED], statuses[Status.FAILED], before, after, monthly,
                     sum(c.usd for c in one_off))
     partitions, partitions_omitted = fold.rollup("directory", by_class, MAX_LISTED_PARTITIONS)
     detail = None

@@ -51,6 +51,16 @@ class Status(StrEnum):
     MOVED = "moved"  # storage tiering: objects moved to another storage class
 
 
+class Unrun(StrEnum):
+    """What the report says of a planned segment no run outcome speaks for: a dry run's forecast of it, or
+    a plan the run recorded nothing for. A report row's status is a :class:`Status` or one of these."""
+
+    ESTIMATED = "estimated"  # a dry run: its stratum's sampled ratio applied to a planned segment
+    LIKELY_SKIPPED = "likely skipped"  # a dry run: its stratum's sample saves nothing (or too little)
+    PLANNED = "planned"  # a dry run: planned, but not estimated
+    NOT_RUN = "not run"  # planned, and the run recorded no result for it
+
+
 class Cause(StrEnum):
     """Why a segment is left as it is: what decisions read (the human reason beside it is the detail)."""
 
