@@ -18,8 +18,13 @@ from tiering.commit.operation import (
 from tiering.documents import check_document
 from tiering.errors import ExitCode
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
+from tiering.storage.layout import run_result_key
+from tiering.storage.objects import ObjectStore
 
 MAX_LISTED_SEGMENTS: Final = 10_000  # segments a run document names one by one (the rest are counted)
+RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
+OTHER_SCOPE: Final = "_other_partitions"  # requests of the partitions past the run document's limit
+MAX_LISTED_PARTITIONS: Final = 10_000
 DONE_STATUSES: Final = (Status.COMPACTED, Status.ROLLED_BACK)
 
 
@@ -132,9 +137,30 @@ def topic_of(directory: str) -> str:
     return directory.rsplit("-", 1)[0]
 
 
+class RequestTally:
+    """A run's S3 requests, for its run document: by partition for up to :data:`MAX_LISTED_PARTITIONS` of them
+    (the others' summed under :data:`OTHER_SCOPE`), and the run's own outside any partition (:data:`RUN_SCOPE`)."""
+
+    def __init__(self) -> None:
+        self.by_scope: dict[str, Counter[str]] = {}
+        self._partitions = 0
+
+    def add(self, scope: str, counts: Mapping[str, int]) -> None:
+        if scope not in self.by_scope and scope != RUN_SCOPE:
+            if self._partitions >= MAX_LISTED_PARTITIONS:
+                scope = OTHER_SCOPE
+            else:
+                self._partitions += 1
+        self.by_scope.setdefault(scope, Counter()).update(counts)
+
+    def to_json(self) -> dict[str, dict[str, int]]:
+        return {k: dict(sorted(v.items())) for k, v in sorted(self.by_scope.items()) if v}
+
+
 class RunTally:
     """Folds a run's results, one at a time, into its :class:`RunResult`: memory for the listed segments
-    and the counts, whatever the number of results."""
+    and the counts, whatever the number of results; with them, the S3 requests and compute seconds the steps
+    that made them recorded (:meth:`add_usage`)."""
 
     def __init__(self, max_listed: int | None = None) -> None:
         self.max_listed = MAX_LISTED_SEGMENTS if max_listed is None else max_listed
@@ -145,6 +171,8 @@ class RunTally:
         self.outcomes: Counter[tuple[str, Status, Cause | None]] = Counter()
         self.problems: list[SegmentResult] = []  # failed or left to a later run: listed first
         self.others: list[SegmentResult] = []
+        self.requests = RequestTally()
+        self.seconds = 0.0
 
     def add(self, r: SegmentResult) -> None:
         self.counts[str(r.status)] += 1
@@ -172,6 +200,24 @@ class RunTally:
             self.omitted += 1
         else:
             self.omitted += 1
+
+    def add_usage(self, requests: Mapping[str, Mapping[str, int]], seconds: float = 0.0) -> None:
+        """A step's S3 requests by scope (a partition, or :data:`RUN_SCOPE`) and the seconds its work took."""
+        for scope, counts in requests.items():
+            self.requests.add(scope, counts)
+        self.seconds += seconds
+
+    def usage(self, **more: object) -> dict[str, object]:
+        """The run document's usage: the requests by scope, ``more`` figures, the compute seconds."""
+        return {"requests": self.requests.to_json(), **more, "compute_seconds": round(self.seconds, 3)}
+
+    def write(self, store: ObjectStore, kind: RunKind, run_id: str, prefix: str, started_at: str,
+              settings: Mapping[str, object], usage: Mapping[str, object] | None = None) -> RunResult:
+        """The run document, finished now, written to ``runs/<run>/<kind>.json``."""
+        run = self.result(kind, run_id, store.bucket, prefix, started_at, datetime.now(UTC).isoformat(), settings,
+                          usage)
+        store.put_json(run_result_key(prefix, run_id, kind), run.to_json())
+        return run
 
     def result(self, kind: RunKind, run_id: str, bucket: str, prefix: str, started_at: str, finished_at: str,
                settings: Mapping[str, object], usage: Mapping[str, object] | None = None) -> RunResult:

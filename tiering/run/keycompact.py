@@ -50,11 +50,11 @@ from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy
 from tiering.plan.scan import ScanOptions, scan_partitions
-from tiering.run.documents import RunResult, RunTally, StepResults
+from tiering.run.documents import RUN_SCOPE, RunResult, RunTally, StepResults
 from tiering.run.maintenance import pending_bases
-from tiering.run.pipeline import RUN_SCOPE, RequestTally, RunSettings, write_results
+from tiering.run.pipeline import RunSettings, write_results
 from tiering.run.segment import guarded, with_lease
-from tiering.storage.layout import StepDir, clock_key, keys_unit_name, run_result_key, step_dir, step_key
+from tiering.storage.layout import StepDir, clock_key, keys_unit_name, step_dir, step_key
 from tiering.storage.objects import ObjectStore
 
 NO_CHECKPOINT: Final = -1  # a whole pass: the partition's checkpoint is cleared
@@ -442,23 +442,14 @@ def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: s
     """The run document from its units' step documents (and the journals the planner finished), with the S3
     requests by partition and the seconds the passes took; written to ``runs/<run>/compact-keys.json``."""
     tally = RunTally()
-    requests = RequestTally()
-    requests.add(RUN_SCOPE, driver_requests)
-    seconds = 0.0
+    tally.add_usage({RUN_SCOPE: driver_requests})
     if plan.recovered:  # a step document like the units' (the report reads them all, whatever the run's size)
         write_results(store, step_key(ctx.prefix, ctx.run_id, StepDir.KEYS, "recovered"), plan.recovered)
     for step in key_steps(store, ctx.prefix, ctx.run_id):
         for r in step.results:
             tally.add(r)
-            seconds += r.seconds or 0.0
-        for directory, ops in step.requests.items():
-            requests.add(directory, ops)
-    usage = {"requests": requests.to_json(),
-             "compute_seconds": round(seconds, 3)}
-    run = tally.result(RunKind.COMPACT_KEYS, ctx.run_id, store.bucket, ctx.prefix, started,
-                       datetime.now(UTC).isoformat(), settings, usage)
-    store.put_json(run_result_key(ctx.prefix, ctx.run_id, RunKind.COMPACT_KEYS), run.to_json())
-    return run
+        tally.add_usage(step.requests, sum(r.seconds or 0.0 for r in step.results))
+    return tally.write(store, RunKind.COMPACT_KEYS, ctx.run_id, ctx.prefix, started, settings, tally.usage())
 
 
 def compact_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions,

@@ -33,7 +33,6 @@ from tiering.storage.layout import (
     normalize_prefix,
     probe_key,
     reserved_dir,
-    run_result_key,
 )
 from tiering.storage.objects import (
     ObjectInfo,
@@ -97,10 +96,7 @@ def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int =
 
         for result in with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)]):
             tally.add(result)
-    run = tally.result(RunKind.ROLLBACK, ctx.run_id, store.bucket, ctx.prefix, started, datetime.now(UTC).isoformat(),
-                       {"restores_run": target_run})
-    store.put_json(run_result_key(ctx.prefix, ctx.run_id, RunKind.ROLLBACK), run.to_json())
-    return run
+    return tally.write(store, RunKind.ROLLBACK, ctx.run_id, ctx.prefix, started, {"restores_run": target_run})
 
 
 @dataclass(frozen=True, slots=True)

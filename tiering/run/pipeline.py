@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
@@ -60,7 +60,15 @@ from tiering.plan.planfile import (
 )
 from tiering.plan.policy import AUTO, Policy
 from tiering.plan.scan import ScanOptions, scan_partitions
-from tiering.run.documents import DONE_STATUSES, CompactOptions, RunResult, RunTally, StepResults, StepUsage
+from tiering.run.documents import (
+    DONE_STATUSES,
+    RUN_SCOPE,
+    CompactOptions,
+    RunResult,
+    RunTally,
+    StepResults,
+    StepUsage,
+)
 from tiering.run.maintenance import pending_bases
 from tiering.run.segment import Work, run_segment, with_lease
 from tiering.storage.aside import WriteAside
@@ -72,7 +80,6 @@ from tiering.storage.layout import (
     parse_plan_manifest_key,
     plan_manifest_key,
     run_dir,
-    run_result_key,
     step_dir,
     step_key,
     step_name,
@@ -81,34 +88,11 @@ from tiering.storage.layout import (
 )
 from tiering.storage.objects import ObjectNotFound, ObjectStore
 
-RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
-OTHER_SCOPE: Final = "_other_partitions"  # requests of the partitions past the run document's limit
-MAX_LISTED_PARTITIONS: Final = 10_000
 STANDARD: Final = "STANDARD"
 DEFAULT_MAX_CHUNKS: Final = 512  # commit tasks of a run at most (Airflow maps up to 1024 by default)
 DEFAULT_CHUNK_WORK: Final = 1_000  # segments to compact per commit chunk, unless that makes too many chunks
 UNIT_SEGMENTS: Final = 64  # a Spark task's segments at most
 UNIT_BYTES: Final = 4 << 30  # and its .log bytes (a partition is never split, so one may be larger)
-
-
-class RequestTally:
-    """A run's S3 requests, for its run document: by partition for up to :data:`MAX_LISTED_PARTITIONS` of them
-    (the others' summed under :data:`OTHER_SCOPE`), and the run's own outside any partition (:data:`RUN_SCOPE`)."""
-
-    def __init__(self) -> None:
-        self.by_scope: dict[str, Counter[str]] = {}
-        self._partitions = 0
-
-    def add(self, scope: str, counts: Mapping[str, int]) -> None:
-        if scope not in self.by_scope and scope != RUN_SCOPE:
-            if self._partitions >= MAX_LISTED_PARTITIONS:
-                scope = OTHER_SCOPE
-            else:
-                self._partitions += 1
-        self.by_scope.setdefault(scope, Counter()).update(counts)
-
-    def to_json(self) -> dict[str, dict[str, int]]:
-        return {k: dict(sorted(v.items())) for k, v in sorted(self.by_scope.items()) if v}
 
 
 @dataclass(frozen=True, slots=True)
@@ -732,9 +716,7 @@ def collect_run(store: ObjectStore, settings: RunSettings, *,
     by the storage class of the partition's compacted segments, which is what the report prices them at).
     ``extra``: more settings of the run to record."""
     tally = RunTally()
-    requests = RequestTally()
     by_class: dict[str, Counter[str]] = {}
-    seconds = 0.0
     for chunk in run_outcomes(store, settings):
         classes = {(s.directory, s.base_offset): s.log.storage_class for s in chunk.segments if s.log is not None}
         class_of: dict[str, str] = {}
@@ -744,26 +726,20 @@ def collect_run(store: ObjectStore, settings: RunSettings, *,
                 class_of[result.directory] = classes.get((result.directory, result.base_offset), STANDARD)
         for directory, counts in chunk.requests.items():
             by_class.setdefault(class_of.get(directory, STANDARD), Counter()).update(counts)
-            requests.add(directory, counts)
-        seconds += chunk.seconds
+        tally.add_usage(chunk.requests, chunk.seconds)
     for info in store.list(settings.step_dir(StepDir.USAGE)):
         used = StepUsage.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
-        requests.add(RUN_SCOPE, used.requests)
+        tally.add_usage({RUN_SCOPE: used.requests})
         by_class.setdefault(STANDARD, Counter()).update(used.requests)
     try:
         header = plan_files(store, settings).manifest().header
         started, estimate = header.created_at, header.estimate
     except ObjectNotFound:
         started, estimate = "", None
-    usage = {"requests": requests.to_json(),
-             "requests_by_class": {k: dict(sorted(v.items())) for k, v in sorted(by_class.items())},
-             "compute_seconds": round(seconds, 3)}
-    run = tally.result(RunKind.COMPACT, settings.run_id, settings.bucket, settings.prefix, started,
-                       datetime.now(UTC).isoformat(),
+    return tally.write(store, RunKind.COMPACT, settings.run_id, settings.prefix, started,
                        {"codec": settings.codec, "level": settings.level,
-                        "estimate": estimate.to_json() if estimate is not None else None, **(extra or {})}, usage)
-    store.put_json(run_result_key(settings.prefix, settings.run_id, RunKind.COMPACT), run.to_json())
-    return run
+                        "estimate": estimate.to_json() if estimate is not None else None, **(extra or {})},
+                       tally.usage(requests_by_class={k: dict(sorted(v.items())) for k, v in sorted(by_class.items())}))
 
 
 def _earlier_attempts(store: ObjectStore, settings: RunSettings, directory: str, bases: list[int],
