@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import io
-import json
 import os
 import secrets
 import threading
@@ -37,7 +36,7 @@ from typing import Any, BinaryIO, Final, TypeVar
 
 import crc32c
 
-from tiering.errors import ConfigError, StorageError, TieringError
+from tiering.errors import ConfigError, StorageError
 from tiering.storage.objects import (
     CONTENT_HEADERS,
     ENCRYPTION_HEADERS,
@@ -52,6 +51,7 @@ from tiering.storage.objects import (
     TransportError,
     check_stored,
     crc32c_b64,
+    json_document,
     put_json,
 )
 
@@ -319,11 +319,7 @@ class MemoryStore(StreamUploads):
         with self._lock:
             self._count("GetObject")
             obj = self._readable(key)
-        try:
-            return json.loads(obj.data), obj.etag
-        except ValueError:
-            raise TieringError("not a JSON document", path=f"s3://{self.bucket}/{key}",
-                               expected="JSON", found=f"{len(obj.data)} bytes") from None
+        return json_document(obj.data, f"s3://{self.bucket}/{key}"), obj.etag
 
     def put_json(self, key: str, doc: object, *, if_match: str | None = None, if_none_match: bool = False) -> str:
         """As :meth:`S3Store.put_json` (the same read-back on ``PreconditionFailed``)."""

@@ -36,7 +36,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import crc32c
 
-from tiering.errors import ConfigError, ProofError, StorageError
+from tiering.errors import ConfigError, ProofError, StorageError, TieringError
 
 MIN_PART_BYTES: Final = 5 * 1024 * 1024  # S3's smallest part (all but the last)
 
@@ -384,6 +384,14 @@ class _JsonWriter(Protocol):
                    if_none_match: bool = False) -> ObjectInfo: ...
 
     def get_json(self, key: str) -> tuple[Any, str]: ...
+
+
+def json_document(data: bytes, where: str) -> Any:
+    """An object's bytes read as the JSON document ``get_json`` gives (``where``: its s3:// URI)."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise TieringError("not a JSON document", path=where, expected="JSON", found=f"{len(data)} bytes") from None
 
 
 def put_json(store: _JsonWriter, key: str, doc: object, *, if_match: str | None = None,

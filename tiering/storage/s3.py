@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import http.client
 import io
-import json
 import os
 import threading
 from collections import Counter
@@ -52,7 +51,7 @@ from botocore.loaders import create_loader
 from urllib3.exceptions import HTTPError as URLLib3Error
 from zlib_ng import zlib_ng
 
-from tiering.errors import ConfigError, StorageError, TieringError
+from tiering.errors import ConfigError, StorageError
 from tiering.storage.objects import (
     CONTENT_HEADERS,
     ENCRYPTION_HEADERS,
@@ -73,6 +72,7 @@ from tiering.storage.objects import (
     Unsupported,
     check_stored,
     crc32c_b64,
+    json_document,
     put_json,
     redact_url,
 )
@@ -536,11 +536,7 @@ class S3Store(StreamUploads):
         r = self._call("get_object", key)
         with Body(r, self, key) as body:
             data = body.read()
-        try:
-            return json.loads(data), str(r["ETag"])
-        except ValueError:
-            raise TieringError("not a JSON document", path=f"s3://{self.bucket}/{key}",
-                               expected="JSON", found=f"{len(data)} bytes") from None
+        return json_document(data, f"s3://{self.bucket}/{key}"), str(r["ETag"])
 
     def put_json(self, key: str, doc: object, *, if_match: str | None = None, if_none_match: bool = False) -> str:
         """Write a JSON document, conditionally like :meth:`put`; returns its ETag (see :func:`put_json`)."""
