@@ -25,13 +25,25 @@ from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT
 from tiering.kafka.files import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    SNAPSHOT_SUFFIX,
     TIME_INDEX_SUFFIX,
     TXN_INDEX_SUFFIX,
     parse_segment_name,
     segment_name,
 )
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, Indexes, build_indexes
-from tiering.kafka.keycompact import CleanOptions, CleanStats, PartitionFacts, Segment, clean, parse_txn_index, survey
+from tiering.kafka.keycompact import (
+    AbortedTxn,
+    CleanOptions,
+    CleanStats,
+    PartitionFacts,
+    Segment,
+    clean,
+    parse_txn_index,
+    survey,
+)
+from tiering.kafka.merge import Limits, Sizes, merge, merge_runs, next_offset
+from tiering.kafka.merge import Source as MergeSource
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions, RewriteResult, rewrite_segment
 from tiering.kafka.segment import SegmentSummary, check_indexes, verify_segment
@@ -233,15 +245,10 @@ class KeyCompacted:
     copied: tuple[str, ...]  # the other files of the partition, copied as they were
 
 
-def compact_keys_dir(directory: Path, out_dir: Path, options: CleanOptions) -> KeyCompacted:
-    """One pass of Kafka's log cleaner (:mod:`tiering.kafka.keycompact`) over a partition directory, written to
-    ``out_dir`` as a whole partition directory: the cleaned segments (``.log``, rebuilt ``.index``,
-    ``.timeindex``, and ``.txnindex`` when it keeps aborted transactions), then every other file (the
-    uncleaned segments, the producer snapshots, the checkpoints) copied as it was. The source is only read.
-
-    All or nothing: the directory is built beside ``out_dir`` and renamed to it at the end; ``out_dir`` must
-    not exist or be empty. A directory with a broker's unfinished cleaning or swap (``.cleaned``, ``.swap``)
-    is refused: a broker would finish that operation over the cleaned files."""
+def _partition_io(directory: Path, out_dir: Path) -> list[Path]:
+    """Check a partition directory and a new output directory for it; the partition's ``.log`` files in
+    offset order. A directory with a broker's unfinished cleaning or swap (``.cleaned``, ``.swap``) is
+    refused: a broker would finish that operation over our files."""
     if not directory.is_dir():
         raise ConfigError("not a partition directory", path=str(directory), expected="a directory of segments")
     if _same_file(directory, out_dir):
@@ -254,33 +261,37 @@ def compact_keys_dir(directory: Path, out_dir: Path, options: CleanOptions) -> K
     if unfinished:
         raise ConfigError("the partition holds a broker's unfinished cleaning or swap (start and stop the broker "
                           "once to finish it)", path=str(directory / unfinished[0]))
-    logs = sorted(p for p in directory.glob(f"*{LOG_SUFFIX}") if parse_segment_name(p.name) is not None)
-    segments = []
-    for log in logs:
-        txn = log.with_suffix(TXN_INDEX_SUFFIX)
-        aborted = tuple(parse_txn_index(txn.read_bytes(), path=str(txn))) if txn.exists() else ()
-        segments.append(Segment(base_offset_of(log, None), functools.partial(open_segment_file, log), aborted,
-                                str(log)))
+    return sorted(p for p in directory.glob(f"*{LOG_SUFFIX}") if parse_segment_name(p.name) is not None)
+
+
+def _aborted(log: Path) -> tuple[AbortedTxn, ...]:
+    txn = log.with_suffix(TXN_INDEX_SUFFIX)
+    return tuple(parse_txn_index(txn.read_bytes(), path=str(txn))) if txn.exists() else ()
+
+
+def _segment_files(work: Path, base: int, indexes: Indexes, txn_index: bytes) -> set[str]:
+    """A new segment's indexes (and ``.txnindex`` when it has entries) beside its ``.log`` in ``work``; the
+    names of its four files."""
+    for suffix, data in ((INDEX_SUFFIX, indexes.offset_index), (TIME_INDEX_SUFFIX, indexes.time_index),
+                         (TXN_INDEX_SUFFIX, txn_index)):
+        if data or suffix != TXN_INDEX_SUFFIX:
+            (work / segment_name(base, suffix)).write_bytes(data)
+    return {segment_name(base, sfx) for sfx in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)}
+
+
+@contextlib.contextmanager
+def _new_partition(directory: Path, out_dir: Path, done: set[str]) -> Iterator[Path]:
+    """A work directory beside ``out_dir`` to write the new files into; afterwards every other file of the
+    partition not named in ``done`` (filled in by the caller) is copied as it was, everything is flushed and
+    the work directory renamed to ``out_dir``: all or nothing (removed on any error)."""
     _prepare_out_dir(out_dir.parent)
-    stats = CleanStats()
-    facts = survey(segments, options)
     work = out_dir.parent / f".{out_dir.name}.{secrets.token_hex(6)}.tmp"
     work.mkdir()
-    written: set[str] = set()
     try:
-        for seg in clean(segments, facts, options, stats,
-                         sink=lambda base: open(work / segment_name(base, LOG_SUFFIX), "wb")):  # noqa: SIM115
-            for suffix, data in ((INDEX_SUFFIX, seg.indexes.offset_index), (TIME_INDEX_SUFFIX, seg.indexes.time_index),
-                                 (TXN_INDEX_SUFFIX, seg.txn_index)):
-                if data or suffix != TXN_INDEX_SUFFIX:
-                    (work / segment_name(seg.base_offset, suffix)).write_bytes(data)
-            written.update(segment_name(seg.base_offset, sfx) for sfx in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX,
-                                                                           TXN_INDEX_SUFFIX))
-        copied = []
+        yield work
         for path in sorted(directory.iterdir()):
-            if path.is_file() and path.name not in written:
+            if path.is_file() and path.name not in done:
                 shutil.copyfile(path, work / path.name)
-                copied.append(path.name)
         for path in work.iterdir():
             with open(path, "rb+") as f:
                 os.fsync(f.fileno())
@@ -292,5 +303,79 @@ def compact_keys_dir(directory: Path, out_dir: Path, options: CleanOptions) -> K
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return KeyCompacted(facts, stats, tuple(s.base_offset for s in segments[:facts.cleaned]), tuple(copied))
 
+
+def compact_keys_dir(directory: Path, out_dir: Path, options: CleanOptions) -> KeyCompacted:
+    """One pass of Kafka's log cleaner (:mod:`tiering.kafka.keycompact`) over a partition directory, written to
+    ``out_dir`` as a whole partition directory: the cleaned segments (``.log``, rebuilt ``.index``,
+    ``.timeindex``, and ``.txnindex`` when it keeps aborted transactions), then every other file (the
+    uncleaned segments, the producer snapshots, the checkpoints) copied as it was. The source is only read.
+    All or nothing, into a new or empty ``out_dir`` (:func:`_partition_io`)."""
+    logs = _partition_io(directory, out_dir)
+    segments = [Segment(base_offset_of(log, None), functools.partial(open_segment_file, log), _aborted(log), str(log))
+                for log in logs]
+    stats = CleanStats()
+    facts = survey(segments, options)
+    written: set[str] = set()
+    with _new_partition(directory, out_dir, written) as work:
+        for seg in clean(segments, facts, options, stats,
+                         sink=lambda base: open(work / segment_name(base, LOG_SUFFIX), "wb")):  # noqa: SIM115
+            written |= _segment_files(work, seg.base_offset, seg.indexes, seg.txn_index)
+    copied = tuple(sorted(p.name for p in directory.iterdir() if p.is_file() and p.name not in written))
+    return KeyCompacted(facts, stats, tuple(s.base_offset for s in segments[:facts.cleaned]), copied)
+
+
+@dataclass(frozen=True, slots=True)
+class MergedDir:
+    """What :func:`merge_dir` did: each merged segment's base offset with the base offsets it replaced."""
+
+    groups: tuple[tuple[int, ...], ...]
+    segments_before: int
+    segments_after: int
+    files_before: int
+    files_after: int
+
+
+def merge_dir(directory: Path, out_dir: Path, limits: Limits) -> MergedDir:
+    """Runs of small neighbouring sealed segments of a partition directory merged into segments up to
+    ``limits`` (:func:`tiering.kafka.merge.merge_runs`), written to ``out_dir`` as a whole partition
+    directory: the merged segments, then every other file copied as it was, except the producer snapshots
+    named by a merged-away base offset (a broker's cleaner removes those when it merges). The active segment
+    (the highest base offset) is never merged, nor merged into; no run crosses a gap in offsets. The source
+    is only read. All or nothing, into a new or empty ``out_dir``."""
+    logs = _partition_io(directory, out_dir)
+    sealed = logs[:-1]
+    sizes, next_offsets = [], {}
+    for log in sealed:
+        base = base_offset_of(log, None)
+        sizes.append(Sizes(base, log.stat().st_size, _size(log.with_suffix(INDEX_SUFFIX)),
+                           _size(log.with_suffix(TIME_INDEX_SUFFIX))))
+        with open_segment(log) as f:
+            next_offsets[base] = next_offset(f, path=str(log))
+    end = base_offset_of(logs[-1], None) if logs else 0
+    groups = merge_runs(sizes, limits, end, lambda a, b: next_offsets[a.base_offset] in (None, b.base_offset))
+    written: set[str] = set()
+    with _new_partition(directory, out_dir, written) as work:
+        for group in groups:
+            sources = [MergeSource(s.base_offset, functools.partial(open_segment_file, p), _aborted(p), str(p))
+                       for s in group for p in [directory / segment_name(s.base_offset, LOG_SUFFIX)]]
+            target = work / segment_name(group[0].base_offset, LOG_SUFFIX)
+            with open(target, "wb") as out:
+                merged = merge(sources, out)
+            last = (directory / segment_name(group[-1].base_offset, LOG_SUFFIX)).stat()
+            os.utime(target, ns=(last.st_atime_ns, last.st_mtime_ns))  # as the cleaner: what retention falls back on
+            written |= _segment_files(work, merged.base_offset, merged.indexes, merged.txn_index)
+            for s in group[1:]:  # the merged-away segments' files, and their producer snapshots
+                written |= {segment_name(s.base_offset, sfx) for sfx in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX,
+                                                                          TXN_INDEX_SUFFIX, SNAPSHOT_SUFFIX)}
+    files_before = sum(1 for p in directory.iterdir() if p.is_file())
+    return MergedDir(tuple(tuple(s.base_offset for s in g) for g in groups), len(logs),
+                     len(logs) - sum(len(g) - 1 for g in groups), files_before,
+                     sum(1 for p in out_dir.iterdir() if p.is_file()))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0

@@ -36,12 +36,13 @@ from tiering.errors import ConfigError, ExitCode, InvalidDataError, TieringError
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec, check_level
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS, CleanOptions
+from tiering.kafka.merge import DEFAULT_INDEX_BYTES, DEFAULT_SEGMENT_BYTES, Limits
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions, RewriteResult
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
-from tiering.local import compact_keys_dir, open_segment, reindex_file, rewrite_file, verify_file
+from tiering.local import compact_keys_dir, merge_dir, open_segment, reindex_file, rewrite_file, verify_file
 from tiering.report.render import headline, ratio, size, title, usd
 from tiering.run.documents import RunResult
 
@@ -303,6 +304,28 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_merge(args: argparse.Namespace) -> int:
+    done = merge_dir(args.path, args.out, Limits(args.segment_bytes, args.index_bytes))
+    doc = {"path": str(args.path), "out": str(args.out), "segment_bytes": args.segment_bytes,
+           "index_bytes": args.index_bytes, "merged": [{"base_offset": g[0], "sources": list(g)} for g in done.groups],
+           "segments_before": done.segments_before, "segments_after": done.segments_after,
+           "files_before": done.files_before, "files_after": done.files_after}
+    if args.json:
+        _print_json(args, doc)
+        return EXIT_OK
+    t = Table(title=f"{args.path} → {args.out}", show_header=False, box=None)
+    n = len(done.groups)
+    t.add_row("segments", f"{done.segments_before:,} → {done.segments_after:,} ({n:,} merged segment"
+              f"{'' if n == 1 else 's'}, each at most {args.segment_bytes:,} bytes)")
+    t.add_row("files", f"{done.files_before:,} → {done.files_after:,}")
+    for group in done.groups[:20]:
+        t.add_row(f"  {group[0]:020d}.log", f"from {len(group)} segments ({group[0]:,} to {group[-1]:,})")
+    if len(done.groups) > 20:
+        t.add_row("", f"... {len(done.groups) - 20:,} more (see --json)")
+    _console(args).print(t)
+    return EXIT_OK
+
+
 # --- demo ----------------------------------------------------------------------------------------
 
 
@@ -540,6 +563,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=int, default=None, help="with --codec: its level (default: Kafka's)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_compact_keys)
+
+    p = part.add_parser("merge", help="merge runs of small neighbouring segments into DIR",
+                        description="Merge runs of neighbouring sealed segments smaller than --segment-bytes into "
+                                    "segments up to it, by the rules of Kafka's log cleaner (a group stays within "
+                                    "segment.bytes, its indexes within segment.index.bytes, its offsets within "
+                                    "2^31 of its base). Every batch is copied as it is, the .index and .timeindex "
+                                    "rebuilt as a broker rebuilds them, the .txnindex entries kept. The active "
+                                    "segment is never merged and no run crosses a gap in offsets. Writes a whole "
+                                    "partition directory to DIR; a broker started on it serves every record.")
+    p.add_argument("path", type=Path, metavar="PARTITION_DIR", help="the partition directory (only read)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (new or empty)")
+    p.add_argument("--segment-bytes", type=int_at_least(1), default=DEFAULT_SEGMENT_BYTES, metavar="N",
+                   help="the topic's segment.bytes: the largest merged segment (default %(default)s: Kafka's)")
+    p.add_argument("--index-bytes", type=int_at_least(1), default=DEFAULT_INDEX_BYTES, metavar="N",
+                   help="the topic's segment.index.bytes (default %(default)s: Kafka's)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=_cmd_merge)
 
     p = verbs.add_parser("demo-local", help="the same on the local disk: generate partitions, rewrite, savings",
                          description="Generate sample Kafka partitions on the local disk (several topics and "
