@@ -15,7 +15,7 @@ import functools
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -31,17 +31,8 @@ from tiering.kafka.files import (
     parse_segment_name,
     segment_name,
 )
-from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, Indexes, build_indexes
-from tiering.kafka.keycompact import (
-    AbortedTxn,
-    CleanOptions,
-    CleanStats,
-    PartitionFacts,
-    Segment,
-    clean,
-    parse_txn_index,
-    survey,
-)
+from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, AbortedTxn, Indexes, build_indexes, parse_txn_index
+from tiering.kafka.keycompact import CleanOptions, CleanStats, PartitionFacts, Segment, clean, survey
 from tiering.kafka.merge import Limits, Sizes, merge, merge_runs, next_offset
 from tiering.kafka.merge import Source as MergeSource
 from tiering.kafka.rebatch import RebatchOptions
@@ -243,6 +234,7 @@ class KeyCompacted:
     stats: CleanStats
     cleaned: tuple[int, ...]  # base offsets
     copied: tuple[str, ...]  # the other files of the partition, copied as they were
+    merged: tuple[tuple[int, ...], ...] = ()  # each segment cleaned from several: the base offsets it replaced
 
 
 def _partition_io(directory: Path, out_dir: Path) -> list[Path]:
@@ -308,21 +300,42 @@ def _new_partition(directory: Path, out_dir: Path, done: set[str]) -> Iterator[P
 def compact_keys_dir(directory: Path, out_dir: Path, options: CleanOptions) -> KeyCompacted:
     """One pass of Kafka's log cleaner (:mod:`tiering.kafka.keycompact`) over a partition directory, written to
     ``out_dir`` as a whole partition directory: the cleaned segments (``.log``, rebuilt ``.index``,
-    ``.timeindex``, and ``.txnindex`` when it keeps aborted transactions), then every other file (the
-    uncleaned segments, the producer snapshots, the checkpoints) copied as it was. The source is only read.
+    ``.timeindex``, and ``.txnindex`` when it keeps aborted transactions; with ``options.merge``, neighbours
+    cleaned into one as the broker groups them), then every other file (the uncleaned segments, the producer
+    snapshots but those of merged-away segments, the checkpoints) copied as it was. The source is only read.
     All or nothing, into a new or empty ``out_dir`` (:func:`_partition_io`)."""
     logs = _partition_io(directory, out_dir)
-    segments = [Segment(base_offset_of(log, None), functools.partial(open_segment_file, log), _aborted(log), str(log))
-                for log in logs]
+    segments = [Segment(base_offset_of(log, None), functools.partial(open_segment_file, log), _aborted(log), str(log),
+                        log.stat().st_size, _size(log.with_suffix(INDEX_SUFFIX)),
+                        _size(log.with_suffix(TIME_INDEX_SUFFIX))) for log in logs]
     stats = CleanStats()
     facts = survey(segments, options)
     written: set[str] = set()
+    groups = []
     with _new_partition(directory, out_dir, written) as work:
         for seg in clean(segments, facts, options, stats,
                          sink=lambda base: open(work / segment_name(base, LOG_SUFFIX), "wb")):  # noqa: SIM115
             written |= _segment_files(work, seg.base_offset, seg.indexes, seg.txn_index)
+            written |= _replaced(seg.sources[1:])
+            _as_of(work / segment_name(seg.base_offset, LOG_SUFFIX), directory, seg.sources[-1])
+            groups.append(seg.sources)
     copied = tuple(sorted(p.name for p in directory.iterdir() if p.is_file() and p.name not in written))
-    return KeyCompacted(facts, stats, tuple(s.base_offset for s in segments[:facts.cleaned]), copied)
+    return KeyCompacted(facts, stats, tuple(s.base_offset for s in segments[:facts.cleaned]), copied,
+                        tuple(g for g in groups if len(g) > 1))
+
+
+def _replaced(bases: Iterable[int]) -> set[str]:
+    """The files of segments merged into a neighbour: not carried over (their producer snapshots neither: the
+    broker's cleaner deletes those when it merges)."""
+    return {segment_name(base, sfx) for base in bases
+            for sfx in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, SNAPSHOT_SUFFIX)}
+
+
+def _as_of(log: Path, directory: Path, last: int) -> None:
+    """A new ``.log`` takes the modification time of the last segment it replaces, as the broker's cleaner sets
+    it: what retention falls back on for a segment without timestamps."""
+    st = (directory / segment_name(last, LOG_SUFFIX)).stat()
+    os.utime(log, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,12 +375,9 @@ def merge_dir(directory: Path, out_dir: Path, limits: Limits) -> MergedDir:
             target = work / segment_name(group[0].base_offset, LOG_SUFFIX)
             with open(target, "wb") as out:
                 merged = merge(sources, out)
-            last = (directory / segment_name(group[-1].base_offset, LOG_SUFFIX)).stat()
-            os.utime(target, ns=(last.st_atime_ns, last.st_mtime_ns))  # as the cleaner: what retention falls back on
+            _as_of(target, directory, group[-1].base_offset)
             written |= _segment_files(work, merged.base_offset, merged.indexes, merged.txn_index)
-            for s in group[1:]:  # the merged-away segments' files, and their producer snapshots
-                written |= {segment_name(s.base_offset, sfx) for sfx in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX,
-                                                                          TXN_INDEX_SUFFIX, SNAPSHOT_SUFFIX)}
+            written |= _replaced(s.base_offset for s in group[1:])
     files_before = sum(1 for p in directory.iterdir() if p.is_file())
     return MergedDir(tuple(tuple(s.base_offset for s in g) for g in groups), len(logs),
                      len(logs) - sum(len(g) - 1 for g in groups), files_before,

@@ -13,15 +13,9 @@ from hypothesis import strategies as st
 from tiering.errors import CorruptBatchError, UnsupportedError
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
-from tiering.kafka.keycompact import (
-    AbortedTxn,
-    CleanOptions,
-    CleanStats,
-    Segment,
-    compact_partition,
-    encode_txn_index,
-    parse_txn_index,
-)
+from tiering.kafka.index import AbortedTxn, BatchPosition, build_indexes, encode_txn_index, parse_txn_index
+from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment, compact_partition
+from tiering.kafka.merge import Limits
 from tiering.kafka.records import Record
 from tiering.kafka.segment import iter_decoded
 
@@ -311,3 +305,30 @@ def test_an_abort_marker_without_its_txn_index_entry_is_an_error_not_a_guess() -
     committed = seg(0, batch(0, rec(0, b"a")), batch(1, rec(1, b"a", b"c"), pid=5, seq=0, txn=True),
                     marker(2, 5, commit=True))
     assert records(run(committed, ACTIVE)[0][0])[0] == (1, b"a", b"c")  # a COMMIT needs no entry
+
+
+def test_neighbours_are_cleaned_into_one_segment_as_the_broker_groups_them() -> None:
+    """With the topic's segment.bytes, neighbours whose sources fit it are cleaned into one segment named by
+    the first (the broker's groupSegmentsBySize, by the sources' sizes); its log is the per-segment pass's logs
+    one after the other, its .txnindex their entries, its indexes built over the whole; a source too large to
+    join starts a group of its own. (tests/kafka_broker/test_keycompact.py holds this to Kafka's cleaner.)"""
+    aborted = AbortedTxn(first_offset=1, producer_id=5, last_offset=3, last_stable_offset=1)
+    parts = [[batch(0, rec(0, b"a")), batch(1, rec(1, b"b"), pid=5, seq=0, txn=True), marker(3, 5, commit=False)],
+             [batch(4, rec(4, b"a", b"x" * 200)), batch(5, rec(5, b"c"))],
+             [batch(6, rec(6, b"b")), batch(7, rec(7, b"d"))]]
+    logs = [b"".join(p) for p in parts]
+    sized = [Segment(base, lambda d=data: io.BytesIO(d), (aborted,) if base == 0 else (), "", len(data), 8, 12)
+             for base, data in zip((0, 4, 6), logs, strict=True)]
+    _, _, alone = run(*sized, ACTIVE)
+    limit = sized[0].log_bytes + sized[1].log_bytes
+    _, _, grouped = run(*sized, ACTIVE, merge=Limits(segment_bytes=limit))
+    assert [c.sources for c in alone] == [(0,), (4,), (6,)]
+    assert [c.sources for c in grouped] == [(0, 4), (6,)]  # 0 and 4 fill segment.bytes; 6 would pass it
+    assert grouped[0].log == alone[0].log + alone[1].log
+    assert grouped[1].log == alone[2].log
+    assert parse_txn_index(grouped[0].txn_index) == [aborted]
+    positions = [BatchPosition(b.header.position, b.header.last_offset, b.header.max_timestamp)
+                 for b in iter_decoded(io.BytesIO(grouped[0].log or b""))]
+    assert grouped[0].indexes == build_indexes(0, positions)
+    _, _, tight = run(*sized, ACTIVE, merge=Limits(segment_bytes=limit, index_bytes=15))  # 8 + 8 > 15
+    assert [c.sources for c in tight] == [(0,), (4,), (6,)]

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from tiering.errors import ConfigError, CorruptBatchError, IndexMismatchError
-from tiering.kafka.index import build_indexes
-from tiering.kafka.keycompact import AbortedTxn, encode_txn_index
+from tiering.kafka.index import AbortedTxn, build_indexes, encode_txn_index
 from tiering.kafka.merge import MAX_DELTA, Limits, Sizes, Source, group_by_size, merge, merge_runs, next_offset
 from tiering.kafka.segment import Digests, iter_decoded, verify_segment
 from tiering.local import merge_dir, open_segment_file

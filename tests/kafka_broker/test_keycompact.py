@@ -30,20 +30,16 @@ from tests.kafka_broker import producers as P
 from tests.kafka_broker.broker import Broker
 from tests.kafka_broker.conftest import note
 from tiering.kafka.batch import V2_HEADER_SIZE
-from tiering.kafka.keycompact import (
-    CleanOptions,
-    CleanStats,
-    Segment,
-    compact_partition,
-    keys_in_map,
-    parse_txn_index,
-)
+from tiering.kafka.index import parse_txn_index
+from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment, compact_partition, keys_in_map
+from tiering.kafka.merge import Limits
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.segment import iter_decoded
 
 pytestmark = pytest.mark.kafka
 
 TOPIC = "kc.changelog"
+SEGMENT_BYTES = 16384  # the topics' segment.bytes: what the cleaner groups neighbours by
 KEYS = 60
 
 
@@ -152,7 +148,9 @@ def _segments(directory: Path) -> list[Segment]:
     for log in sorted(directory.glob("*.log")):
         txn = log.with_suffix(".txnindex")
         aborted = tuple(parse_txn_index(txn.read_bytes(), path=str(txn))) if txn.exists() else ()
-        out.append(Segment(int(log.stem), lambda p=log: open(p, "rb"), aborted, str(log)))  # noqa: SIM115
+        sizes = [f.stat().st_size if f.exists() else 0 for f in (log, log.with_suffix(".index"),
+                                                                  log.with_suffix(".timeindex"))]
+        out.append(Segment(int(log.stem), lambda p=log: open(p, "rb"), aborted, str(log), *sizes))  # noqa: SIM115
     return out
 
 
@@ -192,13 +190,14 @@ def _files(directory: Path, below: int) -> dict[int, Path]:
 
 
 def _check_pass(segments: list[Segment], theirs: dict[int, Path], pass_time: int, retention: int, *,
-                merges: bool, first_dirty: int = 0) -> CleanStats:
-    """Our pass over ``segments`` at ``pass_time`` against the cleaner's output ``theirs``; without ``merges``
-    file by file, with the indexes."""
+                segment_bytes: int, first_dirty: int = 0) -> CleanStats:
+    """Our pass over ``segments`` at ``pass_time`` against the cleaner's output ``theirs``, file by file with the
+    indexes: the neighbours the cleaner merged (the topic's ``segment_bytes``) are merged here too."""
     stats = CleanStats()
-    options = CleanOptions(now_ms=pass_time, delete_retention_ms=retention, first_dirty_offset=first_dirty)
+    options = CleanOptions(now_ms=pass_time, delete_retention_ms=retention, first_dirty_offset=first_dirty,
+                           merge=Limits(segment_bytes))
     facts, ours = compact_partition(segments, options, stats)
-    note(f"key compaction: {stats.to_json()}")
+    note(f"key compaction: {stats.to_json()}; {sum(len(s.sources) > 1 for s in ours)} merged segments")
     assert facts.upper == segments[-1].base_offset
     kafka_log = b"".join(p.read_bytes() for p in theirs.values())
     our_log = b"".join(s.log for s in ours)
@@ -207,15 +206,14 @@ def _check_pass(segments: list[Segment], theirs: dict[int, Path], pass_time: int
                  for e in parse_txn_index(p.with_suffix(".txnindex").read_bytes())]
     assert [e for s in ours for e in parse_txn_index(s.txn_index)] == kafka_txn
     assert our_log == kafka_log  # at the same clock, the same bytes
-    if merges:  # the cleaner merged small neighbours into one segment (we do not yet): no file to compare
-        assert len(theirs) < len(ours)
-        return stats
-    assert sorted(theirs) == [s.base_offset for s in ours]
+    assert sorted(theirs) == [s.base_offset for s in ours]  # the same segments, merged ones included
     for s in ours:
         path = theirs[s.base_offset]
         assert s.log == path.read_bytes(), path.name
         assert s.indexes.offset_index == path.with_suffix(".index").read_bytes(), path.name
         assert s.indexes.time_index == path.with_suffix(".timeindex").read_bytes(), path.name
+        txn = path.with_suffix(".txnindex")
+        assert s.txn_index == (txn.read_bytes() if txn.exists() else b""), path.name
     return stats
 
 
@@ -329,7 +327,7 @@ def test_key_compaction_equals_kafka_s_log_cleaner_over_two_passes(tmp_path: Pat
     """Pass 1 with delete.retention.ms 0: tombstones and markers are stamped with the pass's own time, which
     gives the cleaner's clock. Pass 2, over the cleaner's output and a second round of records: the stamped
     tombstones go, markers whose data is gone are stamped."""
-    broker = _broker_with_topic(tmp_path, {"internal.segment.bytes": "16384"})
+    broker = _broker_with_topic(tmp_path, {"internal.segment.bytes": str(SEGMENT_BYTES)})
     try:
         note(f"key compaction: produced {_produce(broker.bootstrap)}")
     finally:
@@ -358,11 +356,12 @@ def test_key_compaction_equals_kafka_s_log_cleaner_over_two_passes(tmp_path: Pat
     pass1_out = _files(tmp_path / "round2", first[-1].base_offset)  # the cleaner's pass 1, as round 2 found it
     (pass1,) = _horizons(pass1_out)  # stamped at the pass's time + 0
     assert switched <= pass1 <= cleaned
-    stats = _check_pass(first, pass1_out, pass1, 0, merges=False)  # 16 KiB segments, each nearly full
+    stats = _check_pass(first, pass1_out, pass1, 0, segment_bytes=SEGMENT_BYTES)
     # The command line on the same files: a whole partition directory, the cleaned files equal to the cleaner's.
     out = tmp_path / "cli"
     done = subprocess.run([sys.executable, "-m", "tiering", "partition", "compact-keys", str(tmp_path / "round1"),
-                           "--out", str(out), "--now-ms", str(pass1), "--delete-retention-ms", "0", "--json"],
+                           "--out", str(out), "--now-ms", str(pass1), "--delete-retention-ms", "0",
+                           "--segment-bytes", str(SEGMENT_BYTES), "--json"],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["segments_cleaned"] == sorted(pass1_out)
@@ -387,7 +386,8 @@ def test_key_compaction_equals_kafka_s_log_cleaner_over_two_passes(tmp_path: Pat
     pass2 = new.pop() if new else cleaned2  # no new stamp: any time after pass 1's horizons gives this output
     assert pass1 < pass2 <= cleaned2
     # The cleaner's checkpoint after pass 1 (where its key map starts now) is the end of pass 1's range.
-    stats = _check_pass(second, pass2_out, pass2, 0, merges=True, first_dirty=first[-1].base_offset)
+    stats = _check_pass(second, pass2_out, pass2, 0, segment_bytes=SEGMENT_BYTES, first_dirty=first[-1].base_offset)
+    assert len(pass2_out) < len(second) - 1  # the cleaner merged neighbours this time, and so did we
     assert stats.tombstones_dropped > 0
 
     # A broker restored on our pass-1 directory serves each key's latest value (tombstones included) and no
@@ -415,7 +415,7 @@ def test_gzip_batches_the_cleaner_rebuilds_are_ours_byte_for_byte(tmp_path: Path
     log is the same bytes as ours (segments merged by the cleaner compared as one log)."""
     from confluent_kafka import Producer
 
-    broker = _broker_with_topic(tmp_path, {"internal.segment.bytes": "16384"})
+    broker = _broker_with_topic(tmp_path, {"internal.segment.bytes": str(SEGMENT_BYTES)})
     try:
         producer = Producer({"bootstrap.servers": broker.bootstrap, "compression.type": "gzip", "linger.ms": 2,
                              "batch.size": 3000, "enable.idempotence": False, "acks": "1"})
@@ -437,7 +437,7 @@ def test_gzip_batches_the_cleaner_rebuilds_are_ours_byte_for_byte(tmp_path: Path
     rebuilt = [b for p in theirs.values() for b in iter_batches(io.BytesIO(p.read_bytes()))
                if b.header.codec.label == "gzip" and b.data[V2_HEADER_SIZE + GZIP_OS_AT] == 0xFF]
     assert rebuilt, "the cleaner rebuilt no gzip batch"
-    stats = _check_pass(segments, theirs, pass_time, 0, merges=len(theirs) < len(segments) - 1)
+    stats = _check_pass(segments, theirs, pass_time, 0, segment_bytes=SEGMENT_BYTES)
     assert stats.superseded_dropped > 0
     note(f"key compaction, gzip: {len(rebuilt)} batches rebuilt by the cleaner, the cleaned log ours byte for byte")
 

@@ -21,7 +21,8 @@ from tiering.errors import ExitCode
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
-from tiering.kafka.keycompact import AbortedTxn, CleanOptions, Segment, compact_partition, encode_txn_index
+from tiering.kafka.index import AbortedTxn, encode_txn_index
+from tiering.kafka.keycompact import CleanOptions, Segment, compact_partition
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.state import load_state
@@ -75,7 +76,7 @@ def upload(store: S3Store, parts: dict[int, tuple[bytes, bytes]]) -> None:
 
 def expected(parts: dict[int, tuple[bytes, bytes]], now: int) -> dict[int, Any]:
     """The pure pass over the same bytes: base offset -> cleaned segment."""
-    from tiering.kafka.keycompact import parse_txn_index
+    from tiering.kafka.index import parse_txn_index
 
     segments = [Segment(b, lambda log=log: io.BytesIO(log), tuple(parse_txn_index(txn))) for b, (log, txn)
                 in sorted(parts.items())]

@@ -276,11 +276,13 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     codec = Codec.parse(args.codec) if args.codec else None
     options = CleanOptions(args.now_ms if args.now_ms is not None else int(time.time() * 1000),
                            args.delete_retention_ms, args.min_compaction_lag_ms, args.first_dirty_offset,
-                           max_keys(args), codec, check_level(codec, args.level) if codec is not None else None)
+                           max_keys(args), codec, check_level(codec, args.level) if codec is not None else None,
+                           merge=None if args.no_merge else Limits(args.segment_bytes, args.index_bytes))
     done = compact_keys_dir(args.path, args.out, options)
     doc = {"path": str(args.path), "out": str(args.out), "now_ms": options.now_ms,
            "first_uncleanable_offset": done.facts.upper, "end_offset": done.facts.end_offset,
            "segments_cleaned": list(done.cleaned),
+           "merged": [{"base_offset": g[0], "sources": list(g)} for g in done.merged],
            "files_copied": list(done.copied), **done.stats.to_json()}
     if args.json:
         _print_json(args, doc)
@@ -288,6 +290,9 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     st = done.stats
     t = Table(title=f"{args.path} → {args.out}", show_header=False, box=None)
     t.add_row("segments cleaned", f"{len(done.cleaned)} (below offset {done.facts.upper:,}; the rest copied)")
+    if done.merged:
+        t.add_row("merged", f"{sum(len(g) for g in done.merged):,} of them into {len(done.merged):,} (as the broker "
+                  f"groups neighbours within --segment-bytes {args.segment_bytes:,})")
     if done.facts.cleaned and done.facts.end_offset < done.facts.upper:
         t.add_row("key map full", f"cleaned up to offset {done.facts.end_offset:,}: run again with "
                   f"--first-dirty-offset {done.facts.end_offset} for the rest")
@@ -561,6 +566,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codec", default=None, choices=CODEC_CHOICES,
                    help="codec of the batches rebuilt (default: each batch's own)")
     p.add_argument("--level", type=int, default=None, help="with --codec: its level (default: Kafka's)")
+    p.add_argument("--segment-bytes", type=int_at_least(1), default=DEFAULT_SEGMENT_BYTES, metavar="N",
+                   help="the topic's segment.bytes: neighbours are cleaned into one segment while their sources fit "
+                        "it, as the broker's cleaner groups them (default %(default)s: Kafka's)")
+    p.add_argument("--index-bytes", type=int_at_least(1), default=DEFAULT_INDEX_BYTES, metavar="N",
+                   help="the topic's segment.index.bytes (default %(default)s: Kafka's)")
+    p.add_argument("--no-merge", action="store_true", help="clean each segment into one of its own")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_compact_keys)
 

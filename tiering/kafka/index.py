@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from tiering.errors import IndexMismatchError
+from tiering.errors import CorruptBatchError, IndexMismatchError
 
 DEFAULT_INDEX_INTERVAL_BYTES: Final = 4096
 OFFSET_ENTRY: Final = struct.Struct(">ii")  # relativeOffset, position
@@ -180,3 +180,39 @@ def verify_time_index(data: bytes, base_offset: int, batches: Sequence[BatchPosi
             problems.append(IndexProblem("timeindex", i, f"timestamp {ts} differs from the max timestamp "
                                                          f"{batches[k].max_timestamp} of the batch ending at {offset}"))
     return problems
+
+
+# The .txnindex: one 34-byte entry per aborted transaction, in the segment holding its ABORT marker.
+_TXN_ENTRY: Final = struct.Struct(">hqqqq")  # version, producerId, firstOffset, lastOffset, lastStableOffset
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AbortedTxn:
+    """One ``.txnindex`` entry: an aborted transaction's producer, first offset, and its ABORT marker's offset."""
+
+    first_offset: int
+    producer_id: int
+    last_offset: int
+    last_stable_offset: int
+
+    def encode(self) -> bytes:
+        return _TXN_ENTRY.pack(0, self.producer_id, self.first_offset, self.last_offset, self.last_stable_offset)
+
+
+def parse_txn_index(data: bytes, *, path: str | None = None) -> list[AbortedTxn]:
+    """The entries of a ``.txnindex`` file (34 bytes each, version 0)."""
+    if len(data) % _TXN_ENTRY.size:
+        raise CorruptBatchError("a .txnindex is a whole number of 34-byte entries", path=path,
+                                expected=f"a multiple of {_TXN_ENTRY.size} bytes", found=len(data))
+    out = []
+    for pos in range(0, len(data), _TXN_ENTRY.size):
+        version, pid, first, last, lso = _TXN_ENTRY.unpack_from(data, pos)
+        if version != 0:
+            raise CorruptBatchError("unknown .txnindex entry version", path=path, position=pos, expected=0,
+                                    found=version)
+        out.append(AbortedTxn(first, pid, last, lso))
+    return out
+
+
+def encode_txn_index(entries: Sequence[AbortedTxn]) -> bytes:
+    return b"".join(e.encode() for e in entries)

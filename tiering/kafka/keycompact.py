@@ -34,8 +34,8 @@ as its delete horizon (``baseTimestamp``, attribute bit 0x40) when it keeps a to
 may go and has no horizon yet.
 
 Unlike the broker: every producer's last batch is kept (a broker forgets producers idle for
-``producer.id.expiration.ms``); each segment is cleaned into one segment of its own (the broker may merge
-neighbours); legacy (magic 0/1) entries are refused; a rebuilt batch takes ``codec`` (the broker: the
+``producer.id.expiration.ms``); neighbours are cleaned into one segment as the broker groups them only with
+``CleanOptions.merge`` (the topic's ``segment.bytes``), else each into one of its own; legacy (magic 0/1) entries are refused; a rebuilt batch takes ``codec`` (the broker: the
 batch's own codec at its default level).
 """
 
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 import io
+import itertools
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -52,7 +53,15 @@ from tiering.errors import ConfigError, CorruptBatchError, UnsupportedError
 from tiering.kafka.batch import BatchHeader, TimestampType, parse_v2_header
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
-from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, BatchPosition, Indexes, build_indexes
+from tiering.kafka.index import (
+    DEFAULT_INDEX_INTERVAL_BYTES,
+    AbortedTxn,
+    BatchPosition,
+    Indexes,
+    build_indexes,
+    encode_txn_index,
+)
+from tiering.kafka.merge import Limits, Sizes, group_by_size
 from tiering.kafka.reader import RawBatch, iter_batches
 from tiering.kafka.segment import DecodedBatch, OffsetOrder, decode_batch, iter_decoded
 
@@ -76,41 +85,6 @@ def keys_in_map(map_bytes: int) -> int:
 DEFAULT_MAX_KEYS: Final = keys_in_map(DEFAULT_KEY_MAP_BYTES)  # a broker's default cleaner thread's pass
 NO_PRODUCER: Final = -1
 ABORT, COMMIT = 0, 1  # control record types (the key's second int16)
-_TXN_ENTRY: Final = struct.Struct(">hqqqq")  # version, producerId, firstOffset, lastOffset, lastStableOffset
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class AbortedTxn:
-    """One ``.txnindex`` entry: an aborted transaction's producer, first offset, and its ABORT marker's offset."""
-
-    first_offset: int
-    producer_id: int
-    last_offset: int
-    last_stable_offset: int
-
-    def encode(self) -> bytes:
-        return _TXN_ENTRY.pack(0, self.producer_id, self.first_offset, self.last_offset, self.last_stable_offset)
-
-
-def parse_txn_index(data: bytes, *, path: str | None = None) -> list[AbortedTxn]:
-    """The entries of a ``.txnindex`` file (34 bytes each, version 0)."""
-    if len(data) % _TXN_ENTRY.size:
-        raise CorruptBatchError("a .txnindex is a whole number of 34-byte entries", path=path,
-                                expected=f"a multiple of {_TXN_ENTRY.size} bytes", found=len(data))
-    out = []
-    for pos in range(0, len(data), _TXN_ENTRY.size):
-        version, pid, first, last, lso = _TXN_ENTRY.unpack_from(data, pos)
-        if version != 0:
-            raise CorruptBatchError("unknown .txnindex entry version", path=path, position=pos, expected=0,
-                                    found=version)
-        out.append(AbortedTxn(first, pid, last, lso))
-    return out
-
-
-def encode_txn_index(entries: Sequence[AbortedTxn]) -> bytes:
-    return b"".join(e.encode() for e in entries)
-
-
 @dataclass(frozen=True, slots=True)
 class CleanOptions:
     now_ms: int  # the pass's clock: delete horizons stamped now expire at now + delete_retention_ms
@@ -123,17 +97,23 @@ class CleanOptions:
     level: int | None = None
     index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
     decompression_limit: int = DEFAULT_DECOMPRESSION_LIMIT
+    # the topic's segment.bytes and segment.index.bytes: neighbours are cleaned into one segment as the broker
+    # groups them (tiering.kafka.merge.group_by_size); None: each segment into one of its own
+    merge: Limits | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Segment:
     """One segment of the partition: its base offset, a way to read its ``.log`` (called once per pass), the
-    entries of its ``.txnindex``."""
+    entries of its ``.txnindex``, and the bytes of its files (what the cleaner groups neighbours by)."""
 
     base_offset: int
     open: Callable[[], BinaryIO]
     aborted: tuple[AbortedTxn, ...] = ()
     name: str = ""
+    log_bytes: int = 0
+    index_bytes: int = 0
+    time_index_bytes: int = 0
 
 
 @dataclass
@@ -182,6 +162,7 @@ class CleanedSegment:
     size: int
     indexes: Indexes
     txn_index: bytes  # the aborted transactions whose ABORT markers this segment keeps
+    sources: tuple[int, ...]  # the base offsets of the segments it replaces (its own first)
 
 
 class _Txns:
@@ -340,38 +321,50 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
 def clean(segments: Sequence[Segment], facts: PartitionFacts, options: CleanOptions,
           stats: CleanStats | None = None, *,
           sink: Callable[[int], BinaryIO] | None = None) -> Iterator[CleanedSegment]:
-    """The second pass: each cleaned segment, in offset order (``facts``: from :func:`survey`). With ``sink``
+    """The second pass: each cleaned segment, in offset order (``facts``: from :func:`survey`); with
+    ``options.merge``, one for each group of neighbours the broker's cleaner would clean together. With ``sink``
     (a base offset -> a new writable file, closed when the segment is done) the new ``.log`` is written there
     as it is made, so memory holds one batch of it, not the segment; without, it is returned in ``log``."""
     stats = stats if stats is not None else CleanStats()
     stats.keys = len(facts.key_map)
     txns = _Txns()
     every = [e for s in segments for e in s.aborted]
-    bases = [s.base_offset for s in segments]
-    for i, seg in enumerate(segments[:facts.cleaned]):
-        txns.add(_overlapping(every, seg.base_offset, bases[i + 1]))
+    next_base = {s.base_offset: n.base_offset for s, n in itertools.pairwise(segments)}
+    for group in _groups(segments[:facts.cleaned], facts.upper, options.merge):
+        base = group[0].base_offset
         txns.kept = []
-        out = sink(seg.base_offset) if sink is not None else io.BytesIO()
+        out = sink(base) if sink is not None else io.BytesIO()
         positions: list[BatchPosition] = []
         size = 0
-        for batch in _batches(seg, options.decompression_limit):
-            stats.batches_in += 1
-            stats.records_in += len(batch.records)
-            stats.bytes_in += len(batch.raw.data)
-            built = _clean_batch(batch, facts, txns, options, stats)
-            if built is None:
-                continue
-            h = parse_v2_header(built, size)
-            positions.append(BatchPosition(size, h.last_offset, h.max_timestamp))
-            out.write(built)
-            size += len(built)
-            stats.batches_out += 1
+        for seg in group:
+            txns.add(_overlapping(every, seg.base_offset, next_base[seg.base_offset]))
+            for batch in _batches(seg, options.decompression_limit):
+                stats.batches_in += 1
+                stats.records_in += len(batch.records)
+                stats.bytes_in += len(batch.raw.data)
+                built = _clean_batch(batch, facts, txns, options, stats)
+                if built is None:
+                    continue
+                h = parse_v2_header(built, size)
+                positions.append(BatchPosition(size, h.last_offset, h.max_timestamp))
+                out.write(built)
+                size += len(built)
+                stats.batches_out += 1
         stats.bytes_out += size
         log = out.getvalue() if isinstance(out, io.BytesIO) else None
         out.close()
-        yield CleanedSegment(seg.base_offset, log, size,
-                             build_indexes(seg.base_offset, positions, options.index_interval_bytes),
-                             encode_txn_index(txns.kept))
+        yield CleanedSegment(base, log, size, build_indexes(base, positions, options.index_interval_bytes),
+                             encode_txn_index(txns.kept), tuple(s.base_offset for s in group))
+
+
+def _groups(segments: Sequence[Segment], upper: int, limits: Limits | None) -> list[list[Segment]]:
+    """The cleaned segments in the groups the broker's cleaner cleans together (``groupSegmentsBySize`` with
+    the first uncleanable offset ``upper``), or each alone without ``limits``."""
+    if limits is None:
+        return [[s] for s in segments]
+    by_base = {s.base_offset: s for s in segments}
+    sizes = [Sizes(s.base_offset, s.log_bytes, s.index_bytes, s.time_index_bytes) for s in segments]
+    return [[by_base[z.base_offset] for z in group] for group in group_by_size(sizes, limits, upper)]
 
 
 def _overlapping(entries: Sequence[AbortedTxn], start: int, end: int) -> list[AbortedTxn]:

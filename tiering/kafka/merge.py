@@ -28,8 +28,7 @@ from typing import BinaryIO, Final
 
 from tiering.errors import ConfigError, CorruptBatchError
 from tiering.kafka.batch import BatchHeader
-from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, IndexBuilder, Indexes
-from tiering.kafka.keycompact import AbortedTxn, encode_txn_index
+from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, AbortedTxn, IndexBuilder, Indexes, encode_txn_index
 from tiering.kafka.reader import iter_batches
 
 DEFAULT_SEGMENT_BYTES: Final = 1 << 30  # Kafka's segment.bytes

@@ -33,16 +33,15 @@ from tiering.commit.stage import stage_cleaned
 from tiering.commit.swap import finish_one
 from tiering.errors import ConfigError, InvalidDataError, ProofError, UnsupportedError
 from tiering.kafka.codecs import Codec
+from tiering.kafka.index import AbortedTxn, parse_txn_index
 from tiering.kafka.keycompact import (
     DEFAULT_DELETE_RETENTION_MS,
     DEFAULT_MAX_KEYS,
-    AbortedTxn,
     CleanedSegment,
     CleanOptions,
     CleanStats,
     Segment,
     clean,
-    parse_txn_index,
     survey,
 )
 from tiering.lifecycle.state import load_state, record_keys_checkpoint, record_keys_run
