@@ -169,3 +169,18 @@ def test_the_segment_walk_bench_follows_both_walks_through_the_commit_steps(tmp_
         assert not [m for m in walk["visited"] if m.startswith("tiering.plan.")], walk["visited"]
         assert walk["depth"] >= walk["module_depth"] > 1
     assert "module depth" in proc.stdout
+
+
+@pytest.mark.slow
+def test_merge_bench_runs_and_counts_objects_before_and_after(tmp_path: Path) -> None:
+    out = tmp_path / "bench_merge.json"
+    proc = subprocess.run([sys.executable, str(BENCH.parent / "bench_merge.py"), "--segments", "30", "--records", "50",
+                           "--target-mib", "0.05", "1024", "--json-out", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    small, large = json.loads(out.read_text())["rows"]
+    assert small["segments_before"] == large["segments_before"] == 31
+    assert (large["segments_after"], large["files_after"]) == (2, 7)  # one merged segment and the active one
+    assert 2 < small["segments_after"] < 31
+    assert small["files_after"] < small["files_before"]
+    assert "segment.bytes" in proc.stdout
