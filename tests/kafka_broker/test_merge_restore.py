@@ -36,16 +36,28 @@ TARGET = 1 << 20  # the merged segments' bound (the source's segments are 64 KiB
 class Merged:
     broker: Broker  # running on the merged copy
     docs: dict[str, dict[str, object]]  # partition directory -> the CLI's JSON
-    pristine: Path  # the merged data directory before any broker opened it
+    pristine: Path  # the data directory before any broker opened it
+    layout: str  # "merged": the merged partition directories; "swap": the originals, each merge beside them
+    expected: Path  # the merged partition directories, as the CLI wrote them
 
 
 def _partition_dirs(data_dir: Path) -> list[Path]:
     return sorted(d for d in data_dir.iterdir() if d.is_dir() and "-" in d.name and not d.name.startswith("__"))
 
 
-@pytest.fixture(scope="module")
-def merged(source: Source, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Merged]:
-    root = tmp_path_factory.mktemp("kafka-merged")
+def _as_swap(partition: Path, merged: Path, doc: dict[str, object]) -> None:
+    """Each merged segment's files put beside the originals with Kafka's ``.swap`` suffix, every original left
+    in place: what a broker finds where its cleaner (or a copy of a bucket) stopped between writing a merged
+    segment and removing what it replaces."""
+    for group in doc["merged"]:  # type: ignore[attr-defined]
+        for f in merged.glob(f"{group['base_offset']:020d}.*"):
+            shutil.copyfile(f, partition / f"{f.name}.swap")
+
+
+@pytest.fixture(scope="module", params=["merged", "swap"])
+def merged(source: Source, tmp_path_factory: pytest.TempPathFactory,
+           request: pytest.FixtureRequest) -> Iterator[Merged]:
+    root = tmp_path_factory.mktemp(f"kafka-{request.param}")
     broker = source.broker.copy_to(root / "data", root / "logs")
     docs = {}
     for d in _partition_dirs(broker.data_dir):
@@ -55,16 +67,20 @@ def merged(source: Source, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                               timeout=300, check=False)
         assert done.returncode == 0, done.stderr
         docs[d.name] = json.loads(done.stdout)
-        shutil.rmtree(d)
-        out.rename(d)
-    note(f"{sum(len(doc['merged']) for doc in docs.values())} merged segments in {len(docs)} partitions")
+        if request.param == "merged":
+            shutil.rmtree(d)
+            shutil.copytree(out, d)
+        else:
+            _as_swap(d, out, docs[d.name])
+    note(f"{sum(len(doc['merged']) for doc in docs.values())} merged segments in {len(docs)} partitions "
+         f"({request.param})")
     pristine = root / "pristine"
     shutil.copytree(broker.data_dir, pristine)
     broker.extra["log.cleaner.enable"] = "false"  # the log stays exactly as merged while we read it
     broker.start()
     P.wait_leaders(broker.bootstrap, source.partitions)
     try:
-        yield Merged(broker, docs, pristine)
+        yield Merged(broker, docs, pristine, request.param, root / "out")
     finally:
         broker.stop()
 
@@ -73,11 +89,11 @@ def test_the_partitions_hold_fewer_segments(source: Source, merged: Merged) -> N
     before = after = 0
     for d in _partition_dirs(source.broker.data_dir):
         logs = sorted(d.glob("*.log"))
-        now = sorted((merged.pristine / d.name).glob("*.log"))
+        now = sorted((merged.expected / d.name).glob("*.log"))
         doc = merged.docs[d.name]
         assert (doc["segments_before"], doc["segments_after"]) == (len(logs), len(now)), d.name
         assert now[-1].name == logs[-1].name  # the active segment is never merged
-        assert (merged.pristine / d.name / now[-1].name).read_bytes() == logs[-1].read_bytes()
+        assert (merged.expected / d.name / now[-1].name).read_bytes() == logs[-1].read_bytes()
         sealed = logs[:-1]
         if not source.spec(d.name.rpartition("-")[0]).compacted and sum(f.stat().st_size for f in sealed) <= TARGET:
             # offsets without a gap, all within the bound: the sealed segments became one
@@ -132,7 +148,7 @@ def test_the_broker_loads_the_merged_segments_without_recovering_them(source: So
     assert [line for line in recovery_lines(log) if "__cluster_metadata" not in line] == []
     assert error_lines(log) == []
     loaded = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in LOADED.finditer(log)}
-    for d in _partition_dirs(merged.pristine):
+    for d in _partition_dirs(merged.expected):
         topic, _, part = d.name.rpartition("-")
         assert loaded[d.name] == (source.log_end[(topic, int(part))], len(list(d.glob("*.log")))), d.name
 
@@ -142,7 +158,7 @@ def test_kafkas_dump_log_segments_reads_the_sources_records_in_each_merged_segme
     files, sources = [], []
     for name, doc in merged.docs.items():
         for group in doc["merged"]:  # type: ignore[attr-defined]
-            files += [merged.pristine / name / f"{group['base_offset']:020d}{ext}"
+            files += [merged.expected / name / f"{group['base_offset']:020d}{ext}"
                       for ext in (".log", ".index", ".timeindex")]
             sources += [source.broker.data_dir / name / f"{base:020d}.log" for base in group["sources"]]
     assert files
@@ -157,3 +173,19 @@ def test_kafkas_dump_log_segments_reads_the_sources_records_in_each_merged_segme
             parts = [f"{name}/{base:020d}.log" for base in group["sources"]]
             assert ours.records[log] == sum(original.records[p] for p in parts) > 0, log
             assert ours.batches[log] == sum(original.batches[p] for p in parts), log
+
+
+def test_a_broker_finds_a_merge_beside_the_originals_and_completes_it(source: Source, merged: Merged) -> None:
+    """Kafka's LogLoader, finding ``<base>.log.swap`` (and its indexes) beside the segments it replaces, deletes
+    every other file whose offset lies in the swap segment's range and renames the swap files: the state a
+    merge on S3 can pass through without a broker restoring the bucket at that instant seeing any offset
+    twice or missing. The tests above then hold the completed partitions to the source broker's answers."""
+    if merged.layout != "swap":
+        pytest.skip("the merged partition directories: no swap to complete")
+    assert list(merged.pristine.glob("*/*.swap"))
+    for d in _partition_dirs(merged.expected):
+        live = merged.broker.data_dir / d.name
+        assert not list(live.glob("*.swap")), d.name
+        assert sorted(p.name for p in live.glob("*.log")) == sorted(p.name for p in d.glob("*.log")), d.name
+        for log in d.glob("*.log"):
+            assert (live / log.name).read_bytes() == log.read_bytes(), log
