@@ -26,7 +26,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from tiering import __version__
-from tiering.cli.args import add_key_map_args, int_at_least, max_keys
+from tiering.cli.args import add_key_map_args, add_merge_args, int_at_least, max_keys, merge_limits
 from tiering.cli.policy import add_policy_commands
 from tiering.cli.report import add_report_command
 from tiering.cli.s3 import add_s3_commands
@@ -36,7 +36,6 @@ from tiering.errors import ConfigError, ExitCode, InvalidDataError, TieringError
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec, check_level
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS, CleanOptions
-from tiering.kafka.merge import DEFAULT_INDEX_BYTES, DEFAULT_SEGMENT_BYTES, Limits
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.records import Record
@@ -277,7 +276,7 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     options = CleanOptions(args.now_ms if args.now_ms is not None else int(time.time() * 1000),
                            args.delete_retention_ms, args.min_compaction_lag_ms, args.first_dirty_offset,
                            max_keys(args), codec, check_level(codec, args.level) if codec is not None else None,
-                           merge=None if args.no_merge else Limits(args.segment_bytes, args.index_bytes))
+                           merge=None if args.no_merge else merge_limits(args))
     done = compact_keys_dir(args.path, args.out, options)
     doc = {"path": str(args.path), "out": str(args.out), "now_ms": options.now_ms,
            "first_uncleanable_offset": done.facts.upper, "end_offset": done.facts.end_offset,
@@ -310,7 +309,7 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
 
 
 def _cmd_merge(args: argparse.Namespace) -> int:
-    done = merge_dir(args.path, args.out, Limits(args.segment_bytes, args.index_bytes))
+    done = merge_dir(args.path, args.out, merge_limits(args))
     doc = {"path": str(args.path), "out": str(args.out), "segment_bytes": args.segment_bytes,
            "index_bytes": args.index_bytes, "merged": [{"base_offset": g[0], "sources": list(g)} for g in done.groups],
            "segments_before": done.segments_before, "segments_after": done.segments_after,
@@ -566,11 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--codec", default=None, choices=CODEC_CHOICES,
                    help="codec of the batches rebuilt (default: each batch's own)")
     p.add_argument("--level", type=int, default=None, help="with --codec: its level (default: Kafka's)")
-    p.add_argument("--segment-bytes", type=int_at_least(1), default=DEFAULT_SEGMENT_BYTES, metavar="N",
-                   help="the topic's segment.bytes: neighbours are cleaned into one segment while their sources fit "
-                        "it, as the broker's cleaner groups them (default %(default)s: Kafka's)")
-    p.add_argument("--index-bytes", type=int_at_least(1), default=DEFAULT_INDEX_BYTES, metavar="N",
-                   help="the topic's segment.index.bytes (default %(default)s: Kafka's)")
+    add_merge_args(p, "neighbours are cleaned into one segment while their sources fit it, as the broker's "
+                      "cleaner groups them")
     p.add_argument("--no-merge", action="store_true", help="clean each segment into one of its own")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_compact_keys)
@@ -585,10 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "partition directory to DIR; a broker started on it serves every record.")
     p.add_argument("path", type=Path, metavar="PARTITION_DIR", help="the partition directory (only read)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (new or empty)")
-    p.add_argument("--segment-bytes", type=int_at_least(1), default=DEFAULT_SEGMENT_BYTES, metavar="N",
-                   help="the topic's segment.bytes: the largest merged segment (default %(default)s: Kafka's)")
-    p.add_argument("--index-bytes", type=int_at_least(1), default=DEFAULT_INDEX_BYTES, metavar="N",
-                   help="the topic's segment.index.bytes (default %(default)s: Kafka's)")
+    add_merge_args(p, "the largest merged segment")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_merge)
 

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from tiering.kafka.keycompact import DEFAULT_KEY_MAP_BYTES, KEY_MAP_SLOT_BYTES, keys_in_map
+from tiering.kafka.merge import DEFAULT_INDEX_BYTES, DEFAULT_SEGMENT_BYTES, Limits
 
 
 def int_at_least(least: int) -> Callable[[str], int]:
@@ -59,3 +60,15 @@ def add_key_map_args(p: argparse.ArgumentParser) -> None:
 def max_keys(args: argparse.Namespace) -> int:
     """The key map's bound in keys, from :func:`add_key_map_args`'s options."""
     return int(args.max_keys) if args.max_keys is not None else keys_in_map(args.key_map_bytes)
+
+
+def add_merge_args(p: argparse.ArgumentParser, what: str) -> None:
+    """``--segment-bytes`` and ``--index-bytes``: the topic's bounds of a merged segment (``what`` it means)."""
+    p.add_argument("--segment-bytes", type=byte_size(1), default=DEFAULT_SEGMENT_BYTES, metavar="N",
+                   help=f"the topic's segment.bytes: {what} (default %(default)s: Kafka's; units as 16MiB)")
+    p.add_argument("--index-bytes", type=byte_size(1), default=DEFAULT_INDEX_BYTES, metavar="N",
+                   help="the topic's segment.index.bytes (default %(default)s: Kafka's)")
+
+
+def merge_limits(args: argparse.Namespace) -> Limits:
+    return Limits(args.segment_bytes, args.index_bytes)
