@@ -35,8 +35,8 @@ may go and has no horizon yet.
 
 Unlike the broker: every producer's last batch is kept (a broker forgets producers idle for
 ``producer.id.expiration.ms``); neighbours are cleaned into one segment as the broker groups them only with
-``CleanOptions.merge`` (the topic's ``segment.bytes``), else each into one of its own; legacy (magic 0/1) entries are refused; a rebuilt batch takes ``codec`` (the broker: the
-batch's own codec at its default level).
+``CleanOptions.merge`` (the topic's ``segment.bytes``), else each into one of its own; legacy (magic 0/1)
+entries are refused; a rebuilt batch takes ``codec`` (the broker: the batch's own codec at its default level).
 """
 
 from __future__ import annotations
