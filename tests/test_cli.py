@@ -897,3 +897,53 @@ def test_every_entry_point_bounds_the_key_map_as_a_broker_s_default_cleaner() ->
     assert CleanOptions(now_ms=0).max_keys == expected
     spark = compact_keys.parse_args(["--bucket", "b", "--prefix", "p", "--run-id", "r", "--topics", "t"])
     assert spark.max_keys == expected
+
+
+def test_partition_compact_keys_cleans_neighbours_into_one_segment_unless_told_not_to(tmp_path: Path) -> None:
+    """Two small sealed segments within segment.bytes: cleaned into one, named by the first, as the broker's
+    cleaner groups them; --no-merge keeps one each; the merged-away segment's files are not carried over."""
+    from tiering.kafka.builder import BatchSpec, build_batch
+    from tiering.kafka.records import Record
+
+    part = tmp_path / "events-0"
+    part.mkdir()
+    t0 = 1_790_000_000_000
+    for base, stop in ((0, 5), (5, 9), (9, 10)):
+        batches = [build_batch(BatchSpec(o), [Record(o, t0 + o, b"k%d" % (o % 3), b"v%d" % o, ())])
+                   for o in range(base, stop)]
+        (part / f"{base:020d}.log").write_bytes(b"".join(batches))
+    (part / "00000000000000000005.snapshot").write_bytes(b"producer state")
+    code, out, err = _cli("partition", "compact-keys", part, "--out", tmp_path / "merged", "--json", "--now-ms", t0)
+    assert code == 0, err
+    assert json.loads(out)["merged"] == [{"base_offset": 0, "sources": [0, 5]}]
+    assert sorted(p.name for p in (tmp_path / "merged").glob("*.log")) == ["00000000000000000000.log",
+                                                                          "00000000000000000009.log"]
+    assert not (tmp_path / "merged" / "00000000000000000005.snapshot").exists()
+    code, out, err = _cli("partition", "compact-keys", part, "--out", tmp_path / "apart", "--json", "--now-ms", t0,
+                          "--no-merge")
+    assert code == 0, err
+    assert json.loads(out)["merged"] == []
+    assert len(list((tmp_path / "apart").glob("*.log"))) == 3
+    code, out, err = _cli("partition", "compact-keys", part, "--out", tmp_path / "small", "--json", "--now-ms", t0,
+                          "--segment-bytes", "100")  # neither source fits beside the other
+    assert code == 0, err
+    assert json.loads(out)["merged"] == []
+
+
+def test_partition_merge_writes_a_partition_of_fewer_segments_and_says_so(tmp_path: Path) -> None:
+    golden = Path(__file__).parent / "data" / "golden" / "logdir" / "orders-0"
+    part = tmp_path / "orders-0"
+    shutil.copytree(golden, part)
+    (part / "00000000000000009999.log").write_bytes(b"")  # the active segment
+    code, out, err = _cli("partition", "merge", part, "--out", tmp_path / "out", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["merged"] == [{"base_offset": 0, "sources": [0, 1662]}]
+    assert (doc["segments_before"], doc["segments_after"], doc["files_before"], doc["files_after"]) == (3, 2, 7, 4)
+    code, out, _ = _cli("partition", "merge", part, "--out", tmp_path / "out2", "--segment-bytes", "64MiB")
+    assert code == 0
+    assert "3 → 2 (1 merged segment," in out
+    assert "67,108,864 bytes" in out
+    code, _, err = _cli("partition", "merge", part, "--out", tmp_path / "out")
+    assert code == 2
+    assert "must be new or empty" in err

@@ -354,8 +354,10 @@ def merge_dir(directory: Path, out_dir: Path, limits: Limits) -> MergedDir:
     ``limits`` (:func:`tiering.kafka.merge.merge_runs`), written to ``out_dir`` as a whole partition
     directory: the merged segments, then every other file copied as it was, except the producer snapshots
     named by a merged-away base offset (a broker's cleaner removes those when it merges). The active segment
-    (the highest base offset) is never merged, nor merged into; no run crosses a gap in offsets. The source
-    is only read. All or nothing, into a new or empty ``out_dir``."""
+    (the highest base offset) is never merged, nor merged into; a run goes on only where a segment's base
+    offset is the offset after its predecessor's last batch (a missing segment, an empty one, or a segment
+    whose last records a cleaner removed ends it). The source is only read. All or nothing, into a new or
+    empty ``out_dir``."""
     logs = _partition_io(directory, out_dir)
     sealed = logs[:-1]
     sizes, next_offsets = [], {}
@@ -366,7 +368,7 @@ def merge_dir(directory: Path, out_dir: Path, limits: Limits) -> MergedDir:
         with open_segment(log) as f:
             next_offsets[base] = next_offset(f, path=str(log))
     end = base_offset_of(logs[-1], None) if logs else 0
-    groups = merge_runs(sizes, limits, end, lambda a, b: next_offsets[a.base_offset] in (None, b.base_offset))
+    groups = merge_runs(sizes, limits, end, lambda a, b: next_offsets[a.base_offset] == b.base_offset)
     written: set[str] = set()
     with _new_partition(directory, out_dir, written) as work:
         for group in groups:

@@ -134,3 +134,24 @@ def test_a_partition_directory_merged_keeps_the_active_segment_and_every_other_f
                                                                                ).stat().st_mtime
     with pytest.raises(ConfigError, match="new or empty"):
         merge_dir(part, tmp_path / "out", Limits())
+
+
+def test_an_empty_segment_ends_a_run_and_never_bridges_a_gap(tmp_path: Path) -> None:
+    """An empty segment joins the run before it, but holds no offset to show that the next segment follows:
+    the run ends there (a missing segment could be behind it)."""
+    from tiering.kafka.builder import BatchSpec, build_batch
+    from tiering.kafka.records import Record
+
+    part = tmp_path / "orders-0"
+    part.mkdir()
+    for f in ORDERS.glob("*.log"):
+        (part / f.name).write_bytes(f.read_bytes())
+    with (ORDERS / "00000000000000001662.log").open("rb") as f:
+        empty = next_offset(f)
+    assert empty is not None
+    (part / f"{empty:020d}.log").write_bytes(b"")
+    far = empty + 1000  # offsets empty..far-1 are nowhere: a segment missing from the copy
+    (part / f"{far:020d}.log").write_bytes(build_batch(BatchSpec(far), [Record(far, 1, b"k", b"v")]))
+    (part / f"{far + 1:020d}.log").write_bytes(b"")  # the active segment
+    done = merge_dir(part, tmp_path / "out", Limits())
+    assert done.groups == ((0, 1662, empty),)

@@ -12,10 +12,10 @@ from tiering.cost.forecast import NOT_SAMPLED, Forecast, Stratum, Verdict
 from tiering.demo.seed import seed_partition
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.plan.estimate import StratifiedSample, allocate, estimate
+from tiering.plan.estimate import DEFAULT_SAMPLE_SEGMENTS, Sampling, StratifiedSample, allocate
 from tiering.plan.scan import ScanOptions, scan
 from tiering.run.documents import CompactOptions, RunResult
-from tiering.run.pipeline import compact
+from tiering.run.pipeline import RunSettings, compact, dry_run
 from tiering.storage.s3 import S3Store
 
 # topic -> (partitions, kind of payload, producer codec); three segments a partition, the last one active
@@ -35,9 +35,12 @@ def seed(store: S3Store, kinds: dict[str, str] | None = None) -> None:
                            segment_bytes=SEGMENT_BYTES, seed=10 * i + p)
 
 
-def forecast_of(store: S3Store) -> Forecast:
-    plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0))
-    return estimate(store, plan, RewriteOptions(Codec.ZSTD), sample_bytes=64 * 1024)
+def forecast_of(store: S3Store, segments: int = DEFAULT_SAMPLE_SEGMENTS) -> Forecast:
+    """The forecast a dry run gives (its scan and plan steps, written to memory), 64 KiB read a segment."""
+    plan = dry_run(store, RunSettings(store.bucket, PREFIX, "dry", "zstd", None, 60),
+                   ScanOptions("zstd", min_age_minutes=0), CompactOptions(), Sampling(segments, 64 * 1024))
+    assert plan.estimate is not None
+    return plan.estimate
 
 
 def real_ratios(run: RunResult) -> dict[str, float]:
@@ -47,13 +50,13 @@ def real_ratios(run: RunResult) -> dict[str, float]:
 
 def test_every_topic_is_forecast_from_its_own_sample_within_a_tenth_of_the_real_run(store: S3Store) -> None:
     seed(store)
-    plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0))
-    forecast = estimate(store, plan, RewriteOptions(Codec.ZSTD), sample_bytes=64 * 1024)
+    forecast = forecast_of(store)
     assert Forecast.from_json(json.loads(json.dumps(forecast.to_json()))) == forecast
     by_topic = forecast.by_topic()
     assert set(by_topic) == set(TOPICS)
     assert not forecast.topics_not_sampled
     assert all(r.segments_sampled >= 1 for r in by_topic.values())
+    plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0))
     run = compact(store, plan, Context(store, PREFIX, "real", RewriteOptions(Codec.ZSTD)), CompactOptions())
     real = real_ratios(run)
     for topic, r in by_topic.items():
@@ -90,8 +93,7 @@ def test_changing_one_topics_data_moves_only_that_topics_forecast(store: S3Store
 
 def test_a_topic_beyond_the_budget_borrows_the_pooled_ratio_and_says_so(store: S3Store) -> None:
     seed(store)
-    plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0))
-    forecast = estimate(store, plan, RewriteOptions(Codec.ZSTD), segments=2, sample_bytes=64 * 1024)
+    forecast = forecast_of(store, segments=2)
     assert forecast.segments_sampled == 2
     assert len(forecast.topics_not_sampled) == 2
     for topic in forecast.topics_not_sampled:

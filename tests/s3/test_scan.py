@@ -17,10 +17,10 @@ from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.state import PartitionState
 from tiering.lifecycle.vocabulary import Action, Cause
 from tiering.plan.document import Plan
-from tiering.plan.estimate import estimate
+from tiering.plan.estimate import Sampling
 from tiering.plan.scan import ScanOptions, classify_partition, scan
 from tiering.run.documents import CompactOptions
-from tiering.run.pipeline import compact
+from tiering.run.pipeline import RunSettings, compact, dry_run
 from tiering.storage.layout import parse_dir, partition_key, segment_key
 from tiering.storage.objects import ObjectAttrs, ObjectInfo
 from tiering.storage.s3 import S3Store
@@ -181,7 +181,9 @@ def test_bad_options_are_usage_errors() -> None:
 def test_dry_run_estimate_is_close_to_the_real_savings(store: S3Store) -> None:
     seed(store, segments=5, segment_bytes=200_000)
     plan = plan_for(store)
-    est = estimate(store, plan, RewriteOptions(Codec.ZSTD), sample_bytes=64 * 1024)
+    est = dry_run(store, RunSettings(store.bucket, PREFIX, "dry", "zstd", None, 60), plan, CompactOptions(),
+                  Sampling(bytes=64 * 1024)).estimate
+    assert est is not None
     assert est.segments_sampled == 4
     assert 0 < est.bytes_sampled <= 4 * 64 * 1024
     run = compact(store, plan, Context(store, PREFIX, "r1", RewriteOptions(Codec.ZSTD)), CompactOptions())

@@ -577,7 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     "segment.bytes, its indexes within segment.index.bytes, its offsets within "
                                     "2^31 of its base). Every batch is copied as it is, the .index and .timeindex "
                                     "rebuilt as a broker rebuilds them, the .txnindex entries kept. The active "
-                                    "segment is never merged and no run crosses a gap in offsets. Writes a whole "
+                                    "segment is never merged, and a run ends where a segment does not start at the "
+                                    "offset after its predecessor's last batch. Writes a whole "
                                     "partition directory to DIR; a broker started on it serves every record.")
     p.add_argument("path", type=Path, metavar="PARTITION_DIR", help="the partition directory (only read)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (new or empty)")

@@ -24,7 +24,7 @@ from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.operation import AUTO_SWAP, Context, SegmentResult, SwapChoice
 from tiering.cost.forecast import Forecast
 from tiering.errors import ConfigError, ExitCode, StorageError
-from tiering.kafka.codecs import Codec
+from tiering.kafka.codecs import Codec, check_level
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
@@ -111,8 +111,9 @@ def _progress(args: argparse.Namespace) -> Callable[[int], None]:
 
 
 def _settings(args: argparse.Namespace, store: ObjectStore) -> RunSettings:
+    codec = Codec.parse(args.codec)
     return RunSettings(store.bucket, args.prefix.strip("/"), getattr(args, "run_id", None) or new_run_id(),
-                       Codec.parse(args.codec).label, args.level, args.lease_ttl_seconds,
+                       codec.label, check_level(codec, args.level), args.lease_ttl_seconds,
                        *RunSettings.modes(getattr(args, "verify", "read-back"), getattr(args, "swap", AUTO_SWAP)))
 
 

@@ -24,8 +24,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import RawBatch, iter_batches
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions, process_batch, rewrite_segment
-from tiering.lifecycle.vocabulary import Action
-from tiering.plan.document import Plan, PlannedSegment
+from tiering.plan.document import PlannedSegment
 from tiering.storage.objects import ObjectStore
 
 DEFAULT_SAMPLE_SEGMENTS: Final = 16
@@ -40,6 +39,7 @@ class Sampling:
 
     segments: int = DEFAULT_SAMPLE_SEGMENTS
     bytes: int = DEFAULT_SAMPLE_BYTES
+    seed: str = ""  # which segments the sample picks: the same bucket gives the same forecast
 
 
 class WorkSample:
@@ -223,20 +223,10 @@ def _ratio(samples: list[Sampled]) -> tuple[float, float]:
                             samples[0].batches if len(samples) == 1 else ())
 
 
-def estimate(store: ObjectStore, plan: Plan, options: RewriteOptions, *, segments: int = DEFAULT_SAMPLE_SEGMENTS,
-             sample_bytes: int = DEFAULT_SAMPLE_BYTES) -> Forecast:
-    """The forecast of the plan's ``compact`` segments (see :mod:`tiering.cost.forecast`)."""
-    work = StratifiedSample()
-    for seg in plan.segments:
-        if seg.action == Action.COMPACT:
-            work.add(seg)
-    return estimate_work(store, work, options, segments=segments, sample_bytes=sample_bytes)
-
-
 def estimate_work(store: ObjectStore, work: StratifiedSample, options: RewriteOptions, *,
                   segments: int = DEFAULT_SAMPLE_SEGMENTS, sample_bytes: int = DEFAULT_SAMPLE_BYTES) -> Forecast:
-    """:func:`estimate` of segments seen as a stream (their sample stands for them): ``segments`` ranged
-    GETs at most, spread over the topics by :func:`allocate`."""
+    """The forecast (see :mod:`tiering.cost.forecast`) of the segments to compact ``work`` has seen as a stream
+    (its sample stands for them): ``segments`` ranged GETs at most, spread over the topics by :func:`allocate`."""
     topics = work.topics
     plan = allocate({t: w.bytes for t, w in topics.items()}, {t: len(w.sample) for t, w in topics.items()},
                     segments)

@@ -210,6 +210,9 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
                                                                        path=s.txnindex.key))
                        if s.txnindex is not None else (), f"s3://{store.bucket}/{s.log.key}" if s.log else "")
                for s in chain]
+    if options.merge is not None:  # the swap below replaces each segment by one of its own
+        raise ConfigError("key compaction on S3 cleans each segment into one of its own",
+                          expected="no merge bounds", found=options.merge)
     by_base = {s.base_offset: s for s in chain}
     aborted = {s.base_offset: list(s.aborted) for s in sources}  # each .txnindex as the pass read it
     mark = time.perf_counter()  # each result's seconds: the pass's time since the previous one (survey included)

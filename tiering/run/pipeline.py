@@ -78,6 +78,7 @@ from tiering.storage.layout import (
     chunk_of,
     normalize_prefix,
     parse_plan_manifest_key,
+    plan_dir,
     plan_manifest_key,
     run_dir,
     step_dir,
@@ -338,7 +339,7 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
     planned = plan_files(store, settings, PlanName.PLAN)
     writer = planned.writer(**chunk_limits(max_chunks, segments=scan_manifest.totals["segments"],
                                            work=work_count + repairs, work_bytes=work_bytes, min_work=chunk_work))
-    sample = StratifiedSample(seed=settings.run_id)
+    sample = StratifiedSample(seed=forecast.seed if forecast is not None else "")
     in_flight = pending_bases(store, settings.prefix)  # operations crashed runs left: their chunks get a commit
     with_pending: set[str] = set()
     for policied_part in by_partition(source.segments()):
@@ -380,6 +381,9 @@ def dry_run(store: ObjectStore, settings: RunSettings, source: ScanOptions | Pla
         scan_run(aside, settings, source, inventory=inventory, progress=progress)
         policy = source.policy
     plan_run(aside, settings, budget, forecast=sampling, policy=policy, prices=prices, log=log)
+    for name in (PlanName.SCAN, PlanName.POLICY):  # memory holds the plan alone from here
+        aside.delete_many([(info.key, info.etag) for info in aside.list(plan_dir(settings.prefix, settings.run_id,
+                                                                                 name))])
     planned = plan_files(aside, settings)
     manifest = planned.manifest()
     return dataclasses.replace(manifest.header, segments=tuple(planned.segments(manifest)))

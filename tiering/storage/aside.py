@@ -8,7 +8,8 @@ bucket itself is not seen: the memory stands for it there, so that documents a r
 do not mix with the dry run's. Any other write (a segment, a journal entry, a lease, a report) is refused
 with :class:`DryRunWrite` before it reaches S3: a step that would change the bucket cannot run dry.
 
-Reading S3's clock (:meth:`now`) is not a write of the run's: it goes to the bucket, as in every run.
+Reading S3's clock (:meth:`now`) goes to the bucket, as in every run: on an endpoint that sends no ``Date``
+header (moto in-process) that read writes the empty ``_tiering/clock`` object, the one exception.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ class WriteAside:
 
     def _write(self, key: str, action: str) -> MemoryStore:
         if not self._mine(key):
-            raise DryRunWrite(f"a dry run writes nothing to the bucket: refused {action} of s3://{self.bucket}/{key}",
-                              path=f"s3://{self.bucket}/{key}")
+            raise DryRunWrite(f"a dry run writes nothing to the bucket: refused {action}",
+                              path=f"s3://{self.bucket}/{key}", expected=f"a key below {self.aside}", found=key)
         return self._memory
 
     def head(self, key: str) -> ObjectInfo:
@@ -154,7 +155,7 @@ class WriteAside:
         bucket = self._store.list_dirs(prefix)
         if not self.aside.startswith(prefix):
             return bucket
-        return _unique(heapq.merge(bucket, self._memory.list_dirs(prefix)))
+        return _unique(heapq.merge((d for d in bucket if not self._mine(d)), self._memory.list_dirs(prefix)))
 
     def list_uploads(self, prefix: str) -> Iterator[tuple[str, str, datetime]]:
         if self._mine(prefix):
