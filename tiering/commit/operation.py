@@ -48,6 +48,7 @@ META_OP: Final = "tiering-op"
 META_CODEC: Final = "tiering-codec"
 META_SOURCE_ETAG: Final = "tiering-source-etag"
 META_RESTORED: Final = "tiering-restored-from-run"
+META_MERGED: Final = "tiering-merged-segments"  # on a merged segment's objects: how many segments it holds
 COPY_CHUNK: Final = 1 << 20
 AUTO_SWAP: Final = "auto"  # the swap setting that learns the mode from the store (tiering.commit.swap.swap_mode)
 

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from tiering.commit.lease import LeaseGuard
 from tiering.commit.operation import (
+    META_MERGED,
     META_OP,
     META_RESTORED,
     META_RUN,
@@ -26,9 +27,10 @@ from tiering.commit.operation import (
     state_entry,
     uri,
 )
+from tiering.commit.regroup import abandon_regroup, finish_regroup
 from tiering.commit.swap import abandon, finish_one
 from tiering.kafka.files import TXN_INDEX_SUFFIX
-from tiering.lifecycle.journal import FILES, Journal, NewFiles, Recorded, TxnIndexSwap
+from tiering.lifecycle.journal import FILES, Journal, NewFiles, Recorded, RegroupJournal, TxnIndexSwap, read_journal
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status
 from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
@@ -45,7 +47,8 @@ from tiering.storage.objects import (
 )
 
 
-def pending_journals(store: ObjectStore, prefix: str, directory: str | None = None) -> Iterator[tuple[Journal, str]]:
+def pending_journals(store: ObjectStore, prefix: str, directory: str | None = None
+                     ) -> Iterator[tuple[Journal | RegroupJournal, str]]:
     """Journal entries left in flight (by a crash, or by a stage step waiting for its commit)."""
     under = journal_dir(prefix, directory)
     for info in store.list(under):
@@ -53,7 +56,7 @@ def pending_journals(store: ObjectStore, prefix: str, directory: str | None = No
             doc, etag = store.get_json(info.key)
         except ObjectNotFound:
             continue  # finished in between
-        yield Journal.from_json(doc, where=uri(store, info.key)), etag
+        yield read_journal(doc, where=uri(store, info.key)), etag
 
 
 def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[SegmentResult]:
@@ -82,6 +85,15 @@ def iter_recover(ctx: Context, directory: str, lease: LeaseGuard, *, commit: boo
         if ctx.state is not None and ctx.state.full:
             ctx.state.flush(lease.check)
         theirs = journal.run_id != ctx.run_id
+        if isinstance(journal, RegroupJournal):
+            if journal.state is JournalState.STAGED and theirs:
+                regrouped = abandon_regroup(ctx, journal, etag, f"interrupted before its backup (run "
+                                            f"{journal.run_id}): abandoned; the segments are merged anew", pending=None)
+            else:
+                regrouped = finish_regroup(ctx, journal, etag, lease)
+            for r in regrouped:
+                yield replace(r, recovered=(r.run_id or journal.run_id) != ctx.run_id)
+            continue
         if journal.kind is OpKind.COMPACT and journal.state is JournalState.STAGED and theirs:
             if adoptable is not None and adoptable(journal):
                 result = _adopted(ctx, journal, etag, lease, commit=commit)
@@ -180,6 +192,11 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
         return SegmentResult(directory, base, Status.SKIPPED, "the .log is gone: nothing to restore over",
                              cause=Cause.NOT_RESTORABLE)
     owner = current.metadata.get(META_RUN)
+    if current.metadata.get(META_MERGED):  # its sources' list is in the state entry, which is gone
+        return SegmentResult(directory, base, Status.SKIPPED, f"the .log in place merged "
+                             f"{current.metadata[META_MERGED]} segments and the partition's state no longer says "
+                             "which: not restored one for one",
+                             cause=Cause.NOT_RESTORABLE)
     if owner != target_run:
         what = f"run {owner}" if owner else "an object we did not write (the original, or a replacement)"
         return SegmentResult(directory, base, Status.SKIPPED,

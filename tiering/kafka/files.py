@@ -10,6 +10,12 @@ INDEX_SUFFIX: Final = ".index"
 TIME_INDEX_SUFFIX: Final = ".timeindex"
 TXN_INDEX_SUFFIX: Final = ".txnindex"
 SNAPSHOT_SUFFIX: Final = ".snapshot"
+# A broker's log directory on load (Kafka's LogLoader): a file ending ``.swap`` is the new version of a segment
+# file; the segments whose base offset lies within the range the ``.log.swap`` files cover are deleted and the
+# swap files renamed. A ``.cleaned`` file at offset N makes every swap file at N or above void (an unfinished
+# split of a segment into several): they are deleted instead.
+SWAP_SUFFIX: Final = ".swap"
+CLEANED_SUFFIX: Final = ".cleaned"
 SEGMENT_SUFFIXES: Final = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, SNAPSHOT_SUFFIX)
 # Exactly what Kafka writes: twenty ASCII digits (``\d`` would also take other scripts' digits, which
 # ``int()`` accepts) and a lower-case suffix.

@@ -138,13 +138,16 @@ class Merged:
     batches: int
     next_offset: int  # the offset after its last batch (its base offset if it holds none)
     max_timestamp: int
+    sources: int  # how many of the sources it holds (fewer than given when ``contiguous`` stopped it)
 
 
 def merge(sources: Sequence[Source], out: BinaryIO, *,
-          index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES) -> Merged:
+          index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES, contiguous: bool = False) -> Merged:
     """Write the batches of ``sources`` (neighbours, in offset order) to ``out`` as one segment named by the
     first one's base offset; its indexes rebuilt over the whole. Raises on a corrupt batch (its file and
-    position), on offsets that go back from one source to the next, or on one too far from the base."""
+    position), on offsets that go back from one source to the next, or on one too far from the base. With
+    ``contiguous`` it stops before the first source that does not start at the offset after its
+    predecessor's last batch (the merged segment then holds the sources before it: ``Merged.sources``)."""
     if not sources:
         raise ConfigError("nothing to merge", expected="one segment or more", found="none")
     base = sources[0].base_offset
@@ -152,7 +155,11 @@ def merge(sources: Sequence[Source], out: BinaryIO, *,
     position = batches = 0
     next_offset = base
     max_timestamp = -1
+    count = 0
     for source in sources:
+        if contiguous and count and source.base_offset != next_offset:
+            break
+        count += 1
         if source.base_offset < next_offset:
             raise CorruptBatchError("segments overlap: a segment starts below the offset its predecessor reached",
                                     path=source.path, expected=f"base offset >= {next_offset}",
@@ -168,8 +175,8 @@ def merge(sources: Sequence[Source], out: BinaryIO, *,
             batches += 1
             next_offset = h.last_offset + 1
             max_timestamp = max(max_timestamp, h.max_timestamp)
-    return Merged(base, builder.finish(), encode_txn_index([t for s in sources for t in s.aborted]), position,
-                  batches, next_offset, max_timestamp)
+    return Merged(base, builder.finish(), encode_txn_index([t for s in sources[:count] for t in s.aborted]),
+                  position, batches, next_offset, max_timestamp, count)
 
 
 def _batches(source: Source) -> Iterator[tuple[BatchHeader, memoryview]]:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Final
 
 from tiering.documents import check_document
 from tiering.errors import ConfigError
-from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
 from tiering.lifecycle.vocabulary import JournalState, OpKind
 from tiering.storage.objects import ObjectAttrs
 
@@ -73,7 +73,8 @@ class Recorded:
     """What the partition's state document records for the segment once the operation is done, and what the
     operation's result reports: the sizes before and after and, for a compaction, the run, the source
     ``.log`` it replaced, the codec and level, the records digest of the original (a rollback checks the
-    backup against it) and the re-batching bound. A rollback records its sizes only."""
+    backup against it) and the re-batching bound; for a merge, the segments merged. A rollback records its
+    sizes only."""
 
     bytes_before: int = 0
     bytes_after: int = 0
@@ -83,9 +84,12 @@ class Recorded:
     level: int | None = None
     payload_xxh3: str | None = None
     rebatch_max_bytes: int | None = None
+    merged_from: tuple[int, ...] = ()  # a merge: the base offsets of the segments it merged, in order
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
+        doc = {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
+        doc["merged_from"] = list(self.merged_from)
+        return doc if self.merged_from else {k: v for k, v in doc.items() if k != "merged_from"}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Recorded:
@@ -97,7 +101,7 @@ class Recorded:
 
         return cls(int(doc.get("bytes_before") or 0), int(doc.get("bytes_after") or 0), text("run_id"),
                    text("source_log_etag"), text("codec"), number("level"), text("payload_xxh3"),
-                   number("rebatch_max_bytes"))
+                   number("rebatch_max_bytes"), tuple(int(b) for b in doc.get("merged_from") or ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +131,13 @@ class Journal:
 
     def advanced(self, state: JournalState) -> Journal:
         return replace(self, state=state)
+
+    def referenced(self) -> set[str]:
+        """The keys outside the partition this operation still needs (cleanup keeps them)."""
+        keys = set(self.new.present()) | {v for v in (self.backup or {}).values() if v}
+        if self.txn is not None:
+            keys |= {k for k in (self.txn.new, self.txn.backup) if k}
+        return keys
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": self.SCHEMA_VERSION, "kind": self.kind.value, "op": self.op,
@@ -160,3 +171,108 @@ class Journal:
                        TxnIndexSwap.from_json(doc["txn"]) if doc.get("txn") else None)
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"journal entry is malformed ({type(e).__name__}: {e})", path=where) from None
+
+
+# The four files a merge replaces, by name (a segment's .txnindex goes with it: its entries are offsets).
+GROUP_FILES: Final = (*FILES, ("txnindex", TXN_INDEX_SUFFIX))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFile:
+    """One file of a segment a regroup removes or puts in place. A source's ``etag`` and ``size`` are the
+    planned object's, ``copy`` where it is backed up (None: not backed up); a target's ``etag`` and ``size``
+    are those of ``copy``, the object holding it (staging or a backup), and ``attrs`` go with it in place."""
+
+    final: str
+    etag: str
+    size: int
+    copy: str | None = None
+    attrs: ObjectAttrs | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"final": self.final, "etag": self.etag, "size": self.size, "copy": self.copy,
+                **({"attrs": self.attrs.to_json()} if self.attrs is not None else {})}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> GroupFile:
+        return cls(str(doc["final"]), str(doc["etag"]), int(doc["size"]), doc.get("copy"),
+                   ObjectAttrs.from_json(doc["attrs"]) if doc.get("attrs") else None)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSegment:
+    """A segment of a regroup: its base offset and its files by name (:data:`GROUP_FILES`; absent: none)."""
+
+    base_offset: int
+    files: Mapping[str, GroupFile]
+
+    @property
+    def log(self) -> GroupFile:
+        return self.files["log"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"base_offset": self.base_offset, "files": {n: f.to_json() for n, f in self.files.items()}}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> GroupSegment:
+        return cls(int(doc["base_offset"]), {str(n): GroupFile.from_json(f) for n, f in doc["files"].items()})
+
+
+@dataclass(frozen=True, slots=True)
+class RegroupJournal:
+    """One in-flight operation that replaces neighbouring segments (``sources``) by others holding the same
+    batches (``targets``): a merge (several into one) or its rollback (one into the several it was made
+    of). Kept at the journal key of the first base offset, which sources and targets share; the partition's
+    lease keeps every other operation off the segments in between."""
+
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    kind: OpKind
+    op: str
+    run_id: str
+    state: JournalState
+    directory: str
+    sources: tuple[GroupSegment, ...]
+    targets: tuple[GroupSegment, ...]
+    entry: Recorded = field(default_factory=Recorded)  # what the partition state records for a merged segment
+    restores_run: str | None = None  # an unmerge: the run whose merge it undoes
+
+    @property
+    def base_offset(self) -> int:
+        return self.sources[0].base_offset
+
+    def advanced(self, state: JournalState) -> RegroupJournal:
+        return replace(self, state=state)
+
+    def referenced(self) -> set[str]:
+        """The keys outside the partition this operation still needs (cleanup keeps them)."""
+        return {f.copy for s in (*self.sources, *self.targets) for f in s.files.values() if f.copy}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": self.SCHEMA_VERSION, "kind": self.kind.value, "op": self.op,
+                "run_id": self.run_id, "state": self.state.value, "directory": self.directory,
+                "base_offset": self.base_offset, "sources": [s.to_json() for s in self.sources],
+                "targets": [t.to_json() for t in self.targets], "entry": self.entry.to_json(),
+                **({"restores_run": self.restores_run} if self.restores_run else {})}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], *, where: str) -> RegroupJournal:
+        try:
+            return cls(OpKind(doc["kind"]), str(doc["op"]), str(doc["run_id"]), JournalState(doc["state"]),
+                       str(doc["directory"]), tuple(GroupSegment.from_json(s) for s in doc["sources"]),
+                       tuple(GroupSegment.from_json(t) for t in doc["targets"]),
+                       Recorded.from_json(doc.get("entry") or {}), doc.get("restores_run"))
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"journal entry is malformed ({type(e).__name__}: {e})", path=where) from None
+
+
+REGROUPS: Final = frozenset({OpKind.MERGE, OpKind.UNMERGE})
+
+
+def read_journal(doc: object, *, where: str) -> Journal | RegroupJournal:
+    """A journal entry of either shape, by its kind."""
+    if isinstance(doc, Mapping) and doc.get("kind") in REGROUPS:
+        checked = check_document(doc, kind=None, version=RegroupJournal.SCHEMA_VERSION, what="a journal entry",
+                                 where=where)
+        return RegroupJournal.from_json(checked, where=where)
+    return Journal.from_json(doc, where=where)

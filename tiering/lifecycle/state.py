@@ -55,6 +55,7 @@ class SegmentState:
     payload_xxh3: str | None = None
     recorded_at: str | None = None  # ISO 8601, the recording host's clock (entries before it was kept: None)
     rebatch_max_bytes: int | None = None  # the re-batching bound the rewrite used (None: none)
+    merged_from: tuple[int, ...] = ()  # a merged segment: the base offsets of the segments it holds, in order
 
     @property
     def compacted(self) -> bool:
@@ -68,7 +69,7 @@ class SegmentState:
             raise ConfigError("a compaction's journal entry names no run", expected="its run_id", found="none")
         return stamped(cls(log_etag, recorded.run_id, recorded.codec, recorded.level, None, None, index_etag,
                            timeindex_etag, recorded.source_log_etag, recorded.bytes_before, recorded.bytes_after,
-                           recorded.payload_xxh3, None, recorded.rebatch_max_bytes))
+                           recorded.payload_xxh3, None, recorded.rebatch_max_bytes, recorded.merged_from))
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"log_etag": self.log_etag, "run_id": self.run_id, "codec": self.codec,
@@ -78,6 +79,8 @@ class SegmentState:
                 doc[name] = value
         if self.rebatch_max_bytes is not None:
             doc["rebatch_max_bytes"] = self.rebatch_max_bytes
+        if self.merged_from:
+            doc["merged_from"] = list(self.merged_from)
         if self.outcome is not None:
             doc["outcome"] = self.outcome.value
         else:
@@ -96,7 +99,8 @@ class SegmentState:
                    text("index_etag"), text("timeindex_etag"), text("source_log_etag"),
                    int(doc.get("bytes_before") or 0), int(doc.get("bytes_after") or 0), text("payload_xxh3"),
                    text("recorded_at"),
-                   None if doc.get("rebatch_max_bytes") is None else int(doc["rebatch_max_bytes"]))
+                   None if doc.get("rebatch_max_bytes") is None else int(doc["rebatch_max_bytes"]),
+                   tuple(int(b) for b in doc.get("merged_from") or ()))
 
 
 @dataclass(frozen=True, slots=True)

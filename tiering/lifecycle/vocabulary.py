@@ -25,16 +25,20 @@ class RunKind(StrEnum):
     COMPACT_KEYS = "compact-keys"  # one pass of Kafka's log cleaner over compacted topics
     ROLLBACK = "rollback"  # restore the originals a run replaced
     TIER = "tier"  # move objects to other storage classes
+    MERGE = "merge"  # runs of small neighbouring segments merged into fewer, larger ones
 
 
 class OpKind(StrEnum):
     COMPACT = "compact"  # the originals replaced by a rewrite
     ROLLBACK = "rollback"  # a rewrite replaced by the originals kept in a backup
+    MERGE = "merge"  # neighbouring segments replaced by one holding all their batches
+    UNMERGE = "unmerge"  # a merged segment replaced by the segments it was made of (a merge's rollback)
 
 
 class JournalState(StrEnum):
     STAGED = "staged"  # the new generation is in staging and verified; nothing final changed
     BACKED_UP = "backed-up"  # the originals are in the backup too; the swap may start
+    SWAPPED = "swapped"  # a merge's new segments are in place as .swap objects: it only rolls forward now
 
 
 class Status(StrEnum):
@@ -42,6 +46,7 @@ class Status(StrEnum):
 
     COMPACTED = "compacted"
     ROLLED_BACK = "rolled-back"
+    MERGED = "merged"  # merged with its neighbours into one segment (named by the first one's base offset)
     REPAIRED = "repaired"  # our indexes removed from beside a .log someone else put back
     STAGED = "staged"  # staged by a worker, waiting for the commit step
     SKIPPED = "skipped"
@@ -93,6 +98,7 @@ class Cause(StrEnum):
     REFUSED = "refused"  # the settings, the store or its permissions refuse the work (a configuration problem)
     LOCAL_ERROR = "local error"  # this machine's side: a full disk, an unwritable work directory
     NOTHING_TO_MOVE = "nothing to move"  # storage tiering: every object is in its class already
+    NOTHING_TO_MERGE = "nothing to merge"  # no neighbour to merge with (large, alone, or past a gap in offsets)
 
     @classmethod
     def named(cls, text: object) -> Cause | None:

@@ -25,7 +25,7 @@ MAX_LISTED_SEGMENTS: Final = 10_000  # segments a run document names one by one 
 RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
 OTHER_SCOPE: Final = "_other_partitions"  # requests of the partitions past the run document's limit
 MAX_LISTED_PARTITIONS: Final = 10_000
-DONE_STATUSES: Final = (Status.COMPACTED, Status.ROLLED_BACK)
+DONE_STATUSES: Final = (Status.COMPACTED, Status.ROLLED_BACK, Status.MERGED)
 
 
 def new_run_id() -> str:

@@ -17,6 +17,7 @@ from tiering.commit.operation import (
     SegmentResult,
 )
 from tiering.commit.recover import pending_journals, recover_partition, stage_rollback
+from tiering.commit.regroup import finish_regroup, stage_unmerge
 from tiering.commit.swap import finish_one
 from tiering.documents import check_document
 from tiering.errors import ConfigError, ExitCode
@@ -84,8 +85,15 @@ def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int =
                                          "whose .txnindex entry, a later pass let go)", cause=Cause.LATER_RUN)
                            for base in sorted(bases))
                 return
-            restored = []
-            for base in sorted(bases):
+            restored: list[SegmentResult] = []
+            # A segment that run merged is split back into the segments it holds, in one operation.
+            merges = {b: e for b, e in load_state(store, ctx.prefix, directory).segments.items()
+                      if e.run_id == target_run and e.merged_from and e.compacted}
+            merged = {b for e in merges.values() for b in e.merged_from}
+            for base in sorted(merges):
+                unmerge = stage_unmerge(ctx, directory, merges[base], target_run)
+                restored += unmerge if isinstance(unmerge, list) else finish_regroup(ctx, *unmerge, lease)
+            for base in sorted(bases - merged):
                 staged = stage_rollback(ctx, directory, base, target_run)
                 restored.append(staged if isinstance(staged, SegmentResult) else finish_one(ctx, *staged, lease))
             out.extend(restored)
@@ -158,10 +166,7 @@ def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRA
         recovered += with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in bases])
     referenced: set[str] = set()
     for journal, _ in pending_journals(store, prefix):  # those still pending (their partition was busy)
-        referenced.update(journal.new.present())
-        referenced.update(v for v in (journal.backup or {}).values() if v)
-        if journal.txn is not None:
-            referenced.update(k for k in (journal.txn.new, journal.txn.backup) if k)
+        referenced |= journal.referenced()
     now = store.now(clock_key(prefix))
     checked: bool | None = None  # whether the store's DeleteObjects checks each ETag (probed once, if needed)
     for sub, age in ((BACKUP_DIR, timedelta(days=grace_days)), (STAGING_DIR, timedelta(hours=stale_hours))):

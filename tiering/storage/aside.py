@@ -118,7 +118,7 @@ class WriteAside:
         self._write(source, "copy")  # a copy from the bucket into memory is not one S3 request: not offered
         return self._write(key, "copy").copy(source, key, source_etag=source_etag, attrs=attrs)
 
-    def copy_over(self, source: str, key: str, *, source_etag: str, if_match: str, attrs: ObjectAttrs,
+    def copy_over(self, source: str, key: str, *, source_etag: str, if_match: str | None, attrs: ObjectAttrs,
                   size: int) -> ObjectInfo:
         self._write(source, "copy")
         return self._write(key, "copy").copy_over(source, key, source_etag=source_etag, if_match=if_match,

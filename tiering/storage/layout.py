@@ -19,7 +19,7 @@ from enum import Enum, StrEnum
 from typing import Final
 
 from tiering.errors import ConfigError
-from tiering.kafka.files import parse_segment_name, segment_name
+from tiering.kafka.files import CLEANED_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, parse_segment_name, segment_name
 
 RESERVED_DIR: Final = "_tiering"
 PARTITION_FILES: Final = frozenset({"leader-epoch-checkpoint", "partition.metadata"})
@@ -99,6 +99,18 @@ def sibling_key(key: str, suffix: str) -> str:
     if not dot:
         raise ValueError(f"not a segment file key: {key}")
     return stem + suffix
+
+
+def swap_key(key: str) -> str:
+    """The key a broker restoring the bucket reads as the new version of segment file ``key`` (Kafka's
+    ``.swap`` files: :data:`tiering.kafka.files.SWAP_SUFFIX`)."""
+    return key + SWAP_SUFFIX
+
+
+def cleaned_key(prefix: str, directory: str, base_offset: int) -> str:
+    """The ``<base>.log.cleaned`` key: while it exists, a broker restoring the bucket ignores every ``.swap``
+    file at ``base_offset`` or above (:data:`tiering.kafka.files.CLEANED_SUFFIX`)."""
+    return dir_segment_key(prefix, directory, base_offset, LOG_SUFFIX + CLEANED_SUFFIX)
 
 
 # Our own objects, all under PREFIX/_tiering/:

@@ -299,7 +299,7 @@ class MemoryStore(StreamUploads):
             return self._write(key, src.data, "copy_object", metadata=src.metadata, headers=self._kept(src, attrs),
                                tags=src.tags, storage_class=attrs.storage_class).etag
 
-    def copy_over(self, source: str, key: str, *, source_etag: str, if_match: str, attrs: ObjectAttrs,
+    def copy_over(self, source: str, key: str, *, source_etag: str, if_match: str | None, attrs: ObjectAttrs,
                   size: int) -> ObjectInfo:
         with self._lock:
             self._count("CopyObject")

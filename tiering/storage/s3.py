@@ -504,19 +504,20 @@ class S3Store(StreamUploads):
                        CopySourceIfMatch=source_etag, MetadataDirective="COPY", TaggingDirective="COPY", **kwargs)
         return str(r["CopyObjectResult"]["ETag"])
 
-    def copy_over(self, source: str, key: str, *, source_etag: str, if_match: str, attrs: ObjectAttrs,
+    def copy_over(self, source: str, key: str, *, source_etag: str, if_match: str | None, attrs: ObjectAttrs,
                   size: int) -> ObjectInfo:
         """Replace ``key`` by a server-side copy of ``source`` (``size`` bytes), with ``attrs``' metadata,
         content headers, tags, encryption and storage class (``REPLACE`` directives). ``CopySourceIfMatch``
         copies only the version verified; ``IfMatch`` overwrites only the version planned on, as a PutObject
-        with ``If-Match`` would. Kafka segments stay under CopyObject's 5 GiB limit (``segment.bytes`` is an
-        int32). Returns the new object's key, size and ETag."""
+        with ``If-Match`` would (``if_match`` None: no condition on the destination). Kafka segments stay
+        under CopyObject's 5 GiB limit (``segment.bytes`` is an int32). Returns the new object's key, size
+        and ETag."""
         if size > MAX_COPY_BYTES:
             raise ConfigError("object above CopyObject's limit", path=f"s3://{self.bucket}/{source}",
                               expected=f"<= {MAX_COPY_BYTES} bytes", found=size)
         r = self._call("copy_object", key, CopySource={"Bucket": self.bucket, "Key": source},
-                       CopySourceIfMatch=source_etag, IfMatch=if_match, MetadataDirective="REPLACE",
-                       TaggingDirective="REPLACE", **attrs.put_args())
+                       CopySourceIfMatch=source_etag, MetadataDirective="REPLACE", TaggingDirective="REPLACE",
+                       **({"IfMatch": if_match} if if_match is not None else {}), **attrs.put_args())
         result = r["CopyObjectResult"]
         when = result.get("LastModified") or server_time(r) or datetime.now(UTC)
         return ObjectInfo(key, size, str(result["ETag"]), when, attrs.storage_class, attrs.metadata)

@@ -1,0 +1,252 @@
+"""Merging small neighbouring segments on S3 (moto in-process), and rolling a merge back.
+
+Every test ends with what a broker restoring the bucket would load (:mod:`tests.s3.broker_view`, Kafka's
+``LogLoader`` rules): the partition's batches, each once, in order, every index fitting its ``.log``. The
+fault-injection test holds every state a crash can leave to the same.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from tests.s3.broker_view import check_loaded
+from tests.s3.conftest import FAULT_REPORT, PREFIX, TOPIC, Original, context, fresh_store, no_pending, seed
+from tests.s3.hooks import Step, key_ends
+from tests.s3.test_faults import Crash, Faults
+from tiering.commit.operation import META_MERGED, SegmentResult
+from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
+from tiering.kafka.index import build_indexes
+from tiering.kafka.merge import Limits
+from tiering.kafka.reader import iter_batches
+from tiering.kafka.segment import verify_segment
+from tiering.lifecycle.state import load_state
+from tiering.lifecycle.vocabulary import Cause, Status
+from tiering.run.maintenance import rollback
+from tiering.run.merge import MergeOptions, merge_run
+from tiering.storage.layout import BACKUP_DIR, partition_prefix, segment_key
+from tiering.storage.objects import ObjectNotFound
+from tiering.storage.s3 import S3Store
+
+DIRECTORY = f"{TOPIC}-0"
+_WRITES = frozenset({"PutObject", "CopyObject", "DeleteObject", "DeleteObjects", "CreateMultipartUpload",
+                     "UploadPart", "CompleteMultipartUpload", "AbortMultipartUpload", "PutObjectTagging"})
+ROOT = partition_prefix(PREFIX, DIRECTORY)
+
+
+def _batches(originals: dict[int, Original]) -> list[tuple[int, int]]:
+    return [(raw.header.offset, raw.header.last_offset) for base in sorted(originals)
+            for raw in iter_batches(io.BytesIO(originals[base].log))]
+
+
+def _names(store: S3Store) -> list[str]:
+    return sorted(info.key[len(ROOT):] for info in store.list(ROOT))
+
+
+def _get(store: S3Store, base: int, suffix: str) -> bytes:
+    return store.get(segment_key(PREFIX, TOPIC, 0, base, suffix))
+
+
+def _merge(store: S3Store, run_id: str = "merge-1", limits: Limits | None = None) -> list[SegmentResult]:
+    run = merge_run(store, context(store, run_id), MergeOptions(limits or Limits(1 << 20)))
+    return list(run.segments)
+
+
+def test_small_neighbours_become_one_segment(store: S3Store) -> None:
+    originals = seed(store, segments=5, segment_bytes=20_000)
+    bases = sorted(originals)
+    results = {r.base_offset: r for r in _merge(store)}
+    assert [results[b].status for b in bases] == [Status.MERGED] * 4 + [Status.SKIPPED]
+    assert results[bases[-1]].cause is Cause.ACTIVE
+    merged = b"".join(originals[b].log for b in bases[:-1])
+    assert _get(store, bases[0], LOG_SUFFIX) == merged  # every batch byte for byte, one after the other
+    summary = verify_segment(io.BytesIO(merged), segment_base=bases[0])
+    rebuilt = build_indexes(bases[0], summary.batches)
+    assert _get(store, bases[0], INDEX_SUFFIX) == rebuilt.offset_index
+    assert _get(store, bases[0], TIME_INDEX_SUFFIX) == rebuilt.time_index
+    assert store.head(segment_key(PREFIX, TOPIC, 0, bases[0], LOG_SUFFIX)).metadata[META_MERGED] == "4"
+    names = _names(store)
+    assert not [n for n in names if n.endswith((".swap", ".cleaned"))], names
+    for base in bases[1:-1]:
+        assert not [n for n in names if n.startswith(f"{base:020d}.")], names
+    assert _get(store, bases[-1], LOG_SUFFIX) == originals[bases[-1]].log  # the active segment is untouched
+    for base in bases[:-1]:  # every original kept for the grace period
+        kept = f"{PREFIX}/_tiering/{BACKUP_DIR}/merge-1/{DIRECTORY}/{base:020d}.log"
+        assert store.get(kept) == originals[base].log
+    entry = load_state(store, PREFIX, DIRECTORY).get(bases[0])
+    assert entry is not None
+    assert entry.merged_from == tuple(bases[:-1])
+    assert no_pending(store)
+    check_loaded(store, ROOT, _batches(originals))
+    again = {r.base_offset: r for r in _merge(store, "merge-2")}  # nothing left to merge
+    assert again[bases[0]].status is Status.SKIPPED
+    assert again[bases[0]].cause is Cause.NOTHING_TO_MERGE
+
+
+def test_groups_stay_within_segment_bytes(store: S3Store) -> None:
+    originals = seed(store, segments=5, segment_bytes=20_000)
+    bases = sorted(originals)
+    sizes = [len(originals[b].log) for b in bases]
+    limit = max(sizes[0] + sizes[1], sizes[2] + sizes[3])  # two segments fit, three do not
+    assert limit < min(sizes[0] + sizes[1] + sizes[2], sizes[1] + sizes[2] + sizes[3])
+    results = {r.base_offset: r for r in _merge(store, limits=Limits(limit))}
+    assert all(results[b].status is Status.MERGED for b in bases[:4])
+    assert _get(store, bases[0], LOG_SUFFIX) == originals[bases[0]].log + originals[bases[1]].log
+    assert _get(store, bases[2], LOG_SUFFIX) == originals[bases[2]].log + originals[bases[3]].log
+    assert all(len(_get(store, b, LOG_SUFFIX)) <= limit for b in (bases[0], bases[2]))
+    check_loaded(store, ROOT, _batches(originals))
+
+
+def test_a_gap_in_offsets_ends_a_group(store: S3Store) -> None:
+    originals = seed(store, segments=6, segment_bytes=20_000)
+    bases = sorted(originals)
+    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):  # a segment missing in the middle
+        store.delete(segment_key(PREFIX, TOPIC, 0, bases[2], suffix))
+    results = {r.base_offset: r for r in _merge(store)}
+    assert results[bases[0]].status is results[bases[1]].status is Status.MERGED
+    assert results[bases[3]].status is results[bases[4]].status is Status.MERGED
+    assert _get(store, bases[0], LOG_SUFFIX) == originals[bases[0]].log + originals[bases[1]].log
+    assert _get(store, bases[3], LOG_SUFFIX) == originals[bases[3]].log + originals[bases[4]].log
+    del originals[bases[2]]
+    check_loaded(store, ROOT, _batches(originals))
+
+
+def test_a_gap_after_the_first_segment_merges_nothing_there(store: S3Store) -> None:
+    originals = seed(store, segments=5, segment_bytes=20_000)
+    bases = sorted(originals)
+    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        store.delete(segment_key(PREFIX, TOPIC, 0, bases[1], suffix))
+    results = {r.base_offset: r for r in _merge(store)}
+    assert results[bases[0]].status is Status.SKIPPED
+    assert "gap in offsets" in results[bases[0]].reason
+    assert _get(store, bases[0], LOG_SUFFIX) == originals[bases[0]].log
+    assert results[bases[2]].status is results[bases[3]].status is Status.MERGED
+    assert not list(store.list(f"{PREFIX}/_tiering/staging/"))
+
+
+def test_a_source_changed_before_the_swap_leaves_every_segment_as_it_was(store: S3Store) -> None:
+    originals = seed(store, segments=4, segment_bytes=20_000)
+    bases = sorted(originals)
+    changed = b"\x00" * 10
+    key = segment_key(PREFIX, TOPIC, 0, bases[1], LOG_SUFFIX)
+    # A writer replaces the second segment's .log as the first backup copy goes out.
+    def replace_it(**_: object) -> None:
+        store.put(key, changed)
+
+    Step(store, "CopyObject", key_ends(f"{bases[0]:020d}.log"), replace_it)
+    results = {r.base_offset: r for r in _merge(store)}
+    assert {results[b].status for b in bases[:3]} == {Status.ABORTED}
+    assert results[bases[0]].cause is Cause.BUSY
+    assert _get(store, bases[0], LOG_SUFFIX) == originals[bases[0]].log
+    assert _get(store, bases[1], LOG_SUFFIX) == changed
+    assert not [n for n in _names(store) if n.endswith((".swap", ".cleaned"))]
+    assert no_pending(store)
+
+
+def test_rollback_splits_the_merged_segment_again(store: S3Store) -> None:
+    originals = seed(store, segments=5, segment_bytes=20_000)
+    bases = sorted(originals)
+    before = {(b, s): _get(store, b, s) for b in bases for s in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)}
+    _merge(store)
+    worker = fresh_store()
+    run = rollback(worker, context(worker, "rollback-1"), "merge-1")
+    assert [r.status for r in run.segments] == [Status.ROLLED_BACK] * 4, [r.to_json() for r in run.segments]
+    assert {k: _get(store, *k) for k in before} == before
+    assert not [n for n in _names(store) if n.endswith((".swap", ".cleaned"))]
+    assert load_state(store, PREFIX, DIRECTORY).get(bases[0]) is None
+    assert no_pending(store)
+    check_loaded(store, ROOT, _batches(originals))
+
+
+def test_a_merged_segment_is_not_restored_one_for_one_without_its_state(store: S3Store) -> None:
+    """The state entry names the segments a merge holds; without it, a rollback must not put the first one
+    back over the merged segment (the offsets of the others would vanish)."""
+    originals = seed(store, segments=4, segment_bytes=20_000)
+    bases = sorted(originals)
+    _merge(store)
+    store.delete(f"{PREFIX}/_tiering/state/{DIRECTORY}.json")
+    run = rollback(store, context(store, "rollback-1"), "merge-1")
+    first = {r.base_offset: r for r in run.segments}[bases[0]]
+    assert first.status is Status.SKIPPED
+    assert first.cause is Cause.NOT_RESTORABLE
+    check_loaded(store, ROOT, _batches(originals))
+
+
+def _crash_scenario(at: int | None, mode: str, *, undo: bool) -> tuple[list[str], bool]:
+    """Merge (``undo``: then roll back) with a crash at call ``at``; the bucket as a broker would load it
+    checked at the crash, then a re-run converges."""
+    store = fresh_store()
+    originals = seed(store, segments=4, segment_bytes=20_000)
+    bases = sorted(originals)
+    batches = _batches(originals)
+    before = {(b, s): _get(store, b, s) for b in bases for s in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)}
+    if undo:
+        _merge(store)
+    worker = fresh_store()
+    faults = Faults(worker, at, mode)
+
+    def act(s: S3Store) -> list[SegmentResult]:
+        if undo:
+            return list(rollback(s, context(s, "rollback-1"), "merge-1").segments)
+        return _merge(s)
+
+    crashed = False
+    try:
+        act(worker)
+    except Crash:
+        crashed = True
+    check_loaded(store, ROOT, batches)
+    if crashed:
+        results = act(fresh_store())
+        assert not [r for r in results if r.status is Status.FAILED], [r.to_json() for r in results]
+    assert no_pending(store)
+    check_loaded(store, ROOT, batches)
+    assert not [n for n in _names(store) if n.endswith((".swap", ".cleaned"))]
+    if undo:
+        assert {k: _get(store, *k) for k in before} == before
+    else:
+        assert _get(store, bases[0], LOG_SUFFIX) == b"".join(originals[b].log for b in bases[:-1])
+        for b in bases[1:-1]:
+            with pytest.raises(ObjectNotFound):
+                store.head(segment_key(PREFIX, TOPIC, 0, b, LOG_SUFFIX))
+    return faults.calls, crashed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("undo", [False, True], ids=["merge", "rollback"])
+def test_crash_at_every_call_then_rerun_converges(undo: bool, aws_env: None) -> None:
+    from moto import mock_aws
+
+    from tests.s3.conftest import BUCKET
+    from tiering.storage.s3 import make_client
+
+    def scenario(at: int | None, mode: str) -> tuple[list[str], bool]:
+        with mock_aws():
+            make_client().create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+            return _crash_scenario(at, mode, undo=undo)
+
+    calls, _ = scenario(None, "none")
+    # A crash leaves the bucket as the last request that changed it left it: one crash after each of those
+    # (and one before the first) reaches every state a broker could find and a re-run could start from.
+    writes = [i for i, name in enumerate(calls) if name in _WRITES]
+    points = [(writes[0], "before"), *((i, "after") for i in writes)]
+    for at, mode in points:
+        _, crashed = scenario(at, mode)
+        assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
+    by_op: dict[str, int] = {}
+    for name in calls:
+        by_op[name] = by_op.get(name, 0) + 1
+    FAULT_REPORT.append(f"fault injection, {'rollback of a merge' if undo else 'merge'} of 3 segments: "
+                        f"{len(calls)} S3 calls, {len(writes)} of them writes; a crash before the first write and "
+                        f"after each ({len(points)} states), a broker's load of the bucket whole in each, every one "
+                        "converged on re-run; calls: " + ", ".join(f"{k} {v}" for k, v in sorted(by_op.items())))
+
+
+def test_results_count_bytes_once(store: S3Store) -> None:
+    originals = seed(store, segments=4, segment_bytes=20_000)
+    bases = sorted(originals)
+    results = [r for r in _merge(store) if r.status is Status.MERGED]
+    assert sum(r.bytes_before for r in results) == sum(len(originals[b].log) for b in bases[:-1])
+    assert sum(r.bytes_after for r in results) == len(_get(store, bases[0], LOG_SUFFIX))
+    assert [r.bytes_after for r in results][1:] == [0, 0]

@@ -1,0 +1,570 @@
+"""Neighbouring segments replaced by others holding the same batches: a merge (several segments into one)
+and its rollback (one merged segment back into the segments it was made of).
+
+Nothing a broker restoring the bucket could read may show an offset twice or miss one, at any instant. The
+order relies on what Kafka's ``LogLoader`` does with a log directory on load (``docs/commit-protocol.md``,
+"Merging segments", goes through it crash by crash):
+
+- a ``.log.swap`` file is a new segment: every file of another segment whose base offset lies within the
+  range the ``.log.swap`` files cover (the smallest base to the largest next offset) is deleted, then every
+  ``.swap`` file is renamed to its final name;
+- while a ``<N>.log.cleaned`` file exists, every ``.swap`` file at ``N`` or above is void (deleted instead).
+
+The steps, each idempotent, the journal's state saying where a crash left the operation:
+
+1. **stage** (:func:`stage_merge`): the merged ``.log`` streamed from the sources (``GET If-Match``) to
+   staging, proved to be their bytes one after the other (the CRC-32C S3 reports for what it stored equals
+   the one of the sources as read), its indexes and ``.txnindex`` beside it; the journal entry (state
+   ``staged``). A rollback journals the segments the merge kept in its backup (:func:`stage_unmerge`).
+2. **back up**: every source file copied to the run's backup (state ``backed-up``).
+3. **swap**: the sources checked unchanged, then each target put at ``<final>.swap``: its ``.log.swap``
+   first (an index swap file alone would replace the index of the segment in place), then its
+   ``.txnindex``, ``.index`` and ``.timeindex`` swap files. With several targets a ``.cleaned`` marker at the
+   first base voids them until all are there (state ``swapped``). From here the operation only rolls
+   forward: a broker restoring the bucket already sees the targets.
+4. **roll forward**: the sources' files deleted (``If-Match``), the targets put at their final keys (``.log``
+   first), the swap files deleted (the ``.log.swap`` last), the partition's state recorded, the journal and
+   staging forgotten.
+
+A source that changed or vanished before step 3 ends the operation (:func:`abandon_regroup`: the swap files
+removed, the backups kept); after it, the object of another writer found in the way leaves the operation in
+flight and says so (nothing of that writer's is deleted or overwritten).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Final, cast
+
+import crc32c
+
+from tiering.commit.lease import LeaseGuard
+from tiering.commit.operation import (
+    COPY_CHUNK,
+    META_MERGED,
+    META_OP,
+    META_RESTORED,
+    META_RUN,
+    Context,
+    SegmentResult,
+    SourceChanged,
+    SourceGone,
+    TakenOver,
+    record_state,
+    uri,
+)
+from tiering.errors import ProofError
+from tiering.kafka.index import parse_txn_index
+from tiering.kafka.merge import Merged, merge
+from tiering.kafka.merge import Source as MergeSource
+from tiering.lifecycle.journal import GROUP_FILES, GroupFile, GroupSegment, Recorded, RegroupJournal
+from tiering.lifecycle.state import SegmentState
+from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Verify
+from tiering.plan.document import PlannedSegment
+from tiering.storage.layout import (
+    backup_key,
+    cleaned_key,
+    dir_segment_key,
+    journal_key,
+    sibling_key,
+    staging_key,
+    swap_key,
+)
+from tiering.storage.objects import (
+    ChecksumUnsupported,
+    ObjectAttrs,
+    ObjectInfo,
+    ObjectNotFound,
+    PreconditionFailed,
+)
+
+# The order a segment's files go in place (and out of the way): the .log first, so that no index of a target
+# is ever read beside a .log it was not made for.
+PUT_ORDER: Final = ("log", "txnindex", "index", "timeindex")
+DELETE_ORDER: Final = ("txnindex", "index", "timeindex", "log")
+
+
+class _Reading(io.RawIOBase):
+    """A source ``.log`` as read: the CRC-32C and the count of every byte that went through, in order."""
+
+    def __init__(self, body: BinaryIO, seen: _Seen) -> None:
+        self.body, self.seen = body, seen
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.body.read(len(buffer))
+        buffer[: len(data)] = data
+        self.seen.crc = crc32c.crc32c(data, self.seen.crc)
+        self.seen.size += len(data)
+        return len(data)
+
+    def close(self) -> None:
+        self.body.close()
+        super().close()
+
+
+@dataclass(slots=True)
+class _Seen:
+    crc: int = 0
+    size: int = 0
+
+
+def _source_files(ctx: Context, seg: PlannedSegment, run_id: str) -> tuple[GroupSegment, ObjectAttrs]:
+    """A planned segment's files as they are now, checked against the plan (:class:`SourceChanged`
+    otherwise), with their backup keys; and the ``.log``'s attributes."""
+    store, d, base = ctx.store, seg.directory, seg.base_offset
+    assert seg.log is not None
+    files: dict[str, GroupFile] = {}
+    log_attrs = ObjectAttrs()
+    for name, suffix in GROUP_FILES:
+        ref = getattr(seg, name)
+        key = ref.key if ref is not None else sibling_key(seg.log.key, suffix)
+        try:
+            info, attrs = store.describe(key)
+        except ObjectNotFound:
+            if ref is None:
+                continue
+            gone = SourceGone if name == "log" else SourceChanged
+            raise gone(f"the {name} file disappeared after planning", path=uri(store, key)) from None
+        if ref is None or info.etag != ref.etag:
+            raise SourceChanged(f"the {name} file changed after planning", path=uri(store, key),
+                                expected=ref.etag if ref else "no object", found=info.etag)
+        files[name] = GroupFile(key, info.etag, info.size, backup_key(ctx.prefix, run_id, d, base, suffix), attrs)
+        if name == "log":
+            log_attrs = attrs
+    return GroupSegment(base, files), log_attrs
+
+
+def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGuard
+                ) -> tuple[RegroupJournal, str] | int:
+    """Step 1 of a merge of ``segments`` (neighbours, in offset order, two or more): the journal entry and its
+    ETag. When the second segment does not start where the first ends (a gap in offsets), nothing is staged
+    and 1 comes back; a later gap makes the merge end before it (the journal names the sources merged)."""
+    store, first = ctx.store, segments[0]
+    d, base = first.directory, first.base_offset
+    op = ctx.new_op()
+    sources: list[GroupSegment] = []
+    log_attrs = ObjectAttrs()
+    for seg in segments:
+        group, attrs = _source_files(ctx, seg, ctx.run_id)
+        sources.append(group)
+        log_attrs = attrs if seg is first else log_attrs
+    seen = _Seen()
+
+    def opener(group: GroupSegment) -> Callable[[], BinaryIO]:
+        def open_log() -> BinaryIO:
+            lease.keep_alive()
+            try:
+                body = store.open(group.log.final, if_match=group.log.etag)
+            except (PreconditionFailed, ObjectNotFound):
+                raise SourceChanged("the .log changed or disappeared after planning", path=uri(store, group.log.final),
+                                    expected=group.log.etag) from None
+            return io.BufferedReader(_Reading(body, seen), COPY_CHUNK)
+        return open_log
+
+    merge_sources = [MergeSource(g.base_offset, opener(g), _aborted(ctx, g), uri(store, g.log.final)) for g in sources]
+    new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in GROUP_FILES}
+    marks = {META_RUN: ctx.run_id, META_OP: op}
+    checksum = ctx.verify is Verify.CHECKSUM
+    with store.writer(new["log"], part_bytes=ctx.part_bytes, checksum=checksum, metadata=marks) as out:
+        merged = merge(merge_sources, cast(BinaryIO, out), index_interval_bytes=ctx.options.index_interval_bytes,
+                       contiguous=True)
+        if merged.sources < 2:  # leaving the block unfinished aborts the upload
+            return merged.sources
+        sources = sources[: merged.sources]
+        expected = sum(g.log.size for g in sources)
+        if seen.size != expected or merged.log_bytes != expected:
+            raise ProofError("the merged .log is not the sources' bytes one after the other",
+                             path=uri(store, first.log.key if first.log else new["log"]),
+                             expected=f"{expected} bytes read and written",
+                             found=f"{seen.size} read, {merged.log_bytes} written")
+        lease.check()
+        staged = _finish_staging(ctx, out, new, merged, seen.crc, marks)
+    marks[META_MERGED] = str(len(sources))
+    target_files = {}
+    for name, suffix in GROUP_FILES:
+        if name in staged:
+            etag, size = staged[name]
+            attrs = sources[0].files.get(name, sources[0].log).attrs or log_attrs
+            target_files[name] = GroupFile(dir_segment_key(ctx.prefix, d, base, suffix), etag, size, new[name],
+                                           attrs.with_metadata(marks))
+    recorded = Recorded(expected, merged.log_bytes, ctx.run_id, sources[0].log.etag,
+                        merged_from=tuple(g.base_offset for g in sources))
+    journal = RegroupJournal(OpKind.MERGE, op, ctx.run_id, JournalState.STAGED, d, tuple(sources),
+                             (GroupSegment(base, target_files),), recorded)
+    return journal, _create(ctx, journal)
+
+
+def _aborted(ctx: Context, group: GroupSegment) -> tuple[Any, ...]:
+    txn = group.files.get("txnindex")
+    if txn is None:
+        return ()
+    try:
+        with ctx.store.open(txn.final, if_match=txn.etag) as body:
+            data = body.read()
+    except (PreconditionFailed, ObjectNotFound):
+        raise SourceChanged("the .txnindex changed or disappeared after planning", path=uri(ctx.store, txn.final),
+                            expected=txn.etag) from None
+    return tuple(parse_txn_index(data, path=uri(ctx.store, txn.final)))
+
+
+def _finish_staging(ctx: Context, out: Any, new: dict[str, str], merged: Merged, crc: int,
+                    marks: dict[str, str]) -> dict[str, tuple[str, int]]:
+    """Complete the staged ``.log`` (its bytes must have the sources' CRC-32C, and so must what S3 stored),
+    put its indexes and ``.txnindex`` beside it: their ETags and sizes by file name. A store that reports no
+    checksums has each object read back instead."""
+    store = ctx.store
+    files = {"index": merged.indexes.offset_index, "timeindex": merged.indexes.time_index,
+             "txnindex": merged.txn_index}
+    files = {name: data for name, data in files.items() if data or name != "txnindex"}
+    staged: dict[str, tuple[str, int]] = {}
+    try:
+        staged["log"] = (out.finish(expect_crc=crc).etag, merged.log_bytes)
+        read_back = False
+    except ChecksumUnsupported:
+        read_back = True
+        staged["log"] = (store.head(new["log"]).etag, merged.log_bytes)
+    for name, data in files.items():
+        staged[name] = (store.put(new[name], data, metadata=marks, checksum=not read_back), len(data))
+    if read_back:
+        _check_read_back(ctx, new, staged, files, crc)
+    return staged
+
+
+def _check_read_back(ctx: Context, new: dict[str, str], staged: dict[str, tuple[str, int]],
+                     files: dict[str, bytes], crc: int) -> None:
+    store = ctx.store
+    got, size = 0, 0
+    with store.open(new["log"], if_match=staged["log"][0]) as body:
+        while chunk := body.read(COPY_CHUNK):
+            got = crc32c.crc32c(chunk, got)
+            size += len(chunk)
+    if got != crc or size != staged["log"][1]:
+        raise ProofError("the staged merged .log read back is not the sources' bytes", path=uri(store, new["log"]),
+                         expected=f"{staged['log'][1]} bytes, CRC-32C {crc:#010x}", found=f"{size} bytes, {got:#010x}")
+    for name, data in files.items():
+        if store.get(new[name]) != data:
+            raise ProofError(f"the staged .{name} read back differs from the one written", path=uri(store, new[name]))
+
+
+def _create(ctx: Context, journal: RegroupJournal) -> str:
+    key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
+    try:
+        return ctx.store.put_json(key, journal.to_json(), if_none_match=True)
+    except PreconditionFailed:
+        raise SourceChanged("a journal entry of another operation exists for this segment (recover first)",
+                            path=uri(ctx.store, key)) from None
+
+
+def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run: str
+                  ) -> tuple[RegroupJournal, str] | list[SegmentResult]:
+    """Journal the rollback of the merge ``entry`` records (run ``target_run``): the merged segment in place
+    replaced by the segments it was made of, from that run's backup. Nothing to back up: the merged segment
+    holds their bytes. Results instead when it cannot be done (said per segment)."""
+    store, bases = ctx.store, entry.merged_from
+    base = bases[0]
+
+    def refused(status: Status, reason: str, cause: Cause) -> list[SegmentResult]:
+        return [SegmentResult(directory, b, status, reason, cause=cause) for b in bases]
+
+    log_key = dir_segment_key(ctx.prefix, directory, base, GROUP_FILES[0][1])
+    try:
+        current = store.head(log_key)
+    except ObjectNotFound:
+        return refused(Status.SKIPPED, "the merged .log is gone: nothing to restore over", Cause.NOT_RESTORABLE)
+    if current.metadata.get(META_RUN) != target_run or current.etag != entry.log_etag:
+        return refused(Status.SKIPPED, f"the .log in place is not the one run {target_run} merged",
+                       Cause.NOT_RESTORABLE)
+    in_place: dict[str, GroupFile] = {}
+    for name, suffix in GROUP_FILES:
+        key = dir_segment_key(ctx.prefix, directory, base, suffix)
+        with contextlib.suppress(ObjectNotFound):
+            info = store.head(key)
+            in_place[name] = GroupFile(key, info.etag, info.size)
+    op = ctx.new_op()
+    marks = {META_RESTORED: target_run, META_OP: op}
+    targets: list[GroupSegment] = []
+    for b in bases:
+        files: dict[str, GroupFile] = {}
+        for name, suffix in GROUP_FILES:
+            kept = backup_key(ctx.prefix, target_run, directory, b, suffix)
+            try:
+                info, attrs = store.describe(kept)
+            except ObjectNotFound:
+                if name == "log":
+                    return refused(Status.FAILED, f"the backup of segment {b}'s .log is missing",
+                                   Cause.BACKUP_MISSING)
+                continue
+            files[name] = GroupFile(dir_segment_key(ctx.prefix, directory, b, suffix), info.etag, info.size, kept,
+                                    attrs.with_metadata(marks))
+        targets.append(GroupSegment(b, files))
+    if sum(t.log.size for t in targets) != current.size:
+        return refused(Status.FAILED, "the backups do not add up to the merged .log", Cause.BACKUP_MISSING)
+    journal = RegroupJournal(OpKind.UNMERGE, op, ctx.run_id, JournalState.BACKED_UP, directory,
+                             (GroupSegment(base, in_place),), tuple(targets),
+                             Recorded(current.size, current.size), restores_run=target_run)
+    try:
+        return journal, _create(ctx, journal)
+    except SourceChanged:
+        return refused(Status.SKIPPED, "another operation's journal entry is pending for it", Cause.BUSY)
+
+
+def finish_regroup(ctx: Context, journal: RegroupJournal, etag: str, lease: LeaseGuard) -> list[SegmentResult]:
+    """Steps 2-4 (or the rest of them, after a crash), from the journal's state; results for every segment
+    the operation touches. Every per-segment problem is a result (a lost lease is raised)."""
+    try:
+        if journal.state is JournalState.STAGED:
+            _check_sources(ctx, journal)
+            _back_up(ctx, journal)
+            journal, etag = _advance(ctx, journal, etag, JournalState.BACKED_UP)
+        if journal.state is JournalState.BACKED_UP:
+            _check_sources(ctx, journal)
+            lease.check()
+            _put_swaps(ctx, journal)
+            journal, etag = _advance(ctx, journal, etag, JournalState.SWAPPED)
+    except TakenOver as e:
+        return _results(journal, Status.ABORTED, e.message, pending=Pending.BUSY, cause=Cause.BUSY)
+    except SourceChanged as e:
+        return abandon_regroup(ctx, journal, etag, e.message,
+                               pending=None if isinstance(e, SourceGone) else Pending.BUSY)
+    return _roll_forward(ctx, journal, etag, lease)
+
+
+def _results(journal: RegroupJournal, status: Status, reason: str, *, pending: Pending | None = None,
+             cause: Cause | None = None) -> list[SegmentResult]:
+    bases = sorted({s.base_offset for s in (*journal.sources, *journal.targets)})
+    return [SegmentResult(journal.directory, b, status, reason, run_id=journal.run_id, pending=pending, cause=cause)
+            for b in bases]
+
+
+def _ours(journal: RegroupJournal, info: ObjectInfo) -> bool:
+    return info.metadata.get(META_OP) == journal.op
+
+
+def _head(ctx: Context, key: str) -> ObjectInfo | None:
+    try:
+        return ctx.store.head(key)
+    except ObjectNotFound:
+        return None
+
+
+def _check_sources(ctx: Context, journal: RegroupJournal) -> None:
+    """Every source file still the planned object, and no other file of theirs appeared."""
+    store = ctx.store
+    for source in journal.sources:
+        log_key = source.log.final
+        for name, suffix in GROUP_FILES:
+            planned = source.files.get(name)
+            there = _head(ctx, planned.final if planned else sibling_key(log_key, suffix))
+            if planned is None and there is None:
+                continue
+            if planned is not None and there is None:
+                gone = SourceGone if name == "log" else SourceChanged
+                raise gone(f"segment {source.base_offset}'s {name} file disappeared", path=uri(store, planned.final))
+            assert there is not None
+            if planned is None or there.etag != planned.etag:
+                raise SourceChanged(f"segment {source.base_offset}'s {name} file changed", path=uri(store, there.key),
+                                    expected=planned.etag if planned else "no object", found=there.etag)
+
+
+def _back_up(ctx: Context, journal: RegroupJournal) -> None:
+    """Server-side copies of every source file; the source checked again after its copy (moto ignores a
+    copy's source condition)."""
+    store = ctx.store
+    for source in journal.sources:
+        for name, f in source.files.items():
+            if f.copy is None:
+                continue
+            try:
+                store.copy(f.final, f.copy, source_etag=f.etag, attrs=f.attrs or ObjectAttrs())
+                copied, after = store.head(f.copy), store.head(f.final)
+            except (PreconditionFailed, ObjectNotFound):
+                raise SourceChanged(f"segment {source.base_offset}'s {name} file changed while it was backed up",
+                                    path=uri(store, f.final)) from None
+            if after.etag != f.etag or copied.size != f.size:
+                raise SourceChanged(f"segment {source.base_offset}'s {name} file changed while it was backed up",
+                                    path=uri(store, f.final), expected=f.etag, found=after.etag)
+
+
+def _advance(ctx: Context, journal: RegroupJournal, etag: str, state: JournalState) -> tuple[RegroupJournal, str]:
+    advanced = journal.advanced(state)
+    key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
+    try:
+        return advanced, ctx.store.put_json(key, advanced.to_json(), if_match=etag)
+    except (PreconditionFailed, ObjectNotFound):
+        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
+                        "to that run", path=uri(ctx.store, key)) from None
+
+
+def _place(ctx: Context, journal: RegroupJournal, f: GroupFile, key: str) -> str:
+    """A server-side copy of the target file ``f`` at ``key``, unless this operation's copy is there already:
+    its ETag. :class:`SourceChanged` when an object that is not ours is in the way."""
+    store = ctx.store
+    there = _head(ctx, key)
+    if there is not None:
+        if _ours(journal, there):
+            return there.etag
+        raise SourceChanged("an object of another writer is where the operation puts its own",
+                            path=uri(store, key), expected="no object", found=there.etag)
+    assert f.copy is not None
+    assert f.attrs is not None
+    try:
+        return store.copy_over(f.copy, key, source_etag=f.etag, if_match=None, attrs=f.attrs, size=f.size).etag
+    except (PreconditionFailed, ObjectNotFound):
+        raise ProofError("the copy to put in place is gone or changed since it was verified",
+                         path=uri(store, f.copy), expected=f.etag) from None
+
+
+def _swap_files(journal: RegroupJournal) -> Iterator[tuple[GroupFile, str]]:
+    """Every target file with its ``.swap`` key, in the order they go in."""
+    for target in journal.targets:
+        for name in PUT_ORDER:
+            if (f := target.files.get(name)) is not None:
+                yield f, swap_key(f.final)
+
+
+def _put_swaps(ctx: Context, journal: RegroupJournal) -> None:
+    """Step 3: each target at its ``.swap`` key; several targets behind a ``.cleaned`` marker that voids them
+    until all are there."""
+    marker = _marker(ctx, journal)
+    if marker is not None:
+        _put_marker(ctx, journal, marker)
+    for f, key in _swap_files(journal):
+        _place(ctx, journal, f, key)
+    if marker is not None:
+        _delete_ours(ctx, journal, marker)
+
+
+def _marker(ctx: Context, journal: RegroupJournal) -> str | None:
+    return cleaned_key(ctx.prefix, journal.directory, journal.base_offset) if len(journal.targets) > 1 else None
+
+
+def _put_marker(ctx: Context, journal: RegroupJournal, key: str) -> None:
+    try:
+        ctx.store.put(key, b"", if_none_match=True, metadata={META_RUN: journal.run_id, META_OP: journal.op})
+    except PreconditionFailed:
+        there = _head(ctx, key)
+        if there is None or not _ours(journal, there):
+            raise SourceChanged("another writer's .cleaned file is in the partition",
+                                path=uri(ctx.store, key)) from None
+
+
+def _delete_ours(ctx: Context, journal: RegroupJournal, key: str) -> None:
+    """Delete ``key`` if it is this operation's object (``If-Match`` the ETag seen)."""
+    there = _head(ctx, key)
+    if there is not None and _ours(journal, there):
+        with contextlib.suppress(PreconditionFailed):
+            ctx.store.delete(key, if_match=there.etag, missing_ok=True)
+
+
+def _remove_swaps(ctx: Context, journal: RegroupJournal) -> None:
+    """Take this operation's swap files away in an order in which none is read without its ``.log.swap``:
+    behind the ``.cleaned`` marker when there are several targets, else the index swap files first."""
+    marker = _marker(ctx, journal)
+    if marker is not None:
+        _put_marker(ctx, journal, marker)
+    for target in journal.targets:
+        for name in DELETE_ORDER:
+            if (f := target.files.get(name)) is not None:
+                _delete_ours(ctx, journal, swap_key(f.final))
+    if marker is not None:
+        _delete_ours(ctx, journal, marker)
+
+
+def _roll_forward(ctx: Context, journal: RegroupJournal, etag: str, lease: LeaseGuard) -> list[SegmentResult]:
+    """Step 4, the targets in place as swap files: the sources' files deleted, the targets put at their
+    final keys, the swap files deleted, the state recorded, the operation forgotten. Another writer's object
+    in the way stops it with the journal kept (a later run goes on from there)."""
+    try:
+        for source in journal.sources:
+            lease.check()
+            for name in DELETE_ORDER:
+                if (f := source.files.get(name)) is not None:
+                    _delete_source(ctx, journal, f)
+        put: dict[int, dict[str, str]] = {}
+        for target in journal.targets:
+            lease.check()
+            put[target.base_offset] = {name: _place(ctx, journal, f, f.final)
+                                       for name in PUT_ORDER if (f := target.files.get(name)) is not None}
+        for target in journal.targets:
+            for name in DELETE_ORDER:
+                if (f := target.files.get(name)) is not None:
+                    _delete_ours(ctx, journal, swap_key(f.final))
+    except SourceChanged as e:
+        return _results(journal, Status.FAILED, f"stopped after its swap, left in flight: {e}",
+                        pending=Pending.BUSY, cause=Cause.BUSY)
+
+    def forget() -> None:
+        with contextlib.suppress(TakenOver):
+            _forget(ctx, journal, etag)
+
+    merged = journal.kind is OpKind.MERGE
+    bases = [s.base_offset for s in journal.sources] if merged else [t.base_offset for t in journal.targets]
+    for base in bases[1:]:
+        record_state(ctx, journal.directory, base, None)
+    first = put[journal.targets[0].base_offset]
+    record_state(ctx, journal.directory, journal.base_offset,
+                 SegmentState.done(journal.entry, first["log"], first.get("index"), first.get("timeindex"))
+                 if merged else None, then=forget)
+    if merged:
+        target = journal.targets[0]
+        n = len(journal.sources)
+        return [SegmentResult(journal.directory, s.base_offset, Status.MERGED,
+                              f"{n} segments merged into one" if i == 0 else
+                              f"merged into segment {target.base_offset}",
+                              s.log.size, target.log.size if i == 0 else 0, run_id=journal.run_id)
+                for i, s in enumerate(journal.sources)]
+    merged_size = journal.sources[0].log.size
+    return [SegmentResult(journal.directory, t.base_offset, Status.ROLLED_BACK,
+                          f"restored from run {journal.restores_run}'s backup (the merged segment split again)",
+                          merged_size if i == 0 else 0, t.log.size, run_id=journal.run_id)
+            for i, t in enumerate(journal.targets)]
+
+
+def _delete_source(ctx: Context, journal: RegroupJournal, f: GroupFile) -> None:
+    """Delete a source file (``If-Match`` the planned ETag) unless it is gone or already this operation's
+    target at the same key."""
+    there = _head(ctx, f.final)
+    if there is None or _ours(journal, there):
+        return
+    if there.etag != f.etag:
+        raise SourceChanged("a source file changed after the swap files went in", path=uri(ctx.store, f.final),
+                            expected=f.etag, found=there.etag)
+    try:
+        ctx.store.delete(f.final, if_match=f.etag, missing_ok=True)
+    except PreconditionFailed:
+        raise SourceChanged("a source file changed after the swap files went in", path=uri(ctx.store, f.final),
+                            expected=f.etag) from None
+
+
+def _forget(ctx: Context, journal: RegroupJournal, etag: str) -> None:
+    """Delete the journal entry (``If-Match``), then a merge's staging objects."""
+    key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
+    try:
+        ctx.store.delete(key, if_match=etag, missing_ok=True)
+    except PreconditionFailed:
+        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
+                        "to that run", path=uri(ctx.store, key)) from None
+    if journal.kind is OpKind.MERGE:
+        for target in journal.targets:
+            for f in target.files.values():
+                if f.copy is not None:
+                    ctx.store.delete(f.copy, missing_ok=True)
+
+
+def abandon_regroup(ctx: Context, journal: RegroupJournal, etag: str, reason: str,
+                    pending: Pending | None = Pending.BUSY) -> list[SegmentResult]:
+    """Give up an operation before its swap: its swap files removed, staging and the journal dropped; backups
+    stay. The segments are as they were."""
+    _remove_swaps(ctx, journal)
+    try:
+        _forget(ctx, journal, etag)
+    except TakenOver as e:
+        return _results(journal, Status.ABORTED, e.message, pending=Pending.BUSY, cause=Cause.BUSY)
+    return _results(journal, Status.ABORTED, reason, pending=pending,
+                    cause=Cause.BUSY if pending is Pending.BUSY else Cause.ABANDONED)

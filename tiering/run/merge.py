@@ -1,0 +1,167 @@
+"""Merging at rest on S3: runs of small neighbouring sealed segments replaced by fewer, larger ones.
+
+Per partition, under its lease: the journals a crash left are finished first; the segments are listed; the
+runs of neighbours each smaller than ``segment.bytes`` (broken by a segment that may not be merged: the
+active one, one too young, archived, unreadable, or an orphan index) are grouped by the cleaner's rules
+(:func:`tiering.kafka.merge.merge_runs`), and each group is merged and swapped in by the commit protocol
+(:mod:`tiering.commit.regroup`). A group stops before a segment that does not start where its predecessor
+ends (a gap in offsets: a missing segment, or records a cleaner removed), and the rest of it goes on as a
+group of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
+from tiering.commit.operation import Context, SegmentResult
+from tiering.commit.recover import recover_partition
+from tiering.commit.regroup import finish_regroup, stage_merge
+from tiering.kafka.merge import Limits, Sizes, merge_runs
+from tiering.lifecycle.vocabulary import Cause, RunKind, Status
+from tiering.plan.document import PlannedSegment
+from tiering.plan.scan import ScanOptions, scan_partitions
+from tiering.run.documents import RUN_SCOPE, RunResult, RunTally
+from tiering.run.maintenance import pending_bases
+from tiering.run.segment import guarded, with_lease
+from tiering.storage.objects import ObjectStore
+
+# Segments a merge never touches: each ends a run of neighbours.
+_KEPT: Final = frozenset({Cause.ACTIVE, Cause.TOO_YOUNG, Cause.ARCHIVED, Cause.INCOMPLETE, Cause.INVALID,
+                          Cause.UNREADABLE})
+
+
+@dataclass(frozen=True, slots=True)
+class MergeOptions:
+    """One merge run: the merged segments' bounds and which partitions."""
+
+    limits: Limits = field(default_factory=Limits)
+    topics: str | None = None  # a regular expression of topic names (None: every topic)
+    min_age_minutes: int = 0  # segments uploaded more recently are left, and end a run of neighbours
+    lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
+
+    def settings_json(self) -> dict[str, Any]:
+        return {"segment_bytes": self.limits.segment_bytes, "index_bytes": self.limits.index_bytes,
+                "topics": self.topics, "min_age_minutes": self.min_age_minutes}
+
+
+def _sizes(seg: PlannedSegment) -> Sizes:
+    assert seg.log is not None
+    return Sizes(seg.base_offset, seg.log.size, seg.index.size if seg.index else 0,
+                 seg.timeindex.size if seg.timeindex else 0)
+
+
+def merge_groups(segments: Sequence[PlannedSegment], limits: Limits) -> list[list[PlannedSegment]]:
+    """The groups to merge among a partition's listed segments (in offset order), by the cleaner's rules
+    within runs of small neighbours; gaps in offsets are found while merging."""
+    listed = [s for s in segments if s.log is not None]
+    by_base = {s.base_offset: s for s in listed}
+    groups: list[list[PlannedSegment]] = []
+    run: list[PlannedSegment] = []
+
+    def close(end: int) -> None:
+        found = merge_runs([_sizes(s) for s in run], limits, end, lambda a, b: True)
+        groups.extend([by_base[s.base_offset] for s in g] for g in found)
+        run.clear()
+
+    for seg in listed:
+        if seg.cause in _KEPT:
+            if run:
+                close(seg.base_offset)
+            continue
+        run.append(seg)
+    if run:  # no active segment listed (a partition archived whole): the last one's end is not known
+        close(run[-1].base_offset + 1)
+    return groups
+
+
+def merge_partition(ctx: Context, segments: Sequence[PlannedSegment], limits: Limits, lease: Lease,
+                    out: list[SegmentResult], progress: Callable[[SegmentResult], None] | None = None) -> None:
+    """Merge one partition's groups under its lease: results appended to ``out``, one per listed segment."""
+    def report(r: SegmentResult) -> None:
+        out.append(r)
+        if progress is not None:
+            progress(r)
+
+    directory = segments[0].directory
+    recovered = recover_partition(ctx, directory, lease)
+    for r in recovered:
+        report(r)
+    if recovered:  # the listing predates what the recovery changed
+        for seg in segments:
+            report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, "not merged: another run's "
+                                 "operation was finished here after the listing; run again", cause=Cause.BUSY))
+        return
+    done: set[int] = set()
+    for group in merge_groups(segments, limits):
+        queue = list(group)
+        while len(queue) >= 2:
+            results = _merge_one(ctx, queue, lease)
+            for r in results:
+                report(r)
+                done.add(r.base_offset)
+            queue = queue[max(1, len(results)):]
+    for seg in segments:
+        if seg.log is not None and seg.base_offset not in done:
+            report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, _why_not(seg, limits),
+                                 seg.size, seg.size, cause=seg.cause if seg.cause in _KEPT else Cause.NOTHING_TO_MERGE))
+
+
+def _merge_one(ctx: Context, queue: list[PlannedSegment], lease: Lease) -> list[SegmentResult]:
+    """Merge the first segments of ``queue`` (as many as are contiguous): a result per segment merged, or
+    the first one's result alone when it was not."""
+    first = queue[0]
+    results: list[SegmentResult] = []
+
+    def attempt() -> SegmentResult:
+        staged = stage_merge(ctx, queue, lease)
+        if isinstance(staged, int):
+            return SegmentResult(first.directory, first.base_offset, Status.SKIPPED,
+                                 f"not merged: the next segment ({queue[1].base_offset}) does not start where this "
+                                 "one ends (a gap in offsets)", first.size, first.size, cause=Cause.NOTHING_TO_MERGE)
+        results.extend(finish_regroup(ctx, *staged, lease))
+        return results[0]
+
+    result = guarded(ctx, first, attempt)
+    return results or [result]
+
+
+def _why_not(seg: PlannedSegment, limits: Limits) -> str:
+    if seg.cause in _KEPT:
+        return f"not merged: {seg.reason}"
+    if seg.size >= limits.segment_bytes:
+        return f"not merged: {seg.size:,} bytes, at least segment.bytes ({limits.segment_bytes:,})"
+    return "not merged: no neighbour to merge with within segment.bytes and segment.index.bytes"
+
+
+def merge_run(store: ObjectStore, ctx: Context, options: MergeOptions,
+              progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
+    """A whole merge run in this process: the journals crashed runs left finished, then every partition of
+    the chosen topics merged under its lease; the run document written to ``runs/<run>/merge.json``."""
+    started = datetime.now(UTC).isoformat()
+    tally = RunTally()
+    for directory, bases in sorted(pending_bases(store, ctx.prefix).items()):
+        def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
+            out.extend(recover_partition(ctx, directory, lease))
+
+        for r in with_lease(ctx, directory, options.lease_ttl_seconds, recover, [(directory, b) for b in bases]):
+            tally.add(r)
+            if progress is not None:
+                progress(r)
+    partitions: list[list[PlannedSegment]] = []
+    scan_partitions(store, ctx.prefix, ScanOptions("none", topics=options.topics,
+                                                   min_age_minutes=options.min_age_minutes),
+                    lambda segments: partitions.append(segments) if segments else None)
+    for segments in partitions:
+        def work(lease: Lease, out: list[SegmentResult], segments: list[PlannedSegment] = segments) -> None:
+            merge_partition(ctx, segments, options.limits, lease, out, progress)
+
+        todo = [(s.directory, s.base_offset) for s in segments if s.log is not None]
+        for r in with_lease(ctx, segments[0].directory, options.lease_ttl_seconds, work, todo):
+            tally.add(r)
+    tally.add_usage({RUN_SCOPE: store.requests})
+    return tally.write(store, RunKind.MERGE, ctx.run_id, ctx.prefix, started, options.settings_json(),
+                       tally.usage())
