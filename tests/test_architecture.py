@@ -314,7 +314,8 @@ def test_a_spark_job_file_parses_its_arguments_and_calls_one_driver_function() -
         assert all(name[0].isupper() for name in from_run), f"{path.name} calls into tiering.run: {from_run}"
 
 
-DONE = {"COMPACTED", "ROLLED_BACK", "MERGED", "REPAIRED", "STAGED", "MOVED"}  # a segment's work done (or staged for its commit)
+# a segment's work done (or staged for its commit)
+DONE = {"COMPACTED", "ROLLED_BACK", "MERGED", "REPAIRED", "STAGED", "MOVED"}
 
 
 def test_a_segment_left_as_it_was_names_its_cause() -> None:

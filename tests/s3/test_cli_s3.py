@@ -262,3 +262,27 @@ def test_compact_keys_cleans_the_chosen_topics_and_the_report_shows_what_went(bu
     assert code == 0, err
     assert json.loads(out)["key_compaction"]["segments"] == 3
     assert json.loads(out)["prices"]["region"] == "eu-west-1"
+
+
+def test_merge_plans_merges_then_rolls_back_in_another_process(bucket: S3Store) -> None:
+    originals = seed(bucket, segments=6, segment_bytes=20_000)
+    where = ("--bucket", bucket.bucket, "--prefix", PREFIX, "--min-age-minutes", "0", "--segment-bytes", "1MiB")
+    listed = sorted(info.key for info in bucket.list(PREFIX + "/"))
+    code, out, err = _run("s3", "merge", *where, "--dry-run")
+    assert code == 0, err
+    assert "18 → 6" in out  # five sealed segments and the active one: 18 segment objects, 6 after
+    assert "nothing was written" in out
+    assert sorted(info.key for info in bucket.list(PREFIX + "/")) == listed
+    code, out, err = _run("s3", "merge", *where, "--run-id", "merge-cli", "--json", "--no-report")
+    assert code == 0, err
+    run = json.loads(out)
+    assert run["totals"]["merged"] == 5
+    assert run["usage"]["objects"] == {"before": 15, "after": 3}
+    first = min(originals)
+    assert bucket.get(f"{PREFIX}/orders.v1-0/{first:020d}.log") == b"".join(
+        originals[b].log for b in sorted(originals)[:-1])
+    code, out, err = _run("s3", "rollback", "--bucket", bucket.bucket, "--prefix", PREFIX, "--run-id", "merge-cli")
+    assert code == 0, err
+    assert "rolled-back: 5" in out
+    for base, original in originals.items():
+        assert bucket.get(f"{PREFIX}/orders.v1-0/{base:020d}.log") == original.log

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
-from tiering.cli.args import add_key_map_args, int_at_least, max_keys
+from tiering.cli.args import add_key_map_args, add_merge_args, int_at_least, max_keys, merge_limits
 from tiering.cli.report import add_cost_args, cost_from_args
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.operation import AUTO_SWAP, Context, SegmentResult, SwapChoice
@@ -28,7 +28,7 @@ from tiering.kafka.codecs import Codec, check_level
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.vocabulary import Action, Status, Swap, Verify
+from tiering.lifecycle.vocabulary import Action, RunKind, Status, Swap, Verify
 from tiering.plan.document import Plan, PlannedSegment, PlanTotals
 from tiering.plan.estimate import (
     DEFAULT_SAMPLE_BYTES,
@@ -45,6 +45,7 @@ from tiering.report.render import to_table
 from tiering.run.documents import CompactOptions, RunResult, new_run_id, outcome, worst
 from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup, rollback
+from tiering.run.merge import MergeOptions, PlannedMerges, merge_run, plan_merges
 from tiering.run.pipeline import RunSettings, compact, dry_run, plan_run, run_local, scan_run
 from tiering.storage.layout import reserved_dir
 from tiering.storage.objects import ObjectInfo, ObjectStore
@@ -260,7 +261,7 @@ def _load_plan(args: argparse.Namespace, store: ObjectStore) -> Plan:
 
 
 def _segment_line(i: int, r: SegmentResult) -> str:
-    sizes = f" {_human(r.bytes_before)} → {_human(r.bytes_after)}" if r.status == "compacted" else ""
+    sizes = f" {_human(r.bytes_before)} → {_human(r.bytes_after)}" if r.status is Status.COMPACTED else ""
     why = f": {r.reason}" if r.reason else ""
     return f"[{i}] {r.directory}/{r.base_offset:020d}: {r.status}{' (recovered)' if r.recovered else ''}{sizes}{why}"
 
@@ -279,8 +280,13 @@ def _run_table(run: RunResult) -> Table:
                   "", "", "", "")
     before, after = totals["bytes_before"], totals["bytes_after"]
     ratio = f" (ratio {after / before:.3f}, saved {_human(before - after)})" if before else ""
-    t.caption = (", ".join(f"{k}: {v}" for k, v in totals.items() if k not in ("bytes_before", "bytes_after"))
-                 + f"; {_human(before)} → {_human(after)}{ratio}")
+    counts = ", ".join(f"{k}: {v}" for k, v in totals.items() if k not in ("bytes_before", "bytes_after"))
+    objects = (run.usage or {}).get("objects")
+    if run.kind is RunKind.MERGE and isinstance(objects, dict):
+        t.caption = (f"{counts}; {objects['before']:,} segment objects merged into {objects['after']:,} "
+                     f"({_human(before)} of .log bytes, unchanged)")
+    else:
+        t.caption = f"{counts}; {_human(before)} → {_human(after)}{ratio}"
     return t
 
 
@@ -384,6 +390,52 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     _log(args, f"run {run_id}: key compaction of {chosen} under s3://{args.bucket}/{args.prefix} ...")
     run = compact_keys(store, ctx, options, progress)
     return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    store = _store(args)
+    options = MergeOptions(merge_limits(args), args.topics, args.min_age_minutes, args.lease_ttl_seconds)
+    where = f"s3://{args.bucket}/{args.prefix}"
+    if args.dry_run:
+        planned = plan_merges(store, args.prefix, options)
+        if args.json:
+            _emit_json(args.stdout, {"dry_run": True, "settings": options.settings_json(),
+                                     "partitions": [p.to_json() for p in planned]})
+        else:
+            _console(args.stdout).print(_merge_plan_table(planned, where, options))
+            print("dry run: nothing was written (a group ends earlier where merging finds a gap in offsets)",
+                  file=args.stdout)
+        return 0
+    run_id = args.run_id or new_run_id()
+    ctx = Context(store, args.prefix, run_id, RewriteOptions(Codec.NONE), verify=Verify(args.verify))
+    done = [0]
+
+    def progress(r: SegmentResult) -> None:
+        done[0] += 1
+        _log(args, _segment_line(done[0], r))
+
+    _log(args, f"run {run_id}: merging small neighbouring segments under {where} into segments of at most "
+               f"{_human(options.limits.segment_bytes)} ...")
+    run = merge_run(store, ctx, options, progress)
+    return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
+
+
+def _merge_plan_table(planned: list[PlannedMerges], where: str, options: MergeOptions) -> Table:
+    t = Table(title=f"merges planned under {where} (segments of at most {_human(options.limits.segment_bytes)})",
+              title_justify="left")
+    for col in ("partition", "groups", "segments", "objects", ".log bytes merged"):
+        t.add_column(col, justify="left" if col == "partition" else "right")
+    shown = [p for p in planned if p.groups]
+    for p in shown[:200]:
+        t.add_row(p.directory, f"{len(p.groups):,}", f"{p.segments_before:,} → {p.segments_after:,}",
+                  f"{p.objects_before:,} → {p.objects_after:,}", _human(p.bytes_merged))
+    if len(shown) > 200:
+        t.add_row(f"... {len(shown) - 200:,} more partitions", "", "", "", "")
+    t.add_row("all partitions", f"{sum(len(p.groups) for p in planned):,}",
+              f"{sum(p.segments_before for p in planned):,} → {sum(p.segments_after for p in planned):,}",
+              f"{sum(p.objects_before for p in planned):,} → {sum(p.objects_after for p in planned):,}",
+              _human(sum(p.bytes_merged for p in planned)), style="bold")
+    return t
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
@@ -643,6 +695,33 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p.add_argument("--include-internal", action="store_true", help="include internal topics (names starting __)")
     add_cost_args(p)
     p.set_defaults(func=_cmd_tier)
+
+    p = sub.add_parser("merge", help="merge runs of small neighbouring segments into fewer, larger ones",
+                       description="For each partition of the chosen topics, under its lease: runs of neighbouring "
+                                   "sealed segments each smaller than --segment-bytes are merged into segments of "
+                                   "at most --segment-bytes, grouped as Kafka's cleaner groups them "
+                                   "(docs/merging.md). Every batch is kept byte for byte; the indexes are rebuilt "
+                                   "and the .txnindex entries carried over. A merge never crosses a gap in offsets, "
+                                   "never touches the active segment or one younger than --min-age-minutes, and is "
+                                   "swapped in so that a broker restoring the bucket at any instant loads every "
+                                   "offset once (docs/commit-protocol.md). The originals stay in the run's backup "
+                                   "for the grace period; 'tiering s3 rollback RUN' splits a merged segment again. "
+                                   "Exit 0 done; 1 invalid data; 3 busy; 4 S3 failed (retry).")
+    _common(p)
+    p.add_argument("--topics", default=None, metavar="REGEX",
+                   help="only the topics whose whole names match (default: every topic)")
+    add_merge_args(p, "the largest merged segment; a segment this large or larger is left as it is")
+    p.add_argument("--min-age-minutes", type=int, default=DEFAULT_MIN_AGE_MINUTES,
+                   help="segments uploaded less than this long ago (S3's LastModified) are left as they are and end "
+                        "a run of neighbours (default %(default)s)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list and plan only: the groups, and segments and objects before and after, per partition")
+    p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
+    p.add_argument("--verify", choices=[v.value for v in Verify], default=Verify.CHECKSUM.value,
+                   help="how each staged file is accepted (as for 'compact')")
+    p.add_argument("--no-report", action="store_true", help="do not publish the cost report")
+    add_cost_args(p)
+    p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("rollback", help="restore the originals a run replaced",
                        description="Put back, from the kept backups, every original that run RUN_ID replaced and "

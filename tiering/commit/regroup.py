@@ -517,13 +517,24 @@ def _roll_forward(ctx: Context, journal: RegroupJournal, etag: str, lease: Lease
         return [SegmentResult(journal.directory, s.base_offset, Status.MERGED,
                               f"{n} segments merged into one" if i == 0 else
                               f"merged into segment {target.base_offset}",
-                              s.log.size, target.log.size if i == 0 else 0, run_id=journal.run_id)
+                              s.log.size, target.log.size if i == 0 else 0, run_id=journal.run_id,
+                              stats={"merge": merge_stats(journal)} if i == 0 else None)
                 for i, s in enumerate(journal.sources)]
     merged_size = journal.sources[0].log.size
     return [SegmentResult(journal.directory, t.base_offset, Status.ROLLED_BACK,
                           f"restored from run {journal.restores_run}'s backup (the merged segment split again)",
                           merged_size if i == 0 else 0, t.log.size, run_id=journal.run_id)
             for i, t in enumerate(journal.targets)]
+
+
+def merge_stats(journal: RegroupJournal) -> dict[str, Any]:
+    """What a merge changed, for the report: the segments and the size of every object before and after,
+    and their storage class (the merged segment takes the first one's)."""
+    attrs = journal.targets[0].log.attrs
+    return {"segments_before": len(journal.sources), "segments_after": len(journal.targets),
+            "storage_class": attrs.storage_class if attrs is not None else "STANDARD",
+            "objects_before": [f.size for s in journal.sources for f in s.files.values()],
+            "objects_after": [f.size for t in journal.targets for f in t.files.values()]}
 
 
 def _delete_source(ctx: Context, journal: RegroupJournal, f: GroupFile) -> None:

@@ -78,6 +78,54 @@ def merge_groups(segments: Sequence[PlannedSegment], limits: Limits) -> list[lis
     return groups
 
 
+@dataclass(frozen=True, slots=True)
+class PlannedMerges:
+    """A partition's merges as its listing plans them (a dry run): its segments and segment objects now,
+    and after the groups are merged. A group may end earlier where merging finds a gap in offsets."""
+
+    directory: str
+    groups: tuple[tuple[int, ...], ...]  # the base offsets of each group
+    segments_before: int
+    objects_before: int
+    segments_after: int
+    objects_after: int
+    bytes_merged: int  # the .log bytes of the segments in groups
+
+    def to_json(self) -> dict[str, Any]:
+        return {"directory": self.directory, "groups": [list(g) for g in self.groups],
+                "segments_before": self.segments_before, "objects_before": self.objects_before,
+                "segments_after": self.segments_after, "objects_after": self.objects_after,
+                "bytes_merged": self.bytes_merged}
+
+
+def _objects(seg: PlannedSegment) -> int:
+    return sum(ref is not None for ref in (seg.log, seg.index, seg.timeindex, seg.txnindex))
+
+
+def planned_merges(segments: Sequence[PlannedSegment], limits: Limits) -> PlannedMerges:
+    """What merging ``segments`` (one partition's listing) would make of them, by their sizes alone."""
+    groups = merge_groups(segments, limits)
+    listed = [s for s in segments if s.log is not None]
+    before = sum(_objects(s) for s in segments)
+    after = before - sum(_objects(s) for g in groups for s in g) + sum(
+        3 + any(s.txnindex is not None for s in g) for g in groups)
+    return PlannedMerges(segments[0].directory, tuple(tuple(s.base_offset for s in g) for g in groups),
+                         len(listed), before, len(listed) - sum(len(g) - 1 for g in groups), after,
+                         sum(s.size for g in groups for s in g))
+
+
+def plan_merges(store: ObjectStore, prefix: str, options: MergeOptions) -> list[PlannedMerges]:
+    """A dry run: every partition of the chosen topics listed and its merges planned; nothing is written."""
+    out: list[PlannedMerges] = []
+    scan_partitions(store, prefix, _scan_options(options),
+                    lambda segments: out.append(planned_merges(segments, options.limits)) if segments else None)
+    return out
+
+
+def _scan_options(options: MergeOptions) -> ScanOptions:
+    return ScanOptions("none", topics=options.topics, min_age_minutes=options.min_age_minutes)
+
+
 def merge_partition(ctx: Context, segments: Sequence[PlannedSegment], limits: Limits, lease: Lease,
                     out: list[SegmentResult], progress: Callable[[SegmentResult], None] | None = None) -> None:
     """Merge one partition's groups under its lease: results appended to ``out``, one per listed segment."""
@@ -143,17 +191,25 @@ def merge_run(store: ObjectStore, ctx: Context, options: MergeOptions,
     the chosen topics merged under its lease; the run document written to ``runs/<run>/merge.json``."""
     started = datetime.now(UTC).isoformat()
     tally = RunTally()
+    objects = {"before": 0, "after": 0}  # the segment objects the merges replaced, and those they made
+
+    def add(r: SegmentResult) -> None:
+        tally.add(r)
+        merged = (r.stats or {}).get("merge")
+        if isinstance(merged, dict):
+            objects["before"] += len(merged["objects_before"])
+            objects["after"] += len(merged["objects_after"])
+
     for directory, bases in sorted(pending_bases(store, ctx.prefix).items()):
         def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
             out.extend(recover_partition(ctx, directory, lease))
 
         for r in with_lease(ctx, directory, options.lease_ttl_seconds, recover, [(directory, b) for b in bases]):
-            tally.add(r)
+            add(r)
             if progress is not None:
                 progress(r)
     partitions: list[list[PlannedSegment]] = []
-    scan_partitions(store, ctx.prefix, ScanOptions("none", topics=options.topics,
-                                                   min_age_minutes=options.min_age_minutes),
+    scan_partitions(store, ctx.prefix, _scan_options(options),
                     lambda segments: partitions.append(segments) if segments else None)
     for segments in partitions:
         def work(lease: Lease, out: list[SegmentResult], segments: list[PlannedSegment] = segments) -> None:
@@ -161,7 +217,7 @@ def merge_run(store: ObjectStore, ctx: Context, options: MergeOptions,
 
         todo = [(s.directory, s.base_offset) for s in segments if s.log is not None]
         for r in with_lease(ctx, segments[0].directory, options.lease_ttl_seconds, work, todo):
-            tally.add(r)
+            add(r)
     tally.add_usage({RUN_SCOPE: store.requests})
     return tally.write(store, RunKind.MERGE, ctx.run_id, ctx.prefix, started, options.settings_json(),
-                       tally.usage())
+                       tally.usage(objects=objects))
