@@ -354,3 +354,46 @@ def test_a_run_without_re_batching_has_no_split() -> None:
     assert rep.savings_split is None
     assert "savings_split" not in rep.to_json()
     assert "re-batching" not in render(rep, "table")
+
+
+def _merged(directory: str, bases: list[int], sizes_before: list[int], sizes_after: list[int],
+            storage_class: str) -> list[dict[str, Any]]:
+    """A merge run's results: the group's first segment carries what the merge changed."""
+    stats = {"merge": {"segments_before": len(bases), "segments_after": 1, "storage_class": storage_class,
+                       "objects_before": sizes_before, "objects_after": sizes_after}}
+    return [{"directory": directory, "base_offset": b, "status": "merged", "bytes_before": 0, "bytes_after": 0,
+             "stats": stats if i == 0 else {}} for i, b in enumerate(bases)]
+
+
+def test_a_merge_of_small_ia_objects_saves_their_minimum_billable_size_by_hand() -> None:
+    # Four 20,000-byte objects (two segments of .log and .index) in Standard-IA become two of 40,000 bytes:
+    # each is billed 128 KiB at $0.0125 per GB-month. One transition costs $0.02 (Glacier IR) and $0.05
+    # (Deep Archive) per 1,000 objects; a GET $0.001 per 1,000.
+    run = run_doc(_merged("t-0", [0, 10], [20_000] * 4, [40_000] * 2, "STANDARD_IA"))
+    rep = report(run, [])
+    m = rep.merging
+    assert m is not None
+    assert (m.segments_before, m.segments_after, m.objects_before, m.objects_after) == (2, 1, 4, 2)
+    assert m.monthly_before_usd == pytest.approx(4 * 131072 / GB * 0.0125)
+    assert m.monthly_after_usd == pytest.approx(2 * 131072 / GB * 0.0125)
+    assert rep.totals.monthly_savings_usd == pytest.approx(2 * 131072 / GB * 0.0125)
+    moves = {c: (b, a) for c, b, a in m.transitions}
+    assert "STANDARD_IA" not in moves  # where they are already
+    assert moves["GLACIER_IR"] == pytest.approx((4 * 0.02 / 1000, 2 * 0.02 / 1000))
+    assert moves["DEEP_ARCHIVE"] == pytest.approx((4 * 0.05 / 1000, 2 * 0.05 / 1000))
+    assert (m.reads_before_usd, m.reads_after_usd) == pytest.approx((4 * 0.001 / 1000, 2 * 0.001 / 1000))
+    assert rep.skipped == ()  # merged segments are done, not "not rewritten"
+    text = render(rep, "table")
+    assert text.startswith("merge report")
+    assert "2 into 1: 4 objects -> 2" in text
+    assert Report.from_json(json.loads(json.dumps(rep.to_json())), "report.json") == rep
+
+
+def test_merging_in_deep_archive_counts_each_objects_overhead() -> None:
+    # Deep Archive bills 32 KiB of each object at its own rate and 8 KiB at Standard's: two objects of 1 MiB
+    # merged into one save one object's overhead.
+    run = run_doc(_merged("t-0", [0, 10], [1 << 20] * 2, [2 << 20], "DEEP_ARCHIVE"))
+    m = report(run, []).merging
+    assert m is not None
+    overhead = 32768 / GB * 0.00099 + 8192 / GB * 0.023
+    assert m.monthly_before_usd - m.monthly_after_usd == pytest.approx(overhead)

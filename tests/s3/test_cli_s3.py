@@ -273,11 +273,15 @@ def test_merge_plans_merges_then_rolls_back_in_another_process(bucket: S3Store) 
     assert "18 → 6" in out  # five sealed segments and the active one: 18 segment objects, 6 after
     assert "nothing was written" in out
     assert sorted(info.key for info in bucket.list(PREFIX + "/")) == listed
-    code, out, err = _run("s3", "merge", *where, "--run-id", "merge-cli", "--json", "--no-report")
+    code, out, err = _run("s3", "merge", *where, "--run-id", "merge-cli", "--json", "-v")
     assert code == 0, err
     run = json.loads(out)
     assert run["totals"]["merged"] == 5
     assert run["usage"]["objects"] == {"before": 15, "after": 3}
+    report = bucket.get_json(f"{PREFIX}/_tiering/reports/merge-cli/report.json")[0]
+    assert (report["merging"]["objects_before"], report["merging"]["objects_after"]) == (15, 3)
+    assert "merge report" in err
+    assert "5 into 1: 15 objects -> 3" in err
     first = min(originals)
     assert bucket.get(f"{PREFIX}/orders.v1-0/{first:020d}.log") == b"".join(
         originals[b].log for b in sorted(originals)[:-1])

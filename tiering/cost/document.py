@@ -80,6 +80,7 @@ class SegmentRow:
     rebatch: RebatchFigures | None = None  # set when the rewrite merged runs of batches
     keys: KeyCompactionFigures | None = None  # set when a key-compaction pass cleaned the segment
     cause: str | None = None  # why it was not rewritten (the lifecycle's cause, or the dry run's verdict)
+    merge: MergeFigures | None = None  # the first segment of a group a merge run merged: the group's figures
 
     @property
     def why(self) -> str:
@@ -88,7 +89,8 @@ class SegmentRow:
         return cause.label if cause is not None else self.cause or str(self.status)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "status": str(self.status)}
+        return {**asdict(self), "status": str(self.status),
+                "merge": self.merge.to_json() if self.merge is not None else None}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> SegmentRow:
@@ -98,7 +100,8 @@ class SegmentRow:
                    str(d["reason"]), int(d["bytes_before"]), int(d["bytes_after"]), str(d["source_codec"]),
                    d.get("encryption"), d.get("error"), float(d["monthly_savings_usd"]),
                    RebatchFigures(**rb) if rb else None,
-                   KeyCompactionFigures(**d["keys"]) if d.get("keys") else None, d.get("cause"))
+                   KeyCompactionFigures(**d["keys"]) if d.get("keys") else None, d.get("cause"),
+                   MergeFigures.from_json(d["merge"]) if d.get("merge") else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,48 @@ class RebatchFigures:
     batches_before: int
     batches_after: int
     saved_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MergeFigures:
+    """What merging did to a group of segments (or, summed, to a run), and what their objects cost by the
+    object in their storage class: storage per month (each object billed at least the class's minimum size,
+    with the archive classes' per-object overhead), one lifecycle transition of every object to each class
+    that charges for it, and one GET of every object."""
+
+    segments_before: int
+    segments_after: int
+    objects_before: int
+    objects_after: int
+    monthly_before_usd: float
+    monthly_after_usd: float
+    reads_before_usd: float
+    reads_after_usd: float
+    transitions: tuple[tuple[str, float, float], ...]  # (storage class, before, after) in dollars
+
+    def plus(self, other: MergeFigures) -> MergeFigures:
+        moves: dict[str, tuple[float, float]] = {c: (b, a) for c, b, a in self.transitions}
+        for c, b, a in other.transitions:
+            was = moves.get(c, (0.0, 0.0))
+            moves[c] = (was[0] + b, was[1] + a)
+        summed = {f: getattr(self, f) + getattr(other, f) for f in self.__dataclass_fields__ if f != "transitions"}
+        return MergeFigures(**summed, transitions=tuple((c, b, a) for c, (b, a) in sorted(moves.items())))
+
+    @property
+    def monthly_savings_usd(self) -> float:
+        return self.monthly_before_usd - self.monthly_after_usd
+
+    def to_json(self) -> dict[str, Any]:
+        return {**{f: getattr(self, f) for f in self.__dataclass_fields__ if f != "transitions"},
+                "transitions": [{"storage_class": c, "before_usd": b, "after_usd": a} for c, b, a in self.transitions]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> MergeFigures:
+        return cls(int(doc["segments_before"]), int(doc["segments_after"]), int(doc["objects_before"]),
+                   int(doc["objects_after"]), float(doc["monthly_before_usd"]), float(doc["monthly_after_usd"]),
+                   float(doc["reads_before_usd"]), float(doc["reads_after_usd"]),
+                   tuple((str(t["storage_class"]), float(t["before_usd"]), float(t["after_usd"]))
+                         for t in doc["transitions"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,6 +492,7 @@ class Report:
     key_compaction: KeyCompactionFigures | None = None  # summed over the segments a key-compaction pass cleaned
     key_compaction_monthly_usd: float = 0.0  # the dollars of the totals those segments account for
     objects_not_planned: Mapping[str, int] = field(default_factory=dict)  # the scan's, by reason
+    merging: MergeFigures | None = None  # summed over the groups of segments a merge run merged
 
     def ledger_entry(self) -> LedgerEntry:
         t = self.totals
@@ -476,6 +522,8 @@ class Report:
         if self.key_compaction is not None:
             doc["key_compaction"] = {**asdict(self.key_compaction),
                                      "monthly_savings_usd": self.key_compaction_monthly_usd}
+        if self.merging is not None:
+            doc["merging"] = self.merging.to_json()
         return doc
 
     @property
@@ -514,7 +562,8 @@ class Report:
                 None if keys is None else KeyCompactionFigures(
                     **{k: int(v) for k, v in keys.items() if k != "monthly_savings_usd"}),
                 float(keys["monthly_savings_usd"]) if keys is not None else 0.0,
-                {str(k): int(v) for k, v in (doc.get("objects_not_planned") or {}).items()})
+                {str(k): int(v) for k, v in (doc.get("objects_not_planned") or {}).items()},
+                MergeFigures.from_json(doc["merging"]) if doc.get("merging") else None)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError("report unreadable", path=where, expected="a compaction report's fields",
                               found=f"{type(e).__name__}: {e}") from None

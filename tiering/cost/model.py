@@ -46,6 +46,7 @@ from tiering.cost.document import (
     LedgerRow,
     LedgerSummary,
     Listing,
+    MergeFigures,
     NotRewritten,
     OneOff,
     RebatchFigures,
@@ -114,7 +115,7 @@ def _gb(n: float) -> float:
     return n / GB
 
 
-def _row(directory: str, base: int, r: Mapping[str, Any], plan: Mapping[str, Any] | None = None,
+def _row(directory: str, base: int, r: Mapping[str, Any], prices: PriceBook, plan: Mapping[str, Any] | None = None,
          codec: str | None = None) -> SegmentRow:
     """A segment's row from its result and its plan entry (none: a result the plan did not list, a rollback's
     say); ``codec``: its source codec, else the result's."""
@@ -127,7 +128,34 @@ def _row(directory: str, base: int, r: Mapping[str, Any], plan: Mapping[str, Any
                       int(r.get("bytes_after", 0)), source_codec(r.get("stats")) if codec is None else codec,
                       r.get("encryption"), r.get("error"), rebatch=rebatch_figures(r.get("stats")),
                       keys=key_compaction_figures(r.get("stats"), int(r.get("bytes_before", 0)),
-                                                  int(r.get("bytes_after", 0))), cause=r.get("cause"))
+                                                  int(r.get("bytes_after", 0))), cause=r.get("cause"),
+                      merge=merge_figures(r.get("stats"), prices))
+
+
+def object_month_usd(prices: PriceBook, storage_class: str, size: int) -> float:
+    """What one object of ``size`` bytes costs a month in ``storage_class`` at its first-tier rate: at least
+    the class's minimum billable size, plus the archive classes' per-object overhead (part of it billed at
+    Standard's rate)."""
+    p = prices.of(storage_class)
+    return (_gb(p.billed_bytes(size) + p.overhead_bytes_class) * p.rate()
+            + _gb(p.overhead_bytes_standard) * prices.of("STANDARD").rate())
+
+
+def merge_figures(stats: Mapping[str, Any] | None, prices: PriceBook) -> MergeFigures | None:
+    """A merged group's figures from its first segment's stats, priced; None for any other segment."""
+    m = (stats or {}).get("merge")
+    if not m:
+        return None
+    cls = str(m["storage_class"])
+    before, after = [int(n) for n in m["objects_before"]], [int(n) for n in m["objects_after"]]
+    get = prices.of(cls).get_per_1000 / 1000
+    moves = tuple((c, len(before) * price / 1000, len(after) * price / 1000)
+                  for c, p in sorted(prices.storage.items())
+                  if c != cls and (price := p.transition_per_1000) is not None)
+    return MergeFigures(int(m["segments_before"]), int(m["segments_after"]), len(before), len(after),
+                        sum(object_month_usd(prices, cls, n) for n in before),
+                        sum(object_month_usd(prices, cls, n) for n in after), len(before) * get, len(after) * get,
+                        moves)
 
 
 def key_compaction_figures(stats: Mapping[str, Any] | None, before: int, after: int) -> KeyCompactionFigures | None:
@@ -149,8 +177,8 @@ def rebatch_figures(stats: Mapping[str, Any] | None) -> RebatchFigures | None:
     return RebatchFigures(1, int(rb["batches_in"]), int(rb["batches_out"]), int(rb["saved_by_rebatching"]))
 
 
-def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]], forecast: Forecast | None
-          ) -> Iterator[SegmentRow]:
+def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]], forecast: Forecast | None,
+          prices: PriceBook) -> Iterator[SegmentRow]:
     """One row per segment the scan saw: its plan facts and the run's outcome (or, in a dry run, its
     stratum's forecast applied to it); then the results without a plan entry (a rollback, say)."""
     by_key = {(r["directory"], int(r["base_offset"])): r for r in results}
@@ -158,7 +186,7 @@ def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]
         key = (s["directory"], int(s["base_offset"]))
         r = by_key.pop(key, None)
         if r is not None:
-            yield _row(*key, r, s)
+            yield _row(*key, r, prices, s)
             continue
         size = int((s.get("log") or {}).get("size", 0))
         stratum = forecast.stratum(s["topic"], s["directory"]) if forecast is not None else None
@@ -177,9 +205,9 @@ def _rows(plan: Iterable[Mapping[str, Any]], results: Iterable[Mapping[str, Any]
             r = {"status": Unrun.PLANNED, "reason": s["reason"], "cause": "planned"}
         else:
             r = {"status": Unrun.NOT_RUN, "reason": "planned, but no result was recorded", "cause": "no result"}
-        yield _row(*key, r, s, codec=codec)
+        yield _row(*key, r, prices, s, codec=codec)
     for (directory, base), r in sorted(by_key.items()):
-        yield _row(directory, base, r)
+        yield _row(directory, base, r, prices)
 
 
 def _age_days(last_modified: str | None, now: datetime) -> float | None:
@@ -232,6 +260,7 @@ class _Fold:
         self.keys: KeyCompactionFigures | None = None
         self.keys_partitions: set[str] = set()
         self.keys_billed: Counter[str] = Counter()  # per class, the billed bytes key compaction saved
+        self.merged: MergeFigures | None = None
         self.dry_requests_usd = 0.0
         self.dry_requests = 0  # a dry run's estimated requests (tier1_requests and the tier-2 constant a segment)
         self.retrieval = _Line("Retrieval fees (IA / Glacier IR sources)")
@@ -242,10 +271,14 @@ class _Fold:
 
     def add(self, row: SegmentRow) -> None:
         self.statuses[row.status] += 1
+        if row.merge is not None:
+            self.merged = row.merge if self.merged is None else self.merged.plus(row.merge)
         if len(self.rows) < MAX_LISTED_ROWS:
             self.rows.append(row)
         else:
             self.rows_omitted += 1
+        if row.status is Status.MERGED:  # the same bytes in fewer objects: its figures are row.merge's
+            return
         if row.status not in SAVING:
             self.reasons[(row.status, row.why)] += 1
             if row.status is Status.FAILED:
@@ -392,12 +425,12 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
     noncurrent_days = options.noncurrent_days if options.noncurrent_days is not None else noncurrent_days
     fold = _Fold(prices, options, now, (bool(versioned), noncurrent_days), dry_run)
     for entries, results in chunks if chunks is not None else [(plan, run.get("segments", []))]:
-        for row in _rows(entries, results, forecast):
+        for row in _rows(entries, results, forecast, prices):
             fold.add(row)
     warnings: list[str] = []
 
     by_class = fold.savings()
-    monthly = sum(by_class.values())
+    monthly = sum(by_class.values()) + (fold.merged.monthly_savings_usd if fold.merged is not None else 0.0)
     if versioned and noncurrent_days is None and fold.done:
         # Nothing is ever removed: the new objects, the deleted backups and the staging copies are added.
         warnings.append("The bucket keeps versions and no lifecycle rule expires noncurrent ones: the replaced "
@@ -449,7 +482,7 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
         rebatching=fold.rebatched if fold.rebatched.segments else None,
         rebatching_monthly_usd=fold.share(by_class, fold.rebatch_billed),
         key_compaction=fold.keys, key_compaction_monthly_usd=fold.share(by_class, fold.keys_billed),
-        objects_not_planned=dict(sorted((not_planned or {}).items())))
+        objects_not_planned=dict(sorted((not_planned or {}).items())), merging=fold.merged)
     return with_ledger(report, [e for e in ledger if e.run_id != report.run_id])
 
 

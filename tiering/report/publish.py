@@ -63,7 +63,7 @@ def record_in_ledger(store: ObjectStore, prefix: str, entry: LedgerEntry) -> lis
                           path=f"s3://{store.bucket}/{ledger_key(prefix)}")
 
 
-RUN_KINDS: Final = (RunKind.COMPACT, RunKind.COMPACT_KEYS)  # the runs that have a savings report
+RUN_KINDS: Final = (RunKind.COMPACT, RunKind.MERGE, RunKind.COMPACT_KEYS)  # the runs that have a savings report
 
 
 def _kind_of(store: ObjectStore, prefix: str, run_id: str) -> RunKind:

@@ -63,11 +63,35 @@ def per_tib(t: Totals) -> str:
 
 
 def title(report: Report) -> str:
-    kind = "ESTIMATE (dry run)" if report.estimate else "compaction report"
+    kind = "ESTIMATE (dry run)" if report.estimate else "merge report" if _merge_only(report) else "compaction report"
     return f"{kind}: s3://{report.bucket}/{report.prefix} run {report.run_id}"
 
 
+def _merge_only(report: Report) -> bool:
+    return report.merging is not None and not report.totals.segments_rewritten
+
+
 def headline(report: Report) -> list[tuple[str, str]]:
+    t = report.totals
+    if _merge_only(report):
+        rows = [("this prefix, per year", f"{usd(t.yearly_savings_usd)} ({usd(t.monthly_savings_usd)} per month)"),
+                ("skipped / failed", f"{t.segments_skipped} / {t.segments_failed}"),
+                ("one-off cost of the run", usd(t.one_off_usd)),
+                ("payback (storage alone)", payback(t.payback_months))]
+    else:
+        rows = _compaction_headline(report)
+    if (m := report.merging) is not None:
+        rows.append(("segments merged", f"{m.segments_before:,} into {m.segments_after:,}: {m.objects_before:,} "
+                     f"objects -> {m.objects_after:,}"))
+        rows.append(("storage of those objects", f"{usd(m.monthly_before_usd)} -> {usd(m.monthly_after_usd)} per "
+                     "month (each at least its class's minimum billable size, plus per-object overhead)"))
+        rows.append(("reading them once (GET)", f"{usd(m.reads_before_usd)} -> {usd(m.reads_after_usd)}"))
+        rows.append(("a lifecycle transition of them", "; ".join(
+            f"to {c} {usd(b)} -> {usd(a)}" for c, b, a in m.transitions) or "n/a"))
+    return [*rows, *_closing_rows(report)]
+
+
+def _compaction_headline(report: Report) -> list[tuple[str, str]]:
     t = report.totals
     rows = [
         ("per TiB of such data", per_tib(t)),
@@ -92,6 +116,11 @@ def headline(report: Report) -> list[tuple[str, str]]:
                      f"dropped: {kc.superseded_dropped:,} superseded, {kc.no_key_dropped:,} without a key, "
                      f"{kc.aborted_records_removed:,} aborted, {kc.tombstones_dropped:,} tombstones, "
                      f"{kc.markers_dropped:,} markers; {kc.tombstones_stamped:,} tombstones stamped)"))
+    return rows
+
+
+def _closing_rows(report: Report) -> list[tuple[str, str]]:
+    rows = []
     if (e := report.estimate_detail) is not None:
         rows.append(("estimate range (+/- 2 s.e.)", f"{usd(e.monthly_savings_usd_low)} .. "
                      f"{usd(e.monthly_savings_usd_high)} per month, from {e.segments_sampled} sampled "
