@@ -107,6 +107,9 @@ def _error(doc: Any) -> str:
                  {"topic": "cold-1", "storage.allow.archive": False}]},
      ["storage.allow.archive", "GLACIER"]),  # the exact topic with the regex entry it also matches
     ({"clusters": {}}, ["clusters", "unknown top-level key"]),
+    ({"cluster": {"merge.target.bytes": 0}}, ["cluster.merge.target.bytes", "bytes in 1..2147483647"]),
+    ({"cluster": {"segment.bytes": 1 << 31}}, ["cluster.segment.bytes", "bytes in 1..2147483647"]),
+    ({"cluster": {"merge.enable": "yes"}}, ["cluster.merge.enable", "true or false"]),
 ])
 def test_an_invalid_policy_names_the_key_and_the_problem(doc: Any, names: list[str]) -> None:
     message = _error(doc)
@@ -193,3 +196,15 @@ def test_key_compaction_keys_are_checked(settings: dict[str, Any], names: list[s
     with pytest.raises(PolicyError) as e:
         parse_policy({"cluster": settings})
     assert all(n in str(e.value) for n in names), str(e.value)
+
+
+def test_merge_bounds_default_to_the_topics_segment_bytes() -> None:
+    policy = parse_policy({"cluster": {"merge.enable": True, "segment.bytes": 64 << 20},
+                           "topics": [{"regex": "big-.*", "merge.target.bytes": 256 << 20},
+                                      {"topic": "off", "merge.enable": False}]})
+    assert (policy.resolve("orders").merge_enable, policy.resolve("orders").merge_target_bytes) == (True, 64 << 20)
+    assert policy.resolve("big-1").merge_target_bytes == 256 << 20  # its own, above segment.bytes
+    assert policy.resolve("off").merge_enable is False
+    assert parse_policy({}).resolve("t").merge_target_bytes == 1 << 30  # Kafka's segment.bytes
+    assert parse_policy({}).resolve("t").segment_index_bytes == 10 << 20
+    assert parse_policy({}).resolve("t").merge_enable is False  # opt-in

@@ -8,6 +8,7 @@ fault-injection test holds every state a crash can leave to the same.
 from __future__ import annotations
 
 import io
+import time
 
 import pytest
 
@@ -23,6 +24,7 @@ from tiering.kafka.reader import iter_batches
 from tiering.kafka.segment import verify_segment
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, Status
+from tiering.plan.policy import parse_policy
 from tiering.run.maintenance import rollback
 from tiering.run.merge import MergeOptions, merge_run
 from tiering.storage.layout import BACKUP_DIR, partition_prefix, segment_key
@@ -250,3 +252,26 @@ def test_results_count_bytes_once(store: S3Store) -> None:
     assert sum(r.bytes_before for r in results) == sum(len(originals[b].log) for b in bases[:-1])
     assert sum(r.bytes_after for r in results) == len(_get(store, bases[0], LOG_SUFFIX))
     assert [r.bytes_after for r in results][1:] == [0, 0]
+
+
+def test_a_policy_merges_the_topics_it_enables_each_to_its_bound(store: S3Store) -> None:
+    merged = seed(store, segments=5, segment_bytes=20_000)  # orders.v1: enabled, two segments a group
+    left = seed(store, segments=4, segment_bytes=20_000, topic="audit")  # not enabled
+    fresh = seed(store, segments=4, segment_bytes=20_000, topic="fresh", start_ms=int(time.time() * 1000))
+    bases = sorted(merged)
+    sizes = [len(merged[b].log) for b in bases]
+    bound = max(sizes[0] + sizes[1], sizes[2] + sizes[3])
+    policy = parse_policy({"cluster": {"merge.enable": True, "min.segment.age.hours": 1},
+                           "topics": [{"topic": TOPIC, "merge.target.bytes": bound},
+                                      {"topic": "audit", "merge.enable": False}]})
+    run = merge_run(store, context(store, "merge-p"), MergeOptions(policy=policy))
+    by = {(r.directory, r.base_offset): r for r in run.segments}
+    assert [by[(DIRECTORY, b)].status for b in bases[:4]] == [Status.MERGED] * 4
+    assert _get(store, bases[2], LOG_SUFFIX) == merged[bases[2]].log + merged[bases[3]].log
+    assert not [k for k in by if k[0] == "audit-0"]  # not a topic to merge: not touched, not listed
+    young = [by[("fresh-0", b)] for b in sorted(fresh)[:-1]]
+    assert {r.cause for r in young} == {Cause.TOO_YOUNG}
+    assert "min.segment.age.hours" in young[0].reason
+    for base, original in left.items():
+        assert store.get(segment_key(PREFIX, "audit", 0, base, LOG_SUFFIX)) == original.log
+    assert run.settings["policy"] is None  # parsed from a document, not a file

@@ -394,7 +394,8 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     store = _store(args)
-    options = MergeOptions(merge_limits(args), args.topics, args.min_age_minutes, args.lease_ttl_seconds)
+    options = MergeOptions(merge_limits(args), args.topics, args.min_age_minutes, args.lease_ttl_seconds,
+                           load_policy(args.policy) if args.policy else None)
     where = f"s3://{args.bucket}/{args.prefix}"
     if args.dry_run:
         planned = plan_merges(store, args.prefix, options)
@@ -414,15 +415,16 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         done[0] += 1
         _log(args, _segment_line(done[0], r))
 
-    _log(args, f"run {run_id}: merging small neighbouring segments under {where} into segments of at most "
-               f"{_human(options.limits.segment_bytes)} ...")
+    bound = (f"each topic's merge.target.bytes ({args.policy})" if options.policy is not None
+             else _human(options.limits.segment_bytes))
+    _log(args, f"run {run_id}: merging small neighbouring segments under {where} into segments of at most {bound} ...")
     run = merge_run(store, ctx, options, progress)
     return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
 
 
 def _merge_plan_table(planned: list[PlannedMerges], where: str, options: MergeOptions) -> Table:
-    t = Table(title=f"merges planned under {where} (segments of at most {_human(options.limits.segment_bytes)})",
-              title_justify="left")
+    bound = "as the policy says" if options.policy is not None else f"of at most {_human(options.limits.segment_bytes)}"
+    t = Table(title=f"merges planned under {where} (segments {bound})", title_justify="left")
     for col in ("partition", "groups", "segments", "objects", ".log bytes merged"):
         t.add_column(col, justify="left" if col == "partition" else "right")
     shown = [p for p in planned if p.groups]
@@ -711,6 +713,11 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p.add_argument("--topics", default=None, metavar="REGEX",
                    help="only the topics whose whole names match (default: every topic)")
     add_merge_args(p, "the largest merged segment; a segment this large or larger is left as it is")
+    p.add_argument("--policy", default=None, metavar="FILE",
+                   help="a policy file (see 'tiering policy'): only the topics whose merge.enable is true are "
+                        "merged, each up to its merge.target.bytes (else its segment.bytes) and "
+                        "segment.index.bytes, leaving segments whose newest record is younger than its "
+                        "min.segment.age.hours (--segment-bytes and --index-bytes are then not used)")
     p.add_argument("--min-age-minutes", type=int, default=DEFAULT_MIN_AGE_MINUTES,
                    help="segments uploaded less than this long ago (S3's LastModified) are left as they are and end "
                         "a run of neighbours (default %(default)s)")

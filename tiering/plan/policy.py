@@ -20,6 +20,10 @@
       compact.enable: false             # key-compact the archive of a compacted topic (docs/key-compaction.md)
       delete.retention.ms: 86400000     # tombstones and markers stay this long after a pass stamped them
       min.compaction.lag.ms: 0          # records this young (from the partition's newest) are not cleaned
+      merge.enable: false               # merge runs of small neighbouring segments (docs/merging.md)
+      merge.target.bytes: null          # a merged segment's bound (null: the topic's segment.bytes)
+      segment.bytes: 1073741824         # the topic's, as Kafka names it (its default)
+      segment.index.bytes: 10485760     # the topic's, as Kafka names it (its default)
     topics:
       - topic: payments.encrypted       # an exact name
         compression.type: producer
@@ -77,6 +81,10 @@ BUILT_IN: Final[dict[str, Any]] = {
     "compact.enable": False,  # key compaction is opt-in, and only for topics whose cleanup.policy has compact
     "delete.retention.ms": 86_400_000,  # Kafka's default
     "min.compaction.lag.ms": 0,
+    "merge.enable": False,  # merging small neighbouring segments is opt-in
+    "merge.target.bytes": None,  # None: the topic's segment.bytes
+    "segment.bytes": 1 << 30,  # Kafka's defaults
+    "segment.index.bytes": 10 << 20,
 }
 CLEANUP_POLICIES: Final = ("delete", "compact", "compact,delete")
 INT32_MAX: Final = (1 << 31) - 1
@@ -117,6 +125,15 @@ class TopicPolicy:
     compact_enable: bool = False
     delete_retention_ms: int = 86_400_000
     min_compaction_lag_ms: int = 0
+    merge_enable: bool = False
+    merge_target_bytes_key: int | None = None  # merge.target.bytes as set
+    segment_bytes: int = 1 << 30
+    segment_index_bytes: int = 10 << 20
+
+    @property
+    def merge_target_bytes(self) -> int:
+        """A merged segment's bound: ``merge.target.bytes``, else the topic's ``segment.bytes``."""
+        return self.merge_target_bytes_key if self.merge_target_bytes_key is not None else self.segment_bytes
 
     @property
     def key_compaction(self) -> bool:
@@ -158,6 +175,8 @@ class TopicPolicy:
                 "rebatch.max.bytes": self.rebatch_max_bytes_key, "max.message.bytes": self.max_message_bytes,
                 "cleanup.policy": self.cleanup_policy, "compact.enable": self.compact_enable,
                 "delete.retention.ms": self.delete_retention_ms, "min.compaction.lag.ms": self.min_compaction_lag_ms,
+                "merge.enable": self.merge_enable, "merge.target.bytes": self.merge_target_bytes_key,
+                "segment.bytes": self.segment_bytes, "segment.index.bytes": self.segment_index_bytes,
                 "sources": dict(self.sources)}
 
 
@@ -212,7 +231,9 @@ class Policy:
                            float(values["auto.horizon.months"]), sources, bool(values["rebatch.enable"]),
                            int(values["rebatch.max.bytes"]), values["max.message.bytes"],
                            str(values["cleanup.policy"]), bool(values["compact.enable"]),
-                           int(values["delete.retention.ms"]), int(values["min.compaction.lag.ms"]))
+                           int(values["delete.retention.ms"]), int(values["min.compaction.lag.ms"]),
+                           bool(values["merge.enable"]), values["merge.target.bytes"], int(values["segment.bytes"]),
+                           int(values["segment.index.bytes"]))
 
 
 def _fail(where: str, problem: str, found: object = None) -> PolicyError:
@@ -302,7 +323,10 @@ def _settings(raw: object, where: str) -> dict[str, Any]:
         elif key in ("delete.retention.ms", "min.compaction.lag.ms"):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise _fail(at, "expected milliseconds >= 0 (an integer)", value)
-        elif key in ("storage.allow.archive", "rebatch.enable", "compact.enable"):
+        elif key in ("merge.target.bytes", "segment.bytes", "segment.index.bytes"):
+            if value is not None or key != "merge.target.bytes":  # Kafka's own bounds: a segment's positions are int32
+                _bytes(value, at, 1)
+        elif key in ("storage.allow.archive", "rebatch.enable", "compact.enable", "merge.enable"):
             if not isinstance(value, bool):
                 raise _fail(at, "expected true or false", value)
         elif key == "auto.candidates":

@@ -11,8 +11,8 @@ group of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -20,13 +20,17 @@ from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
 from tiering.commit.operation import Context, SegmentResult
 from tiering.commit.recover import recover_partition
 from tiering.commit.regroup import finish_regroup, stage_merge
+from tiering.errors import TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
+from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
+from tiering.plan.policy import Policy
 from tiering.plan.scan import ScanOptions, scan_partitions
 from tiering.run.documents import RUN_SCOPE, RunResult, RunTally
 from tiering.run.maintenance import pending_bases
 from tiering.run.segment import guarded, with_lease
+from tiering.storage.layout import clock_key, normalize_prefix
 from tiering.storage.objects import ObjectStore
 
 # Segments a merge never touches: each ends a run of neighbours.
@@ -36,16 +40,66 @@ _KEPT: Final = frozenset({Cause.ACTIVE, Cause.TOO_YOUNG, Cause.ARCHIVED, Cause.I
 
 @dataclass(frozen=True, slots=True)
 class MergeOptions:
-    """One merge run: the merged segments' bounds and which partitions."""
+    """One merge run: the merged segments' bounds and which partitions. With a policy, the topics whose
+    ``merge.enable`` is true, each with its own bounds (``merge.target.bytes``, else ``segment.bytes``, and
+    ``segment.index.bytes``) and ``min.segment.age.hours`` (by its newest record); ``limits`` is then not
+    used."""
 
     limits: Limits = field(default_factory=Limits)
     topics: str | None = None  # a regular expression of topic names (None: every topic)
     min_age_minutes: int = 0  # segments uploaded more recently are left, and end a run of neighbours
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
+    policy: Policy | None = None
 
     def settings_json(self) -> dict[str, Any]:
-        return {"segment_bytes": self.limits.segment_bytes, "index_bytes": self.limits.index_bytes,
-                "topics": self.topics, "min_age_minutes": self.min_age_minutes}
+        bounds: dict[str, Any] = ({"policy": self.policy.path} if self.policy is not None else
+                                  {"segment_bytes": self.limits.segment_bytes, "index_bytes": self.limits.index_bytes})
+        return {**bounds, "topics": self.topics, "min_age_minutes": self.min_age_minutes}
+
+    def limits_for(self, topic: str) -> Limits | None:
+        """The bounds of ``topic``'s merged segments; None when it is not to be merged."""
+        if self.policy is None:
+            return self.limits
+        tp = self.policy.resolve(topic)
+        return Limits(tp.merge_target_bytes, tp.segment_index_bytes) if tp.merge_enable else None
+
+    def min_record_age_hours(self, topic: str) -> float:
+        return self.policy.resolve(topic).min_age_hours if self.policy is not None else 0.0
+
+
+def _by_record_age(store: ObjectStore, segments: list[PlannedSegment], hours: float, now: datetime
+                   ) -> list[PlannedSegment]:
+    """``segments`` with those whose newest record is younger than ``hours`` left as too young (each ends a run
+    of neighbours); the newest record read from the end of the ``.timeindex`` and the ``.log``."""
+    if hours <= 0:
+        return segments
+    out = []
+    for seg in segments:
+        aged = seg
+        if seg.log is not None and seg.cause not in _KEPT:
+            try:
+                newest, _ = max_timestamp(store, seg)
+            except TieringError:  # unreadable here: the merge reads it and says why
+                newest = None
+            age = None if newest is None else (now.timestamp() * 1000 - newest) / 3_600_000
+            if age is not None and age < hours:
+                aged = replace(seg, cause=Cause.TOO_YOUNG, reason=f"too young by its records: the newest is "
+                               f"{age:.1f} h old, the policy's min.segment.age.hours is {hours:g}")
+        out.append(aged)
+    return out
+
+
+def _partitions(store: ObjectStore, prefix: str, options: MergeOptions
+                ) -> Iterator[tuple[list[PlannedSegment], Limits]]:
+    """Each listed partition of a topic to merge, its segments aged by the policy, and its bounds."""
+    listed: list[list[PlannedSegment]] = []
+    scan_partitions(store, prefix, _scan_options(options),
+                    lambda segments: listed.append(segments) if segments else None)
+    now = store.now(clock_key(normalize_prefix(prefix)))
+    for segments in listed:
+        limits = options.limits_for(segments[0].topic)
+        if limits is not None:
+            yield _by_record_age(store, segments, options.min_record_age_hours(segments[0].topic), now), limits
 
 
 def _sizes(seg: PlannedSegment) -> Sizes:
@@ -116,10 +170,7 @@ def planned_merges(segments: Sequence[PlannedSegment], limits: Limits) -> Planne
 
 def plan_merges(store: ObjectStore, prefix: str, options: MergeOptions) -> list[PlannedMerges]:
     """A dry run: every partition of the chosen topics listed and its merges planned; nothing is written."""
-    out: list[PlannedMerges] = []
-    scan_partitions(store, prefix, _scan_options(options),
-                    lambda segments: out.append(planned_merges(segments, options.limits)) if segments else None)
-    return out
+    return [planned_merges(segments, limits) for segments, limits in _partitions(store, prefix, options)]
 
 
 def _scan_options(options: MergeOptions) -> ScanOptions:
@@ -208,12 +259,10 @@ def merge_run(store: ObjectStore, ctx: Context, options: MergeOptions,
             add(r)
             if progress is not None:
                 progress(r)
-    partitions: list[list[PlannedSegment]] = []
-    scan_partitions(store, ctx.prefix, _scan_options(options),
-                    lambda segments: partitions.append(segments) if segments else None)
-    for segments in partitions:
-        def work(lease: Lease, out: list[SegmentResult], segments: list[PlannedSegment] = segments) -> None:
-            merge_partition(ctx, segments, options.limits, lease, out, progress)
+    for segments, limits in _partitions(store, ctx.prefix, options):
+        def work(lease: Lease, out: list[SegmentResult], segments: list[PlannedSegment] = segments,
+                 limits: Limits = limits) -> None:
+            merge_partition(ctx, segments, limits, lease, out, progress)
 
         todo = [(s.directory, s.base_offset) for s in segments if s.log is not None]
         for r in with_lease(ctx, segments[0].directory, options.lease_ttl_seconds, work, todo):
