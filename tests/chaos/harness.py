@@ -354,6 +354,23 @@ class Running:
 # --- invariants -------------------------------------------------------------------------------------------
 
 
+def run_killed(endpoint: str, argv: list[str], label: str, kill: tuple[int, str] | None = None
+               ) -> tuple[Proc, int]:
+    """The CLI with ``argv`` in its own process, reaching S3 through a proxy; ``kill``: SIGKILL it before or
+    after its N-th request. The process and how many requests it made."""
+    victim: list[Running] = []
+
+    def die(*_: object) -> None:
+        victim[0].kill()
+
+    rules = [] if kill is None else [Rule(lambda _: True, Action(before=die) if kill[1] == "before" else
+                                          Action(after=die), skip=kill[0])]
+    with Proxy(endpoint, rules) as proxy:
+        victim.append(Running(label, argv, proxy.url))
+        proc = victim[0].wait()
+        return proc, len(proxy.seen)
+
+
 def _outside_keys(store: S3Store, snap: Snapshot) -> tuple[dict[str, str], list[str]]:
     """The ETags of the keys outside ``_tiering/`` now, and what broke the rule that only our documented swap
     changes them: no new key, nothing deleted but a segment's index, other files unchanged."""

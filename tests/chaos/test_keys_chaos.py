@@ -11,8 +11,7 @@ import random
 
 import pytest
 
-from tests.chaos.harness import Proc, Running
-from tests.chaos.proxy import Action, Proxy, Rule
+from tests.chaos.harness import Proc, run_killed
 from tests.kafka.test_keycompact import DAY, NOW
 from tests.s3 import test_keycompact_s3 as K
 from tiering.commit.recover import pending_journals
@@ -41,17 +40,7 @@ def _run(store: S3Store, endpoint: str, run_id: str, now: int, kill: tuple[int, 
     how many requests it made."""
     argv = ["s3", "compact-keys", "--bucket", store.bucket, "--prefix", K.PREFIX, "--topics", r"profiles\..*",
             "--now-ms", str(now), "--min-age-minutes", "0", "--run-id", run_id, "--no-report", "--json"]
-    victim: list[Running] = []
-
-    def die(*_: object) -> None:
-        victim[0].kill()
-
-    rules = [] if kill is None else [Rule(lambda _: True, Action(before=die) if kill[1] == "before" else
-                                          Action(after=die), skip=kill[0])]
-    with Proxy(endpoint, rules) as proxy:
-        victim.append(Running(run_id, argv, proxy.url))
-        proc = victim[0].wait()
-        return proc, len(proxy.seen)
+    return run_killed(endpoint, argv, run_id, kill)
 
 
 def _trial(store: S3Store, endpoint: str, second: bool, kill: tuple[int, str] | None) -> tuple[int, list[Proc]]:

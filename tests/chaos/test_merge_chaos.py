@@ -15,8 +15,7 @@ import time
 
 import pytest
 
-from tests.chaos.harness import LEASE_TTL, Proc, Running
-from tests.chaos.proxy import Action, Proxy, Rule
+from tests.chaos.harness import LEASE_TTL, Proc, run_killed
 from tests.s3.broker_view import check_loaded
 from tests.s3.conftest import PREFIX, TOPIC, Original, seed
 from tiering.commit.recover import pending_journals
@@ -30,23 +29,6 @@ pytestmark = pytest.mark.slow
 TRIALS = 5  # per command: kill instants spread evenly over an uninterrupted run's requests, then jittered
 ROOT = partition_prefix(PREFIX, f"{TOPIC}-0")
 FILES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
-
-
-def _run(store: S3Store, endpoint: str, argv: list[str], label: str, kill: tuple[int, str] | None = None
-         ) -> tuple[Proc, int]:
-    """One CLI process through a proxy; ``kill``: SIGKILL it before or after its N-th request. The process and
-    how many requests it made."""
-    victim: list[Running] = []
-
-    def die(*_: object) -> None:
-        victim[0].kill()
-
-    rules = [] if kill is None else [Rule(lambda _: True, Action(before=die) if kill[1] == "before" else
-                                          Action(after=die), skip=kill[0])]
-    with Proxy(endpoint, rules) as proxy:
-        victim.append(Running(label, argv, proxy.url))
-        proc = victim[0].wait()
-        return proc, len(proxy.seen)
 
 
 def _batches(originals: dict[int, Original]) -> list[tuple[int, int]]:
@@ -66,15 +48,15 @@ def _trial(store: S3Store, endpoint: str, undo: bool, kill: tuple[int, str] | No
              "--no-report", "--json"]
     argv = ["s3", "rollback", *where, "--run-id", "merged", "--json"] if undo else merge
     if undo:
-        assert _run(store, endpoint, merge, "merge")[0].code == 0
-    first, requests = _run(store, endpoint, argv, "victim", kill)
+        assert run_killed(endpoint, merge, "merge")[0].code == 0
+    first, requests = run_killed(endpoint, argv, "victim", kill)
     check_loaded(store, ROOT, _batches(originals))  # what a broker restoring the bucket now would load
     procs = [first]
     while procs[-1].code != 0:
         assert len(procs) < 6, [p.summary() for p in procs]
         if procs[-1].code == ExitCode.BUSY:  # a rollback runs under a new id each time: the killed one's lease
             time.sleep(LEASE_TTL + 1)  # expires after its TTL
-        procs.append(_run(store, endpoint, argv, "victim")[0])
+        procs.append(run_killed(endpoint, argv, "victim")[0])
     problems = [problem for p in procs for problem in p.problems()]
     assert not problems, problems
     assert not list(pending_journals(store, PREFIX))

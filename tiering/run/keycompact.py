@@ -45,14 +45,14 @@ from tiering.kafka.keycompact import (
     survey,
 )
 from tiering.lifecycle.state import load_state, record_keys_checkpoint, record_keys_run
-from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
+from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy
 from tiering.plan.scan import ScanOptions, scan_partitions
 from tiering.run.documents import RUN_SCOPE, RunResult, RunTally, StepResults
 from tiering.run.maintenance import pending_bases
 from tiering.run.pipeline import RunSettings, write_results
-from tiering.run.segment import guarded, with_lease
+from tiering.run.segment import guarded, stale_after_recovery, with_lease
 from tiering.storage.layout import StepDir, clock_key, keys_unit_name, step_dir, step_key
 from tiering.storage.objects import ObjectStore
 
@@ -148,14 +148,7 @@ def partition_pass(ctx: Context, store: ObjectStore, segments: list[PlannedSegme
             progress(r)
 
     directory = segments[0].directory
-    recovered = recover_partition(ctx, directory, lease)
-    for r in recovered:
-        report(r)
-    if recovered:  # a journal that appeared since the listing (another run's crash): the listing is stale
-        for seg in segments:
-            report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED,
-                                 "not cleaned: another run's operation was finished here after the listing; run again",
-                                 pending=Pending.BUSY, cause=Cause.BUSY))
+    if stale_after_recovery(ctx, segments, lease, report, "cleaned"):
         return
     chain, past = _chain(segments)
     for seg in past:

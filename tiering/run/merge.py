@@ -29,7 +29,7 @@ from tiering.plan.policy import Policy
 from tiering.plan.scan import ScanOptions, scan_partitions
 from tiering.run.documents import RUN_SCOPE, RunResult, RunTally
 from tiering.run.maintenance import pending_bases
-from tiering.run.segment import guarded, with_lease
+from tiering.run.segment import guarded, stale_after_recovery, with_lease
 from tiering.storage.layout import clock_key, normalize_prefix
 from tiering.storage.objects import ObjectStore
 
@@ -185,14 +185,7 @@ def merge_partition(ctx: Context, segments: Sequence[PlannedSegment], limits: Li
         if progress is not None:
             progress(r)
 
-    directory = segments[0].directory
-    recovered = recover_partition(ctx, directory, lease)
-    for r in recovered:
-        report(r)
-    if recovered:  # the listing predates what the recovery changed
-        for seg in segments:
-            report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, "not merged: another run's "
-                                 "operation was finished here after the listing; run again", cause=Cause.BUSY))
+    if stale_after_recovery(ctx, segments, lease, report, "merged"):
         return
     done: set[int] = set()
     for group in merge_groups(segments, limits):

@@ -6,7 +6,7 @@ the whole run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from tiering.commit.lease import Lease, LeaseGuard, LeaseHeld, LeaseLost
@@ -19,7 +19,7 @@ from tiering.commit.operation import (
     record_state,
     state_entry,
 )
-from tiering.commit.recover import repair_segment
+from tiering.commit.recover import recover_partition, repair_segment
 from tiering.commit.stage import recheck_source, stage_segment
 from tiering.commit.swap import finish_one
 from tiering.errors import ConfigError, InvalidDataError, ProofError, StorageError, TieringError
@@ -177,3 +177,19 @@ def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tu
             else:
                 results.append(_failed(d, b, stopped, "stopped"))
     return results
+
+
+def stale_after_recovery(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGuard,
+                         report: Callable[[SegmentResult], None], what: str) -> bool:
+    """Finish (or abandon) the partition's journals left in flight, reporting each; when there were any,
+    the listing predates what they changed: every listed segment is reported not done (``what``: the work
+    it was listed for, "cleaned" or "merged") and True comes back."""
+    recovered = recover_partition(ctx, segments[0].directory, lease)
+    for r in recovered:
+        report(r)
+    if not recovered:
+        return False
+    for seg in segments:
+        report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, f"not {what}: another run's operation "
+                             "was finished here after the listing; run again", pending=Pending.BUSY, cause=Cause.BUSY))
+    return True
