@@ -11,9 +11,20 @@ import io
 import time
 
 import pytest
+from botocore.exceptions import EndpointConnectionError
 
 from tests.s3.broker_view import check_loaded
-from tests.s3.conftest import FAULT_REPORT, PREFIX, TOPIC, Original, context, fresh_store, no_pending, seed
+from tests.s3.conftest import (
+    FAULT_REPORT,
+    PREFIX,
+    TOPIC,
+    Original,
+    context,
+    fresh_store,
+    no_pending,
+    plan_for,
+    seed,
+)
 from tests.s3.hooks import Step, key_ends
 from tests.s3.test_faults import Crash, Faults
 from tiering.commit.operation import META_MERGED, SegmentResult
@@ -25,8 +36,10 @@ from tiering.kafka.segment import verify_segment
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, Status
 from tiering.plan.policy import parse_policy
+from tiering.run.documents import CompactOptions
 from tiering.run.maintenance import rollback
 from tiering.run.merge import MergeOptions, merge_run
+from tiering.run.pipeline import compact
 from tiering.storage.layout import BACKUP_DIR, partition_prefix, segment_key
 from tiering.storage.objects import ObjectNotFound
 from tiering.storage.s3 import S3Store
@@ -275,3 +288,74 @@ def test_a_policy_merges_the_topics_it_enables_each_to_its_bound(store: S3Store)
     for base, original in left.items():
         assert store.get(segment_key(PREFIX, "audit", 0, base, LOG_SUFFIX)) == original.log
     assert run.settings["policy"] is None  # parsed from a document, not a file
+
+
+def test_s3_failing_after_the_swap_leaves_the_merge_in_flight_and_the_partition_alone(store: S3Store) -> None:
+    """A source's delete failing for good after the swap files went in: the merge stays in flight (its journal
+    says where), no other merge of the partition goes beside it, a broker restoring the bucket loads every
+    offset once, and the next run finishes it."""
+    originals = seed(store, segments=6, segment_bytes=20_000)
+    bases = sorted(originals)
+    sizes = [len(originals[b].log) for b in bases]
+    limits = Limits(max(sizes[0] + sizes[1], sizes[2] + sizes[3]))
+
+    def unreachable(**_: object) -> None:
+        raise EndpointConnectionError(endpoint_url="http://s3.invalid")
+
+    Step(store, "DeleteObject", key_ends(f"{bases[1]:020d}.log"), unreachable, times=100)
+    first = {r.base_offset: r for r in _merge(store, limits=limits)}
+    assert first[bases[0]].status is Status.FAILED
+    assert first[bases[0]].pending is not None
+    assert "left in flight" in first[bases[0]].reason
+    assert first[bases[2]].cause is Cause.BUSY  # the next group waits for it
+    assert not no_pending(store)
+    check_loaded(store, ROOT, _batches(originals))
+    second = _merge(fresh_store(), "merge-2", limits=limits)
+    assert no_pending(store)
+    check_loaded(store, ROOT, _batches(originals))
+    assert _get(store, bases[0], LOG_SUFFIX) == originals[bases[0]].log + originals[bases[1]].log
+    finished = [r for r in second if r.recovered]  # run merge-1's operation, finished by merge-2
+    assert [(r.base_offset, r.status) for r in finished] == [(bases[0], Status.MERGED), (bases[1], Status.MERGED)]
+    assert _get(store, bases[2], LOG_SUFFIX) == originals[bases[2]].log + originals[bases[3]].log
+
+
+def test_another_operations_swap_files_in_the_partition_stop_a_merge_before_its_own(store: S3Store) -> None:
+    originals = seed(store, segments=4, segment_bytes=20_000)
+    bases = sorted(originals)
+    stray = segment_key(PREFIX, TOPIC, 0, bases[-1], LOG_SUFFIX) + ".swap"
+    store.put(stray, originals[bases[-1]].log)  # e.g. a half-copied broker directory
+    results = {r.base_offset: r for r in _merge(store)}
+    assert results[bases[0]].status is Status.ABORTED
+    assert "another operation's swap files" in results[bases[0]].reason
+    assert [n for n in _names(store) if n.endswith(".swap")] == [stray[len(ROOT):]]
+    for base in bases:
+        assert _get(store, base, LOG_SUFFIX) == originals[base].log
+    assert no_pending(store)
+
+
+def test_a_retry_of_the_same_run_does_not_merge_what_it_merged(store: S3Store) -> None:
+    originals = seed(store, segments=6, segment_bytes=20_000)
+    bases = sorted(originals)
+    sizes = [len(originals[b].log) for b in bases]
+    _merge(store, "merge-1", Limits(max(sizes[0] + sizes[1], sizes[2] + sizes[3])))
+    again = {r.base_offset: r for r in _merge(store, "merge-1")}  # larger bounds: it would merge the merged
+    assert again[bases[0]].cause is again[bases[2]].cause is Cause.ALREADY_COMPACTED
+    run = rollback(store, context(store, "rollback-1"), "merge-1")
+    assert {r.status for r in run.segments} == {Status.ROLLED_BACK}
+    for base in bases:
+        assert _get(store, base, LOG_SUFFIX) == originals[base].log
+    check_loaded(store, ROOT, _batches(originals))
+
+
+def test_a_compaction_of_a_merged_segment_rolls_back_to_the_merged_segment(store: S3Store) -> None:
+
+    originals = seed(store, segments=4, segment_bytes=20_000)
+    bases = sorted(originals)
+    _merge(store)
+    merged = _get(store, bases[0], LOG_SUFFIX)
+    compacted = compact(store, plan_for(store), context(store, "zstd-1"), CompactOptions())
+    assert {r.status for r in compacted.segments if r.base_offset == bases[0]} == {Status.COMPACTED}
+    run = rollback(store, context(store, "rollback-1"), "zstd-1")
+    assert [r.status for r in run.segments] == [Status.ROLLED_BACK]
+    assert _get(store, bases[0], LOG_SUFFIX) == merged
+    check_loaded(store, ROOT, _batches(originals))

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from tiering.commit.lease import LeaseGuard
 from tiering.commit.operation import (
+    META_CODEC,
     META_MERGED,
     META_OP,
     META_RESTORED,
@@ -192,7 +193,9 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
         return SegmentResult(directory, base, Status.SKIPPED, "the .log is gone: nothing to restore over",
                              cause=Cause.NOT_RESTORABLE)
     owner = current.metadata.get(META_RUN)
-    if current.metadata.get(META_MERGED):  # its sources' list is in the state entry, which is gone
+    merged_by_it = owner == target_run and current.metadata.get(META_MERGED) and not current.metadata.get(META_CODEC)
+    if merged_by_it:  # a merge of that run (a rewrite sets its codec mark); the sources' list was in the partition's
+        # state, which no longer has it
         return SegmentResult(directory, base, Status.SKIPPED, f"the .log in place merged "
                              f"{current.metadata[META_MERGED]} segments and the partition's state no longer says "
                              "which: not restored one for one",

@@ -41,7 +41,7 @@ from typing import Any, BinaryIO, Final, cast
 
 import crc32c
 
-from tiering.commit.lease import LeaseGuard
+from tiering.commit.lease import LeaseGuard, LeaseLost
 from tiering.commit.operation import (
     COPY_CHUNK,
     META_MERGED,
@@ -56,7 +56,8 @@ from tiering.commit.operation import (
     record_state,
     uri,
 )
-from tiering.errors import ProofError
+from tiering.errors import ProofError, StorageError, TieringError
+from tiering.kafka.files import CLEANED_SUFFIX, SWAP_SUFFIX
 from tiering.kafka.index import parse_txn_index
 from tiering.kafka.merge import Merged, merge
 from tiering.kafka.merge import Source as MergeSource
@@ -69,6 +70,7 @@ from tiering.storage.layout import (
     cleaned_key,
     dir_segment_key,
     journal_key,
+    partition_prefix,
     sibling_key,
     staging_key,
     swap_key,
@@ -84,7 +86,11 @@ from tiering.storage.objects import (
 # The order a segment's files go in place (and out of the way): the .log first, so that no index of a target
 # is ever read beside a .log it was not made for.
 PUT_ORDER: Final = ("log", "txnindex", "index", "timeindex")
-DELETE_ORDER: Final = ("txnindex", "index", "timeindex", "log")
+# Swap files come out in the reverse order: while an .index.swap is there (which spares a broker the recovery
+# that would rebuild the .txnindex), so is the .txnindex.swap.
+REMOVE_ORDER: Final = tuple(reversed(PUT_ORDER))
+# A source's files: its indexes before its .log (a broker never finds an index without the .log it fits).
+SOURCE_ORDER: Final = ("txnindex", "index", "timeindex", "log")
 
 
 class _Reading(io.RawIOBase):
@@ -223,10 +229,10 @@ def _finish_staging(ctx: Context, out: Any, new: dict[str, str], merged: Merged,
              "txnindex": merged.txn_index}
     files = {name: data for name, data in files.items() if data or name != "txnindex"}
     staged: dict[str, tuple[str, int]] = {}
+    read_back = ctx.verify is Verify.READ_BACK
     try:
         staged["log"] = (out.finish(expect_crc=crc).etag, merged.log_bytes)
-        read_back = False
-    except ChecksumUnsupported:
+    except ChecksumUnsupported:  # completed, and the store does not say what it holds
         read_back = True
         staged["log"] = (store.head(new["log"]).etag, merged.log_bytes)
     for name, data in files.items():
@@ -316,23 +322,60 @@ def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run:
 
 def finish_regroup(ctx: Context, journal: RegroupJournal, etag: str, lease: LeaseGuard) -> list[SegmentResult]:
     """Steps 2-4 (or the rest of them, after a crash), from the journal's state; results for every segment
-    the operation touches. Every per-segment problem is a result (a lost lease is raised)."""
+    the operation touches. Every problem but a lost lease is a result: before the swap a changed source or a
+    staged copy gone abandons the operation; otherwise it is left in flight with its journal, and a later
+    run that holds the partition goes on from there."""
     try:
-        if journal.state is JournalState.STAGED:
-            _check_sources(ctx, journal)
-            _back_up(ctx, journal)
-            journal, etag = _advance(ctx, journal, etag, JournalState.BACKED_UP)
-        if journal.state is JournalState.BACKED_UP:
-            _check_sources(ctx, journal)
-            lease.check()
-            _put_swaps(ctx, journal)
-            journal, etag = _advance(ctx, journal, etag, JournalState.SWAPPED)
+        if journal.state is not JournalState.SWAPPED:
+            try:
+                if journal.state is JournalState.STAGED:
+                    _check_sources(ctx, journal)
+                    _back_up(ctx, journal)
+                    journal, etag = _advance(ctx, journal, etag, JournalState.BACKED_UP)
+                _check_sources(ctx, journal)
+                _no_other_swaps(ctx, journal)
+                lease.check()
+                etag = _claim(ctx, journal, etag)
+                _put_swaps(ctx, journal)
+                journal, etag = _advance(ctx, journal, etag, JournalState.SWAPPED)
+            except SourceChanged as e:
+                return abandon_regroup(ctx, journal, etag, e.message,
+                                       pending=None if isinstance(e, SourceGone) else Pending.BUSY)
+            except ProofError as e:  # a copy to put in place gone or changed: nothing final changed yet
+                return abandon_regroup(ctx, journal, etag, f"abandoned: {e.message}", pending=None)
+        return _roll_forward(ctx, journal, etag, lease)
     except TakenOver as e:
         return _results(journal, Status.ABORTED, e.message, pending=Pending.BUSY, cause=Cause.BUSY)
-    except SourceChanged as e:
-        return abandon_regroup(ctx, journal, etag, e.message,
-                               pending=None if isinstance(e, SourceGone) else Pending.BUSY)
-    return _roll_forward(ctx, journal, etag, lease)
+    except LeaseLost:
+        raise
+    except TieringError as e:  # S3 failing, a refusal: left in flight for a later run (its journal says where)
+        retry = isinstance(e, StorageError) and e.retryable
+        return _results(journal, Status.FAILED, f"left in flight ({journal.state}): {e}",
+                        pending=Pending.TRANSIENT if retry else None, cause=Cause.TRANSIENT if retry else Cause.REFUSED)
+
+
+def _claim(ctx: Context, journal: RegroupJournal, etag: str) -> str:
+    """The journal entry written again over the one we last wrote (``If-Match``) before any swap file goes in
+    or comes out: another run that took the operation over (our lease had expired) makes it fail, and we
+    stop (:class:`TakenOver`) before touching what that run now drives."""
+    key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
+    try:
+        return ctx.store.put_json(key, journal.to_json(), if_match=etag)
+    except (PreconditionFailed, ObjectNotFound):
+        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
+                        "to that run", path=uri(ctx.store, key)) from None
+
+
+def _no_other_swaps(ctx: Context, journal: RegroupJournal) -> None:
+    """:class:`SourceChanged` when the partition holds ``.swap`` or ``.cleaned`` objects of another operation: a
+    broker restoring the bucket would take their range and ours as one."""
+    root = partition_prefix(ctx.prefix, journal.directory)
+    for info in ctx.store.list(root):
+        if not info.key.endswith((SWAP_SUFFIX, CLEANED_SUFFIX)) or "/" in info.key[len(root):]:
+            continue
+        there = _head(ctx, info.key)
+        if there is not None and not _ours(journal, there):
+            raise SourceChanged("another operation's swap files are in the partition", path=uri(ctx.store, info.key))
 
 
 def _results(journal: RegroupJournal, status: Status, reason: str, *, pending: Pending | None = None,
@@ -401,9 +444,10 @@ def _advance(ctx: Context, journal: RegroupJournal, etag: str, state: JournalSta
                         "to that run", path=uri(ctx.store, key)) from None
 
 
-def _place(ctx: Context, journal: RegroupJournal, f: GroupFile, key: str) -> str:
+def _place(ctx: Context, journal: RegroupJournal, f: GroupFile, key: str, fallback: str | None = None) -> str:
     """A server-side copy of the target file ``f`` at ``key``, unless this operation's copy is there already:
-    its ETag. :class:`SourceChanged` when an object that is not ours is in the way."""
+    its ETag. :class:`SourceChanged` when an object that is not ours is in the way. When the copy ``f`` names
+    is gone (staging cleaned up under a long stall), ``fallback``: this operation's swap object of it."""
     store = ctx.store
     there = _head(ctx, key)
     if there is not None:
@@ -416,8 +460,11 @@ def _place(ctx: Context, journal: RegroupJournal, f: GroupFile, key: str) -> str
     try:
         return store.copy_over(f.copy, key, source_etag=f.etag, if_match=None, attrs=f.attrs, size=f.size).etag
     except (PreconditionFailed, ObjectNotFound):
-        raise ProofError("the copy to put in place is gone or changed since it was verified",
-                         path=uri(store, f.copy), expected=f.etag) from None
+        spare = _head(ctx, fallback) if fallback is not None else None
+        if fallback is None or spare is None or not _ours(journal, spare) or spare.size != f.size:
+            raise ProofError("the copy to put in place is gone or changed since it was verified",
+                             path=uri(store, f.copy), expected=f.etag) from None
+    return store.copy_over(fallback, key, source_etag=spare.etag, if_match=None, attrs=f.attrs, size=f.size).etag
 
 
 def _swap_files(journal: RegroupJournal) -> Iterator[tuple[GroupFile, str]]:
@@ -469,7 +516,7 @@ def _remove_swaps(ctx: Context, journal: RegroupJournal) -> None:
     if marker is not None:
         _put_marker(ctx, journal, marker)
     for target in journal.targets:
-        for name in DELETE_ORDER:
+        for name in REMOVE_ORDER:
             if (f := target.files.get(name)) is not None:
                 _delete_ours(ctx, journal, swap_key(f.final))
     if marker is not None:
@@ -483,16 +530,16 @@ def _roll_forward(ctx: Context, journal: RegroupJournal, etag: str, lease: Lease
     try:
         for source in journal.sources:
             lease.check()
-            for name in DELETE_ORDER:
+            for name in SOURCE_ORDER:
                 if (f := source.files.get(name)) is not None:
                     _delete_source(ctx, journal, f)
         put: dict[int, dict[str, str]] = {}
         for target in journal.targets:
             lease.check()
-            put[target.base_offset] = {name: _place(ctx, journal, f, f.final)
+            put[target.base_offset] = {name: _place(ctx, journal, f, f.final, fallback=swap_key(f.final))
                                        for name in PUT_ORDER if (f := target.files.get(name)) is not None}
         for target in journal.targets:
-            for name in DELETE_ORDER:
+            for name in REMOVE_ORDER:
                 if (f := target.files.get(name)) is not None:
                     _delete_ours(ctx, journal, swap_key(f.final))
     except SourceChanged as e:
@@ -572,8 +619,9 @@ def abandon_regroup(ctx: Context, journal: RegroupJournal, etag: str, reason: st
                     pending: Pending | None = Pending.BUSY) -> list[SegmentResult]:
     """Give up an operation before its swap: its swap files removed, staging and the journal dropped; backups
     stay. The segments are as they were."""
-    _remove_swaps(ctx, journal)
     try:
+        etag = _claim(ctx, journal, etag)
+        _remove_swaps(ctx, journal)
         _forget(ctx, journal, etag)
     except TakenOver as e:
         return _results(journal, Status.ABORTED, e.message, pending=Pending.BUSY, cause=Cause.BUSY)

@@ -2,8 +2,8 @@
 
 Per partition, under its lease: the journals a crash left are finished first; the segments are listed; the
 runs of neighbours each smaller than ``segment.bytes`` (broken by a segment that may not be merged: the
-active one, one too young, archived, unreadable, or an orphan index) are grouped by the cleaner's rules
-(:func:`tiering.kafka.merge.merge_runs`), and each group is merged and swapped in by the commit protocol
+active one, one too young, archived, unreadable or invalid, one this run made by a merge) are grouped by the
+cleaner's rules (:func:`tiering.kafka.merge.merge_runs`), and each group is merged and swapped in by the commit protocol
 (:mod:`tiering.commit.regroup`). A group stops before a segment that does not start where its predecessor
 ends (a gap in offsets: a missing segment, or records a cleaner removed), and the rest of it goes on as a
 group of its own.
@@ -18,11 +18,12 @@ from typing import Any, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
 from tiering.commit.operation import Context, SegmentResult
-from tiering.commit.recover import recover_partition
+from tiering.commit.recover import pending_journals, recover_partition
 from tiering.commit.regroup import finish_regroup, stage_merge
 from tiering.errors import TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
-from tiering.lifecycle.vocabulary import Cause, RunKind, Status
+from tiering.lifecycle.state import load_state
+from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy
@@ -108,9 +109,11 @@ def _sizes(seg: PlannedSegment) -> Sizes:
                  seg.timeindex.size if seg.timeindex else 0)
 
 
-def merge_groups(segments: Sequence[PlannedSegment], limits: Limits) -> list[list[PlannedSegment]]:
+def merge_groups(segments: Sequence[PlannedSegment], limits: Limits, breaks: frozenset[int] = frozenset()
+                 ) -> list[list[PlannedSegment]]:
     """The groups to merge among a partition's listed segments (in offset order), by the cleaner's rules
-    within runs of small neighbours; gaps in offsets are found while merging."""
+    within runs of small neighbours; gaps in offsets are found while merging. A segment left as it is (its
+    cause), or whose base offset is in ``breaks``, ends a run."""
     listed = [s for s in segments if s.log is not None]
     by_base = {s.base_offset: s for s in listed}
     groups: list[list[PlannedSegment]] = []
@@ -122,7 +125,7 @@ def merge_groups(segments: Sequence[PlannedSegment], limits: Limits) -> list[lis
         run.clear()
 
     for seg in listed:
-        if seg.cause in _KEPT:
+        if seg.cause in _KEPT or seg.base_offset in breaks:
             if run:
                 close(seg.base_offset)
             continue
@@ -187,17 +190,35 @@ def merge_partition(ctx: Context, segments: Sequence[PlannedSegment], limits: Li
 
     if stale_after_recovery(ctx, segments, lease, report, "merged"):
         return
+    # A segment this very run made by a merge is not merged again (a retry of the run would back it up over
+    # the original its first attempt kept under the same key).
+    state = load_state(ctx.store, ctx.prefix, segments[0].directory)
+    mine = frozenset(s.base_offset for s in segments if (e := state.get(s.base_offset)) is not None
+                     and e.run_id == ctx.run_id and e.merged_from)
     done: set[int] = set()
-    for group in merge_groups(segments, limits):
+    stopped: SegmentResult | None = None
+    for group in merge_groups(segments, limits, mine):
         queue = list(group)
-        while len(queue) >= 2:
+        while len(queue) >= 2 and stopped is None:
             results = _merge_one(ctx, queue, lease)
             for r in results:
                 report(r)
                 done.add(r.base_offset)
+            if any(r.status is Status.FAILED or r.pending is not None for r in results) and \
+                    any(True for _ in pending_journals(ctx.store, ctx.prefix, segments[0].directory)):
+                stopped = results[0]  # an operation left in flight: no other goes beside it in the partition
             queue = queue[max(1, len(results)):]
     for seg in segments:
         if seg.log is not None and seg.base_offset not in done:
+            if seg.base_offset in mine:
+                report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, f"not merged: run {ctx.run_id} "
+                                     "made it by a merge already", seg.size, seg.size, cause=Cause.ALREADY_COMPACTED))
+                continue
+            if stopped is not None:
+                report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, "not merged: the merge at "
+                                     f"{stopped.base_offset} is left in flight; a later run finishes it first",
+                                     seg.size, seg.size, pending=Pending.BUSY, cause=Cause.BUSY))
+                continue
             report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, _why_not(seg, limits),
                                  seg.size, seg.size, cause=seg.cause if seg.cause in _KEPT else Cause.NOTHING_TO_MERGE))
 
