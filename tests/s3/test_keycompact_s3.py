@@ -487,3 +487,44 @@ def test_the_report_counts_every_segment_of_the_run_not_only_those_its_document_
     assert report.key_compaction is not None
     assert report.key_compaction.segments == 3
     assert report.key_compaction.aborted_records_removed == 2
+
+
+def test_a_pass_that_merges_on_s3_makes_the_pure_pass_s_files_and_rolls_back(store: S3Store) -> None:
+    """With merge bounds (the topic's segment.bytes and segment.index.bytes) the cleaned neighbours become one
+    segment as the broker's cleaner groups them; on S3 the files are the pure pass's over the same bytes and
+    bounds, file by file, the merged-away segments gone; a rollback puts every original back."""
+    from tests.s3.broker_view import check_loaded
+    from tiering.kafka.index import parse_txn_index
+    from tiering.kafka.merge import Limits
+    from tiering.kafka.reader import iter_batches
+    from tiering.storage.layout import partition_prefix
+
+    parts = partition(aborts=True)
+    upload(store, parts)
+    limits = Limits(1 << 20, 10 << 20)
+    segments = [Segment(b, lambda log=log: io.BytesIO(log), tuple(parse_txn_index(txn)), "", len(log),
+                        len(read_back(io.BytesIO(log), base_offset=b).indexes.offset_index),
+                        len(read_back(io.BytesIO(log), base_offset=b).indexes.time_index))
+                for b, (log, txn) in sorted(parts.items())]
+    _, want = compact_partition(segments, CleanOptions(now_ms=NOW, merge=limits))
+    assert [c.sources for c in want] == [(0, 20, 40, 60)]  # every sealed segment, one group
+    run = compact_keys(store, keys_context(store), replace(at(NOW), merge=limits))
+    by_base = {r.base_offset: r for r in run.segments}
+    assert [by_base[b].status for b in (0, 20, 40, 60)] == [Status.MERGED] * 4, [r.to_json() for r in run.segments]
+    assert no_pending(store)
+    (merged,) = want
+    assert final(store, 0, LOG_SUFFIX) == merged.log
+    assert final(store, 0, INDEX_SUFFIX) == merged.indexes.offset_index
+    assert final(store, 0, TIME_INDEX_SUFFIX) == merged.indexes.time_index
+    assert final(store, 0, TXN_INDEX_SUFFIX) == merged.txn_index
+    for base in (20, 40, 60):
+        assert not exists(store, segment_key(PREFIX, TOPIC, 0, base, LOG_SUFFIX))
+    assert final(store, 80, LOG_SUFFIX) == parts[80][0]
+    assert (by_base[0].stats or {}).get("key_compaction")
+    kept = [(raw.header.offset, raw.header.last_offset) for raw in iter_batches(io.BytesIO(merged.log))]
+    check_loaded(store, partition_prefix(PREFIX, DIRECTORY), [*kept, (80, 80)])
+    undone = rollback(store, context(store, "rollback-1"), "keys-1")
+    assert {r.status for r in undone.segments} == {Status.ROLLED_BACK}, [r.to_json() for r in undone.segments]
+    for base, (log, _) in parts.items():
+        assert final(store, base, LOG_SUFFIX) == log
+    assert final(store, 20, TXN_INDEX_SUFFIX) == parts[20][1]

@@ -56,11 +56,12 @@ from tiering.commit.operation import (
     record_state,
     uri,
 )
-from tiering.errors import ProofError, StorageError, TieringError
+from tiering.errors import InvalidDataError, ProofError, StorageError, TieringError
 from tiering.kafka.files import CLEANED_SUFFIX, SWAP_SUFFIX
-from tiering.kafka.index import parse_txn_index
-from tiering.kafka.merge import Merged, merge
+from tiering.kafka.index import Indexes, parse_txn_index
 from tiering.kafka.merge import Source as MergeSource
+from tiering.kafka.merge import merge
+from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.journal import GROUP_FILES, GroupFile, GroupSegment, Recorded, RegroupJournal
 from tiering.lifecycle.state import SegmentState
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Verify
@@ -190,8 +191,63 @@ def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGu
                              expected=f"{expected} bytes read and written",
                              found=f"{seen.size} read, {merged.log_bytes} written")
         lease.check()
-        staged = _finish_staging(ctx, out, new, merged, seen.crc, marks)
-    marks[META_MERGED] = str(len(sources))
+        staged = _finish_staging(ctx, out, new, merged.indexes, merged.txn_index, merged.log_bytes, seen.crc, marks)
+    recorded = Recorded(expected, merged.log_bytes, ctx.run_id, sources[0].log.etag,
+                        merged_from=tuple(g.base_offset for g in sources))
+    return _journal_group(ctx, op, d, sources, log_attrs, staged, new, marks, recorded)
+
+
+def stage_cleaned_group(ctx: Context, segments: Sequence[PlannedSegment], log: BinaryIO, size: int,
+                        indexes: Indexes, txn_index: bytes, lease: LeaseGuard) -> tuple[RegroupJournal, str]:
+    """Step 1 for neighbours a key-compaction pass cleaned into one segment (the broker's cleaner merges the
+    groups it cleans): ``log`` holds its ``size`` bytes, ``indexes`` and ``txn_index`` were made with it. It
+    is read back (CRCs, every record, offsets) and its indexes must equal a rebuild; then staged (its
+    CRC-32C, as S3 stored it, must be the one of the bytes read back) and journalled like a merge."""
+    store, first = ctx.store, segments[0]
+    op = ctx.new_op()
+    sources: list[GroupSegment] = []
+    log_attrs = ObjectAttrs()
+    for seg in segments:
+        group, attrs = _source_files(ctx, seg, ctx.run_id)
+        sources.append(group)
+        log_attrs = attrs if seg is first else log_attrs
+    where = uri(store, sources[0].log.final)
+    log.seek(0)
+    try:
+        made = read_back(log, base_offset=first.base_offset, path=f"{where} (cleaned)", size=size,
+                         index_interval_bytes=ctx.options.index_interval_bytes,
+                         decompression_limit=ctx.options.decompression_limit)
+    except InvalidDataError as e:  # what the cleaner made, not a source: a proof failure
+        raise ProofError(f"the cleaned .log does not read back: {e}", path=where) from None
+    if made.size != size or made.indexes != indexes:
+        raise ProofError("the cleaned .log does not match the indexes made with it", path=where,
+                         expected=f"{size} bytes and their indexes", found=f"{made.size} bytes")
+    new = {name: staging_key(ctx.prefix, ctx.run_id, first.directory, first.base_offset, suffix)
+           for name, suffix in GROUP_FILES}
+    marks = {META_RUN: ctx.run_id, META_OP: op}
+    log.seek(0)
+    crc = 0
+    with store.writer(new["log"], part_bytes=ctx.part_bytes, checksum=ctx.verify is Verify.CHECKSUM,
+                      metadata=marks) as out:
+        while chunk := log.read(COPY_CHUNK):
+            crc = crc32c.crc32c(chunk, crc)
+            out.write(chunk)
+            lease.keep_alive()
+        lease.check()
+        staged = _finish_staging(ctx, out, new, indexes, txn_index, size, crc, marks)
+    recorded = Recorded(sum(g.log.size for g in sources), size, ctx.run_id, sources[0].log.etag,
+                        payload_xxh3=made.payload_xxh3, merged_from=tuple(g.base_offset for g in sources))
+    return _journal_group(ctx, op, first.directory, sources, log_attrs, staged, new, marks, recorded)
+
+
+def _journal_group(ctx: Context, op: str, d: str, sources: list[GroupSegment], log_attrs: ObjectAttrs,
+                   staged: dict[str, tuple[str, int]], new: dict[str, str], marks: dict[str, str],
+                   recorded: Recorded) -> tuple[RegroupJournal, str]:
+    """The journal entry (state ``staged``) of one segment made from ``sources`` at the first one's base
+    offset: its files take the first source's attributes (its ``.log``'s where it lacks the file), with our
+    marks and the number of segments it holds."""
+    base = sources[0].base_offset
+    marks = {**marks, META_MERGED: str(len(sources))}
     target_files = {}
     for name, suffix in GROUP_FILES:
         if name in staged:
@@ -199,8 +255,6 @@ def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGu
             attrs = sources[0].files.get(name, sources[0].log).attrs or log_attrs
             target_files[name] = GroupFile(dir_segment_key(ctx.prefix, d, base, suffix), etag, size, new[name],
                                            attrs.with_metadata(marks))
-    recorded = Recorded(expected, merged.log_bytes, ctx.run_id, sources[0].log.etag,
-                        merged_from=tuple(g.base_offset for g in sources))
     journal = RegroupJournal(OpKind.MERGE, op, ctx.run_id, JournalState.STAGED, d, tuple(sources),
                              (GroupSegment(base, target_files),), recorded)
     return journal, _create(ctx, journal)
@@ -219,22 +273,21 @@ def _aborted(ctx: Context, group: GroupSegment) -> tuple[Any, ...]:
     return tuple(parse_txn_index(data, path=uri(ctx.store, txn.final)))
 
 
-def _finish_staging(ctx: Context, out: Any, new: dict[str, str], merged: Merged, crc: int,
-                    marks: dict[str, str]) -> dict[str, tuple[str, int]]:
-    """Complete the staged ``.log`` (its bytes must have the sources' CRC-32C, and so must what S3 stored),
-    put its indexes and ``.txnindex`` beside it: their ETags and sizes by file name. A store that reports no
-    checksums has each object read back instead."""
+def _finish_staging(ctx: Context, out: Any, new: dict[str, str], indexes: Indexes, txn_index: bytes,
+                    log_bytes: int, crc: int, marks: dict[str, str]) -> dict[str, tuple[str, int]]:
+    """Complete the staged ``.log`` (its bytes must have the CRC-32C ``crc`` of what it was made from, and so
+    must what S3 stored), put its indexes and ``.txnindex`` beside it: their ETags and sizes by file name. A
+    store that reports no checksums (or ``--verify read-back``) has each object read back instead."""
     store = ctx.store
-    files = {"index": merged.indexes.offset_index, "timeindex": merged.indexes.time_index,
-             "txnindex": merged.txn_index}
+    files = {"index": indexes.offset_index, "timeindex": indexes.time_index, "txnindex": txn_index}
     files = {name: data for name, data in files.items() if data or name != "txnindex"}
     staged: dict[str, tuple[str, int]] = {}
     read_back = ctx.verify is Verify.READ_BACK
     try:
-        staged["log"] = (out.finish(expect_crc=crc).etag, merged.log_bytes)
+        staged["log"] = (out.finish(expect_crc=crc).etag, log_bytes)
     except ChecksumUnsupported:  # completed, and the store does not say what it holds
         read_back = True
-        staged["log"] = (store.head(new["log"]).etag, merged.log_bytes)
+        staged["log"] = (store.head(new["log"]).etag, log_bytes)
     for name, data in files.items():
         staged[name] = (store.put(new[name], data, metadata=marks, checksum=not read_back), len(data))
     if read_back:
@@ -309,8 +362,8 @@ def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run:
             files[name] = GroupFile(dir_segment_key(ctx.prefix, directory, b, suffix), info.etag, info.size, kept,
                                     attrs.with_metadata(marks))
         targets.append(GroupSegment(b, files))
-    if sum(t.log.size for t in targets) != current.size:
-        return refused(Status.FAILED, "the backups do not add up to the merged .log", Cause.BACKUP_MISSING)
+    if sum(t.log.size for t in targets) != entry.bytes_before:  # a key-compaction merge made less of them
+        return refused(Status.FAILED, "the backups do not add up to what the merge replaced", Cause.BACKUP_MISSING)
     journal = RegroupJournal(OpKind.UNMERGE, op, ctx.run_id, JournalState.BACKED_UP, directory,
                              (GroupSegment(base, in_place),), tuple(targets),
                              Recorded(current.size, current.size), restores_run=target_run)

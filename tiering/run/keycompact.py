@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, Final
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
 from tiering.commit.operation import Context, SegmentResult
 from tiering.commit.recover import recover_partition
+from tiering.commit.regroup import finish_regroup, stage_cleaned_group
 from tiering.commit.stage import stage_cleaned
 from tiering.commit.swap import finish_one
 from tiering.errors import ConfigError, InvalidDataError, ProofError, UnsupportedError
@@ -44,6 +45,7 @@ from tiering.kafka.keycompact import (
     clean,
     survey,
 )
+from tiering.kafka.merge import Limits
 from tiering.lifecycle.state import load_state, record_keys_checkpoint, record_keys_run
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.plan.document import PlannedSegment
@@ -81,6 +83,9 @@ class KeyCompactOptions:
     # the key map's bound (None: none), by default a broker's default cleaner thread's: a full map ends a pass
     # early, the next run goes on
     max_keys: int | None = DEFAULT_MAX_KEYS
+    # Clean neighbours into one segment as the broker's cleaner groups them, within these bounds (with a policy:
+    # each topic's segment.bytes and segment.index.bytes); None: each segment into one of its own.
+    merge: Limits | None = None
 
     def __post_init__(self) -> None:
         if self.max_keys is not None and self.max_keys < 1:
@@ -114,7 +119,14 @@ class KeyCompactOptions:
         codec = Codec.parse(self.codec) if self.codec is not None else None
         return CleanOptions(now_ms, retention, lag, max_keys=self.max_keys, codec=codec, level=self.level,
                             index_interval_bytes=ctx.options.index_interval_bytes,
-                            decompression_limit=ctx.options.decompression_limit)
+                            decompression_limit=ctx.options.decompression_limit, merge=self.limits_for(topic))
+
+    def limits_for(self, topic: str) -> Limits | None:
+        """The merge bounds of ``topic``'s cleaned segments (None: no merging)."""
+        if self.merge is None or self.policy is None:
+            return self.merge
+        tp = self.policy.resolve(topic)
+        return Limits(tp.segment_bytes, tp.segment_index_bytes)
 
 
 def stats_delta(after: CleanStats, before: CleanStats) -> dict[str, int]:
@@ -201,11 +213,9 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
 
     sources = [Segment(s.base_offset, opener(s), tuple(parse_txn_index(store.get(s.txnindex.key),
                                                                        path=s.txnindex.key))
-                       if s.txnindex is not None else (), f"s3://{store.bucket}/{s.log.key}" if s.log else "")
+                       if s.txnindex is not None else (), f"s3://{store.bucket}/{s.log.key}" if s.log else "",
+                       s.size, s.index.size if s.index else 0, s.timeindex.size if s.timeindex else 0)
                for s in chain]
-    if options.merge is not None:  # the swap below replaces each segment by one of its own
-        raise ConfigError("key compaction on S3 cleans each segment into one of its own",
-                          expected="no merge bounds", found=options.merge)
     by_base = {s.base_offset: s for s in chain}
     aborted = {s.base_offset: list(s.aborted) for s in sources}  # each .txnindex as the pass read it
     mark = time.perf_counter()  # each result's seconds: the pass's time since the previous one (survey included)
@@ -223,8 +233,24 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
             seg = by_base[cleaned.base_offset]
             figures = stats_delta(stats, previous)
             previous = dataclasses.replace(stats)
-            done.add(seg.base_offset)
+            done.update(cleaned.sources)
             path = os.path.join(work, f"{seg.base_offset}.log")
+            if len(cleaned.sources) > 1:  # neighbours cleaned into one, as the broker's cleaner groups them
+                group = [by_base[b] for b in cleaned.sources]
+                if not noted:
+                    lease.check()
+                    record_keys_run(store, ctx.prefix, seg.directory, ctx.run_id)
+                    noted = True
+                results = _swap_group(ctx, group, cleaned, path, figures, lease, ours)
+                os.unlink(path)
+                seconds, mark = round(time.perf_counter() - mark, 3), time.perf_counter()
+                results = [replace(results[0], seconds=seconds), *results[1:]]
+                for r in results:
+                    report(r)
+                if any(r.status not in (Status.MERGED, Status.SKIPPED) for r in results):
+                    stopped = results[0]
+                    break
+                continue
             if seg.base_offset in ours:
                 result = SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED,
                                        "already cleaned by this run (an earlier attempt swapped it)", seg.size,
@@ -266,6 +292,30 @@ def _clean_chain(ctx: Context, store: ObjectStore, chain: list[PlannedSegment], 
 def _changed(figures: dict[str, int]) -> bool:
     """Whether a cleaned segment differs from its source (some batch dropped or rebuilt)."""
     return not figures["batches_copied"] == figures["batches_in"] == figures["batches_out"]
+
+
+def _swap_group(ctx: Context, group: list[PlannedSegment], cleaned: CleanedSegment, path: str,
+                figures: dict[str, int], lease: Lease, ours: set[int]) -> list[SegmentResult]:
+    """Stage and swap a segment cleaned from several neighbours (a merge of what the cleaner kept of them);
+    every problem becomes a result. A group that holds a segment this very run swapped already is left: its
+    backup keeps the original, which a second swap would replace with this run's own output."""
+    first = group[0]
+    stats: dict[str, object] = {"key_compaction": figures}
+    if ours & {s.base_offset for s in group}:
+        return [SegmentResult(s.directory, s.base_offset, Status.SKIPPED, "already cleaned by this run (an earlier "
+                              "attempt swapped it)", s.size, s.size, cause=Cause.ALREADY_COMPACTED) for s in group]
+    results: list[SegmentResult] = []
+
+    def attempt() -> SegmentResult:
+        with open(path, "rb") as log:
+            journal, etag = stage_cleaned_group(ctx, group, log, cleaned.size, cleaned.indexes, cleaned.txn_index,
+                                                lease)
+        results.extend(finish_regroup(ctx, journal, etag, lease))
+        return results[0]
+
+    result = guarded(ctx, first, attempt)
+    out = results or [result]
+    return [replace(out[0], stats={**(out[0].stats or {}), **stats}), *out[1:]]
 
 
 def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: str, figures: dict[str, int],
@@ -310,6 +360,7 @@ class KeyPartition:
     codec: str | None = None
     level: int | None = None
     max_keys: int | None = None
+    merge: Limits | None = None
 
     @property
     def directory(self) -> str:
@@ -320,18 +371,19 @@ class KeyPartition:
                             max_keys=self.max_keys,
                             codec=Codec.parse(self.codec) if self.codec is not None else None, level=self.level,
                             index_interval_bytes=ctx.options.index_interval_bytes,
-                            decompression_limit=ctx.options.decompression_limit)
+                            decompression_limit=ctx.options.decompression_limit, merge=self.merge)
 
     def to_json(self) -> dict[str, Any]:
         return {"segments": [s.to_json() for s in self.segments], "now_ms": self.now_ms,
                 "delete_retention_ms": self.delete_retention_ms, "min_compaction_lag_ms": self.min_compaction_lag_ms,
-                "codec": self.codec, "level": self.level, "max_keys": self.max_keys}
+                "codec": self.codec, "level": self.level, "max_keys": self.max_keys,
+                **({"merge": [self.merge.segment_bytes, self.merge.index_bytes]} if self.merge else {})}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> KeyPartition:
         return cls(tuple(PlannedSegment.from_json(s) for s in doc["segments"]), int(doc["now_ms"]),
                    int(doc["delete_retention_ms"]), int(doc["min_compaction_lag_ms"]), doc.get("codec"),
-                   doc.get("level"), doc.get("max_keys"))
+                   doc.get("level"), doc.get("max_keys"), Limits(*doc["merge"]) if doc.get("merge") else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +437,7 @@ def plan_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions, *, p
         if chosen is not None:
             partitions.append(KeyPartition(tuple(segments), now_ms, chosen.delete_retention_ms,
                                            chosen.min_compaction_lag_ms, options.codec, options.level,
-                                           options.max_keys))
+                                           options.max_keys, chosen.merge))
 
     scan_partitions(store, ctx.prefix, ScanOptions("none", topics=options.topics,
                                                    min_age_minutes=options.min_age_minutes), add)
