@@ -121,13 +121,12 @@ class _Seen:
     size: int = 0
 
 
-def _source_files(ctx: Context, seg: PlannedSegment, run_id: str) -> tuple[GroupSegment, ObjectAttrs]:
+def _source_files(ctx: Context, seg: PlannedSegment, run_id: str) -> GroupSegment:
     """A planned segment's files as they are now, checked against the plan (:class:`SourceChanged`
-    otherwise), with their backup keys; and the ``.log``'s attributes."""
+    otherwise), with their attributes and backup keys."""
     store, d, base = ctx.store, seg.directory, seg.base_offset
     assert seg.log is not None
     files: dict[str, GroupFile] = {}
-    log_attrs = ObjectAttrs()
     for name, suffix in GROUP_FILES:
         ref = getattr(seg, name)
         key = ref.key if ref is not None else sibling_key(seg.log.key, suffix)
@@ -142,9 +141,7 @@ def _source_files(ctx: Context, seg: PlannedSegment, run_id: str) -> tuple[Group
             raise SourceChanged(f"the {name} file changed after planning", path=uri(store, key),
                                 expected=ref.etag if ref else "no object", found=info.etag)
         files[name] = GroupFile(key, info.etag, info.size, backup_key(ctx.prefix, run_id, d, base, suffix), attrs)
-        if name == "log":
-            log_attrs = attrs
-    return GroupSegment(base, files), log_attrs
+    return GroupSegment(base, files)
 
 
 def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGuard
@@ -155,12 +152,7 @@ def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGu
     store, first = ctx.store, segments[0]
     d, base = first.directory, first.base_offset
     op = ctx.new_op()
-    sources: list[GroupSegment] = []
-    log_attrs = ObjectAttrs()
-    for seg in segments:
-        group, attrs = _source_files(ctx, seg, ctx.run_id)
-        sources.append(group)
-        log_attrs = attrs if seg is first else log_attrs
+    sources = [_source_files(ctx, seg, ctx.run_id) for seg in segments]
     seen = _Seen()
 
     def opener(group: GroupSegment) -> Callable[[], BinaryIO]:
@@ -194,7 +186,7 @@ def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGu
         staged = _finish_staging(ctx, out, new, merged.indexes, merged.txn_index, merged.log_bytes, seen.crc, marks)
     recorded = Recorded(expected, merged.log_bytes, ctx.run_id, sources[0].log.etag,
                         merged_from=tuple(g.base_offset for g in sources))
-    return _journal_group(ctx, op, d, sources, log_attrs, staged, new, marks, recorded)
+    return _journal_group(ctx, op, d, sources, staged, new, marks, recorded)
 
 
 def stage_cleaned_group(ctx: Context, segments: Sequence[PlannedSegment], log: BinaryIO, size: int,
@@ -205,12 +197,7 @@ def stage_cleaned_group(ctx: Context, segments: Sequence[PlannedSegment], log: B
     CRC-32C, as S3 stored it, must be the one of the bytes read back) and journalled like a merge."""
     store, first = ctx.store, segments[0]
     op = ctx.new_op()
-    sources: list[GroupSegment] = []
-    log_attrs = ObjectAttrs()
-    for seg in segments:
-        group, attrs = _source_files(ctx, seg, ctx.run_id)
-        sources.append(group)
-        log_attrs = attrs if seg is first else log_attrs
+    sources = [_source_files(ctx, seg, ctx.run_id) for seg in segments]
     where = uri(store, sources[0].log.final)
     log.seek(0)
     try:
@@ -237,10 +224,10 @@ def stage_cleaned_group(ctx: Context, segments: Sequence[PlannedSegment], log: B
         staged = _finish_staging(ctx, out, new, indexes, txn_index, size, crc, marks)
     recorded = Recorded(sum(g.log.size for g in sources), size, ctx.run_id, sources[0].log.etag,
                         payload_xxh3=made.payload_xxh3, merged_from=tuple(g.base_offset for g in sources))
-    return _journal_group(ctx, op, first.directory, sources, log_attrs, staged, new, marks, recorded)
+    return _journal_group(ctx, op, first.directory, sources, staged, new, marks, recorded)
 
 
-def _journal_group(ctx: Context, op: str, d: str, sources: list[GroupSegment], log_attrs: ObjectAttrs,
+def _journal_group(ctx: Context, op: str, d: str, sources: list[GroupSegment],
                    staged: dict[str, tuple[str, int]], new: dict[str, str], marks: dict[str, str],
                    recorded: Recorded) -> tuple[RegroupJournal, str]:
     """The journal entry (state ``staged``) of one segment made from ``sources`` at the first one's base
@@ -252,7 +239,7 @@ def _journal_group(ctx: Context, op: str, d: str, sources: list[GroupSegment], l
     for name, suffix in GROUP_FILES:
         if name in staged:
             etag, size = staged[name]
-            attrs = sources[0].files.get(name, sources[0].log).attrs or log_attrs
+            attrs = sources[0].files.get(name, sources[0].log).attrs or ObjectAttrs()
             target_files[name] = GroupFile(dir_segment_key(ctx.prefix, d, base, suffix), etag, size, new[name],
                                            attrs.with_metadata(marks))
     journal = RegroupJournal(OpKind.MERGE, op, ctx.run_id, JournalState.STAGED, d, tuple(sources),
