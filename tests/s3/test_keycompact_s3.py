@@ -17,16 +17,20 @@ from tests.kafka.test_keycompact import DAY, NOW, batch, marker, rec
 from tests.s3.conftest import PREFIX, context, fresh_store, no_pending
 from tests.s3.test_faults import Crash, Faults
 from tiering.commit.operation import Context, SegmentResult, SwapChoice
+from tiering.cost.model import CostOptions
+from tiering.cost.prices import load_prices
 from tiering.errors import ExitCode
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
 from tiering.kafka.index import AbortedTxn, encode_txn_index
-from tiering.kafka.keycompact import CleanOptions, Segment, compact_partition
+from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment, compact_partition
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status, Swap
+from tiering.report.publish import assemble
+from tiering.report.render import render
 from tiering.run.documents import RunResult
 from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.run.maintenance import rollback
@@ -506,7 +510,8 @@ def test_a_pass_that_merges_on_s3_makes_the_pure_pass_s_files_and_rolls_back(sto
                         len(read_back(io.BytesIO(log), base_offset=b).indexes.offset_index),
                         len(read_back(io.BytesIO(log), base_offset=b).indexes.time_index))
                 for b, (log, txn) in sorted(parts.items())]
-    _, want = compact_partition(segments, CleanOptions(now_ms=NOW, merge=limits))
+    pure = CleanStats()
+    _, want = compact_partition(segments, CleanOptions(now_ms=NOW, merge=limits), pure)
     assert [c.sources for c in want] == [(0, 20, 40, 60)]  # every sealed segment, one group
     run = compact_keys(store, keys_context(store), replace(at(NOW), merge=limits))
     by_base = {r.base_offset: r for r in run.segments}
@@ -523,6 +528,21 @@ def test_a_pass_that_merges_on_s3_makes_the_pure_pass_s_files_and_rolls_back(sto
     assert (by_base[0].stats or {}).get("key_compaction")
     kept = [(raw.header.offset, raw.header.last_offset) for raw in iter_batches(io.BytesIO(merged.log))]
     check_loaded(store, partition_prefix(PREFIX, DIRECTORY), [*kept, (80, 80)])
+    # The report counts what the cleaner dropped from the merged group, in bytes and records.
+    rep = assemble(store, PREFIX, "keys-1", load_prices(), CostOptions(), [], kind=RunKind.COMPACT_KEYS)
+    before = sum(len(parts[b][0]) for b in (0, 20, 40, 60))
+    kc = rep.key_compaction
+    assert kc is not None
+    assert kc.segments == 4
+    assert kc.saved_bytes == before - len(merged.log) > 0
+    assert (kc.records_before, kc.records_after) == (pure.records_in, pure.records_out)
+    assert kc.records_after < kc.records_before
+    assert (rep.totals.bytes_before, rep.totals.bytes_after) == (before, len(merged.log))
+    assert rep.merging is not None
+    assert (rep.merging.segments_before, rep.merging.segments_after) == (4, 1)
+    text = render(rep, "table")
+    assert text.startswith("compaction report"), text
+    assert "saved by key compaction" in text
     undone = rollback(store, context(store, "rollback-1"), "keys-1")
     assert {r.status for r in undone.segments} == {Status.ROLLED_BACK}, [r.to_json() for r in undone.segments]
     for base, (log, _) in parts.items():

@@ -121,15 +121,16 @@ def _row(directory: str, base: int, r: Mapping[str, Any], prices: PriceBook, pla
     say); ``codec``: its source codec, else the result's."""
     s = plan or {}
     log = s.get("log") or {}
+    merge = merge_figures(r.get("stats"), prices)
+    keys = key_compaction_figures(r.get("stats"), int(r.get("bytes_before", 0)), int(r.get("bytes_after", 0)),
+                                  merge.segments_before if merge is not None else 1)
     return SegmentRow(directory, s.get("topic") or topic_of(directory),
                       int(s.get("partition", directory.rsplit("-", 1)[-1])), base,
                       log.get("storage_class") or "STANDARD", log.get("last_modified"), int(log.get("size", 0)),
                       row_status(r["status"]), str(r.get("reason", "")), int(r.get("bytes_before", 0)),
                       int(r.get("bytes_after", 0)), source_codec(r.get("stats")) if codec is None else codec,
                       r.get("encryption"), r.get("error"), rebatch=rebatch_figures(r.get("stats")),
-                      keys=key_compaction_figures(r.get("stats"), int(r.get("bytes_before", 0)),
-                                                  int(r.get("bytes_after", 0))), cause=r.get("cause"),
-                      merge=merge_figures(r.get("stats"), prices))
+                      keys=keys, cause=r.get("cause"), merge=merge)
 
 
 def object_month_usd(prices: PriceBook, storage_class: str, size: int) -> float:
@@ -158,15 +159,18 @@ def merge_figures(stats: Mapping[str, Any] | None, prices: PriceBook) -> MergeFi
                         moves)
 
 
-def key_compaction_figures(stats: Mapping[str, Any] | None, before: int, after: int) -> KeyCompactionFigures | None:
-    """A segment's key-compaction figures from its pass's stats, or None when no pass cleaned it."""
+def key_compaction_figures(stats: Mapping[str, Any] | None, before: int, after: int,
+                           segments: int = 1) -> KeyCompactionFigures | None:
+    """The key-compaction figures of a segment (or of the ``segments`` a pass cleaned into one) from its pass's
+    stats, or None when no pass cleaned it."""
     kc = (stats or {}).get("key_compaction")
     if not kc:
         return None
-    return KeyCompactionFigures(1, int(kc["records_in"]), int(kc["records_out"]), int(kc["keys"]),
+    return KeyCompactionFigures(segments, int(kc["records_in"]), int(kc["records_out"]), int(kc["keys"]),
                                 int(kc["superseded_dropped"]), int(kc["no_key_dropped"]),
                                 int(kc["aborted_records_dropped"]), int(kc["tombstones_stamped"]),
-                                int(kc["tombstones_dropped"]), int(kc["markers_dropped"]), before - after)
+                                int(kc["tombstones_dropped"]), int(kc["markers_dropped"]),
+                                int(kc.get("group_bytes_before", before)) - after)
 
 
 def rebatch_figures(stats: Mapping[str, Any] | None) -> RebatchFigures | None:
@@ -261,6 +265,8 @@ class _Fold:
         self.keys_partitions: set[str] = set()
         self.keys_billed: Counter[str] = Counter()  # per class, the billed bytes key compaction saved
         self.merged: MergeFigures | None = None
+        self.cleaned_merged = 0  # segments a key-compaction pass cleaned into merged ones
+        self.keys_merged_usd = 0.0  # what they dropped, per month (in self.merged's dollars too)
         self.dry_requests_usd = 0.0
         self.dry_requests = 0  # a dry run's estimated requests (tier1_requests and the tier-2 constant a segment)
         self.retrieval = _Line("Retrieval fees (IA / Glacier IR sources)")
@@ -277,9 +283,10 @@ class _Fold:
             self.rows.append(row)
         else:
             self.rows_omitted += 1
-        if row.status is Status.MERGED:  # the same bytes in fewer objects: its figures are row.merge's
-            return
-        if row.status not in SAVING:
+        # A merged row's bytes count (a key-compaction pass cleans what it merges), its dollars do not: the
+        # group's objects before and after are priced whole, minimum sizes included, by row.merge.
+        merged = row.status is Status.MERGED
+        if not merged and row.status not in SAVING:
             self.reasons[(row.status, row.why)] += 1
             if row.status is Status.FAILED:
                 if len(self.failed) < MAX_LISTED_ROWS:
@@ -293,27 +300,32 @@ class _Fold:
         self.done += 1
         self.before += row.bytes_before
         self.after += row.bytes_after
-        self.billed_before[cls] += billed_before
-        self.billed_after[cls] += billed_after
         self.class_of[row.directory] = cls
+        saved_billed = 0 if merged else billed_before - billed_after
+        if not merged:
+            self.billed_before[cls] += billed_before
+            self.billed_after[cls] += billed_after
         if (rb := row.rebatch) is not None:
             r = self.rebatched
             self.rebatched = RebatchFigures(r.segments + 1, r.batches_before + rb.batches_before,
                                             r.batches_after + rb.batches_after, r.saved_bytes + rb.saved_bytes)
             if row.bytes_before > row.bytes_after:  # its share of the billed bytes the segment saved
-                self.rebatch_billed[cls] += round((billed_before - billed_after) * rb.saved_bytes
+                self.rebatch_billed[cls] += round(saved_billed * rb.saved_bytes
                                                   / (row.bytes_before - row.bytes_after))
         if (kc := row.keys) is not None:
             new_partition = row.directory not in self.keys_partitions
             self.keys_partitions.add(row.directory)
             self.keys = kc if self.keys is None else self.keys.plus(kc, new_partition=new_partition)
-            self.keys_billed[cls] += billed_before - billed_after
+            self.keys_billed[cls] += saved_billed
+            if merged:  # cleaned into a merged segment: what it dropped, at its class's rate
+                self.keys_merged_usd += _gb(kc.saved_bytes) * p.rate()
+                self.cleaned_merged += kc.segments
         for key in ROLLUPS:
             group = self.groups[key].setdefault(str(getattr(row, key)), _Group())
             group.segments += 1
             group.before += row.bytes_before
             group.after += row.bytes_after
-            group.saved_billed[cls] += billed_before - billed_after
+            group.saved_billed[cls] += saved_billed
         self.added_usd += _gb(billed_before) * p.rate() + 2 * _gb(row.bytes_after) * p.rate()
         if self.dry_run:
             tier1 = tier1_requests(row.bytes_after)
@@ -402,7 +414,7 @@ class _Fold:
             names = sorted(sorted(names, key=lambda n: groups[n].after - groups[n].before)[:limit])
             omitted = len(groups) - limit
         return tuple(GroupRow(name, groups[name].segments, groups[name].before, groups[name].after,
-                              by_class[name] if key == "storage_class" else
+                              by_class.get(name, 0.0) if key == "storage_class" else
                               self.share(by_class, groups[name].saved_billed)) for name in names), omitted
 
 
@@ -451,7 +463,8 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
     if after > before:
         warnings.append(f"This run made the rewritten segments bigger: {before:,} -> {after:,} bytes.")
     statuses = fold.statuses
-    totals = Totals(sum(statuses.values()), statuses[Status.COMPACTED], statuses[Unrun.ESTIMATED],
+    totals = Totals(sum(statuses.values()), statuses[Status.COMPACTED] + fold.cleaned_merged,
+                    statuses[Unrun.ESTIMATED],
                     statuses[Status.SKIPPED], statuses[Status.FAILED], before, after, monthly,
                     sum(c.usd for c in one_off))
     partitions, partitions_omitted = fold.rollup("directory", by_class, MAX_LISTED_PARTITIONS)
@@ -481,7 +494,8 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
         auto=dict(auto or {}), warnings=tuple(warnings), ledger=cumulative([], now), estimate_detail=detail,
         rebatching=fold.rebatched if fold.rebatched.segments else None,
         rebatching_monthly_usd=fold.share(by_class, fold.rebatch_billed),
-        key_compaction=fold.keys, key_compaction_monthly_usd=fold.share(by_class, fold.keys_billed),
+        key_compaction=fold.keys,
+        key_compaction_monthly_usd=fold.share(by_class, fold.keys_billed) + fold.keys_merged_usd,
         objects_not_planned=dict(sorted((not_planned or {}).items())), merging=fold.merged)
     return with_ledger(report, [e for e in ledger if e.run_id != report.run_id])
 

@@ -68,7 +68,7 @@ def title(report: Report) -> str:
 
 
 def _merge_only(report: Report) -> bool:
-    return report.merging is not None and not report.totals.segments_rewritten
+    return report.merging is not None and not report.totals.segments_rewritten and report.key_compaction is None
 
 
 def headline(report: Report) -> list[tuple[str, str]]:
@@ -84,7 +84,8 @@ def headline(report: Report) -> list[tuple[str, str]]:
         rows.append(("segments merged", f"{m.segments_before:,} into {m.segments_after:,}: {m.objects_before:,} "
                      f"objects -> {m.objects_after:,}"))
         rows.append(("storage of those objects", f"{usd(m.monthly_before_usd)} -> {usd(m.monthly_after_usd)} per "
-                     "month (each at least its class's minimum billable size, plus per-object overhead)"))
+                     "month (each at least its class's minimum billable size, plus per-object overhead"
+                     + ("; what key compaction dropped from them included)" if report.key_compaction else ")")))
         rows.append(("reading them once (GET)", f"{usd(m.reads_before_usd)} -> {usd(m.reads_after_usd)}"))
         rows.append(("a lifecycle transition of them", "; ".join(
             f"to {c} {usd(b)} -> {usd(a)}" for c, b, a in m.transitions) or "n/a"))

@@ -300,7 +300,8 @@ def _swap_group(ctx: Context, group: list[PlannedSegment], cleaned: CleanedSegme
     every problem becomes a result. A group that holds a segment this very run swapped already is left: its
     backup keeps the original, which a second swap would replace with this run's own output."""
     first = group[0]
-    stats: dict[str, object] = {"key_compaction": figures}
+    # The first result's bytes_before is its own segment's: the figures carry the group's.
+    stats: dict[str, object] = {"key_compaction": {**figures, "group_bytes_before": sum(s.size for s in group)}}
     if ours & {s.base_offset for s in group}:
         return [SegmentResult(s.directory, s.base_offset, Status.SKIPPED, "already cleaned by this run (an earlier "
                               "attempt swapped it)", s.size, s.size, cause=Cause.ALREADY_COMPACTED) for s in group]
