@@ -5,9 +5,10 @@ Recompresses the sealed Kafka log segments of an S3 `logdir` prefix with a stron
 in with a crash-safe commit protocol (see `docs/commit-protocol.md`), and reports what was saved.
 
 **Tasks**: `key_compaction` (with `compact_keys` only: one pass of Kafka's log cleaner over each compacted
-topic's partitions) → `scan` (list the prefix, classify every segment) → `plan` (apply the budget, largest segments
-first; the plan is written as chunks of whole partitions) → `spark_compaction` (Spark tasks of up to 64
-segments: rewrite, stage and verify) → `commit` (mapped over the plan's chunks, each task named
+topic's partitions) → `merge` (with `merge` or a policy's `merge.enable` only: small neighbouring segments
+merged into fewer, larger ones) → `scan` (list the prefix, classify every segment) → `plan` (apply the
+budget, largest segments first; the plan is written as chunks of whole partitions) → `spark_compaction`
+(Spark tasks of up to 64 segments: rewrite, stage and verify) → `commit` (mapped over the plan's chunks, each task named
 after the partitions it holds: swap the staged segments in under the partition leases) → `report` (the run
 document and the cost savings report: JSON, Markdown, CSV and an HTML page with charts under
 `PREFIX/_tiering/reports/<run>/` and `.../reports/latest/`, the ledger of all runs; a summary table in the
@@ -60,6 +61,14 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | | `cleanup.policy: compact` and `compact.enable: true`, else those matching `topics` (required then); |
 | | one pass of Kafka's log cleaner per partition (a Spark job, one task per unit of whole partitions), |
 | | as run `<run>-keys` with its own report |
+| `merge` | then merge runs of small neighbouring sealed segments into segments up to `merge_target_bytes` |
+| | (docs/merging.md), in every topic matching `topics`; with a policy, `merge.enable` decides per topic |
+| | (the policy's merging runs whenever a scope enables it) and this must stay off; run `<run>-merge` |
+| | with its own report |
+| `merge_target_bytes` | with `merge`: a merged segment's bound (default 1 GiB, Kafka's `segment.bytes`) |
+| `compact_keys_merge` | with `compact_keys`: clean neighbouring segments into one as the broker's cleaner groups |
+| | them (the policy's `segment.bytes` and `segment.index.bytes`, else Kafka's 1 GiB and 10 MiB), swapped in |
+| | like a merge (docs/merging.md); off: each segment cleaned into one of its own |
 
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
@@ -87,6 +96,7 @@ SPARK_MASTER = os.environ.get("TIERING_SPARK_MASTER", "local[*]")
 SPARK_JOB = Path(os.environ.get("TIERING_SPARK_JOB", Path(__file__).resolve().parents[1] / "spark_jobs"
                                 / "compact_segments.py"))
 SPARK_KEYS_JOB = SPARK_JOB.with_name("compact_keys.py")
+SPARK_MERGE_JOB = SPARK_JOB.with_name("merge_segments.py")
 # Published after every run (its extra names the bucket, prefix, run and the report's S3 URI), so that
 # other DAGs can be scheduled on it. Static: bucket and prefix are runtime params, the asset is not.
 REPORT_ASSET = Asset(name="kafka_segment_compaction_report", uri="tiering://kafka_segment_compaction/report")
@@ -212,6 +222,17 @@ def _fail(failure: str | None) -> None:
         "compact_keys": Param(False, type="boolean",
                               description="first key-compact the compacted topics (the policy's with "
                               "cleanup.policy compact and compact.enable, else those matching topics)"),
+        "merge": Param(False, type="boolean",
+                       description="first merge runs of small neighbouring sealed segments into segments up to "
+                       "merge_target_bytes, in every chosen topic; with a policy, its merge.enable decides per "
+                       "topic instead"),
+        "merge_target_bytes": Param(1 << 30, type="integer", minimum=1 << 20, maximum=(1 << 31) - 1,
+                                    description="with merge: a merged segment's bound (Kafka's default "
+                                    "segment.bytes)"),
+        "compact_keys_merge": Param(True, type="boolean",
+                                    description="with compact_keys: clean neighbours into one segment as the "
+                                    "broker's cleaner groups them (the policy's segment.bytes and "
+                                    "segment.index.bytes, else Kafka's defaults)"),
     },
 )
 def kafka_segment_compaction() -> None:
@@ -223,6 +244,17 @@ def kafka_segment_compaction() -> None:
 
         run, store = _run()
         step = compaction.key_compaction(store, run, _job(SPARK_KEYS_JOB), print)
+        _fail(step.failure)
+        return step.to_json()
+
+    @task
+    @fail_fast
+    def merge() -> dict[str, Any]:
+        """With ``merge`` or a policy's ``merge.enable``: one merge run (``<run>-merge``, its report published)."""
+        from tiering.steps import compaction  # noqa: PLC0415
+
+        run, store = _run()
+        step = compaction.merge(store, run, _job(SPARK_MERGE_JOB), print)
         _fail(step.failure)
         return step.to_json()
 
@@ -285,9 +317,8 @@ def kafka_segment_compaction() -> None:
         result = compaction.clean(store, run, print)
         return result.to_json() if result is not None else {"dry_run": True}
 
-    keys_done = key_compaction()
     scanned = scan()
-    keys_done >> scanned
+    key_compaction() >> merge() >> scanned
     planned = plan(scanned)
     committed = commit.expand(chunk=spark_compaction(planned))
     reported = report(planned)

@@ -3,7 +3,7 @@
     spark-submit --master 'local[*]' spark_jobs/compact_keys.py --bucket BUCKET --prefix PREFIX --run-id RUN \\
         (--policy FILE | --topics REGEX) [--now-ms MS] [--delete-retention-ms MS] [--min-compaction-lag-ms MS] \\
         [--codec C [--level N]] [--min-age-minutes M] [--max-keys N] [--lease-ttl-seconds 600] \\
-        [--verify checksum|read-back] [--swap auto|copy|put]
+        [--verify checksum|read-back] [--swap auto|copy|put] [--segment-bytes N] [--index-bytes N] [--no-merge]
 
 Thin on purpose: argument parsing and a call to ``tiering.spark.jobs.compact_keys_plan``. The driver
 finishes what a crashed run left in flight, lists the partitions and resolves each topic's cleaner settings
@@ -21,6 +21,7 @@ import argparse
 import sys
 from typing import Any
 
+from tiering.cli.args import add_merge_args, merge_limits
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS, DEFAULT_MAX_KEYS
 from tiering.plan.policy import load_policy
@@ -58,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lease-ttl-seconds", type=int, default=DEFAULT_TTL_SECONDS)
     p.add_argument("--verify", choices=["checksum", "read-back"], default="checksum")
     p.add_argument("--swap", choices=["auto", "copy", "put"], default="auto")
+    add_merge_args(p, "neighbours are cleaned into one segment while their sources fit it, as the broker's "
+                      "cleaner groups them (with --policy: each topic's segment.bytes and segment.index.bytes)")
+    p.add_argument("--no-merge", action="store_true", help="clean each segment into one of its own")
     return p.parse_args(argv)
 
 
@@ -68,7 +72,8 @@ def run(spark: Any, args: argparse.Namespace) -> int:
                            *RunSettings.modes(args.verify, args.swap))
     options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
                                 args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds,
-                                load_policy(args.policy) if args.policy else None, args.max_keys)
+                                load_policy(args.policy) if args.policy else None, args.max_keys,
+                                None if args.no_merge else merge_limits(args))
     compact_keys_plan(spark, settings, options, log)
     return 0
 

@@ -196,6 +196,7 @@ def test_no_module_spells_out_a_key_below_a_run() -> None:
 JSON_BOUNDARIES: dict[str, str] = {
     "run/pipeline.py:stage_unit": "the Spark executor's entry: the unit and settings as the driver sent them",
     "run/keycompact.py:keys_unit_task": "the Spark executor's entry: the unit and settings as the driver sent them",
+    "run/merge.py:merge_unit_task": "the Spark executor's entry: the unit and settings as the driver sent them",
     "run/tier.py:lifecycle_configuration": "writes S3's PutBucketLifecycleConfiguration document",
     "run/tier.py:rule": "one rule of that S3 document",
     "run/tier.py:moved_objects": "the moved objects as the tiering results' stats record them (JSON)",
@@ -298,7 +299,7 @@ def test_a_dag_task_is_one_call_of_a_step() -> None:
                                                                                         "steps")]
                 tasks.append((f"{path.name}:{node.name}", len(statements) <= MAX_TASK_STATEMENTS, len(loops) <= 1,
                               len(steps) >= 1))
-    assert len(tasks) == 10
+    assert len(tasks) == 11
     assert [t for t in tasks if not all(t[1:])] == []
 
 

@@ -1,7 +1,8 @@
 """Runs the compaction DAG with dag.test() against a moto server in its own process, in the ways a run can
 fail, and prints the facts tests/dags/test_compaction_dag.py asserts: a policy that does not exist fails
 the first task at once (no retries), a run whose every partition is busy fails its report task with the
-reason (not "success"), and once the partitions are free the same DAG compacts everything."""
+reason (not "success"), and once the partitions are free the same DAG compacts everything; then key
+compaction, and merging of small segments, before the recompression."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tiering.storage.s3 import S3Store, make_client
 
 BUCKET, PREFIX, TOPIC = "compaction-dag", "kafka/logs", "clicks"
 COMPACTED = "profiles"
+SMALL = "metrics"
 
 
 def tries(run_id: str) -> dict[str, list[Any]]:
@@ -77,10 +79,23 @@ def main() -> None:
         state, run_id = run_dag({**conf, "compact_keys": True, "topics": COMPACTED}, dag)
         keys = store.get_json(run_result_key(PREFIX, f"{run_id}-keys", "compact-keys"))[0]
         doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
-        records = sum(len(b.records) for base in (0, 100) for b in iter_decoded(
-            io.BytesIO(store.get(segment_key(PREFIX, COMPACTED, 0, base, LOG_SUFFIX)))))
+        logs = sorted(i.key for i in store.list(f"{PREFIX}/{COMPACTED}-0/") if i.key.endswith(LOG_SUFFIX))
+        records = sum(len(b.records) for key in logs for b in iter_decoded(io.BytesIO(store.get(key))))
         facts["keys"] = {"state": state, "keys_totals": keys["totals"], "totals": doc["totals"], "records": records,
-                         "report": keys["run_id"]}
+                         "report": keys["run_id"], "logs": [key.rsplit("/", 1)[1] for key in logs]}
+
+        for partition in (0, 1):  # small segments: five sealed ones and the active one in each partition
+            seed_partition(store, PREFIX, SMALL, partition, segments=6, kind="json", codec=Codec.NONE,
+                           segment_bytes=20_000, seed=partition)
+        state, run_id = run_dag({**conf, "compact_keys": False, "merge": True, "merge_target_bytes": 1 << 20,
+                                 "topics": SMALL}, dag)
+        merged = store.get_json(run_result_key(PREFIX, f"{run_id}-merge", "merge"))[0]
+        doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
+        logs = sorted(i.key.rsplit("/", 1)[1] for i in store.list(f"{PREFIX}/{SMALL}-0/") if i.key.endswith(".log"))
+        report = store.get_json(f"{PREFIX}/_tiering/reports/{run_id}-merge/report.json")[0]
+        facts["merge"] = {"state": state, "tasks": tries(run_id), "merge_totals": merged["totals"],
+                          "objects": merged["usage"]["objects"], "totals": doc["totals"], "logs": logs,
+                          "report_merging": report["merging"]}
         print(json.dumps(facts))
 
 

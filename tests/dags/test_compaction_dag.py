@@ -25,10 +25,11 @@ def facts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return doc
 
 
-def test_a_missing_policy_fails_the_scan_once_without_retries(facts: dict[str, Any]) -> None:
+def test_a_missing_policy_fails_the_first_task_reading_it_once_without_retries(facts: dict[str, Any]) -> None:
     run = facts["missing_policy"]
     assert run["state"] == "failed"
-    assert run["tasks"]["scan"] == ["failed", 1]  # the DAG's tasks have two retries: not used
+    assert run["tasks"]["merge"] == ["failed", 1]  # the DAG's tasks have two retries: not used
+    assert run["tasks"]["scan"][0] == "upstream_failed"
 
 
 def test_a_run_whose_partitions_are_all_busy_fails_with_the_work_left(facts: dict[str, Any]) -> None:
@@ -48,8 +49,23 @@ def test_the_same_dag_compacts_everything_once_the_partitions_are_free(facts: di
 def test_compact_keys_cleans_the_compacted_topic_first_then_the_recompression_runs(facts: dict[str, Any]) -> None:
     run = facts["keys"]
     assert run["state"] == "success"
-    assert run["keys_totals"]["compacted"] == 2  # the two sealed segments; the active one is not cleaned
-    assert run["records"] == 10  # of 200 updates over 10 keys in the cleaned range, each key's latest
-    # then recompressed by the same DAG run: segment 100 (segment 0 kept no record, each key's latest being in
-    # segment 100: its .log is empty and left alone)
+    # The two sealed segments cleaned into one, as the broker's cleaner groups them; the active one is not
+    # cleaned. Segment 0 alone would have kept no record (each key's latest is in segment 100).
+    assert run["keys_totals"]["merged"] == 2
+    assert run["logs"] == [f"{0:020d}.log", f"{200:020d}.log"]
+    assert run["records"] == 10 + 100  # each key's latest of the 200 updates cleaned, and the active segment's
+    # then recompressed by the same DAG run: the merged segment
     assert run["totals"]["compacted"] == 1
+
+
+def test_merge_merges_small_segments_then_the_recompression_rewrites_the_merged_ones(facts: dict[str, Any]) -> None:
+    run = facts["merge"]
+    assert run["state"] == "success"
+    assert run["tasks"]["merge"] == ["success", 1]
+    # two partitions of five small sealed segments (and an active one) each: each five merged into one
+    assert run["merge_totals"]["merged"] == 10
+    assert run["objects"] == {"before": 30, "after": 6}
+    assert run["logs"] == [f"{0:020d}.log", run["logs"][1]]
+    assert len(run["logs"]) == 2
+    assert (run["report_merging"]["objects_before"], run["report_merging"]["objects_after"]) == (30, 6)
+    assert run["totals"]["compacted"] == 2  # the merged segment of each partition, recompressed

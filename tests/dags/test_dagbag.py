@@ -57,7 +57,8 @@ def test_dag_folder_loads_without_errors_or_heavy_imports(tmp_path: Path) -> Non
     assert facts["import_errors"] == {}
     assert facts["dags"] == ["kafka_segment_compaction", "kafka_segment_tiering"]
     assert facts["heavy_modules"] == []  # tiering, boto3 and pyspark load inside tasks only
-    assert facts["tasks"] == ["cleanup", "commit", "key_compaction", "plan", "report", "scan", "spark_compaction"]
+    assert facts["tasks"] == ["cleanup", "commit", "key_compaction", "merge", "plan", "report", "scan",
+                              "spark_compaction"]
     assert set(facts["retries"].values()) == {2}
     assert facts["map_index_template"] == "{{ chunk_name }}"
     assert facts["outlets"] == ["kafka_segment_compaction_report"]
@@ -121,3 +122,28 @@ def test_a_task_fails_at_once_on_what_another_attempt_would_meet_again() -> None
     with pytest.raises(KeyError):  # not ours: Airflow's retries decide
         fail_fast(lambda: {}["x"])()
     assert fail_fast(lambda: 3)() == 3
+
+
+def test_merging_runs_by_the_merge_param_or_by_a_policy_that_enables_it_never_both(tmp_path: Path) -> None:
+    from tiering.errors import ConfigError
+    from tiering.steps.compaction import CompactionParams, SparkJob, merge
+    from tiering.storage.memory import MemoryStore
+
+    never = SparkJob(tmp_path / "not-submitted.py", "local[1]", {})  # no branch below submits it
+    params = {"bucket": "b", "prefix": "p", "topics": None, "codec": "zstd", "level": None,
+              "min_segment_age_minutes": 0, "max_segments": None, "max_bytes": None, "dry_run": False,
+              "cleanup_grace_days": 7, "lease_ttl_seconds": 600, "verify": "checksum", "swap": "auto",
+              "inventory": "", "policy": "", "rebatch": False, "rebatch_max_bytes": 1 << 20, "compact_keys": False,
+              "compact_keys_merge": True, "merge": False, "merge_target_bytes": 1 << 30}
+    store = MemoryStore("b")
+    assert merge(store, CompactionParams.from_params(params, "r"), never, print).run is None  # not asked
+    assert merge(store, CompactionParams.from_params({**params, "merge": True, "dry_run": True}, "r"), never,
+                 print).run is None  # a dry run changes nothing
+    off = tmp_path / "off.yaml"
+    off.write_text("cluster:\n  compression.type: zstd\n")
+    assert merge(store, CompactionParams.from_params({**params, "policy": str(off)}, "r"), never,
+                 print).run is None  # no scope of the policy enables merging
+    on = tmp_path / "on.yaml"
+    on.write_text("topics:\n  - regex: 'metrics\\..*'\n    merge.enable: true\n")
+    with pytest.raises(ConfigError, match=r"merge\.enable"):
+        merge(store, CompactionParams.from_params({**params, "policy": str(on), "merge": True}, "r"), never, print)

@@ -208,3 +208,10 @@ def test_merge_bounds_default_to_the_topics_segment_bytes() -> None:
     assert parse_policy({}).resolve("t").merge_target_bytes == 1 << 30  # Kafka's segment.bytes
     assert parse_policy({}).resolve("t").segment_index_bytes == 10 << 20
     assert parse_policy({}).resolve("t").merge_enable is False  # opt-in
+
+
+def test_a_policy_enables_merging_when_some_scope_sets_it_true() -> None:
+    assert parse_policy({"cluster": {"merge.enable": True}}).enables("merge.enable")
+    assert parse_policy({"topics": [{"regex": "m-.*", "merge.enable": True}]}).enables("merge.enable")
+    assert not parse_policy({"topics": [{"topic": "a", "merge.enable": False}]}).enables("merge.enable")
+    assert not parse_policy({}).enables("merge.enable")  # opt-in: the built-in default is off

@@ -12,7 +12,7 @@ import pytest
 from tiering.cost.document import LedgerEntry, Listing, NotRewritten, Report, row_status
 from tiering.cost.forecast import Forecast, Stratum
 from tiering.cost.model import KMS_CALLS_PER_SEGMENT, CostOptions, build_report, cumulative, source_codec
-from tiering.cost.prices import GB, load_prices
+from tiering.cost.prices import DAYS_PER_MONTH, GB, load_prices
 from tiering.errors import ConfigError
 from tiering.lifecycle.vocabulary import Status
 from tiering.report.render import FORMATS, render
@@ -397,3 +397,26 @@ def test_merging_in_deep_archive_counts_each_objects_overhead() -> None:
     assert m is not None
     overhead = 32768 / GB * 0.00099 + 8192 / GB * 0.023
     assert m.monthly_before_usd - m.monthly_after_usd == pytest.approx(overhead)
+
+
+def test_a_merge_of_young_ia_sources_costs_their_early_deletion_and_grace_copies_by_hand() -> None:
+    # Two 1 GB .log sources in Standard-IA ($0.0125 per GB-month, 30 days minimum), uploaded 10 days before
+    # the report: each deleted 20 days early costs 1 GB x $0.0125 x 20 days; each kept as a backup for the
+    # grace period (7 days, billed at least IA's 30) costs 1 GB x $0.0125 x 30 days (a month: 365/12 days).
+    # Their bytes are the same after the merge: nothing is saved by the byte, nothing counted twice.
+    ten_days = (NOW - timedelta(days=10)).isoformat()
+    rows = _merged("t-0", [0, 10], [GB, GB], [2 * GB], "STANDARD_IA")
+    for row, size in zip(rows, (GB, GB), strict=True):
+        row["stats"] = {**row["stats"], "log": {"storage_class": "STANDARD_IA", "last_modified": ten_days,
+                                                "size": size}}
+    rows[0]["bytes_before"], rows[0]["bytes_after"] = GB, 2 * GB
+    rows[1]["bytes_before"], rows[1]["bytes_after"] = GB, 0
+    rep = report(run_doc(rows), [])
+    lines = {line.item: line.usd for line in rep.one_off}
+    assert lines["Early deletion (minimum storage duration)"] == pytest.approx(2 * 0.0125 * 20 / DAYS_PER_MONTH)
+    assert lines["Originals kept 7 days (grace period)"] == pytest.approx(2 * 0.0125 * 30 / DAYS_PER_MONTH)
+    assert (rep.totals.bytes_before, rep.totals.bytes_after) == (2 * GB, 2 * GB)
+    m = rep.merging
+    assert m is not None
+    assert rep.totals.monthly_savings_usd == pytest.approx(m.monthly_savings_usd)
+    assert [g.name for g in rep.by_storage_class] == ["STANDARD_IA"]

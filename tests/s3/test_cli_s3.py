@@ -227,6 +227,7 @@ def test_compact_keys_cleans_the_chosen_topics_and_the_report_shows_what_went(bu
     from tests.kafka.test_keycompact import NOW
     from tests.s3 import test_keycompact_s3 as K
     from tiering.kafka.files import LOG_SUFFIX
+    from tiering.kafka.merge import DEFAULT_INDEX_BYTES, DEFAULT_SEGMENT_BYTES, Limits
     from tiering.storage.layout import segment_key
 
     parts = K.partition(aborts=True)
@@ -242,26 +243,36 @@ def test_compact_keys_cleans_the_chosen_topics_and_the_report_shows_what_went(bu
     assert code == 0, err
     doc = json.loads(out)
     assert doc["kind"] == "compact-keys"
-    assert doc["totals"]["compacted"] == 3
-    want = K.expected(parts, NOW)
-    assert bucket.get(segment_key(PREFIX, K.TOPIC, 0, 0, LOG_SUFFIX)) == want[0].log
+    # By default the sealed neighbours are cleaned into one as the broker's cleaner groups them (Kafka's
+    # segment.bytes and segment.index.bytes): the four sealed segments become one.
+    assert doc["totals"]["merged"] == 4
+    K.check_cleaned(bucket, K.expected(parts, NOW, Limits(DEFAULT_SEGMENT_BYTES, DEFAULT_INDEX_BYTES)))
     assert all(bucket.get(segment_key(PREFIX, "orders.delete", 0, b, LOG_SUFFIX)) == log
                for b, (log, _) in parts.items())
     code, out, err = _cli("report", "--bucket", bucket.bucket, "--prefix", PREFIX, "--json")
     assert code == 0, err
     report = json.loads(out)
     kc = report["key_compaction"]
-    assert kc["segments"] == 3
+    assert kc["segments"] == 4
     assert kc["aborted_records_removed"] == 2
     assert kc["saved_bytes"] == report["totals"]["bytes_before"] - report["totals"]["bytes_after"] > 0
-    assert kc["monthly_savings_usd"] == pytest.approx(report["totals"]["monthly_savings_usd"])
+    # the objects' storage saved (the merge's figures) includes the .log bytes the cleaner dropped
+    assert 0 < kc["monthly_savings_usd"] < report["totals"]["monthly_savings_usd"]
+    assert report["merging"]["objects_before"] > report["merging"]["objects_after"]
     code, out, err = _cli("report", "--bucket", bucket.bucket, "--prefix", PREFIX)
     assert "saved by key compaction" in out
     code, out, err = _cli("report", "--bucket", bucket.bucket, "--prefix", PREFIX, "--run-id", "keys-cli",
                           "--price-region", "eu-west-1", "--json")  # priced again from the run document
     assert code == 0, err
-    assert json.loads(out)["key_compaction"]["segments"] == 3
+    assert json.loads(out)["key_compaction"]["segments"] == 4
     assert json.loads(out)["prices"]["region"] == "eu-west-1"
+    parts = K.partition(aborts=True)  # the same under another prefix, with --no-merge: each segment its own
+    K.upload(bucket, parts, prefix=PREFIX + "2")
+    code, out, err = _cli("s3", "compact-keys", "--bucket", bucket.bucket, "--prefix", PREFIX + "2",
+                          "--min-age-minutes", "0", "--topics", r"profiles\..*", "--now-ms", str(NOW), "--json",
+                          "--no-merge")
+    assert code == 0, err
+    assert json.loads(out)["totals"]["compacted"] == 3
 
 
 def test_merge_plans_merges_then_rolls_back_in_another_process(bucket: S3Store) -> None:

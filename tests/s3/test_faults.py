@@ -28,6 +28,11 @@ class Crash(Exception):
     """The process dies here (not a TieringError: nothing in the package catches it)."""
 
 
+# The S3 operations that change a bucket: a crash leaves it as the last of them left it.
+WRITES = frozenset({"PutObject", "CopyObject", "DeleteObject", "DeleteObjects", "CreateMultipartUpload",
+                    "UploadPart", "CompleteMultipartUpload", "AbortMultipartUpload", "PutObjectTagging"})
+
+
 class Faults:
     def __init__(self, store: S3Store, at: int | None, mode: str) -> None:
         self.calls: list[str] = []

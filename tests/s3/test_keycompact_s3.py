@@ -15,7 +15,7 @@ import pytest
 
 from tests.kafka.test_keycompact import DAY, NOW, batch, marker, rec
 from tests.s3.conftest import PREFIX, context, fresh_store, no_pending
-from tests.s3.test_faults import Crash, Faults
+from tests.s3.test_faults import WRITES, Crash, Faults
 from tiering.commit.operation import Context, SegmentResult, SwapChoice
 from tiering.cost.model import CostOptions
 from tiering.cost.prices import load_prices
@@ -25,6 +25,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
 from tiering.kafka.index import AbortedTxn, encode_txn_index
 from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment, compact_partition
+from tiering.kafka.merge import Limits
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.state import load_state
@@ -68,24 +69,41 @@ def partition(*, aborts: bool) -> dict[int, tuple[bytes, bytes]]:
             60: (s3, b""), 80: (active, b"")}
 
 
-def upload(store: S3Store, parts: dict[int, tuple[bytes, bytes]]) -> None:
+def upload(store: S3Store, parts: dict[int, tuple[bytes, bytes]], prefix: str = PREFIX) -> None:
     for base, (log, txn) in parts.items():
         indexes = read_back(io.BytesIO(log), base_offset=base).indexes
-        store.put(segment_key(PREFIX, TOPIC, 0, base, LOG_SUFFIX), log)
-        store.put(segment_key(PREFIX, TOPIC, 0, base, INDEX_SUFFIX), indexes.offset_index)
-        store.put(segment_key(PREFIX, TOPIC, 0, base, TIME_INDEX_SUFFIX), indexes.time_index)
+        store.put(segment_key(prefix, TOPIC, 0, base, LOG_SUFFIX), log)
+        store.put(segment_key(prefix, TOPIC, 0, base, INDEX_SUFFIX), indexes.offset_index)
+        store.put(segment_key(prefix, TOPIC, 0, base, TIME_INDEX_SUFFIX), indexes.time_index)
         if txn:
-            store.put(segment_key(PREFIX, TOPIC, 0, base, TXN_INDEX_SUFFIX), txn)
+            store.put(segment_key(prefix, TOPIC, 0, base, TXN_INDEX_SUFFIX), txn)
 
 
-def expected(parts: dict[int, tuple[bytes, bytes]], now: int) -> dict[int, Any]:
-    """The pure pass over the same bytes: base offset -> cleaned segment."""
+def expected(parts: dict[int, tuple[bytes, bytes]], now: int, merge: Limits | None = None) -> dict[int, Any]:
+    """The pure pass over the same bytes (neighbours cleaned into one within ``merge``): base offset -> cleaned
+    segment."""
     from tiering.kafka.index import parse_txn_index
 
-    segments = [Segment(b, lambda log=log: io.BytesIO(log), tuple(parse_txn_index(txn))) for b, (log, txn)
-                in sorted(parts.items())]
-    _, cleaned = compact_partition(segments, CleanOptions(now_ms=now))
+    segments = [Segment(b, lambda log=log: io.BytesIO(log), tuple(parse_txn_index(txn)), "", len(log),
+                        len(read_back(io.BytesIO(log), base_offset=b).indexes.offset_index),
+                        len(read_back(io.BytesIO(log), base_offset=b).indexes.time_index))
+                for b, (log, txn) in sorted(parts.items())]
+    _, cleaned = compact_partition(segments, CleanOptions(now_ms=now, merge=merge))
     return {c.base_offset: c for c in cleaned}
+
+
+def check_cleaned(store: S3Store, want: dict[int, Any], where: object = None) -> None:
+    """Every cleaned segment of ``want`` on S3 file by file as the pure pass made it; the neighbours it
+    merged away gone."""
+    for base, c in want.items():
+        assert final(store, base, LOG_SUFFIX) == c.log, (where, base)
+        assert final(store, base, INDEX_SUFFIX) == c.indexes.offset_index, (where, base)
+        assert final(store, base, TIME_INDEX_SUFFIX) == c.indexes.time_index, (where, base)
+        txn = segment_key(PREFIX, TOPIC, 0, base, TXN_INDEX_SUFFIX)
+        assert (store.get(txn) if exists(store, txn) else b"") == c.txn_index, (where, base)
+        for gone in c.sources[1:]:
+            for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
+                assert not exists(store, segment_key(PREFIX, TOPIC, 0, gone, suffix)), (where, gone, suffix)
 
 
 def final(store: S3Store, base: int, suffix: str) -> bytes:
@@ -233,9 +251,14 @@ def test_a_tombstone_is_dropped_once_its_horizon_passed(store: S3Store) -> None:
     assert b"k9" not in left
 
 
-def _crash_scenario(store: S3Store, crash_at: int | None, mode: str, second: bool) -> tuple[list[str], bool]:
+MERGE_LIMITS = Limits(1 << 20, 10 << 20)  # the four sealed segments of partition() clean into one
+
+
+def _crash_scenario(store: S3Store, crash_at: int | None, mode: str, second: bool,
+                    merge: Limits | None = None) -> tuple[list[str], bool]:
     """The first pass over the partition crashed at call ``crash_at``, or (``second``) the pass a day after an
-    uninterrupted one, which also removes a .txnindex; then a retry at the same clock."""
+    uninterrupted one, which also removes a .txnindex; then a retry at the same clock. ``merge``: the first
+    pass cleans neighbours into one within these bounds."""
     parts = partition(aborts=second)
     upload(store, parts)
     now = NOW
@@ -247,12 +270,12 @@ def _crash_scenario(store: S3Store, crash_at: int | None, mode: str, second: boo
     faults = Faults(worker, crash_at, mode)
     crashed = False
     try:
-        compact_keys(worker, keys_context(worker, swap=Swap.COPY), at(now))
+        compact_keys(worker, keys_context(worker, swap=Swap.COPY), replace(at(now), merge=merge))
     except Crash:
         crashed = True
     if crashed:
         rerun = fresh_store()
-        run = compact_keys(rerun, keys_context(rerun, swap=Swap.COPY), at(now))  # a retry
+        run = compact_keys(rerun, keys_context(rerun, swap=Swap.COPY), replace(at(now), merge=merge))  # a retry
         assert run.exit_code() is ExitCode.OK, [r.to_json() for r in run.segments]
     assert no_pending(store)
     kept = {k.key.rsplit("/", 1)[1]: k.key for k in store.list(f"{PREFIX}/_tiering/backup/keys-1/")}
@@ -262,22 +285,21 @@ def _crash_scenario(store: S3Store, crash_at: int | None, mode: str, second: boo
     for name in logs + [name for name in kept if name.endswith(TXN_INDEX_SUFFIX)]:
         base = int(name[:20])
         assert store.get(kept[name]) == parts[base][0 if name.endswith(LOG_SUFFIX) else 1], (crash_at, mode, name)
-    want = expected(parts, now)
-    for base in (0, 20, 40):
-        assert final(store, base, LOG_SUFFIX) == want[base].log, (crash_at, mode, base)
-        assert final(store, base, INDEX_SUFFIX) == want[base].indexes.offset_index
-        assert final(store, base, TIME_INDEX_SUFFIX) == want[base].indexes.time_index
-        txn = segment_key(PREFIX, TOPIC, 0, base, TXN_INDEX_SUFFIX)
-        assert (store.get(txn) if exists(store, txn) else b"") == want[base].txn_index, (crash_at, mode, base)
+    want = expected(parts, now, merge)
+    assert merge is None or len(want[0].sources) == 4
+    check_cleaned(store, want, (crash_at, mode))
     return faults.calls, crashed
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("second", [False, True], ids=["first-pass", "second-pass-txnindex"])
-def test_a_crash_at_every_s3_call_then_a_rerun_converges_on_the_same_bytes(second: bool, aws_env: None) -> None:
-    """SIGKILL-like crashes (every later request of the process fails too) before and after each S3 call of a
-    pass that swaps three segments; a fresh run at the same clock ends with the bytes one uninterrupted pass
-    makes, no journal left, every index matching."""
+@pytest.mark.parametrize(("second", "merge"), [(False, None), (True, None), (False, MERGE_LIMITS)],
+                         ids=["first-pass", "second-pass-txnindex", "first-pass-merged"])
+def test_a_crash_at_every_s3_call_then_a_rerun_converges_on_the_same_bytes(second: bool, merge: Limits | None,
+                                                                          aws_env: None) -> None:
+    """SIGKILL-like crashes (every later request of the process fails too) after each S3 request that changes
+    the bucket (and before the first) of a pass that swaps three segments (or cleans four into one, swapped in
+    by the merge protocol); a fresh run at the same clock ends with the files one uninterrupted pass makes, no
+    journal left, every index matching."""
     from moto import mock_aws
 
     from tests.s3.conftest import BUCKET
@@ -289,13 +311,15 @@ def test_a_crash_at_every_s3_call_then_a_rerun_converges_on_the_same_bytes(secon
         return S3Store(client, BUCKET)
 
     with mock_aws():
-        calls, _ = _crash_scenario(fresh(), None, "none", second)
-    for mode in ("before", "after"):
-        for at in range(len(calls)):
-            with mock_aws():
-                _, crashed = _crash_scenario(fresh(), at, mode, second)
-            assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
-    assert len(calls) > 30
+        calls, _ = _crash_scenario(fresh(), None, "none", second, merge)
+    # A crash leaves the bucket as the last request that changed it left it: one crash after each of those
+    # (and one before the first) reaches every state a re-run could start from.
+    writes = [n for n, name in enumerate(calls) if name in WRITES]
+    for at, mode in [(writes[0], "before"), *((n, "after") for n in writes)]:
+        with mock_aws():
+            _, crashed = _crash_scenario(fresh(), at, mode, second, merge)
+        assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
+    assert len(writes) > 15
 
 
 def test_a_policy_chooses_the_compacted_topics_and_their_delete_retention(store: S3Store) -> None:
@@ -499,7 +523,6 @@ def test_a_pass_that_merges_on_s3_makes_the_pure_pass_s_files_and_rolls_back(sto
     bounds, file by file, the merged-away segments gone; a rollback puts every original back."""
     from tests.s3.broker_view import check_loaded
     from tiering.kafka.index import parse_txn_index
-    from tiering.kafka.merge import Limits
     from tiering.kafka.reader import iter_batches
     from tiering.storage.layout import partition_prefix
 

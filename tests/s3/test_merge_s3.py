@@ -26,7 +26,7 @@ from tests.s3.conftest import (
     seed,
 )
 from tests.s3.hooks import Step, key_ends
-from tests.s3.test_faults import Crash, Faults
+from tests.s3.test_faults import WRITES, Crash, Faults
 from tiering.commit.operation import META_MERGED, SegmentResult
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.index import build_indexes
@@ -45,8 +45,6 @@ from tiering.storage.objects import ObjectNotFound
 from tiering.storage.s3 import S3Store
 
 DIRECTORY = f"{TOPIC}-0"
-_WRITES = frozenset({"PutObject", "CopyObject", "DeleteObject", "DeleteObjects", "CreateMultipartUpload",
-                     "UploadPart", "CompleteMultipartUpload", "AbortMultipartUpload", "PutObjectTagging"})
 ROOT = partition_prefix(PREFIX, DIRECTORY)
 
 
@@ -244,7 +242,7 @@ def test_crash_at_every_call_then_rerun_converges(undo: bool, aws_env: None) -> 
     calls, _ = scenario(None, "none")
     # A crash leaves the bucket as the last request that changed it left it: one crash after each of those
     # (and one before the first) reaches every state a broker could find and a re-run could start from.
-    writes = [i for i, name in enumerate(calls) if name in _WRITES]
+    writes = [i for i, name in enumerate(calls) if name in WRITES]
     points = [(writes[0], "before"), *((i, "after") for i in writes)]
     for at, mode in points:
         _, crashed = scenario(at, mode)

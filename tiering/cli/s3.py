@@ -374,7 +374,7 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy) if args.policy else None
     options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
                                 args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds, policy,
-                                max_keys(args), merge_limits(args) if args.merge else None)
+                                max_keys(args), None if args.no_merge else merge_limits(args))
     run_id = args.run_id or new_run_id()
     swap = SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap))
     ctx = Context(store, args.prefix, run_id, RewriteOptions(Codec.NONE), work_dir=args.work_dir,
@@ -638,7 +638,9 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "data removed, tombstones and markers stamped with a delete horizon and removed "
                                    "on a later pass once it passed. Each segment that changes is staged, checked, "
                                    "backed up and swapped in offset order, so an interrupted pass leaves a prefix "
-                                   "of the partition cleaned, as a broker's cleaner would. Run it only on topics "
+                                   "of the partition cleaned, as a broker's cleaner would; neighbours are cleaned "
+                                   "into one segment as the cleaner groups them (--segment-bytes, --index-bytes; "
+                                   "--no-merge: each its own). Run it only on topics "
                                    "that are compacted: it removes every superseded value. Exit 0 done; 1 invalid "
                                    "or unsupported data (legacy batches, an ABORT marker its .txnindex does not "
                                    "name); 3 busy; 4 S3 failed (retry).")
@@ -667,12 +669,10 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                    help="segments uploaded less than this long ago (S3's LastModified) end the cleaned range "
                         "(default %(default)s)")
     add_key_map_args(p)  # a pass whose map fills up ends there; the partition remembers where, for the next run
-    p.add_argument("--merge", action="store_true",
-                   help="clean neighbours into one segment as the broker's cleaner groups them (within "
-                        "--segment-bytes and --index-bytes, or with --policy each topic's segment.bytes and "
-                        "segment.index.bytes), swapped in like a merge (docs/merging.md); default: each segment "
-                        "into one of its own")
-    add_merge_args(p, "with --merge, the largest cleaned segment")
+    add_merge_args(p, "neighbours are cleaned into one segment while their sources fit it, as the broker's "
+                      "cleaner groups them, and swapped in like a merge (docs/merging.md); with --policy, each "
+                      "topic's segment.bytes and segment.index.bytes")
+    p.add_argument("--no-merge", action="store_true", help="clean each segment into one of its own")
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
     p.add_argument("--work-dir", default=None,
                    help="directory for the cleaned segment being staged (default: the system's temp dir)")

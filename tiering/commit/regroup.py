@@ -140,7 +140,8 @@ def _source_files(ctx: Context, seg: PlannedSegment, run_id: str) -> GroupSegmen
         if ref is None or info.etag != ref.etag:
             raise SourceChanged(f"the {name} file changed after planning", path=uri(store, key),
                                 expected=ref.etag if ref else "no object", found=info.etag)
-        files[name] = GroupFile(key, info.etag, info.size, backup_key(ctx.prefix, run_id, d, base, suffix), attrs)
+        files[name] = GroupFile(key, info.etag, info.size, backup_key(ctx.prefix, run_id, d, base, suffix), attrs,
+                                info.last_modified.isoformat())
     return GroupSegment(base, files)
 
 
@@ -605,13 +606,19 @@ def _roll_forward(ctx: Context, journal: RegroupJournal, etag: str, lease: Lease
                               f"{n} segments merged into one" if i == 0 else
                               f"merged into segment {target.base_offset}",
                               s.log.size, target.log.size if i == 0 else 0, run_id=journal.run_id,
-                              stats={"merge": merge_stats(journal)} if i == 0 else None)
+                              stats={**({"merge": merge_stats(journal)} if i == 0 else {}), "log": _facts(s.log)})
                 for i, s in enumerate(journal.sources)]
     merged_size = journal.sources[0].log.size
     return [SegmentResult(journal.directory, t.base_offset, Status.ROLLED_BACK,
                           f"restored from run {journal.restores_run}'s backup (the merged segment split again)",
                           merged_size if i == 0 else 0, t.log.size, run_id=journal.run_id)
             for i, t in enumerate(journal.targets)]
+
+
+def _facts(f: GroupFile) -> dict[str, Any]:
+    """A source ``.log``'s storage class and age as the report prices its replacement (a plan entry's)."""
+    return {"storage_class": f.attrs.storage_class if f.attrs is not None else "STANDARD", "size": f.size,
+            **({"last_modified": f.last_modified} if f.last_modified else {})}
 
 
 def merge_stats(journal: RegroupJournal) -> dict[str, Any]:

@@ -120,7 +120,7 @@ def _row(directory: str, base: int, r: Mapping[str, Any], prices: PriceBook, pla
     """A segment's row from its result and its plan entry (none: a result the plan did not list, a rollback's
     say); ``codec``: its source codec, else the result's."""
     s = plan or {}
-    log = s.get("log") or {}
+    log = s.get("log") or (r.get("stats") or {}).get("log") or {}  # a merge's result carries its source's
     merge = merge_figures(r.get("stats"), prices)
     keys = key_compaction_figures(r.get("stats"), int(r.get("bytes_before", 0)), int(r.get("bytes_after", 0)),
                                   merge.segments_before if merge is not None else 1)

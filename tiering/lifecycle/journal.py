@@ -188,15 +188,17 @@ class GroupFile:
     size: int
     copy: str | None = None
     attrs: ObjectAttrs | None = None
+    last_modified: str | None = None  # a source's, ISO 8601 by S3's clock (prices its early deletion)
 
     def to_json(self) -> dict[str, Any]:
         return {"final": self.final, "etag": self.etag, "size": self.size, "copy": self.copy,
-                **({"attrs": self.attrs.to_json()} if self.attrs is not None else {})}
+                **({"attrs": self.attrs.to_json()} if self.attrs is not None else {}),
+                **({"last_modified": self.last_modified} if self.last_modified is not None else {})}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> GroupFile:
         return cls(str(doc["final"]), str(doc["etag"]), int(doc["size"]), doc.get("copy"),
-                   ObjectAttrs.from_json(doc["attrs"]) if doc.get("attrs") else None)
+                   ObjectAttrs.from_json(doc["attrs"]) if doc.get("attrs") else None, doc.get("last_modified"))
 
 
 @dataclass(frozen=True, slots=True)

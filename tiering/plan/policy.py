@@ -194,6 +194,10 @@ class Policy:
     topics: tuple[_Scope, ...]
     path: str | None = None
 
+    def enables(self, key: str) -> bool:
+        """Whether some topic may have boolean ``key`` on: the cluster scope or a topic scope sets it true."""
+        return any(scope.settings.get(key) is True for scope in (self.cluster, *self.topics))
+
     def resolve(self, topic: str) -> TopicPolicy:
         exact = [s for s in self.topics if s.exact == topic]
         regex = next((s for s in self.topics if s.pattern is not None and s.pattern.fullmatch(topic)), None)

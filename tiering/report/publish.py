@@ -24,9 +24,8 @@ from tiering.errors import ConfigError, StorageError
 from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.document import Plan
 from tiering.report.render import render
-from tiering.run.keycompact import key_steps
-from tiering.run.pipeline import RunSettings, plan_files, run_outcomes
-from tiering.storage.layout import ledger_key, report_key, run_result_key, whole_plan_key
+from tiering.run.pipeline import RunSettings, plan_files, run_outcomes, step_documents
+from tiering.storage.layout import StepDir, ledger_key, report_key, run_result_key, whole_plan_key
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound, ObjectStore, PreconditionFailed
 
 LATEST: Final = "latest"
@@ -93,8 +92,9 @@ def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, op
             for c in run_outcomes(store, settings))
     except ObjectNotFound:  # no chunked plan: a key-compaction run's step documents, else its document's list
         auto, chunks = {}, None
-        if kind is RunKind.COMPACT_KEYS:
-            chunks = (((), (r.to_json() for r in step.results)) for step in key_steps(store, prefix, run_id))
+        step = {RunKind.COMPACT_KEYS: StepDir.KEYS, RunKind.MERGE: StepDir.MERGE}.get(kind)
+        if step is not None:
+            chunks = (((), (r.to_json() for r in s.results)) for s in step_documents(store, prefix, run_id, step))
     plan: list[dict[str, Any]] = []
     if chunks is None:
         try:  # a run of an earlier version of the CLI kept its whole plan in one document

@@ -21,14 +21,13 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
 from tiering.commit.operation import Context, SegmentResult
-from tiering.commit.recover import recover_partition
 from tiering.commit.regroup import finish_regroup, stage_cleaned_group
 from tiering.commit.stage import stage_cleaned
 from tiering.commit.swap import finish_one
@@ -51,9 +50,9 @@ from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy
 from tiering.plan.scan import ScanOptions, scan_partitions
-from tiering.run.documents import RUN_SCOPE, RunResult, RunTally, StepResults
-from tiering.run.maintenance import pending_bases
-from tiering.run.pipeline import RunSettings, write_results
+from tiering.run.documents import RUN_SCOPE, RunResult, RunTally
+from tiering.run.maintenance import balanced, recover_pending
+from tiering.run.pipeline import RunSettings, step_documents, write_results
 from tiering.run.segment import guarded, stale_after_recovery, with_lease
 from tiering.storage.layout import StepDir, clock_key, keys_unit_name, step_dir, step_key
 from tiering.storage.objects import ObjectStore
@@ -418,15 +417,7 @@ def plan_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions, *, p
     the chosen topics, each with its cleaner settings, cut into units: about ``4 * parallelism`` of them,
     balanced by bytes (a unit holds whole partitions, largest first)."""
     now_ms = now_ms_of(store, ctx.prefix, options)
-    recovered: list[SegmentResult] = []
-    for directory, bases in sorted(pending_bases(store, ctx.prefix).items()):
-        def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
-            out += recover_partition(ctx, directory, lease)
-
-        for r in with_lease(ctx, directory, options.lease_ttl_seconds, recover, [(directory, b) for b in bases]):
-            recovered.append(r)
-            if progress is not None:
-                progress(r)
+    recovered = recover_pending(ctx, options.lease_ttl_seconds, progress)
     for info in store.list(step_dir(ctx.prefix, ctx.run_id, StepDir.KEYS)):  # a retried run's: it plans anew
         store.delete(info.key, missing_ok=True)
     partitions: list[KeyPartition] = []
@@ -442,15 +433,9 @@ def plan_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions, *, p
 
     scan_partitions(store, ctx.prefix, ScanOptions("none", topics=options.topics,
                                                    min_age_minutes=options.min_age_minutes), add)
-    count = max(1, min(len(partitions), 4 * parallelism))
-    loads = [0] * count
-    groups: list[list[KeyPartition]] = [[] for _ in range(count)]
-    for part in sorted(partitions, key=lambda p: -sum(s.size for s in p.segments)):
-        i = loads.index(min(loads))
-        groups[i].append(part)
-        loads[i] += sum(s.size for s in part.segments)
+    groups = balanced(partitions, 4 * parallelism, lambda p: sum(s.size for s in p.segments))
     units = tuple(KeyUnit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory)))
-                  for i, g in enumerate(groups) if g)
+                  for i, g in enumerate(groups))
     return KeyPlan(now_ms, units, tuple(recovered))
 
 
@@ -479,12 +464,6 @@ def keys_unit_task(store: ObjectStore, unit: dict[str, Any], settings: dict[str,
     return run_keys_unit(store, run.context(store, one_core=True), KeyUnit.from_json(unit), run.lease_ttl_seconds)
 
 
-def key_steps(store: ObjectStore, prefix: str, run_id: str) -> Iterator[StepResults]:
-    """The step documents of key-compaction run ``run_id`` (its units', and the journals it finished first)."""
-    for info in store.list(step_dir(prefix, run_id, StepDir.KEYS)):
-        yield StepResults.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
-
-
 def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: str, settings: Mapping[str, object],
                      driver_requests: Counter[str]) -> RunResult:
     """The run document from its units' step documents (and the journals the planner finished), with the S3
@@ -493,7 +472,7 @@ def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: s
     tally.add_usage({RUN_SCOPE: driver_requests})
     if plan.recovered:  # a step document like the units' (the report reads them all, whatever the run's size)
         write_results(store, step_key(ctx.prefix, ctx.run_id, StepDir.KEYS, "recovered"), plan.recovered)
-    for step in key_steps(store, ctx.prefix, ctx.run_id):
+    for step in step_documents(store, ctx.prefix, ctx.run_id, StepDir.KEYS):
         for r in step.results:
             tally.add(r)
         tally.add_usage(step.requests, sum(r.seconds or 0.0 for r in step.results))

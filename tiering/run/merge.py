@@ -11,14 +11,15 @@ group of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
 from tiering.commit.operation import Context, SegmentResult
-from tiering.commit.recover import pending_journals, recover_partition
+from tiering.commit.recover import pending_journals
 from tiering.commit.regroup import finish_regroup, stage_merge
 from tiering.errors import TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
@@ -29,9 +30,10 @@ from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy
 from tiering.plan.scan import ScanOptions, scan_partitions
 from tiering.run.documents import RUN_SCOPE, RunResult, RunTally
-from tiering.run.maintenance import pending_bases
+from tiering.run.maintenance import balanced, recover_pending
+from tiering.run.pipeline import RunSettings, step_documents, write_results
 from tiering.run.segment import guarded, stale_after_recovery, with_lease
-from tiering.storage.layout import clock_key, normalize_prefix
+from tiering.storage.layout import StepDir, clock_key, keys_unit_name, normalize_prefix, step_dir, step_key
 from tiering.storage.objects import ObjectStore
 
 # Segments a merge never touches: each ends a run of neighbours.
@@ -250,37 +252,119 @@ def _why_not(seg: PlannedSegment, limits: Limits) -> str:
     return "not merged: no neighbour to merge with within segment.bytes and segment.index.bytes"
 
 
+@dataclass(frozen=True, slots=True)
+class MergePartition:
+    """One partition to merge: its listed segments (aged by the policy) and the bounds of its merged ones;
+    JSON-able, it travels to a Spark executor."""
+
+    segments: tuple[PlannedSegment, ...]
+    limits: Limits
+
+    @property
+    def directory(self) -> str:
+        return self.segments[0].directory
+
+    def to_json(self) -> dict[str, Any]:
+        return {"segments": [s.to_json() for s in self.segments],
+                "limits": [self.limits.segment_bytes, self.limits.index_bytes]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> MergePartition:
+        return cls(tuple(PlannedSegment.from_json(s) for s in doc["segments"]), Limits(*doc["limits"]))
+
+
+@dataclass(frozen=True, slots=True)
+class MergeUnit:
+    """Whole partitions one task merges, one after the other (``runs/<run>/merge/<name>.json`` holds what
+    became of their segments)."""
+
+    name: str
+    partitions: tuple[MergePartition, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "partitions": [p.to_json() for p in self.partitions]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> MergeUnit:
+        return cls(str(doc["name"]), tuple(MergePartition.from_json(p) for p in doc["partitions"]))
+
+
+@dataclass(frozen=True, slots=True)
+class MergePlan:
+    """A run's partitions cut into units, and what the journals a crash left became."""
+
+    units: tuple[MergeUnit, ...]
+    recovered: tuple[SegmentResult, ...]
+
+
+def plan_merge_run(store: ObjectStore, ctx: Context, options: MergeOptions, *, parallelism: int = 1,
+                   progress: Callable[[SegmentResult], None] | None = None) -> MergePlan:
+    """Finish what a crashed run left in flight, then list the partitions of the topics to merge, each with
+    its bounds, cut into about ``4 * parallelism`` units of whole partitions balanced by bytes."""
+    recovered = recover_pending(ctx, options.lease_ttl_seconds, progress)
+    for info in store.list(step_dir(ctx.prefix, ctx.run_id, StepDir.MERGE)):  # a retried run's: it plans anew
+        store.delete(info.key, missing_ok=True)
+    partitions = [MergePartition(tuple(segments), limits) for segments, limits in _partitions(store, ctx.prefix,
+                                                                                              options)]
+    groups = balanced(partitions, 4 * parallelism, lambda p: sum(s.size for s in p.segments))
+    units = tuple(MergeUnit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory)))
+                  for i, g in enumerate(groups))
+    return MergePlan(units, tuple(recovered))
+
+
+def run_merge_unit(store: ObjectStore, ctx: Context, unit: MergeUnit, lease_ttl_seconds: int,
+                   progress: Callable[[SegmentResult], None] | None = None) -> dict[str, int]:
+    """Each partition of ``unit`` merged under its lease; the results and the S3 requests by partition go to
+    ``runs/<run>/merge/<unit>.json``; the counts by status come back."""
+    results: list[SegmentResult] = []
+    requests: dict[str, dict[str, int]] = {}
+    for part in unit.partitions:
+        def work(lease: Lease, out: list[SegmentResult], part: MergePartition = part) -> None:
+            merge_partition(ctx, part.segments, part.limits, lease, out, progress)
+
+        todo = [(s.directory, s.base_offset) for s in part.segments if s.log is not None]
+        before = Counter(store.requests)
+        results += with_lease(ctx, part.directory, lease_ttl_seconds, work, todo)
+        requests[part.directory] = dict(Counter(store.requests) - before)
+    return write_results(store, step_key(ctx.prefix, ctx.run_id, StepDir.MERGE, unit.name), results,
+                         usage=requests)
+
+
+def merge_unit_task(store: ObjectStore, unit: dict[str, Any], settings: dict[str, Any]) -> dict[str, int]:
+    """Spark executor side of :func:`run_merge_unit` (a task that fails is retried by Spark: the operation
+    it left in flight is finished by the retry, which takes the run's lease back)."""
+    run = RunSettings.from_json(settings)
+    return run_merge_unit(store, run.context(store, one_core=True), MergeUnit.from_json(unit), run.lease_ttl_seconds)
+
+
+def collect_merge_run(store: ObjectStore, ctx: Context, plan: MergePlan, started: str,
+                      settings: Mapping[str, object], driver_requests: Counter[str]) -> RunResult:
+    """The run document from its units' step documents (and the journals the planner finished), with the
+    segment objects the merges replaced and made; written to ``runs/<run>/merge.json``."""
+    tally = RunTally()
+    tally.add_usage({RUN_SCOPE: driver_requests})
+    objects = {"before": 0, "after": 0}
+    if plan.recovered:
+        write_results(store, step_key(ctx.prefix, ctx.run_id, StepDir.MERGE, "recovered"), plan.recovered)
+    for step in step_documents(store, ctx.prefix, ctx.run_id, StepDir.MERGE):
+        for r in step.results:
+            tally.add(r)
+            merged = (r.stats or {}).get("merge")
+            if isinstance(merged, dict):
+                objects["before"] += len(merged["objects_before"])
+                objects["after"] += len(merged["objects_after"])
+        tally.add_usage(step.requests, sum(r.seconds or 0.0 for r in step.results))
+    return tally.write(store, RunKind.MERGE, ctx.run_id, ctx.prefix, started, settings, tally.usage(objects=objects))
+
+
 def merge_run(store: ObjectStore, ctx: Context, options: MergeOptions,
               progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
-    """A whole merge run in this process: the journals crashed runs left finished, then every partition of
-    the chosen topics merged under its lease; the run document written to ``runs/<run>/merge.json``."""
+    """A whole merge run in this process: :func:`plan_merge_run`, each unit, :func:`collect_merge_run` (the
+    Spark job runs the units on executors instead)."""
     started = datetime.now(UTC).isoformat()
-    tally = RunTally()
-    objects = {"before": 0, "after": 0}  # the segment objects the merges replaced, and those they made
-
-    def add(r: SegmentResult) -> None:
-        tally.add(r)
-        merged = (r.stats or {}).get("merge")
-        if isinstance(merged, dict):
-            objects["before"] += len(merged["objects_before"])
-            objects["after"] += len(merged["objects_after"])
-
-    for directory, bases in sorted(pending_bases(store, ctx.prefix).items()):
-        def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
-            out.extend(recover_partition(ctx, directory, lease))
-
-        for r in with_lease(ctx, directory, options.lease_ttl_seconds, recover, [(directory, b) for b in bases]):
-            add(r)
-            if progress is not None:
-                progress(r)
-    for segments, limits in _partitions(store, ctx.prefix, options):
-        def work(lease: Lease, out: list[SegmentResult], segments: list[PlannedSegment] = segments,
-                 limits: Limits = limits) -> None:
-            merge_partition(ctx, segments, limits, lease, out, progress)
-
-        todo = [(s.directory, s.base_offset) for s in segments if s.log is not None]
-        for r in with_lease(ctx, segments[0].directory, options.lease_ttl_seconds, work, todo):
-            add(r)
-    tally.add_usage({RUN_SCOPE: store.requests})
-    return tally.write(store, RunKind.MERGE, ctx.run_id, ctx.prefix, started, options.settings_json(),
-                       tally.usage(objects=objects))
+    at_start = Counter(store.requests)
+    plan = plan_merge_run(store, ctx, options, progress=progress)
+    driver = Counter(store.requests) - at_start
+    for unit in plan.units:
+        run_merge_unit(store, ctx, unit, options.lease_ttl_seconds, progress)
+    return collect_merge_run(store, ctx, plan, started, options.settings_json(), driver)

@@ -582,6 +582,13 @@ def put_usage(store: ObjectStore, settings: RunSettings, step: str) -> None:
     store.put_json(settings.step_key(StepDir.USAGE, step), StepUsage(dict(store.requests)).to_json())
 
 
+def step_documents(store: ObjectStore, prefix: str, run_id: str, step: StepDir) -> Iterator[StepResults]:
+    """The documents of one step of run ``run_id`` (a key-compaction or merge run's units', and the journals
+    it finished first), in key order."""
+    for info in store.list(step_dir(prefix, run_id, step)):
+        yield StepResults.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
+
+
 def write_results(store: ObjectStore, key: str, results: Iterable[SegmentResult],
                   usage: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
     """Store a step's results (and the S3 requests per partition it made); counts by status."""

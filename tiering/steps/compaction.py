@@ -1,5 +1,5 @@
-"""The tasks of the DAG ``kafka_segment_compaction``: key compaction (optional), scan, plan, stage on Spark,
-commit (one task per plan chunk), report, cleanup."""
+"""The tasks of the DAG ``kafka_segment_compaction``: key compaction and merging (optional), scan, plan, stage
+on Spark, commit (one task per plan chunk), report, cleanup."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 
 from tiering.cost.forecast import Range
 from tiering.errors import ConfigError
+from tiering.kafka.merge import DEFAULT_SEGMENT_BYTES
 from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.estimate import Sampling
 from tiering.plan.policy import Policy, load_policy
@@ -78,6 +79,8 @@ class CompactionParams:
     policy_file: str | None
     rebatch_max_bytes: int | None  # None: no re-batching
     compact_keys: bool
+    keys_merge: bool = True  # key compaction cleans neighbours into one segment as the broker's cleaner does
+    merge_target_bytes: int | None = None  # None: no merging of small segments
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], run_id: str) -> CompactionParams:
@@ -87,7 +90,9 @@ class CompactionParams:
         return cls(settings, params["topics"] or None, params["min_segment_age_minutes"], params["max_segments"],
                    params["max_bytes"], bool(params["dry_run"]), float(params["cleanup_grace_days"]),
                    (params["inventory"] or "").strip() or None, (params.get("policy") or "").strip() or None,
-                   params["rebatch_max_bytes"] if params["rebatch"] else None, bool(params["compact_keys"]))
+                   params["rebatch_max_bytes"] if params["rebatch"] else None, bool(params["compact_keys"]),
+                   bool(params.get("compact_keys_merge", True)),
+                   params.get("merge_target_bytes", DEFAULT_SEGMENT_BYTES) if params.get("merge") else None)
 
     def policy(self) -> Policy | None:
         """The run's policy, read and checked (a bad file fails the first task, naming the key and problem)."""
@@ -95,9 +100,11 @@ class CompactionParams:
 
 
 @dataclass(frozen=True, slots=True)
-class KeysStep:
-    """What the key-compaction task did: nothing (not asked, or a dry run), or a run ``<run>-keys``."""
+class SideRunStep:
+    """What a task that makes a run of its own did (key compaction, merging): nothing (not asked, or a dry
+    run), or run ``run`` with its report."""
 
+    what: str  # "key compaction", "merge"
     run: RunResult | None
     report: str | None = None  # the report's S3 URI
 
@@ -106,7 +113,7 @@ class KeysStep:
         """Why the task fails (segments failed for a reason a retry does not fix), else None."""
         if self.run is None or not self.run.failed:
             return None
-        return f"key compaction run {self.run.run_id}: {self.run.hard_failures} segments failed (see {self.report})"
+        return f"{self.what} run {self.run.run_id}: {self.run.hard_failures} segments failed (see {self.report})"
 
     def to_json(self) -> dict[str, Any]:
         if self.run is None:
@@ -114,29 +121,55 @@ class KeysStep:
         return {"run_id": self.run.run_id, **self.run.totals(), "pending": self.run.pending, "report": self.report}
 
 
-def key_compaction(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) -> KeysStep:
+def _side_run(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log, kind: RunKind, suffix: str,
+              args: list[str]) -> SideRunStep:
+    """Spark job ``job`` as run ``<run>-<suffix>`` with ``args`` and the run's common settings; its run
+    document read and its report published."""
+    settings = run.settings
+    run_id = f"{settings.run_id}-{suffix}"
+    job.run(["--bucket", settings.bucket, "--prefix", settings.prefix, "--run-id", run_id, *args,
+             "--min-age-minutes", str(run.min_age_minutes), "--lease-ttl-seconds", str(settings.lease_ttl_seconds),
+             "--verify", settings.verify.value, "--swap", settings.swap_text], log)
+    key = run_result_key(settings.prefix, run_id, kind)
+    result = RunResult.from_json(store.get_json(key)[0], f"s3://{settings.bucket}/{key}")
+    prices, cost = cost_config(grace_days=run.grace_days)
+    doc, keys = publish_report(store, settings.prefix, run_id, prices, cost, kind=result.kind)
+    log(to_table(doc))
+    return SideRunStep("key compaction" if kind is RunKind.COMPACT_KEYS else "merge", result,
+                       f"s3://{settings.bucket}/{keys['json']}")
+
+
+def key_compaction(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) -> SideRunStep:
     """With ``compact_keys`` (and not a dry run): one pass of Kafka's cleaner over the compacted topics, as the
     Spark job ``job``, run ``<run>-keys`` (its own backups: the recompression that follows keeps its own),
     its report published."""
     if not run.compact_keys or run.dry_run:
-        return KeysStep(None)
-    settings = run.settings
-    run_id = f"{settings.run_id}-keys"
+        return SideRunStep("key compaction", None)
     if run.policy_file:
         run.policy()  # a bad file fails here, with the key and the problem
     elif not run.topics:
         raise ConfigError("compact_keys needs the compacted topics: a policy, or the topics param")
     chosen = ["--policy", run.policy_file] if run.policy_file else []
     chosen += ["--topics", run.topics] if run.topics else []
-    job.run(["--bucket", settings.bucket, "--prefix", settings.prefix, "--run-id", run_id, *chosen,
-             "--min-age-minutes", str(run.min_age_minutes), "--lease-ttl-seconds", str(settings.lease_ttl_seconds),
-             "--verify", settings.verify.value, "--swap", settings.swap_text], log)
-    key = run_result_key(settings.prefix, run_id, RunKind.COMPACT_KEYS)
-    result = RunResult.from_json(store.get_json(key)[0], f"s3://{settings.bucket}/{key}")
-    prices, cost = cost_config(grace_days=run.grace_days)
-    doc, keys = publish_report(store, settings.prefix, run_id, prices, cost, kind=result.kind)
-    log(to_table(doc))
-    return KeysStep(result, f"s3://{settings.bucket}/{keys['json']}")
+    chosen += [] if run.keys_merge else ["--no-merge"]
+    return _side_run(store, run, job, log, RunKind.COMPACT_KEYS, "keys", chosen)
+
+
+def merge(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) -> SideRunStep:
+    """Runs of small neighbouring sealed segments merged, as the Spark job ``job``, run ``<run>-merge``, its
+    report published: with ``merge``, every chosen topic's into segments up to ``merge_target_bytes``; with
+    a policy, the topics whose ``merge.enable`` is true, each with its own bounds. Nothing on a dry run.
+    Before the recompression, which then rewrites the merged segments (its rollback gives them back)."""
+    policy = run.policy()  # a bad file fails here, with the key and the problem
+    if policy is not None and run.merge_target_bytes is not None:
+        raise ConfigError("merging every topic and a policy: set merge.enable (and merge.target.bytes) in the "
+                          "policy instead of the merge param")
+    wanted = policy.enables("merge.enable") if policy is not None else run.merge_target_bytes is not None
+    if not wanted or run.dry_run:
+        return SideRunStep("merge", None)
+    chosen = ["--policy", run.policy_file] if run.policy_file else ["--segment-bytes", str(run.merge_target_bytes)]
+    chosen += ["--topics", run.topics] if run.topics else []
+    return _side_run(store, run, job, log, RunKind.MERGE, "merge", chosen)
 
 
 def scan(store: ObjectStore, run: CompactionParams, log: Log) -> ScanStep:

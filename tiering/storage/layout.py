@@ -195,6 +195,7 @@ class StepDir(StrEnum):
     COMMIT = "commit"  # commit/<chunk>.json: what a commit task finished
     USAGE = "usage"  # usage/<step>.json: the S3 requests of a step outside any partition's work
     KEYS = "keys"  # keys/<unit>.json: a key-compaction unit's partition passes
+    MERGE = "merge"  # merge/<unit>.json: a merge unit's partitions
 
 
 def _run_key(prefix: str, run_id: str, *parts: str) -> str:
@@ -255,7 +256,7 @@ def unit_chunk(unit: str) -> str:
 
 
 def keys_unit_name(index: int) -> str:
-    """The name of a key-compaction run's ``index``-th unit (counted from 0)."""
+    """The name of a key-compaction or merge run's ``index``-th unit (counted from 0)."""
     return f"unit-{index:05d}"
 
 
