@@ -64,7 +64,8 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | `merge` | then merge runs of small neighbouring sealed segments into segments up to `merge_target_bytes` |
 | | (docs/merging.md), in every topic matching `topics`; with a policy, `merge.enable` decides per topic |
 | | (the policy's merging runs whenever a scope enables it) and this must stay off; run `<run>-merge` |
-| | with its own report |
+| | with its own report; with `dry_run`, the merges are planned from the listing and their objects priced |
+| | in the task's log |
 | `merge_target_bytes` | with `merge`: a merged segment's bound (default 1 GiB, Kafka's `segment.bytes`) |
 | `compact_keys_merge` | with `compact_keys`: clean neighbouring segments into one as the broker's cleaner groups |
 | | them (the policy's `segment.bytes` and `segment.index.bytes`, else Kafka's 1 GiB and 10 MiB), swapped in |

@@ -125,7 +125,9 @@ def test_a_task_fails_at_once_on_what_another_attempt_would_meet_again() -> None
 
 
 def test_merging_runs_by_the_merge_param_or_by_a_policy_that_enables_it_never_both(tmp_path: Path) -> None:
+    from tiering.demo.seed import seed_partition
     from tiering.errors import ConfigError
+    from tiering.kafka.codecs import Codec
     from tiering.steps.compaction import CompactionParams, SparkJob, merge
     from tiering.storage.memory import MemoryStore
 
@@ -136,9 +138,19 @@ def test_merging_runs_by_the_merge_param_or_by_a_policy_that_enables_it_never_bo
               "inventory": "", "policy": "", "rebatch": False, "rebatch_max_bytes": 1 << 20, "compact_keys": False,
               "compact_keys_merge": True, "merge": False, "merge_target_bytes": 1 << 30}
     store = MemoryStore("b")
+    seed_partition(store, "p", "metrics", 0, segments=4, kind="json", codec=Codec.NONE, segment_bytes=20_000)
+    listed = {i.key: i.etag for i in store.list("p/")}
     assert merge(store, CompactionParams.from_params(params, "r"), never, print).run is None  # not asked
-    assert merge(store, CompactionParams.from_params({**params, "merge": True, "dry_run": True}, "r"), never,
-                 print).run is None  # a dry run changes nothing
+    dry = merge(store, CompactionParams.from_params({**params, "merge": True, "dry_run": True}, "r"), never, print)
+    assert dry.run is None
+    assert {i.key: i.etag for i in store.list("p/")} == listed  # a dry run changes nothing
+    assert dry.forecast is not None
+    forecast = dry.forecast.to_json()
+    # three small sealed segments merged into one, the active one left: 4 -> 2 segments, 12 -> 6 objects
+    assert {k: forecast[k] for k in ("groups", "segments_before", "segments_after", "objects_before",
+                                     "objects_after")} == {"groups": 1, "segments_before": 4, "segments_after": 2,
+                                                           "objects_before": 12, "objects_after": 6}
+    assert dry.to_json()["dry_run"] is True
     off = tmp_path / "off.yaml"
     off.write_text("cluster:\n  compression.type: zstd\n")
     assert merge(store, CompactionParams.from_params({**params, "policy": str(off)}, "r"), never,

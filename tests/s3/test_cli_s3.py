@@ -283,7 +283,18 @@ def test_merge_plans_merges_then_rolls_back_in_another_process(bucket: S3Store) 
     assert code == 0, err
     assert "18 → 6" in out  # five sealed segments and the active one: 18 segment objects, 6 after
     assert "nothing was written" in out
+    assert "5 into 1: 15 objects -> 3" in out, out
     assert sorted(info.key for info in bucket.list(PREFIX + "/")) == listed
+    code, out, err = _run("s3", "merge", *where, "--dry-run", "--json")
+    assert code == 0, err
+    priced = json.loads(out)["priced"]
+    sealed = [i for i in bucket.list(PREFIX + "/") if i.key.endswith((".log", ".index", ".timeindex"))
+              and int(i.key.rsplit("/", 1)[1][:20]) < max(originals)]
+    # in Standard, each object billed by its bytes ($0.023 per GiB-month): the same bytes after, in 3 objects
+    assert priced["objects_before"] == len(sealed) == 15
+    assert priced["monthly_before_usd"] == pytest.approx(sum(i.size for i in sealed) / (1 << 30) * 0.023)
+    assert priced["monthly_after_usd"] == pytest.approx(priced["monthly_before_usd"])
+    assert priced["reads_before_usd"] == pytest.approx(15 * 0.0004 / 1000)
     code, out, err = _run("s3", "merge", *where, "--run-id", "merge-cli", "--json", "-v")
     assert code == 0, err
     run = json.loads(out)

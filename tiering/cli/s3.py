@@ -7,6 +7,7 @@ The S3 endpoint and credentials come from the standard AWS environment (``AWS_EN
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import threading
@@ -22,6 +23,7 @@ from tiering.cli.args import add_key_map_args, add_merge_args, int_at_least, max
 from tiering.cli.report import add_cost_args, cost_from_args
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.operation import AUTO_SWAP, Context, SegmentResult, SwapChoice
+from tiering.cost.document import MergeFigures
 from tiering.cost.forecast import Forecast
 from tiering.errors import ConfigError, ExitCode, StorageError
 from tiering.kafka.codecs import Codec, check_level
@@ -41,7 +43,7 @@ from tiering.plan.inventory import iter_inventory, read_manifest
 from tiering.plan.policy import load_policy
 from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan_partitions
 from tiering.report.publish import cost_config, publish_report
-from tiering.report.render import to_table
+from tiering.report.render import merge_priced_text, to_table, usd
 from tiering.run.documents import CompactOptions, RunResult, new_run_id, outcome, worst
 from tiering.run.keycompact import KeyCompactOptions, compact_keys
 from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup, rollback
@@ -399,13 +401,21 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     where = f"s3://{args.bucket}/{args.prefix}"
     if args.dry_run:
         planned = plan_merges(store, args.prefix, options)
+        prices = cost_from_args(args)[0]
+        figures = [p.figures(prices) for p in planned]
+        known = [f for f in figures if f is not None]
+        whole = functools.reduce(MergeFigures.plus, known) if known else None
         if args.json:
             _emit_json(args.stdout, {"dry_run": True, "settings": options.settings_json(),
-                                     "partitions": [p.to_json() for p in planned]})
+                                     "partitions": [{**p.to_json(), **({"priced": f.to_json()} if f else {})}
+                                                    for p, f in zip(planned, figures, strict=True)],
+                                     **({"priced": whole.to_json()} if whole else {})})
         else:
-            _console(args.stdout).print(_merge_plan_table(planned, where, options))
-            print("dry run: nothing was written (a group ends earlier where merging finds a gap in offsets)",
-                  file=args.stdout)
+            _console(args.stdout).print(_merge_plan_table(planned, figures, where, options))
+            if whole is not None:
+                print(merge_priced_text(whole), file=args.stdout)
+            print("dry run: nothing was written (a group ends earlier where merging finds a gap in offsets; a "
+                  "merged index's size is taken as the sum of its sources')", file=args.stdout)
         return 0
     run_id = args.run_id or new_run_id()
     ctx = Context(store, args.prefix, run_id, RewriteOptions(Codec.NONE), verify=Verify(args.verify))
@@ -422,21 +432,29 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
 
 
-def _merge_plan_table(planned: list[PlannedMerges], where: str, options: MergeOptions) -> Table:
+def _merge_plan_table(planned: list[PlannedMerges], figures: list[MergeFigures | None], where: str,
+                      options: MergeOptions) -> Table:
     bound = "as the policy says" if options.policy is not None else f"of at most {_human(options.limits.segment_bytes)}"
     t = Table(title=f"merges planned under {where} (segments {bound})", title_justify="left")
-    for col in ("partition", "groups", "segments", "objects", ".log bytes merged"):
+    for col in ("partition", "groups", "segments", "objects", ".log bytes merged", "their storage a month"):
         t.add_column(col, justify="left" if col == "partition" else "right")
-    shown = [p for p in planned if p.groups]
-    for p in shown[:200]:
+
+    def storage(fs: list[MergeFigures | None]) -> str:
+        known = [f for f in fs if f is not None]
+        if not known:
+            return ""
+        return f"{usd(sum(f.monthly_before_usd for f in known))} → {usd(sum(f.monthly_after_usd for f in known))}"
+
+    shown = [(p, f) for p, f in zip(planned, figures, strict=True) if p.groups]
+    for p, f in shown[:200]:
         t.add_row(p.directory, f"{len(p.groups):,}", f"{p.segments_before:,} → {p.segments_after:,}",
-                  f"{p.objects_before:,} → {p.objects_after:,}", _human(p.bytes_merged))
+                  f"{p.objects_before:,} → {p.objects_after:,}", _human(p.bytes_merged), storage([f]))
     if len(shown) > 200:
-        t.add_row(f"... {len(shown) - 200:,} more partitions", "", "", "", "")
+        t.add_row(f"... {len(shown) - 200:,} more partitions", "", "", "", "", "")
     t.add_row("all partitions", f"{sum(len(p.groups) for p in planned):,}",
               f"{sum(p.segments_before for p in planned):,} → {sum(p.segments_after for p in planned):,}",
               f"{sum(p.objects_before for p in planned):,} → {sum(p.objects_after for p in planned):,}",
-              _human(sum(p.bytes_merged for p in planned)), style="bold")
+              _human(sum(p.bytes_merged for p in planned)), storage(figures), style="bold")
     return t
 
 
@@ -728,7 +746,8 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                    help="segments uploaded less than this long ago (S3's LastModified) are left as they are and end "
                         "a run of neighbours (default %(default)s)")
     p.add_argument("--dry-run", action="store_true",
-                   help="list and plan only: the groups, and segments and objects before and after, per partition")
+                   help="list and plan only: the groups, and segments and objects before and after, per partition, "
+                        "with their storage a month, GETs and lifecycle transitions priced by the object")
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
     p.add_argument("--verify", choices=[v.value for v in Verify], default=Verify.CHECKSUM.value,
                    help="how each staged file is accepted (as for 'compact')")

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from tiering.cost.document import GroupRow, Report, Totals
+from tiering.cost.document import GroupRow, MergeFigures, Report, Totals
 from tiering.cost.forecast import Range
 
 FORMATS: Final = ("table", "json", "md", "csv", "html")
@@ -81,15 +81,27 @@ def headline(report: Report) -> list[tuple[str, str]]:
     else:
         rows = _compaction_headline(report)
     if (m := report.merging) is not None:
-        rows.append(("segments merged", f"{m.segments_before:,} into {m.segments_after:,}: {m.objects_before:,} "
-                     f"objects -> {m.objects_after:,}"))
-        rows.append(("storage of those objects", f"{usd(m.monthly_before_usd)} -> {usd(m.monthly_after_usd)} per "
-                     "month (each at least its class's minimum billable size, plus per-object overhead"
-                     + ("; what key compaction dropped from them included)" if report.key_compaction else ")")))
-        rows.append(("reading them once (GET)", f"{usd(m.reads_before_usd)} -> {usd(m.reads_after_usd)}"))
-        rows.append(("a lifecycle transition of them", "; ".join(
-            f"to {c} {usd(b)} -> {usd(a)}" for c, b, a in m.transitions) or "n/a"))
+        rows.extend(merge_rows(m, "; what key compaction dropped from them included" if report.key_compaction
+                               else ""))
     return [*rows, *_closing_rows(report)]
+
+
+def merge_rows(m: MergeFigures, note: str = "") -> list[tuple[str, str]]:
+    """What merging does to the objects, priced by the object: ``note`` adds to the storage row."""
+    return [("segments merged", f"{m.segments_before:,} into {m.segments_after:,}: {m.objects_before:,} objects -> "
+             f"{m.objects_after:,}"),
+            ("storage of those objects", f"{usd(m.monthly_before_usd)} -> {usd(m.monthly_after_usd)} per month (each "
+             f"at least its class's minimum billable size, plus per-object overhead{note})"),
+            ("reading them once (GET)", f"{usd(m.reads_before_usd)} -> {usd(m.reads_after_usd)}"),
+            ("a lifecycle transition of them", "; ".join(f"to {c} {usd(b)} -> {usd(a)}" for c, b, a in m.transitions)
+             or "n/a")]
+
+
+def merge_priced_text(m: MergeFigures) -> str:
+    """:func:`merge_rows` as aligned lines, for a plan's forecast."""
+    rows = merge_rows(m)
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
 def _compaction_headline(report: Report) -> list[tuple[str, str]]:

@@ -21,6 +21,9 @@ from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
 from tiering.commit.operation import Context, SegmentResult
 from tiering.commit.recover import pending_journals
 from tiering.commit.regroup import finish_regroup, stage_merge
+from tiering.cost.document import MergeFigures
+from tiering.cost.model import merge_figures
+from tiering.cost.prices import PriceBook
 from tiering.errors import TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
 from tiering.lifecycle.state import load_state
@@ -149,6 +152,18 @@ class PlannedMerges:
     segments_after: int
     objects_after: int
     bytes_merged: int  # the .log bytes of the segments in groups
+    # Each group's objects as a merge's stats name them: their storage class and sizes before and after (a
+    # merged file's size taken as the sum of its sources': the .log is, the rebuilt indexes are about it).
+    group_stats: tuple[dict[str, Any], ...] = ()
+
+    def figures(self, prices: PriceBook) -> MergeFigures | None:
+        """What the planned groups' objects cost before and after, priced as a merge run's report prices them."""
+        out: MergeFigures | None = None
+        for stats in self.group_stats:
+            f = merge_figures({"merge": stats}, prices)
+            if f is not None:
+                out = f if out is None else out.plus(f)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {"directory": self.directory, "groups": [list(g) for g in self.groups],
@@ -170,7 +185,19 @@ def planned_merges(segments: Sequence[PlannedSegment], limits: Limits) -> Planne
         3 + any(s.txnindex is not None for s in g) for g in groups)
     return PlannedMerges(segments[0].directory, tuple(tuple(s.base_offset for s in g) for g in groups),
                          len(listed), before, len(listed) - sum(len(g) - 1 for g in groups), after,
-                         sum(s.size for g in groups for s in g))
+                         sum(s.size for g in groups for s in g), tuple(_merge_stats_json(g) for g in groups))
+
+
+def _merge_stats_json(group: Sequence[PlannedSegment]) -> dict[str, Any]:
+    """A planned group's objects as :func:`~tiering.commit.regroup.merge_stats` names a merged one's, each
+    merged file's size the sum of its sources' files."""
+    kinds = [[ref.size for s in group if (ref := getattr(s, name)) is not None]
+             for name in ("log", "index", "timeindex", "txnindex")]
+    first = group[0].log
+    return {"segments_before": len(group), "segments_after": 1,
+            "storage_class": first.storage_class if first is not None else "STANDARD",
+            "objects_before": [size for sizes in kinds for size in sizes],
+            "objects_after": [sum(sizes) for i, sizes in enumerate(kinds) if i < 3 or sizes]}
 
 
 def plan_merges(store: ObjectStore, prefix: str, options: MergeOptions) -> list[PlannedMerges]:

@@ -11,16 +11,18 @@ from pathlib import Path
 from typing import Any
 
 from tiering.cost.forecast import Range
+from tiering.cost.prices import PriceBook
 from tiering.errors import ConfigError
-from tiering.kafka.merge import DEFAULT_SEGMENT_BYTES
+from tiering.kafka.merge import DEFAULT_SEGMENT_BYTES, Limits
 from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.estimate import Sampling
 from tiering.plan.policy import Policy, load_policy
 from tiering.plan.scan import ScanOptions
 from tiering.report.publish import cost_config, publish_report
-from tiering.report.render import to_table
+from tiering.report.render import to_table, usd
 from tiering.run.documents import CompactOptions, RunResult
 from tiering.run.maintenance import CleanupResult, cleanup
+from tiering.run.merge import MergeOptions, PlannedMerges, plan_merges
 from tiering.run.pipeline import (
     ChunkRef,
     CommitStep,
@@ -107,6 +109,7 @@ class SideRunStep:
     what: str  # "key compaction", "merge"
     run: RunResult | None
     report: str | None = None  # the report's S3 URI
+    forecast: MergeForecast | None = None  # a dry run's merges, as the listing plans them
 
     @property
     def failure(self) -> str | None:
@@ -116,9 +119,36 @@ class SideRunStep:
         return f"{self.what} run {self.run.run_id}: {self.run.hard_failures} segments failed (see {self.report})"
 
     def to_json(self) -> dict[str, Any]:
+        if self.forecast is not None:
+            return {"dry_run": True, **self.forecast.to_json()}
         if self.run is None:
             return {"skipped": True}
         return {"run_id": self.run.run_id, **self.run.totals(), "pending": self.run.pending, "report": self.report}
+
+
+@dataclass(frozen=True, slots=True)
+class MergeForecast:
+    """What a merge run would do, from the listing: groups, segments and objects before and after, and the
+    objects' storage a month before and after (priced by the object)."""
+
+    groups: int
+    segments_before: int
+    segments_after: int
+    objects_before: int
+    objects_after: int
+    monthly_before_usd: float
+    monthly_after_usd: float
+
+    @classmethod
+    def of(cls, planned: list[PlannedMerges], prices: PriceBook) -> MergeForecast:
+        figures = [f for p in planned if (f := p.figures(prices)) is not None]
+        return cls(sum(len(p.groups) for p in planned), sum(p.segments_before for p in planned),
+                   sum(p.segments_after for p in planned), sum(p.objects_before for p in planned),
+                   sum(p.objects_after for p in planned), sum(f.monthly_before_usd for f in figures),
+                   sum(f.monthly_after_usd for f in figures))
+
+    def to_json(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
 def _side_run(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log, kind: RunKind, suffix: str,
@@ -158,15 +188,24 @@ def key_compaction(store: ObjectStore, run: CompactionParams, job: SparkJob, log
 def merge(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) -> SideRunStep:
     """Runs of small neighbouring sealed segments merged, as the Spark job ``job``, run ``<run>-merge``, its
     report published: with ``merge``, every chosen topic's into segments up to ``merge_target_bytes``; with
-    a policy, the topics whose ``merge.enable`` is true, each with its own bounds. Nothing on a dry run.
+    a policy, the topics whose ``merge.enable`` is true, each with its own bounds. A dry run plans them from
+    the listing and changes nothing.
     Before the recompression, which then rewrites the merged segments (its rollback gives them back)."""
     policy = run.policy()  # a bad file fails here, with the key and the problem
     if policy is not None and run.merge_target_bytes is not None:
         raise ConfigError("merging every topic and a policy: set merge.enable (and merge.target.bytes) in the "
                           "policy instead of the merge param")
     wanted = policy.enables("merge.enable") if policy is not None else run.merge_target_bytes is not None
-    if not wanted or run.dry_run:
+    if not wanted:
         return SideRunStep("merge", None)
+    if run.dry_run:
+        options = MergeOptions(Limits(run.merge_target_bytes or DEFAULT_SEGMENT_BYTES), run.topics,
+                               run.min_age_minutes, run.settings.lease_ttl_seconds, policy)
+        forecast = MergeForecast.of(plan_merges(store, run.settings.prefix, options), cost_config()[0])
+        log(f"merge (dry run): {forecast.groups:,} groups, {forecast.segments_before:,} segments -> "
+            f"{forecast.segments_after:,}, {forecast.objects_before:,} objects -> {forecast.objects_after:,}; their "
+            f"storage {usd(forecast.monthly_before_usd)} -> {usd(forecast.monthly_after_usd)} a month")
+        return SideRunStep("merge", None, forecast=forecast)
     chosen = ["--policy", run.policy_file] if run.policy_file else ["--segment-bytes", str(run.merge_target_bytes)]
     chosen += ["--topics", run.topics] if run.topics else []
     return _side_run(store, run, job, log, RunKind.MERGE, "merge", chosen)
