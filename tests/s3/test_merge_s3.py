@@ -317,6 +317,40 @@ def test_s3_failing_after_the_swap_leaves_the_merge_in_flight_and_the_partition_
     assert _get(store, bases[2], LOG_SUFFIX) == originals[bases[2]].log + originals[bases[3]].log
 
 
+def test_storage_tiering_leaves_the_segments_of_a_merge_in_flight_alone(store: S3Store) -> None:
+    """A merge left in flight after its swap files went in: a tiering run moves none of its segments (a move
+    would change a source the merge deletes by its ETag), moves the others, and the merge finishes later."""
+    from tests.plan.test_tier import DOC
+    from tiering.cost.prices import load_prices
+    from tiering.run.tier import apply_tiering, plan_tiering
+
+    originals = seed(store, segments=4, segment_bytes=300_000)  # .log objects above IA's 128 KiB minimum
+    bases = sorted(originals)
+    limits = Limits(len(originals[bases[0]].log) + len(originals[bases[1]].log))
+
+    def unreachable(**_: object) -> None:
+        raise EndpointConnectionError(endpoint_url="http://s3.invalid")
+
+    Step(store, "DeleteObject", key_ends(f"{bases[1]:020d}.log"), unreachable, times=100)
+    first = {r.base_offset: r for r in _merge(store, limits=limits)}
+    assert "left in flight" in first[bases[0]].reason
+    worker = fresh_store()
+    plan = plan_tiering(worker, PREFIX, parse_policy(DOC), load_prices("us-east-1"))
+    planned = {s.base_offset for s in plan.segments if s.objects}
+    assert bases[1] in planned  # only its .log is left: the plan would move it
+    moved = {r.base_offset: r for r in apply_tiering(worker, plan, "tier-1").results}
+    assert moved[bases[1]].status is Status.SKIPPED
+    assert moved[bases[1]].cause is Cause.BUSY
+    assert f"a merge of segments {bases[0]}..{bases[1]} is in flight" in moved[bases[1]].reason
+    assert moved[bases[2]].status is not Status.SKIPPED  # the other sealed segment moves
+    classes = {info.key.rsplit("/", 1)[1]: worker.client.head_object(Bucket=worker.bucket, Key=info.key).get(
+        "StorageClass", "STANDARD") for info in worker.list(f"{PREFIX}/{TOPIC}-0/")}
+    assert {name for name, cls in classes.items() if cls != "STANDARD"} == {f"{bases[2]:020d}.log"}, classes
+    _merge(fresh_store(), "merge-2", limits=limits)
+    assert no_pending(store)
+    assert _get(store, bases[0], LOG_SUFFIX) == originals[bases[0]].log + originals[bases[1]].log
+
+
 def test_another_operations_swap_files_in_the_partition_stop_a_merge_before_its_own(store: S3Store) -> None:
     originals = seed(store, segments=4, segment_bytes=20_000)
     bases = sorted(originals)

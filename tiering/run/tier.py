@@ -30,11 +30,13 @@ from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
 from tiering.commit.operation import Context, SegmentResult
+from tiering.commit.recover import pending_journals
 from tiering.cost.prices import GB, PriceBook
 from tiering.documents import check_document
 from tiering.errors import ConflictError, InvalidDataError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
+from tiering.lifecycle.journal import RegroupJournal
 from tiering.lifecycle.state import load_state, record_segment
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status
 from tiering.plan.ages import max_timestamp
@@ -301,8 +303,14 @@ def apply_tiering(store: ObjectStore, plan: TierPlan, run_id: str, *, lease_ttl:
     results: list[SegmentResult] = []
     for directory, segments in sorted(by_dir.items()):
         def work(lease: Lease, out: list[SegmentResult], segments: list[SegmentTiering] = segments) -> None:
+            regrouped = _in_flight_groups(store, plan.prefix, segments[0].directory)
             for s in segments:
-                out.append(_apply_segment(store, plan.prefix, s, lease))
+                if s.base_offset in regrouped:
+                    out.append(SegmentResult(s.directory, s.base_offset, Status.SKIPPED, "a merge of segments "
+                                             f"{regrouped[s.base_offset]} is in flight (its journal entry exists): "
+                                             "left for a later run", cause=Cause.BUSY))
+                else:
+                    out.append(_apply_segment(store, plan.prefix, s, lease))
                 if progress is not None:
                     progress(out[-1])
 
@@ -310,6 +318,18 @@ def apply_tiering(store: ObjectStore, plan: TierPlan, run_id: str, *, lease_ttl:
     run = TierRun(run_id, plan, tuple(results), store.now(clock_key(plan.prefix)).isoformat())
     store.put_json(run_result_key(plan.prefix, run_id, RunKind.TIER), run.to_json())
     return run
+
+
+def _in_flight_groups(store: ObjectStore, prefix: str, directory: str) -> dict[int, str]:
+    """The segments of the partition's merges (and their rollbacks) in flight, each with the group's range: a
+    move would change a source the merge deletes by its ETag, or put a class on a file it is replacing."""
+    out: dict[int, str] = {}
+    for journal, _ in pending_journals(store, prefix, directory):
+        if isinstance(journal, RegroupJournal):
+            bases = sorted({g.base_offset for g in (*journal.sources, *journal.targets)})
+            for base in bases:
+                out[base] = f"{bases[0]}..{bases[-1]}"
+    return out
 
 
 def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Lease) -> SegmentResult:
