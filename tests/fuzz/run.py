@@ -30,7 +30,9 @@ from typing import Final
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 BUILD: Final = ROOT / "build" / "fuzz"
-MODULES: Final = ("_walker", "_records")  # the extensions that parse segment bytes (_proof.c decodes via libzstd)
+# The extensions that read segment bytes: the walker, the record layer, and the proof (which decodes the
+# rewritten batches through the system's libzstd and compares them with the originals).
+MODULES: Final = ("_walker", "_records", "_proof")
 FLAGS: Final = ["-shared", "-fPIC", "-O1", "-g", "-std=c99", "-fno-omit-frame-pointer",
                 "-fsanitize=address,undefined,fuzzer-no-link", "-fno-sanitize-recover=undefined"]
 SEEDS: Final = (ROOT / "tests" / "data" / "golden", ROOT / "tests" / "data" / "broker")
@@ -110,7 +112,25 @@ def seeds(target: str) -> list[bytes]:
                 cut1, cut2 = len(parts[0]), len(parts[0]) + len(parts[1])
                 out.append(struct.pack("<BHH", 2 | (4 if batches[i][2] else 0), cut1, cut2) + b"".join(parts))
         return out
+    if target == "proof":
+        return _proof_seeds([b[3] for b in batches if len(b[3]) <= 4096])
     return [log.read_bytes()[:16384] for folder in SEEDS for log in sorted(folder.rglob("*.log"))]
+
+
+def _proof_seeds(sections: list[bytes]) -> list[bytes]:
+    """Groups of up to three records sections, each with its zstd frame; every fourth group with one frame
+    of the wrong section (a mismatch the proof must name)."""
+    from tests.fuzz.targets import proof_input
+    from tiering.kafka.codecs import Codec, compress
+
+    out = []
+    for j, i in enumerate(range(0, len(sections) - 2, 3)):
+        originals = sections[i:i + 1 + j % 3]
+        news = [compress(Codec.ZSTD, o, level=1 + j % 5) for o in originals]
+        if j % 4 == 3 and len(originals) > 1 and originals[0] != originals[-1]:
+            news[-1] = news[0]
+        out.append(proof_input(news, originals))
+    return out
 
 
 def regressions(target: str) -> list[Path]:

@@ -12,6 +12,8 @@ records sections keep their meaning):
   flags: bit 0 LogAppendTime, bit 1 base offset near the end of int64, bit 2 timestamp near int64's ends.
 - ``merge``: flags u8 | cut 1 u16 LE | cut 2 u16 LE | the sections, concatenated and cut in up to three.
 - ``scan``: a segment's bytes (batches back to back).
+- ``proof``: pairs u8 | per pair, new length u16 LE and original length u16 LE | the bytes, each pair's new
+  (zstd) bytes then its original bytes (lengths cut to what is there).
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from collections.abc import Callable
 from typing import Final
 
 from tiering.errors import TieringError
-from tiering.kafka import _records, _walker
+from tiering.kafka import _proof, _records, _walker
 from tiering.kafka.batch import BatchHeader, TimestampType, parse_v2_header
 from tiering.kafka.builder import BatchSpec, build_batch, encode_record
+from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.records import Record, decode_v2
+from tiering.kafka.rewrite import _first_unproven
 from tiering.kafka.segment import DecodedBatch, Digests
 
 INT64_MAX: Final = (1 << 63) - 1
@@ -185,4 +189,45 @@ def scan(data: bytes) -> None:
         raise Finding(f"scan_v2 rows {rows[:3]}... differ from the reader's {reference[:3]}...")
 
 
-TARGETS: Final[dict[str, Callable[[bytes], None]]] = {"walk": walk, "digest": digest, "merge": merge, "scan": scan}
+def proof_input(news: list[bytes], originals: list[bytes]) -> bytes:
+    """A ``proof`` input from its pairs (seeds, regressions)."""
+    head = struct.pack("<B", len(news)) + b"".join(struct.pack("<HH", len(n), len(o))
+                                                   for n, o in zip(news, originals, strict=True))
+    return head + b"".join(n + o for n, o in zip(news, originals, strict=True))
+
+
+def _pairs(data: bytes) -> tuple[list[bytes], list[bytes]]:
+    """A ``proof`` input's (news, originals); pairs whose lengths are not all there are left out."""
+    count = min(data[0], 8, (len(data) - 1) // 4)
+    lengths = [struct.unpack_from("<HH", data, 1 + 4 * i) for i in range(count)]
+    body, pos = data[1 + 4 * count:], 0
+    news, originals = [], []
+    for n, o in lengths:
+        news.append(body[pos:pos + n])
+        originals.append(body[pos + n:pos + n + o])
+        pos += n + o
+    return news, originals
+
+
+def proof(data: bytes) -> None:
+    """_proof.first_mismatch and _proof.ProofThread against rewrite's Python proof (the zstandard package):
+    the same first batch whose bytes do not decode to its original, or -1."""
+    if not data or not _proof.available():
+        return
+    news, originals = _pairs(data)
+    if not news or not all(originals):  # a v2 batch's records section is never empty
+        return
+    expected = _first_unproven(Codec.ZSTD, news, originals)
+    direct = _proof.first_mismatch(news, originals)
+    thread = _proof.ProofThread()
+    try:
+        thread.submit(news, originals)
+        threaded = thread.result()
+    finally:
+        thread.close()
+    if not direct == threaded == expected:
+        raise Finding(f"first_mismatch {direct}, ProofThread {threaded}, the zstandard package's proof {expected}")
+
+
+TARGETS: Final[dict[str, Callable[[bytes], None]]] = {"walk": walk, "digest": digest, "merge": merge, "scan": scan,
+                                                      "proof": proof}

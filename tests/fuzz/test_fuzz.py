@@ -63,3 +63,29 @@ def test_every_target_runs_clean_under_the_sanitizers(tmp_path: Path) -> None:
     for r in results["targets"]:
         assert r["executions"] > 1000, r  # it really ran, instrumented: coverage grew past the seeds
         assert r["coverage"] > 20, r
+
+
+def test_the_proof_target_names_a_prover_that_vouches_for_a_wrong_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seed whose last frame is another section's: the compiled proof and the reference both name it; a
+    prover that vouches for every frame is a finding."""
+    from tests.fuzz import targets
+
+    if not targets._proof.available():
+        pytest.skip("no libzstd: the compiled proof does not run here")
+    mismatched = [s for s in run.seeds("proof") if targets._first_unproven(
+        targets.Codec.ZSTD, *targets._pairs(s)) > 0]
+    assert mismatched, "no seed with a wrong frame"
+    targets.proof(mismatched[0])
+    honest = targets._proof
+
+    class Credulous:
+        available = staticmethod(honest.available)
+        ProofThread = honest.ProofThread
+
+        @staticmethod
+        def first_mismatch(news: list[bytes], originals: list[bytes]) -> int:
+            return -1
+
+    monkeypatch.setattr(targets, "_proof", Credulous)
+    with pytest.raises(targets.Finding):
+        targets.proof(mismatched[0])

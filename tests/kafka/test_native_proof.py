@@ -238,3 +238,22 @@ def test_without_the_library_the_module_says_so() -> None:
     env = {**os.environ, "TIERING_NO_NATIVE_ZSTD": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert "no libzstd shared library" in out
+
+
+@pytest.mark.parametrize(("descriptor", "accepted"), [(0x88, True), (0x89, False), (0xAF, False)])
+def test_a_frame_declaring_a_window_a_stream_refuses_is_a_mismatch(descriptor: int, accepted: bool) -> None:
+    """A frame's window descriptor (RFC 8878, 3.1.1.1.2) is checked as a streaming decoder checks it, Kafka's
+    and the zstandard package's: at most 2^27 bytes (0x88: exponent 17, 2^(10+17)); 0x89 adds an eighth."""
+    original = b"records section " * 8
+    frame = bytearray(zstandard.ZstdCompressor(level=3, write_content_size=False).compress(original))
+    assert frame[4] & 0x20 == 0  # not single-segment: a window descriptor follows the frame header's first byte
+    frame[5] = descriptor
+    stream_reads = True
+    try:
+        back = zstandard.ZstdDecompressor().decompress(bytes(frame), max_output_size=len(original))
+        stream_reads = back == original
+    except zstandard.ZstdError:
+        stream_reads = False
+    assert stream_reads is accepted
+    assert _proof.first_mismatch([bytes(frame)], [original]) == (-1 if accepted else 0)
+    assert rewrite._first_unproven(Codec.ZSTD, [bytes(frame)], [original]) == (-1 if accepted else 0)

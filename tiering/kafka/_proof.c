@@ -41,6 +41,7 @@ typedef struct ZSTD_DCtx_s ZSTD_DCtx;
 static ZSTD_DCtx *(*zstd_create)(void);
 static size_t (*zstd_free)(ZSTD_DCtx *);
 static size_t (*zstd_decompress)(ZSTD_DCtx *, void *, size_t, const void *, size_t);
+static size_t (*zstd_frame_size)(const void *, size_t);
 static unsigned (*zstd_is_error)(size_t);
 static unsigned (*zstd_version)(void);
 static const char *zstd_library;  /* the file loaded, NULL when none */
@@ -55,10 +56,12 @@ static void load_zstd(void) {
         *(void **)&zstd_create = dlsym(h, "ZSTD_createDCtx");
         *(void **)&zstd_free = dlsym(h, "ZSTD_freeDCtx");
         *(void **)&zstd_decompress = dlsym(h, "ZSTD_decompressDCtx");
+        *(void **)&zstd_frame_size = dlsym(h, "ZSTD_findFrameCompressedSize");
         *(void **)&zstd_is_error = dlsym(h, "ZSTD_isError");
         *(void **)&zstd_version = dlsym(h, "ZSTD_versionNumber");
         /* 1.4.0 and later: the one-shot decoder takes concatenated frames and skippable frames. */
-        if (zstd_create && zstd_free && zstd_decompress && zstd_is_error && zstd_version && zstd_version() >= 10400) {
+        if (zstd_create && zstd_free && zstd_decompress && zstd_frame_size && zstd_is_error && zstd_version &&
+            zstd_version() >= 10400) {
             zstd_library = LIBRARIES[i];
             return;
         }
@@ -110,6 +113,49 @@ static int group_acquire(group *g, PyObject *news, PyObject *originals) {
     return 0;
 }
 
+/* The largest window a streaming decoder accepts by default (libzstd's ZSTD_WINDOWLOG_LIMIT_DEFAULT): Kafka's
+ * readers decode a batch as a stream, and refuse a frame that declares more. The one-shot decoder used here
+ * ignores the window, so each frame's is checked first (RFC 8878, 3.1.1.1). */
+#define WINDOW_MAX ((1ULL << 27) + 1)
+#define FRAME_MAGIC 0xFD2FB528u
+#define SKIPPABLE_MASK 0xFFFFFFF0u
+#define SKIPPABLE_MAGIC 0x184D2A50u
+
+static uint64_t le(const uint8_t *p, size_t n) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+/* 1 when every frame of p[0..n) declares a window a streaming decoder accepts; 0 otherwise, and for bytes
+ * that are not frames (the decoder then refuses them too). */
+static int windows_accepted(const uint8_t *p, size_t n) {
+    while (n > 0) {
+        size_t size = zstd_frame_size(p, n);
+        if (zstd_is_error(size) || size > n || size < 5) return 0;
+        uint32_t magic = (uint32_t)le(p, 4);
+        if ((magic & SKIPPABLE_MASK) != SKIPPABLE_MAGIC) {
+            if (magic != FRAME_MAGIC) return 0;
+            uint8_t fhd = p[4];
+            uint64_t window;
+            if (fhd & 0x20) {  /* single segment: the window is the content size */
+                static const size_t fcs_bytes[4] = {1, 2, 4, 8}, did_bytes[4] = {0, 1, 2, 4};
+                size_t at = 5 + did_bytes[fhd & 3], len = fcs_bytes[fhd >> 6];
+                if (at + len > size) return 0;
+                window = le(p + at, len) + (len == 2 ? 256 : 0);
+            } else {
+                uint8_t wd = p[5];
+                uint64_t base = 1ULL << (10 + (wd >> 3));
+                window = base + (base / 8) * (wd & 7);
+            }
+            if (window > WINDOW_MAX) return 0;
+        }
+        p += size;
+        n -= size;
+    }
+    return 1;
+}
+
 /* Without the GIL: the first batch that does not decode to its original, -1 if none, NO_MEMORY. */
 static Py_ssize_t group_first_mismatch(const group *g, ZSTD_DCtx *dctx, uint8_t **scratch, size_t *capacity) {
     for (Py_ssize_t i = 0; i < g->n; i++) {
@@ -122,6 +168,7 @@ static Py_ssize_t group_first_mismatch(const group *g, ZSTD_DCtx *dctx, uint8_t 
             *capacity = want ? want : 1;
         }
         if (new->len == 0) return i;  /* no frame at all: the codec's readers reject it, even for no records */
+        if (!windows_accepted(new->buf, (size_t)new->len)) return i;
         size_t got = zstd_decompress(dctx, *scratch, want, new->buf, (size_t)new->len);
         if (zstd_is_error(got) || got != want || memcmp(*scratch, original->buf, want) != 0) return i;
     }
