@@ -21,7 +21,10 @@ JOB = Path(__file__).parents[2] / "spark_jobs" / "merge_segments.py"
 
 @pytest.mark.slow
 def test_spark_merges_each_partition_in_a_task_as_the_in_process_run_does(server_store: S3Store) -> None:  # noqa: F811
-    store = server_store
+    # A bucket of its own: moto's server keeps its buckets in this process, and other tests' "spark" bucket
+    # holds partitions of the same topic.
+    server_store.client.create_bucket(Bucket="merge-job")
+    store = S3Store(server_store.client, "merge-job")
     originals = {p: seed(store, partition=p, segments=5, segment_bytes=20_000) for p in (0, 1)}
     seed(store, segments=3, segment_bytes=20_000, topic="logs.kept")  # a topic not chosen
     kept = {i.key: i.etag for i in store.list(f"{PREFIX}/logs.kept-0/")}
