@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 import random
+import threading
 import zlib
 from typing import Any
 
@@ -200,7 +201,24 @@ def test_the_plan_is_chunked_within_its_limit_and_staged_in_units_of_whole_parti
 
 
 
-def test_a_commit_task_finishes_its_partitions_in_parallel_each_counted_apart(store: S3Store) -> None:
+@pytest.fixture
+def atomic_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each request to the in-process moto made atomic, as a real store's are: its backend is not thread-safe
+    (a listing iterates the bucket's keys while another thread deletes one, and fails with a KeyError)."""
+    from moto.core.botocore_stubber import BotocoreStubber
+
+    lock = threading.Lock()
+    answer = BotocoreStubber.__call__
+
+    def atomic(self: BotocoreStubber, *args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return answer(self, *args, **kwargs)
+
+    monkeypatch.setattr(BotocoreStubber, "__call__", atomic)
+
+
+def test_a_commit_task_finishes_its_partitions_in_parallel_each_counted_apart(store: S3Store,
+                                                                             atomic_requests: None) -> None:
     """Staged as the Spark job stages (from the units' JSON), then one commit task of 4 threads, each with its
     own client: every segment compacted, and each partition's requests are its own (3 copies a segment:
     the backups of .log, .index and .timeindex; moto ignores a copy's If-Match, so the .log is PUT)."""
