@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tiering.kafka import _proof, rewrite
 from tiering.kafka.codecs import Codec
 
-pytestmark = pytest.mark.skipif(not _proof.available(), reason="no libzstd shared library here")
+pytestmark = pytest.mark.skipif(not _proof.available(), reason="no libzstd 1.5.6 or later to load here")
 
 _COMPRESS = zstandard.ZstdCompressor(level=3)
 
@@ -50,8 +50,9 @@ def _group(n: int = 40) -> tuple[list[bytes], list[bytes]]:
 def test_the_library_is_named_with_its_version() -> None:
     name = _proof.library()
     assert name is not None
-    assert name.startswith("libzstd")
-    assert name.split()[-1].count(".") == 2
+    file, version = name.rsplit(" ", 1)
+    assert "zstandard" in file or "libzstd" in file  # the zstandard package's CFFI backend, or the system's libzstd
+    assert version.count(".") == 2
 
 
 def test_a_good_group_passes_on_both_paths() -> None:
@@ -237,7 +238,7 @@ def test_without_the_library_the_module_says_so() -> None:
             "try:\n    _proof.ProofThread()\nexcept RuntimeError as e:\n    print(e)\n")
     env = {**os.environ, "TIERING_NO_NATIVE_ZSTD": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert "no libzstd shared library" in out
+    assert "no libzstd (1.5.6 or later) was found" in out
 
 
 @pytest.mark.parametrize(("descriptor", "accepted"), [(0x88, True), (0x89, False), (0xAF, False)])

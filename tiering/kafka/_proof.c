@@ -16,10 +16,11 @@
  * reused buffer (no fresh allocation, so no page faults), capped at the original's size, so a frame that
  * decodes to more is a mismatch, never a large allocation.
  *
- * libzstd is the system's shared library, loaded at run time (dlopen); without it `available()` is False
- * and rewrite.py proves through the zstandard package instead, slower. Decoding with a library other than
- * the encoder's build also makes the proof independent of it (TIERING_NO_NATIVE_ZSTD=1 in the environment
- * leaves the library unloaded, for comparisons). A ProofThread serves one caller at a time
+ * libzstd is loaded at run time (dlopen): first the zstandard package's own build (its CFFI backend exports
+ * the library's API), so that the verdicts here are the Python proof's, then the system's shared library if
+ * it is at least Kafka's version (VERSION_MIN). Without either, `available()` is False and rewrite.py proves
+ * through the zstandard package instead, slower. TIERING_NO_NATIVE_ZSTD=1 in the environment
+ * leaves the library unloaded, for comparisons. A ProofThread serves one caller at a time
  * (a second caller, or a forked child, gets a RuntimeError, never a crash or a hang).
  */
 #define PY_SSIZE_T_CLEAN
@@ -44,29 +45,58 @@ static size_t (*zstd_decompress)(ZSTD_DCtx *, void *, size_t, const void *, size
 static size_t (*zstd_frame_size)(const void *, size_t);
 static unsigned (*zstd_is_error)(size_t);
 static unsigned (*zstd_version)(void);
-static const char *zstd_library;  /* the file loaded, NULL when none */
+static char zstd_library[4096];  /* the file loaded, "" when none */
+
+/* The oldest decoder whose verdicts are trusted: Kafka's zstd-jni 1.5.6. Each release since 1.5.4 refuses
+ * more malformed frames (a bitstream not consumed to its end, reserved bits set, trailing bytes after the
+ * sequences section), and a frame an older decoder accepts may be one Kafka's readers call corrupt. */
+#define VERSION_MIN 10506
 
 #ifdef HAVE_NATIVE_PROOF
 static const char *const LIBRARIES[] = {"libzstd.so.1", "libzstd.so", "libzstd.1.dylib", "libzstd.dylib"};
 
-static void load_zstd(void) {
-    for (size_t i = 0; i < sizeof LIBRARIES / sizeof *LIBRARIES; i++) {
-        void *h = dlopen(LIBRARIES[i], RTLD_NOW | RTLD_LOCAL);
-        if (h == NULL) continue;
-        *(void **)&zstd_create = dlsym(h, "ZSTD_createDCtx");
-        *(void **)&zstd_free = dlsym(h, "ZSTD_freeDCtx");
-        *(void **)&zstd_decompress = dlsym(h, "ZSTD_decompressDCtx");
-        *(void **)&zstd_frame_size = dlsym(h, "ZSTD_findFrameCompressedSize");
-        *(void **)&zstd_is_error = dlsym(h, "ZSTD_isError");
-        *(void **)&zstd_version = dlsym(h, "ZSTD_versionNumber");
-        /* 1.4.0 and later: the one-shot decoder takes concatenated frames and skippable frames. */
-        if (zstd_create && zstd_free && zstd_decompress && zstd_frame_size && zstd_is_error && zstd_version &&
-            zstd_version() >= 10400) {
-            zstd_library = LIBRARIES[i];
-            return;
-        }
-        dlclose(h);
+/* 1 when the file opens and exports the decoder at VERSION_MIN or later (the functions then set); else 0. */
+static int try_library(const char *file) {
+    void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) return 0;
+    *(void **)&zstd_create = dlsym(h, "ZSTD_createDCtx");
+    *(void **)&zstd_free = dlsym(h, "ZSTD_freeDCtx");
+    *(void **)&zstd_decompress = dlsym(h, "ZSTD_decompressDCtx");
+    *(void **)&zstd_frame_size = dlsym(h, "ZSTD_findFrameCompressedSize");
+    *(void **)&zstd_is_error = dlsym(h, "ZSTD_isError");
+    *(void **)&zstd_version = dlsym(h, "ZSTD_versionNumber");
+    if (zstd_create && zstd_free && zstd_decompress && zstd_frame_size && zstd_is_error && zstd_version &&
+        zstd_version() >= VERSION_MIN && strlen(file) < sizeof zstd_library) {
+        strcpy(zstd_library, file);
+        return 1;
     }
+    dlclose(h);
+    return 0;
+}
+
+/* The file of the zstandard package's CFFI backend, which links libzstd in and exports its API (the C backend
+ * hides it): the decoder of the Python proof, the same build and version. NULL when there is none. With the
+ * GIL; never raises. */
+static PyObject *package_library(void) {
+    PyObject *util = PyImport_ImportModule("importlib.util");
+    PyObject *spec = util == NULL ? NULL : PyObject_CallMethod(util, "find_spec", "s", "zstandard._cffi");
+    PyObject *origin = spec == NULL || spec == Py_None ? NULL : PyObject_GetAttrString(spec, "origin");
+    Py_XDECREF(spec);
+    Py_XDECREF(util);
+    PyErr_Clear();
+    if (origin != NULL && !PyUnicode_Check(origin)) Py_CLEAR(origin);
+    return origin;
+}
+
+/* The zstandard package's own libzstd first, so that the compiled verdict is the Python proof's; else the
+ * system's, if recent enough. */
+static void load_zstd(void) {
+    PyObject *origin = package_library();
+    const char *file = origin == NULL ? NULL : PyUnicode_AsUTF8(origin);
+    PyErr_Clear();
+    int loaded = file != NULL && try_library(file);
+    Py_XDECREF(origin);
+    for (size_t i = 0; !loaded && i < sizeof LIBRARIES / sizeof *LIBRARIES; i++) loaded = try_library(LIBRARIES[i]);
 }
 #endif
 
@@ -176,8 +206,8 @@ static Py_ssize_t group_first_mismatch(const group *g, ZSTD_DCtx *dctx, uint8_t 
 }
 
 static int check_available(void) {
-    if (zstd_library != NULL) return 0;
-    PyErr_SetString(PyExc_RuntimeError, "no libzstd shared library (1.4 or later) was found: see available()");
+    if (zstd_library[0] != 0) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "no libzstd (1.5.6 or later) was found to load: see available()");
     return -1;
 }
 
@@ -204,10 +234,10 @@ static PyObject *first_mismatch(PyObject *self, PyObject *args) {
     return result_of(found);
 }
 
-static PyObject *available(PyObject *self, PyObject *unused) { return PyBool_FromLong(zstd_library != NULL); }
+static PyObject *available(PyObject *self, PyObject *unused) { return PyBool_FromLong(zstd_library[0] != 0); }
 
 static PyObject *library(PyObject *self, PyObject *unused) {
-    if (zstd_library == NULL) Py_RETURN_NONE;
+    if (zstd_library[0] == 0) Py_RETURN_NONE;
     unsigned v = zstd_version();
     return PyUnicode_FromFormat("%s %u.%u.%u", zstd_library, v / 10000, v / 100 % 100, v % 100);
 }
@@ -420,7 +450,7 @@ static PyTypeObject ProofThreadType = {
 #endif
 
 static PyMethodDef methods[] = {
-    {"available", available, METH_NOARGS, "available() -> whether a libzstd shared library was loaded."},
+    {"available", available, METH_NOARGS, "available() -> whether a libzstd (1.5.6 or later) was loaded."},
     {"library", library, METH_NOARGS, "library() -> the libzstd file and version loaded, or None."},
     {"first_mismatch", first_mismatch, METH_VARARGS,
      "first_mismatch(news, originals) -> index of the first zstd batch not decoding to its original, or -1."},
