@@ -32,7 +32,7 @@ result = rewrite_segment(io.BytesIO(src), out, base_offset=0, options=RewriteOpt
 back = read_back(io.BytesIO(out.getvalue()), base_offset=0)
 print(json.dumps({"prefix": sys.prefix, "module": tiering.__file__, "bytes_in": len(src),
                   "bytes_out": len(out.getvalue()), "same_records": back.payload_xxh3 == result.stats.payload_xxh3,
-                  "path": sys.path}))
+                  "proof": tiering.kafka._proof.library(), "path": sys.path}))
 """
 
 
@@ -83,6 +83,7 @@ def test_the_job_s_code_runs_from_the_archive_on_a_bare_host(built: dict[str, ob
     assert facts["prefix"] == str(env)
     assert facts["module"].startswith(str(env))
     assert facts["same_records"]
+    assert facts["proof"].startswith(str(env)), facts["proof"]  # the zstandard package's libzstd, archived
     assert 0 < facts["bytes_out"] < facts["bytes_in"]
     assert not any(str(ROOT) in p or p.startswith(sys.base_prefix) for p in facts["path"])
     missing = _bare([sys.executable, "-c", "print(1)"])  # the build's own Python is not there
