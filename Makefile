@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 $(STAMP): requirements.lock infra/docker/requirements-postgres.txt pyproject.toml setup.py tiering/kafka/_walker.c \
-		tiering/kafka/_proof.c tiering/kafka/_records.c
+		tiering/kafka/_proof.c tiering/kafka/_records.c tiering/kafka/_records.h tiering/kafka/_keymap.c
 	@bash scripts/check-prereqs.sh
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock

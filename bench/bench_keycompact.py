@@ -54,11 +54,12 @@ CHILD = """
 import json, resource, sys, time
 from pathlib import Path
 from tiering.kafka.keycompact import CleanOptions
+from tiering.kafka.records import Engine
 from tiering.local import compact_keys_dir
 src, out, max_keys, first = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 started, cpu = time.perf_counter(), time.process_time()
 done = compact_keys_dir(src, out, CleanOptions(now_ms=int(sys.argv[5]), first_dirty_offset=first,
-                                               max_keys=max_keys or None))
+                                               max_keys=max_keys or None, engine=Engine(sys.argv[6])))
 hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 print(json.dumps({"seconds": time.perf_counter() - started, "cpu": time.process_time() - cpu,
                   "vmhwm_kib": hwm, "end_offset": done.facts.end_offset, "upper": done.facts.upper,
@@ -104,14 +105,14 @@ def generate(directory: Path, keys: int, updates: int, segment_bytes: int, seed:
     return {"bytes": size, "segments": segments, "records": updates, "keys": keys}
 
 
-def compact(src: Path, work: Path, max_keys: int) -> dict[str, Any]:
-    """Passes of ``compact-keys`` (each in its own process) until the cleaned range is done."""
+def compact(src: Path, work: Path, max_keys: int, engine: str = "native") -> dict[str, Any]:
+    """Passes of ``compact-keys`` (each in its own process, with ``engine``) until the cleaned range is done."""
     passes, seconds, cpu, hwm, first = 0, 0.0, 0.0, 0, 0
     current = src
     while True:
         out = work / f"pass{passes}"
         done = subprocess.run([sys.executable, "-c", CHILD, str(current), str(out), str(max_keys), str(first),
-                               str(T0 + 10**9)], capture_output=True, text=True, check=True)
+                               str(T0 + 10**9), engine], capture_output=True, text=True, check=True)
         doc = json.loads(done.stdout)
         passes += 1
         seconds += doc["seconds"]
@@ -126,8 +127,9 @@ def compact(src: Path, work: Path, max_keys: int) -> dict[str, Any]:
         p.name for p in current.glob("*.log"))).stat().st_size
     records = doc["stats"]["records_out"]
     shutil.rmtree(current)
-    return {"max_keys": max_keys, "passes": passes, "seconds": round(seconds, 2), "cpu_seconds": round(cpu, 2),
-            "peak_rss_mib": round(hwm / 1024, 1), "bytes_after": after, "records_after": records}
+    return {"engine": engine, "max_keys": max_keys, "passes": passes, "seconds": round(seconds, 2),
+            "cpu_seconds": round(cpu, 2), "peak_rss_mib": round(hwm / 1024, 1), "bytes_after": after,
+            "records_after": records}
 
 
 S3_CHILD = """
@@ -187,6 +189,9 @@ def main() -> int:
                     help="key map bounds to run with (0: none)")
     ap.add_argument("--note-bytes", type=int, default=0,
                     help="random letters added to each value (sets the partition's size; default none)")
+    ap.add_argument("--engines", nargs="+", choices=["native", "python"], default=["native"],
+                    help="who does the record work: the compiled engine, the Python reference, or both in turn "
+                         "(the S3 runs use the first)")
     ap.add_argument("--s3", action="store_true", help="also run each bound through S3 (a moto server)")
     ap.add_argument("--out", type=Path, default=OUT_DIR / "bench_keycompact.json")
     args = ap.parse_args()
@@ -196,24 +201,28 @@ def main() -> int:
         source = generate(src, args.keys, args.updates, int(args.segment_mib * MIB), note_bytes=args.note_bytes)
         print(f"generated {source['records']:,} records over {source['keys']:,} keys: {source['bytes']:,} bytes in "
               f"{source['segments']} segments ({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-        rows = [compact(src, Path(tmp), n) for n in args.max_keys]
+        rows = [compact(src, Path(tmp), n, e) for n in args.max_keys for e in args.engines]
         if args.s3:
             for r in rows:
+                if r["engine"] != args.engines[0]:
+                    continue
                 r.update(compact_s3(src, r["max_keys"]))
                 r["s3_over_local"] = round(r["s3_seconds"] / r["seconds"], 2)
     for r in rows:
         r["ratio"] = round(r["bytes_after"] / source["bytes"], 4)
         r["mib_per_s"] = round(source["bytes"] / MIB / r["seconds"], 2)
-    print(f"\n{'max keys':>9} {'passes':>6} {'bytes after':>12} {'ratio':>7} {'records after':>13} {'s':>7} "
-          f"{'cpu s':>7} {'MiB/s':>6} {'peak RSS MiB':>12}")
+    print(f"\n{'engine':>7} {'max keys':>9} {'passes':>6} {'bytes after':>12} {'ratio':>7} {'records after':>13} "
+          f"{'s':>7} {'cpu s':>7} {'MiB/s':>6} {'peak RSS MiB':>12}")
     for r in rows:
-        print(f"{r['max_keys'] or 'none':>9} {r['passes']:>6} {r['bytes_after']:>12,} {r['ratio']:>7} "
+        print(f"{r['engine']:>7} {r['max_keys'] or 'none':>9} {r['passes']:>6} {r['bytes_after']:>12,} {r['ratio']:>7} "
               f"{r['records_after']:>13,} {r['seconds']:>7} {r['cpu_seconds']:>7} {r['mib_per_s']:>6} "
               f"{r['peak_rss_mib']:>12}")
     if args.s3:
         print(f"\n{'max keys':>9} {'S3 runs':>7} {'S3 s':>7} {'S3/local':>8} {'pass s':>7} {'requests':>8} "
               f"{'bytes after':>12} {'CLI peak RSS MiB':>16}")
         for r in rows:
+            if "runs" not in r:
+                continue
             print(f"{r['max_keys'] or 'none':>9} {r['runs']:>7} {r['s3_seconds']:>7} {r['s3_over_local']:>8} "
                   f"{r['s3_pass_seconds']:>7} {r['s3_requests']:>8,} {r['s3_bytes_after']:>12,} "
                   f"{r['s3_peak_rss_mib']:>16}")

@@ -34,8 +34,8 @@ from typing import Any
 
 from tiering.kafka.builder import BatchSpec, build_batch, rebase_batch
 from tiering.kafka.codecs import Codec
-from tiering.kafka.rebatch import Engine, RebatchOptions
-from tiering.kafka.records import Record
+from tiering.kafka.rebatch import RebatchOptions
+from tiering.kafka.records import Engine, Record
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.local import rewrite_file
 

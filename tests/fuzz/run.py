@@ -32,7 +32,7 @@ ROOT: Final = Path(__file__).resolve().parents[2]
 BUILD: Final = ROOT / "build" / "fuzz"
 # The extensions that read segment bytes: the walker, the record layer, and the proof (which decodes the
 # rewritten batches through the system's libzstd and compares them with the originals).
-MODULES: Final = ("_walker", "_records", "_proof")
+MODULES: Final = ("_walker", "_records", "_keymap", "_proof")
 FLAGS: Final = ["-shared", "-fPIC", "-O1", "-g", "-std=c99", "-fno-omit-frame-pointer",
                 "-fsanitize=address,undefined,fuzzer-no-link", "-fno-sanitize-recover=undefined"]
 SEEDS: Final = (ROOT / "tests" / "data" / "golden", ROOT / "tests" / "data" / "broker")
@@ -69,7 +69,8 @@ def build(out: Path = BUILD) -> Path:
     for name in MODULES:
         source = ROOT / "tiering" / "kafka" / f"{name}.c"
         target = out / f"{name}{suffix}"
-        if target.exists() and target.stat().st_mtime >= source.stat().st_mtime:
+        newest = max(p.stat().st_mtime for p in (source, source.with_name("_records.h")))
+        if target.exists() and target.stat().st_mtime >= newest:
             continue
         done = subprocess.run([compiler, *FLAGS, f"-I{include}", str(source), "-o", str(target)],
                               capture_output=True, text=True, check=False)
@@ -101,7 +102,7 @@ def _v2_batches() -> list[tuple[int, int, bool, bytes]]:
 def seeds(target: str) -> list[bytes]:
     """Inputs made from real segments, in the target's layout (see targets.py)."""
     batches = _v2_batches()
-    if target in ("walk", "digest"):
+    if target in ("walk", "digest", "keymap"):
         return [struct.pack("<HHB", count, last, int(lat)) + section[:4096] for count, last, lat, section in batches
                 if len(section) <= 4096]
     if target == "merge":

@@ -8,8 +8,10 @@ with both sanitizers). The same targets replay the regression inputs and seeds i
 Input layouts (a small fixed prefix of parameters, then the bytes under test, so that seeds made from real
 records sections keep their meaning):
 
-- ``walk``, ``digest``: count u16 LE | last offset delta u16 LE | flags u8 | records section.
-  flags: bit 0 LogAppendTime, bit 1 base offset near the end of int64, bit 2 timestamp near int64's ends.
+- ``walk``, ``digest``, ``keymap``: count u16 LE | last offset delta u16 LE | flags u8 | records section.
+  flags: bit 0 LogAppendTime, bit 1 base offset near the end of int64, bit 2 timestamp near int64's ends
+  (bit 3: which end); for ``keymap`` also bit 4 tombstones past their horizon, bit 5 the batch has a
+  horizon, bits 6-7 where the key map starts (0-3 offsets past the base offset).
 - ``merge``: flags u8 | cut 1 u16 LE | cut 2 u16 LE | the sections, concatenated and cut in up to three.
 - ``scan``: a segment's bytes (batches back to back).
 - ``proof``: pairs u8 | per pair, new length u16 LE and original length u16 LE | the bytes, each pair's new
@@ -19,6 +21,7 @@ records sections keep their meaning):
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import itertools
 import struct
@@ -26,7 +29,7 @@ from collections.abc import Callable
 from typing import Final
 
 from tiering.errors import TieringError
-from tiering.kafka import _proof, _records, _walker
+from tiering.kafka import _keymap, _proof, _records, _walker
 from tiering.kafka.batch import BatchHeader, TimestampType, parse_v2_header
 from tiering.kafka.builder import BatchSpec, build_batch, encode_record
 from tiering.kafka.codecs import Codec
@@ -229,5 +232,89 @@ def proof(data: bytes) -> None:
         raise Finding(f"first_mismatch {direct}, ProofThread {threaded}, the zstandard package's proof {expected}")
 
 
+_MAP_CAPACITY: Final = 3  # small: the map fills up inside a section now and then
+_NEW_HORIZON: Final = 1_800_000_000_000
+
+
+def _md5(key: bytes) -> bytes:
+    return hashlib.md5(key).digest()
+
+
+def _map_reference(records: list[Record], start: int) -> tuple[dict[bytes, int], tuple[int, int, bool]]:
+    """buildOffsetMapForSegment over decode_v2's records: the map by MD5, and (puts, last put or -1, full)."""
+    offsets: dict[bytes, int] = {}
+    puts, last = 0, -1
+    for r in records:
+        if r.key is None or r.offset < start:
+            continue
+        if len(offsets) >= _MAP_CAPACITY:
+            return offsets, (puts, last, True)
+        offsets[_md5(r.key)] = last = r.offset
+        puts += 1
+    return offsets, (puts, last, False)
+
+
+def _filter_reference(records: list[Record], base: int, offsets: dict[bytes, int], latest: int, drop: bool,
+                      has_horizon: bool, horizon: int) -> tuple[object, ...] | None:
+    """shouldRetainRecord and the rebuilt section as keycompact's reference writes it; None where a record to
+    re-encode has a timestamp delta outside int64 (the compiled filter leaves that to the reference)."""
+    kept: list[Record] = []
+    superseded = no_key = dropped = 0
+    for r in records:
+        if r.offset > latest:
+            kept.append(r)
+        elif r.key is None:
+            no_key += 1
+        elif r.offset < offsets.get(_md5(r.key), -1):
+            superseded += 1
+        elif r.value is None and drop:
+            dropped += 1
+        else:
+            kept.append(r)
+    tombstones = sum(r.value is None for r in kept)
+    stamp = not has_horizon and tombstones > 0
+    base_ts = horizon if has_horizon or stamp else (kept[0].timestamp if kept else 0)
+    copied = len(kept) == len(records) and not stamp
+    if not copied and any(not -(1 << 63) <= r.timestamp - base_ts <= INT64_MAX for r in kept):
+        return None
+    section = None if copied else b"".join(encode_record(r, base, base_ts) for r in kept)
+    return (len(kept), superseded, no_key, dropped, tombstones, section, base_ts,
+            max((r.timestamp for r in kept), default=-1))
+
+
+def keymap(data: bytes) -> None:
+    """_keymap.KeyMap's map_v2 and filter_v2 against buildOffsetMapForSegment and shouldRetainRecord over
+    decode_v2's records (keys by MD5, as the broker's map): the same puts and pass end, the same records
+    kept, counted and re-encoded."""
+    if len(data) < 5:
+        return
+    count, last, base, ts, log_append, section = _params(data)
+    flags = data[4]
+    drop, has_horizon, start = bool(flags & 16), bool(flags & 32), base + (flags >> 6)
+    horizon = ts + 1000 if has_horizon and ts < INT64_MAX - 1000 else _NEW_HORIZON
+    m = _keymap.KeyMap(8, _MAP_CAPACITY)
+    mapped = m.map_v2(section, base, last, count, start)
+    records = _reference(count, last, base, ts, log_append, section)
+    if records is None or mapped is None:
+        if mapped is not None:
+            raise Finding("map_v2 vouched for a section decode_v2 rejects")
+        if records is not None and not has_wide_varlong(section) and not _offset_overflows(records):
+            raise Finding("map_v2 refused a section decode_v2 reads")
+        if len(m):
+            raise Finding(f"map_v2 refused the section but left {len(m)} keys in the map")
+        return
+    offsets, expected = _map_reference(records, start)
+    if mapped != expected or len(m) != len(offsets):
+        raise Finding(f"map_v2 {mapped} with {len(m)} keys, the reference {expected} with {len(offsets)}")
+    for r in records:
+        if r.key is not None and m.get(r.key) != offsets.get(_md5(r.key), -1):
+            raise Finding(f"the map gives {m.get(r.key)} for key {r.key!r}, the reference {offsets.get(_md5(r.key))}")
+    latest = base + last // 2
+    filtered = m.filter_v2(section, base, ts, log_append, last, count, latest, drop, has_horizon, horizon)
+    want = _filter_reference(records, base, offsets, latest, drop, has_horizon, horizon)
+    if filtered != want:
+        raise Finding(f"filter_v2 {filtered}, the reference {want}")
+
+
 TARGETS: Final[dict[str, Callable[[bytes], None]]] = {"walk": walk, "digest": digest, "merge": merge, "scan": scan,
-                                                      "proof": proof}
+                                                      "proof": proof, "keymap": keymap}

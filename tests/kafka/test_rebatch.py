@@ -23,13 +23,12 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.rebatch import (
     MEASURE_ALL,
     MEASURE_EVERY,
-    Engine,
     RebatchOptions,
     Refusal,
     digest_of,
     rebatch_segment,
 )
-from tiering.kafka.records import Record
+from tiering.kafka.records import Engine, Record
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
 from tiering.kafka.segment import iter_decoded
 

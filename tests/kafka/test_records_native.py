@@ -18,8 +18,8 @@ from tiering.kafka import _records
 from tiering.kafka.batch import CRC_OFFSET, LOG_OVERHEAD, V2_HEADER, V2_HEADER_SIZE, Attr, crc_v2
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import iter_batches
-from tiering.kafka.rebatch import Engine, RebatchOptions, rebatch_segment
-from tiering.kafka.records import decode_v2
+from tiering.kafka.rebatch import RebatchOptions, rebatch_segment
+from tiering.kafka.records import Engine, decode_v2
 from tiering.kafka.segment import DecodedBatch, Digests
 
 INT64 = (-(1 << 63), (1 << 63) - 1)

@@ -124,6 +124,14 @@ class TimestampType(IntEnum):
         return {-1: "NoTimestampType", 0: "CreateTime", 1: "LogAppendTime"}[self.value]
 
 
+def timestamp_base(h: BatchHeader) -> tuple[int, bool]:
+    """What a v2 batch's record timestamps are taken from, and whether it is the LogAppendTime itself (the max
+    timestamp every record of a LogAppendTime batch takes)."""
+    if h.timestamp_type is TimestampType.LOG_APPEND_TIME:
+        return h.max_timestamp, True
+    return h.base_timestamp, False
+
+
 @dataclass(frozen=True, slots=True)
 class BatchHeader:
     """The shallow view of one batch (v2) or one legacy log entry (v0/v1), as Kafka's RecordBatch sees it.

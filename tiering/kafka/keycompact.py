@@ -44,14 +44,16 @@ from __future__ import annotations
 import heapq
 import io
 import itertools
+import math
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, Protocol
 
-from tiering.errors import ConfigError, CorruptBatchError, UnsupportedError
-from tiering.kafka.batch import BatchHeader, TimestampType, parse_v2_header
-from tiering.kafka.builder import BatchSpec, build_batch
+from tiering.errors import ConfigError, CorruptBatchError, TieringError, UnsupportedError
+from tiering.kafka import _keymap
+from tiering.kafka.batch import BatchHeader, TimestampType, parse_v2_header, timestamp_base
+from tiering.kafka.builder import BatchSpec, assemble_batch, build_batch
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
 from tiering.kafka.index import (
     DEFAULT_INDEX_INTERVAL_BYTES,
@@ -63,7 +65,8 @@ from tiering.kafka.index import (
 )
 from tiering.kafka.merge import Limits, Sizes, group_by_size
 from tiering.kafka.reader import RawBatch, iter_batches
-from tiering.kafka.segment import DecodedBatch, OffsetOrder, decode_batch, iter_decoded
+from tiering.kafka.records import Engine
+from tiering.kafka.segment import DecodedBatch, OffsetOrder, decode_batch, decode_located, payload_of
 
 DEFAULT_DELETE_RETENTION_MS: Final = 86_400_000  # Kafka's delete.retention.ms
 # The broker's key map (SkimpyOffsetMap): a slot per key, its 16-byte MD5 and an 8-byte offset, in a buffer of
@@ -100,6 +103,7 @@ class CleanOptions:
     # the topic's segment.bytes and segment.index.bytes: neighbours are cleaned into one segment as the broker
     # groups them (tiering.kafka.merge.group_by_size); None: each segment into one of its own
     merge: Limits | None = None
+    engine: Engine = Engine.NATIVE  # the record work: compiled (_keymap.c) or the Python reference
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +120,52 @@ class Segment:
     time_index_bytes: int = 0
 
 
+class OffsetMap(Protocol):
+    """The key map of a pass: each key's latest offset, full at its bound (``_keymap.KeyMap`` compiled, keyed
+    by the key's MD5 as the broker's; :class:`DictMap` the reference)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def full(self) -> bool: ...
+    def get(self, key: bytes | bytearray | memoryview, default: int = -1) -> int: ...
+    def put(self, key: bytes | bytearray | memoryview, offset: int) -> None: ...
+
+
+class DictMap:
+    """The Python reference's key map: a dict of the keys themselves, full at ``max_keys`` (None: never)."""
+
+    def __init__(self, max_keys: int | None) -> None:
+        self._offsets: dict[bytes, int] = {}
+        self._max_keys = max_keys
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @property
+    def full(self) -> bool:
+        return self._max_keys is not None and len(self._offsets) >= self._max_keys
+
+    def get(self, key: bytes | bytearray | memoryview, default: int = -1) -> int:
+        return self._offsets.get(bytes(key), default)
+
+    def put(self, key: bytes | bytearray | memoryview, offset: int) -> None:
+        self._offsets[bytes(key)] = offset
+
+
+_SLOTS_MAX: Final = _KEY_MAP_MAX_BYTES // KEY_MAP_SLOT_BYTES
+
+
+def new_key_map(options: CleanOptions) -> OffsetMap:
+    """An empty key map for a pass with ``options``: the compiled one sized as the broker's map that holds
+    ``max_keys`` (at most a 2 GiB map's keys, the broker's bound), growing without a bound; or the reference."""
+    if options.engine is Engine.PYTHON:
+        return DictMap(options.max_keys)
+    if options.max_keys is None:
+        return _keymap.KeyMap(0, -1)
+    capacity = min(options.max_keys, int(_SLOTS_MAX * KEY_MAP_LOAD_FACTOR))
+    return _keymap.KeyMap(min(_SLOTS_MAX, max(capacity + 1, math.ceil(capacity / KEY_MAP_LOAD_FACTOR))), capacity)
+
+
 @dataclass
 class PartitionFacts:
     """What the first pass learns: the cleaned range's end, each producer's last data batch, the key map."""
@@ -123,7 +173,7 @@ class PartitionFacts:
     upper: int  # the first uncleanable offset (a segment's base offset)
     cleaned: int  # how many of the segments (from the first) are cleaned: those below end_offset
     producer_last: dict[int, int]  # producer id -> the last offset of its last data batch in the log
-    key_map: dict[bytes, int]  # key -> its latest offset in the cleaned range (aborted data left out)
+    key_map: OffsetMap  # key -> its latest offset in the cleaned range (aborted data left out)
     latest_offset: int  # the cleaned range's last offset
 
     @property
@@ -219,16 +269,53 @@ class _Txns:
         return False
 
 
-def _batches(seg: Segment, limit: int) -> Iterator[DecodedBatch]:
+def _batches(seg: Segment) -> Iterator[RawBatch]:
+    """A segment's batches in order, each checked to follow the last and to be magic v2."""
     order = OffsetOrder(seg.base_offset, seg.name or None)
     with seg.open() as f:
-        for batch in iter_decoded(f, path=seg.name or None, limit=limit):
-            order.check(batch.header, batch.header.offset)
-            if batch.header.magic < 2:
+        for raw in iter_batches(f, path=seg.name or None):
+            h = raw.header
+            order.check(h, h.offset)
+            if h.magic < 2:
                 raise UnsupportedError("key compaction reads magic v2 batches only", path=seg.name or None,
-                                  expected="magic 2", found=f"magic {batch.header.magic} at offset "
-                                  f"{batch.header.offset}")
-            yield batch
+                                       expected="magic 2", found=f"magic {h.magic} at offset {h.offset}")
+            yield raw
+
+
+def _section(raw: RawBatch, options: CleanOptions) -> bytes | memoryview | None:
+    """A data batch's records section for the compiled engine, or None where the Python reference decides
+    (the reference engine, or a payload that does not decompress: the reference then names the problem)."""
+    if options.engine is Engine.PYTHON or raw.header.records_count is None:
+        return None
+    try:
+        return payload_of(raw, options.decompression_limit)
+    except TieringError:
+        return None
+
+
+def _decoded(raw: RawBatch, seg: Segment, options: CleanOptions) -> DecodedBatch:
+    return decode_located(raw, path=seg.name or None, limit=options.decompression_limit)
+
+
+def _map_batch(raw: RawBatch, seg: Segment, key_map: OffsetMap, start: int, latest: int,
+               options: CleanOptions) -> tuple[int, bool]:
+    """A data batch's keys put in the map (``buildOffsetMapForSegment``): the offset of the last one put (else
+    ``latest``), and whether the map filled up before the batch's end."""
+    h = raw.header
+    section = _section(raw, options)
+    if section is not None and isinstance(key_map, _keymap.KeyMap):
+        done = key_map.map_v2(section, h.offset, h.last_offset - h.offset, h.records_count or 0, start)
+        if done is not None:
+            puts, last, full = done
+            return (last if puts else latest), full
+    for r in _decoded(raw, seg, options).records:
+        if r.key is None or r.offset < start:
+            continue
+        if key_map.full:
+            return latest, True  # the pass ends at the last offset mapped
+        key_map.put(r.key, r.offset)
+        latest = r.offset
+    return latest, False
 
 
 def _is_abort(raw: RawBatch, options: CleanOptions) -> bool:
@@ -286,7 +373,7 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
             limit = min(limit, young[0])
     # Rounded down to the base offset of the segment holding it (an open transaction may start inside one).
     upper = max(b for b in bases if b <= limit) if limit >= bases[0] else bases[0]
-    key_map: dict[bytes, int] = {}
+    key_map = new_key_map(options)
     txns = _Txns()
     txns.add(_overlapping([e for s in segments for e in s.aborted], start, upper))
     latest = start - 1  # nothing mapped: the pass ends where it started
@@ -296,18 +383,14 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
             break
         if bases[i + 1] <= start:
             continue  # cleaned by an earlier pass
-        for batch in _batches(seg, options.decompression_limit):
-            h = batch.header
+        for raw in _batches(seg):
+            h = raw.header
             if h.is_control:
-                txns.on_marker(batch)
-            elif not txns.on_batch(h):
-                for r in batch.records:
-                    if r.key is None or r.offset < start:
-                        continue
-                    if options.max_keys is not None and len(key_map) >= options.max_keys:
-                        full = True  # buildOffsetMapForSegment: the pass ends at the last offset mapped
-                        break
-                    key_map[r.key] = latest = r.offset
+                txns.on_marker(_decoded(raw, seg, options))
+            elif txns.on_batch(h):
+                _decoded(raw, seg, options)  # aborted: not mapped, but read as the cleaner reads it
+            else:
+                latest, full = _map_batch(raw, seg, key_map, start, latest, options)
             if full:
                 break
             if h.last_offset >= start:
@@ -338,11 +421,10 @@ def clean(segments: Sequence[Segment], facts: PartitionFacts, options: CleanOpti
         size = 0
         for seg in group:
             txns.add(_overlapping(every, seg.base_offset, next_base[seg.base_offset]))
-            for batch in _batches(seg, options.decompression_limit):
+            for raw in _batches(seg):
                 stats.batches_in += 1
-                stats.records_in += len(batch.records)
-                stats.bytes_in += len(batch.raw.data)
-                built = _clean_batch(batch, facts, txns, options, stats)
+                stats.bytes_in += len(raw.data)
+                built = _clean_raw(raw, seg, facts, txns, options, stats)
                 if built is None:
                     continue
                 h = parse_v2_header(built, size)
@@ -373,8 +455,85 @@ def _overlapping(entries: Sequence[AbortedTxn], start: int, end: int) -> list[Ab
     return [e for e in entries if e.last_offset >= start and e.first_offset < end]
 
 
+def _clean_raw(raw: RawBatch, seg: Segment, facts: PartitionFacts, txns: _Txns, options: CleanOptions,
+               stats: CleanStats) -> bytes | memoryview | None:
+    """One batch cleaned: its bytes in the cleaned segment, or None when it goes. A data batch outside an
+    aborted transaction goes through the compiled filter where it vouches for the batch; every other batch
+    (markers, aborted data, what the filter leaves) is decoded and goes through the reference."""
+    h = raw.header
+    aborted = not h.is_control and txns.on_batch(h)
+    if not h.is_control and not aborted and isinstance(facts.key_map, _keymap.KeyMap):
+        section = _section(raw, options)
+        if section is not None:
+            ts, log_append = timestamp_base(h)
+            horizon = h.delete_horizon_ms
+            filtered = facts.key_map.filter_v2(
+                section, h.offset, ts, log_append, h.last_offset - h.offset, h.records_count or 0,
+                facts.latest_offset, horizon is not None and options.now_ms >= horizon, horizon is not None,
+                horizon if horizon is not None else options.now_ms + options.delete_retention_ms)
+            if filtered is not None:
+                return _rebuilt(raw, filtered, facts, options, stats)
+    batch = _decoded(raw, seg, options)
+    stats.records_in += len(batch.records)
+    return _clean_batch(batch, facts, txns, options, stats, aborted=aborted)
+
+
+def _rebuilt(raw: RawBatch, filtered: tuple[int, int, int, int, int, bytes | None, int, int], facts: PartitionFacts,
+             options: CleanOptions, stats: CleanStats) -> bytes | memoryview | None:
+    """A data batch from what the compiled filter kept of it (see ``_keymap.c``), as :func:`_clean_batch`
+    builds it."""
+    h = raw.header
+    kept, superseded, no_key, tombstones_dropped, tombstones, section, base_ts, max_ts = filtered
+    stats.records_in += h.records_count or 0
+    stats.no_key_dropped += no_key
+    stats.superseded_dropped += superseded
+    stats.tombstones_dropped += tombstones_dropped
+    stats.records_out += kept
+    if kept == 0:
+        return _emptied(h, facts, stats)
+    if section is None:
+        stats.batches_copied += 1
+        return raw.data
+    horizon = h.delete_horizon_ms
+    if horizon is None and tombstones:
+        horizon = options.now_ms + options.delete_retention_ms
+        stats.tombstones_stamped += tombstones
+    return assemble_batch(_spec(h, options, horizon), section, kept, base_ts, max_ts, 0)
+
+
+def _keeps_empty(h: BatchHeader, facts: PartitionFacts) -> bool:
+    """Whether a batch stays as a header when none of its records does: a producer's last data batch, or the
+    batch ending at the first uncleanable offset."""
+    return ((h.producer_id != NO_PRODUCER and not h.is_control
+             and facts.producer_last.get(h.producer_id) == h.last_offset)
+            or h.last_offset + 1 == facts.upper)
+
+
+def _emptied(h: BatchHeader, facts: PartitionFacts, stats: CleanStats) -> bytes | None:
+    """A batch none of whose records stays: its header alone where it must stay, else nothing."""
+    if not _keeps_empty(h, facts):
+        return None
+    stats.batches_emptied += 1
+    return build_batch(BatchSpec(
+        h.offset, Codec.NONE, None, h.partition_leader_epoch, h.producer_id, h.producer_epoch, h.base_sequence,
+        h.is_transactional, h.is_control,
+        log_append_time=h.max_timestamp if h.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
+        last_offset_delta=h.last_offset - h.offset, max_timestamp=h.max_timestamp), [])
+
+
+def _spec(h: BatchHeader, options: CleanOptions, horizon: int | None) -> BatchSpec:
+    """A rebuilt batch's header: the original's, with ``horizon`` and the pass's codec for a data batch."""
+    codec, level = (h.codec, None) if options.codec is None or h.is_control else (options.codec, options.level)
+    return BatchSpec(
+        h.offset, codec, level, h.partition_leader_epoch, h.producer_id, h.producer_epoch, h.base_sequence,
+        h.is_transactional, h.is_control,
+        log_append_time=h.max_timestamp if h.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
+        last_offset_delta=h.last_offset - h.offset, delete_horizon_ms=horizon)
+
+
 def _clean_batch(batch: DecodedBatch, facts: PartitionFacts, txns: _Txns, options: CleanOptions,
-                 stats: CleanStats) -> bytes | memoryview | None:
+                 stats: CleanStats, *, aborted: bool) -> bytes | memoryview | None:
+    """The reference: one decoded batch cleaned (``aborted``: a data batch of an aborted transaction)."""
     h = batch.header
     horizon = h.delete_horizon_ms
     if h.is_control:
@@ -382,11 +541,8 @@ def _clean_batch(batch: DecodedBatch, facts: PartitionFacts, txns: _Txns, option
         discard = may_go and horizon is not None and horizon <= options.now_ms
     else:
         may_go = False
-        discard = txns.on_batch(h)
-    keep_empty = ((h.producer_id != NO_PRODUCER and not h.is_control
-                   and facts.producer_last.get(h.producer_id) == h.last_offset)
-                  or h.last_offset + 1 == facts.upper)
-    if discard and not keep_empty:
+        discard = aborted
+    if discard and not _keeps_empty(h, facts):
         _count_dropped(batch, stats, aborted=not h.is_control)
         return None
     kept = []
@@ -414,14 +570,7 @@ def _clean_batch(batch: DecodedBatch, facts: PartitionFacts, txns: _Txns, option
         _count_dropped(batch, stats, aborted=True)
     stats.records_out += len(kept)
     if not kept:
-        if not keep_empty:
-            return None
-        stats.batches_emptied += 1
-        return build_batch(BatchSpec(
-            h.offset, Codec.NONE, None, h.partition_leader_epoch, h.producer_id, h.producer_epoch, h.base_sequence,
-            h.is_transactional, h.is_control,
-            log_append_time=h.max_timestamp if h.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
-            last_offset_delta=h.last_offset - h.offset, max_timestamp=h.max_timestamp), [])
+        return _emptied(h, facts, stats)
     stamp = (tombstones > 0 or (may_go and h.is_control)) and horizon is None
     if len(kept) == len(batch.records) and not stamp:
         stats.batches_copied += 1
@@ -430,12 +579,7 @@ def _clean_batch(batch: DecodedBatch, facts: PartitionFacts, txns: _Txns, option
         horizon = options.now_ms + options.delete_retention_ms
         stats.tombstones_stamped += tombstones
         stats.markers_stamped += h.is_control
-    codec, level = (h.codec, None) if options.codec is None or h.is_control else (options.codec, options.level)
-    return build_batch(BatchSpec(
-        h.offset, codec, level, h.partition_leader_epoch, h.producer_id, h.producer_epoch, h.base_sequence,
-        h.is_transactional, h.is_control,
-        log_append_time=h.max_timestamp if h.timestamp_type is TimestampType.LOG_APPEND_TIME else None,
-        last_offset_delta=h.last_offset - h.offset, delete_horizon_ms=horizon), kept)
+    return build_batch(_spec(h, options, horizon), kept)
 
 
 def _count_dropped(batch: DecodedBatch, stats: CleanStats, *, aborted: bool) -> None:

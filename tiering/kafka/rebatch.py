@@ -67,10 +67,11 @@ from typing import BinaryIO, Final, Protocol, cast
 
 from tiering.errors import ProofError, TieringError
 from tiering.kafka import _records
-from tiering.kafka.batch import V2_HEADER_SIZE, BatchHeader, TimestampType
+from tiering.kafka.batch import V2_HEADER_SIZE, BatchHeader, TimestampType, timestamp_base
 from tiering.kafka.builder import BatchSpec, assemble_batch, build_batch
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
 from tiering.kafka.reader import RawBatch, iter_batches
+from tiering.kafka.records import Engine
 from tiering.kafka.segment import DecodedBatch, Digests, decode_located, iter_decoded, payload_of
 
 DEFAULT_MAX_BYTES: Final = 1 << 20  # Kafka's default max.message.bytes / message.max.bytes
@@ -99,13 +100,6 @@ class Refusal(StrEnum):
     EMPTY = "no records"
     SIZE = "the merged batch would exceed the size limit"
     OFFSET_SPAN = "its offsets too far from the merged batch's base offset"
-
-
-class Engine(StrEnum):
-    """What does the record work (see the module docs)."""
-
-    NATIVE = "native"
-    PYTHON = "python"
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,19 +336,12 @@ def merged_batch(run: list[DecodedBatch], options: RebatchOptions) -> bytes:
     return build_batch(_spec(run[0].header, run[-1].header, options), [r for b in run for r in b.records])
 
 
-def _timestamp_base(h: BatchHeader) -> tuple[int, bool]:
-    """What a v2 batch's record timestamps are taken from, and whether it is the LogAppendTime itself."""
-    if h.timestamp_type is TimestampType.LOG_APPEND_TIME:
-        return h.max_timestamp, True
-    return h.base_timestamp, False
-
-
 def _merged_native(run: list[_Section], options: RebatchOptions) -> bytes | None:
     """:func:`merged_batch`'s bytes by the compiled engine, or None where it does not vouch for them."""
     first = run[0].header
-    _, log_append = _timestamp_base(first)
+    _, log_append = timestamp_base(first)
     merged = _records.merge_v2([b.section for b in run],
-                               [(b.header.offset, _timestamp_base(b.header)[0], b.header.last_offset - b.header.offset)
+                               [(b.header.offset, timestamp_base(b.header)[0], b.header.last_offset - b.header.offset)
                                 for b in run], log_append, first.offset)
     if merged is None:
         return None
@@ -372,7 +359,7 @@ def _native(raw: RawBatch, limit: int, path: str | None) -> _Source:
         except TieringError:
             section = None  # decode_batch below says why, located
         if section is not None:
-            ts, log_append = _timestamp_base(h)
+            ts, log_append = timestamp_base(h)
             encoded = _records.digest_v2(section, h.offset, ts, log_append, h.records_count, h.last_offset - h.offset)
             if encoded is not None:
                 return _Section(raw, section, encoded)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Final
 
 from tiering.errors import CorruptBatchError, TieringError
@@ -47,6 +48,14 @@ from tiering.kafka.batch import (
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec, decompress
 
 _INT32: Final = struct.Struct(">i")
+
+
+class Engine(StrEnum):
+    """What does the record work of re-batching and key compaction: the compiled modules (records read as spans
+    of the section) or the Python reference (a :class:`Record` each), which defines the outcome."""
+
+    NATIVE = "native"
+    PYTHON = "python"
 
 
 @dataclass(frozen=True, slots=True)
