@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-rebatch bench-keycompact bench-merge bench-spark bench-scan bench-plan-scale chaos fuzz kafka-jars seaweedfs spark-artifact \
+.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-rebatch bench-keycompact bench-keycompact-kafka bench-merge bench-spark bench-scan bench-plan-scale chaos fuzz kafka-jars seaweedfs spark-artifact \
 	test-kafka kafka-fixtures lock clean
 
 install: $(STAMP)
@@ -91,6 +91,9 @@ bench-rebatch: $(STAMP)
 
 bench-keycompact: $(STAMP)
 	$(BIN)/python bench/bench_keycompact.py $(BENCH_ARGS)
+
+bench-keycompact-kafka: $(STAMP) kafka-jars
+	$(BIN)/python -m tests.kafka_broker.bench_cleaner $(BENCH_ARGS)
 
 bench-merge: $(STAMP)
 	$(BIN)/python bench/bench_merge.py $(BENCH_ARGS)

@@ -176,6 +176,21 @@ def test_the_map_s_md5_is_hashlib_s(data: bytes) -> None:
     assert _keymap.md5(data) == hashlib.md5(data).digest()
 
 
+@given(st.lists(st.binary(max_size=70), min_size=1, max_size=11))
+def test_keys_hashed_side_by_side_land_where_hashlib_s_md5_says(keys: list[bytes]) -> None:
+    """A section's keys are hashed four short ones at a time: each key, short or long, in a full or partial
+    group, is found in the map at its own offset and nowhere else."""
+    from tiering.kafka.builder import encode_record
+    from tiering.kafka.records import Record
+
+    section = b"".join(encode_record(Record(i, T0, k, b"v", ()), 0, T0) for i, k in enumerate(keys))
+    m = _keymap.KeyMap(1024, 900)
+    assert m.map_v2(section, 0, len(keys) - 1, len(keys), 0) == (len(keys), len(keys) - 1, False)
+    latest = {hashlib.md5(k).digest(): i for i, k in enumerate(keys)}
+    assert len(m) == len(latest)
+    assert all(m.get(k) == latest[hashlib.md5(k).digest()] for k in keys)
+
+
 def test_a_bounded_map_is_full_at_its_capacity_and_a_growing_one_is_never() -> None:
     bounded = new_key_map(CleanOptions(now_ms=0, max_keys=1000))
     assert isinstance(bounded, _keymap.KeyMap)
@@ -189,6 +204,13 @@ def test_a_bounded_map_is_full_at_its_capacity_and_a_growing_one_is_never() -> N
     assert [bounded.get(b"key-%d" % i) for i in (0, 500, 999)] == [0, 500, 999]
     assert bounded.get(b"absent") == -1
     assert bounded.get(b"absent", None) is None  # type: ignore[arg-type]
+
+    huge = _keymap.KeyMap(200_000, 180_000, huge_pages=True)  # its own mapping: the same map
+    for i in range(0, 180_000):
+        huge.put(b"key-%d" % i, i)
+    assert huge.full
+    assert [huge.get(b"key-%d" % i) for i in (0, 90_000, 179_999)] == [0, 90_000, 179_999]
+    assert isinstance(new_key_map(CleanOptions(now_ms=0, max_keys=1000), records=10**6), _keymap.KeyMap)
 
     growing = new_key_map(CleanOptions(now_ms=0, max_keys=None))
     assert isinstance(growing, _keymap.KeyMap)

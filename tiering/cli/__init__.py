@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
@@ -27,11 +27,6 @@ from rich.table import Table
 
 from tiering import __version__
 from tiering.cli.args import add_key_map_args, add_merge_args, int_at_least, max_keys, merge_limits
-from tiering.cli.policy import add_policy_commands
-from tiering.cli.report import add_report_command
-from tiering.cli.s3 import add_s3_commands
-from tiering.cost.forecast import Forecast
-from tiering.demo.local import render_table, run_demo
 from tiering.errors import ConfigError, ExitCode, InvalidDataError, TieringError, exit_code
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec, check_level
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES
@@ -42,8 +37,10 @@ from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions, RewriteResult
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import compact_keys_dir, merge_dir, open_segment, reindex_file, rewrite_file, verify_file
-from tiering.report.render import headline, ratio, size, title, usd
-from tiering.run.documents import RunResult
+
+if TYPE_CHECKING:
+    from tiering.cost.forecast import Forecast
+    from tiering.run.documents import RunResult
 
 EXIT_OK = ExitCode.OK
 EXIT_INVALID = ExitCode.INVALID
@@ -334,6 +331,8 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from tiering.demo.local import render_table, run_demo  # noqa: PLC0415 - the demos load only when run
+
     demo = run_demo(args.out, codec=Codec.parse(args.codec), level=args.level, scale=args.scale,
                     log=None if args.json else lambda line: print(line, file=sys.stderr))
     if args.json:
@@ -347,6 +346,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_pipeline_demo(args: argparse.Namespace) -> int:
     from tiering.demo.s3 import run_pipeline_demo  # noqa: PLC0415 - Airflow and moto load only here
+    from tiering.report.render import headline, ratio, title, usd  # noqa: PLC0415
 
     started = time.monotonic()
     # Progress goes to the terminal's stderr as it was when the demo started: while the demo runs, stdout and
@@ -399,6 +399,8 @@ def _cmd_pipeline_demo(args: argparse.Namespace) -> int:
 
 def demo_forecast_table(forecast: Forecast, run: RunResult) -> Table:
     """The dry run's forecast by topic beside what the real run then did."""
+    from tiering.report.render import ratio, size  # noqa: PLC0415 - the demos load only when run
+
     t = Table(title="forecast (dry run) beside the real run, by topic", title_justify="left")
     for col in ("topic", "before", "forecast after", "forecast ratio (range)", "forecast", "real after",
                 "real ratio", "real run"):
@@ -464,7 +466,13 @@ def _add_segment_args(p: argparse.ArgumentParser, *, index_interval: bool = True
                        metavar="N", help="Kafka's index.interval.bytes for the indexes (default %(default)s)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Command groups that work on local files only: their parser is built without the others', so that a command
+# of theirs does not load what the S3 commands, the report and the demos need (boto3, Airflow, ...).
+LOCAL_GROUPS = frozenset({"segment", "partition"})
+
+
+def build_parser(*, local_only: bool = False) -> argparse.ArgumentParser:
+    """The whole command line, or with ``local_only`` its :data:`LOCAL_GROUPS` alone."""
     parser = _Parser(
         prog="tiering",
         description="Recompress and re-index Kafka log segments, exactly as Kafka would write them.",
@@ -586,6 +594,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_merge)
 
+    if local_only:
+        return parser
+    from tiering.cli.policy import add_policy_commands  # noqa: PLC0415 - see LOCAL_GROUPS
+    from tiering.cli.report import add_report_command  # noqa: PLC0415
+    from tiering.cli.s3 import add_s3_commands  # noqa: PLC0415
+
     p = verbs.add_parser("demo-local", help="the same on the local disk: generate partitions, rewrite, savings",
                          description="Generate sample Kafka partitions on the local disk (several topics and "
                                      "producer codecs, an incompressible topic, an already-zstd topic, a corrupt "
@@ -625,7 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     err = stderr if stderr is not None else sys.stderr
     out = stdout if stdout is not None else sys.stdout
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(local_only=bool(argv) and argv[0] in LOCAL_GROUPS)
     args: argparse.Namespace | None = None
 
     def fail(code: int, line: str, doc: dict[str, object]) -> int:

@@ -16,7 +16,6 @@ from tiering.cost.model import with_ledger
 from tiering.report.publish import LATEST, assemble, cost_config, load_report, read_ledger
 from tiering.report.render import FORMATS, render
 from tiering.run.maintenance import DEFAULT_GRACE_DAYS
-from tiering.storage.s3 import S3Store, make_client
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
@@ -36,6 +35,8 @@ def cost_from_args(args: argparse.Namespace, grace_days: float = DEFAULT_GRACE_D
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from tiering.storage.s3 import S3Store, make_client  # noqa: PLC0415 - boto3 loads only for S3 commands
+
     store = S3Store(make_client(endpoint_url=args.endpoint_url, region=args.region), args.bucket)
     prefix = args.prefix.strip("/")
     reprice = any(v is not None for v in (args.prices, args.price_region, args.account_standard_tb, args.grace_days))

@@ -51,12 +51,13 @@ from tiering.run.merge import MergeOptions, PlannedMerges, merge_run, plan_merge
 from tiering.run.pipeline import RunSettings, compact, dry_run, plan_run, run_local, scan_run
 from tiering.storage.layout import reserved_dir
 from tiering.storage.objects import ObjectInfo, ObjectStore
-from tiering.storage.s3 import S3Store, make_client
 
 CODEC_CHOICES = [c.label for c in Codec]
 
 
 def _store(args: argparse.Namespace) -> ObjectStore:
+    from tiering.storage.s3 import S3Store, make_client  # noqa: PLC0415 - boto3 loads only for S3 commands
+
     return S3Store(make_client(endpoint_url=args.endpoint_url, region=args.region), args.bucket)
 
 

@@ -2,11 +2,13 @@
  * Key compaction's record work, compiled: the log cleaner's key map and its retention filter over the records
  * section of a magic v2 batch, with no Python object per record.
  *
- *   KeyMap(slots, capacity)   Kafka's SkimpyOffsetMap: `slots` slots of 24 bytes (a key's MD5, then the offset
+ *   KeyMap(slots, capacity, huge_pages=False)
+ *                             Kafka's SkimpyOffsetMap: `slots` slots of 24 bytes (a key's MD5, then the offset
  *                             it was last seen at) probed as the broker probes them; full at `capacity` keys
  *                             (the broker: slots x log.cleaner.io.buffer.load.factor). A capacity of -1 makes
  *                             a map that grows instead (no bound on a pass). Two keys with the same MD5 are one
- *                             key here, as they are to the broker.
+ *                             key here, as they are to the broker. `huge_pages`: the table is
+ *                             expected to be mostly touched (see table_alloc).
  *   map.map_v2(section, base_offset, last_offset_delta, expected_count, start)
  *       -> (keys put, offset of the last put, full) or None: every record with a key at or past `start` put
  *          in order, stopping (full) at the first one that finds the map full (buildOffsetMapForSegment).
@@ -32,6 +34,10 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include "_records.h"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 /* ---- MD5 (RFC 1321) ------------------------------------------------------------------------------------- */
 
@@ -111,6 +117,63 @@ static void md5(const uint8_t *data, size_t len, uint8_t out[16]) {
         for (int j = 0; j < 4; j++) out[4 * i + j] = (uint8_t)(h[i] >> (8 * j));
 }
 
+#define LANES 4
+#define SHORT_KEY 55 /* the longest key whose padded message is one block */
+
+/* The MD5s of LANES keys of at most SHORT_KEY bytes, side by side: the steps of one hash depend on each
+ * other, those of different hashes do not, so the lanes run in parallel (the compiler makes vector code of the
+ * lane loops). Each out[l] as md5() would give it. */
+static void md5_short_lanes(const uint8_t *const keys[LANES], const size_t lens[LANES], uint8_t *const out[LANES]) {
+    uint32_t m[16][LANES], a[LANES], b[LANES], c[LANES], d[LANES];
+    for (int l = 0; l < LANES; l++) {
+        uint8_t block[64] = {0};
+        memcpy(block, keys[l], lens[l]);
+        block[lens[l]] = 0x80;
+        uint64_t bits = (uint64_t)lens[l] * 8;
+        for (int i = 0; i < 8; i++) block[56 + i] = (uint8_t)(bits >> (8 * i));
+        for (int i = 0; i < 16; i++) m[i][l] = le32(block + 4 * i);
+        a[l] = 0x67452301;
+        b[l] = 0xefcdab89;
+        c[l] = 0x98badcfe;
+        d[l] = 0x10325476;
+    }
+#define LANE_STEP(f, w, x, y, z, i, g, s)                                                  \
+    for (int l = 0; l < LANES; l++) {                                                     \
+        w[l] += f(x[l], y[l], z[l]) + MD5_K[i] + m[g][l];                                 \
+        w[l] = x[l] + ROTL(w[l], s);                                                      \
+    }
+    for (int i = 0; i < 16; i += 4) {
+        LANE_STEP(MD5_F, a, b, c, d, i, i, 7);
+        LANE_STEP(MD5_F, d, a, b, c, i + 1, i + 1, 12);
+        LANE_STEP(MD5_F, c, d, a, b, i + 2, i + 2, 17);
+        LANE_STEP(MD5_F, b, c, d, a, i + 3, i + 3, 22);
+    }
+    for (int i = 16; i < 32; i += 4) {
+        LANE_STEP(MD5_G, a, b, c, d, i, (5 * i + 1) % 16, 5);
+        LANE_STEP(MD5_G, d, a, b, c, i + 1, (5 * i + 6) % 16, 9);
+        LANE_STEP(MD5_G, c, d, a, b, i + 2, (5 * i + 11) % 16, 14);
+        LANE_STEP(MD5_G, b, c, d, a, i + 3, (5 * i + 16) % 16, 20);
+    }
+    for (int i = 32; i < 48; i += 4) {
+        LANE_STEP(MD5_H, a, b, c, d, i, (3 * i + 5) % 16, 4);
+        LANE_STEP(MD5_H, d, a, b, c, i + 1, (3 * i + 8) % 16, 11);
+        LANE_STEP(MD5_H, c, d, a, b, i + 2, (3 * i + 11) % 16, 16);
+        LANE_STEP(MD5_H, b, c, d, a, i + 3, (3 * i + 14) % 16, 23);
+    }
+    for (int i = 48; i < 64; i += 4) {
+        LANE_STEP(MD5_I, a, b, c, d, i, (7 * i) % 16, 6);
+        LANE_STEP(MD5_I, d, a, b, c, i + 1, (7 * i + 7) % 16, 10);
+        LANE_STEP(MD5_I, c, d, a, b, i + 2, (7 * i + 14) % 16, 15);
+        LANE_STEP(MD5_I, b, c, d, a, i + 3, (7 * i + 21) % 16, 21);
+    }
+#undef LANE_STEP
+    for (int l = 0; l < LANES; l++) {
+        const uint32_t h[4] = {a[l] + 0x67452301, b[l] + 0xefcdab89, c[l] + 0x98badcfe, d[l] + 0x10325476};
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) out[l][4 * i + j] = (uint8_t)(h[i] >> (8 * j));
+    }
+}
+
 /* ---- the map -------------------------------------------------------------------------------------------- */
 
 #define HASH 16
@@ -119,12 +182,61 @@ static void md5(const uint8_t *data, size_t len, uint8_t out[16]) {
 /* The broker's dedupe buffer is at most 2 GiB a thread: slots of 24 bytes in an int-sized buffer. */
 #define SLOTS_MAX (INT32_MAX / SLOT)
 
+/* The table: zeroed memory from the system, its pages taken as keys land in them. With `huge` (a map expected
+ * to touch most of its pages anyway) on Linux, its own mapping asking for huge pages: a probe lands anywhere
+ * in a table of up to 2 GiB, and with 4 KiB pages nearly every one also misses the TLB. */
+typedef struct {
+    uint8_t *at;
+    void *mapping;
+    size_t mapped;
+} table_mem;
+
+static int table_alloc(table_mem *t, size_t bytes, int want_huge) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (!want_huge) {
+        t->at = calloc(bytes, 1);
+        t->mapping = NULL;
+        t->mapped = 0;
+        return t->at == NULL ? -1 : 0;
+    }
+    const size_t huge = (size_t)2 << 20;
+    size_t mapped = bytes + huge;
+    void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return -1;
+    uintptr_t aligned = ((uintptr_t)p + huge - 1) & ~(uintptr_t)(huge - 1);
+    madvise((void *)aligned, bytes, MADV_HUGEPAGE);
+    t->at = (uint8_t *)aligned;
+    t->mapping = p;
+    t->mapped = mapped;
+    return 0;
+#else
+    (void)want_huge;
+    t->at = calloc(bytes, 1);
+    t->mapping = NULL;
+    t->mapped = 0;
+    return t->at == NULL ? -1 : 0;
+#endif
+}
+
+static void table_free(table_mem *t) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (t->mapping != NULL) munmap(t->mapping, t->mapped);
+    else free(t->at);
+#else
+    free(t->at);
+#endif
+    t->at = NULL;
+    t->mapping = NULL;
+}
+
 typedef struct {
     PyObject_HEAD
+    table_mem mem;
     uint8_t *table;
     int64_t slots;
     int64_t capacity; /* keys before the map is full; -1: it grows */
     int64_t size;
+    int huge;
 } KeyMap;
 
 static inline int is_empty(const uint8_t *slot) {
@@ -188,13 +300,14 @@ static int make_room(KeyMap *m) {
     KeyMap bigger = *m;
     bigger.slots = m->slots * 2;
     bigger.size = 0;
-    bigger.table = calloc((size_t)bigger.slots, SLOT);
-    if (bigger.table == NULL) return -1;
+    if (table_alloc(&bigger.mem, (size_t)bigger.slots * SLOT, m->huge) != 0) return -1;
+    bigger.table = bigger.mem.at;
     for (int64_t i = 0; i < m->slots; i++) {
         const uint8_t *slot = m->table + i * SLOT;
         if (!is_empty(slot)) map_store(&bigger, slot, offset_at(slot));
     }
-    free(m->table);
+    table_free(&m->mem);
+    m->mem = bigger.mem;
     m->table = bigger.table;
     m->slots = bigger.slots;
     return 0;
@@ -202,42 +315,101 @@ static int make_room(KeyMap *m) {
 
 static inline int map_full(const KeyMap *m) { return m->capacity >= 0 && m->size >= m->capacity; }
 
+/* ---- a section's records, read once -------------------------------------------------------------------- */
+
+typedef struct {
+    record r;
+    const uint8_t *end; /* where the record ends (its headers run up to here) */
+    int64_t offset;
+    uint8_t hash[HASH];
+    uint8_t hashed, keep;
+} entry;
+
+/* The keys of the entries marked `hashed` hashed, LANES short ones at a time, and each one's first slot
+ * prefetched, so that the table's cache misses overlap. */
+static void hash_entries(const KeyMap *m, entry *all, size_t n) {
+    entry *lane[LANES];
+    const uint8_t *keys[LANES];
+    size_t lens[LANES], waiting = 0;
+    uint8_t *outs[LANES];
+    for (size_t i = 0; i <= n; i++) {
+        entry *e = i < n ? &all[i] : NULL;
+        if (e != NULL && !e->hashed) continue;
+        if (e != NULL && e->r.key_len > SHORT_KEY) {
+            md5(e->r.key, (size_t)e->r.key_len, e->hash);
+            __builtin_prefetch(slot_of(m, e->hash, 0));
+            continue;
+        }
+        if (e != NULL) lane[waiting++] = e;
+        if (waiting == LANES || (e == NULL && waiting > 0)) {
+            for (size_t l = 0; l < LANES; l++) {
+                entry *x = lane[l < waiting ? l : 0]; /* a short group repeats its first key */
+                keys[l] = x->r.key;
+                lens[l] = (size_t)x->r.key_len;
+                outs[l] = x->hash;
+            }
+            md5_short_lanes(keys, lens, outs);
+            for (size_t l = 0; l < waiting; l++) __builtin_prefetch(slot_of(m, lane[l]->hash, 0));
+            waiting = 0;
+        }
+    }
+}
+
+/* Every record of a section, checked (_records.h) and counted against `expected_count`, into *out (freed by
+ * the caller), the keys of those with an offset in [hash_from, hash_to] hashed (hash_entries). 0, -1 (not
+ * vouched for) or -2 (no memory). */
+static int read_entries(const KeyMap *m, const uint8_t *buf, Py_ssize_t len, int64_t base_offset,
+                        int64_t last_offset_delta, int64_t expected_count, int64_t hash_from, int64_t hash_to,
+                        out_buf *out, size_t *n) {
+    cursor c = {buf, buf + len};
+    int64_t prev = -1;
+    *n = 0;
+    while (c.p < c.end) {
+        if (reserve(out, sizeof(entry)) != 0) return -2;
+        entry *e = (entry *)out->buf + *n;
+        if (read_record(&c, prev, last_offset_delta, &e->r) != 0 ||
+            __builtin_add_overflow(base_offset, e->r.offset_delta, &e->offset))
+            return -1;
+        prev = e->r.offset_delta;
+        e->end = c.p;
+        e->keep = 0;
+        e->hashed = e->r.key != NULL && e->offset >= hash_from && e->offset <= hash_to;
+        out->len += sizeof(entry);
+        ++*n;
+    }
+    if ((int64_t)*n != expected_count) return -1;
+    hash_entries(m, (entry *)out->buf, *n);
+    return 0;
+}
+
 /* ---- map_v2 --------------------------------------------------------------------------------------------- */
 
-/* 0 with *puts, *last, *full set; -1 (not vouched for, nothing put); -2 (the map cannot grow). */
+/* 0 with *puts, *last, *full set; -1 (not vouched for, nothing put); -2 (no memory, or the map cannot grow). */
 static int map_walk(KeyMap *m, const uint8_t *buf, Py_ssize_t len, int64_t base_offset, int64_t last_offset_delta,
                     int64_t expected_count, int64_t start, int64_t *puts, int64_t *last, int *full) {
-    cursor c = {buf, buf + len};
-    int64_t count = 0, prev = -1, offset;
-    record r;
-    while (c.p < c.end) {
-        if (read_record(&c, prev, last_offset_delta, &r) != 0) return -1;
-        if (__builtin_add_overflow(base_offset, r.offset_delta, &offset)) return -1;
-        prev = r.offset_delta;
-        count++;
-    }
-    if (count != expected_count) return -1;
-    c.p = buf;
-    prev = -1;
+    out_buf entries = {NULL, 0, 0};
+    size_t n;
+    int rc = read_entries(m, buf, len, base_offset, last_offset_delta, expected_count, start, INT64_MAX, &entries,
+                          &n);
     *puts = 0;
     *full = 0;
-    while (c.p < c.end) {
-        read_record(&c, prev, last_offset_delta, &r);
-        prev = r.offset_delta;
-        offset = base_offset + r.offset_delta;
-        if (r.key == NULL || offset < start) continue;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        const entry *e = (const entry *)entries.buf + i;
+        if (!e->hashed) continue;
         if (map_full(m)) {
             *full = 1;
-            return 0;
+            break;
         }
-        if (make_room(m) != 0) return -2;
-        uint8_t hash[HASH];
-        md5(r.key, (size_t)r.key_len, hash);
-        map_store(m, hash, offset);
-        *last = offset;
+        if (make_room(m) != 0) {
+            rc = -2;
+            break;
+        }
+        map_store(m, e->hash, e->offset);
+        *last = e->offset;
         ++*puts;
     }
-    return 0;
+    free(entries.buf);
+    return rc;
 }
 
 #define RELEASE_GIL_FROM (64 << 10) /* input bytes: below this the walk takes less than a GIL hand-over */
@@ -280,20 +452,18 @@ typedef struct {
     int copied; /* every record kept and no horizon stamped: no section */
 } filtered;
 
-/* Whether the cleaner keeps record r (at `offset`), its reason counted in f when it does not. */
-static int keeps(const KeyMap *m, const batch_facts *b, const record *r, int64_t offset, filtered *f) {
-    if (offset > b->latest_offset) return 1;
-    if (r->key == NULL) {
+/* Whether the cleaner keeps the record, its reason counted in f when it does not. */
+static int keeps(const KeyMap *m, const batch_facts *b, const entry *e, filtered *f) {
+    if (e->offset > b->latest_offset) return 1;
+    if (e->r.key == NULL) {
         f->no_key++;
         return 0;
     }
-    uint8_t hash[HASH];
-    md5(r->key, (size_t)r->key_len, hash);
-    if (offset < map_get(m, hash)) {
+    if (e->offset < map_get(m, e->hash)) {
         f->superseded++;
         return 0;
     }
-    if (r->value == NULL && b->drop_tombstones) {
+    if (e->r.value == NULL && b->drop_tombstones) {
         f->tombstones_dropped++;
         return 0;
     }
@@ -303,62 +473,39 @@ static int keeps(const KeyMap *m, const batch_facts *b, const record *r, int64_t
 /* The kept records into o (unless copied), f set: 0, -1 (not vouched for) or -2 (no memory). */
 static int filter_walk(const KeyMap *m, const uint8_t *buf, Py_ssize_t len, const batch_facts *b, out_buf *o,
                        filtered *f) {
-    cursor c = {buf, buf + len};
-    int64_t count = 0, prev = -1, first_ts = 0;
-    out_buf flags = {NULL, 0, 0};
-    record r;
-    while (c.p < c.end) {
-        int64_t offset;
-        if (read_record(&c, prev, b->last_offset_delta, &r) != 0 ||
-            __builtin_add_overflow(b->base_offset, r.offset_delta, &offset)) {
-            free(flags.buf);
-            return -1;
-        }
-        prev = r.offset_delta;
-        count++;
-        int keep = keeps(m, b, &r, offset, f);
-        if (reserve(&flags, 1) != 0) {
-            free(flags.buf);
-            return -2;
-        }
-        flags.buf[flags.len++] = (uint8_t)keep;
-        if (!keep) continue;
-        int64_t ts = b->log_append ? b->timestamp : wrapping_add(b->timestamp, r.timestamp_delta);
+    out_buf entries = {NULL, 0, 0};
+    size_t n;
+    int rc = read_entries(m, buf, len, b->base_offset, b->last_offset_delta, b->expected_count, INT64_MIN,
+                          b->latest_offset, &entries, &n);
+    if (rc != 0) {
+        free(entries.buf);
+        return rc;
+    }
+    entry *all = (entry *)entries.buf;
+    int64_t first_ts = 0;
+    for (size_t i = 0; i < n; i++) {
+        entry *e = &all[i];
+        e->keep = (uint8_t)keeps(m, b, e, f);
+        if (!e->keep) continue;
+        int64_t ts = b->log_append ? b->timestamp : wrapping_add(b->timestamp, e->r.timestamp_delta);
         if (f->kept == 0 || ts > f->max_ts) f->max_ts = ts;
         if (f->kept == 0) first_ts = ts;
         f->kept++;
-        f->tombstones_kept += r.value == NULL;
-    }
-    if (count != b->expected_count) {
-        free(flags.buf);
-        return -1;
+        f->tombstones_kept += e->r.value == NULL;
     }
     int stamp = !b->has_horizon && f->tombstones_kept > 0;
-    f->copied = f->kept == count && !stamp;
+    f->copied = f->kept == (int64_t)n && !stamp;
     f->base_ts = b->has_horizon || stamp ? b->horizon : first_ts;
     if (f->kept == 0) f->max_ts = -1;
-    if (f->copied) {
-        free(flags.buf);
-        return 0;
+    for (size_t i = 0; rc == 0 && !f->copied && i < n; i++) {
+        const entry *e = &all[i];
+        if (!e->keep) continue;
+        int64_t ts = b->log_append ? b->timestamp : wrapping_add(b->timestamp, e->r.timestamp_delta), ts_delta;
+        if (__builtin_sub_overflow(ts, f->base_ts, &ts_delta)) rc = -1;
+        else if (put_record(o, &e->r, e->end, ts_delta, e->r.offset_delta) != 0) rc = -2;
     }
-    c.p = buf;
-    prev = -1;
-    for (size_t i = 0; c.p < c.end; i++) {
-        read_record(&c, prev, b->last_offset_delta, &r);
-        prev = r.offset_delta;
-        if (!flags.buf[i]) continue;
-        int64_t ts = b->log_append ? b->timestamp : wrapping_add(b->timestamp, r.timestamp_delta), ts_delta;
-        if (__builtin_sub_overflow(ts, f->base_ts, &ts_delta)) {
-            free(flags.buf);
-            return -1;
-        }
-        if (put_record(o, &r, c.p, ts_delta, r.offset_delta) != 0) {
-            free(flags.buf);
-            return -2;
-        }
-    }
-    free(flags.buf);
-    return 0;
+    free(entries.buf);
+    return rc;
 }
 
 static PyObject *KeyMap_filter_v2(KeyMap *self, PyObject *args) {
@@ -442,30 +589,33 @@ static PyObject *KeyMap_full(KeyMap *self, void *unused) { return PyBool_FromLon
 static Py_ssize_t KeyMap_len(KeyMap *self) { return (Py_ssize_t)self->size; }
 
 static int KeyMap_init(KeyMap *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"slots", "capacity", NULL};
+    static char *names[] = {"slots", "capacity", "huge_pages", NULL};
     long long slots, capacity;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LL", names, &slots, &capacity)) return -1;
+    int huge = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "LL|p", names, &slots, &capacity, &huge)) return -1;
     if (capacity < 0) slots = slots > GROWING_FIRST_SLOTS ? slots : GROWING_FIRST_SLOTS;
     if (slots < 1 || slots > SLOTS_MAX || capacity < -1 || capacity >= slots) {
         PyErr_Format(PyExc_ValueError, "a key map of 1 to %lld slots holding fewer keys than slots (or -1: grows)",
                      (long long)SLOTS_MAX);
         return -1;
     }
-    uint8_t *table = calloc((size_t)slots, SLOT);
-    if (table == NULL) {
+    table_mem mem;
+    if (table_alloc(&mem, (size_t)slots * SLOT, huge) != 0) {
         PyErr_NoMemory();
         return -1;
     }
-    free(self->table);
-    self->table = table;
+    table_free(&self->mem);
+    self->mem = mem;
+    self->table = mem.at;
     self->slots = slots;
     self->capacity = capacity;
     self->size = 0;
+    self->huge = huge;
     return 0;
 }
 
 static void KeyMap_dealloc(KeyMap *self) {
-    free(self->table);
+    table_free(&self->mem);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -495,7 +645,7 @@ static PyTypeObject KeyMapType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tiering.kafka._keymap.KeyMap",
     .tp_basicsize = sizeof(KeyMap),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "KeyMap(slots, capacity): the log cleaner's offset map (see _keymap.c)",
+    .tp_doc = "KeyMap(slots, capacity, huge_pages=False): the log cleaner's offset map (see _keymap.c)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)KeyMap_init,
     .tp_dealloc = (destructor)KeyMap_dealloc,

@@ -155,15 +155,22 @@ class DictMap:
 _SLOTS_MAX: Final = _KEY_MAP_MAX_BYTES // KEY_MAP_SLOT_BYTES
 
 
-def new_key_map(options: CleanOptions) -> OffsetMap:
+# A 4 KiB page holds 170 slots: with a key for each 64 slots, nearly every page is touched (1 - e^-2.7).
+_SLOTS_PER_KEY_FOR_HUGE_PAGES: Final = 64
+
+
+def new_key_map(options: CleanOptions, records: int = 0) -> OffsetMap:
     """An empty key map for a pass with ``options``: the compiled one sized as the broker's map that holds
-    ``max_keys`` (at most a 2 GiB map's keys, the broker's bound), growing without a bound; or the reference."""
+    ``max_keys`` (at most a 2 GiB map's keys, the broker's bound), growing without a bound; or the reference.
+    ``records``: how many records the pass may map (an upper bound on its keys): when they would touch most
+    of the table's pages anyway, it asks for huge pages."""
     if options.engine is Engine.PYTHON:
         return DictMap(options.max_keys)
     if options.max_keys is None:
         return _keymap.KeyMap(0, -1)
     capacity = min(options.max_keys, int(_SLOTS_MAX * KEY_MAP_LOAD_FACTOR))
-    return _keymap.KeyMap(min(_SLOTS_MAX, max(capacity + 1, math.ceil(capacity / KEY_MAP_LOAD_FACTOR))), capacity)
+    slots = min(_SLOTS_MAX, max(capacity + 1, math.ceil(capacity / KEY_MAP_LOAD_FACTOR)))
+    return _keymap.KeyMap(slots, capacity, huge_pages=records * _SLOTS_PER_KEY_FOR_HUGE_PAGES >= slots)
 
 
 @dataclass
@@ -332,10 +339,12 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
     open_txn: dict[int, int] = {}  # producer -> first offset of its transaction without a marker yet
     newest = -1
     seg_max: list[int] = []
+    seg_records: list[int] = []
     prev_last: int | None = None
     listed = {(e.producer_id, e.last_offset) for s in segments for e in s.aborted}
     for seg in segments:
         top = -1
+        records = 0
         order = OffsetOrder(seg.base_offset, seg.name or None)
         order.prev_last = prev_last  # offsets increase across segments too
         with seg.open() as f:
@@ -343,6 +352,7 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
                 h = raw.header
                 order.check(h, h.offset)
                 top = max(top, h.max_timestamp)
+                records += h.records_count or 0
                 if h.producer_id == NO_PRODUCER:
                     continue
                 if h.is_control:
@@ -360,6 +370,7 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
                     open_txn.setdefault(h.producer_id, h.offset)
         prev_last = order.prev_last
         seg_max.append(top)
+        seg_records.append(records)
         newest = max(newest, top)
     bases = [s.base_offset for s in segments]
     limit = bases[-1]  # the active segment's base offset
@@ -373,7 +384,7 @@ def survey(segments: Sequence[Segment], options: CleanOptions) -> PartitionFacts
             limit = min(limit, young[0])
     # Rounded down to the base offset of the segment holding it (an open transaction may start inside one).
     upper = max(b for b in bases if b <= limit) if limit >= bases[0] else bases[0]
-    key_map = new_key_map(options)
+    key_map = new_key_map(options, sum(n for i, n in enumerate(seg_records[:-1]) if bases[i] < upper))
     txns = _Txns()
     txns.add(_overlapping([e for s in segments for e in s.aborted], start, upper))
     latest = start - 1  # nothing mapped: the pass ends where it started
