@@ -70,7 +70,7 @@ def _compact(broker: Broker) -> None:
     entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in
                {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0",
                 "delete.retention.ms": str(RETENTION_MS)}.items()]
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 3})  # errors only on stderr
     for future in admin.incremental_alter_configs([ConfigResource("topic", TOPIC, incremental_configs=entries)]
                                                   ).values():
         future.result(30)

@@ -61,84 +61,24 @@ static inline uint32_t le32(const uint8_t *p) {
 #define MD5_G(b, c, d) (((d) & (b)) | (~(d) & (c)))
 #define MD5_H(b, c, d) ((b) ^ (c) ^ (d))
 #define MD5_I(b, c, d) ((c) ^ ((b) | ~(d)))
-#define MD5_STEP(f, a, b, c, d, i, g, s)               \
-    do {                                               \
-        (a) += f((b), (c), (d)) + MD5_K[i] + m[g];     \
-        (a) = (b) + ROTL((a), (s));                    \
-    } while (0)
-
-/* One 64-byte block, the 64 steps of RFC 1321 written out (four rounds of 16). */
-static void md5_block(uint32_t h[4], const uint8_t *p) {
-    uint32_t m[16], a = h[0], b = h[1], c = h[2], d = h[3];
-    for (int i = 0; i < 16; i++) m[i] = le32(p + 4 * i);
-    for (int i = 0; i < 16; i += 4) {
-        MD5_STEP(MD5_F, a, b, c, d, i, i, 7);
-        MD5_STEP(MD5_F, d, a, b, c, i + 1, i + 1, 12);
-        MD5_STEP(MD5_F, c, d, a, b, i + 2, i + 2, 17);
-        MD5_STEP(MD5_F, b, c, d, a, i + 3, i + 3, 22);
-    }
-    for (int i = 16; i < 32; i += 4) {
-        MD5_STEP(MD5_G, a, b, c, d, i, (5 * i + 1) % 16, 5);
-        MD5_STEP(MD5_G, d, a, b, c, i + 1, (5 * i + 6) % 16, 9);
-        MD5_STEP(MD5_G, c, d, a, b, i + 2, (5 * i + 11) % 16, 14);
-        MD5_STEP(MD5_G, b, c, d, a, i + 3, (5 * i + 16) % 16, 20);
-    }
-    for (int i = 32; i < 48; i += 4) {
-        MD5_STEP(MD5_H, a, b, c, d, i, (3 * i + 5) % 16, 4);
-        MD5_STEP(MD5_H, d, a, b, c, i + 1, (3 * i + 8) % 16, 11);
-        MD5_STEP(MD5_H, c, d, a, b, i + 2, (3 * i + 11) % 16, 16);
-        MD5_STEP(MD5_H, b, c, d, a, i + 3, (3 * i + 14) % 16, 23);
-    }
-    for (int i = 48; i < 64; i += 4) {
-        MD5_STEP(MD5_I, a, b, c, d, i, (7 * i) % 16, 6);
-        MD5_STEP(MD5_I, d, a, b, c, i + 1, (7 * i + 7) % 16, 10);
-        MD5_STEP(MD5_I, c, d, a, b, i + 2, (7 * i + 14) % 16, 15);
-        MD5_STEP(MD5_I, b, c, d, a, i + 3, (7 * i + 21) % 16, 21);
-    }
-    h[0] += a;
-    h[1] += b;
-    h[2] += c;
-    h[3] += d;
-}
-
-static void md5(const uint8_t *data, size_t len, uint8_t out[16]) {
-    uint32_t h[4] = {0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476};
-    size_t full = len / 64 * 64;
-    for (size_t i = 0; i < full; i += 64) md5_block(h, data + i);
-    uint8_t tail[128] = {0};
-    size_t rest = len - full, padded = rest < 56 ? 64 : 128;
-    if (rest) memcpy(tail, data + full, rest);
-    tail[rest] = 0x80;
-    uint64_t bits = (uint64_t)len * 8;
-    for (int i = 0; i < 8; i++) tail[padded - 8 + i] = (uint8_t)(bits >> (8 * i));
-    md5_block(h, tail);
-    if (padded == 128) md5_block(h, tail + 64);
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) out[4 * i + j] = (uint8_t)(h[i] >> (8 * j));
-}
-
 #define LANES 4
 #define SHORT_KEY 55 /* the longest key whose padded message is one block */
 
-/* The MD5s of LANES keys of at most SHORT_KEY bytes, side by side: the steps of one hash depend on each
- * other, those of different hashes do not, so the lanes run in parallel (the compiler makes vector code of the
- * lane loops). Each out[l] as md5() would give it. */
-static void md5_short_lanes(const uint8_t *const keys[LANES], const size_t lens[LANES], uint8_t *const out[LANES]) {
-    uint32_t m[16][LANES], a[LANES], b[LANES], c[LANES], d[LANES];
-    for (int l = 0; l < LANES; l++) {
-        uint8_t block[64] = {0};
-        memcpy(block, keys[l], lens[l]);
-        block[lens[l]] = 0x80;
-        uint64_t bits = (uint64_t)lens[l] * 8;
-        for (int i = 0; i < 8; i++) block[56 + i] = (uint8_t)(bits >> (8 * i));
-        for (int i = 0; i < 16; i++) m[i][l] = le32(block + 4 * i);
-        a[l] = 0x67452301;
-        b[l] = 0xefcdab89;
-        c[l] = 0x98badcfe;
-        d[l] = 0x10325476;
+/* The 64 steps of RFC 1321 (four rounds of 16) over `lanes` blocks side by side: lane l's message words are
+ * m[.][l], its state a[l]..d[l] (updated). The steps of one hash depend on each other, those of different lanes
+ * do not, so lanes run in parallel (with a constant `lanes` the compiler makes vector code of the lane loops). */
+/* Always inlined: each caller's constant `lanes` then unrolls and vectorizes (twice the speed measured). */
+static inline __attribute__((always_inline)) void md5_rounds(int lanes, uint32_t m[16][LANES], uint32_t *a,
+                                                             uint32_t *b, uint32_t *c, uint32_t *d) {
+    uint32_t a0[LANES], b0[LANES], c0[LANES], d0[LANES];
+    for (int l = 0; l < lanes; l++) {
+        a0[l] = a[l];
+        b0[l] = b[l];
+        c0[l] = c[l];
+        d0[l] = d[l];
     }
 #define LANE_STEP(f, w, x, y, z, i, g, s)                                                  \
-    for (int l = 0; l < LANES; l++) {                                                     \
+    for (int l = 0; l < lanes; l++) {                                                     \
         w[l] += f(x[l], y[l], z[l]) + MD5_K[i] + m[g][l];                                 \
         w[l] = x[l] + ROTL(w[l], s);                                                      \
     }
@@ -167,11 +107,61 @@ static void md5_short_lanes(const uint8_t *const keys[LANES], const size_t lens[
         LANE_STEP(MD5_I, b, c, d, a, i + 3, (7 * i + 21) % 16, 21);
     }
 #undef LANE_STEP
-    for (int l = 0; l < LANES; l++) {
-        const uint32_t h[4] = {a[l] + 0x67452301, b[l] + 0xefcdab89, c[l] + 0x98badcfe, d[l] + 0x10325476};
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 4; j++) out[l][4 * i + j] = (uint8_t)(h[i] >> (8 * j));
+    for (int l = 0; l < lanes; l++) {
+        a[l] += a0[l];
+        b[l] += b0[l];
+        c[l] += c0[l];
+        d[l] += d0[l];
     }
+}
+
+static const uint32_t MD5_INIT[4] = {0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476};
+
+static void put_digest(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint8_t out[16]) {
+    const uint32_t h[4] = {a, b, c, d};
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) out[4 * i + j] = (uint8_t)(h[i] >> (8 * j));
+}
+
+/* One 64-byte block into the state h. */
+static void md5_block(uint32_t h[4], const uint8_t *p) {
+    uint32_t m[16][LANES];
+    for (int i = 0; i < 16; i++) m[i][0] = le32(p + 4 * i);
+    md5_rounds(1, m, &h[0], &h[1], &h[2], &h[3]);
+}
+
+static void md5(const uint8_t *data, size_t len, uint8_t out[16]) {
+    uint32_t h[4] = {MD5_INIT[0], MD5_INIT[1], MD5_INIT[2], MD5_INIT[3]};
+    size_t full = len / 64 * 64;
+    for (size_t i = 0; i < full; i += 64) md5_block(h, data + i);
+    uint8_t tail[128] = {0};
+    size_t rest = len - full, padded = rest < 56 ? 64 : 128;
+    if (rest) memcpy(tail, data + full, rest);
+    tail[rest] = 0x80;
+    uint64_t bits = (uint64_t)len * 8;
+    for (int i = 0; i < 8; i++) tail[padded - 8 + i] = (uint8_t)(bits >> (8 * i));
+    md5_block(h, tail);
+    if (padded == 128) md5_block(h, tail + 64);
+    put_digest(h[0], h[1], h[2], h[3], out);
+}
+
+/* The MD5s of LANES keys of at most SHORT_KEY bytes, side by side (md5_rounds); each out[l] as md5() gives it. */
+static void md5_short_lanes(const uint8_t *const keys[LANES], const size_t lens[LANES], uint8_t *const out[LANES]) {
+    uint32_t m[16][LANES], a[LANES], b[LANES], c[LANES], d[LANES];
+    for (int l = 0; l < LANES; l++) {
+        uint8_t block[64] = {0};
+        memcpy(block, keys[l], lens[l]);
+        block[lens[l]] = 0x80;
+        uint64_t bits = (uint64_t)lens[l] * 8;
+        for (int i = 0; i < 8; i++) block[56 + i] = (uint8_t)(bits >> (8 * i));
+        for (int i = 0; i < 16; i++) m[i][l] = le32(block + 4 * i);
+        a[l] = MD5_INIT[0];
+        b[l] = MD5_INIT[1];
+        c[l] = MD5_INIT[2];
+        d[l] = MD5_INIT[3];
+    }
+    md5_rounds(LANES, m, a, b, c, d);
+    for (int l = 0; l < LANES; l++) put_digest(a[l], b[l], c[l], d[l], out[l]);
 }
 
 /* ---- the map -------------------------------------------------------------------------------------------- */
