@@ -7,6 +7,7 @@ MD5 is checked against hashlib, and its probing against a bound the broker's wou
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import struct
@@ -221,6 +222,27 @@ def test_a_bounded_map_is_full_at_its_capacity_and_a_growing_one_is_never() -> N
     assert len(growing) == 200_000
     assert growing.slots > first_slots
     assert all(growing.get(b"k%d" % i) == i for i in range(0, 200_000, 997))
+
+
+def test_a_map_without_its_table_is_an_error_not_a_crash() -> None:
+    m = _keymap.KeyMap.__new__(_keymap.KeyMap)  # __init__ never ran: no slots
+    for call in (lambda: m.get(b"k"), lambda: m.put(b"k", 1), lambda: m.map_v2(b"", 0, 0, 0, 0),
+                 lambda: m.filter_v2(b"", 0, 0, False, 0, 0, 0, False, False, 0)):
+        with pytest.raises(ValueError, match="no table"):
+            call()
+
+
+def test_both_engines_bound_the_map_at_what_the_broker_s_largest_holds() -> None:
+    """A bound past a 2 GiB map's keys is that map's for both engines, so that they end a pass alike."""
+    from tiering.kafka.keycompact import DictMap
+
+    huge_bound = CleanOptions(now_ms=0, max_keys=10**9)
+    compiled, reference = new_key_map(huge_bound), new_key_map(dataclasses.replace(huge_bound,
+                                                                                   engine=Engine.PYTHON))
+    assert isinstance(compiled, _keymap.KeyMap)
+    assert isinstance(reference, DictMap)
+    assert compiled.slots * 24 <= 2**31 - 1
+    assert reference._max_keys == int(compiled.slots * 0.9)
 
 
 def test_the_map_is_sized_in_bytes_as_the_broker_s() -> None:

@@ -171,6 +171,8 @@ static void md5_short_lanes(const uint8_t *const keys[LANES], const size_t lens[
 #define GROWING_FIRST_SLOTS 65536
 /* The broker's dedupe buffer is at most 2 GiB a thread: slots of 24 bytes in an int-sized buffer. */
 #define SLOTS_MAX (INT32_MAX / SLOT)
+/* A growing map is not the broker's: it may pass that size, up to the slots a probe can reach (an int's). */
+#define GROWING_SLOTS_MAX ((int64_t)1 << 31)
 
 /* The table: zeroed memory from the system, its pages taken as keys land in them. With `huge` (a map expected
  * to touch most of its pages anyway) on Linux, its own mapping asking for huge pages: a probe lands anywhere
@@ -286,7 +288,7 @@ static void map_store(KeyMap *m, const uint8_t *hash, int64_t offset) {
  * grow further. */
 static int make_room(KeyMap *m) {
     if (m->capacity >= 0 || m->size < m->slots / 2) return 0;
-    if (m->slots * 2 > SLOTS_MAX) return -1;
+    if (m->slots * 2 > GROWING_SLOTS_MAX) return -1;
     KeyMap bigger = *m;
     bigger.slots = m->slots * 2;
     bigger.size = 0;
@@ -404,11 +406,20 @@ static int map_walk(KeyMap *m, const uint8_t *buf, Py_ssize_t len, int64_t base_
 
 #define RELEASE_GIL_FROM (64 << 10) /* input bytes: below this the walk takes less than a GIL hand-over */
 
-static PyObject *no_room(void) {
-    return PyErr_Format(PyExc_MemoryError, "the key map cannot grow past %lld slots", (long long)SLOTS_MAX);
+static PyObject *no_room(const KeyMap *m) {
+    return PyErr_Format(PyExc_MemoryError, "the key map could not grow (it holds %lld slots; at most %lld)",
+                        (long long)m->slots, (long long)GROWING_SLOTS_MAX);
+}
+
+/* 0, or -1 with an exception for a map whose __init__ did not run (no table yet). */
+static int ready(const KeyMap *m) {
+    if (m->table != NULL) return 0;
+    PyErr_SetString(PyExc_ValueError, "the key map has no table: KeyMap(slots, capacity) was not called");
+    return -1;
 }
 
 static PyObject *KeyMap_map_v2(KeyMap *self, PyObject *args) {
+    if (ready(self) != 0) return NULL;
     Py_buffer view;
     long long base_offset, last_offset_delta, expected_count, start;
     if (!PyArg_ParseTuple(args, "y*LLLL", &view, &base_offset, &last_offset_delta, &expected_count, &start))
@@ -425,7 +436,7 @@ static PyObject *KeyMap_map_v2(KeyMap *self, PyObject *args) {
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&view);
-    if (rc == -2) return no_room();
+    if (rc == -2) return no_room(self);
     if (rc != 0) Py_RETURN_NONE;
     return Py_BuildValue("(LLO)", (long long)puts, (long long)last, full ? Py_True : Py_False);
 }
@@ -499,6 +510,7 @@ static int filter_walk(const KeyMap *m, const uint8_t *buf, Py_ssize_t len, cons
 }
 
 static PyObject *KeyMap_filter_v2(KeyMap *self, PyObject *args) {
+    if (ready(self) != 0) return NULL;
     Py_buffer view;
     batch_facts b;
     long long base_offset, timestamp, last_offset_delta, expected_count, latest_offset, horizon;
@@ -550,6 +562,7 @@ static int hash_of(PyObject *key, uint8_t hash[HASH]) {
 }
 
 static PyObject *KeyMap_get(KeyMap *self, PyObject *args) {
+    if (ready(self) != 0) return NULL;
     PyObject *key, *fallback = NULL;
     if (!PyArg_ParseTuple(args, "O|O", &key, &fallback)) return NULL;
     uint8_t hash[HASH];
@@ -560,6 +573,7 @@ static PyObject *KeyMap_get(KeyMap *self, PyObject *args) {
 }
 
 static PyObject *KeyMap_put(KeyMap *self, PyObject *args) {
+    if (ready(self) != 0) return NULL;
     PyObject *key;
     long long offset;
     if (!PyArg_ParseTuple(args, "OL", &key, &offset)) return NULL;
@@ -569,7 +583,7 @@ static PyObject *KeyMap_put(KeyMap *self, PyObject *args) {
         PyErr_SetString(PyExc_OverflowError, "the key map is full");
         return NULL;
     }
-    if (make_room(self) != 0) return no_room();
+    if (make_room(self) != 0) return no_room(self);
     map_store(self, hash, offset);
     Py_RETURN_NONE;
 }

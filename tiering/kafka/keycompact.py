@@ -159,16 +159,19 @@ _SLOTS_MAX: Final = _KEY_MAP_MAX_BYTES // KEY_MAP_SLOT_BYTES
 _SLOTS_PER_KEY_FOR_HUGE_PAGES: Final = 64
 
 
+_MAX_KEYS_LIMIT: Final = int(_SLOTS_MAX * KEY_MAP_LOAD_FACTOR)  # what the broker's largest map (2 GiB) holds
+
+
 def new_key_map(options: CleanOptions, records: int = 0) -> OffsetMap:
     """An empty key map for a pass with ``options``: the compiled one sized as the broker's map that holds
-    ``max_keys`` (at most a 2 GiB map's keys, the broker's bound), growing without a bound; or the reference.
-    ``records``: how many records the pass may map (an upper bound on its keys): when they would touch most
-    of the table's pages anyway, it asks for huge pages."""
+    ``max_keys`` (at most a 2 GiB map's keys, the broker's bound, for both engines), growing without a bound;
+    or the reference. ``records``: how many records the pass may map (an upper bound on its keys): when they
+    would touch most of the table's pages anyway, it asks for huge pages."""
+    capacity = None if options.max_keys is None else min(options.max_keys, _MAX_KEYS_LIMIT)
     if options.engine is Engine.PYTHON:
-        return DictMap(options.max_keys)
-    if options.max_keys is None:
+        return DictMap(capacity)
+    if capacity is None:
         return _keymap.KeyMap(0, -1)
-    capacity = min(options.max_keys, int(_SLOTS_MAX * KEY_MAP_LOAD_FACTOR))
     slots = min(_SLOTS_MAX, max(capacity + 1, math.ceil(capacity / KEY_MAP_LOAD_FACTOR)))
     return _keymap.KeyMap(slots, capacity, huge_pages=records * _SLOTS_PER_KEY_FOR_HUGE_PAGES >= slots)
 
