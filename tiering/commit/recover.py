@@ -9,7 +9,7 @@ beside a ``.log`` that has since been replaced.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import replace
 
 from tiering.commit.lease import LeaseGuard
@@ -48,15 +48,18 @@ from tiering.storage.objects import (
 )
 
 
-def pending_journals(store: ObjectStore, prefix: str, directory: str | None = None
-                     ) -> Iterator[tuple[Journal | RegroupJournal, str]]:
-    """Journal entries left in flight (by a crash, or by a stage step waiting for its commit)."""
+def pending_journals(store: ObjectStore, prefix: str, directory: str | None = None, *,
+                     kinds: Collection[str] | None = None) -> Iterator[tuple[Journal | RegroupJournal, str]]:
+    """Journal entries left in flight (by a crash, or by a stage step waiting for its commit); with ``kinds``,
+    only the entries of those operation kinds (the others are not read as journals at all)."""
     under = journal_dir(prefix, directory)
     for info in store.list(under):
         try:
             doc, etag = store.get_json(info.key)
         except ObjectNotFound:
             continue  # finished in between
+        if kinds is not None and not (isinstance(doc, dict) and doc.get("kind") in kinds):
+            continue
         yield read_journal(doc, where=uri(store, info.key)), etag
 
 

@@ -30,12 +30,13 @@ from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
 from tiering.commit.operation import Context, SegmentResult
+from tiering.commit.recover import pending_journals
 from tiering.cost.prices import GB, PriceBook
 from tiering.documents import check_document
 from tiering.errors import ConflictError, InvalidDataError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.journal import REGROUPS, RegroupJournal, read_journal
+from tiering.lifecycle.journal import REGROUPS, RegroupJournal
 from tiering.lifecycle.state import load_state, record_segment
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status
 from tiering.plan.ages import max_timestamp
@@ -43,7 +44,7 @@ from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
 from tiering.plan.scan import ScanOptions, scan
 from tiering.run.segment import with_lease
-from tiering.storage.layout import clock_key, journal_dir, journal_key, reserved_dir, run_result_key
+from tiering.storage.layout import clock_key, journal_key, reserved_dir, run_result_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
 
 TIER_SCHEMA_VERSION: Final = 2  # 2: each object that stays, and each segment, says its StayCause
@@ -321,16 +322,10 @@ def apply_tiering(store: ObjectStore, plan: TierPlan, run_id: str, *, lease_ttl:
 
 def _in_flight_groups(store: ObjectStore, prefix: str, directory: str) -> dict[int, str]:
     """The segments of the partition's merges (and their rollbacks) in flight, each with the group's range: a
-    move would change a source the merge deletes by its ETag, or put a class on a file it is replacing."""
+    move would change a source the merge deletes by its ETag, or put a class on a file it is replacing. (A
+    one-segment operation is found by _apply_segment at its journal entry's key.)"""
     out: dict[int, str] = {}
-    for info in store.list(journal_dir(prefix, directory)):
-        try:
-            doc, _ = store.get_json(info.key)
-        except ObjectNotFound:
-            continue  # finished in between
-        if not isinstance(doc, dict) or doc.get("kind") not in REGROUPS:
-            continue  # a one-segment operation: _apply_segment finds its journal entry by its key
-        journal = read_journal(doc, where=f"s3://{store.bucket}/{info.key}")
+    for journal, _ in pending_journals(store, prefix, directory, kinds=REGROUPS):
         if not isinstance(journal, RegroupJournal):
             continue
         bases = sorted({g.base_offset for g in (*journal.sources, *journal.targets)})
