@@ -20,6 +20,7 @@ Prints a table and writes ``bench/out/bench_keycompact_kafka.json``. Needs Java 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -35,6 +36,7 @@ from typing import Any
 
 from tests.kafka_broker.broker import CLASSPATH, PRODUCTION_JVM_OPTS, Broker, jars_present, log4j_opts
 from tests.kafka_broker.producers import compile_java
+from tiering.kafka.reader import iter_batches
 
 TOPIC = "bench.changelog"
 RETENTION_MS = 86_400_000  # delete.retention.ms, Kafka's default
@@ -107,10 +109,6 @@ def _wait_pass(broker: Broker, timeout: float = 600) -> dict[str, Any]:
 
 def _clock(cleaned: Path, below: int) -> int | None:
     """The cleaner's clock: the delete horizon it stamped, less delete.retention.ms (None: it stamped none)."""
-    import io
-
-    from tiering.kafka.reader import iter_batches
-
     for log in sorted(cleaned.glob("*.log")):
         if int(log.stem) >= below:
             break

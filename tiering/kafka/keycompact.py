@@ -294,8 +294,8 @@ def _batches(seg: Segment) -> Iterator[RawBatch]:
 
 def _section(raw: RawBatch, options: CleanOptions) -> bytes | memoryview | None:
     """A data batch's records section for the compiled engine, or None where the Python reference decides
-    (the reference engine, or a payload that does not decompress: the reference then names the problem)."""
-    if options.engine is Engine.PYTHON or raw.header.records_count is None:
+    (a payload that does not decompress: the reference then names the problem)."""
+    if raw.header.records_count is None:
         return None
     try:
         return payload_of(raw, options.decompression_limit)
@@ -312,8 +312,7 @@ def _map_batch(raw: RawBatch, seg: Segment, key_map: OffsetMap, start: int, late
     """A data batch's keys put in the map (``buildOffsetMapForSegment``): the offset of the last one put (else
     ``latest``), and whether the map filled up before the batch's end."""
     h = raw.header
-    section = _section(raw, options)
-    if section is not None and isinstance(key_map, _keymap.KeyMap):
+    if isinstance(key_map, _keymap.KeyMap) and (section := _section(raw, options)) is not None:
         done = key_map.map_v2(section, h.offset, h.last_offset - h.offset, h.records_count or 0, start)
         if done is not None:
             puts, last, full = done
