@@ -5,6 +5,7 @@ MANIFEST's, computed by Kafka's own reader); kafka-python reads the merged batch
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -246,9 +247,49 @@ def test_a_merged_batch_that_lost_a_record_fails_the_proof(monkeypatch: pytest.M
     builder = "_merged_native" if engine is Engine.NATIVE else "merged_batch"
     honest = getattr(rebatch, builder)
     monkeypatch.setattr(rebatch, builder, lambda group, options: honest(group[:-1], options))
-    with pytest.raises(ProofError, match="does not hold the source's records"):
+    with pytest.raises(ProofError, match=r"t-0/0\.log, batch base offset 0: merged batch does not hold its batches'"):
         rebatch_segment(io.BytesIO(segment(*one_each(0, 5))), io.BytesIO(), replace(ZSTD, engine=engine),
                         path="t-0/0.log")
+
+
+@pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.GZIP, Codec.NONE], ids=lambda c: c.label)
+def test_a_merged_batch_whose_frame_is_not_its_section_fails_the_proof(monkeypatch: pytest.MonkeyPatch,
+                                                                       codec: Codec) -> None:
+    """The compiled merge's batch is laid out around a section one byte off the one it was merged into: the
+    frame (zstd through the compiled proof, gzip through the codec package, none as it is) must decode to
+    the merged records themselves."""
+    from tiering.kafka import rebatch
+
+    honest = rebatch.assemble_batch
+
+    def off_by_a_byte(spec: BatchSpec, section: bytes | memoryview, *args: int) -> bytes:
+        changed = bytearray(section)
+        changed[-1] ^= 1
+        return honest(spec, bytes(changed), *args)
+
+    monkeypatch.setattr(rebatch, "assemble_batch", off_by_a_byte)
+    with pytest.raises(ProofError, match=f"merged batch's {codec.label} records section does not decompress"):
+        rebatch_segment(io.BytesIO(segment(*one_each(0, 5))), io.BytesIO(), RebatchOptions(codec, None),
+                        path="t-0/0.log")
+
+
+def test_a_grouping_that_loses_a_batch_fails_the_whole_segment_proof(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each merged batch holds its group's records, but a group never reaches the output: only the records
+    digest of the whole output can tell."""
+    from tiering.kafka import rebatch
+
+    honest = rebatch._groups
+
+    def losing(*args: Any) -> Iterator[list[Any]]:
+        groups = honest(*args)
+        yield next(groups)
+        next(groups)
+        yield from groups
+
+    monkeypatch.setattr(rebatch, "_groups", losing)
+    data = segment(*one_each(0, 3), *one_each(3, 1, partition_leader_epoch=1), *one_each(4, 3))  # 3 groups
+    with pytest.raises(ProofError, match="does not hold the source's records"):
+        rebatch_segment(io.BytesIO(data), io.BytesIO(), ZSTD, path="t-0/0.log")
 
 
 def test_the_savings_split_counts_what_recompression_alone_would_have_written() -> None:

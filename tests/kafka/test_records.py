@@ -23,7 +23,7 @@ BASE_TS = 1_700_000_000_000
 def _header(records_count: int, last_offset_delta: int) -> BatchHeader:
     """A parsed v2 header with the given count and lastOffsetDelta (nothing else matters to the walker)."""
     h = parse_v2_header(build_batch(BatchSpec(BASE_OFFSET), [Record(BASE_OFFSET, BASE_TS, None, None)]), 0)
-    return dataclasses.replace(h, records_count=records_count, last_offset=BASE_OFFSET + last_offset_delta)
+    return h._replace(records_count=records_count, last_offset=BASE_OFFSET + last_offset_delta)
 
 
 def _verdict_walker(h: BatchHeader, section: bytes) -> int | None:

@@ -39,9 +39,8 @@ from __future__ import annotations
 
 import struct
 import zlib
-from dataclasses import dataclass
 from enum import IntEnum, IntFlag
-from typing import Final
+from typing import Final, NamedTuple
 
 import crc32c
 
@@ -132,12 +131,14 @@ def timestamp_base(h: BatchHeader) -> tuple[int, bool]:
     return h.base_timestamp, False
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
+class BatchHeader(NamedTuple):
     """The shallow view of one batch (v2) or one legacy log entry (v0/v1), as Kafka's RecordBatch sees it.
 
     For a legacy entry, ``offset`` is the entry's offset field: for a compressed wrapper the offset of its
     LAST inner message. ``last_offset`` is always right without decompressing anything.
+
+    Immutable like the package's dataclasses, but a named tuple: every reader makes one per batch, and a
+    tuple of sixteen fields is built several times faster than a frozen dataclass.
     """
 
     position: int

@@ -138,7 +138,17 @@ def iter_batches(
     length pointing past it is reported before anything is allocated.
     """
     reader = _EntryReader(stream, path, size, max_batch_bytes)
-    while (raw := reader.next_batch(verify_crc)) is not None:
+    while True:
+        run = reader.next_v2_run()  # what the compiled scanner vouched for: no check repeated here
+        if run is not None:
+            buffer, position = run.buffer, run.position
+            for start, total, *_ in run.batches:
+                data = buffer[start : start + total]
+                yield RawBatch(parse_v2_header(data, position + start), data)
+            continue
+        raw = reader.next_batch(verify_crc)
+        if raw is None:
+            return
         yield raw
 
 

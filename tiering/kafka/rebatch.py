@@ -58,21 +58,37 @@ that merge to the reference, which names the problem or defines the result.
 
 from __future__ import annotations
 
-import io
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import BinaryIO, Final, Protocol, cast
+from typing import BinaryIO, Final, NamedTuple, Protocol, cast
 
 from tiering.errors import ProofError, TieringError
-from tiering.kafka import _records
-from tiering.kafka.batch import V2_HEADER_SIZE, BatchHeader, TimestampType, timestamp_base
+from tiering.kafka import _proof, _records
+from tiering.kafka.batch import (
+    V2_HEADER_SIZE,
+    Attr,
+    BatchHeader,
+    TimestampType,
+    check_crc,
+    parse_v2_header,
+    timestamp_base,
+)
 from tiering.kafka.builder import BatchSpec, assemble_batch, build_batch
-from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
+from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec, decompress
 from tiering.kafka.reader import RawBatch, iter_batches
-from tiering.kafka.records import Engine
-from tiering.kafka.segment import DecodedBatch, Digests, decode_located, iter_decoded, payload_of
+from tiering.kafka.records import Engine, records_section
+from tiering.kafka.segment import (
+    DecodedBatch,
+    Digests,
+    decode_batch,
+    decode_located,
+    encoded_records,
+    iter_decoded,
+    payload_of,
+)
 
 DEFAULT_MAX_BYTES: Final = 1 << 20  # Kafka's default max.message.bytes / message.max.bytes
 RECORD_SLACK: Final = 15  # a re-encoded record's deltas may take this many more bytes (varint growth)
@@ -85,6 +101,12 @@ DEFAULT_LOOKAHEAD_BYTES: Final = 32 << 20  # batches (uncompressed) held behind 
 # the recompression the merge replaces.
 MEASURE_ALL: Final = 64
 MEASURE_EVERY: Final = 16
+IN_FLIGHT: Final = 2  # merged batches being compressed and proven while the next runs are read and merged
+HASH_CHUNK_BYTES: Final = 1 << 20  # digest input handed to the worker at once
+NATIVE_ZSTD: Final = _proof.available()  # a libzstd the compiled proof may use (see _proof.c)
+
+
+_ALONE_BITS: Final = int(Attr.CONTROL | Attr.TRANSACTIONAL | Attr.DELETE_HORIZON)  # see _alone
 
 
 class Refusal(StrEnum):
@@ -173,6 +195,8 @@ class RebatchStats:
 
 def _alone(h: BatchHeader) -> Refusal | None:
     """The rule that keeps batch ``h`` out of any run (as its first batch too), or None."""
+    if h.magic >= 2 and not h.attributes & _ALONE_BITS and h.records_count:
+        return None
     if h.magic < 2 or h.is_control:
         return Refusal.NOT_DATA
     if h.is_transactional:
@@ -215,27 +239,21 @@ class _Source(Protocol):
     def uncompressed_bytes(self) -> int: ...
     @property
     def record_count(self) -> int: ...
+    @property
+    def base_offset(self) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
-class _Section:
-    """A v2 batch the compiled engine vouched for: its decompressed records and their digest input."""
+class _Section(NamedTuple):
+    """A v2 batch the compiled engine vouched for: its decompressed records and their digest input (a named
+    tuple: one is made per source batch)."""
 
     raw: RawBatch
+    header: BatchHeader
     section: bytes | memoryview
     encoded: bytes  # what Digests hashes for its records (_records.digest_v2)
-
-    @property
-    def header(self) -> BatchHeader:
-        return self.raw.header
-
-    @property
-    def uncompressed_bytes(self) -> int:
-        return len(self.section)
-
-    @property
-    def record_count(self) -> int:
-        return self.raw.header.records_count or 0
+    uncompressed_bytes: int
+    record_count: int
+    base_offset: int
 
 
 def _weight(batch: _Source) -> int:
@@ -336,8 +354,9 @@ def merged_batch(run: list[DecodedBatch], options: RebatchOptions) -> bytes:
     return build_batch(_spec(run[0].header, run[-1].header, options), [r for b in run for r in b.records])
 
 
-def _merged_native(run: list[_Section], options: RebatchOptions) -> bytes | None:
-    """:func:`merged_batch`'s bytes by the compiled engine, or None where it does not vouch for them."""
+def _merged_native(run: list[_Section], options: RebatchOptions) -> tuple[bytes, bytes] | None:
+    """:func:`merged_batch`'s bytes and records section by the compiled engine, or None where it does not vouch
+    for them."""
     first = run[0].header
     _, log_append = timestamp_base(first)
     merged = _records.merge_v2([b.section for b in run],
@@ -346,7 +365,7 @@ def _merged_native(run: list[_Section], options: RebatchOptions) -> bytes | None
     if merged is None:
         return None
     section, count, first_ts, max_ts = merged
-    return assemble_batch(_spec(first, run[-1].header, options), section, count, first_ts, max_ts, 0)
+    return assemble_batch(_spec(first, run[-1].header, options), section, count, first_ts, max_ts, 0), section
 
 
 def _native(raw: RawBatch, limit: int, path: str | None) -> _Source:
@@ -362,16 +381,16 @@ def _native(raw: RawBatch, limit: int, path: str | None) -> _Source:
             ts, log_append = timestamp_base(h)
             encoded = _records.digest_v2(section, h.offset, ts, log_append, h.records_count, h.last_offset - h.offset)
             if encoded is not None:
-                return _Section(raw, section, encoded)
+                return _Section(raw, h, section, encoded, len(section), h.records_count, h.offset)
     return decode_located(raw, path=path, limit=limit)
 
 
-def _digest(digests: Digests, batch: _Source) -> None:
+def _encoded(batch: _Source) -> bytes:
+    """What ``records_sha256`` hashes for a batch's records."""
     if isinstance(batch, _Section):
-        digests.update_encoded(batch.header, batch.record_count, batch.encoded)
-    else:
-        assert isinstance(batch, DecodedBatch)
-        digests.update(batch)
+        return batch.encoded
+    assert isinstance(batch, DecodedBatch)
+    return encoded_records(batch.records)
 
 
 def _source(raw: RawBatch, options: RebatchOptions, path: str | None) -> _Source:
@@ -381,15 +400,102 @@ def _source(raw: RawBatch, options: RebatchOptions, path: str | None) -> _Source
     return decode_located(raw, path=path, limit=limit)
 
 
-def _merge(group: list[_Source], options: RebatchOptions, path: str | None) -> bytes:
-    """The merged batch of a group, by the engine that holds its batches (the reference for a mixed group)."""
+def _merged(group: list[_Source], options: RebatchOptions, path: str | None) -> tuple[bytes, bytes]:
+    """The merged batch of a group, by the engine that holds its batches (the reference for a mixed group), and
+    its records' digest input, proven: read back from the merged batch's own bytes (header, CRC, records
+    section decompressed), its records are the group's, in order, or :class:`ProofError`."""
+    built, section = b"", None
     if all(isinstance(b, _Section) for b in group):
-        built = _merged_native(cast(list[_Section], group), options)
-        if built is not None:
-            return built
-    return merged_batch([b if isinstance(b, DecodedBatch)
-                         else decode_located(b.raw, path=path, limit=options.decompression_limit) for b in group],
-                        options)
+        native = _merged_native(cast(list[_Section], group), options)
+        if native is not None:
+            built, section = native
+    if not built:
+        built = merged_batch([b if isinstance(b, DecodedBatch)
+                              else decode_located(b.raw, path=path, limit=options.decompression_limit)
+                              for b in group], options)
+    raw = RawBatch(parse_v2_header(built, 0), memoryview(built))
+    h = raw.header
+    try:
+        check_crc(h, raw.data)
+        got = _proved_records(raw, section, options.decompression_limit)
+    except TieringError as e:
+        raise ProofError(f"merged batch unreadable: {e.message}", path=path, base_offset=h.offset,
+                         expected=e.expected, found=e.found) from None
+    expected = b"".join(_encoded(b) for b in group)
+    if got != expected:
+        at = next((i for i, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+                  min(len(got), len(expected)))
+        raise ProofError("merged batch does not hold its batches' records", path=path, base_offset=h.offset,
+                         expected=f"the records of {len(group)} batches: {len(expected)} bytes of digest input",
+                         found=f"{len(got)} bytes, the first difference at byte {at}")
+    return built, got
+
+
+def _proved_records(raw: RawBatch, section: bytes | None, limit: int) -> bytes:
+    """The digest input of a merged batch's records, read from its bytes. Given the section it was built from
+    (the compiled engine's), the batch's records section must decompress to it, byte for byte, and the
+    compiled reader reads that; otherwise the Python reference decodes the batch."""
+    h = raw.header
+    if section is not None:
+        frame = records_section(raw.data)
+        if h.codec is Codec.ZSTD and NATIVE_ZSTD:
+            same = _proof.first_mismatch([frame], [section]) < 0
+        else:
+            same = (frame if h.codec is Codec.NONE else decompress(h.codec, frame, limit=limit)) == section
+        if not same:
+            raise ProofError(f"merged batch's {h.codec.label} records section does not decompress to its records",
+                             base_offset=h.offset)
+        ts, log_append = timestamp_base(h)
+        encoded = _records.digest_v2(section, h.offset, ts, log_append, h.records_count or 0,
+                                     h.last_offset - h.offset)
+        if encoded is not None:
+            return encoded
+    return encoded_records(decode_batch(raw, limit=limit).records)
+
+
+@dataclass(slots=True)
+class _Feed:
+    """A :class:`Digests` fed partly on the worker: each header at once, records' digest input in chunks."""
+
+    digests: Digests = field(default_factory=Digests)
+    pending: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+
+class _Worker:
+    """What re-batching can do beside the thread that reads, groups and merges: the merged batches'
+    compression and proof, and the hashing of both records digests. One thread, jobs in submission order,
+    so each digest is fed in file order; at most ``IN_FLIGHT`` merged batches wait for it."""
+
+    def __init__(self, options: RebatchOptions, path: str | None) -> None:
+        self.options, self.path = options, path
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="tiering-rebatch")
+        self.source, self.output = _Feed(), _Feed()
+
+    def merge(self, group: list[_Source]) -> Future[tuple[bytes, bytes]]:
+        return self.pool.submit(_merged, group, self.options, self.path)
+
+    def digest(self, feed: _Feed, h: BatchHeader, base_offset: int, records: int, encoded: bytes) -> None:
+        """A batch's part of ``feed``'s digests: its header's now, its records' with the next hashing job."""
+        feed.digests.update_batch(h, base_offset, records)
+        feed.pending.append(encoded)
+        feed.size += len(encoded)
+        if feed.size >= HASH_CHUNK_BYTES:
+            self.flush(feed)
+
+    def flush(self, feed: _Feed) -> None:
+        if feed.pending:
+            self.pool.submit(feed.digests.update_records, b"".join(feed.pending))
+            feed.pending, feed.size = [], 0
+
+    def finish(self) -> None:
+        """Hash what is pending and wait for every job."""
+        self.flush(self.source)
+        self.flush(self.output)
+        self.pool.shutdown(wait=True)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, path: str | None = None,
@@ -400,20 +506,22 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
               ) -> Iterator[bytes | memoryview]:
     """``src``'s batches with the runs of mergeable batches merged (see the module docs), as the bytes of
     each batch in file order; ``stats`` filled in as it goes. One pass, memory bounded by
-    ``lookahead_bytes`` (:func:`_groups`).
+    ``lookahead_bytes`` (:func:`_groups`) and ``IN_FLIGHT`` merged batches.
 
-    Every merged batch is decoded again and the records of the whole output digested: once the source is
-    read, a :class:`ProofError` unless the output's records digest equals the source's.
+    Every merged batch is proven as it is made (:func:`_merged`: read back from its bytes, it holds its
+    batches' records), on a worker thread while the next run is read and merged; once the source is read,
+    the records digest of the whole output must equal the source's (so no batch was lost, repeated or
+    reordered), else :class:`ProofError`.
     ``recompressed_size`` gives a source batch's size after recompression alone (the counterfactual of
     ``stats.merged_bytes_recompressed``, measured on every merged batch or on a sample: MEASURE_ALL);
     ``progress`` gets the source bytes read so far; ``on_source`` sees each source batch in file order.
     Both callbacks get the batch's decompressed records section where the engine holds it (else None)."""
-    digests_in, digests_out = Digests(), Digests()
+    worker = _Worker(options, path)
 
     def counted() -> Iterator[_Source]:
         for raw in iter_batches(src, path=path):
             batch = _source(raw, options, path)
-            _digest(digests_in, batch)
+            worker.digest(worker.source, batch.header, batch.base_offset, batch.record_count, _encoded(batch))
             stats.batches_in += 1
             stats.records += batch.record_count
             stats.bytes_in += len(batch.raw.data)
@@ -423,19 +531,21 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
                 progress(stats.bytes_in)
             yield batch
 
-    for group in _groups(counted(), options, stats, lookahead_bytes):
-        built = _merge(group, options, path) if len(group) > 1 else b""
+    def settle(group: list[_Source], merging: Future[tuple[bytes, bytes]] | None) -> Iterator[bytes | memoryview]:
+        """A group's output, in file order: its merged batch, or its batches as they were."""
+        built, encoded = merging.result() if merging is not None else (b"", b"")
         if len(built) > options.max_bytes:  # codec framing past the bound (rule 9): the batches as they were
             stats.refusals[Refusal.SIZE] += 1
             built = b""
         if not built:
             for batch in group:
-                _digest(digests_out, batch)
+                worker.digest(worker.output, batch.header, batch.base_offset, batch.record_count,
+                              _encoded(batch))
                 yield batch.raw.data
             stats.batches_out += len(group)
-            continue
-        for raw in iter_batches(io.BytesIO(built), path=path):
-            _digest(digests_out, _source(raw, options, path))
+            return
+        worker.digest(worker.output, parse_v2_header(built, 0), group[0].header.offset,
+                      sum(b.record_count for b in group), encoded)
         if recompressed_size is not None:
             for i, b in enumerate(group, stats.batches_merged):
                 if i < MEASURE_ALL or i % MEASURE_EVERY == 0:
@@ -446,7 +556,25 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
         stats.merged_bytes_in += sum(len(b.raw.data) for b in group)
         stats.merged_bytes_out += len(built)
         yield built
+
+    queue: deque[tuple[list[_Source], Future[tuple[bytes, bytes]] | None]] = deque()
+    in_flight = 0
+    try:
+        for group in _groups(counted(), options, stats, lookahead_bytes):
+            merging = worker.merge(group) if len(group) > 1 else None
+            in_flight += merging is not None
+            queue.append((group, merging))
+            while queue and ((head := queue[0][1]) is None or head.done() or in_flight > IN_FLIGHT):
+                done, merged = queue.popleft()
+                in_flight -= merged is not None
+                yield from settle(done, merged)
+        while queue:
+            yield from settle(*queue.popleft())
+        worker.finish()
+    finally:
+        worker.close()
     stats.scale_measured()
+    digests_in, digests_out = worker.source.digests, worker.output.digests
     stats.records_sha256_in, stats.batches_sha256_in = digests_in.records_sha256, digests_in.batches_sha256
     stats.records_sha256_out, stats.batches_sha256_out = digests_out.records_sha256, digests_out.batches_sha256
     if stats.records_sha256_out != stats.records_sha256_in:

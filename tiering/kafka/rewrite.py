@@ -590,14 +590,14 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     """
     merged: RebatchStats | None = None
     source_digest = xxhash.xxh3_128()
-    source_codecs: Counter[str] = Counter()
+    source_codecs: Counter[Codec] = Counter()
     if rebatch is not None:
         merged = RebatchStats()
         quick = replace(options, proof=False, deep_validation=False)
 
         def on_source(raw: RawBatch, payload: bytes | memoryview | None) -> None:
             source_digest.update(_payload_digest(raw, quick, payload))
-            source_codecs[raw.header.codec.label] += 1
+            source_codecs[raw.header.codec] += 1
 
         src = cast(BinaryIO, ChunkStream(rebatched(src, rebatch, merged, path=path, progress=progress,
                                                    recompressed_size=_alone_size(quick), on_source=on_source)))
@@ -634,7 +634,7 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     if merged is not None:  # the figures of the source, not of the merged stream the rewrite read
         stats.bytes_in = merged.bytes_in
         stats.source_payload_xxh3 = source_digest.hexdigest()
-        stats.codecs_before = source_codecs
+        stats.codecs_before = Counter({codec.label: n for codec, n in source_codecs.items()})
         if not options.force:  # a merged batch is new, in the target codec: rewritten, not kept
             stats.kept[KEPT_SAME_CODEC] -= merged.runs_merged
             stats.batches_rewritten += merged.runs_merged
@@ -656,6 +656,8 @@ def _alone_size(quick: RewriteOptions) -> Callable[[RawBatch, bytes | memoryview
 def _payload_digest(raw: RawBatch, quick: RewriteOptions, payload: bytes | memoryview | None = None) -> bytes:
     """The xxh3-128 of a batch's records as the rewrite digests them (``payload_xxh3`` is over these), without
     recompressing it."""
+    if payload is not None:  # a v2 batch's records section: what _prepare_v2 would digest
+        return xxhash.xxh3_128_digest(payload)
     item = _prepare_v2(raw, quick, payload) if raw.header.magic >= 2 else _prepare_legacy(raw, quick)
     return item.digest if isinstance(item, _Out) else xxhash.xxh3_128_digest(item.original)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, Final
 
@@ -37,8 +37,9 @@ from tiering.kafka.index import (
 from tiering.kafka.reader import RawBatch, iter_batches
 from tiering.kafka.records import Record, decode_legacy, decode_v2, records_section, validate_v2, wrapper_inner
 
-_Q: Final = struct.Struct(">q")
+_QQ: Final = struct.Struct(">qq")
 _I: Final = struct.Struct(">i")
+_NULL: Final = _I.pack(-1)
 _BATCH_DIGEST: Final = struct.Struct(">qqbbqqhibbibqi")
 CONTROL_TYPES: Final = {0: "ABORT", 1: "COMMIT"}
 MAX_RELATIVE_OFFSET: Final = 0x7FFFFFFF
@@ -131,6 +132,30 @@ def decode_batch(raw: RawBatch, *, limit: int = DEFAULT_DECOMPRESSION_LIMIT) -> 
         raise e.located(position=h.position, base_offset=h.offset) from None
 
 
+def encoded_records(records: Iterable[Record]) -> bytes:
+    """What ``records_sha256`` hashes for ``records`` (see the module docstring)."""
+    parts: list[bytes] = []
+    put = parts.append
+    for r in records:
+        put(_QQ.pack(r.offset, r.timestamp))
+        for part in (r.key, r.value):
+            if part is None:
+                put(_NULL)
+            else:
+                put(_I.pack(len(part)))
+                put(part)
+        put(_I.pack(len(r.headers)))
+        for hk, hv in r.headers:
+            put(_I.pack(len(hk)))
+            put(hk)
+            if hv is None:
+                put(_NULL)
+            else:
+                put(_I.pack(len(hv)))
+                put(hv)
+    return b"".join(parts)
+
+
 @dataclass
 class Digests:
     """Running records_sha256 and batches_sha256 (see the module docstring)."""
@@ -138,39 +163,26 @@ class Digests:
     _records: hashlib._Hash = field(default_factory=hashlib.sha256)
     _batches: hashlib._Hash = field(default_factory=hashlib.sha256)
 
-    def _batch(self, h: BatchHeader, base_offset: int, records: int) -> None:
+    def update_batch(self, h: BatchHeader, base_offset: int, records: int) -> None:
+        """A batch's part of ``batches_sha256`` (``base_offset``: its first record's offset)."""
         horizon = h.delete_horizon_ms
         self._batches.update(_BATCH_DIGEST.pack(
             base_offset, h.last_offset, h.magic, h.timestamp_type.value, h.max_timestamp, h.producer_id,
             h.producer_epoch, h.base_sequence, h.is_transactional, h.is_control, h.partition_leader_epoch,
             horizon is not None, -1 if horizon is None else horizon, records))
 
+    def update_records(self, encoded: bytes | memoryview) -> None:
+        """Records' part of ``records_sha256``, as :func:`encoded_records` (or ``_records.digest_v2``) gives it."""
+        self._records.update(encoded)
+
     def update_encoded(self, h: BatchHeader, records: int, encoded: bytes) -> None:
         """A v2 batch whose records ``encoded`` holds as :meth:`update` would feed them (``_records.digest_v2``)."""
-        self._batch(h, h.offset, records)
+        self.update_batch(h, h.offset, records)
         self._records.update(encoded)
 
     def update(self, batch: DecodedBatch) -> None:
-        self._batch(batch.header, batch.base_offset, len(batch.records))
-        upd = self._records.update
-        for r in batch.records:
-            upd(_Q.pack(r.offset))
-            upd(_Q.pack(r.timestamp))
-            for part in (r.key, r.value):
-                if part is None:
-                    upd(_I.pack(-1))
-                else:
-                    upd(_I.pack(len(part)))
-                    upd(part)
-            upd(_I.pack(len(r.headers)))
-            for hk, hv in r.headers:
-                upd(_I.pack(len(hk)))
-                upd(hk)
-                if hv is None:
-                    upd(_I.pack(-1))
-                else:
-                    upd(_I.pack(len(hv)))
-                    upd(hv)
+        self.update_batch(batch.header, batch.base_offset, len(batch.records))
+        self._records.update(encoded_records(batch.records))
 
     @property
     def records_sha256(self) -> str:
