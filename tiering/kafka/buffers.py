@@ -1,9 +1,13 @@
-"""Reusable byte buffers: the reader's chunks and the rewriter's output buffers come from here."""
+"""Reusable byte buffers: the reader's chunks and the rewriter's output buffers come from here; and the
+cyclic garbage collector held off while a segment's batches stream through."""
 
 from __future__ import annotations
 
+import gc
 import io
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from tiering.kafka import _walker
@@ -54,3 +58,41 @@ class ChunkStream(io.RawIOBase):
         buffer[:n] = self._view[:n]
         self._view = self._view[n:]
         return n
+
+
+class _Collector:
+    """Python's cyclic garbage collector, paused by nested and concurrent blocks: the last one out restores
+    the state the first one found."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holds = 0
+        self.was_enabled = False
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        with self.lock:
+            if self.holds == 0:
+                self.was_enabled = gc.isenabled()
+                gc.disable()
+            self.holds += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.holds -= 1
+                if self.holds == 0 and self.was_enabled:
+                    gc.enable()
+
+
+_COLLECTOR = _Collector()
+
+
+def collector_paused() -> AbstractContextManager[None]:
+    """Python's cyclic garbage collector off for the block, as it was after it (see :class:`_Collector`).
+
+    A segment streams through as millions of small objects (headers, views, sections) that hold no
+    reference cycles, and reference counting frees each of them. The collector would still trace every one
+    alive at each collection, again and again: a re-batching run holds a megabyte of one-record batches
+    before it merges them. Cycles made meanwhile (an exception's traceback) are collected afterwards."""
+    return _COLLECTOR.paused()

@@ -43,9 +43,14 @@ A batch joins the run before it only when every rule below holds; the first rule
 The merged batch: ``baseOffset`` the first batch's, ``lastOffsetDelta`` reaching the last batch's last
 offset (gaps inside stay as record offset deltas), timestamps recomputed from its records (the
 LogAppendTime kept), the first batch's leader epoch, producer id, epoch and base sequence, the target
-codec. A batch that merges with nothing is written as it was. The proof is the records digest
-(``records_sha256``) of the output, every merged batch decoded again, which must equal the source's; the
-batch digest changes where batches merged.
+codec. A batch that merges with nothing is written as it was.
+
+The proof, in two parts. Each merged batch is read back from its own bytes (header, CRC, its records section
+decompressed, which must be the merged records byte for byte) and its records, in the digest's terms
+(``records_sha256``'s input: offset, timestamp, key, value, headers), must be its batches' records. Then the
+records digest input of the whole output must equal the source's (compared by xxh3-128), so no batch was
+lost, repeated or reordered on the way. ``records_sha256`` is reported for the source; the batch digest
+changes where batches merged.
 
 Two engines do the record work, chosen by :class:`Engine`: the compiled one (``_records.c``: records read
 as spans of the decompressed section, re-encoded into the merged section without a Python object per
@@ -65,6 +70,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import BinaryIO, Final, NamedTuple, Protocol, cast
 
+import xxhash
+
 from tiering.errors import ProofError, TieringError
 from tiering.kafka import _proof, _records
 from tiering.kafka.batch import (
@@ -79,11 +86,10 @@ from tiering.kafka.batch import (
 from tiering.kafka.builder import BatchSpec, assemble_batch, build_batch
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec, decompress
 from tiering.kafka.reader import RawBatch, iter_batches
-from tiering.kafka.records import Engine, records_section
+from tiering.kafka.records import Engine, decode_v2, records_section
 from tiering.kafka.segment import (
     DecodedBatch,
     Digests,
-    decode_batch,
     decode_located,
     encoded_records,
     iter_decoded,
@@ -102,7 +108,7 @@ DEFAULT_LOOKAHEAD_BYTES: Final = 32 << 20  # batches (uncompressed) held behind 
 MEASURE_ALL: Final = 64
 MEASURE_EVERY: Final = 16
 IN_FLIGHT: Final = 2  # merged batches being compressed and proven while the next runs are read and merged
-HASH_CHUNK_BYTES: Final = 1 << 20  # digest input handed to the worker at once
+HASH_CHUNK_BYTES: Final = 1 << 20  # digest input hashed at once (see _Feed)
 NATIVE_ZSTD: Final = _proof.available()  # a libzstd the compiled proof may use (see _proof.c)
 
 
@@ -149,9 +155,8 @@ class RebatchStats:
     merged_bytes_out: int = 0  # the merged batches' size
     undecided: int = 0  # runs whose last batch was kept out at the lookahead's bound, not at the segment's end
     refusals: Counter[Refusal] = field(default_factory=Counter)
-    records_sha256_in: str = ""
+    records_sha256: str = ""  # the source's records, which the output was proven to hold (rebatched)
     batches_sha256_in: str = ""
-    records_sha256_out: str = ""  # of the output, once proved (equal to the source's)
     batches_sha256_out: str = ""  # differs from the source's where batches merged
 
     @property
@@ -186,10 +191,8 @@ class RebatchStats:
                                                 "estimate": self.recompressed_is_estimate},
                 "saved_by_rebatching": self.saved_by_rebatching, "undecided": self.undecided,
                 "refusals": {str(k): v for k, v in sorted(self.refusals.items()) if v},
-                "records_sha256": {"in": self.records_sha256_in, "out": self.records_sha256_out},
+                "records_sha256": self.records_sha256,
                 "batches_sha256": {"in": self.batches_sha256_in, "out": self.batches_sha256_out},
-                "records_digest_equal": bool(self.records_sha256_out) and
-                self.records_sha256_out == self.records_sha256_in,
                 "batches_digest_changed": self.batches_sha256_out != self.batches_sha256_in}
 
 
@@ -354,18 +357,33 @@ def merged_batch(run: list[DecodedBatch], options: RebatchOptions) -> bytes:
     return build_batch(_spec(run[0].header, run[-1].header, options), [r for b in run for r in b.records])
 
 
-def _merged_native(run: list[_Section], options: RebatchOptions) -> tuple[bytes, bytes] | None:
-    """:func:`merged_batch`'s bytes and records section by the compiled engine, or None where it does not vouch
-    for them."""
+class _Merge(NamedTuple):
+    """The compiled engine's merge of a run: the records section and what the batch header needs."""
+
+    section: bytes
+    records: int
+    first_timestamp: int
+    max_timestamp: int
+
+
+def _merge_native(run: list[_Source]) -> _Merge | None:
+    """The records of a run merged by the compiled engine, or None where it does not vouch for them (a batch
+    the reference holds, a record it does not read, an arithmetic edge)."""
+    if not all(isinstance(b, _Section) for b in run):
+        return None
+    sections = cast(list[_Section], run)
     first = run[0].header
     _, log_append = timestamp_base(first)
-    merged = _records.merge_v2([b.section for b in run],
+    merged = _records.merge_v2([b.section for b in sections],
                                [(b.header.offset, timestamp_base(b.header)[0], b.header.last_offset - b.header.offset)
-                                for b in run], log_append, first.offset)
-    if merged is None:
-        return None
-    section, count, first_ts, max_ts = merged
-    return assemble_batch(_spec(first, run[-1].header, options), section, count, first_ts, max_ts, 0), section
+                                for b in sections], log_append, first.offset)
+    return None if merged is None else _Merge(*merged)
+
+
+def _assembled(run: list[_Source], merge: _Merge, options: RebatchOptions) -> bytes:
+    """The merged batch of ``run`` around its records' ``merge``: header, codec, CRC."""
+    return assemble_batch(_spec(run[0].header, run[-1].header, options), merge.section, merge.records,
+                          merge.first_timestamp, merge.max_timestamp, 0)
 
 
 def _native(raw: RawBatch, limit: int, path: str | None) -> _Source:
@@ -400,16 +418,23 @@ def _source(raw: RawBatch, options: RebatchOptions, path: str | None) -> _Source
     return decode_located(raw, path=path, limit=limit)
 
 
-def _merged(group: list[_Source], options: RebatchOptions, path: str | None) -> tuple[bytes, bytes]:
-    """The merged batch of a group, by the engine that holds its batches (the reference for a mixed group), and
-    its records' digest input, proven: read back from the merged batch's own bytes (header, CRC, records
-    section decompressed), its records are the group's, in order, or :class:`ProofError`."""
-    built, section = b"", None
-    if all(isinstance(b, _Section) for b in group):
-        native = _merged_native(cast(list[_Section], group), options)
-        if native is not None:
-            built, section = native
-    if not built:
+class _Built(NamedTuple):
+    """A merged batch, proven (:func:`_merged`)."""
+
+    batch: bytes
+    encoded: bytes  # its records' digest input, as read back from its bytes
+    section_xxh3: bytes  # the xxh3-128 of its records section as read back (what the rewriter digests) ...
+    section_bytes: int  # ... and that section's length
+
+
+def _merged(group: list[_Source], merge: _Merge | None, options: RebatchOptions, path: str | None) -> _Built:
+    """The merged batch of a group, laid out around the compiled engine's ``merge`` of its records, else by the
+    reference, proven: read back from the merged batch's own bytes (header, CRC, records section
+    decompressed), its records are the group's, in order, or :class:`ProofError`."""
+    if merge is not None:
+        built, section = _assembled(group, merge, options), merge.section
+    else:
+        section = None
         built = merged_batch([b if isinstance(b, DecodedBatch)
                               else decode_located(b.raw, path=path, limit=options.decompression_limit)
                               for b in group], options)
@@ -417,7 +442,7 @@ def _merged(group: list[_Source], options: RebatchOptions, path: str | None) -> 
     h = raw.header
     try:
         check_crc(h, raw.data)
-        got = _proved_records(raw, section, options.decompression_limit)
+        got, read_back = _proved_records(raw, section, options.decompression_limit)
     except TieringError as e:
         raise ProofError(f"merged batch unreadable: {e.message}", path=path, base_offset=h.offset,
                          expected=e.expected, found=e.found) from None
@@ -428,13 +453,13 @@ def _merged(group: list[_Source], options: RebatchOptions, path: str | None) -> 
         raise ProofError("merged batch does not hold its batches' records", path=path, base_offset=h.offset,
                          expected=f"the records of {len(group)} batches: {len(expected)} bytes of digest input",
                          found=f"{len(got)} bytes, the first difference at byte {at}")
-    return built, got
+    return _Built(built, got, xxhash.xxh3_128_digest(read_back), len(read_back))
 
 
-def _proved_records(raw: RawBatch, section: bytes | None, limit: int) -> bytes:
-    """The digest input of a merged batch's records, read from its bytes. Given the section it was built from
-    (the compiled engine's), the batch's records section must decompress to it, byte for byte, and the
-    compiled reader reads that; otherwise the Python reference decodes the batch."""
+def _proved_records(raw: RawBatch, section: bytes | None, limit: int) -> tuple[bytes, bytes | memoryview]:
+    """The digest input of a merged batch's records, and its records section, read from its bytes. Given the
+    section it was built from (the compiled engine's), the batch's records section must decompress to it,
+    byte for byte, and the compiled reader reads that; otherwise the Python reference decodes the batch."""
     h = raw.header
     if section is not None:
         frame = records_section(raw.data)
@@ -449,50 +474,52 @@ def _proved_records(raw: RawBatch, section: bytes | None, limit: int) -> bytes:
         encoded = _records.digest_v2(section, h.offset, ts, log_append, h.records_count or 0,
                                      h.last_offset - h.offset)
         if encoded is not None:
-            return encoded
-    return encoded_records(decode_batch(raw, limit=limit).records)
+            return encoded, section
+    payload = payload_of(raw, limit)
+    return encoded_records(decode_v2(h, payload)), payload
 
 
 @dataclass(slots=True)
 class _Feed:
-    """A :class:`Digests` fed partly on the worker: each header at once, records' digest input in chunks."""
+    """One side's digests (the source's, or the output's), fed in file order: each batch header's into
+    ``digests`` at once; the records' digest input in chunks (one hash call a megabyte, which releases the
+    GIL to the worker) into ``stream`` (xxh3-128: the proof compares the two sides') and, where ``sha``, into
+    ``digests`` (records_sha256, which the source's side reports)."""
 
+    sha: bool
     digests: Digests = field(default_factory=Digests)
+    stream: xxhash.xxh3_128 = field(default_factory=xxhash.xxh3_128)
     pending: list[bytes] = field(default_factory=list)
     size: int = 0
 
+    def add(self, h: BatchHeader, base_offset: int, records: int, encoded: bytes) -> None:
+        self.digests.update_batch(h, base_offset, records)
+        self.pending.append(encoded)
+        self.size += len(encoded)
+        if self.size >= HASH_CHUNK_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        chunk = b"".join(self.pending)
+        self.pending, self.size = [], 0
+        self.stream.update(chunk)
+        if self.sha:
+            self.digests.update_records(chunk)
+
 
 class _Worker:
-    """What re-batching can do beside the thread that reads, groups and merges: the merged batches'
-    compression and proof, and the hashing of both records digests. One thread, jobs in submission order,
-    so each digest is fed in file order; at most ``IN_FLIGHT`` merged batches wait for it."""
+    """The merged batches' layout, compression and proof (:func:`_merged`), on a thread beside the one that
+    reads, groups and merges; at most ``IN_FLIGHT`` merged batches wait for it."""
 
     def __init__(self, options: RebatchOptions, path: str | None) -> None:
         self.options, self.path = options, path
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="tiering-rebatch")
-        self.source, self.output = _Feed(), _Feed()
 
-    def merge(self, group: list[_Source]) -> Future[tuple[bytes, bytes]]:
-        return self.pool.submit(_merged, group, self.options, self.path)
-
-    def digest(self, feed: _Feed, h: BatchHeader, base_offset: int, records: int, encoded: bytes) -> None:
-        """A batch's part of ``feed``'s digests: its header's now, its records' with the next hashing job."""
-        feed.digests.update_batch(h, base_offset, records)
-        feed.pending.append(encoded)
-        feed.size += len(encoded)
-        if feed.size >= HASH_CHUNK_BYTES:
-            self.flush(feed)
-
-    def flush(self, feed: _Feed) -> None:
-        if feed.pending:
-            self.pool.submit(feed.digests.update_records, b"".join(feed.pending))
-            feed.pending, feed.size = [], 0
-
-    def finish(self) -> None:
-        """Hash what is pending and wait for every job."""
-        self.flush(self.source)
-        self.flush(self.output)
-        self.pool.shutdown(wait=True)
+    def merge(self, group: list[_Source]) -> Future[_Built]:
+        """The group's merged batch: its records merged here (compiled), laid out, compressed and proven on the
+        worker (the reference merges there too)."""
+        merge = _merge_native(group) if self.options.engine is Engine.NATIVE else None
+        return self.pool.submit(_merged, group, merge, self.options, self.path)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -502,8 +529,8 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
               lookahead_bytes: int = DEFAULT_LOOKAHEAD_BYTES,
               recompressed_size: Callable[[RawBatch, bytes | memoryview | None], int] | None = None,
               progress: Callable[[int], None] | None = None,
-              on_source: Callable[[RawBatch, bytes | memoryview | None], None] | None = None
-              ) -> Iterator[bytes | memoryview]:
+              on_source: Callable[[RawBatch, bytes | memoryview | None], None] | None = None,
+              on_merged: Callable[[int, bytes, int], None] | None = None) -> Iterator[bytes | memoryview]:
     """``src``'s batches with the runs of mergeable batches merged (see the module docs), as the bytes of
     each batch in file order; ``stats`` filled in as it goes. One pass, memory bounded by
     ``lookahead_bytes`` (:func:`_groups`) and ``IN_FLIGHT`` merged batches.
@@ -515,13 +542,16 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
     ``recompressed_size`` gives a source batch's size after recompression alone (the counterfactual of
     ``stats.merged_bytes_recompressed``, measured on every merged batch or on a sample: MEASURE_ALL);
     ``progress`` gets the source bytes read so far; ``on_source`` sees each source batch in file order.
-    Both callbacks get the batch's decompressed records section where the engine holds it (else None)."""
+    Both callbacks get the batch's decompressed records section where the engine holds it (else None).
+    ``on_merged`` gets each merged batch's base offset, the xxh3-128 of its records section as the proof read
+    it back, and that section's length, before the batch is yielded."""
     worker = _Worker(options, path)
+    source, output = _Feed(sha=True), _Feed(sha=False)
 
     def counted() -> Iterator[_Source]:
         for raw in iter_batches(src, path=path):
             batch = _source(raw, options, path)
-            worker.digest(worker.source, batch.header, batch.base_offset, batch.record_count, _encoded(batch))
+            source.add(batch.header, batch.base_offset, batch.record_count, _encoded(batch))
             stats.batches_in += 1
             stats.records += batch.record_count
             stats.bytes_in += len(batch.raw.data)
@@ -531,21 +561,24 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
                 progress(stats.bytes_in)
             yield batch
 
-    def settle(group: list[_Source], merging: Future[tuple[bytes, bytes]] | None) -> Iterator[bytes | memoryview]:
+    def settle(group: list[_Source], merging: Future[_Built] | None) -> Iterator[bytes | memoryview]:
         """A group's output, in file order: its merged batch, or its batches as they were."""
-        built, encoded = merging.result() if merging is not None else (b"", b"")
+        merged = merging.result() if merging is not None else None
+        built = merged.batch if merged is not None else b""
         if len(built) > options.max_bytes:  # codec framing past the bound (rule 9): the batches as they were
             stats.refusals[Refusal.SIZE] += 1
             built = b""
         if not built:
             for batch in group:
-                worker.digest(worker.output, batch.header, batch.base_offset, batch.record_count,
-                              _encoded(batch))
+                output.add(batch.header, batch.base_offset, batch.record_count, _encoded(batch))
                 yield batch.raw.data
             stats.batches_out += len(group)
             return
-        worker.digest(worker.output, parse_v2_header(built, 0), group[0].header.offset,
-                      sum(b.record_count for b in group), encoded)
+        assert merged is not None
+        output.add(parse_v2_header(built, 0), group[0].header.offset, sum(b.record_count for b in group),
+                   merged.encoded)
+        if on_merged is not None:
+            on_merged(group[0].header.offset, merged.section_xxh3, merged.section_bytes)
         if recompressed_size is not None:
             for i, b in enumerate(group, stats.batches_merged):
                 if i < MEASURE_ALL or i % MEASURE_EVERY == 0:
@@ -557,7 +590,7 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
         stats.merged_bytes_out += len(built)
         yield built
 
-    queue: deque[tuple[list[_Source], Future[tuple[bytes, bytes]] | None]] = deque()
+    queue: deque[tuple[list[_Source], Future[_Built] | None]] = deque()
     in_flight = 0
     try:
         for group in _groups(counted(), options, stats, lookahead_bytes):
@@ -570,16 +603,17 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
                 yield from settle(done, merged)
         while queue:
             yield from settle(*queue.popleft())
-        worker.finish()
+        source.flush()
+        output.flush()
     finally:
         worker.close()
     stats.scale_measured()
-    digests_in, digests_out = worker.source.digests, worker.output.digests
-    stats.records_sha256_in, stats.batches_sha256_in = digests_in.records_sha256, digests_in.batches_sha256
-    stats.records_sha256_out, stats.batches_sha256_out = digests_out.records_sha256, digests_out.batches_sha256
-    if stats.records_sha256_out != stats.records_sha256_in:
+    if output.stream.digest() != source.stream.digest():
         raise ProofError("the re-batched segment does not hold the source's records", path=path,
-                         expected=f"records_sha256 {stats.records_sha256_in}", found=stats.records_sha256_out)
+                         expected=f"records digest input xxh3-128 {source.stream.hexdigest()}",
+                         found=output.stream.hexdigest())
+    stats.records_sha256 = source.digests.records_sha256
+    stats.batches_sha256_in, stats.batches_sha256_out = source.digests.batches_sha256, output.digests.batches_sha256
 
 
 def _section_of(batch: _Source) -> bytes | memoryview | None:

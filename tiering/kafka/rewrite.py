@@ -46,7 +46,7 @@ from tiering.kafka.batch import (
     build_v2,
     parse_v2_header,
 )
-from tiering.kafka.buffers import BufferPool, ChunkStream
+from tiering.kafka.buffers import BufferPool, ChunkStream, collector_paused
 from tiering.kafka.codecs import (
     CODEC_MASK,
     CODECS,
@@ -500,9 +500,14 @@ class _Output:
 
 
 def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, stats: RewriteStats,
-                 transitions: Counter[tuple[int, int]], out: _Output) -> None:
+                 transitions: Counter[tuple[int, int]], out: _Output,
+                 merged_sections: dict[int, tuple[bytes, int]]) -> None:
     """The hot path: a run of v2 batches the compiled scanner already checked (header, CRC), processed and
-    laid out in the output's current group. Per batch only what must be per batch; the rest per run."""
+    laid out in the output's current group. Per batch only what must be per batch; the rest per run.
+
+    ``merged_sections`` holds, by base offset, the batches re-batching merged and proved (their records section read
+    back from their bytes): the xxh3-128 and length of that section. Such a batch, already in the target
+    codec, is kept without decompressing it again."""
     buf, run_position = run.buffer, run.position
     target, target_id, force, deep, prove = o.codec, int(o.codec), o.force, o.deep_validation, o.proof
     recompress = compressor(target, o.level)
@@ -522,15 +527,20 @@ def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, stats: Rewri
             batch = buf[start : start + total]
             codec_id = attributes & CODEC_MASK
             payload: bytes | memoryview = batch[V2_HEADER_SIZE:]
-            if codec_id:
-                payload = decompress(CODECS[codec_id], payload, limit=limit)
-            if deep:
-                validate_v2_records(payload, count, last - base)  # the count it returns equals the header's
+            known = merged_sections.pop(base, None) if merged_sections else None
+            if known is not None and codec_id == target_id and not force:
+                digest, payload_bytes = known
+            else:
+                if codec_id:
+                    payload = decompress(CODECS[codec_id], payload, limit=limit)
+                if deep:
+                    validate_v2_records(payload, count, last - base)  # the count it returns equals the header's
+                digest, payload_bytes = xxhash.xxh3_128_digest(payload), len(payload)
             if base < lowest or last > highest:  # after the records, as the inline path checks it
                 order.check(parse_v2_header(batch, position), base)  # raises, saying why
             lowest = last + 1
             order.prev_last = last
-            digests.append(xxhash.xxh3_128_digest(payload))
+            digests.append(digest)
             reason = None
             if attributes & _CONTROL_BIT:
                 reason = KEPT_CONTROL
@@ -557,7 +567,7 @@ def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, stats: Rewri
             at += size
             rows.append((size, last, max_ts, position, base, total))
             records += count
-            records_bytes += len(payload)
+            records_bytes += payload_bytes
     except TieringError as e:
         # (the batches before it in the group are proven when the output closes: see _Output.__exit__)
         raise e.located(position=position, base_offset=base) from None
@@ -589,6 +599,7 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     was merged, and ``stats.bytes_in`` stays the source's size.
     """
     merged: RebatchStats | None = None
+    merged_sections: dict[int, tuple[bytes, int]] = {}  # see _rewrite_run
     source_digest = xxhash.xxh3_128()
     source_codecs: Counter[Codec] = Counter()
     if rebatch is not None:
@@ -599,18 +610,22 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
             source_digest.update(_payload_digest(raw, quick, payload))
             source_codecs[raw.header.codec] += 1
 
+        def on_merged(base: int, section_digest: bytes, section_bytes: int) -> None:
+            merged_sections[base] = (section_digest, section_bytes)
+
         src = cast(BinaryIO, ChunkStream(rebatched(src, rebatch, merged, path=path, progress=progress,
-                                                   recompressed_size=_alone_size(quick), on_source=on_source)))
+                                                   recompressed_size=_alone_size(quick), on_source=on_source,
+                                                   on_merged=on_merged)))
         size, progress = None, None
     started = time.perf_counter()
     stats = RewriteStats(path, base_offset, options.codec.label, options.level)
     order = OffsetOrder(base_offset, path)
     transitions: Counter[tuple[int, int]] = Counter()
     try:
-        with _Output(dst, base_offset, options, progress) as out:
+        with collector_paused(), _Output(dst, base_offset, options, progress) as out:
             for entry in iter_entries(src, path=path, size=size, max_batch_bytes=options.max_batch_bytes):
                 if isinstance(entry, V2Run):
-                    _rewrite_run(entry, options, order, stats, transitions, out)
+                    _rewrite_run(entry, options, order, stats, transitions, out, merged_sections)
                     continue
                 done = process_batch(entry, options)
                 h = done.header
