@@ -190,6 +190,9 @@ def crc_legacy(data: bytes | memoryview | bytearray) -> int:
     return zlib.crc32(memoryview(data)[LEGACY_MAGIC_OFFSET:])
 
 
+_TIMESTAMP_TYPES: Final = {0: TimestampType.CREATE_TIME, _LOG_APPEND_TIME_BIT: TimestampType.LOG_APPEND_TIME}
+
+
 def parse_v2_header(data: bytes | memoryview, position: int) -> BatchHeader:
     """Parse and sanity-check a whole v2 batch's header (``data`` holds the whole batch)."""
     (base_offset, length, epoch, magic, crc, attributes, last_delta, base_ts, max_ts, pid, pepoch, base_seq,
@@ -213,24 +216,12 @@ def parse_v2_header(data: bytes | memoryview, position: int) -> BatchHeader:
     if attributes & _CONTROL_BIT and codec_id != Codec.NONE:
         raise CorruptBatchError("compressed control batch", position=position, base_offset=base_offset,
                                 expected="codec none", found=CODECS[codec_id].label)
-    return BatchHeader(
-        position=position,
-        size=length + LOG_OVERHEAD,
-        magic=magic,
-        offset=base_offset,
-        last_offset=base_offset + last_delta,
-        crc=crc,
-        attributes=attributes,
-        codec=CODECS[codec_id],
-        timestamp_type=TimestampType.from_attributes(attributes),
-        base_timestamp=base_ts,
-        max_timestamp=max_ts,
-        partition_leader_epoch=epoch,
-        producer_id=pid,
-        producer_epoch=pepoch,
-        base_sequence=base_seq,
-        records_count=count,
-    )
+    # positionally, in BatchHeader's field order: position, size, magic, offset, last_offset, crc, attributes,
+    # codec, timestamp_type, base_timestamp, max_timestamp, partition_leader_epoch, producer_id,
+    # producer_epoch, base_sequence, records_count (built per batch: keywords cost more)
+    return BatchHeader(position, length + LOG_OVERHEAD, magic, base_offset, base_offset + last_delta, crc, attributes,
+                       CODECS[codec_id], _TIMESTAMP_TYPES[attributes & _LOG_APPEND_TIME_BIT], base_ts, max_ts, epoch,
+                       pid, pepoch, base_seq, count)
 
 
 def parse_legacy_header(data: bytes | memoryview, position: int) -> BatchHeader:

@@ -12,7 +12,7 @@ import os
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Final
+from typing import BinaryIO, Final, NamedTuple
 
 from tiering.errors import CorruptBatchError, TieringError, UnsupportedError
 from tiering.kafka import _walker
@@ -35,9 +35,9 @@ DEFAULT_MAX_BATCH_BYTES: Final = 128 * 1024 * 1024
 """Largest batch accepted when the stream's size is unknown (Kafka's message.max.bytes is 1 MiB by default)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RawBatch:
-    """One batch as it sits in the file: its parsed header and its bytes (log overhead included)."""
+class RawBatch(NamedTuple):
+    """One batch as it sits in the file: its parsed header and its bytes (log overhead included). A named
+    tuple, as BatchHeader: one is made per batch."""
 
     header: BatchHeader
     data: memoryview

@@ -108,7 +108,7 @@ DEFAULT_LOOKAHEAD_BYTES: Final = 32 << 20  # batches (uncompressed) held behind 
 MEASURE_ALL: Final = 64
 MEASURE_EVERY: Final = 16
 IN_FLIGHT: Final = 2  # merged batches being compressed and proven while the next runs are read and merged
-HASH_CHUNK_BYTES: Final = 1 << 20  # digest input hashed at once (see _Feed)
+HASH_CHUNK_BYTES: Final = 16 << 10  # digest input hashed at once, at least (see _Feed)
 NATIVE_ZSTD: Final = _proof.available()  # a libzstd the compiled proof may use (see _proof.c)
 
 
@@ -482,8 +482,8 @@ def _proved_records(raw: RawBatch, section: bytes | None, limit: int) -> tuple[b
 @dataclass(slots=True)
 class _Feed:
     """One side's digests (the source's, or the output's), fed in file order: each batch header's into
-    ``digests`` at once; the records' digest input in chunks (one hash call a megabyte, which releases the
-    GIL to the worker) into ``stream`` (xxh3-128: the proof compares the two sides') and, where ``sha``, into
+    ``digests`` at once; the records' digest input in chunks (small batches' joined: a hash call costs more
+    than it hashes) into ``stream`` (xxh3-128: the proof compares the two sides') and, where ``sha``, into
     ``digests`` (records_sha256, which the source's side reports)."""
 
     sha: bool
@@ -494,14 +494,21 @@ class _Feed:
 
     def add(self, h: BatchHeader, base_offset: int, records: int, encoded: bytes) -> None:
         self.digests.update_batch(h, base_offset, records)
+        if len(encoded) >= HASH_CHUNK_BYTES:
+            self.flush()
+            self.hash(encoded)
+            return
         self.pending.append(encoded)
         self.size += len(encoded)
         if self.size >= HASH_CHUNK_BYTES:
             self.flush()
 
     def flush(self) -> None:
-        chunk = b"".join(self.pending)
-        self.pending, self.size = [], 0
+        if self.pending:
+            self.hash(b"".join(self.pending) if len(self.pending) > 1 else self.pending[0])
+            self.pending, self.size = [], 0
+
+    def hash(self, chunk: bytes) -> None:
         self.stream.update(chunk)
         if self.sha:
             self.digests.update_records(chunk)

@@ -605,9 +605,10 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
     if rebatch is not None:
         merged = RebatchStats()
         quick = replace(options, proof=False, deep_validation=False)
+        xxh3_digest = xxhash.xxh3_128_digest
 
         def on_source(raw: RawBatch, payload: bytes | memoryview | None) -> None:
-            source_digest.update(_payload_digest(raw, quick, payload))
+            source_digest.update(xxh3_digest(payload) if payload is not None else _payload_digest(raw, quick))
             source_codecs[raw.header.codec] += 1
 
         def on_merged(base: int, section_digest: bytes, section_bytes: int) -> None:
@@ -664,16 +665,26 @@ def rewrite_segment(src: BinaryIO, dst: BinaryIO, *, base_offset: int, options: 
 
 def _alone_size(quick: RewriteOptions) -> Callable[[RawBatch, bytes | memoryview | None], int]:
     """A batch's size after this rewrite on its own (kept, or recompressed), without the proof: what a batch
-    that re-batching merged would have come to without it."""
-    return lambda raw, payload: sum(len(part) for part in process_batch(raw, quick, payload).parts)
+    that re-batching merged would have come to without it. The batch itself is not laid out: a v2 batch's
+    header stays the size it is, so only its records section is compressed and measured."""
+    recompress = compressor(quick.codec, quick.level)
+
+    def size(raw: RawBatch, payload: bytes | memoryview | None) -> int:
+        if payload is None or raw.header.magic < 2:
+            return sum(len(part) for part in process_batch(raw, quick, payload).parts)
+        item = _prepare_v2(raw, quick, payload)
+        if isinstance(item, _Out):
+            return len(raw.data)
+        new = len(recompress(item.original))
+        return len(raw.data) if quick.codec is not Codec.NONE and new >= item.old_size else V2_HEADER_SIZE + new
+
+    return size
 
 
-def _payload_digest(raw: RawBatch, quick: RewriteOptions, payload: bytes | memoryview | None = None) -> bytes:
-    """The xxh3-128 of a batch's records as the rewrite digests them (``payload_xxh3`` is over these), without
-    recompressing it."""
-    if payload is not None:  # a v2 batch's records section: what _prepare_v2 would digest
-        return xxhash.xxh3_128_digest(payload)
-    item = _prepare_v2(raw, quick, payload) if raw.header.magic >= 2 else _prepare_legacy(raw, quick)
+def _payload_digest(raw: RawBatch, quick: RewriteOptions) -> bytes:
+    """The xxh3-128 of a batch's records as the rewrite digests them (``payload_xxh3`` is over these: a v2
+    batch's records section), without recompressing it."""
+    item = _prepare_v2(raw, quick) if raw.header.magic >= 2 else _prepare_legacy(raw, quick)
     return item.digest if isinstance(item, _Out) else xxhash.xxh3_128_digest(item.original)
 
 
