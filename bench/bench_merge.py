@@ -7,7 +7,7 @@ A partition of ``--segments`` small sealed segments (``--records`` JSON click ev
 5 records, as a low-throughput topic rolled by ``segment.ms`` leaves them; each with the ``.index`` and
 ``.timeindex`` Kafka builds) and its active segment is merged by ``tiering partition merge`` (its own process,
 as a user runs it) once per target ``segment.bytes``. Reported per target: segments and files before and
-after, the bytes of all files before and after, wall seconds, source MiB per second and peak RSS (``wait4``).
+after, the bytes of all files before and after, wall seconds, source MiB per second and peak RSS (VmHWM).
 The partition is written once and only read by the merges.
 
 With ``--s3`` the same partition is also uploaded to a moto server (its own process, on loopback) and merged
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_rebatch import json_records  # same directory: on sys.path as the script's
+from bench_rewrite import run_measured
 from bench_s3 import moto_process
 
 from tiering.kafka.builder import BatchSpec, build_batch
@@ -70,23 +71,19 @@ def _files(folder: Path) -> tuple[int, int, int]:
 
 
 def merge_once(partition: Path, out: Path, target: int) -> dict[str, Any]:
-    started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tiering", "partition", "merge", str(partition), "--out", str(out),
-                             "--segment-bytes", str(target), "--json"], stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    output = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"tiering partition merge exited {os.waitstatus_to_exitcode(status)} on {partition}")
-    doc = json.loads(output)
+    run = run_measured([sys.executable, "-m", "tiering", "partition", "merge", str(partition), "--out", str(out),
+                        "--segment-bytes", str(target), "--json"])
+    seconds = run.seconds
+    if run.returncode != 0:
+        raise RuntimeError(f"tiering partition merge exited {run.returncode} on {partition}: {run.stderr.decode()}")
+    doc = json.loads(run.stdout)
     segments, files, size = _files(partition)
     after_segments, after_files, after_size = _files(out)
     assert (doc["segments_before"], doc["segments_after"]) == (segments, after_segments)
     return {"target_bytes": target, "segments_before": segments, "segments_after": after_segments,
             "files_before": files, "files_after": after_files, "bytes_before": size, "bytes_after": after_size,
             "merged_segments": len(doc["merged"]), "seconds": round(seconds, 2),
-            "mib_per_s": round(size / MIB / seconds, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
+            "mib_per_s": round(size / MIB / seconds, 1), "peak_rss_mib": round(run.peak_rss_mib, 1)}
 
 
 def merge_on_s3(partition: Path, target: int) -> dict[str, Any]:

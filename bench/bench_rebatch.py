@@ -1,7 +1,7 @@
 """Re-batching: what merging small batches saves on top of recompression, and what it costs.
 
     make bench-rebatch
-    .venv/bin/python bench/bench_rebatch.py --records 100000 --repeat 3
+    .venv/bin/python bench/bench_rebatch.py --records 100000 --repeat 7
 
 For topics of 1, 5, 20 and 100 records a batch (JSON events of a plain producer, snappy, as a producer with
 ``linger.ms=0`` writes them), one segment of ``--records`` records is rewritten to zstd level 3 twice in the
@@ -12,7 +12,8 @@ alternate the two) and their ratio. ``--engine python`` re-batches with the Pyth
 compiled record layer.
 
 Then memory: ``tiering segment rewrite --rebatch`` as its own process on segments of ``--rss-mib`` sizes
-(default 64 and 1024 MiB) of the same 5-records-a-batch topic, its peak RSS from the kernel (``wait4``);
+(default 64 and 1024 MiB) of the same 5-records-a-batch topic, its peak RSS (VmHWM, which exec starts
+afresh, unlike the ``wait4`` figure that keeps the forking parent's);
 re-batching holds at most its lookahead of batches, so the peak should not grow with the segment.
 
 Prints a table and writes ``bench/out/bench_rebatch.json``.
@@ -26,12 +27,13 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench_rewrite import run_measured  # same directory: on sys.path as the script's
 
 from tiering.kafka.builder import BatchSpec, build_batch, rebase_batch
 from tiering.kafka.codecs import Codec
@@ -105,24 +107,21 @@ def rss_of_rebatching(tmp: Path, records: list[Record], size_mib: int, per_batch
                 written += len(batch)
                 offset += per_batch
             shift += 10_000_000
-    started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "tiering", "segment", "rewrite", str(path), "--out",
-                             str(folder / "out"), "--codec", "zstd", "--rebatch"], stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"tiering segment rewrite --rebatch exited {proc.returncode} on {path}")
-    seconds = time.perf_counter() - started
+    run = run_measured([sys.executable, "-m", "tiering", "segment", "rewrite", str(path), "--out",
+                        str(folder / "out"), "--codec", "zstd", "--rebatch"])
+    if run.returncode != 0:
+        raise RuntimeError(f"tiering segment rewrite --rebatch exited {run.returncode} on {path}: "
+                           f"{run.stderr.decode()}")
     path.unlink()
-    return {"segment_mib": size_mib, "bytes": written, "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
-            "seconds": round(seconds, 1), "mib_per_s": round(written / MIB / seconds, 1)}
+    return {"segment_mib": size_mib, "bytes": written, "peak_rss_mib": round(run.peak_rss_mib, 1),
+            "seconds": round(run.seconds, 1), "mib_per_s": round(written / MIB / run.seconds, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=100_000, help="records in each topic's segment")
     parser.add_argument("--per-batch", type=int, nargs="+", default=[1, 5, 20, 100], help="records a batch")
-    parser.add_argument("--repeat", type=int, default=3, help="rewrites of each kind (best is kept)")
+    parser.add_argument("--repeat", type=int, default=7, help="rounds of both rewrites (the best of each is kept)")
     parser.add_argument("--engine", choices=[e.value for e in Engine], default=Engine.NATIVE.value,
                         help="what does the record work (default: the compiled record layer)")
     parser.add_argument("--rss-mib", type=int, nargs="*", default=[64, 1024],

@@ -26,6 +26,7 @@ Prints a table and writes ``bench/out/bench_rewrite.json``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import os
@@ -120,10 +121,20 @@ def _vm_hwm_kib(pid: int) -> int | None:
     return None
 
 
-def cli_run(segment: Path, out: Path) -> dict[str, Any]:
-    """The whole ``tiering segment rewrite`` process: wall seconds and its peak RSS (VmHWM, polled)."""
-    cmd = [sys.executable, "-m", "tiering", "segment", "rewrite", str(segment), "--out", str(out),
-           "--codec", "zstd", "--level", "3", "--json"]
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """A command run as its own process: exit code, wall seconds, peak RSS (VmHWM), what it printed."""
+
+    returncode: int
+    seconds: float
+    peak_rss_mib: float
+    stdout: bytes
+    stderr: bytes
+
+
+def run_measured(cmd: list[str]) -> Measured:
+    """Run ``cmd`` and poll its VmHWM every 20 ms while it runs (the mark only grows: what is missed is growth
+    in its last 20 ms)."""
     started = time.perf_counter()
     peak_kib = 0
     with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
@@ -134,10 +145,17 @@ def cli_run(segment: Path, out: Path) -> dict[str, Any]:
         seconds = time.perf_counter() - started
         stdout.seek(0)
         stderr.seek(0)
-        if proc.returncode != 0:
-            raise RuntimeError(f"rewrite failed ({proc.returncode}): {stderr.read().decode()}")
-        stats = json.loads(stdout.read())
-    return {"seconds": seconds, "peak_rss_mib": peak_kib / 1024,
+        return Measured(proc.returncode, seconds, peak_kib / 1024, stdout.read(), stderr.read())
+
+
+def cli_run(segment: Path, out: Path) -> dict[str, Any]:
+    """The whole ``tiering segment rewrite`` process: wall seconds and its peak RSS (VmHWM, polled)."""
+    run = run_measured([sys.executable, "-m", "tiering", "segment", "rewrite", str(segment), "--out", str(out),
+                        "--codec", "zstd", "--level", "3", "--json"])
+    if run.returncode != 0:
+        raise RuntimeError(f"rewrite failed ({run.returncode}): {run.stderr.decode()}")
+    stats = json.loads(run.stdout)
+    return {"seconds": run.seconds, "peak_rss_mib": run.peak_rss_mib,
             "uncompressed_bytes": stats["uncompressed_bytes"], "bytes_in": stats["bytes_in"],
             "bytes_out": stats["bytes_out"], "rewrite_seconds": stats["seconds"]}
 
