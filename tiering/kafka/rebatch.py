@@ -443,6 +443,8 @@ def _merged(group: list[_Source], merge: _Merge | None, options: RebatchOptions,
     try:
         check_crc(h, raw.data)
         got, read_back = _proved_records(raw, section, options.decompression_limit)
+    except ProofError as e:
+        raise e.located(path=path) from None
     except TieringError as e:
         raise ProofError(f"merged batch unreadable: {e.message}", path=path, base_offset=h.offset,
                          expected=e.expected, found=e.found) from None
