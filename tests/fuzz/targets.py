@@ -20,7 +20,6 @@ records sections keep their meaning):
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import itertools
@@ -56,8 +55,8 @@ def _params(data: bytes) -> tuple[int, int, int, int, bool, bytes]:
 
 
 def _header(count: int, last: int, base: int, ts: int, log_append: bool) -> BatchHeader:
-    return dataclasses.replace(
-        _HEADER, offset=base, last_offset=base + last, records_count=count, base_timestamp=ts, max_timestamp=ts,
+    return _HEADER._replace(
+        offset=base, last_offset=base + last, records_count=count, base_timestamp=ts, max_timestamp=ts,
         timestamp_type=TimestampType.LOG_APPEND_TIME if log_append else TimestampType.CREATE_TIME)
 
 
@@ -161,7 +160,7 @@ def merge(data: bytes) -> None:
 def _count(section: bytes) -> int:
     """The number of records decode_v2 would find (a count that never fails the check by itself)."""
     try:
-        return len(decode_v2(dataclasses.replace(_HEADER, last_offset=65_535, records_count=None), section))
+        return len(decode_v2(_HEADER._replace(last_offset=65_535, records_count=None), section))
     except TieringError:
         return -1
 
