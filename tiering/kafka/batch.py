@@ -102,10 +102,10 @@ class Attr(IntFlag):
 
 
 # The same bits as plain ints for the per-batch hot path (an IntFlag operation costs a microsecond or two).
-_LOG_APPEND_TIME_BIT: Final = int(Attr.LOG_APPEND_TIME)
-_TRANSACTIONAL_BIT: Final = int(Attr.TRANSACTIONAL)
-_CONTROL_BIT: Final = int(Attr.CONTROL)
-_DELETE_HORIZON_BIT: Final = int(Attr.DELETE_HORIZON)
+LOG_APPEND_TIME_BIT: Final = int(Attr.LOG_APPEND_TIME)
+TRANSACTIONAL_BIT: Final = int(Attr.TRANSACTIONAL)
+CONTROL_BIT: Final = int(Attr.CONTROL)
+DELETE_HORIZON_BIT: Final = int(Attr.DELETE_HORIZON)
 
 
 class TimestampType(IntEnum):
@@ -116,7 +116,7 @@ class TimestampType(IntEnum):
     @classmethod
     def from_attributes(cls, attributes: int) -> TimestampType:
         """The timestamp type of a v1/v2 entry from its attributes (bit 3)."""
-        return cls.LOG_APPEND_TIME if attributes & _LOG_APPEND_TIME_BIT else cls.CREATE_TIME
+        return cls.LOG_APPEND_TIME if attributes & LOG_APPEND_TIME_BIT else cls.CREATE_TIME
 
     @property
     def label(self) -> str:
@@ -160,15 +160,15 @@ class BatchHeader(NamedTuple):
 
     @property
     def is_transactional(self) -> bool:
-        return self.magic >= 2 and bool(self.attributes & _TRANSACTIONAL_BIT)
+        return self.magic >= 2 and bool(self.attributes & TRANSACTIONAL_BIT)
 
     @property
     def is_control(self) -> bool:
-        return self.magic >= 2 and bool(self.attributes & _CONTROL_BIT)
+        return self.magic >= 2 and bool(self.attributes & CONTROL_BIT)
 
     @property
     def delete_horizon_ms(self) -> int | None:
-        if self.magic >= 2 and self.attributes & _DELETE_HORIZON_BIT:
+        if self.magic >= 2 and self.attributes & DELETE_HORIZON_BIT:
             return self.base_timestamp
         return None
 
@@ -190,7 +190,7 @@ def crc_legacy(data: bytes | memoryview | bytearray) -> int:
     return zlib.crc32(memoryview(data)[LEGACY_MAGIC_OFFSET:])
 
 
-_TIMESTAMP_TYPES: Final = {0: TimestampType.CREATE_TIME, _LOG_APPEND_TIME_BIT: TimestampType.LOG_APPEND_TIME}
+_TIMESTAMP_TYPES: Final = {0: TimestampType.CREATE_TIME, LOG_APPEND_TIME_BIT: TimestampType.LOG_APPEND_TIME}
 
 
 def parse_v2_header(data: bytes | memoryview, position: int) -> BatchHeader:
@@ -213,14 +213,14 @@ def parse_v2_header(data: bytes | memoryview, position: int) -> BatchHeader:
     if count > 0 and count - 1 > last_delta:
         raise CorruptBatchError("more records than offsets", position=position, base_offset=base_offset,
                                 expected=f"recordsCount <= lastOffsetDelta + 1 = {last_delta + 1}", found=count)
-    if attributes & _CONTROL_BIT and codec_id != Codec.NONE:
+    if attributes & CONTROL_BIT and codec_id != Codec.NONE:
         raise CorruptBatchError("compressed control batch", position=position, base_offset=base_offset,
                                 expected="codec none", found=CODECS[codec_id].label)
     # positionally, in BatchHeader's field order: position, size, magic, offset, last_offset, crc, attributes,
     # codec, timestamp_type, base_timestamp, max_timestamp, partition_leader_epoch, producer_id,
     # producer_epoch, base_sequence, records_count (built per batch: keywords cost more)
     return BatchHeader(position, length + LOG_OVERHEAD, magic, base_offset, base_offset + last_delta, crc, attributes,
-                       CODECS[codec_id], _TIMESTAMP_TYPES[attributes & _LOG_APPEND_TIME_BIT], base_ts, max_ts, epoch,
+                       CODECS[codec_id], _TIMESTAMP_TYPES[attributes & LOG_APPEND_TIME_BIT], base_ts, max_ts, epoch,
                        pid, pepoch, base_seq, count)
 
 

@@ -137,19 +137,14 @@ def iter_batches(
     ``size`` is the number of bytes the stream holds (found from the file when None and possible): a
     length pointing past it is reported before anything is allocated.
     """
-    reader = _EntryReader(stream, path, size, max_batch_bytes)
-    while True:
-        run = reader.next_v2_run()  # what the compiled scanner vouched for: no check repeated here
-        if run is not None:
-            buffer, position = run.buffer, run.position
-            for start, total, *_ in run.batches:
-                data = buffer[start : start + total]
-                yield RawBatch(parse_v2_header(data, position + start), data)
+    for entry in _entries(_EntryReader(stream, path, size, max_batch_bytes), verify_crc):
+        if isinstance(entry, RawBatch):
+            yield entry
             continue
-        raw = reader.next_batch(verify_crc)
-        if raw is None:
-            return
-        yield raw
+        buffer, position = entry.buffer, entry.position  # what the compiled scanner vouched for: no check repeated
+        for start, total, *_ in entry.batches:
+            data = buffer[start : start + total]
+            yield RawBatch(parse_v2_header(data, position + start), data)
 
 
 def iter_entries(
@@ -163,13 +158,17 @@ def iter_entries(
     handed over as :class:`V2Run` (found by the compiled scanner, no Python object per batch) and every
     other entry (legacy, or one the scanner stopped at, which is then checked and reported here) as a
     :class:`RawBatch`. The rewriter's hot path."""
-    reader = _EntryReader(stream, path, size, max_batch_bytes)
+    return _entries(_EntryReader(stream, path, size, max_batch_bytes), True)
+
+
+def _entries(reader: _EntryReader, verify_crc: bool) -> Iterator[V2Run | RawBatch]:
+    """The runs the compiled scanner vouches for, and each entry it stops at, checked by the Python reader."""
     while True:
         run = reader.next_v2_run()
         if run is not None:
             yield run
             continue
-        raw = reader.next_batch(True)
+        raw = reader.next_batch(verify_crc)
         if raw is None:
             return
         yield raw

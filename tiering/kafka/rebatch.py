@@ -75,8 +75,10 @@ import xxhash
 from tiering.errors import ProofError, TieringError
 from tiering.kafka import _proof, _records
 from tiering.kafka.batch import (
+    CONTROL_BIT,
+    DELETE_HORIZON_BIT,
+    TRANSACTIONAL_BIT,
     V2_HEADER_SIZE,
-    Attr,
     BatchHeader,
     TimestampType,
     check_crc,
@@ -112,7 +114,7 @@ HASH_CHUNK_BYTES: Final = 16 << 10  # digest input hashed at once, at least (see
 NATIVE_ZSTD: Final = _proof.available()  # a libzstd the compiled proof may use (see _proof.c)
 
 
-_ALONE_BITS: Final = int(Attr.CONTROL | Attr.TRANSACTIONAL | Attr.DELETE_HORIZON)  # see _alone
+_ALONE_BITS: Final = CONTROL_BIT | TRANSACTIONAL_BIT | DELETE_HORIZON_BIT  # see _alone
 
 
 class Refusal(StrEnum):

@@ -39,8 +39,8 @@ import xxhash
 from tiering.errors import ConfigError, DecompressionError, ProofError, TieringError
 from tiering.kafka import _proof, _walker
 from tiering.kafka.batch import (
+    CONTROL_BIT,
     V2_HEADER_SIZE,
-    Attr,
     BatchHeader,
     build_legacy_wrapper,
     build_v2,
@@ -85,7 +85,6 @@ NATIVE_ZSTD_PROOF: Final = _proof.available()  # libzstd found: zstd proofs run 
 # without proof with the thread, 0.73 and 0.75 inline; snappy the same either way; gzip 0.84 with the thread,
 # 0.78 inline), so they are proven inline, as none is.
 PROOF_THREAD_CODECS: Final = frozenset({Codec.ZSTD, Codec.GZIP})
-_CONTROL_BIT: Final = int(Attr.CONTROL)
 MAX_SEGMENT_BYTES: Final = (1 << 31) - 1  # Kafka's positions and batch lengths are int32
 
 
@@ -542,7 +541,7 @@ def _rewrite_run(run: V2Run, o: RewriteOptions, order: OffsetOrder, stats: Rewri
             order.prev_last = last
             digests.append(digest)
             reason = None
-            if attributes & _CONTROL_BIT:
+            if attributes & CONTROL_BIT:
                 reason = KEPT_CONTROL
             elif codec_id == target_id and not force:
                 reason = KEPT_SAME_CODEC

@@ -24,7 +24,13 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Final
 
 from tiering.errors import CorruptBatchError, TieringError
-from tiering.kafka.batch import Attr, BatchHeader
+from tiering.kafka.batch import (
+    CONTROL_BIT,
+    DELETE_HORIZON_BIT,
+    LOG_APPEND_TIME_BIT,
+    TRANSACTIONAL_BIT,
+    BatchHeader,
+)
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec, decompress
 from tiering.kafka.index import (
     DEFAULT_INDEX_INTERVAL_BYTES,
@@ -41,11 +47,6 @@ _QQ: Final = struct.Struct(">qq")
 _I: Final = struct.Struct(">i")
 _NULL: Final = _I.pack(-1)
 _BATCH_DIGEST: Final = struct.Struct(">qqbbqqhibbibqi")
-# The attribute bits as plain ints, for update_batch's per-batch path.
-_LOG_APPEND_TIME_BIT: Final = int(Attr.LOG_APPEND_TIME)
-_TRANSACTIONAL_BIT: Final = int(Attr.TRANSACTIONAL)
-_CONTROL_BIT: Final = int(Attr.CONTROL)
-_DELETE_HORIZON_BIT: Final = int(Attr.DELETE_HORIZON)
 CONTROL_TYPES: Final = {0: "ABORT", 1: "COMMIT"}
 MAX_RELATIVE_OFFSET: Final = 0x7FFFFFFF
 
@@ -172,11 +173,11 @@ class Digests:
         """A batch's part of ``batches_sha256`` (``base_offset``: its first record's offset)."""
         if h.magic >= 2:  # the flags from the attributes at once (BatchHeader's properties, per batch, cost)
             a = h.attributes
-            horizon = (a & _DELETE_HORIZON_BIT) > 0
+            horizon = (a & DELETE_HORIZON_BIT) > 0
             self._batches.update(_BATCH_DIGEST.pack(
-                base_offset, h.last_offset, h.magic, (a & _LOG_APPEND_TIME_BIT) > 0, h.max_timestamp,
-                h.producer_id, h.producer_epoch, h.base_sequence, (a & _TRANSACTIONAL_BIT) > 0,
-                (a & _CONTROL_BIT) > 0, h.partition_leader_epoch, horizon, h.base_timestamp if horizon else -1,
+                base_offset, h.last_offset, h.magic, (a & LOG_APPEND_TIME_BIT) > 0, h.max_timestamp,
+                h.producer_id, h.producer_epoch, h.base_sequence, (a & TRANSACTIONAL_BIT) > 0,
+                (a & CONTROL_BIT) > 0, h.partition_leader_epoch, horizon, h.base_timestamp if horizon else -1,
                 records))
             return
         self._batches.update(_BATCH_DIGEST.pack(
