@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import io
+import platform
 from collections.abc import Iterator
 from typing import Any
 
 import boto3
+import botocore
+import botocore.utils
 import pytest
 from moto import mock_aws
 
+from tiering import __version__
 from tiering.errors import ConfigError
 from tiering.storage.objects import MIN_PART_BYTES, AccessDenied, ObjectAttrs, ObjectNotFound, PreconditionFailed
-from tiering.storage.s3 import S3Store, StorageError, make_client
+from tiering.storage.s3 import S3Store, StorageError, make_client, parse_time
 
 BUCKET = "segments"
 
@@ -34,6 +38,35 @@ def test_client_honours_region_and_retry_settings(store: S3Store) -> None:
     retries = store.client.meta.config.retries
     assert retries["mode"] == "standard"
     assert retries["total_max_attempts"] == 8  # the first request and up to 7 retries
+
+
+def test_requests_name_this_tool_in_their_user_agent(store: S3Store) -> None:
+    sent: list[str] = []
+    store.client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.headers["User-Agent"]))
+    store.put("p/ua.log", b"x")
+    store.head("p/ua.log")
+    assert len(sent) == 2
+    assert {ua.decode() if isinstance(ua, bytes) else ua for ua in sent} == {
+        f"kafka-s3-tiering/{__version__} Python/{platform.python_version()} Botocore/{botocore.__version__}"}
+
+
+@pytest.mark.parametrize("value", [
+    "Sun, 29 Nov 2026 18:00:07 GMT",    # a Last-Modified or Date header
+    "Tue, 01 Dec 2026 00:00:00 GMT",
+    "2026-11-24T00:44:43.000Z",         # a listing's LastModified
+    "2026-11-24T00:44:43+01:00",
+    "Sun, 29 Nov 2026 18:00:07 +0000",  # forms only botocore's parser reads
+    "1700000000",
+])
+def test_parse_time_agrees_with_botocores_parser(value: str) -> None:
+    parsed = parse_time(value)
+    assert parsed.tzinfo is not None
+    assert parsed == botocore.utils.parse_timestamp(value)
+
+
+def test_parse_time_refuses_what_botocore_refuses() -> None:
+    with pytest.raises(ValueError, match="Invalid timestamp"):
+        parse_time("Sun, 32 Nov 2026 18:00:07 GMT")
 
 
 def test_put_get_head_and_streaming_read(store: S3Store) -> None:

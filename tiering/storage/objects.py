@@ -174,8 +174,9 @@ class StreamUpload(io.RawIOBase):
         self.size = self.crc = 0
         self.upload_id: str | None = None
         self.result: Uploaded | None = None
-        self._buf = bytearray()  # the part being filled: its first _fill bytes are written
-        self._fill = 0
+        # The part being filled. A BytesIO hands its bytes over without a copy (getvalue() on a buffer nobody
+        # else holds), so a part's bytes are copied once, on their way in.
+        self._part = io.BytesIO()
         self._sent: list[Future[dict[str, Any]]] = []
         self._pool: ThreadPoolExecutor | None = None
 
@@ -190,15 +191,13 @@ class StreamUpload(io.RawIOBase):
         self.crc = crc32c.crc32c(view, self.crc)
         at = 0
         while at < len(view):
-            if self._fill == self.part_bytes:  # a full part and more to come: it is not the last
-                self._send(bytes(self._buf))
-                self._fill = 0
-            take = min(self.part_bytes - self._fill, len(view) - at)
-            if self._fill == len(self._buf):  # the first part grows as it is written (a small object stays small)
-                self._buf += view[at : at + take]
-            else:  # the later ones are written over it in place: no reallocation
-                self._buf[self._fill : self._fill + take] = view[at : at + take]
-            self._fill += take
+            fill = self._part.tell()
+            if fill == self.part_bytes:  # a full part and more to come: it is not the last
+                self._send(self._part.getvalue())
+                self._part = io.BytesIO()
+                fill = 0
+            take = min(self.part_bytes - fill, len(view) - at)
+            self._part.write(view[at : at + take])
             at += take
         return len(view)
 
@@ -228,7 +227,7 @@ class StreamUpload(io.RawIOBase):
         if expect_crc is not None:
             same_crc(self.where, self.crc, expect_crc)
         crc = self.crc if self.checksum else None
-        last = bytes(memoryview(self._buf)[: self._fill])
+        last = self._part.getvalue()
         if self.upload_id is None:
             etag = self.store._single(self.key, last, self.metadata, self.if_none_match, crc)
         else:
@@ -239,7 +238,7 @@ class StreamUpload(io.RawIOBase):
             except (ChecksumUnsupported, ChecksumMismatch):
                 self.upload_id = None  # completed, then judged by its checksum: nothing left to abort
                 raise
-        self._buf, self._fill = bytearray(), 0
+        self._part = io.BytesIO()
         self.result = Uploaded(etag, self.size, self.crc)
         self._shutdown()
         return self.result
@@ -248,7 +247,7 @@ class StreamUpload(io.RawIOBase):
         """Give the upload up: parts on their way are waited for, then the multipart upload is aborted (its
         own errors are not raised: the error that made us abort is the one to report; cleanup and a
         lifecycle rule abort a straggler)."""
-        self._buf, self._fill = bytearray(), 0
+        self._part = io.BytesIO()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         if self.upload_id is not None and self.result is None:
