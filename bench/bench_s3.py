@@ -158,6 +158,18 @@ STORES: Final = ("moto", "seaweedfs")
 CPU_TARGET: Final = 1.10  # the compaction's CPU over the local rewrite's (docs/benchmarks.md)
 
 
+def bench_requests(server: Server, n: int) -> dict[str, float]:
+    """The client's CPU milliseconds per request, by operation, measured by ``bench/s3_compaction.py
+    --requests`` in a process of its own (this one has moto's hooks in every botocore client)."""
+    with _bucket(server, f"{server.store.bucket}-requests") as store, tempfile.TemporaryFile() as out:
+        subprocess.run([sys.executable, str(Path(__file__).parent / "s3_compaction.py"), "--endpoint",
+                        server.endpoint, "--bucket", store.bucket, "--requests", str(n)],
+                       stdout=out, env=server.env, check=True)
+        out.seek(0)
+        ms: dict[str, float] = json.loads(out.read())
+    return ms
+
+
 def _label(verify: Verify, swap: str) -> str:
     return f"{verify.value} + {swap}"
 
@@ -408,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin-server", action="store_true",
                         help="run the server on the last CPU and everything measured on the others, so that the "
                              "server's work does not share (and slow) the client's cores")
+    parser.add_argument("--requests", type=int, default=300,
+                        help="requests of each kind timed for the client's CPU per request (0: skip)")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_s3.json")
     args = parser.parse_args(argv)
     kind = "endpoint" if args.endpoint else args.store
@@ -436,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         server = stack.enter_context(s3_server(args.store, args.endpoint, args.bucket, Path(tmp)))
         if args.pin_server:  # and the local rewrite and the compactions, this one
             os.sched_setaffinity(0, cpus[:-1])
+        if args.requests:
+            print(f"{args.requests} requests of each kind ...", file=sys.stderr)
+            doc["request_cpu_ms"] = bench_requests(server, args.requests)
         doc["rewrite"] = rows = bench_rewrite(server, args.segment_mib, args.repeat, Path(tmp))
     if len(rows) > 1:
         low, high = rows[0], rows[-1]
@@ -454,6 +471,10 @@ def main(argv: list[str] | None = None) -> int:
             ("peak RSS of the scanner process", f"{s['peak_rss_mib']:.0f} MiB"),
         ):
             print(f"{name:<44} {value:>14}")
+    if "request_cpu_ms" in doc:
+        print(f"\n{'request (100-byte object)':<28} {'client CPU':>12}")
+        for name, ms in doc["request_cpu_ms"].items():
+            print(f"{name:<28} {ms:>9.2f} ms")
     _print_rewrite(rows, server)
     if "rss_growth" in doc:
         g = doc["rss_growth"]

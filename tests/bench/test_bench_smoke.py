@@ -96,6 +96,9 @@ def test_s3_bench_on_seaweedfs_swaps_by_copy_and_uploads_the_new_log_once(tmp_pa
     assert row["segment_bytes"] <= c["bytes_received"] < row["segment_bytes"] * 1.1
     assert c["server_cpu_seconds"] > 0
     assert "checksum + auto (copy)" in proc.stdout
+    assert set(doc["request_cpu_ms"]) == {"HeadObject", "GetObject", "PutObject", "ListObjectsV2"}
+    assert all(0 < ms < 100 for ms in doc["request_cpu_ms"].values())
+    assert "HeadObject" in proc.stdout
 
 
 @pytest.mark.slow
