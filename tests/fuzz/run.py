@@ -115,6 +115,8 @@ def seeds(target: str) -> list[bytes]:
         return out
     if target == "proof":
         return _proof_seeds([b[3] for b in batches if len(b[3]) <= 4096])
+    if target == "zstd":
+        return _zstd_seeds([b[3] for b in batches if len(b[3]) <= 4096])
     return [log.read_bytes()[:16384] for folder in SEEDS for log in sorted(folder.rglob("*.log"))]
 
 
@@ -131,6 +133,34 @@ def _proof_seeds(sections: list[bytes]) -> list[bytes]:
         if j % 4 == 3 and len(originals) > 1 and originals[0] != originals[-1]:
             news[-1] = news[0]
         out.append(proof_input(news, originals))
+    return out
+
+
+def _zstd_seeds(sections: list[bytes]) -> list[bytes]:
+    """zstd records sections as Kafka wrote them (tests/data), and frames of other shapes made of the same
+    sections: a declared size or none (a streamed frame), a content checksum, two frames back to back."""
+    import io
+
+    import zstandard
+
+    from tests.fuzz.targets import zstd_input
+    from tiering.kafka.codecs import Codec, compress
+    from tiering.kafka.reader import iter_batches
+    from tiering.kafka.records import records_section
+
+    out = []
+    for folder in SEEDS:
+        for log in sorted(folder.rglob("*.log")):
+            for raw in iter_batches(io.BytesIO(log.read_bytes())):
+                if raw.header.magic == 2 and raw.header.codec is Codec.ZSTD and len(raw.data) <= 8192:
+                    out.append(zstd_input(bytes(records_section(raw.data)), 1 << 20))
+    for j, section in enumerate(sections[::7]):
+        framed = compress(Codec.ZSTD, section, level=1 + j % 5)
+        stream = io.BytesIO()
+        with zstandard.ZstdCompressor(level=3, write_checksum=j % 2 == 0).stream_writer(stream, closefd=False) as w:
+            w.write(section)
+        out += [zstd_input(framed, len(section)), zstd_input(stream.getvalue(), 1 << 20),
+                zstd_input(framed + stream.getvalue(), 2 * len(section) + (128 << 10))]
     return out
 
 

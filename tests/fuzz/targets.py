@@ -16,6 +16,7 @@ records sections keep their meaning):
 - ``scan``: a segment's bytes (batches back to back).
 - ``proof``: pairs u8 | per pair, new length u16 LE and original length u16 LE | the bytes, each pair's new
   (zstd) bytes then its original bytes (lengths cut to what is there).
+- ``zstd``: limit u16 LE (in units of 64 bytes; 0xFFFF: 1 GiB) | a zstd records section.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from tiering.errors import TieringError
 from tiering.kafka import _keymap, _proof, _records, _walker
 from tiering.kafka.batch import BatchHeader, TimestampType, parse_v2_header
 from tiering.kafka.builder import BatchSpec, build_batch, encode_record
-from tiering.kafka.codecs import Codec
+from tiering.kafka.codecs import Codec, zstd_reference
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.records import Record, decode_v2
 from tiering.kafka.rewrite import _first_unproven
@@ -231,6 +232,31 @@ def proof(data: bytes) -> None:
         raise Finding(f"first_mismatch {direct}, ProofThread {threaded}, the zstandard package's proof {expected}")
 
 
+def zstd_input(section: bytes, limit: int) -> bytes:
+    """A ``zstd`` input: ``section`` decoded within ``limit`` bytes (rounded up to the layout's unit)."""
+    units = 0xFFFF if limit >= 0xFFFE * 64 else -(-limit // 64)
+    return struct.pack("<H", units) + section
+
+
+def zstd(data: bytes) -> None:
+    """_proof.decompress against codecs.zstd_reference (the zstandard package behind a frame walk in Python): the
+    compiled answer, where it gives one, is the reference's bytes, and it gives none where the reference
+    refuses the section."""
+    if len(data) < 2 or not _proof.available():
+        return
+    (units,) = struct.unpack_from("<H", data)
+    limit = 1 << 30 if units == 0xFFFF else units * 64
+    section = data[2:]
+    try:
+        expected: bytes | None = zstd_reference(section, limit)
+    except TieringError:
+        expected = None
+    got = _proof.decompress(section, limit)
+    if got is not None and got != expected:
+        raise Finding(f"_proof.decompress answered {len(got)} bytes where the reference "
+                      + ("refused the section" if expected is None else f"decoded {len(expected)} other bytes"))
+
+
 _MAP_CAPACITY: Final = 3  # small: the map fills up inside a section now and then
 _NEW_HORIZON: Final = 1_800_000_000_000
 
@@ -316,4 +342,4 @@ def keymap(data: bytes) -> None:
 
 
 TARGETS: Final[dict[str, Callable[[bytes], None]]] = {"walk": walk, "digest": digest, "merge": merge, "scan": scan,
-                                                      "proof": proof, "keymap": keymap}
+                                                      "proof": proof, "keymap": keymap, "zstd": zstd}

@@ -90,3 +90,39 @@ def test_the_proof_target_names_a_prover_that_vouches_for_a_wrong_frame(monkeypa
     monkeypatch.setattr(targets, "_proof", Credulous)
     with pytest.raises(targets.Finding):
         targets.proof(mismatched[0])
+
+
+def test_the_zstd_target_catches_a_decode_the_reference_refuses_or_reads_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled decode that answers for a truncated section, or answers other bytes, is a finding."""
+    from tests.fuzz import targets
+
+    if not targets._proof.available():
+        pytest.skip("no libzstd: the compiled decode does not run here")
+    seed = run.seeds("zstd")[0]
+    truncated = seed[:-4]
+    targets.zstd(seed)
+    targets.zstd(truncated)
+    honest = targets._proof
+
+    class Careless:
+        available = staticmethod(honest.available)
+
+        @staticmethod
+        def decompress(data: bytes, limit: int) -> bytes | None:
+            return honest.decompress(data, limit) or b"records"
+
+    class Sloppy:
+        available = staticmethod(honest.available)
+
+        @staticmethod
+        def decompress(data: bytes, limit: int) -> bytes | None:
+            got = honest.decompress(data, limit)
+            return got[:-1] if got else got
+
+    monkeypatch.setattr(targets, "_proof", Careless)
+    with pytest.raises(targets.Finding, match="refused"):
+        targets.zstd(truncated)
+    monkeypatch.setattr(targets, "_proof", Sloppy)
+    with pytest.raises(targets.Finding, match="other bytes"):
+        targets.zstd(seed)

@@ -4,18 +4,22 @@ bookkeeping (order, close, buffers held while in use)."""
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tiering.errors import DecompressionError
 from tiering.kafka import _proof, rewrite
-from tiering.kafka.codecs import Codec
+from tiering.kafka.codecs import Codec, decompress, zstd_reference
 
 pytestmark = pytest.mark.skipif(not _proof.available(), reason="no libzstd 1.5.6 or later to load here")
 
@@ -258,3 +262,80 @@ def test_a_frame_declaring_a_window_a_stream_refuses_is_a_mismatch(descriptor: i
     assert stream_reads is accepted
     assert _proof.first_mismatch([bytes(frame)], [original]) == (-1 if accepted else 0)
     assert rewrite._first_unproven(Codec.ZSTD, [bytes(frame)], [original]) == (-1 if accepted else 0)
+
+
+def _streamed(data: bytes, checksum: bool = False) -> bytes:
+    """A frame as Kafka's writer makes it: streamed, so without a declared content size."""
+    out = io.BytesIO()
+    with zstandard.ZstdCompressor(level=3, write_checksum=checksum).stream_writer(out, closefd=False) as w:
+        w.write(data)
+    return out.getvalue()
+
+
+SECTION = b"".join(b"key-%d:value-%d;" % (i, i * i) for i in range(5000))
+
+
+@pytest.mark.parametrize("frames", [
+    pytest.param(_COMPRESS.compress, id="declared size"),
+    pytest.param(_streamed, id="streamed"),
+    pytest.param(lambda s: _streamed(s, checksum=True), id="content checksum"),
+    pytest.param(lambda s: _COMPRESS.compress(s[:1000]) + _streamed(s[1000:]), id="two frames"),
+])
+def test_the_compiled_decode_answers_the_references_bytes(frames: Callable[[bytes], bytes]) -> None:
+    data = frames(SECTION)
+    assert _proof.decompress(data, 1 << 30) == zstd_reference(data, 1 << 30) == SECTION
+    assert decompress(Codec.ZSTD, data) == SECTION
+
+
+@pytest.mark.parametrize(("data", "why"), [
+    (_COMPRESS.compress(SECTION)[:-5], "truncated"),
+    (b"\x50\x2a\x4d\x18\x00\x00\x00\x00" + _COMPRESS.compress(SECTION), "a skippable frame first"),
+    (_COMPRESS.compress(b""), "no content"),
+    (bytes([*_COMPRESS.compress(SECTION)[:4], _COMPRESS.compress(SECTION)[4] | 0x08])
+     + _COMPRESS.compress(SECTION)[5:], "the reserved bit"),
+    (b"not zstd at all", "no magic"),
+])
+def test_what_the_compiled_decode_does_not_answer_the_reference_decides(data: bytes, why: str) -> None:
+    assert _proof.decompress(data, 1 << 30) is None, why
+    assert _outcome(lambda: decompress(Codec.ZSTD, data)) == _outcome(lambda: zstd_reference(data, 1 << 30))
+
+
+def _outcome(call: Callable[[], bytes]) -> bytes | str:
+    """The bytes decoded, or the error's message."""
+    try:
+        return call()
+    except DecompressionError as e:
+        return f"error: {e}"
+
+
+def test_a_section_whose_bound_is_past_the_limit_is_the_references_to_judge() -> None:
+    data = _COMPRESS.compress(SECTION)
+    assert _proof.decompress(data, len(SECTION) - 1) is None
+    with pytest.raises(DecompressionError, match="decompression limit"):
+        decompress(Codec.ZSTD, data, limit=len(SECTION) - 1)
+    assert _proof.decompress(data, len(SECTION)) == SECTION
+
+
+def test_the_compiled_decode_is_safe_from_two_threads() -> None:
+    data = [_streamed(SECTION[i:]) for i in range(0, 4000, 100)]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            got = list(pool.map(lambda d: _proof.decompress(d, 1 << 30), data))
+            assert got == [SECTION[i:] for i in range(0, 4000, 100)]
+
+
+@pytest.mark.parametrize(("descriptor", "size"), [(0x02, 2000), (0x88, (128 << 10) + 1)])
+def test_a_block_past_the_block_maximum_is_refused_as_a_stream_refuses_it(descriptor: int, size: int) -> None:
+    """An RLE block may regenerate at most min(window, 128 KiB) bytes (RFC 8878, 3.1.1.2.4): libzstd's one-shot
+    decoder takes more, a streaming decoder (Kafka's, the zstandard package's) refuses it. (0x02: a window of
+    1,280 bytes; 0x88: 128 MiB, so 128 KiB is the limit.)"""
+    header = (size << 3) | (1 << 1) | 1  # the last block, RLE
+    frame = bytes([0x28, 0xB5, 0x2F, 0xFD, 0x00, descriptor]) + header.to_bytes(3, "little") + b"A"
+    original = b"A" * size
+    with pytest.raises(zstandard.ZstdError):
+        zstandard.ZstdDecompressor().decompress(frame, max_output_size=size)
+    assert _proof.first_mismatch([frame], [original]) == 0
+    assert rewrite._first_unproven(Codec.ZSTD, [frame], [original]) == 0
+    assert _proof.decompress(frame, 1 << 30) is None
+    with pytest.raises(DecompressionError):
+        decompress(Codec.ZSTD, frame)
