@@ -339,3 +339,30 @@ def test_a_block_past_the_block_maximum_is_refused_as_a_stream_refuses_it(descri
     assert _proof.decompress(frame, 1 << 30) is None
     with pytest.raises(DecompressionError):
         decompress(Codec.ZSTD, frame)
+
+
+def _small_window(frame: bytes) -> bytes:
+    """``frame`` (not single-segment) declaring a 1 KiB window."""
+    assert frame[4] & 0x20 == 0
+    return frame[:5] + b"\x00" + frame[6:]
+
+
+def test_a_frame_whose_output_outgrows_its_window_is_left_to_the_reference() -> None:
+    """Past its window a stream decodes through a ring buffer: a block decoding to more than the window, or a
+    match reaching back past it, is an error or bytes that depend on what the buffer held before. The compiled
+    decode answers only for frames whose output fits their window."""
+    big_block = _small_window(_streamed(b"abc" * 350))  # one block of 1,050 bytes in a 1 KiB window
+    with pytest.raises(DecompressionError):
+        zstd_reference(big_block, 1 << 30)
+    assert _proof.decompress(big_block, 1 << 30) is None
+
+    chunks = [os.urandom(1000) for _ in range(3)]
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=20)
+    encoder = zstandard.ZstdCompressor(compression_params=params).compressobj()
+    frame = b"".join(encoder.compress(c) + encoder.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+                     for c in [*chunks, chunks[0]]) + encoder.flush()
+    assert _proof.decompress(frame, 1 << 30) == b"".join([*chunks, chunks[0]])
+    assert _proof.decompress(_small_window(frame), 1 << 30) is None  # the last block repeats the first, 3 KB back
+
+    fits = _streamed(b"abc" * 300)  # 900 bytes: within a 1 KiB window
+    assert _proof.decompress(_small_window(fits), 1 << 30) == zstd_reference(_small_window(fits), 1 << 30)

@@ -44,6 +44,11 @@ static ZSTD_DCtx *(*zstd_create)(void);
 static size_t (*zstd_free)(ZSTD_DCtx *);
 static size_t (*zstd_decompress)(ZSTD_DCtx *, void *, size_t, const void *, size_t);
 static size_t (*zstd_frame_size)(const void *, size_t);
+typedef struct { const void *src; size_t size, pos; } zstd_in;   /* ZSTD_inBuffer */
+typedef struct { void *dst; size_t size, pos; } zstd_out;        /* ZSTD_outBuffer */
+static size_t (*zstd_stream)(ZSTD_DCtx *, zstd_out *, zstd_in *);
+static size_t (*zstd_reset)(ZSTD_DCtx *, int);
+#define RESET_SESSION_ONLY 1  /* ZSTD_reset_session_only */
 static unsigned (*zstd_is_error)(size_t);
 static unsigned (*zstd_version)(void);
 static char zstd_library[4096];  /* the file loaded, "" when none */
@@ -64,9 +69,12 @@ static int try_library(const char *file) {
     *(void **)&zstd_free = dlsym(h, "ZSTD_freeDCtx");
     *(void **)&zstd_decompress = dlsym(h, "ZSTD_decompressDCtx");
     *(void **)&zstd_frame_size = dlsym(h, "ZSTD_findFrameCompressedSize");
+    *(void **)&zstd_stream = dlsym(h, "ZSTD_decompressStream");
+    *(void **)&zstd_reset = dlsym(h, "ZSTD_DCtx_reset");
     *(void **)&zstd_is_error = dlsym(h, "ZSTD_isError");
     *(void **)&zstd_version = dlsym(h, "ZSTD_versionNumber");
-    if (zstd_create && zstd_free && zstd_decompress && zstd_frame_size && zstd_is_error && zstd_version &&
+    if (zstd_create && zstd_free && zstd_decompress && zstd_frame_size && zstd_stream && zstd_reset &&
+        zstd_is_error && zstd_version &&
         zstd_version() >= VERSION_MIN && strlen(file) < sizeof zstd_library) {
         strcpy(zstd_library, file);
         return 1;
@@ -160,7 +168,8 @@ static uint64_t le(const uint8_t *p, size_t n) {
 
 /* 1 when a frame of p[0..size) (its magic checked) holds only blocks a streaming decoder takes: at most
  * min(window, 128 KiB) each (RFC 8878, 3.1.1.2.4), where libzstd's one-shot decoder takes an RLE or raw block
- * of any size; 0 otherwise. */
+ * of any size; 0 otherwise. (A compressed block is checked by its compressed size only: the proof decodes
+ * frames the zstandard package has just written, whose blocks are within the maximum.) */
 static int blocks_accepted(const uint8_t *p, size_t size, size_t at, uint64_t window) {
     uint64_t block_max = window < (128u << 10) ? window : (128u << 10);
     for (;;) {
@@ -254,19 +263,23 @@ static PyObject *first_mismatch(PyObject *self, PyObject *args) {
 /* --- decompress(data, limit): a zstd records section decoded in one call ------------------------------------
  *
  * The reader's zstd path in Python (codecs.zstd_reference) costs about 4 us a batch around the decoder: the
- * frame walk, the output bound, the calls. This is the same walk and the same decoder in C. It answers the
- * decoded bytes, or None wherever the Python path might answer anything else or would take another route:
- * a frame that is not plainly decodable in one shot (truncated, reserved bits or block types, a skippable
- * frame, a frame with no content and no declared size, a window a streaming decoder refuses, a decoder
- * error), more than MAX_FRAMES frames, or outputs whose bounds exceed `limit`. None is never a verdict: the
- * caller then runs the Python path, which decodes or names the problem. So a batch decoded here is one the
- * Python path decodes to the same bytes (the fuzz target `zstd` holds that). */
+ * frame walk, the output bound, the calls. This is the same walk and the same decoder call in C (the
+ * zstandard package's decompress: one ZSTD_decompressStream into the frame's bound, which must end the
+ * frame). It answers the decoded bytes, or None wherever the Python path would take another route or might
+ * answer anything else: a frame the walk refuses (truncated, a reserved bit or block type, a skippable frame),
+ * a frame with no content and no declared size, one without a declared size whose output is larger than its
+ * window (below), a decoder error, more than MAX_FRAMES frames, bounds past
+ * `limit`. None is never a verdict: the caller then runs the Python path, which decodes or names the
+ * problem. So a batch decoded here is one the Python path decodes to the same bytes (the fuzz target `zstd`
+ * holds that, and codecs uses this only when the library loaded is the zstandard package's own version). */
 
 #define MAX_FRAMES 4096  /* codecs.MAX_ZSTD_FRAMES */
 #define BLOCK_MAX (128u << 10)
 
 typedef struct {
     size_t start, end, bound;
+    uint64_t window;  /* the window it declares (its content size when it is single-segment) */
+    int sized;        /* the frame declares its content size (the bound) */
 } frame;
 
 /* codecs._zstd_frames' walk: the frames of p[0..n) and the sum of their output bounds; -1 on anything the
@@ -307,9 +320,17 @@ static Py_ssize_t walk_frames(const uint8_t *p, size_t n, frame *frames, size_t 
         }
         uint64_t out = sized ? content : bound;
         if (out == 0 || out > (uint64_t)PY_SSIZE_T_MAX - *total) return -1;
+        uint64_t window = out;
+        if (!sized) {  /* not single-segment: a window descriptor */
+            uint8_t wd = p[start + 5];
+            uint64_t base = 1ULL << (10 + (wd >> 3));
+            window = base + (base / 8) * (wd & 7);
+        }
         frames[count].start = start;
         frames[count].end = pos;
         frames[count].bound = (size_t)out;
+        frames[count].sized = sized;
+        frames[count].window = window;
         *total += (size_t)out;
         count++;
     }
@@ -334,27 +355,41 @@ static PyObject *decompress(PyObject *self, PyObject *args) {
         goto done;
     }
     count = walk_frames(in.buf, (size_t)in.len, frames, &total);
-    /* windows_accepted: also each block's size, which one-shot decoding would not check */
-    if (count <= 0 || total > (size_t)limit || !windows_accepted(in.buf, (size_t)in.len)) goto none;
+    if (count <= 0 || total > (size_t)limit) goto none;
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (result == NULL) goto done;
     uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
     size_t got = 0;
     int failed = 0;
+    PyThread_type_lock lock = shared_lock;
     Py_BEGIN_ALLOW_THREADS
-    int mine = shared_lock != NULL && PyThread_acquire_lock(shared_lock, NOWAIT_LOCK);
-    ZSTD_DCtx *dctx = mine ? shared_dctx : NULL;
-    if (dctx == NULL) dctx = zstd_create();
-    if (mine && shared_dctx == NULL) shared_dctx = dctx;
+    int mine = lock != NULL && PyThread_acquire_lock(lock, NOWAIT_LOCK);
+    ZSTD_DCtx *dctx;
+    if (mine) {
+        if (shared_dctx == NULL) shared_dctx = zstd_create();
+        dctx = shared_dctx;
+    } else {
+        dctx = zstd_create();
+    }
     failed = dctx == NULL;
     for (Py_ssize_t i = 0; i < count && !failed; i++) {
-        const uint8_t *p = (const uint8_t *)in.buf + frames[i].start;
-        size_t size = zstd_decompress(dctx, out + got, frames[i].bound, p, frames[i].end - frames[i].start);
-        if (zstd_is_error(size)) failed = 1;
-        else got += size;
+        /* The zstandard package's one call (ZstdDecompressor.decompress): a stream whose output holds the
+         * frame's bound, which must end the frame. A frame with a declared size is decoded in one pass
+         * within it; one without is decoded as a stream is, its window and block limits enforced. */
+        zstd_in src = {(const uint8_t *)in.buf + frames[i].start, frames[i].end - frames[i].start, 0};
+        zstd_out dst = {out + got, frames[i].bound, 0};
+        size_t left = zstd_is_error(zstd_reset(dctx, RESET_SESSION_ONLY)) ? 1 : zstd_stream(dctx, &dst, &src);
+        /* A stream decodes through a ring buffer of its window and a little more: once the output is past the
+         * window, a match reaching further back than the window reads whatever the buffer held before, and the
+         * answer depends on the decoder's history. Within the window it is determined, so beyond it, None. */
+        if (zstd_is_error(left) || left != 0 || src.pos != src.size || (frames[i].sized && dst.pos != dst.size) ||
+            (!frames[i].sized && dst.pos > frames[i].window))
+            failed = 1;
+        else
+            got += dst.pos;
     }
-    if (dctx != NULL && dctx != shared_dctx) zstd_free(dctx);
-    if (mine) PyThread_release_lock(shared_lock);
+    if (!mine && dctx != NULL) zstd_free(dctx);
+    if (mine) PyThread_release_lock(lock);
     Py_END_ALLOW_THREADS
     if (failed) {
         Py_CLEAR(result);
@@ -602,7 +637,7 @@ PyMODINIT_FUNC PyInit__proof(void) {
     if (m == NULL) return NULL;
 #ifdef HAVE_NATIVE_PROOF
     if (getenv("TIERING_NO_NATIVE_ZSTD") == NULL) load_zstd();
-    shared_lock = PyThread_allocate_lock();
+    if (shared_lock == NULL) shared_lock = PyThread_allocate_lock();
     if (PyType_Ready(&ProofThreadType) < 0 || PyModule_AddObjectRef(m, "ProofThread", (PyObject *)&ProofThreadType) < 0) {
         Py_DECREF(m);
         return NULL;
