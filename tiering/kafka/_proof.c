@@ -166,12 +166,25 @@ static uint64_t le(const uint8_t *p, size_t n) {
     return v;
 }
 
+/* A frame header's fields (RFC 8878, 3.1.1.1): the sizes of Frame_Content_Size and Dictionary_ID by their flags
+ * (a content-size flag of 0 means 1 byte in a single-segment frame, none otherwise), and the window a
+ * Window_Descriptor declares. */
+#define BLOCK_MAX (128u << 10)
+static const size_t FCS_BYTES[4] = {0, 2, 4, 8}, DID_BYTES[4] = {0, 1, 2, 4};
+
+static size_t fcs_size(uint8_t fhd) { return FCS_BYTES[fhd >> 6] ? FCS_BYTES[fhd >> 6] : (size_t)((fhd & 0x20) != 0); }
+
+static uint64_t descriptor_window(uint8_t wd) {
+    uint64_t base = 1ULL << (10 + (wd >> 3));
+    return base + (base / 8) * (wd & 7);
+}
+
 /* 1 when a frame of p[0..size) (its magic checked) holds only blocks a streaming decoder takes: at most
  * min(window, 128 KiB) each (RFC 8878, 3.1.1.2.4), where libzstd's one-shot decoder takes an RLE or raw block
  * of any size; 0 otherwise. (A compressed block is checked by its compressed size only: the proof decodes
  * frames the zstandard package has just written, whose blocks are within the maximum.) */
 static int blocks_accepted(const uint8_t *p, size_t size, size_t at, uint64_t window) {
-    uint64_t block_max = window < (128u << 10) ? window : (128u << 10);
+    uint64_t block_max = window < BLOCK_MAX ? window : BLOCK_MAX;
     for (;;) {
         if (at > size || size - at < 3) return 0;
         uint32_t header = (uint32_t)le(p + at, 3), type = (header >> 1) & 3, block = header >> 3;
@@ -184,7 +197,6 @@ static int blocks_accepted(const uint8_t *p, size_t size, size_t at, uint64_t wi
 /* 1 when every frame of p[0..n) declares a window a streaming decoder accepts and holds blocks it takes;
  * 0 otherwise, and for bytes that are not frames (the decoder then refuses them too). */
 static int windows_accepted(const uint8_t *p, size_t n) {
-    static const size_t fcs_bytes[4] = {0, 2, 4, 8}, did_bytes[4] = {0, 1, 2, 4};
     while (n > 0) {
         size_t size = zstd_frame_size(p, n);
         if (zstd_is_error(size) || size > n || size < 5) return 0;
@@ -193,17 +205,10 @@ static int windows_accepted(const uint8_t *p, size_t n) {
             if (magic != FRAME_MAGIC) return 0;
             uint8_t fhd = p[4];
             int single = (fhd & 0x20) != 0;
-            size_t fcs = fcs_bytes[fhd >> 6] ? fcs_bytes[fhd >> 6] : (size_t)single;
-            size_t at = 5 + (single ? 0 : 1) + did_bytes[fhd & 3];
+            size_t fcs = fcs_size(fhd), at = 5 + (single ? 0 : 1) + DID_BYTES[fhd & 3];
             if (at + fcs > size) return 0;
-            uint64_t window;
-            if (single) {  /* the window is the content size */
-                window = le(p + at, fcs) + (fcs == 2 ? 256 : 0);
-            } else {
-                uint8_t wd = p[5];
-                uint64_t base = 1ULL << (10 + (wd >> 3));
-                window = base + (base / 8) * (wd & 7);
-            }
+            /* single-segment: the window is the content size */
+            uint64_t window = single ? le(p + at, fcs) + (fcs == 2 ? 256 : 0) : descriptor_window(p[5]);
             if (window > WINDOW_MAX || !blocks_accepted(p, size, at + fcs, window)) return 0;
         }
         p += size;
@@ -274,7 +279,6 @@ static PyObject *first_mismatch(PyObject *self, PyObject *args) {
  * holds that, and codecs uses this only when the library loaded is the zstandard package's own version). */
 
 #define MAX_FRAMES 4096  /* codecs.MAX_ZSTD_FRAMES */
-#define BLOCK_MAX (128u << 10)
 
 typedef struct {
     size_t start, end, bound;
@@ -285,7 +289,6 @@ typedef struct {
 /* codecs._zstd_frames' walk: the frames of p[0..n) and the sum of their output bounds; -1 on anything the
  * walk raises for, or a skippable frame (rare in Kafka: left to Python). */
 static Py_ssize_t walk_frames(const uint8_t *p, size_t n, frame *frames, size_t *total) {
-    static const size_t fcs_bytes[4] = {0, 2, 4, 8}, did_bytes[4] = {0, 1, 2, 4};
     size_t pos = 0, count = 0;
     *total = 0;
     while (pos < n) {
@@ -295,8 +298,7 @@ static Py_ssize_t walk_frames(const uint8_t *p, size_t n, frame *frames, size_t 
         uint8_t fhd = p[pos + 4];
         if (fhd & 0x08) return -1;
         int single = (fhd & 0x20) != 0;
-        size_t fcs = fcs_bytes[fhd >> 6] ? fcs_bytes[fhd >> 6] : (single ? 1 : 0);
-        size_t at = pos + 5 + (single ? 0 : 1) + did_bytes[fhd & 3];
+        size_t fcs = fcs_size(fhd), at = pos + 5 + (single ? 0 : 1) + DID_BYTES[fhd & 3];
         if (at > n || fcs > n - at) return -1;
         pos = at + fcs;
         int sized = fcs != 0;
@@ -320,17 +322,11 @@ static Py_ssize_t walk_frames(const uint8_t *p, size_t n, frame *frames, size_t 
         }
         uint64_t out = sized ? content : bound;
         if (out == 0 || out > (uint64_t)PY_SSIZE_T_MAX - *total) return -1;
-        uint64_t window = out;
-        if (!sized) {  /* not single-segment: a window descriptor */
-            uint8_t wd = p[start + 5];
-            uint64_t base = 1ULL << (10 + (wd >> 3));
-            window = base + (base / 8) * (wd & 7);
-        }
         frames[count].start = start;
         frames[count].end = pos;
         frames[count].bound = (size_t)out;
         frames[count].sized = sized;
-        frames[count].window = window;
+        frames[count].window = sized ? out : descriptor_window(p[start + 5]);  /* unsized: not single-segment */
         *total += (size_t)out;
         count++;
     }
