@@ -5,7 +5,8 @@
     python bench/s3_compaction.py --endpoint URL --bucket B --requests 300
 
 Through S3: scans ``P`` for topic ``T`` and compacts it to zstd level 3 with the same orchestrator the CLI
-uses, then prints one JSON document: the compaction's seconds (wall and CPU, every thread's), its S3
+uses, then prints one JSON document: the compaction's seconds (wall and CPU, every thread's, and the CPU's
+part in the kernel), its S3
 requests by operation, the bytes of object bodies it sent and received, the GETs of staged objects, the
 swap mode used (the probe's choice with ``--swap auto``), every segment's status, and the process's peak
 RSS (read by the process itself: a parent's ``wait4`` would report the pages of the fork it was started
@@ -44,6 +45,11 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _system_seconds() -> float:
+    """The part of :func:`_cpu_seconds` spent in the kernel (on loopback, the TCP stack of both ends)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
 def _vm_hwm_kib() -> int:
     """This process's peak resident size (VmHWM: reset at exec, so none of the parent's pages)."""
     with open("/proc/self/status") as f:
@@ -63,9 +69,10 @@ def _body_bytes(body: Any) -> int:
 
 
 def local(path: Path, out_dir: Path) -> dict[str, Any]:
-    started, cpu = time.perf_counter(), _cpu_seconds()
+    started, cpu, system = time.perf_counter(), _cpu_seconds(), _system_seconds()
     result, _ = rewrite_file(path, out_dir, OPTIONS)
     return {"seconds": time.perf_counter() - started, "cpu_seconds": _cpu_seconds() - cpu,
+            "system_seconds": _system_seconds() - system,
             "bytes_in": result.stats.bytes_in, "bytes_out": result.stats.bytes_out, "peak_rss_kib": _vm_hwm_kib()}
 
 
@@ -119,11 +126,12 @@ def through_s3(args: argparse.Namespace) -> dict[str, Any]:
     swap = SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap))
     ctx = Context(store, args.prefix, f"bench-{args.topic}", OPTIONS, work_dir=args.work_dir,
                   verify=Verify(args.verify), swap=swap)
-    started, cpu = time.perf_counter(), _cpu_seconds()
+    started, cpu, system = time.perf_counter(), _cpu_seconds(), _system_seconds()
     run = compact(store, plan, ctx, CompactOptions())
-    seconds, cpu = time.perf_counter() - started, _cpu_seconds() - cpu
+    seconds, cpu, system = time.perf_counter() - started, _cpu_seconds() - cpu, _system_seconds() - system
     requests = {op: n - before.get(op, 0) for op, n in sorted(store.requests.items()) if n - before.get(op, 0)}
-    return {"seconds": seconds, "cpu_seconds": cpu, "requests": requests, "peak_rss_kib": _vm_hwm_kib(),
+    return {"seconds": seconds, "cpu_seconds": cpu, "system_seconds": system, "requests": requests,
+            "peak_rss_kib": _vm_hwm_kib(),
             "staged_gets": len(staged_gets), "staged_log_gets": sum(1 for k in staged_gets if k.endswith(".log")),
             "bytes_sent": wire["sent"], "bytes_received": wire["received"],
             "swap": swap.mode.value if swap.mode is not None else None,

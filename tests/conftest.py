@@ -6,8 +6,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from botocore.handlers import BUILTIN_HANDLERS, REGISTER_FIRST
 
 from tests.golden import SEGMENTS, segment_id
+
+
+def _bytes_for_moto_in_process(request: Any, **_: Any) -> None:
+    """moto's in-process stub (``mock_aws``) builds a werkzeug request from a body, which takes bytes, not the
+    bytearray a streamed upload sends its parts as; over HTTP (moto's server, SeaweedFS) the bytearray goes to
+    the socket as it is. Only while the stub is on, and before it (registered first)."""
+    from moto.core.models import botocore_stubber
+
+    if botocore_stubber.enabled and isinstance(request.body, bytearray):
+        request.body = bytes(request.body)
+
+
+BUILTIN_HANDLERS.append(("before-send", _bytes_for_moto_in_process, REGISTER_FIRST))
 
 
 @pytest.fixture(params=SEGMENTS, ids=segment_id)

@@ -95,7 +95,9 @@ def test_s3_bench_on_seaweedfs_swaps_by_copy_and_uploads_the_new_log_once(tmp_pa
     assert c["new_log_bytes"] <= c["bytes_sent"] < c["new_log_bytes"] * 1.1
     assert row["segment_bytes"] <= c["bytes_received"] < row["segment_bytes"] * 1.1
     assert c["server_cpu_seconds"] > 0
+    assert 0 <= c["system_seconds"] <= c["cpu_seconds"]
     assert "checksum + auto (copy)" in proc.stdout
+    assert "in the kernel" in proc.stdout
     assert set(doc["request_cpu_ms"]) == {"HeadObject", "GetObject", "PutObject", "ListObjectsV2"}
     assert all(0 < ms < 100 for ms in doc["request_cpu_ms"].values())
     assert "HeadObject" in proc.stdout

@@ -89,14 +89,18 @@ def test_uploads_carry_a_checksum_instead_of_a_signed_payload(store: S3Store,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Over plain HTTP botocore would SHA-256 every uploaded byte to sign it; the client sends S3's
     UNSIGNED-PAYLOAD instead, and every body carries a checksum the store checks (ours, or botocore's CRC32
-    even where the environment asks for checksums only when required)."""
+    even where the environment asks for checksums only when required). A part's body is the writer's buffer,
+    handed to the socket as it is once the store said to go on (``100-continue``)."""
     monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "when_required")
     s = S3Store(make_client(), store.bucket)
     sent: list[tuple[str, str, list[str]]] = []
+    part_bodies: list[type] = []
 
     def seen(request: Any, **_: Any) -> None:
         checksums = sorted(k.lower() for k in request.headers if k.lower().startswith("x-amz-checksum-"))
         sent.append((request.method, request.headers["X-Amz-Content-SHA256"].decode(), checksums))
+        if "partNumber=" in request.url:
+            part_bodies.append((type(request.body), request.headers.get("Expect")))
 
     s.client.meta.events.register("before-send.s3", seen)
     s.put("plain", b"a JSON document")
@@ -111,6 +115,8 @@ def test_uploads_carry_a_checksum_instead_of_a_signed_payload(store: S3Store,
     assert [sha for sha, _ in uploads] == ["UNSIGNED-PAYLOAD"] * 4  # the PUT and the three parts
     assert uploads[0][1] == ["x-amz-checksum-crc32"]  # botocore's, though the environment said when_required
     assert all(checks == ["x-amz-checksum-crc32c"] for _, checks in uploads[1:])  # ours, part by part
+    # Not a BytesIO (urllib3 sends a buffer in one call), and a refusal answers before the body is sent.
+    assert [(issubclass(t, bytearray), expect) for t, expect in part_bodies] == [(True, b"100-continue")] * 3
 
 
 def test_a_compaction_swaps_by_server_side_copy_and_rolls_back_byte_for_byte(store: S3Store) -> None:

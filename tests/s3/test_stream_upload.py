@@ -4,6 +4,7 @@ CRC-32C S3 reports for what it stored."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import threading
@@ -46,6 +47,23 @@ def test_a_large_object_goes_in_parts_as_it_is_written_with_its_full_object_crc(
     assert (head["ChecksumCRC32C"], head["ChecksumType"]) == (crc32c_b64(done.crc32c), "FULL_OBJECT")
     used = store.requests
     assert (used["CreateMultipartUpload"], used["UploadPart"], used["CompleteMultipartUpload"]) == (1, 3, 1)
+
+
+def test_parts_go_out_as_the_writers_own_buffers_reused(store: S3Store) -> None:
+    """A part is sent as the buffer it was written in: a bytearray, which botocore passes to the socket as it
+    is (bytes it would wrap in a BytesIO, read 128 KiB at a time), and which is filled again once its part
+    is in: at most three buffers for two parts in flight and the one filling, the last part's among them."""
+    bodies: list[Any] = []
+    store.client.meta.events.register("before-call.s3.UploadPart", lambda params, **_: bodies.append(params["body"]))
+    data = os.urandom(6 * MIN_PART_BYTES + 1)
+    with store.writer("parts", part_bytes=MIN_PART_BYTES, checksum=True, in_flight=2) as out:
+        _write_in_pieces(out, data)
+        out.finish()
+    assert store.get("parts") == data
+    assert len(bodies) == 7
+    assert all(isinstance(b, bytearray) for b in bodies)
+    assert 2 <= len({id(b) for b in bodies[:6]}) <= 3  # the six full parts
+    assert len(bodies[6]) == 1
 
 
 def test_an_object_that_fits_in_one_part_is_a_single_put(store: S3Store) -> None:
@@ -104,12 +122,14 @@ class _Slow(MemoryStore):
         super().__init__("b")
         self.sending = self.most = self.received = 0
         self.gate = threading.Lock()
+        self.bodies: list[Any] = []  # every part's body, kept alive so that each has an id of its own
 
     def _part(self, *args: Any) -> dict[str, Any]:
         with self.gate:
             self.sending += 1
             self.most = max(self.most, self.sending)
-        time.sleep(0.05)
+            self.bodies.append(args[3])
+        time.sleep(0.05)  # the writer goes on meanwhile: a buffer filled again too early would show in the data
         try:
             return super()._part(*args)
         finally:
@@ -133,9 +153,66 @@ def test_the_writer_never_runs_ahead_of_the_parts_on_their_way(in_flight: int) -
         out.finish()
     assert mem.get("k") == data
     assert ahead <= (in_flight + 2) * MIN_PART_BYTES
+    assert len({id(b) for b in mem.bodies}) <= in_flight + 1  # the parts on their way and the one filling
     assert 1 <= mem.most <= in_flight
     if in_flight > 1:
         assert mem.most > 1  # they do overlap
+
+
+def test_a_writer_slower_than_the_uploads_fills_two_buffers_in_turn() -> None:
+    """A buffer whose part is in is filled again before another is made: where the uploads keep up (a
+    compressing rewrite), the writer holds the part filling and the one on its way."""
+    mem = _Slow()
+    data = os.urandom(6 * MIN_PART_BYTES + 1)
+    with mem.writer("k", part_bytes=MIN_PART_BYTES, in_flight=3, checksum=True) as out:
+        for at in range(0, len(data), MIN_PART_BYTES):
+            out.write(data[at : at + MIN_PART_BYTES])
+            deadline = time.monotonic() + 10
+            while mem.received < min(at, len(data) - MIN_PART_BYTES - 1) and time.monotonic() < deadline:
+                time.sleep(0.01)  # the parts sent so far are in before the next is written
+        out.finish()
+    assert mem.get("k") == data
+    assert len({id(b) for b in mem.bodies}) == 2
+
+
+@pytest.mark.parametrize("in_flight", [1, 2, 3])
+def test_a_part_refused_while_the_writer_waits_for_its_buffer_fails_the_upload(in_flight: int) -> None:
+    """The first part fails after the writer has gone on: the failure is raised where the writer waits (for a
+    part to arrive or for a buffer), the upload aborted, nothing stored; the writer cannot be used again."""
+
+    class FailsFirst(_Slow):
+        def _part(self, *args: Any) -> dict[str, Any]:
+            if args[2] == 1:
+                time.sleep(0.1)
+                raise StorageError("upload_part failed with S3 error SlowDown (HTTP 503)")
+            return super()._part(*args)
+
+    mem = FailsFirst()
+    data = os.urandom(6 * MIN_PART_BYTES)
+    out = mem.writer("k", part_bytes=MIN_PART_BYTES, in_flight=in_flight, checksum=True)
+
+    def write_all() -> None:
+        with out:
+            _write_in_pieces(out, data)
+            out.finish()
+
+    with pytest.raises(StorageError, match="SlowDown"):
+        write_all()
+    assert list(mem.list_uploads("")) == []
+    assert [o.key for o in mem.list("k")] == []
+    with pytest.raises(ValueError, match="finished or aborted"):
+        out.write(b"more")
+
+
+def test_botocores_debug_log_names_a_part_by_its_size(store: S3Store, caplog: pytest.LogCaptureFixture) -> None:
+    """botocore logs every request's parameters at DEBUG: a part's body appears as its size, not its bytes."""
+    data = os.urandom(2 * MIN_PART_BYTES + 1)
+    with caplog.at_level(logging.DEBUG, logger="botocore"):
+        _upload(store, data)
+    made = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Making request for")]
+    assert any(f"<part of {MIN_PART_BYTES} bytes>" in m for m in made)
+    assert max(len(r.getMessage()) for r in caplog.records) < 20_000
+    assert store.get("k") == data
 
 
 def test_a_store_reporting_another_crc_fails_loudly() -> None:
@@ -175,6 +252,6 @@ class _Parts(MemoryStore):
         super().__init__("bkt")
         self.sizes: list[tuple[int, int]] = []
 
-    def _part(self, key: str, upload_id: str, number: int, data: bytes, checksum: bool) -> dict[str, Any]:
+    def _part(self, key: str, upload_id: str, number: int, data: bytearray, checksum: bool) -> dict[str, Any]:
         self.sizes.append((number, len(data)))
         return super()._part(key, upload_id, number, data, checksum)

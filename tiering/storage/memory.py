@@ -400,17 +400,17 @@ class MemoryStore(StreamUploads):
             self._uploads[upload_id] = _Upload(key, self._now(), dict(metadata or {}))
             return upload_id
 
-    def _single(self, key: str, data: bytes, metadata: dict[str, str], if_none_match: bool,
+    def _single(self, key: str, data: bytes | bytearray, metadata: dict[str, str], if_none_match: bool,
                 crc: int | None) -> str:
-        return self.put(key, data, if_none_match=if_none_match, metadata=metadata, checksum=crc is not None)
+        return self.put(key, bytes(data), if_none_match=if_none_match, metadata=metadata, checksum=crc is not None)
 
     def _start(self, key: str, metadata: dict[str, str], checksum: bool) -> str:
         return self.create_upload(key, metadata=metadata)
 
-    def _part(self, key: str, upload_id: str, number: int, data: bytes, checksum: bool) -> dict[str, Any]:
+    def _part(self, key: str, upload_id: str, number: int, data: bytearray, checksum: bool) -> dict[str, Any]:
         with self._lock:
             self._count("UploadPart")
-            self._upload(key, upload_id, "upload_part").parts[number] = data
+            self._upload(key, upload_id, "upload_part").parts[number] = bytes(data)  # the caller reuses it
         return {"PartNumber": number}
 
     def _finish(self, key: str, upload_id: str, parts: Sequence[dict[str, Any]], if_none_match: bool,

@@ -137,17 +137,27 @@ class _Multipart(Protocol):
 
     bucket: str
 
-    def _single(self, key: str, data: bytes, metadata: dict[str, str], if_none_match: bool,
+    def _single(self, key: str, data: bytes | bytearray, metadata: dict[str, str], if_none_match: bool,
                 crc: int | None) -> str: ...
 
     def _start(self, key: str, metadata: dict[str, str], checksum: bool) -> str: ...
 
-    def _part(self, key: str, upload_id: str, number: int, data: bytes, checksum: bool) -> dict[str, Any]: ...
+    def _part(self, key: str, upload_id: str, number: int, data: bytearray, checksum: bool) -> dict[str, Any]: ...
 
     def _finish(self, key: str, upload_id: str, parts: Sequence[dict[str, Any]], if_none_match: bool,
                 crc: int | None) -> str: ...
 
     def abort_upload(self, key: str, upload_id: str) -> None: ...
+
+
+class _Part(bytearray):
+    """A part's bytes, sent as they are (a bytearray is not wrapped in a BytesIO by botocore); its repr is short,
+    as botocore's debug log prints every request's parameters."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<part of {len(self)} bytes>"
 
 
 class StreamUpload(io.RawIOBase):
@@ -174,9 +184,14 @@ class StreamUpload(io.RawIOBase):
         self.size = self.crc = 0
         self.upload_id: str | None = None
         self.result: Uploaded | None = None
-        # The part being filled. A BytesIO hands its bytes over without a copy (getvalue() on a buffer nobody
-        # else holds), so a part's bytes are copied once, on their way in.
-        self._part = io.BytesIO()
+        # Parts are filled in buffers of part_bytes, each filled again once its part is in: in_flight + 1 at
+        # most (the parts on their way and the one filling), two where the uploads keep up with the writer. The
+        # first grows with what is written (a small object needs no more); the others are made whole when a
+        # multipart upload needs them. A full buffer is the part's body as it is: a bytearray goes to the
+        # socket in one piece, where botocore would wrap bytes in a BytesIO and read it 128 KiB at a time.
+        self._buffers: list[_Part] = [_Part()]
+        self._users: list[Future[dict[str, Any]] | None] = [None]  # the part last sent from each buffer
+        self._filling = self._fill = 0  # the buffer being filled, and its bytes
         self._sent: list[Future[dict[str, Any]]] = []
         self._pool: ThreadPoolExecutor | None = None
 
@@ -191,17 +206,35 @@ class StreamUpload(io.RawIOBase):
         self.crc = crc32c.crc32c(view, self.crc)
         at = 0
         while at < len(view):
-            fill = self._part.tell()
-            if fill == self.part_bytes:  # a full part and more to come: it is not the last
-                self._send(self._part.getvalue())
-                self._part = io.BytesIO()
-                fill = 0
-            take = min(self.part_bytes - fill, len(view) - at)
-            self._part.write(view[at : at + take])
+            if self._fill == self.part_bytes:  # a full part and more to come: it is not the last
+                self._send(self._buffers[self._filling])
+                self._next_buffer()
+            take = min(self.part_bytes - self._fill, len(view) - at)
+            self._buffers[self._filling][self._fill : self._fill + take] = view[at : at + take]
+            self._fill += take
             at += take
         return len(view)
 
-    def _send(self, part: bytes) -> None:
+    def _next_buffer(self) -> None:
+        """Fill another buffer: one whose part is in, else a new one (there are fewer than ``in_flight + 1``:
+        :meth:`_send` left at most ``in_flight`` parts on their way, the one just sent included)."""
+        free = [i for i, user in enumerate(self._users) if i != self._filling and (user is None or user.done())]
+        if free:
+            self._filling = free[0]
+        else:
+            self._buffers.append(_Part(self.part_bytes))
+            self._users.append(None)
+            self._filling = len(self._buffers) - 1
+        self._fill = 0
+
+    def _last_part(self) -> _Part:
+        """What is left to send: the buffer being filled, cut to its bytes (it is not filled again)."""
+        buffer = self._buffers[self._filling]
+        del buffer[self._fill :]
+        return buffer
+
+    def _send(self, part: _Part) -> None:
+        """Send the buffer being filled as the next part, once fewer than ``in_flight`` are on their way."""
         if self.upload_id is None:
             self.upload_id = self.store._start(self.key, self.metadata, self.checksum)
             self._pool = ThreadPoolExecutor(self.in_flight, thread_name_prefix="tiering-upload")
@@ -218,6 +251,7 @@ class StreamUpload(io.RawIOBase):
         assert self._pool is not None
         assert self.upload_id is not None
         self._sent.append(self._pool.submit(self.store._part, self.key, self.upload_id, number, part, self.checksum))
+        self._users[self._filling] = self._sent[-1]
 
     def finish(self, *, expect_crc: int | None = None) -> Uploaded:
         """Complete the object. ``expect_crc``: the CRC-32C its producer computed; other bytes written are a
@@ -227,7 +261,7 @@ class StreamUpload(io.RawIOBase):
         if expect_crc is not None:
             same_crc(self.where, self.crc, expect_crc)
         crc = self.crc if self.checksum else None
-        last = self._part.getvalue()
+        last = self._last_part()
         if self.upload_id is None:
             etag = self.store._single(self.key, last, self.metadata, self.if_none_match, crc)
         else:
@@ -238,7 +272,6 @@ class StreamUpload(io.RawIOBase):
             except (ChecksumUnsupported, ChecksumMismatch):
                 self.upload_id = None  # completed, then judged by its checksum: nothing left to abort
                 raise
-        self._part = io.BytesIO()
         self.result = Uploaded(etag, self.size, self.crc)
         self._shutdown()
         return self.result
@@ -247,7 +280,6 @@ class StreamUpload(io.RawIOBase):
         """Give the upload up: parts on their way are waited for, then the multipart upload is aborted (its
         own errors are not raised: the error that made us abort is the one to report; cleanup and a
         lifecycle rule abort a straggler)."""
-        self._part = io.BytesIO()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         if self.upload_id is not None and self.result is None:
@@ -255,12 +287,13 @@ class StreamUpload(io.RawIOBase):
                 self.store.abort_upload(self.key, self.upload_id)
             self.upload_id = None
         self._shutdown()
+        self.close()  # nothing more can be written to it
 
     def _shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        self._sent = []
+        self._sent, self._buffers, self._users = [], [], []
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

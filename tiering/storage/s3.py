@@ -186,7 +186,16 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None,
     session = boto3.session.Session()
     session._session.register_component("data_loader", _LOADER)
     session._session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_time)
-    return session.client("s3", endpoint_url=endpoint_url, config=config)
+    client = session.client("s3", endpoint_url=endpoint_url, config=config)
+    client.meta.events.register("before-call.s3", _expect_continue)
+    return client
+
+
+def _expect_continue(model: Any, params: dict[str, Any], **_: Any) -> None:
+    """A body sent from a buffer (a streamed upload's part) asks for ``100-continue``, as botocore asks for the
+    bodies it reads from a file: a refusal (SlowDown, an upload gone) comes before the part's bytes are sent."""
+    if model.http.get("method") in ("PUT", "POST") and isinstance(params.get("body"), bytearray):
+        params["headers"]["Expect"] = "100-continue"
 
 
 def parse_time(value: str) -> datetime:
@@ -624,7 +633,7 @@ class S3Store(StreamUploads):
 
     # StreamUpload's calls (_Multipart).
 
-    def _single(self, key: str, data: bytes, metadata: dict[str, str], if_none_match: bool,
+    def _single(self, key: str, data: bytes | bytearray, metadata: dict[str, str], if_none_match: bool,
                 crc: int | None) -> str:
         return self._put(key, {"Body": data, "Metadata": metadata, **({"IfNoneMatch": "*"} if if_none_match else {})},
                          crc)
@@ -633,7 +642,7 @@ class S3Store(StreamUploads):
         checked = {"ChecksumAlgorithm": "CRC32C", "ChecksumType": "FULL_OBJECT"} if checksum else {}
         return str(self._call("create_multipart_upload", key, Metadata=metadata, **checked)["UploadId"])
 
-    def _part(self, key: str, upload_id: str, number: int, data: bytes, checksum: bool) -> dict[str, Any]:
+    def _part(self, key: str, upload_id: str, number: int, data: bytearray, checksum: bool) -> dict[str, Any]:
         crc = {"ChecksumCRC32C": crc32c_b64(crc32c.crc32c(data))} if checksum else {}
         r = self._call("upload_part", key, UploadId=upload_id, PartNumber=number, Body=data,
                        **({"ChecksumAlgorithm": "CRC32C"} | crc if checksum else {}))
