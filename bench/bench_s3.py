@@ -2,6 +2,7 @@
 
     make bench-s3                                   # moto (scan, then 64, 256 and 1024 MiB segments)
     make bench-s3 BENCH_ARGS="--store seaweedfs --segment-mib 256 1024"
+    make bench-s3 BENCH_ARGS="--store seaweedfs --segment-mib 256 --baseline HEAD~1"   # before and after a change
     .venv/bin/python bench/bench_s3.py --endpoint https://s3.example.net --bucket my-bench --segment-mib 256
 
 1. **Scan** (moto only). A moto server on loopback (in this process) holds ``--objects`` segment objects:
@@ -24,7 +25,9 @@
    interpreter's start; the CPU's part in the kernel beside it), the ratios to the local rewrite's, the
    server's CPU seconds meanwhile, the requests, the bytes of object bodies sent and received, the GETs of
    staged objects, the peak RSS (the process's own VmHWM) and the most bytes of files under the work
-   directory it held open (a spool is unlinked at once: counted through ``/proc/<pid>/fd``).
+   directory it held open (a spool is unlinked at once: counted through ``/proc/<pid>/fd``). ``--baseline REV``
+   adds the default configuration run by the package as it was at a git revision (with this checkout's
+   compiled modules), in the same rounds.
 
 Prints a table and writes ``bench/out/bench_s3.json``.
 """
@@ -51,6 +54,7 @@ from typing import Any, Final
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.s3.seaweedfs
 
 from bench_rewrite import _vm_hwm_kib  # same directory: the script's own path is on sys.path
+from bench_scan import export_tree
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.s3.models import s3_backends
 from moto.server import ThreadedMotoServer
@@ -170,8 +174,19 @@ def bench_requests(server: Server, n: int) -> dict[str, float]:
     return ms
 
 
-def _label(verify: Verify, swap: str) -> str:
-    return f"{verify.value} + {swap}"
+@dataclass(frozen=True)
+class Config:
+    """A compaction measured: its verification and swap, and the package it runs (``tree``: a git revision's,
+    exported by ``--baseline``; None: this checkout's)."""
+
+    verify: Verify
+    swap: str
+    rev: str | None = None
+    tree: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.verify.value} + {self.swap}" + (f" @{self.rev}" if self.rev else "")
 
 
 def _proc_cpu_seconds(pid: int) -> float:
@@ -280,11 +295,11 @@ def _measured(cmd: list[str], env: dict[str, str], work_dir: Path | None = None)
     return {**doc, "peak_rss_mib": round(doc["peak_rss_kib"] / 1024, 1), "work_dir_max_bytes": spooled}
 
 
-def _compaction(server: Server, store: S3Store, topic: str, verify: Verify, swap: str,
-                work_dir: Path) -> dict[str, Any]:
-    doc = _measured(["--endpoint", server.endpoint, "--bucket", store.bucket, "--prefix", "kafka",
-                     "--topic", topic, "--verify", verify.value, "--swap", swap, "--work-dir", str(work_dir)],
-                    server.env, work_dir)
+def _compaction(server: Server, store: S3Store, topic: str, config: Config, work_dir: Path) -> dict[str, Any]:
+    env = server.env if config.tree is None else {**server.env, "PYTHONPATH": config.tree}
+    doc = _measured(["--endpoint", server.endpoint, "--bucket", store.bucket, "--prefix", "kafka", "--topic", topic,
+                     "--verify", config.verify.value, "--swap", config.swap, "--work-dir", str(work_dir)],
+                    env, work_dir)
     if [s["status"] for s in doc["segments"]] != ["compacted"]:
         raise RuntimeError(f"compaction did not compact the segment: {doc['segments']}")
     return doc
@@ -317,9 +332,14 @@ def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
-def bench_rewrite(server: Server, segment_mib: list[int], repeat: int, tmp: Path) -> list[dict[str, Any]]:
+def bench_rewrite(server: Server, segment_mib: list[int], repeat: int, tmp: Path,
+                  baseline: tuple[str, str] | None = None) -> list[dict[str, Any]]:
     """For each size, ``repeat`` interleaved rounds of: the local rewrite, then one compaction through S3 in
-    each of :data:`CONFIGS`, each in its own process."""
+    each of :data:`CONFIGS` (and, with ``baseline``, a git revision and its exported package, the default
+    configuration with that package), each in its own process."""
+    configs = [Config(v, s) for v, s in CONFIGS]
+    if baseline is not None:
+        configs.append(Config(Verify.CHECKSUM, AUTO_SWAP, *baseline))
     rows = []
     for mib in segment_mib:
         generated = generate_partition(segments=2, kind="json", codec=Codec.SNAPPY, segment_bytes=mib * MIB)
@@ -327,33 +347,34 @@ def bench_rewrite(server: Server, segment_mib: list[int], repeat: int, tmp: Path
         path = tmp / f"{segment.base_offset:020d}.log"
         path.write_bytes(segment.log)
         locals_: list[dict[str, Any]] = []
-        runs: dict[str, list[dict[str, Any]]] = {_label(*c): [] for c in CONFIGS}
+        runs: dict[str, list[dict[str, Any]]] = {c.label: [] for c in configs}
         for round_no in range(repeat):
             out_dir = tmp / "local-out"
             locals_.append(_measured(["--local-file", str(path), "--out-dir", str(out_dir)], server.env))
             shutil.rmtree(out_dir, ignore_errors=True)
-            for n, (verify, swap) in enumerate(CONFIGS):
-                topic = f"s{mib}-r{round_no}-{verify.value}-{swap}"
+            for n, config in enumerate(configs):
+                topic = f"s{mib}-r{round_no}-{n}-{config.verify.value}-{config.swap}"
                 with _bucket(server, f"{server.store.bucket}-{mib}-{round_no}-{n}") as store:
                     upload_partition(store, "kafka", topic, 0, generated)
                     work = tmp / f"work-{topic}"
                     work.mkdir()
                     server_cpu = server.cpu_seconds()
-                    doc = _compaction(server, store, topic, verify, swap, work)
+                    doc = _compaction(server, store, topic, config, work)
                     after = server.cpu_seconds()
                 doc["server_cpu_seconds"] = None if server_cpu is None or after is None else after - server_cpu
-                runs[_label(verify, swap)].append(doc)
+                runs[config.label].append(doc)
             print(f"  {mib} MiB round {round_no + 1}/{repeat}: local {locals_[-1]['seconds']:.2f} s, "
                   + ", ".join(f"{label} {r[-1]['seconds']:.2f} s" for label, r in runs.items()), file=sys.stderr)
         path.unlink()
         size = len(segment.log)
         loc = _best(locals_)
-        configs = {}
-        for label, docs in runs.items():
+        measured = {}
+        for config in configs:
+            docs = runs[config.label]
             d = _best(docs)
             segments = d["segments"]
-            configs[label] = {
-                "verify": label.split(" + ")[0], "swap_asked": label.split(" + ")[1], "swap": d["swap"],
+            measured[config.label] = {
+                "verify": config.verify.value, "swap_asked": config.swap, "swap": d["swap"], "revision": config.rev,
                 "s3_seconds": round(d["seconds"], 3), "s3_mib_per_s": round(size / MIB / d["seconds"], 1),
                 "ratio_s3_to_local": round(loc["seconds"] / d["seconds"], 3),
                 "cpu_seconds": round(d["cpu_seconds"], 3), "system_seconds": round(d["system_seconds"], 3),
@@ -372,22 +393,26 @@ def bench_rewrite(server: Server, segment_mib: list[int], repeat: int, tmp: Path
                      "local_mib_per_s": round(size / MIB / loc["seconds"], 1),
                      "local_cpu_seconds": round(loc["cpu_seconds"], 3),
                      "local_system_seconds": round(loc["system_seconds"], 3), "local_peak_rss_mib": loc["peak_rss_mib"],
-                     "configs": configs})
+                     "configs": measured})
     return rows
 
 
 def _print_rewrite(rows: list[dict[str, Any]], server: Server) -> None:
-    print(f"\n{'segment':>8} {'verify + swap (used)':<26} {'MiB/s':>6} {'/local':>6} {'CPU s':>6} {'xlocal':>6} "
+    def used(label: str, c: dict[str, Any]) -> str:
+        return f"{label} ({c['swap']})" if c["swap_asked"] == AUTO_SWAP else label
+
+    w = max([26, *(len(used(label, c)) for row in rows for label, c in row["configs"].items())])
+    print(f"\n{'segment':>8} {'verify + swap (used)':<{w}} {'MiB/s':>6} {'/local':>6} {'CPU s':>6} {'xlocal':>6} "
           f"{'server':>6} {'reqs':>5} {'MiB up':>7} {'MiB down':>8} {'staged':>6} {'RSS':>8} {'disk':>8}")
     for row in rows:
-        print(f"{row['segment_mib']:>4} MiB {'local rewrite':<26} {row['local_mib_per_s']:>6.1f} {'':>6} "
+        print(f"{row['segment_mib']:>4} MiB {'local rewrite':<{w}} {row['local_mib_per_s']:>6.1f} {'':>6} "
               f"{row['local_cpu_seconds']:>6.2f} {'1.00':>6} {'':>6} {'':>5} {'':>7} {'':>8} {'':>6} "
               f"{row['local_peak_rss_mib']:>4.0f} MiB {'':>8}")
         for label, c in row["configs"].items():
-            used = f"{label} ({c['swap']})" if c["swap_asked"] == AUTO_SWAP else label
             server_cpu = f"{c['server_cpu_seconds']:>6.2f}" if c["server_cpu_seconds"] is not None else f"{'n/a':>6}"
-            print(f"{row['segment_mib']:>4} MiB {used:<26} {c['s3_mib_per_s']:>6.1f} {c['ratio_s3_to_local']:>6.2f} "
-                  f"{c['cpu_seconds']:>6.2f} {c['cpu_x_local']:>6.2f} {server_cpu} {c['requests']:>5} "
+            print(f"{row['segment_mib']:>4} MiB {used(label, c):<{w}} {c['s3_mib_per_s']:>6.1f} "
+                  f"{c['ratio_s3_to_local']:>6.2f} {c['cpu_seconds']:>6.2f} {c['cpu_x_local']:>6.2f} {server_cpu} "
+                  f"{c['requests']:>5} "
                   f"{c['bytes_sent'] / MIB:>7.1f} {c['bytes_received'] / MIB:>8.1f} {c['staged_gets']:>6} "
                   f"{c['peak_rss_mib']:>4.0f} MiB {c['work_dir_max_bytes'] / MIB:>4.0f} MiB")
     print(f"\nMiB/s: the segment's bytes over the wall time; /local: that time over the local rewrite's (wall). "
@@ -396,6 +421,11 @@ def _print_rewrite(rows: list[dict[str, Any]], server: Server) -> None:
           "sent and received.\nstaged: GETs of staged objects. RSS: the process's peak. disk: the most it held "
           "in files of its work directory.")
     for row in rows:
+        for c in row["configs"].values():
+            if c["revision"] is not None:
+                print(f"{row['segment_mib']} MiB, the same at {c['revision']} ({c['swap']}): client CPU "
+                      f"{c['cpu_x_local']:.2f}x the local rewrite's (by round: "
+                      f"{', '.join(f'{x:.2f}' for x in c['cpu_x_local_by_round'])}); {c['requests']} requests")
         c = row["configs"][DEFAULT_CONFIG]
         verdict = "within" if c["cpu_x_local"] <= CPU_TARGET else "ABOVE"
         print(f"{row['segment_mib']} MiB, {DEFAULT_CONFIG} ({c['swap']}): client CPU {c['cpu_x_local']:.2f}x the local "
@@ -423,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pin-server", action="store_true",
                         help="run the server on the last CPU and everything measured on the others, so that the "
                              "server's work does not share (and slow) the client's cores")
+    parser.add_argument("--baseline", default=None, metavar="REV",
+                        help="also compact (checksum + auto) with the package as it was at this git revision, in "
+                             "the same rounds: before and after side by side")
     parser.add_argument("--requests", type=int, default=300,
                         help="requests of each kind timed for the client's CPU per request (0: skip)")
     parser.add_argument("--json-out", type=Path, default=OUT_DIR / "bench_s3.json")
@@ -456,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.requests:
             print(f"{args.requests} requests of each kind ...", file=sys.stderr)
             doc["request_cpu_ms"] = bench_requests(server, args.requests)
-        doc["rewrite"] = rows = bench_rewrite(server, args.segment_mib, args.repeat, Path(tmp))
+        baseline = (args.baseline, export_tree(args.baseline)) if args.baseline else None
+        doc["rewrite"] = rows = bench_rewrite(server, args.segment_mib, args.repeat, Path(tmp), baseline)
     if len(rows) > 1:
         low, high = rows[0], rows[-1]
         growth = high["configs"][DEFAULT_CONFIG]["peak_rss_mib"] / low["configs"][DEFAULT_CONFIG]["peak_rss_mib"]

@@ -81,8 +81,8 @@ def test_s3_bench_on_seaweedfs_swaps_by_copy_and_uploads_the_new_log_once(tmp_pa
     seaweedfs.require()
     out = tmp_path / "bench_s3.json"
     proc = subprocess.run([sys.executable, str(BENCH.parent / "bench_s3.py"), "--store", "seaweedfs", "--segment-mib",
-                           "2", "--repeat", "1", "--json-out", str(out)], capture_output=True, text=True, timeout=300,
-                          check=False)
+                           "2", "--repeat", "1", "--baseline", "HEAD", "--json-out", str(out)], capture_output=True,
+                          text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())
     assert "scan" not in doc
@@ -98,6 +98,9 @@ def test_s3_bench_on_seaweedfs_swaps_by_copy_and_uploads_the_new_log_once(tmp_pa
     assert 0 <= c["system_seconds"] <= c["cpu_seconds"]
     assert "checksum + auto (copy)" in proc.stdout
     assert "in the kernel" in proc.stdout
+    before = row["configs"]["checksum + auto @HEAD"]  # the committed package, exported and run the same way
+    assert (before["revision"], before["swap"], before["staged_gets"]) == ("HEAD", "copy", 0)
+    assert "the same at HEAD (copy)" in proc.stdout
     assert set(doc["request_cpu_ms"]) == {"HeadObject", "GetObject", "PutObject", "ListObjectsV2"}
     assert all(0 < ms < 100 for ms in doc["request_cpu_ms"].values())
     assert "HeadObject" in proc.stdout
