@@ -152,12 +152,27 @@ def bench_scan(objects: int) -> dict[str, Any]:
             "objects_per_second": round(plan["objects_listed"] / run["seconds"])}
 
 
+@dataclass(frozen=True)
+class Config:
+    """A compaction measured: its verification and swap, and the package it runs (``tree``: a git revision's,
+    exported by ``--baseline``; None: this checkout's)."""
+
+    verify: Verify
+    swap: str
+    rev: str | None = None
+    tree: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.verify.value} + {self.swap}" + (f" @{self.rev}" if self.rev else "")
+
+
 # (verify, swap): how a staged .log is accepted and how it is put in place. The first is the path before
 # checksums and the server-side swap (and the one for stores with neither); the last lets the probe choose,
 # as the CLI does by default (a server-side copy where the store honours a copy's If-Match).
-CONFIGS: tuple[tuple[Verify, str], ...] = (
-    (Verify.READ_BACK, Swap.PUT.value), (Verify.CHECKSUM, Swap.PUT.value), (Verify.CHECKSUM, AUTO_SWAP))
-DEFAULT_CONFIG: Final = f"{Verify.CHECKSUM.value} + {AUTO_SWAP}"
+CONFIGS: tuple[Config, ...] = (Config(Verify.READ_BACK, Swap.PUT.value), Config(Verify.CHECKSUM, Swap.PUT.value),
+                               Config(Verify.CHECKSUM, AUTO_SWAP))
+DEFAULT_CONFIG: Final = CONFIGS[-1].label
 STORES: Final = ("moto", "seaweedfs")
 CPU_TARGET: Final = 1.10  # the compaction's CPU over the local rewrite's (docs/benchmarks.md)
 
@@ -172,21 +187,6 @@ def bench_requests(server: Server, n: int) -> dict[str, float]:
         out.seek(0)
         ms: dict[str, float] = json.loads(out.read())
     return ms
-
-
-@dataclass(frozen=True)
-class Config:
-    """A compaction measured: its verification and swap, and the package it runs (``tree``: a git revision's,
-    exported by ``--baseline``; None: this checkout's)."""
-
-    verify: Verify
-    swap: str
-    rev: str | None = None
-    tree: str | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.verify.value} + {self.swap}" + (f" @{self.rev}" if self.rev else "")
 
 
 def _proc_cpu_seconds(pid: int) -> float:
@@ -337,7 +337,7 @@ def bench_rewrite(server: Server, segment_mib: list[int], repeat: int, tmp: Path
     """For each size, ``repeat`` interleaved rounds of: the local rewrite, then one compaction through S3 in
     each of :data:`CONFIGS` (and, with ``baseline``, a git revision and its exported package, the default
     configuration with that package), each in its own process."""
-    configs = [Config(v, s) for v, s in CONFIGS]
+    configs = list(CONFIGS)
     if baseline is not None:
         configs.append(Config(Verify.CHECKSUM, AUTO_SWAP, *baseline))
     rows = []

@@ -207,7 +207,7 @@ class StreamUpload(io.RawIOBase):
         at = 0
         while at < len(view):
             if self._fill == self.part_bytes:  # a full part and more to come: it is not the last
-                self._send(self._buffers[self._filling])
+                self._send()
                 self._next_buffer()
             take = min(self.part_bytes - self._fill, len(view) - at)
             self._buffers[self._filling][self._fill : self._fill + take] = view[at : at + take]
@@ -233,7 +233,7 @@ class StreamUpload(io.RawIOBase):
         del buffer[self._fill :]
         return buffer
 
-    def _send(self, part: _Part) -> None:
+    def _send(self) -> None:
         """Send the buffer being filled as the next part, once fewer than ``in_flight`` are on their way."""
         if self.upload_id is None:
             self.upload_id = self.store._start(self.key, self.metadata, self.checksum)
@@ -250,6 +250,7 @@ class StreamUpload(io.RawIOBase):
             waiting[0].result()
         assert self._pool is not None
         assert self.upload_id is not None
+        part = self._buffers[self._filling]
         self._sent.append(self._pool.submit(self.store._part, self.key, self.upload_id, number, part, self.checksum))
         self._users[self._filling] = self._sent[-1]
 
@@ -265,7 +266,7 @@ class StreamUpload(io.RawIOBase):
         if self.upload_id is None:
             etag = self.store._single(self.key, last, self.metadata, self.if_none_match, crc)
         else:
-            self._send(last)
+            self._send()
             parts = [f.result() for f in self._sent]
             try:
                 etag = self.store._finish(self.key, self.upload_id, parts, self.if_none_match, crc)
