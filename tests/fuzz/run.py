@@ -5,7 +5,8 @@ UndefinedBehaviorSanitizer, seeded from the Kafka-written segments in tests/data
     make fuzz                                            # every target, 5 minutes each, a table at the end
     .venv/bin/python -m tests.fuzz.run --seconds 20 --targets merge digest --json out.json
 
-Each target runs in its own process (the sanitizers' runtime preloaded), for ``--seconds`` or ``--runs``.
+Each target runs in its own process (the sanitizers' runtime preloaded), for ``--seconds`` or ``--runs``;
+with ``--seed`` and ``--runs`` (what the ordinary test run gives) a run is the same from machine to machine.
 A finding (a crash, a sanitizer report, a hang past ``--timeout`` seconds, or a verdict that differs from
 the Python reference's) stops that target, is saved under ``--artifacts`` and makes the exit code 1; copy
 it into tests/fuzz/regressions/<target>/ and the ordinary test run replays it from then on. Needs clang
@@ -192,7 +193,7 @@ def _child(target: str, modules: Path, fuzzer_args: list[str]) -> None:
 
 
 def fuzz(target: str, *, seconds: float | None, runs: int | None, timeout: int, artifacts: Path,
-         modules: Path, corpus_root: Path) -> dict[str, object]:
+         modules: Path, corpus_root: Path, random_seed: int | None = None) -> dict[str, object]:
     """Run one target in its own process; what libFuzzer reported."""
     corpus = corpus_root / target
     corpus.mkdir(parents=True, exist_ok=True)
@@ -207,6 +208,8 @@ def fuzz(target: str, *, seconds: float | None, runs: int | None, timeout: int, 
         args.append(f"-max_total_time={int(seconds)}")
     if runs is not None:
         args.append(f"-runs={runs}")
+    if random_seed is not None:
+        args.append(f"-seed={random_seed}")
     env = dict(os.environ, LD_PRELOAD=str(atheris_runtime()), PYTHONPATH=str(ROOT),
                ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:abort_on_error=0",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
@@ -234,12 +237,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=sorted(TARGETS))
     parser.add_argument("--seconds", type=float, default=300.0, help="per target (default 300)")
-    parser.add_argument("--runs", type=int, help="per target, instead of a time")
+    parser.add_argument("--runs", type=int, nargs="+", metavar="N",
+                        help="per target, instead of a time: one count for all, or one per target in --targets order")
+    parser.add_argument("--seed", type=int, help="libFuzzer's random seed (default: a new one each run)")
     parser.add_argument("--timeout", type=int, default=10, help="seconds one input may take before it is a hang")
     parser.add_argument("--artifacts", type=Path, default=BUILD / "findings")
     parser.add_argument("--corpus", type=Path, default=BUILD / "corpus", help="grows from run to run")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
+    counts = args.runs or []
+    if len(counts) == 1:
+        counts = counts * len(args.targets)
+    if counts and len(counts) != len(args.targets):
+        parser.error(f"--runs takes one count or one per target: {len(args.targets)} targets, {len(counts)} counts")
+    runs = dict(zip(args.targets, counts, strict=False))  # empty: each target runs for --seconds
     try:
         atheris_runtime()
         modules = build()
@@ -249,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for target in args.targets:
         print(f"fuzzing {target} ...", file=sys.stderr, flush=True)
-        results.append(fuzz(target, seconds=None if args.runs else args.seconds, runs=args.runs,
-                            timeout=args.timeout, artifacts=args.artifacts, modules=modules, corpus_root=args.corpus))
+        results.append(fuzz(target, seconds=None if runs else args.seconds, runs=runs.get(target),
+                            timeout=args.timeout, artifacts=args.artifacts, modules=modules, corpus_root=args.corpus,
+                            random_seed=args.seed))
     print(f"\n{'target':<8} {'executions':>11} {'exec/s':>8} {'coverage':>9} {'features':>9} {'corpus':>7}  result")
     for r in results:
         rate = int(r["executions"]) / max(float(r["seconds"]), 0.001)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import pytest
 from tiering.demo.sample import write_segment
 from tiering.errors import ConfigError, CorruptBatchError, InvalidDataError, ProofError
 from tiering.kafka import _proof, reader, rewrite
-from tiering.kafka.codecs import Codec, decompress_all_known_size
+from tiering.kafka.codecs import Codec, compress, decompress_all_known_size, decompress_known_size
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
 
@@ -120,6 +120,24 @@ def test_a_segment_of_one_or_a_few_batches_is_proven(thread: bool, batches: int)
 
 def test_an_empty_group_decodes_to_nothing() -> None:
     assert list(decompress_all_known_size(Codec.ZSTD, [], [])) == []
+
+
+def test_a_frame_declaring_another_size_than_the_original_is_a_mismatch_not_an_allocation() -> None:
+    """The one-shot decoder allocates the size a frame declares (here 2^45 bytes): the proof must not hand it
+    such a frame, it decodes it within the original's size and answers that it is not the original (the fuzz
+    target found it; tests/fuzz/regressions/proof/frame-declares-2-45-bytes)."""
+    original = b"records " * 8
+    frame = compress(Codec.ZSTD, original)
+    assert frame[4] == 0  # no content size, a window descriptor: the same frame with an 8-byte size declared
+
+    def declaring(size: int) -> bytes:
+        return frame[:4] + bytes([0xC0]) + frame[5:6] + size.to_bytes(8, "little") + frame[6:]
+
+    with pytest.raises(InvalidDataError):
+        decompress_known_size(Codec.ZSTD, declaring(1 << 45), len(original))
+    assert decompress_known_size(Codec.ZSTD, declaring(len(original)), len(original)) == original
+    assert rewrite._first_unproven(Codec.ZSTD, [frame, declaring(1 << 45)], [original, original]) == 1
+    assert rewrite._first_unproven(Codec.ZSTD, [frame, declaring(len(original))], [original, original]) == -1
     assert rewrite._first_unproven(Codec.ZSTD, [], []) == -1
 
 

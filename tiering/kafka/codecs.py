@@ -502,14 +502,22 @@ def decompress(codec: Codec, data: bytes | memoryview, *, magic: int = 2,
     raise DecompressionError("unknown codec", expected="0..4", found=int(codec))
 
 
-def _one_zstd_frame(data: bytes | bytearray | memoryview) -> bool:
+def _one_zstd_frame(data: bytes | bytearray | memoryview, size: int) -> bool:
     """Whether ``data`` is exactly one zstd frame, nothing before or after it (what one-shot decoding reads
-    whole). A payload that is not walkable at all is left to :func:`decompress` to report."""
+    whole), that does not declare a content size other than ``size``: the one-shot decoder allocates what a
+    frame declares, whatever bound it is given. Anything else (a payload that is not walkable at all
+    included) is left to :func:`decompress`, which reads it within ``size`` bytes of output."""
     try:
         frames = _zstd_frames(memoryview(data))
     except DecompressionError:
         return False
-    return len(frames) == 1 and frames[0][0] == 0 and frames[0][1] == len(data)
+    if len(frames) != 1 or frames[0][0] != 0 or frames[0][1] != len(data):
+        return False
+    try:
+        declared = zstandard.frame_content_size(data)  # -1: the frame does not declare its size
+    except zstandard.ZstdError:  # a header libzstd does not take (a dictionary id it has not, say)
+        return False
+    return declared in (-1, size)
 
 
 def decompress_known_size(codec: Codec, data: bytes | memoryview, size: int, *, magic: int = 2) -> bytes:
@@ -519,7 +527,7 @@ def decompress_known_size(codec: Codec, data: bytes | memoryview, size: int, *, 
     which reads only the FIRST frame, when the payload is exactly one frame; anything else (more frames,
     bytes after the frame) goes through :func:`decompress`, which reads all of it as Kafka does.
     """
-    if codec is Codec.ZSTD and size > 0 and _one_zstd_frame(data):  # max_output_size=0 would mean "unknown"
+    if codec is Codec.ZSTD and size > 0 and _one_zstd_frame(data, size):  # max_output_size=0 would mean "unknown"
         try:
             out: bytes = _zstd_decompressor().decompress(data, max_output_size=size)
         except zstandard.ZstdError as e:
@@ -536,7 +544,8 @@ def decompress_all_known_size(codec: Codec, payloads: Sequence[bytes | bytearray
     result is a bytes-like object (zstd: the binding's buffer segments)."""
     if not payloads:
         return []  # (the binding's multi-frame call crashes the process on an empty list: SIGFPE)
-    if codec is Codec.ZSTD and all(sizes) and all(_one_zstd_frame(p) for p in payloads):
+    if codec is Codec.ZSTD and all(sizes) and all(_one_zstd_frame(p, n)
+                                                  for p, n in zip(payloads, sizes, strict=True)):
         try:
             out = _zstd_decompressor().multi_decompress_to_buffer(
                 list(payloads), decompressed_sizes=array("Q", sizes).tobytes())
