@@ -7,8 +7,8 @@ import time
 import pytest
 
 from tests.s3.conftest import PREFIX, fresh_store
-from tiering.commit.lease import Lease, LeaseHeld, LeaseLost
-from tiering.storage.layout import lease_key
+from tiering.commit.lease import Lease, LeaseHeld, LeaseLost, release_finished, release_leases_of
+from tiering.storage.layout import clock_key, lease_key
 from tiering.storage.s3 import S3Store
 
 KEY = lease_key(PREFIX, "orders-0")
@@ -57,3 +57,31 @@ def test_release_of_a_lease_never_held_is_a_no_op(store: S3Store) -> None:
     Lease(store, KEY, "run-a").release()
     with pytest.raises(LeaseLost, match="not held"):
         Lease(store, KEY, "run-a").check()
+
+
+def _held(store: S3Store) -> dict[str, str]:
+    return {info.key.rsplit("/", 1)[1]: store.get_json(info.key)[0]["owner"]
+            for info in store.list(f"{PREFIX}/_tiering/leases/")}
+
+
+def test_a_run_at_its_end_releases_every_lease_it_holds_and_no_other(store: S3Store) -> None:
+    for directory, owner in (("orders-0", "run-a"), ("orders-1", "run-a"), ("orders-2", "run-b")):
+        Lease(store, lease_key(PREFIX, directory), owner).acquire(PREFIX)
+    assert release_leases_of(store, PREFIX, "run-a") == 2
+    assert _held(store) == {"orders-2.json": "run-b"}
+    assert release_leases_of(store, PREFIX, "run-a") == 0
+
+
+def test_cleanup_releases_the_leases_of_finished_runs_not_renewed_since(store: S3Store) -> None:
+    finished = Lease(store, lease_key(PREFIX, "orders-0"), "done")  # killed after its last write, then re-run
+    finished.acquire(PREFIX)
+    renewed = Lease(store, lease_key(PREFIX, "orders-1"), "retried")  # finished, then retried under its id
+    renewed.acquire(PREFIX)
+    Lease(store, lease_key(PREFIX, "orders-2"), "running").acquire(PREFIX)  # no run document yet
+    time.sleep(1.1)  # LastModified has one-second resolution
+    ended = store.now(clock_key(PREFIX))
+    time.sleep(1.1)
+    renewed.check()
+    when = {"done": ended, "retried": ended}
+    assert release_finished(store, PREFIX, when.get) == 1
+    assert _held(store) == {"orders-1.json": "retried", "orders-2.json": "running"}

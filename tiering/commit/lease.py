@@ -9,7 +9,10 @@ A lease is a small JSON object at ``PREFIX/_tiering/leases/<topic>-<partition>.j
 - takeover of an expired lease: ``PutObject`` with ``If-Match: <the expired lease's ETag>``: of several
   contenders exactly one wins, and a holder that renewed in the meantime makes them all lose;
 - the same owner (a retried task of the same run) takes its own lease back at once;
-- release: ``DeleteObject`` with ``If-Match: <our ETag>`` (never deletes a successor's lease).
+- release: ``DeleteObject`` with ``If-Match: <our ETag>`` (never deletes a successor's lease);
+- at its end a run releases every lease it still holds (:func:`release_leases_of`: one a unit kept for a
+  later step, one a killed attempt left, which a retry under the same id finished without needing), and the
+  cleanup releases those of runs that finished and never came back (:func:`release_finished`).
 
 Renewal is cooperative: the worker calls :meth:`Lease.keep_alive` at checkpoints (every MiB of a
 rewrite, before every commit step). The local monotonic clock only decides WHEN to renew; whether a
@@ -23,13 +26,14 @@ import contextlib
 import secrets
 import socket
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import ClassVar, Final, Protocol
 
 from tiering.errors import ConflictError, StorageError
-from tiering.storage.layout import clock_key
-from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
+from tiering.storage.layout import clock_key, leases_dir
+from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed
 
 DEFAULT_TTL_SECONDS: Final = 600
 ACQUIRE_ATTEMPTS: Final = 4
@@ -164,3 +168,42 @@ class LeaseGuard(Protocol):
     def keep_alive(self) -> None: ...
 
     def check(self) -> None: ...
+
+
+def held_leases(store: ObjectStore, prefix: str) -> Iterator[tuple[ObjectInfo, LeaseRecord | None]]:
+    """Every partition's lease as listed, with its record (None for one that is not a lease record); a lease
+    released or renewed since the listing is left out (its holder is alive)."""
+    for info in store.list(leases_dir(prefix)):
+        try:
+            doc, etag = store.get_json(info.key)
+        except ObjectNotFound:
+            continue
+        if etag == info.etag:
+            yield info, LeaseRecord.from_json(doc)
+
+
+def _delete_if_unchanged(store: ObjectStore, info: ObjectInfo) -> bool:
+    try:
+        store.delete(info.key, if_match=info.etag, missing_ok=True)
+    except PreconditionFailed:  # renewed or taken over since it was read: not ours to delete now
+        return False
+    return True
+
+
+def release_leases_of(store: ObjectStore, prefix: str, owner: str) -> int:
+    """Release every lease ``owner`` (a run id) holds, as that run ends; how many there were. A lease renewed
+    or taken over since it was read stays."""
+    return sum(_delete_if_unchanged(store, info) for info, record in held_leases(store, prefix)
+               if record is not None and record.owner == owner)
+
+
+def release_finished(store: ObjectStore, prefix: str, finished_at: Callable[[str], datetime | None]) -> int:
+    """Release the leases of runs that finished (``finished_at``: when the run's document was written, None
+    for a run with none) and that no attempt renewed since: a run killed between its last write and its
+    release, then re-run under another id, leaves such a lease. How many were released."""
+    released = 0
+    for info, record in held_leases(store, prefix):
+        done = finished_at(record.owner) if record is not None else None
+        if done is not None and info.last_modified <= done:
+            released += _delete_if_unchanged(store, info)
+    return released

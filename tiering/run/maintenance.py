@@ -1,6 +1,7 @@
 """After runs: a run rolled back from its backups, and the cleanup of what the grace period no longer
 keeps: journal entries crashed runs left are finished first, then the kept originals past the grace period,
-abandoned staging objects and incomplete multipart uploads are deleted."""
+abandoned staging objects and incomplete multipart uploads are deleted, and the leases of runs that finished
+are released."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final, TypeVar
 
-from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
+from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, release_finished
 from tiering.commit.operation import (
     Context,
     SegmentResult,
@@ -34,6 +35,7 @@ from tiering.storage.layout import (
     normalize_prefix,
     probe_key,
     reserved_dir,
+    run_result_key,
 )
 from tiering.storage.objects import (
     ObjectInfo,
@@ -150,6 +152,7 @@ class CleanupResult:
     uploads_aborted: int = 0
     kept_referenced: int = 0
     recovered: tuple[SegmentResult, ...] = ()
+    leases_released: int = 0  # of runs that finished (killed before their release, then re-run under a new id)
 
     @property
     def left_pending(self) -> tuple[SegmentResult, ...]:
@@ -164,21 +167,22 @@ class CleanupResult:
         return (f"{self.backups_deleted:,} kept originals deleted ({self.backup_bytes_deleted:,} bytes), "
                 f"{self.staging_deleted:,} staging objects deleted, {self.uploads_aborted:,} uploads aborted, "
                 f"{self.kept_referenced:,} kept (still referenced), {len(self.recovered):,} interrupted operations "
-                f"finished" + (f", {left:,} left to a later run" if left else ""))
+                f"finished" + (f", {left:,} left to a later run" if left else "") +
+                (f", {self.leases_released:,} leases of finished runs released" if self.leases_released else ""))
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": self.SCHEMA_VERSION, "kind": self.KIND, "backups_deleted": self.backups_deleted,
                 "backup_bytes_deleted": self.backup_bytes_deleted, "staging_deleted": self.staging_deleted,
                 "uploads_aborted": self.uploads_aborted, "kept_referenced": self.kept_referenced,
                 "recovered": [r.to_json() for r in self.recovered],
-                "left_pending": [r.to_json() for r in self.left_pending]}
+                "left_pending": [r.to_json() for r in self.left_pending], "leases_released": self.leases_released}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], where: str) -> CleanupResult:
         check_document(doc, kind=cls.KIND, version=cls.SCHEMA_VERSION, what="a cleanup result", where=where)
         return cls(int(doc["backups_deleted"]), int(doc["backup_bytes_deleted"]), int(doc["staging_deleted"]),
                    int(doc["uploads_aborted"]), int(doc["kept_referenced"]),
-                   tuple(SegmentResult.from_json(r) for r in doc["recovered"]))
+                   tuple(SegmentResult.from_json(r) for r in doc["recovered"]), int(doc.get("leases_released", 0)))
 
 
 def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRACE_DAYS,
@@ -221,8 +225,19 @@ def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRA
         if now - initiated > timedelta(hours=stale_hours):
             store.abort_upload(key, upload_id)
             counts["uploads_aborted"] += 1
+    released = release_finished(store, prefix, lambda run_id: _finished_at(store, prefix, run_id))
     return CleanupResult(counts["backups_deleted"], counts["backup_bytes_deleted"], counts["staging_deleted"],
-                         counts["uploads_aborted"], counts["kept_referenced"], tuple(recovered))
+                         counts["uploads_aborted"], counts["kept_referenced"], tuple(recovered), released)
+
+
+def _finished_at(store: ObjectStore, prefix: str, run_id: str) -> datetime | None:
+    """When run ``run_id``'s document was written (S3's clock), or None while it has none."""
+    for kind in RunKind:
+        try:
+            return store.head(run_result_key(prefix, run_id, kind)).last_modified
+        except ObjectNotFound:
+            continue
+    return None
 
 
 def _still(store: ObjectStore, info: ObjectInfo) -> bool:

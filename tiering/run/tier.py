@@ -43,8 +43,9 @@ from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
 from tiering.plan.scan import ScanOptions, scan
+from tiering.run.documents import end_run
 from tiering.run.segment import with_lease
-from tiering.storage.layout import clock_key, journal_key, reserved_dir, run_result_key
+from tiering.storage.layout import clock_key, journal_key, reserved_dir
 from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
 
 TIER_SCHEMA_VERSION: Final = 2  # 2: each object that stays, and each segment, says its StayCause
@@ -316,7 +317,7 @@ def apply_tiering(store: ObjectStore, plan: TierPlan, run_id: str, *, lease_ttl:
 
         results += with_lease(ctx, directory, lease_ttl, work, [(s.directory, s.base_offset) for s in segments])
     run = TierRun(run_id, plan, tuple(results), store.now(clock_key(plan.prefix)).isoformat())
-    store.put_json(run_result_key(plan.prefix, run_id, RunKind.TIER), run.to_json())
+    end_run(store, plan.prefix, run_id, RunKind.TIER, run.to_json())
     return run
 
 

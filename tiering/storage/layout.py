@@ -165,6 +165,11 @@ def lease_key(prefix: str, directory: str) -> str:
     return reserved_key(prefix, LEASES_DIR, f"{directory}.json")
 
 
+def leases_dir(prefix: str) -> str:
+    """The listing prefix of every partition's lease (ends with ``/``)."""
+    return reserved_dir(prefix, LEASES_DIR)
+
+
 def state_key(prefix: str, directory: str) -> str:
     return reserved_key(prefix, STATE_DIR, f"{directory}.json")
 
