@@ -5,7 +5,7 @@
         [--codec C [--level N]] [--min-age-minutes M] [--max-keys N] [--lease-ttl-seconds 600] \\
         [--verify checksum|read-back] [--swap auto|copy|put] [--segment-bytes N] [--index-bytes N] [--no-merge]
 
-Thin on purpose: argument parsing and a call to ``tiering.spark.jobs.compact_keys_plan``. The driver
+Thin on purpose: argument parsing and a call to ``tiering.spark.jobs.partition_run``. The driver
 finishes what a crashed run left in flight, lists the partitions and resolves each topic's cleaner settings
 (the policy is read here only), and cuts them into units balanced by bytes; each task cleans its partitions
 one after the other, each under the run's lease, every changed segment swapped by the commit protocol in
@@ -25,10 +25,10 @@ from tiering.cli.args import add_merge_args, merge_limits
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS, DEFAULT_MAX_KEYS
 from tiering.plan.policy import load_policy
-from tiering.run.keycompact import KeyCompactOptions
+from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
 from tiering.run.pipeline import RunSettings
 from tiering.spark.driver import run_driver
-from tiering.spark.jobs import compact_keys_plan
+from tiering.spark.jobs import partition_run
 
 
 def log(line: str) -> None:
@@ -74,7 +74,7 @@ def run(spark: Any, args: argparse.Namespace) -> int:
                                 args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds,
                                 load_policy(args.policy) if args.policy else None, args.max_keys,
                                 None if args.no_merge else merge_limits(args))
-    compact_keys_plan(spark, settings, options, log)
+    partition_run(spark, settings, KeyCompaction(options), log)
     return 0
 
 

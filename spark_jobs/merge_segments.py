@@ -5,7 +5,7 @@ unit of whole partitions.
         [--policy FILE | --segment-bytes N [--index-bytes N]] [--topics REGEX] [--min-age-minutes M] \\
         [--lease-ttl-seconds 600] [--verify checksum|read-back] [--swap auto|copy|put]
 
-Thin on purpose: argument parsing and a call to ``tiering.spark.jobs.merge_segments_plan``. The driver
+Thin on purpose: argument parsing and a call to ``tiering.spark.jobs.partition_run``. The driver
 finishes what a crashed run left in flight, lists the partitions of the topics to merge (with a policy,
 those whose ``merge.enable`` is true, each with its own bounds and minimum record age), and cuts them into
 units balanced by bytes; each task merges its partitions one after the other, each under the run's lease,
@@ -24,10 +24,10 @@ from typing import Any
 from tiering.cli.args import add_merge_args, merge_limits
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.plan.policy import load_policy
-from tiering.run.merge import MergeOptions
+from tiering.run.merge import MergeOptions, Merging
 from tiering.run.pipeline import RunSettings
 from tiering.spark.driver import run_driver
-from tiering.spark.jobs import merge_segments_plan
+from tiering.spark.jobs import partition_run
 
 
 def log(line: str) -> None:
@@ -62,7 +62,7 @@ def run(spark: Any, args: argparse.Namespace) -> int:
                            *RunSettings.modes(args.verify, args.swap))
     options = MergeOptions(merge_limits(args), args.topics, args.min_age_minutes, args.lease_ttl_seconds,
                            load_policy(args.policy) if args.policy else None)
-    merge_segments_plan(spark, settings, options, log)
+    partition_run(spark, settings, Merging(options), log)
     return 0
 
 

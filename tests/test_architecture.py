@@ -140,6 +140,32 @@ def test_no_layer_imports_one_above_it() -> None:
     assert upward == []
 
 
+# The run engine's kinds (tiering/run/engine.py): each supplies only its own work and reaches what runs share
+# through the engine and the modules below it; no kind imports another, and the engine imports no kind.
+KINDS = ("run/keycompact.py", "run/merge.py")
+SHARED_BY_KINDS = {"tiering.run.engine", "tiering.run.documents", "tiering.run.segment"}
+
+
+def _run_modules(path: Path) -> set[str]:
+    """The modules of ``tiering.run`` this file imports (``from tiering.run import engine`` included)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "tiering.run":
+            found |= {f"tiering.run.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tiering.run."):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("tiering.run.")}
+    return found
+
+
+def test_kinds_import_the_engine_never_each_other() -> None:
+    kinds = {f"tiering.{k.removesuffix('.py').replace('/', '.')}" for k in KINDS}
+    crossing = {k: sorted(_run_modules(PACKAGE / k) - SHARED_BY_KINDS) for k in KINDS}
+    assert crossing == {k: [] for k in KINDS}
+    assert not _run_modules(PACKAGE / "run" / "engine.py") & kinds
+
+
 def test_the_demo_is_apart_from_the_product() -> None:
     """Only the command line (and the demo itself) may import tiering.demo."""
     users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
@@ -195,8 +221,7 @@ def test_no_module_spells_out_a_key_below_a_run() -> None:
 # to_json / from_json / *_json) take or give one, each for the reason given.
 JSON_BOUNDARIES: dict[str, str] = {
     "run/pipeline.py:stage_unit": "the Spark executor's entry: the unit and settings as the driver sent them",
-    "run/keycompact.py:keys_unit_task": "the Spark executor's entry: the unit and settings as the driver sent them",
-    "run/merge.py:merge_unit_task": "the Spark executor's entry: the unit and settings as the driver sent them",
+    "run/engine.py:unit_task": "the Spark executor's entry: the unit as the driver sent it",
     "run/tier.py:lifecycle_configuration": "writes S3's PutBucketLifecycleConfiguration document",
     "run/tier.py:rule": "one rule of that S3 document",
     "run/tier.py:moved_objects": "the moved objects as the tiering results' stats record them (JSON)",

@@ -263,7 +263,8 @@ def _check_s3_path(passes: list[tuple[list[Path], dict[int, Path], int]]) -> Non
     from tiering.commit.operation import Context
     from tiering.kafka.codecs import Codec
     from tiering.kafka.rewrite import RewriteOptions
-    from tiering.run.keycompact import KeyCompactOptions, compact_keys
+    from tiering.run import engine
+    from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
     from tiering.storage.objects import ObjectNotFound
     from tiering.storage.s3 import S3Store, make_client
 
@@ -278,9 +279,10 @@ def _check_s3_path(passes: list[tuple[list[Path], dict[int, Path], int]]) -> Non
             for n, (files, theirs, pass_time) in enumerate(passes, 1):
                 for path in files:
                     store.put(f"kafka/{TOPIC}-0/{path.name}", path.read_bytes())
-                run = compact_keys(store, Context(store, "kafka", f"keys-{n}", RewriteOptions(Codec.NONE)),
-                                   KeyCompactOptions(now_ms=pass_time, delete_retention_ms=0, topics=re.escape(TOPIC),
-                                                     merge=Limits(SEGMENT_BYTES)))
+                options = KeyCompactOptions(now_ms=pass_time, delete_retention_ms=0, topics=re.escape(TOPIC),
+                                            merge=Limits(SEGMENT_BYTES))
+                run = engine.run(store, Context(store, "kafka", f"keys-{n}", RewriteOptions(Codec.NONE)),
+                                 KeyCompaction(options))
                 assert run.exit_code() == 0, [r.to_json() for r in run.segments]
                 logs = {int(i.key.rsplit("/", 1)[1][:20]) for i in store.list(f"kafka/{TOPIC}-0/")
                         if i.key.endswith(".log")}

@@ -31,8 +31,9 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.merge import Limits
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import Status
+from tiering.run import engine
 from tiering.run.maintenance import rollback
-from tiering.run.merge import MergeOptions, merge_run
+from tiering.run.merge import MergeOptions, Merging
 from tiering.storage.s3 import S3Store, make_client
 
 pytestmark = pytest.mark.kafka
@@ -114,7 +115,7 @@ def test_a_bucket_stopped_mid_merge_and_mid_rollback_restores_every_record(
 
     with monkeypatch.context() as patch:
         _stop_after_swap(patch)
-        stopped = merge_run(store, ctx, options)
+        stopped = engine.run(store, ctx, Merging(options))
     swaps = [i.key for i in store.list(f"{PREFIX}/") if i.key.endswith(".log.swap")]
     assert swaps
     assert all(r.status is not Status.FAILED for r in stopped.segments), [r.to_json() for r in stopped.segments]
@@ -125,7 +126,7 @@ def test_a_bucket_stopped_mid_merge_and_mid_rollback_restores_every_record(
     note(f"mid-merge bucket: {len(swaps)} merges as .swap objects; the broker loaded {sum(merged[n] for n in dirs)} "
          f"segments where there were {sum(originals.values())}")
 
-    finished = merge_run(store, Context(store, PREFIX, "merge-2", RewriteOptions(Codec.NONE)), options)
+    finished = engine.run(store, Context(store, PREFIX, "merge-2", RewriteOptions(Codec.NONE)), Merging(options))
     assert not [r for r in finished.segments if r.status is Status.FAILED]
     assert not [i.key for i in store.list(f"{PREFIX}/") if i.key.endswith(".swap")]
     with monkeypatch.context() as patch:

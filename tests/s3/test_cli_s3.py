@@ -15,9 +15,12 @@ from typing import Any
 import pytest
 from moto.server import ThreadedMotoServer
 
-from tests.s3.conftest import PREFIX, seed
+from tests.s3.conftest import PREFIX, TOPIC, seed
 from tiering.cli import main
+from tiering.demo.inventory import write_inventory
 from tiering.errors import ExitCode
+from tiering.kafka.files import LOG_SUFFIX
+from tiering.storage.layout import segment_key
 from tiering.storage.s3 import S3Store, make_client
 
 SECRET = "sEcReT-never-printed-0123456789"
@@ -312,3 +315,34 @@ def test_merge_plans_merges_then_rolls_back_in_another_process(bucket: S3Store) 
     assert "rolled-back: 5" in out
     for base, original in originals.items():
         assert bucket.get(f"{PREFIX}/orders.v1-0/{base:020d}.log") == original.log
+
+
+def test_merge_plans_from_an_s3_inventory_as_from_a_listing_and_skips_what_changed_since(bucket: S3Store) -> None:
+    """``s3 merge --inventory``: the dry run plans the same groups as from a listing; the run merges them, each
+    source checked against the ETag the (stale) inventory gives, so a segment rewritten since is not merged."""
+    originals = seed(bucket, segments=6, segment_bytes=20_000)
+    uri = write_inventory(bucket, bucket.bucket, "inventory/daily", list(bucket.list(PREFIX + "/")))
+    where = ["--bucket", bucket.bucket, "--prefix", PREFIX, "--segment-bytes", "1MiB", "--min-age-minutes", "0",
+             "--json"]
+    listed = json.loads(_cli("s3", "merge", *where, "--dry-run")[1])
+    code, out, err = _cli("s3", "merge", *where, "--dry-run", "--inventory", uri)
+    assert code == 0, err
+    assert json.loads(out)["partitions"] == listed["partitions"]
+    assert [p["groups"] for p in listed["partitions"]] == [[sorted(originals)[:-1]]]
+    bases = sorted(originals)
+    changed = segment_key(PREFIX, TOPIC, 0, bases[2], LOG_SUFFIX)  # uploaded again since the inventory: the
+    upload = bucket.client.create_multipart_upload(Bucket=bucket.bucket, Key=changed)  # same bytes in one part,
+    part = bucket.client.upload_part(Bucket=bucket.bucket, Key=changed, UploadId=upload["UploadId"], PartNumber=1,
+                                     Body=bucket.get(changed))
+    bucket.client.complete_multipart_upload(Bucket=bucket.bucket, Key=changed, UploadId=upload["UploadId"],
+                                            MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]})
+    assert bucket.head(changed).etag.endswith('-1"')  # another ETag than the inventory's
+    code, out, err = _cli("s3", "merge", *where, "--inventory", uri, "--no-report", "--run-id", "from-inventory")
+    doc = json.loads(out)
+    by_base = {s["base_offset"]: s for s in doc["segments"]}
+    assert by_base[bases[2]]["status"] == "skipped", by_base
+    assert "changed after planning" in by_base[bases[2]]["reason"], by_base
+    # the two after it merged; the two before it stay as they are (each merge they could join held it)
+    assert [by_base[b]["status"] for b in bases[:2]] == ["skipped", "skipped"], by_base
+    assert doc["totals"]["merged"] == 2, doc["totals"]
+    assert code == ExitCode.BUSY, err  # a source changed since planning: left for a re-plan, and said so

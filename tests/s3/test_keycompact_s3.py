@@ -32,8 +32,9 @@ from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status, Swap
 from tiering.report.publish import assemble
 from tiering.report.render import render
+from tiering.run import engine
 from tiering.run.documents import RunResult
-from tiering.run.keycompact import KeyCompactOptions, compact_keys
+from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
 from tiering.run.maintenance import rollback
 from tiering.storage.layout import run_result_key, segment_key
 from tiering.storage.objects import ObjectNotFound
@@ -147,7 +148,7 @@ def test_a_pass_on_s3_swaps_what_the_pure_pass_makes_and_keeps_the_originals(sto
     parts = partition(aborts=True)
     upload(store, parts)
     want = expected(parts, NOW)
-    run = compact_keys(store, keys_context(store), at(NOW))
+    run = engine.run(store, keys_context(store), KeyCompaction(at(NOW)))
 
     by_base = {r.base_offset: r for r in run.segments}
     assert {b: by_base[b].status for b in parts} == {0: Status.COMPACTED, 20: Status.COMPACTED,
@@ -202,9 +203,9 @@ def test_later_passes_remove_the_aborted_transaction_s_txnindex_entry_then_its_m
 
     parts = partition(aborts=True)
     upload(store, parts)
-    compact_keys(store, keys_context(store), at(NOW))
+    engine.run(store, keys_context(store), KeyCompaction(at(NOW)))
     after_first = {b: (final(store, b, LOG_SUFFIX), parts[b][1] if b == 20 else b"") for b in parts}
-    run = compact_keys(store, keys_context(store, "keys-2"), at(NOW + DAY))
+    run = engine.run(store, keys_context(store, "keys-2"), KeyCompaction(at(NOW + DAY)))
     assert run.exit_code() is ExitCode.OK
     want = expected(after_first, NOW + DAY)
     assert final(store, 20, LOG_SUFFIX) == want[20].log
@@ -217,8 +218,8 @@ def test_later_passes_remove_the_aborted_transaction_s_txnindex_entry_then_its_m
     assert back.exit_code() is ExitCode.OK
     assert final(store, 20, TXN_INDEX_SUFFIX) == parts[20][1]
     assert final(store, 20, LOG_SUFFIX) == after_first[20][0]
-    compact_keys(store, keys_context(store, "keys-3"), at(NOW + DAY))
-    run = compact_keys(store, keys_context(store, "keys-4"), at(NOW + 2 * DAY))
+    engine.run(store, keys_context(store, "keys-3"), KeyCompaction(at(NOW + DAY)))
+    run = engine.run(store, keys_context(store, "keys-4"), KeyCompaction(at(NOW + 2 * DAY)))
     assert iter_figures(list(run.segments))["markers_dropped"] >= 1
     assert not [b for b in iter_decoded(io.BytesIO(final(store, 20, LOG_SUFFIX))) if b.header.is_control]
     assert no_pending(store)
@@ -226,15 +227,15 @@ def test_later_passes_remove_the_aborted_transaction_s_txnindex_entry_then_its_m
 
 def test_a_second_pass_at_the_same_clock_has_nothing_to_clean(store: S3Store) -> None:
     upload(store, partition(aborts=False))
-    compact_keys(store, keys_context(store), at(NOW))
-    run = compact_keys(store, keys_context(store, "keys-2"), at(NOW))
+    engine.run(store, keys_context(store), KeyCompaction(at(NOW)))
+    run = engine.run(store, keys_context(store, "keys-2"), KeyCompaction(at(NOW)))
     assert {r.cause for r in run.segments} == {Cause.NOTHING_TO_CLEAN, Cause.ACTIVE}, run.segments
 
 
 def test_rollback_of_a_key_compaction_run_puts_the_originals_back(store: S3Store) -> None:
     parts = partition(aborts=True)
     upload(store, parts)
-    compact_keys(store, keys_context(store), at(NOW))
+    engine.run(store, keys_context(store), KeyCompaction(at(NOW)))
     back = rollback(store, keys_context(store, "undo-1"), "keys-1")
     assert back.counts == {"rolled-back": 3}
     for base, (log, _) in parts.items():
@@ -243,8 +244,8 @@ def test_rollback_of_a_key_compaction_run_puts_the_originals_back(store: S3Store
 
 def test_a_tombstone_is_dropped_once_its_horizon_passed(store: S3Store) -> None:
     upload(store, partition(aborts=False))
-    compact_keys(store, keys_context(store), at(NOW))
-    run = compact_keys(store, keys_context(store, "keys-2"), at(NOW + DAY))
+    engine.run(store, keys_context(store), KeyCompaction(at(NOW)))
+    run = engine.run(store, keys_context(store, "keys-2"), KeyCompaction(at(NOW + DAY)))
     assert iter_figures(list(run.segments))["tombstones_dropped"] == 1
     from tiering.kafka.segment import iter_decoded
     left = {r.key for b in iter_decoded(io.BytesIO(final(store, 20, LOG_SUFFIX))) for r in b.records}
@@ -263,19 +264,20 @@ def _crash_scenario(store: S3Store, crash_at: int | None, mode: str, second: boo
     upload(store, parts)
     now = NOW
     if second:
-        compact_keys(store, keys_context(store, "keys-0"), at(NOW))
+        engine.run(store, keys_context(store, "keys-0"), KeyCompaction(at(NOW)))
         parts = {b: (final(store, b, LOG_SUFFIX), parts[b][1]) for b in parts}
         now = NOW + DAY
     worker = fresh_store()
     faults = Faults(worker, crash_at, mode)
     crashed = False
     try:
-        compact_keys(worker, keys_context(worker, swap=Swap.COPY), replace(at(now), merge=merge))
+        engine.run(worker, keys_context(worker, swap=Swap.COPY), KeyCompaction(replace(at(now), merge=merge)))
     except Crash:
         crashed = True
     if crashed:
         rerun = fresh_store()
-        run = compact_keys(rerun, keys_context(rerun, swap=Swap.COPY), replace(at(now), merge=merge))  # a retry
+        run = engine.run(rerun, keys_context(rerun, swap=Swap.COPY),
+                         KeyCompaction(replace(at(now), merge=merge)))  # a retry
         assert run.exit_code() is ExitCode.OK, [r.to_json() for r in run.segments]
     assert no_pending(store)
     kept = {k.key.rsplit("/", 1)[1]: k.key for k in store.list(f"{PREFIX}/_tiering/backup/keys-1/")}
@@ -334,7 +336,7 @@ def test_a_policy_chooses_the_compacted_topics_and_their_delete_retention(store:
     policy = parse_policy({"cluster": {"compact.enable": True}, "topics": [
         {"regex": r"profiles\..*", "cleanup.policy": "compact", "delete.retention.ms": 60_000},
         {"topic": "profiles.off", "compact.enable": False}]}, "policy.yaml")
-    run = compact_keys(store, keys_context(store), KeyCompactOptions(now_ms=NOW, policy=policy))
+    run = engine.run(store, keys_context(store), KeyCompaction(KeyCompactOptions(now_ms=NOW, policy=policy)))
     assert {r.directory for r in run.segments} == {DIRECTORY}
     assert run.settings["policy"] == "policy.yaml"
     stamped = [b.header.delete_horizon_ms for b in iter_decoded(io.BytesIO(final(store, 20, LOG_SUFFIX)))
@@ -347,7 +349,7 @@ def test_a_policy_chooses_the_compacted_topics_and_their_delete_retention(store:
 def test_a_partition_whose_txnindex_is_missing_is_refused_and_left_as_it_is(store: S3Store) -> None:
     parts = partition(aborts=True)
     upload(store, {b: (log, b"") for b, (log, _) in parts.items()})  # the archive lost the .txnindex
-    run = compact_keys(store, keys_context(store), at(NOW))
+    run = engine.run(store, keys_context(store), KeyCompaction(at(NOW)))
     assert run.exit_code() is ExitCode.INVALID
     failed = [r for r in run.segments if r.status is Status.FAILED]
     assert {r.base_offset for r in failed} == {0, 20, 40, 60, 80}
@@ -370,8 +372,8 @@ def test_a_bounded_key_map_ends_passes_early_and_later_runs_go_on_to_the_same_re
     want = expected(parts, NOW)
     checkpoints = []
     for i in range(12):
-        run = compact_keys(store, keys_context(store, f"bounded-{i}"),
-                           KeyCompactOptions(topics=re.escape(TOPIC), now_ms=NOW, max_keys=4))
+        run = engine.run(store, keys_context(store, f"bounded-{i}"),
+                         KeyCompaction(KeyCompactOptions(topics=re.escape(TOPIC), now_ms=NOW, max_keys=4)))
         assert run.exit_code() is ExitCode.OK
         checkpoints.append(load_state(store, PREFIX, DIRECTORY).keys_checkpoint)
         if checkpoints[-1] is None:
@@ -389,8 +391,8 @@ def test_a_retry_with_the_same_run_id_keeps_the_originals_in_the_backups(store: 
     parts = partition(aborts=True)
     upload(store, parts)
     options = KeyCompactOptions(topics=re.escape(TOPIC), now_ms=NOW, delete_retention_ms=60_000)
-    compact_keys(store, keys_context(store), options)
-    run = compact_keys(store, keys_context(store), replace(options, now_ms=NOW + 120_000))
+    engine.run(store, keys_context(store), KeyCompaction(options))
+    run = engine.run(store, keys_context(store), KeyCompaction(replace(options, now_ms=NOW + 120_000)))
     again = {r.base_offset: r for r in run.segments}
     assert all(again[b].cause is Cause.ALREADY_COMPACTED for b in (0, 20, 40)), run.segments
     for base in (0, 20, 40):
@@ -405,8 +407,8 @@ def test_an_earlier_key_compaction_run_is_rolled_back_only_after_the_later_ones(
     every original, .txnindex included."""
     parts = partition(aborts=True)
     upload(store, parts)
-    compact_keys(store, keys_context(store), at(NOW))
-    compact_keys(store, keys_context(store, "keys-2"), at(NOW + DAY))
+    engine.run(store, keys_context(store), KeyCompaction(at(NOW)))
+    engine.run(store, keys_context(store, "keys-2"), KeyCompaction(at(NOW + DAY)))
     before = {b: final(store, b, LOG_SUFFIX) for b in parts}
     refused = rollback(store, keys_context(store, "undo-1"), "keys-1")
     assert refused.exit_code() is ExitCode.USAGE
@@ -445,11 +447,11 @@ class _CrashAfterTxnIndex:
 def _second_pass_crashed_after_its_txnindex(store: S3Store) -> dict[int, tuple[bytes, bytes]]:
     parts = partition(aborts=True)
     upload(store, parts)
-    compact_keys(store, keys_context(store, "keys-0"), at(NOW))
+    engine.run(store, keys_context(store, "keys-0"), KeyCompaction(at(NOW)))
     worker = fresh_store()
     _CrashAfterTxnIndex(worker)
     with pytest.raises(Crash):
-        compact_keys(worker, keys_context(worker), at(NOW + DAY))
+        engine.run(worker, keys_context(worker), KeyCompaction(at(NOW + DAY)))
     assert not exists(store, segment_key(PREFIX, TOPIC, 0, 20, TXN_INDEX_SUFFIX))  # gone before the .log
     return parts
 
@@ -471,7 +473,7 @@ def test_an_operation_abandoned_after_its_txnindex_went_puts_the_original_back(s
     assert [(r.base_offset, r.status) for r in results] == [(20, Status.ABORTED)], results
     assert final(store, 20, TXN_INDEX_SUFFIX) == parts[20][1]
     assert no_pending(store)
-    run = compact_keys(store, keys_context(store), at(NOW + DAY))  # the pass again: the entry goes for good
+    run = engine.run(store, keys_context(store), KeyCompaction(at(NOW + DAY)))  # again: the entry goes for good
     assert run.exit_code() is ExitCode.OK
     assert not exists(store, segment_key(PREFIX, TOPIC, 0, 20, TXN_INDEX_SUFFIX))
 
@@ -483,7 +485,7 @@ def test_cleanup_keeps_the_txnindex_a_pending_operation_needs(store: S3Store) ->
     cleaned = cleanup(store, keys_context(store, "cleanup"), grace_days=0, stale_hours=0)
     assert cleaned.exit_code() is ExitCode.BUSY
     assert store.get(f"{PREFIX}/_tiering/backup/keys-1/{DIRECTORY}/{20:020d}{TXN_INDEX_SUFFIX}") == parts[20][1]
-    assert compact_keys(store, keys_context(store), at(NOW + DAY)).exit_code() is ExitCode.OK
+    assert engine.run(store, keys_context(store), KeyCompaction(at(NOW + DAY))).exit_code() is ExitCode.OK
     assert no_pending(store)
 
 
@@ -493,7 +495,7 @@ def test_auto_codec_choice_still_recompresses_key_compacted_segments(store: S3St
     from tiering.plan.scan import ScanOptions, scan
 
     upload(store, partition(aborts=False))
-    compact_keys(store, keys_context(store), at(NOW))
+    engine.run(store, keys_context(store), KeyCompaction(at(NOW)))
     policy = parse_policy({"cluster": {"compression.type": "auto"}})
     plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0, policy=policy))
     assert {s.base_offset for s in plan.segments if s.action == Action.COMPACT} >= {0, 20, 40}
@@ -507,7 +509,7 @@ def test_the_report_counts_every_segment_of_the_run_not_only_those_its_document_
 
     monkeypatch.setattr("tiering.run.documents.MAX_LISTED_SEGMENTS", 2)
     upload(store, partition(aborts=True))
-    run = compact_keys(store, keys_context(store), at(NOW))
+    run = engine.run(store, keys_context(store), KeyCompaction(at(NOW)))
     assert len(run.segments) == 2
     assert run.omitted == 3
     report = assemble(store, PREFIX, "keys-1", load_prices("us-east-1"), CostOptions({}, 7.0), [])
@@ -536,7 +538,7 @@ def test_a_pass_that_merges_on_s3_makes_the_pure_pass_s_files_and_rolls_back(sto
     pure = CleanStats()
     _, want = compact_partition(segments, CleanOptions(now_ms=NOW, merge=limits), pure)
     assert [c.sources for c in want] == [(0, 20, 40, 60)]  # every sealed segment, one group
-    run = compact_keys(store, keys_context(store), replace(at(NOW), merge=limits))
+    run = engine.run(store, keys_context(store), KeyCompaction(replace(at(NOW), merge=limits)))
     by_base = {r.base_offset: r for r in run.segments}
     assert [by_base[b].status for b in (0, 20, 40, 60)] == [Status.MERGED] * 4, [r.to_json() for r in run.segments]
     assert no_pending(store)

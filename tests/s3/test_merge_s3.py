@@ -36,9 +36,10 @@ from tiering.kafka.segment import verify_segment
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, Status
 from tiering.plan.policy import parse_policy
+from tiering.run import engine
 from tiering.run.documents import CompactOptions
 from tiering.run.maintenance import rollback
-from tiering.run.merge import MergeOptions, merge_run
+from tiering.run.merge import MergeOptions, Merging
 from tiering.run.pipeline import compact
 from tiering.storage.layout import BACKUP_DIR, partition_prefix, segment_key
 from tiering.storage.objects import ObjectNotFound
@@ -62,7 +63,7 @@ def _get(store: S3Store, base: int, suffix: str) -> bytes:
 
 
 def _merge(store: S3Store, run_id: str = "merge-1", limits: Limits | None = None) -> list[SegmentResult]:
-    run = merge_run(store, context(store, run_id), MergeOptions(limits or Limits(1 << 20)))
+    run = engine.run(store, context(store, run_id), Merging(MergeOptions(limits or Limits(1 << 20))))
     return list(run.segments)
 
 
@@ -275,7 +276,7 @@ def test_a_policy_merges_the_topics_it_enables_each_to_its_bound(store: S3Store)
     policy = parse_policy({"cluster": {"merge.enable": True, "min.segment.age.hours": 1},
                            "topics": [{"topic": TOPIC, "merge.target.bytes": bound},
                                       {"topic": "audit", "merge.enable": False}]})
-    run = merge_run(store, context(store, "merge-p"), MergeOptions(policy=policy))
+    run = engine.run(store, context(store, "merge-p"), Merging(MergeOptions(policy=policy)))
     by = {(r.directory, r.base_offset): r for r in run.segments}
     assert [by[(DIRECTORY, b)].status for b in bases[:4]] == [Status.MERGED] * 4
     assert _get(store, bases[2], LOG_SUFFIX) == merged[bases[2]].log + merged[bases[3]].log

@@ -44,10 +44,11 @@ from tiering.plan.policy import load_policy
 from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan_partitions
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import merge_priced_text, to_table, usd
+from tiering.run import engine
 from tiering.run.documents import CompactOptions, RunResult, new_run_id, outcome, worst
-from tiering.run.keycompact import KeyCompactOptions, compact_keys
+from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
 from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup, rollback
-from tiering.run.merge import MergeOptions, PlannedMerges, merge_run, plan_merges
+from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
 from tiering.run.pipeline import RunSettings, compact, dry_run, plan_run, run_local, scan_run
 from tiering.storage.layout import reserved_dir
 from tiering.storage.objects import ObjectInfo, ObjectStore
@@ -88,6 +89,13 @@ def _scan_options(args: argparse.Namespace) -> ScanOptions:
     return ScanOptions(args.codec, args.level, args.topics, args.min_age_minutes, args.include_internal,
                        args.include_special, args.scan_workers, policy,
                        args.rebatch_max_bytes if args.rebatch else None)
+
+
+def _add_inventory_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--inventory", default=None, metavar="s3://BUCKET/.../manifest.json",
+                   help="plan from this S3 Inventory report (CSV) of the bucket instead of listing it: for buckets "
+                        "too large to list. An inventory is stale: every segment's ETag is still checked before "
+                        "it is touched, and one that changed since is skipped")
 
 
 def _source(args: argparse.Namespace, store: ObjectStore) -> Iterator[ObjectInfo] | None:
@@ -391,7 +399,7 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     chosen = " and ".join(([f"topics matching {args.topics!r}"] if args.topics else [])
                           + ([f"the compacted topics of {args.policy}"] if policy else []))
     _log(args, f"run {run_id}: key compaction of {chosen} under s3://{args.bucket}/{args.prefix} ...")
-    run = compact_keys(store, ctx, options, progress)
+    run = engine.run(store, ctx, KeyCompaction(options), progress, source=_source(args, store))
     return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
 
 
@@ -401,7 +409,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
                            load_policy(args.policy) if args.policy else None)
     where = f"s3://{args.bucket}/{args.prefix}"
     if args.dry_run:
-        planned = plan_merges(store, args.prefix, options)
+        planned = plan_merges(store, args.prefix, options, _source(args, store))
         prices = cost_from_args(args)[0]
         figures = [p.figures(prices) for p in planned]
         known = [f for f in figures if f is not None]
@@ -429,7 +437,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     bound = (f"each topic's merge.target.bytes ({args.policy})" if options.policy is not None
              else _human(options.limits.segment_bytes))
     _log(args, f"run {run_id}: merging small neighbouring segments under {where} into segments of at most {bound} ...")
-    run = merge_run(store, ctx, options, progress)
+    run = engine.run(store, ctx, Merging(options), progress, source=_source(args, store))
     return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
 
 
@@ -578,10 +586,7 @@ def _scan_args(p: argparse.ArgumentParser, *, codec_required: bool) -> None:
     p.add_argument("--include-special", action="store_true",
                    help="include Kafka's -delete, -future and -stray directories")
     p.add_argument("--scan-workers", type=int, default=8, help="partitions listed at once (default %(default)s)")
-    p.add_argument("--inventory", default=None, metavar="s3://BUCKET/.../manifest.json",
-                   help="plan from this S3 Inventory report (CSV) of the bucket instead of listing it: for buckets "
-                        "too large to list. An inventory is stale: every segment's ETag is still checked before "
-                        "it is touched, and one that changed since is skipped")
+    _add_inventory_arg(p)
     p.add_argument("--policy", default=None, metavar="FILE",
                    help="a policy file (see 'tiering policy'): it decides each topic's codec (or producer: left "
                         "alone, auto: chosen by net dollars), level, minimum savings and record age; --codec and "
@@ -664,6 +669,7 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "or unsupported data (legacy batches, an ABORT marker its .txnindex does not "
                                    "name); 3 busy; 4 S3 failed (retry).")
     _common(p)
+    _add_inventory_arg(p)
     p.add_argument("--topics", default=None, metavar="REGEX",
                    help="the compacted topics to clean (their whole names must match); this or --policy is "
                         "required, since the pass drops every superseded value")
@@ -749,6 +755,7 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p.add_argument("--dry-run", action="store_true",
                    help="list and plan only: the groups, and segments and objects before and after, per partition, "
                         "with their storage a month, GETs and lifecycle transitions priced by the object")
+    _add_inventory_arg(p)
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
     p.add_argument("--verify", choices=[v.value for v in Verify], default=Verify.CHECKSUM.value,
                    help="how each staged file is accepted (as for 'compact')")

@@ -24,7 +24,8 @@ from tiering.errors import ConfigError, StorageError
 from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.document import Plan
 from tiering.report.render import render
-from tiering.run.pipeline import RunSettings, plan_files, run_outcomes, step_documents
+from tiering.run.engine import step_documents
+from tiering.run.pipeline import RunSettings, plan_files, run_outcomes
 from tiering.storage.layout import StepDir, ledger_key, report_key, run_result_key, whole_plan_key
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound, ObjectStore, PreconditionFailed
 

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Protocol
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, release_leases_of
 from tiering.commit.operation import (
@@ -216,7 +216,7 @@ class RunTally:
         """The run document, finished now, written to ``runs/<run>/<kind>.json``."""
         run = self.result(kind, run_id, store.bucket, prefix, started_at, datetime.now(UTC).isoformat(), settings,
                           usage)
-        end_run(store, prefix, run_id, kind, run.to_json())
+        end_run(store, prefix, run_id, kind, run)
         return run
 
     def result(self, kind: RunKind, run_id: str, bucket: str, prefix: str, started_at: str, finished_at: str,
@@ -228,11 +228,17 @@ class RunTally:
                          tuple(listed), self.omitted, dict(usage or {}))
 
 
-def end_run(store: ObjectStore, prefix: str, run_id: str, kind: RunKind, document: Mapping[str, Any]) -> None:
+class RunDocument(Protocol):
+    """A run's document (:class:`RunResult`, a tiering run's)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def end_run(store: ObjectStore, prefix: str, run_id: str, kind: RunKind, document: RunDocument) -> None:
     """How every run ends: each lease it still holds released (one a unit kept for a later step, or one an
     attempt killed before its release left), then its run document written to ``runs/<run>/<kind>.json``."""
     release_leases_of(store, prefix, run_id)
-    store.put_json(run_result_key(prefix, run_id, kind), document)
+    store.put_json(run_result_key(prefix, run_id, kind), document.to_json())
 
 
 @dataclass(frozen=True, slots=True)

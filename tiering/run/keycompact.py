@@ -21,10 +21,9 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from typing import Any, BinaryIO, Final
+from typing import Any, BinaryIO, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
 from tiering.commit.operation import Context, SegmentResult
@@ -49,12 +48,9 @@ from tiering.lifecycle.state import load_state, record_keys_checkpoint, record_k
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy
-from tiering.plan.scan import ScanOptions, scan_partitions
-from tiering.run.documents import RUN_SCOPE, RunResult, RunTally
-from tiering.run.maintenance import balanced, recover_pending
-from tiering.run.pipeline import RunSettings, step_documents, write_results
-from tiering.run.segment import guarded, stale_after_recovery, with_lease
-from tiering.storage.layout import StepDir, clock_key, keys_unit_name, step_dir, step_key
+from tiering.plan.scan import ScanOptions
+from tiering.run.segment import guarded, stale_after_recovery
+from tiering.storage.layout import StepDir, clock_key
 from tiering.storage.objects import ObjectStore
 
 NO_CHECKPOINT: Final = -1  # a whole pass: the partition's checkpoint is cleared
@@ -107,18 +103,16 @@ class KeyCompactOptions:
         return {**doc, "delete_retention_ms": self.delete_retention_ms,
                 "min_compaction_lag_ms": self.min_compaction_lag_ms}
 
-    def clean_options(self, now_ms: int, ctx: Context, topic: str) -> CleanOptions | None:
-        """The cleaner's options for ``topic``, or None when the policy leaves it alone."""
+    def topic_settings(self, topic: str) -> tuple[int, int, Limits | None] | None:
+        """``topic``'s delete.retention.ms, min.compaction.lag.ms and merge bounds, or None when the policy
+        leaves it alone."""
         retention, lag = self.delete_retention_ms, self.min_compaction_lag_ms
         if self.policy is not None:
             tp = self.policy.resolve(topic)
             if not tp.key_compaction:
                 return None
             retention, lag = tp.delete_retention_ms, tp.min_compaction_lag_ms
-        codec = Codec.parse(self.codec) if self.codec is not None else None
-        return CleanOptions(now_ms, retention, lag, max_keys=self.max_keys, codec=codec, level=self.level,
-                            index_interval_bytes=ctx.options.index_interval_bytes,
-                            decompression_limit=ctx.options.decompression_limit, merge=self.limits_for(topic))
+        return retention, lag, self.limits_for(topic)
 
     def limits_for(self, topic: str) -> Limits | None:
         """The merge bounds of ``topic``'s cleaned segments (None: no merging)."""
@@ -380,113 +374,56 @@ class KeyPartition:
                 **({"merge": [self.merge.segment_bytes, self.merge.index_bytes]} if self.merge else {})}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> KeyPartition:
+    def from_json(cls, doc: Mapping[str, Any]) -> KeyPartition:
         return cls(tuple(PlannedSegment.from_json(s) for s in doc["segments"]), int(doc["now_ms"]),
                    int(doc["delete_retention_ms"]), int(doc["min_compaction_lag_ms"]), doc.get("codec"),
                    doc.get("level"), doc.get("max_keys"), Limits(*doc["merge"]) if doc.get("merge") else None)
 
 
 @dataclass(frozen=True, slots=True)
-class KeyUnit:
-    """Whole partitions one task cleans, one after the other (``runs/<run>/keys/<name>.json`` holds what
-    became of their segments)."""
+class KeyCompaction:
+    """Key compaction as a kind of run (:mod:`tiering.run.engine`): one pass of the cleaner per partition of
+    the chosen topics, at the clock read when the run starts."""
 
-    name: str
-    partitions: tuple[KeyPartition, ...]
+    options: KeyCompactOptions
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "partitions": [p.to_json() for p in self.partitions]}
+    run_kind: ClassVar[RunKind] = RunKind.COMPACT_KEYS
+    label: ClassVar[str] = "key compaction"
+    step: ClassVar[StepDir] = StepDir.KEYS
 
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> KeyUnit:
-        return cls(str(doc["name"]), tuple(KeyPartition.from_json(p) for p in doc["partitions"]))
+    @property
+    def lease_ttl_seconds(self) -> int:
+        return self.options.lease_ttl_seconds
 
+    def started(self, store: ObjectStore, prefix: str) -> KeyCompaction:
+        return KeyCompaction(replace(self.options, now_ms=now_ms_of(store, prefix, self.options)))
 
-@dataclass(frozen=True, slots=True)
-class KeyPlan:
-    """A run's partitions cut into units, its clock, and the segments the journals left by a crash became."""
+    @property
+    def now_ms(self) -> int:
+        if self.options.now_ms is None:
+            raise ConfigError("a key-compaction pass has no clock before it starts", expected="now_ms", found=None)
+        return self.options.now_ms
 
-    now_ms: int
-    units: tuple[KeyUnit, ...]
-    recovered: tuple[SegmentResult, ...]
+    def scan_options(self) -> ScanOptions:
+        return ScanOptions("none", topics=self.options.topics, min_age_minutes=self.options.min_age_minutes)
 
+    def partition(self, store: ObjectStore, segments: list[PlannedSegment]) -> KeyPartition | None:
+        chosen = self.options.topic_settings(segments[0].topic)
+        if chosen is None:
+            return None
+        retention, lag, merge = chosen
+        return KeyPartition(tuple(segments), self.now_ms, retention, lag, self.options.codec, self.options.level,
+                            self.options.max_keys, merge)
 
-def plan_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions, *, parallelism: int = 1,
-              progress: Callable[[SegmentResult], None] | None = None) -> KeyPlan:
-    """Finish what a crashed run left in flight (under the partitions' leases), then list the partitions of
-    the chosen topics, each with its cleaner settings, cut into units: about ``4 * parallelism`` of them,
-    balanced by bytes (a unit holds whole partitions, largest first)."""
-    now_ms = now_ms_of(store, ctx.prefix, options)
-    recovered = recover_pending(ctx, options.lease_ttl_seconds, progress)
-    for info in store.list(step_dir(ctx.prefix, ctx.run_id, StepDir.KEYS)):  # a retried run's: it plans anew
-        store.delete(info.key, missing_ok=True)
-    partitions: list[KeyPartition] = []
+    def partition_from_json(self, doc: Mapping[str, Any]) -> KeyPartition:
+        return KeyPartition.from_json(doc)
 
-    def add(segments: list[PlannedSegment]) -> None:
-        if not segments:
-            return
-        chosen = options.clean_options(now_ms, ctx, segments[0].topic)
-        if chosen is not None:
-            partitions.append(KeyPartition(tuple(segments), now_ms, chosen.delete_retention_ms,
-                                           chosen.min_compaction_lag_ms, options.codec, options.level,
-                                           options.max_keys, chosen.merge))
+    def work(self, ctx: Context, part: KeyPartition, lease: Lease, out: list[SegmentResult],
+             progress: Callable[[SegmentResult], None] | None) -> None:
+        partition_pass(ctx, ctx.store, list(part.segments), part.clean_options(ctx), lease, out, progress)
 
-    scan_partitions(store, ctx.prefix, ScanOptions("none", topics=options.topics,
-                                                   min_age_minutes=options.min_age_minutes), add)
-    groups = balanced(partitions, 4 * parallelism, lambda p: sum(s.size for s in p.segments))
-    units = tuple(KeyUnit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory)))
-                  for i, g in enumerate(groups))
-    return KeyPlan(now_ms, units, tuple(recovered))
+    def settings_json(self) -> dict[str, Any]:
+        return self.options.settings_json(self.now_ms)
 
-
-def run_keys_unit(store: ObjectStore, ctx: Context, unit: KeyUnit, lease_ttl_seconds: int,
-                  progress: Callable[[SegmentResult], None] | None = None) -> dict[str, int]:
-    """Each partition of ``unit`` under its lease; the results and the S3 requests by partition go to
-    ``runs/<run>/keys/<unit>.json``; the counts by status come back."""
-    results: list[SegmentResult] = []
-    requests: dict[str, dict[str, int]] = {}
-    for part in unit.partitions:
-        def work(lease: Lease, out: list[SegmentResult], part: KeyPartition = part) -> None:
-            partition_pass(ctx, store, list(part.segments), part.clean_options(ctx), lease, out, progress)
-
-        todo = [(s.directory, s.base_offset) for s in part.segments if s.log is not None]
-        before = Counter(store.requests)
-        results += with_lease(ctx, part.directory, lease_ttl_seconds, work, todo)
-        requests[part.directory] = dict(Counter(store.requests) - before)
-    return write_results(store, step_key(ctx.prefix, ctx.run_id, StepDir.KEYS, unit.name), results,
-                         usage=requests)
-
-
-def keys_unit_task(store: ObjectStore, unit: dict[str, Any], settings: dict[str, Any]) -> dict[str, int]:
-    """Spark executor side of :func:`run_keys_unit` (a task that fails is retried by Spark: the journal of a
-    segment it left in flight is finished by the retry, which takes the run's lease back)."""
-    run = RunSettings.from_json(settings)
-    return run_keys_unit(store, run.context(store, one_core=True), KeyUnit.from_json(unit), run.lease_ttl_seconds)
-
-
-def collect_keys_run(store: ObjectStore, ctx: Context, plan: KeyPlan, started: str, settings: Mapping[str, object],
-                     driver_requests: Counter[str]) -> RunResult:
-    """The run document from its units' step documents (and the journals the planner finished), with the S3
-    requests by partition and the seconds the passes took; written to ``runs/<run>/compact-keys.json``."""
-    tally = RunTally()
-    tally.add_usage({RUN_SCOPE: driver_requests})
-    if plan.recovered:  # a step document like the units' (the report reads them all, whatever the run's size)
-        write_results(store, step_key(ctx.prefix, ctx.run_id, StepDir.KEYS, "recovered"), plan.recovered)
-    for step in step_documents(store, ctx.prefix, ctx.run_id, StepDir.KEYS):
-        for r in step.results:
-            tally.add(r)
-        tally.add_usage(step.requests, sum(r.seconds or 0.0 for r in step.results))
-    return tally.write(store, RunKind.COMPACT_KEYS, ctx.run_id, ctx.prefix, started, settings, tally.usage())
-
-
-def compact_keys(store: ObjectStore, ctx: Context, options: KeyCompactOptions,
-                 progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
-    """A whole run in this process: :func:`plan_keys`, each unit, :func:`collect_keys_run` (the Spark job runs
-    the units on executors instead)."""
-    started = datetime.now(UTC).isoformat()
-    at_start = Counter(store.requests)
-    plan = plan_keys(store, ctx, options, progress=progress)
-    driver = Counter(store.requests) - at_start
-    for unit in plan.units:
-        run_keys_unit(store, ctx, unit, options.lease_ttl_seconds, progress)
-    return collect_keys_run(store, ctx, plan, started, options.settings_json(plan.now_ms), driver)
+    def figures(self, results: Iterable[SegmentResult]) -> dict[str, Counter[str]]:
+        return {}

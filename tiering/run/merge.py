@@ -12,10 +12,10 @@ group of its own.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from typing import Any, Final
+from datetime import datetime
+from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
 from tiering.commit.operation import Context, SegmentResult
@@ -24,7 +24,7 @@ from tiering.commit.regroup import finish_regroup, stage_merge
 from tiering.cost.document import MergeFigures
 from tiering.cost.model import merge_figures
 from tiering.cost.prices import PriceBook
-from tiering.errors import TieringError
+from tiering.errors import ConfigError, TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
@@ -32,12 +32,9 @@ from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy
 from tiering.plan.scan import ScanOptions, scan_partitions
-from tiering.run.documents import RUN_SCOPE, RunResult, RunTally
-from tiering.run.maintenance import balanced, recover_pending
-from tiering.run.pipeline import RunSettings, step_documents, write_results
-from tiering.run.segment import guarded, stale_after_recovery, with_lease
-from tiering.storage.layout import StepDir, clock_key, keys_unit_name, normalize_prefix, step_dir, step_key
-from tiering.storage.objects import ObjectStore
+from tiering.run.segment import guarded, stale_after_recovery
+from tiering.storage.layout import StepDir, clock_key, normalize_prefix
+from tiering.storage.objects import ObjectInfo, ObjectStore
 
 # Segments a merge never touches: each ends a run of neighbours.
 _KEPT: Final = frozenset({Cause.ACTIVE, Cause.TOO_YOUNG, Cause.ARCHIVED, Cause.INCOMPLETE, Cause.INVALID,
@@ -93,19 +90,6 @@ def _by_record_age(store: ObjectStore, segments: list[PlannedSegment], hours: fl
                                f"{age:.1f} h old, the policy's min.segment.age.hours is {hours:g}")
         out.append(aged)
     return out
-
-
-def _partitions(store: ObjectStore, prefix: str, options: MergeOptions
-                ) -> Iterator[tuple[list[PlannedSegment], Limits]]:
-    """Each listed partition of a topic to merge, its segments aged by the policy, and its bounds."""
-    listed: list[list[PlannedSegment]] = []
-    scan_partitions(store, prefix, _scan_options(options),
-                    lambda segments: listed.append(segments) if segments else None)
-    now = store.now(clock_key(normalize_prefix(prefix)))
-    for segments in listed:
-        limits = options.limits_for(segments[0].topic)
-        if limits is not None:
-            yield _by_record_age(store, segments, options.min_record_age_hours(segments[0].topic), now), limits
 
 
 def _sizes(seg: PlannedSegment) -> Sizes:
@@ -200,13 +184,19 @@ def _merge_stats_json(group: Sequence[PlannedSegment]) -> dict[str, Any]:
             "objects_after": [sum(sizes) for i, sizes in enumerate(kinds) if i < 3 or sizes]}
 
 
-def plan_merges(store: ObjectStore, prefix: str, options: MergeOptions) -> list[PlannedMerges]:
-    """A dry run: every partition of the chosen topics listed and its merges planned; nothing is written."""
-    return [planned_merges(segments, limits) for segments, limits in _partitions(store, prefix, options)]
+def plan_merges(store: ObjectStore, prefix: str, options: MergeOptions, source: Iterator[ObjectInfo] | None = None
+                ) -> list[PlannedMerges]:
+    """A dry run: every partition of the chosen topics listed (or read from ``source``, an S3 Inventory
+    report's objects) and its merges planned; nothing is written."""
+    kind = Merging(options).started(store, prefix)
+    out: list[PlannedMerges] = []
 
+    def add(segments: list[PlannedSegment]) -> None:
+        if segments and (part := kind.partition(store, segments)) is not None:
+            out.append(planned_merges(part.segments, part.limits))
 
-def _scan_options(options: MergeOptions) -> ScanOptions:
-    return ScanOptions("none", topics=options.topics, min_age_minutes=options.min_age_minutes)
+    scan_partitions(store, prefix, kind.scan_options(), add, source=source)
+    return out
 
 
 def merge_partition(ctx: Context, segments: Sequence[PlannedSegment], limits: Limits, lease: Lease,
@@ -301,97 +291,53 @@ class MergePartition:
 
 
 @dataclass(frozen=True, slots=True)
-class MergeUnit:
-    """Whole partitions one task merges, one after the other (``runs/<run>/merge/<name>.json`` holds what
-    became of their segments)."""
+class Merging:
+    """Merging as a kind of run (:mod:`tiering.run.engine`): the runs of small neighbours of each partition of
+    the chosen topics merged, segments aged by the clock read when the run starts."""
 
-    name: str
-    partitions: tuple[MergePartition, ...]
+    options: MergeOptions
+    now: datetime | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "partitions": [p.to_json() for p in self.partitions]}
+    run_kind: ClassVar[RunKind] = RunKind.MERGE
+    label: ClassVar[str] = "merge"
+    step: ClassVar[StepDir] = StepDir.MERGE
 
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> MergeUnit:
-        return cls(str(doc["name"]), tuple(MergePartition.from_json(p) for p in doc["partitions"]))
+    @property
+    def lease_ttl_seconds(self) -> int:
+        return self.options.lease_ttl_seconds
 
+    def started(self, store: ObjectStore, prefix: str) -> Merging:
+        return replace(self, now=store.now(clock_key(normalize_prefix(prefix))))
 
-@dataclass(frozen=True, slots=True)
-class MergePlan:
-    """A run's partitions cut into units, and what the journals a crash left became."""
+    def scan_options(self) -> ScanOptions:
+        return ScanOptions("none", topics=self.options.topics, min_age_minutes=self.options.min_age_minutes)
 
-    units: tuple[MergeUnit, ...]
-    recovered: tuple[SegmentResult, ...]
+    def partition(self, store: ObjectStore, segments: list[PlannedSegment]) -> MergePartition | None:
+        topic = segments[0].topic
+        limits = self.options.limits_for(topic)
+        if limits is None:
+            return None
+        if self.now is None:
+            raise ConfigError("a merge run has no clock before it starts", expected="now", found=None)
+        aged = _by_record_age(store, segments, self.options.min_record_age_hours(topic), self.now)
+        return MergePartition(tuple(aged), limits)
 
+    def partition_from_json(self, doc: Mapping[str, Any]) -> MergePartition:
+        return MergePartition.from_json(doc)
 
-def plan_merge_run(store: ObjectStore, ctx: Context, options: MergeOptions, *, parallelism: int = 1,
-                   progress: Callable[[SegmentResult], None] | None = None) -> MergePlan:
-    """Finish what a crashed run left in flight, then list the partitions of the topics to merge, each with
-    its bounds, cut into about ``4 * parallelism`` units of whole partitions balanced by bytes."""
-    recovered = recover_pending(ctx, options.lease_ttl_seconds, progress)
-    for info in store.list(step_dir(ctx.prefix, ctx.run_id, StepDir.MERGE)):  # a retried run's: it plans anew
-        store.delete(info.key, missing_ok=True)
-    partitions = [MergePartition(tuple(segments), limits) for segments, limits in _partitions(store, ctx.prefix,
-                                                                                              options)]
-    groups = balanced(partitions, 4 * parallelism, lambda p: sum(s.size for s in p.segments))
-    units = tuple(MergeUnit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory)))
-                  for i, g in enumerate(groups))
-    return MergePlan(units, tuple(recovered))
+    def work(self, ctx: Context, part: MergePartition, lease: Lease, out: list[SegmentResult],
+             progress: Callable[[SegmentResult], None] | None) -> None:
+        merge_partition(ctx, part.segments, part.limits, lease, out, progress)
 
+    def settings_json(self) -> dict[str, Any]:
+        return self.options.settings_json()
 
-def run_merge_unit(store: ObjectStore, ctx: Context, unit: MergeUnit, lease_ttl_seconds: int,
-                   progress: Callable[[SegmentResult], None] | None = None) -> dict[str, int]:
-    """Each partition of ``unit`` merged under its lease; the results and the S3 requests by partition go to
-    ``runs/<run>/merge/<unit>.json``; the counts by status come back."""
-    results: list[SegmentResult] = []
-    requests: dict[str, dict[str, int]] = {}
-    for part in unit.partitions:
-        def work(lease: Lease, out: list[SegmentResult], part: MergePartition = part) -> None:
-            merge_partition(ctx, part.segments, part.limits, lease, out, progress)
-
-        todo = [(s.directory, s.base_offset) for s in part.segments if s.log is not None]
-        before = Counter(store.requests)
-        results += with_lease(ctx, part.directory, lease_ttl_seconds, work, todo)
-        requests[part.directory] = dict(Counter(store.requests) - before)
-    return write_results(store, step_key(ctx.prefix, ctx.run_id, StepDir.MERGE, unit.name), results,
-                         usage=requests)
-
-
-def merge_unit_task(store: ObjectStore, unit: dict[str, Any], settings: dict[str, Any]) -> dict[str, int]:
-    """Spark executor side of :func:`run_merge_unit` (a task that fails is retried by Spark: the operation
-    it left in flight is finished by the retry, which takes the run's lease back)."""
-    run = RunSettings.from_json(settings)
-    return run_merge_unit(store, run.context(store, one_core=True), MergeUnit.from_json(unit), run.lease_ttl_seconds)
-
-
-def collect_merge_run(store: ObjectStore, ctx: Context, plan: MergePlan, started: str,
-                      settings: Mapping[str, object], driver_requests: Counter[str]) -> RunResult:
-    """The run document from its units' step documents (and the journals the planner finished), with the
-    segment objects the merges replaced and made; written to ``runs/<run>/merge.json``."""
-    tally = RunTally()
-    tally.add_usage({RUN_SCOPE: driver_requests})
-    objects = {"before": 0, "after": 0}
-    if plan.recovered:
-        write_results(store, step_key(ctx.prefix, ctx.run_id, StepDir.MERGE, "recovered"), plan.recovered)
-    for step in step_documents(store, ctx.prefix, ctx.run_id, StepDir.MERGE):
-        for r in step.results:
-            tally.add(r)
+    def figures(self, results: Iterable[SegmentResult]) -> dict[str, Counter[str]]:
+        """The segment objects the merges replaced and made."""
+        objects = Counter(before=0, after=0)
+        for r in results:
             merged = (r.stats or {}).get("merge")
             if isinstance(merged, dict):
                 objects["before"] += len(merged["objects_before"])
                 objects["after"] += len(merged["objects_after"])
-        tally.add_usage(step.requests, sum(r.seconds or 0.0 for r in step.results))
-    return tally.write(store, RunKind.MERGE, ctx.run_id, ctx.prefix, started, settings, tally.usage(objects=objects))
-
-
-def merge_run(store: ObjectStore, ctx: Context, options: MergeOptions,
-              progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
-    """A whole merge run in this process: :func:`plan_merge_run`, each unit, :func:`collect_merge_run` (the
-    Spark job runs the units on executors instead)."""
-    started = datetime.now(UTC).isoformat()
-    at_start = Counter(store.requests)
-    plan = plan_merge_run(store, ctx, options, progress=progress)
-    driver = Counter(store.requests) - at_start
-    for unit in plan.units:
-        run_merge_unit(store, ctx, unit, options.lease_ttl_seconds, progress)
-    return collect_merge_run(store, ctx, plan, started, options.settings_json(), driver)
+        return {"objects": objects}

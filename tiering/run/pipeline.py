@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -69,6 +69,7 @@ from tiering.run.documents import (
     StepResults,
     StepUsage,
 )
+from tiering.run.engine import write_results
 from tiering.run.maintenance import pending_bases
 from tiering.run.segment import Work, run_segment, with_lease
 from tiering.storage.aside import WriteAside
@@ -580,21 +581,6 @@ def stage_unit(store: ObjectStore, unit: dict[str, Any], settings: dict[str, Any
 def put_usage(store: ObjectStore, settings: RunSettings, step: str) -> None:
     """Record the S3 requests ``store`` made for this run outside any partition's work (``usage/<step>``)."""
     store.put_json(settings.step_key(StepDir.USAGE, step), StepUsage(dict(store.requests)).to_json())
-
-
-def step_documents(store: ObjectStore, prefix: str, run_id: str, step: StepDir) -> Iterator[StepResults]:
-    """The documents of one step of run ``run_id`` (a key-compaction or merge run's units', and the journals
-    it finished first), in key order."""
-    for info in store.list(step_dir(prefix, run_id, step)):
-        yield StepResults.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
-
-
-def write_results(store: ObjectStore, key: str, results: Iterable[SegmentResult],
-                  usage: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
-    """Store a step's results (and the S3 requests per partition it made); counts by status."""
-    step = StepResults(tuple(results), usage or {})
-    store.put_json(key, step.to_json())
-    return step.counts()
 
 
 def commit_chunk(store: ObjectStore, settings: RunSettings, name: str, *, ctx: Context | None = None,

@@ -317,7 +317,7 @@ def apply_tiering(store: ObjectStore, plan: TierPlan, run_id: str, *, lease_ttl:
 
         results += with_lease(ctx, directory, lease_ttl, work, [(s.directory, s.base_offset) for s in segments])
     run = TierRun(run_id, plan, tuple(results), store.now(clock_key(plan.prefix)).isoformat())
-    end_run(store, plan.prefix, run_id, RunKind.TIER, run.to_json())
+    end_run(store, plan.prefix, run_id, RunKind.TIER, run)
     return run
 
 

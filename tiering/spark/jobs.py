@@ -3,8 +3,7 @@ collect what the tasks wrote. The job files under ``spark_jobs/`` parse their ar
 
 A task builds its own store from its executor's AWS environment (endpoint and credentials never travel
 with the task), runs one unit through the same step functions the CLI runs in one process
-(:func:`~tiering.run.pipeline.stage_unit`, :func:`~tiering.run.keycompact.keys_unit_task`,
-:func:`~tiering.run.merge.merge_unit_task`), writes its results
+(:func:`~tiering.run.pipeline.stage_unit`, :func:`~tiering.run.engine.unit_task`), writes its results
 to the run's step documents on S3 and returns only counts by status.
 """
 
@@ -14,13 +13,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-from tiering.commit.operation import Context
 from tiering.lifecycle.vocabulary import Verify
+from tiering.run import engine
 from tiering.run.documents import RunResult
-from tiering.run.keycompact import KeyCompactOptions, collect_keys_run, keys_unit_task, plan_keys
-from tiering.run.merge import MergeOptions, collect_merge_run, merge_unit_task, plan_merge_run
 from tiering.run.pipeline import RunSettings, load_manifest, manifest_location, put_usage, stage_unit, stage_units
 from tiering.storage.layout import run_result_key
 from tiering.storage.objects import ObjectStore
@@ -65,53 +62,29 @@ def stage_plan(spark: Any, plan_uri: str, run_id: str, lease_ttl_seconds: int, v
     return counts
 
 
-class _PartitionsUnit(Unit, Protocol):
-    @property
-    def partitions(self) -> Sequence[object]: ...
+def _unit_task(kind: engine.Kind[Any]) -> UnitTask:
+    """The executor's side of a unit of ``kind`` (the kind travels with the task, its settings with it)."""
+    def task(store: ObjectStore, unit: dict[str, Any], settings: dict[str, Any]) -> dict[str, int]:
+        return engine.unit_task(store, RunSettings.from_json(settings).context(store, one_core=True), kind, unit)
+    return task
 
 
-class _UnitPlan(Protocol):
-    @property
-    def units(self) -> Sequence[_PartitionsUnit]: ...
-
-
-P = TypeVar("P", bound=_UnitPlan)
-
-
-def _unit_run(spark: Any, settings: RunSettings, what: str, plan: Callable[[ObjectStore, Context, int], P],
-              task: UnitTask, collect: Callable[[ObjectStore, Context, P, str, Counter[str]], RunResult],
-              log: Callable[[str], None]) -> RunResult:
-    """A run made of units of whole partitions: ``plan`` on the driver (crashed runs' operations finished
-    first), ``task`` over each unit on the cluster, ``collect`` its run document."""
+def partition_run(spark: Any, settings: RunSettings, kind: engine.Kind[Any], log: Callable[[str], None]
+                  ) -> RunResult:
+    """A run of ``kind`` (key compaction, merging): the engine's plan on the driver (crashed runs' operations
+    finished first), one Spark task per unit on the cluster, the run document collected on the driver."""
     store = S3Store(make_client(), settings.bucket)
     ctx = settings.context(store)
     started = datetime.now(UTC).isoformat()
-    planned = plan(store, ctx, spark.sparkContext.defaultParallelism)
+    kind = kind.started(store, settings.prefix)
+    planned = engine.plan(store, ctx, kind, parallelism=spark.sparkContext.defaultParallelism)
     driver = Counter(store.requests)
+    what = kind.label
     log(f"{what}: {sum(len(u.partitions) for u in planned.units)} partitions in {len(planned.units)} tasks")
     clock = time.perf_counter()
-    counts = run_units(spark, planned.units, task, settings)
+    counts = run_units(spark, planned.units, _unit_task(kind), settings)
     log(f"{what} seconds: {time.perf_counter() - clock:.3f}; results: {dict(sorted(counts.items()))}")
-    result = collect(store, ctx, planned, started, driver)
+    result = engine.collect(store, ctx, kind, planned, started, driver)
     key = run_result_key(settings.prefix, settings.run_id, result.kind)
     log(f"run document: s3://{settings.bucket}/{key} ({result.totals()})")
     return result
-
-
-def merge_segments_plan(spark: Any, settings: RunSettings, options: MergeOptions,
-                        log: Callable[[str], None]) -> RunResult:
-    """One merge run over the chosen partitions: the units planned on the driver, merged on the cluster."""
-    return _unit_run(spark, settings, "merge",
-                     lambda store, ctx, n: plan_merge_run(store, ctx, options, parallelism=n), merge_unit_task,
-                     lambda store, ctx, plan, started, driver: collect_merge_run(
-                         store, ctx, plan, started, options.settings_json(), driver), log)
-
-
-def compact_keys_plan(spark: Any, settings: RunSettings, options: KeyCompactOptions,
-                      log: Callable[[str], None]) -> RunResult:
-    """One key-compaction pass over the chosen partitions: the units planned on the driver, cleaned on the
-    cluster."""
-    return _unit_run(spark, settings, "key compaction",
-                     lambda store, ctx, n: plan_keys(store, ctx, options, parallelism=n), keys_unit_task,
-                     lambda store, ctx, plan, started, driver: collect_keys_run(
-                         store, ctx, plan, started, options.settings_json(plan.now_ms), driver), log)
