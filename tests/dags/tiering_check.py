@@ -41,7 +41,7 @@ def main() -> None:
         runs = []
         for dry in (True, False, False):
             state, run_id = run_dag({"bucket": BUCKET, "prefix": PREFIX, "policy": str(policy), "dry_run": dry}, dag)
-            report = store.get_json(f"{PREFIX}/_tiering/reports/{run_id}/tiering.json")[0]
+            report = store.get_json(f"{PREFIX}/_tiering/reports/{run_id}-tier/tiering.json")[0]
             runs.append({"state": state, "dry_run": dry, "report": report, "classes": classes()})
         for t in dag.tasks:
             t.retries = 0  # the failure is the point: no backoff waits

@@ -6,7 +6,7 @@ UndefinedBehaviorSanitizer, seeded from the Kafka-written segments in tests/data
     .venv/bin/python -m tests.fuzz.run --seconds 20 --targets merge digest --json out.json
 
 Each target runs in its own process (the sanitizers' runtime preloaded), for ``--seconds`` or ``--runs``;
-with ``--seed`` and ``--runs`` (what the ordinary test run gives) a run is the same from machine to machine.
+with ``--seed`` and ``--runs`` (what the ordinary test run gives) what a run tries depends on neither clock nor chance.
 A finding (a crash, a sanitizer report, a hang past ``--timeout`` seconds, or a verdict that differs from
 the Python reference's) stops that target, is saved under ``--artifacts`` and makes the exit code 1; copy
 it into tests/fuzz/regressions/<target>/ and the ordinary test run replays it from then on. Needs clang

@@ -1,8 +1,8 @@
 """The fuzz targets in the ordinary test run: every regression input and seed replayed through each target
 (the package's own build), and a bounded libFuzzer run of every target against the sanitized build: a fixed
-seed and a fixed count of inputs per target, so that the run is the same on every machine and a submission
-never meets a finding by chance (`make fuzz` runs the open-ended campaign, seeded anew each time). CI sets
-TIERING_REQUIRE_FUZZ=1: a missing clang or atheris fails there instead of skipping."""
+seed and a fixed count of inputs per target, so that what a run tries does not depend on the clock or on
+chance and a submission does not meet a finding by luck (`make fuzz` runs the open-ended campaign, seeded
+anew each time). CI sets TIERING_REQUIRE_FUZZ=1: a missing clang or atheris fails there instead of skipping."""
 
 from __future__ import annotations
 

@@ -85,3 +85,10 @@ def test_cleanup_releases_the_leases_of_finished_runs_not_renewed_since(store: S
     when = {"done": ended, "retried": ended}
     assert release_finished(store, PREFIX, when.get) == 1
     assert _held(store) == {"orders-1.json": "retried", "orders-2.json": "running"}
+
+
+def test_what_is_not_a_lease_under_the_leases_is_left_and_a_run_still_releases_its_own(store: S3Store) -> None:
+    Lease(store, lease_key(PREFIX, "orders-0"), "run-a").acquire(PREFIX)
+    store.put(f"{PREFIX}/_tiering/leases/", b"")  # a console's folder marker
+    assert release_leases_of(store, PREFIX, "run-a") == 1
+    assert [info.key for info in store.list(f"{PREFIX}/_tiering/leases/")] == [f"{PREFIX}/_tiering/leases/"]

@@ -392,3 +392,10 @@ def test_a_compaction_of_a_merged_segment_rolls_back_to_the_merged_segment(store
     assert [r.status for r in run.segments] == [Status.ROLLED_BACK]
     assert _get(store, bases[0], LOG_SUFFIX) == merged
     check_loaded(store, ROOT, _batches(originals))
+
+
+def test_a_merge_with_nothing_to_merge_says_so_in_its_figures(store: S3Store) -> None:
+    seed(store, segments=3, segment_bytes=20_000)
+    run = engine.run(store, context(store, "merge-none"), Merging(MergeOptions(Limits(1 << 20), topics="other")))
+    assert run.usage["objects"] == {"before": 0, "after": 0}
+    assert run.totals() == {"segments": 0, "bytes_before": 0, "bytes_after": 0}

@@ -485,7 +485,9 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
         args.stdout.write(f"deleted {result.backups_deleted} kept originals ({_human(result.backup_bytes_deleted)}) "
                           f"past {args.grace_days} days, {result.staging_deleted} abandoned staging objects; "
                           f"aborted {result.uploads_aborted} incomplete multipart uploads; finished "
-                          f"{len(result.recovered) - len(result.left_pending)} interrupted segment operations\n")
+                          f"{len(result.recovered) - len(result.left_pending)} interrupted segment operations"
+                          + (f"; released {result.leases_released} leases of finished runs"
+                             if result.leases_released else "") + "\n")
         for r in result.left_pending:
             args.stdout.write(f"  left pending: {r.directory}/{r.base_offset:020d}: {r.reason}\n")
     code = result.exit_code()

@@ -12,7 +12,7 @@ A lease is a small JSON object at ``PREFIX/_tiering/leases/<topic>-<partition>.j
 - release: ``DeleteObject`` with ``If-Match: <our ETag>`` (never deletes a successor's lease);
 - at its end a run releases every lease it still holds (:func:`release_leases_of`: one a unit kept for a
   later step, one a killed attempt left, which a retry under the same id finished without needing), and the
-  cleanup releases those of runs that finished and never came back (:func:`release_finished`).
+  cleanup releases those a finished run could not (:func:`release_finished`).
 
 Renewal is cooperative: the worker calls :meth:`Lease.keep_alive` at checkpoints (every MiB of a
 rewrite, before every commit step). The local monotonic clock only decides WHEN to renew; whether a
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import ClassVar, Final, Protocol
 
-from tiering.errors import ConflictError, StorageError
+from tiering.errors import ConflictError, StorageError, TieringError
 from tiering.storage.layout import clock_key, leases_dir
 from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed
 
@@ -178,6 +178,9 @@ def held_leases(store: ObjectStore, prefix: str) -> Iterator[tuple[ObjectInfo, L
             doc, etag = store.get_json(info.key)
         except ObjectNotFound:
             continue
+        except TieringError:  # not a JSON document (a console's folder marker), or not readable now: no
+            yield info, None  # holder we can name, nothing to release
+            continue
         if etag == info.etag:
             yield info, LeaseRecord.from_json(doc)
 
@@ -199,8 +202,9 @@ def release_leases_of(store: ObjectStore, prefix: str, owner: str) -> int:
 
 def release_finished(store: ObjectStore, prefix: str, finished_at: Callable[[str], datetime | None]) -> int:
     """Release the leases of runs that finished (``finished_at``: when the run's document was written, None
-    for a run with none) and that no attempt renewed since: a run killed between its last write and its
-    release, then re-run under another id, leaves such a lease. How many were released."""
+    for a run with none) and that no attempt renewed since: a run whose end could not release them (S3
+    failing then: the release is best effort, the document is written all the same), or a holder of the
+    run's id that renewed its lease while the run ended and then died. How many were released."""
     released = 0
     for info, record in held_leases(store, prefix):
         done = finished_at(record.owner) if record is not None else None

@@ -515,7 +515,7 @@ def _one_zstd_frame(data: bytes | bytearray | memoryview, size: int) -> bool:
         return False
     try:
         declared = zstandard.frame_content_size(data)  # -1: the frame does not declare its size
-    except zstandard.ZstdError:  # a header libzstd does not take (a dictionary id it has not, say)
+    except zstandard.ZstdError:  # a header libzstd refuses to read (a window past its maximum, say)
         return False
     return declared in (-1, size)
 

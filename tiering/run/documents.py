@@ -4,6 +4,7 @@ stage and a chunk's commit, and the fold of segment results into one exit code."
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -16,7 +17,7 @@ from tiering.commit.operation import (
     SegmentResult,
 )
 from tiering.documents import check_document
-from tiering.errors import ExitCode
+from tiering.errors import ExitCode, TieringError
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.storage.layout import run_result_key
 from tiering.storage.objects import ObjectStore
@@ -237,7 +238,8 @@ class RunDocument(Protocol):
 def end_run(store: ObjectStore, prefix: str, run_id: str, kind: RunKind, document: RunDocument) -> None:
     """How every run ends: each lease it still holds released (one a unit kept for a later step, or one an
     attempt killed before its release left), then its run document written to ``runs/<run>/<kind>.json``."""
-    release_leases_of(store, prefix, run_id)
+    with contextlib.suppress(TieringError):  # best effort: a lease left expires, or the cleanup releases it
+        release_leases_of(store, prefix, run_id)
     store.put_json(run_result_key(prefix, run_id, kind), document.to_json())
 
 

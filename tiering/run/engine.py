@@ -169,7 +169,7 @@ def collect(store: ObjectStore, ctx: Context, kind: Kind[W], planned: RunPlan[W]
     tally.add_usage({RUN_SCOPE: driver_requests})
     if planned.recovered:  # a step document like the units' (the report reads them all, whatever the run's size)
         write_results(store, step_key(ctx.prefix, ctx.run_id, kind.step, "recovered"), planned.recovered)
-    figures: dict[str, Counter[str]] = {}
+    figures = kind.figures(())  # every figure present, zero where no result adds to it
     for step in step_documents(store, ctx.prefix, ctx.run_id, kind.step):
         for r in step.results:
             tally.add(r)

@@ -35,8 +35,10 @@ class TieringParams:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], run_id: str) -> TieringParams:
-        return cls(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id), params["policy"].strip(),
-                   bool(params["dry_run"]))
+        # "-tier": the compaction DAG's run of the same schedule has the same Airflow run id, and a run id
+        # owns leases (a run's end releases every lease its id holds).
+        return cls(params["bucket"], params["prefix"].strip("/"), f"{safe_run_id(run_id)}-tier",
+                   params["policy"].strip(), bool(params["dry_run"]))
 
     def policy(self) -> Policy:
         """The policy file read and checked (a :class:`ConfigError` naming what is wrong in it)."""
