@@ -5,6 +5,7 @@ are released."""
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -225,7 +226,7 @@ def cleanup(store: ObjectStore, ctx: Context, *, grace_days: float = DEFAULT_GRA
         if now - initiated > timedelta(hours=stale_hours):
             store.abort_upload(key, upload_id)
             counts["uploads_aborted"] += 1
-    released = release_finished(store, prefix, lambda run_id: _finished_at(store, prefix, run_id))
+    released = release_finished(store, prefix, functools.cache(lambda run_id: _finished_at(store, prefix, run_id)))
     return CleanupResult(counts["backups_deleted"], counts["backup_bytes_deleted"], counts["staging_deleted"],
                          counts["uploads_aborted"], counts["kept_referenced"], tuple(recovered), released)
 
