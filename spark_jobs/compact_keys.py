@@ -3,6 +3,7 @@
     spark-submit --master 'local[*]' spark_jobs/compact_keys.py --bucket BUCKET --prefix PREFIX --run-id RUN \\
         (--policy FILE | --topics REGEX) [--now-ms MS] [--delete-retention-ms MS] [--min-compaction-lag-ms MS] \\
         [--codec C [--level N]] [--min-age-minutes M] [--max-keys N] [--lease-ttl-seconds 600] \\
+        [--inventory s3://.../manifest.json] \\
         [--verify checksum|read-back] [--swap auto|copy|put] [--segment-bytes N] [--index-bytes N] [--no-merge]
 
 Thin on purpose: argument parsing and a call to ``tiering.spark.jobs.partition_run``. The driver
@@ -57,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-keys", type=int, default=DEFAULT_MAX_KEYS,
                    help="bound each pass's key map (default: a broker's default 128 MiB dedupe buffer's keys)")
     p.add_argument("--lease-ttl-seconds", type=int, default=DEFAULT_TTL_SECONDS)
+    p.add_argument("--inventory", default=None, help="plan from this S3 Inventory report's manifest.json instead "
+                   "of listing the prefix")
     p.add_argument("--verify", choices=["checksum", "read-back"], default="checksum")
     p.add_argument("--swap", choices=["auto", "copy", "put"], default="auto")
     add_merge_args(p, "neighbours are cleaned into one segment while their sources fit it, as the broker's "
@@ -74,7 +77,7 @@ def run(spark: Any, args: argparse.Namespace) -> int:
                                 args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds,
                                 load_policy(args.policy) if args.policy else None, args.max_keys,
                                 None if args.no_merge else merge_limits(args))
-    partition_run(spark, settings, KeyCompaction(options), log)
+    partition_run(spark, settings, KeyCompaction(options), log, inventory=args.inventory)
     return 0
 
 

@@ -3,7 +3,8 @@ unit of whole partitions.
 
     spark-submit --master 'local[*]' spark_jobs/merge_segments.py --bucket BUCKET --prefix PREFIX --run-id RUN \\
         [--policy FILE | --segment-bytes N [--index-bytes N]] [--topics REGEX] [--min-age-minutes M] \\
-        [--lease-ttl-seconds 600] [--verify checksum|read-back] [--swap auto|copy|put]
+        [--lease-ttl-seconds 600] [--inventory s3://.../manifest.json] [--verify checksum|read-back] \\
+        [--swap auto|copy|put]
 
 Thin on purpose: argument parsing and a call to ``tiering.spark.jobs.partition_run``. The driver
 finishes what a crashed run left in flight, lists the partitions of the topics to merge (with a policy,
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_merge_args(p, "the largest merged segment; a segment this large or larger is left as it is")
     p.add_argument("--min-age-minutes", type=int, default=15)
     p.add_argument("--lease-ttl-seconds", type=int, default=DEFAULT_TTL_SECONDS)
+    p.add_argument("--inventory", default=None, help="plan from this S3 Inventory report's manifest.json instead "
+                   "of listing the prefix")
     p.add_argument("--verify", choices=["checksum", "read-back"], default="checksum")
     p.add_argument("--swap", choices=["auto", "copy", "put"], default="auto")
     return p.parse_args(argv)
@@ -62,7 +65,7 @@ def run(spark: Any, args: argparse.Namespace) -> int:
                            *RunSettings.modes(args.verify, args.swap))
     options = MergeOptions(merge_limits(args), args.topics, args.min_age_minutes, args.lease_ttl_seconds,
                            load_policy(args.policy) if args.policy else None)
-    partition_run(spark, settings, Merging(options), log)
+    partition_run(spark, settings, Merging(options), log, inventory=args.inventory)
     return 0
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from tests.s3.conftest import PREFIX, TOPIC, context, seed
 from tests.spark.test_compact_job import server_store  # noqa: F401 - the fixture
+from tiering.demo.inventory import write_inventory
 from tiering.lifecycle.vocabulary import RunKind, Status
 from tiering.run.documents import RunResult
 from tiering.run.maintenance import rollback
@@ -20,19 +21,24 @@ JOB = Path(__file__).parents[2] / "spark_jobs" / "merge_segments.py"
 
 
 @pytest.mark.slow
-def test_spark_merges_each_partition_in_a_task_as_the_in_process_run_does(server_store: S3Store) -> None:  # noqa: F811
+@pytest.mark.parametrize("source", ["listing", "inventory"])
+def test_spark_merges_each_partition_in_a_task_as_the_in_process_run_does(server_store: S3Store,  # noqa: F811
+                                                                          source: str) -> None:
     # A bucket of its own: moto's server keeps its buckets in this process, and other tests' "spark" bucket
     # holds partitions of the same topic.
-    server_store.client.create_bucket(Bucket="merge-job")
-    store = S3Store(server_store.client, "merge-job")
+    server_store.client.create_bucket(Bucket=f"merge-job-{source}")
+    store = S3Store(server_store.client, f"merge-job-{source}")
     originals = {p: seed(store, partition=p, segments=5, segment_bytes=20_000) for p in (0, 1)}
     seed(store, segments=3, segment_bytes=20_000, topic="logs.kept")  # a topic not chosen
     kept = {i.key: i.etag for i in store.list(f"{PREFIX}/logs.kept-0/")}
+    planned_from = ["--inventory", write_inventory(store, store.bucket, "inventory/daily",
+                                                   list(store.list(PREFIX + "/")))] if source == "inventory" else []
     lines: list[str] = []
     submit(JOB, ["--bucket", store.bucket, "--prefix", PREFIX, "--run-id", "spark-merge", "--topics",
-                 TOPIC.replace(".", r"\."), "--segment-bytes", "1MiB", "--min-age-minutes", "0"],
+                 TOPIC.replace(".", r"\."), "--segment-bytes", "1MiB", "--min-age-minutes", "0", *planned_from],
            master="local[2]", log=lines.append)
     assert any("merge: 2 partitions in 2 tasks" in line for line in lines), lines[-20:]
+    assert any("planned from the S3 Inventory report" in line for line in lines) is (source == "inventory")
     key = run_result_key(PREFIX, "spark-merge", RunKind.MERGE)
     run = RunResult.from_json(store.get_json(key)[0], key)
     assert run.counts == {"merged": 8, "skipped": 2}  # four sealed segments each; the active ones stay

@@ -39,7 +39,7 @@ from tiering.plan.estimate import (
     StratifiedSample,
     estimate_work,
 )
-from tiering.plan.inventory import iter_inventory, read_manifest
+from tiering.plan.inventory import inventory_objects
 from tiering.plan.policy import load_policy
 from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan_partitions
 from tiering.report.publish import cost_config, publish_report
@@ -102,13 +102,10 @@ def _source(args: argparse.Namespace, store: ObjectStore) -> Iterator[ObjectInfo
     """The objects of ``--inventory``'s report, or None: list the prefix."""
     if not getattr(args, "inventory", None):
         return None
-    manifest = read_manifest(store, args.inventory)
-    if manifest.source_bucket != args.bucket:
-        raise ConfigError("the inventory lists another bucket", path=args.inventory, expected=args.bucket,
-                          found=manifest.source_bucket)
+    manifest, objects = inventory_objects(store, args.inventory, args.prefix)
     _log(args, f"reading the inventory {args.inventory} ({len(manifest.files)} files, made "
                f"{manifest.created_at.isoformat() if manifest.created_at else 'at an unknown time'}) ...")
-    return iter_inventory(store, manifest, args.prefix.strip("/") + "/")
+    return objects
 
 
 def _progress(args: argparse.Namespace) -> Callable[[int], None]:

@@ -229,6 +229,17 @@ def iter_inventory(store: ObjectStore, manifest: InventoryManifest, prefix: str 
                                          for file in manifest.files)
 
 
+def inventory_objects(store: ObjectStore, uri: str, prefix: str) -> tuple[InventoryManifest, Iterator[ObjectInfo]]:
+    """The manifest at ``uri`` and the objects its report lists below ``prefix`` (a run's prefix, without its
+    slash), after checking that it is an inventory of ``store``'s bucket: what a run plans from instead of a
+    listing."""
+    manifest = read_manifest(store, uri)
+    if manifest.source_bucket != store.bucket:
+        raise ConfigError("the inventory lists another bucket", path=uri, expected=store.bucket,
+                          found=manifest.source_bucket)
+    return manifest, iter_inventory(store, manifest, prefix.strip("/") + "/")
+
+
 class _Digest:
     """A stream's bytes passed through, counted and hashed (the MD5 S3 Inventory gives for a data file)."""
 

@@ -49,7 +49,7 @@ from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status
 from tiering.plan.auto import decide_auto, record_age, with_auto
 from tiering.plan.document import Plan, PlanCounts, PlannedSegment
 from tiering.plan.estimate import Sampling, StratifiedSample, WorkSample, estimate_work
-from tiering.plan.inventory import iter_inventory, read_manifest
+from tiering.plan.inventory import inventory_objects
 from tiering.plan.planfile import (
     Budget,
     ChunkedPlan,
@@ -77,7 +77,6 @@ from tiering.storage.layout import (
     PlanName,
     StepDir,
     chunk_of,
-    normalize_prefix,
     parse_plan_manifest_key,
     plan_dir,
     plan_manifest_key,
@@ -277,13 +276,7 @@ def scan_run(store: ObjectStore, settings: RunSettings, options: ScanOptions, *,
     chunk files under ``runs/<run>/scan/``; the manifest's key and the totals."""
     out = plan_files(store, settings, PlanName.SCAN)
     writer = out.writer()
-    source = None
-    if inventory is not None:
-        manifest = read_manifest(store, inventory)
-        if manifest.source_bucket != store.bucket:
-            raise ConfigError("the inventory lists another bucket", path=inventory, expected=store.bucket,
-                              found=manifest.source_bucket)
-        source = iter_inventory(store, manifest, normalize_prefix(settings.prefix) + "/")
+    source = inventory_objects(store, inventory, settings.prefix)[1] if inventory is not None else None
     header = scan_partitions(store, settings.prefix, options, writer.add, source=source, progress=progress)
     chunks = writer.close()
     out.write_manifest(PlanManifest(header, writer.totals.to_json(), chunks, inventory or "listing"))

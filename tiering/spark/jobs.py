@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from tiering.lifecycle.vocabulary import Verify
+from tiering.plan.inventory import inventory_objects
 from tiering.run import engine
 from tiering.run.documents import RunResult
 from tiering.run.pipeline import RunSettings, load_manifest, manifest_location, put_usage, stage_unit, stage_units
@@ -69,15 +70,20 @@ def _unit_task(kind: engine.Kind[Any]) -> UnitTask:
     return task
 
 
-def partition_run(spark: Any, settings: RunSettings, kind: engine.Kind[Any], log: Callable[[str], None]
-                  ) -> RunResult:
+def partition_run(spark: Any, settings: RunSettings, kind: engine.Kind[Any], log: Callable[[str], None], *,
+                  inventory: str | None = None) -> RunResult:
     """A run of ``kind`` (key compaction, merging): the engine's plan on the driver (crashed runs' operations
-    finished first), one Spark task per unit on the cluster, the run document collected on the driver."""
+    finished first; from a listing, or from the S3 Inventory report whose manifest is ``inventory``), one
+    Spark task per unit on the cluster, the run document collected on the driver."""
     store = S3Store(make_client(), settings.bucket)
     ctx = settings.context(store)
     started = datetime.now(UTC).isoformat()
     kind = kind.started(store, settings.prefix)
-    planned = engine.plan(store, ctx, kind, parallelism=spark.sparkContext.defaultParallelism)
+    source = None
+    if inventory:
+        manifest, source = inventory_objects(store, inventory, settings.prefix)
+        log(f"{kind.label}: planned from the S3 Inventory report {inventory} ({len(manifest.files)} files)")
+    planned = engine.plan(store, ctx, kind, parallelism=spark.sparkContext.defaultParallelism, source=source)
     driver = Counter(store.requests)
     what = kind.label
     log(f"{what}: {sum(len(u.partitions) for u in planned.units)} partitions in {len(planned.units)} tasks")

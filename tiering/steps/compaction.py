@@ -16,6 +16,7 @@ from tiering.errors import ConfigError
 from tiering.kafka.merge import DEFAULT_SEGMENT_BYTES, Limits
 from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.estimate import Sampling
+from tiering.plan.inventory import inventory_objects
 from tiering.plan.policy import Policy, load_policy
 from tiering.plan.scan import ScanOptions
 from tiering.report.publish import cost_config, publish_report
@@ -159,7 +160,8 @@ def _side_run(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log
     run_id = f"{settings.run_id}-{suffix}"
     job.run(["--bucket", settings.bucket, "--prefix", settings.prefix, "--run-id", run_id, *args,
              "--min-age-minutes", str(run.min_age_minutes), "--lease-ttl-seconds", str(settings.lease_ttl_seconds),
-             "--verify", settings.verify.value, "--swap", settings.swap_text], log)
+             "--verify", settings.verify.value, "--swap", settings.swap_text,
+             *(["--inventory", run.inventory] if run.inventory else [])], log)
     key = run_result_key(settings.prefix, run_id, kind)
     result = RunResult.from_json(store.get_json(key)[0], f"s3://{settings.bucket}/{key}")
     prices, cost = cost_config(grace_days=run.grace_days)
@@ -201,7 +203,8 @@ def merge(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) ->
     if run.dry_run:
         options = MergeOptions(Limits(run.merge_target_bytes or DEFAULT_SEGMENT_BYTES), run.topics,
                                run.min_age_minutes, run.settings.lease_ttl_seconds, policy)
-        forecast = MergeForecast.of(plan_merges(store, run.settings.prefix, options), cost_config()[0])
+        source = inventory_objects(store, run.inventory, run.settings.prefix)[1] if run.inventory else None
+        forecast = MergeForecast.of(plan_merges(store, run.settings.prefix, options, source), cost_config()[0])
         log(f"merge (dry run): {forecast.groups:,} groups, {forecast.segments_before:,} segments -> "
             f"{forecast.segments_after:,}, {forecast.objects_before:,} objects -> {forecast.objects_after:,}; their "
             f"storage {usd(forecast.monthly_before_usd)} -> {usd(forecast.monthly_after_usd)} a month")
