@@ -53,17 +53,23 @@ def test_parts_go_out_as_the_writers_own_buffers_reused(store: S3Store) -> None:
     """A part is sent as the buffer it was written in: a bytearray, which botocore passes to the socket as it
     is (bytes it would wrap in a BytesIO, read 128 KiB at a time), and which is filled again once its part
     is in: at most three buffers for two parts in flight and the one filling, the last part's among them."""
-    bodies: list[Any] = []
-    store.client.meta.events.register("before-call.s3.UploadPart", lambda params, **_: bodies.append(params["body"]))
+    sent: dict[int, tuple[type, int, int]] = {}  # part number -> the body's type, identity and length when sent
+
+    def record(params: dict[str, Any], **_: Any) -> None:
+        body = params["body"]  # the part number is in the serialized request's query string
+        number = int(params["query_string"]["partNumber"])
+        sent[number] = (type(body), id(body), len(body))
+
+    store.client.meta.events.register("before-call.s3.UploadPart", record)
     data = os.urandom(6 * MIN_PART_BYTES + 1)
     with store.writer("parts", part_bytes=MIN_PART_BYTES, checksum=True, in_flight=2) as out:
         _write_in_pieces(out, data)
         out.finish()
     assert store.get("parts") == data
-    assert len(bodies) == 7
-    assert all(isinstance(b, bytearray) for b in bodies)
-    assert 2 <= len({id(b) for b in bodies[:6]}) <= 3  # the six full parts
-    assert len(bodies[6]) == 1
+    assert sorted(sent) == list(range(1, 8))  # two parts are in flight at once: they may be sent out of order
+    assert all(issubclass(kind, bytearray) for kind, _, _ in sent.values())
+    assert 2 <= len({sent[n][1] for n in range(1, 7)}) <= 3  # the six full parts
+    assert [sent[n][2] for n in range(1, 8)] == [MIN_PART_BYTES] * 6 + [1]
 
 
 def test_an_object_that_fits_in_one_part_is_a_single_put(store: S3Store) -> None:
