@@ -35,7 +35,7 @@ pytest: $(STAMP) kafka-jars seaweedfs
 	@bash scripts/ensure-chromium.sh
 	@bash scripts/ensure-clang.sh
 	@bash scripts/ensure-postgres.sh
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=40 $(PYTEST_ARGS)
 
 # Apache Kafka's jars (pinned in tools/kafka/pom.xml) into the git-ignored tools/kafka/lib/, for the tests that
 # run a real broker; cached: a no-op once fetched.

@@ -411,7 +411,7 @@ def test_an_earlier_key_compaction_run_is_rolled_back_only_after_the_later_ones(
     engine.run(store, keys_context(store, "keys-2"), KeyCompaction(at(NOW + DAY)))
     before = {b: final(store, b, LOG_SUFFIX) for b in parts}
     refused = rollback(store, keys_context(store, "undo-1"), "keys-1")
-    assert refused.exit_code() is ExitCode.USAGE
+    assert refused.exit_code() is ExitCode.BUSY
     assert all("keys-2" in r.reason for r in refused.segments)
     assert {b: final(store, b, LOG_SUFFIX) for b in parts} == before
     assert rollback(store, keys_context(store, "undo-2"), "keys-2").exit_code() is ExitCode.OK

@@ -28,6 +28,7 @@ from tests.s3.conftest import (
 from tests.s3.hooks import Step, key_ends
 from tests.s3.test_faults import WRITES, Crash, Faults
 from tiering.commit.operation import META_MERGED, SegmentResult
+from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.index import build_indexes
 from tiering.kafka.merge import Limits
@@ -391,6 +392,54 @@ def test_a_compaction_of_a_merged_segment_rolls_back_to_the_merged_segment(store
     run = rollback(store, context(store, "rollback-1"), "zstd-1")
     assert [r.status for r in run.segments] == [Status.ROLLED_BACK]
     assert _get(store, bases[0], LOG_SUFFIX) == merged
+    check_loaded(store, ROOT, _batches(originals))
+
+
+def _objects(store: S3Store) -> dict[str, bytes]:
+    """Every object of the partition, by name."""
+    return {name: store.get(ROOT + name) for name in _names(store)}
+
+
+def test_rollbacks_in_reverse_order_undo_a_merge_then_a_compaction_of_it(store: S3Store) -> None:
+    """A merge, a compaction of what it merged, then the rollbacks: the merge's first is refused (exit 3, the
+    compaction named, nothing changed); the compaction's puts the merged segment and its state entry back;
+    then the merge's restores every original object byte for byte."""
+    originals = seed(store, segments=5, segment_bytes=20_000)
+    bases = sorted(originals)
+    before = _objects(store)
+    _merge(store)
+    merged_entry = load_state(store, PREFIX, DIRECTORY).get(bases[0])
+    assert merged_entry is not None
+    assert merged_entry.merged_from == tuple(bases[:-1])
+    compacted = compact(store, plan_for(store), context(store, "zstd-1"), CompactOptions())
+    assert {r.status for r in compacted.segments if r.base_offset == bases[0]} == {Status.COMPACTED}
+    on_top = load_state(store, PREFIX, DIRECTORY).get(bases[0])
+    assert on_top is not None
+    assert on_top.run_id == "zstd-1"
+    assert [r.entry for r in on_top.replaced] == [merged_entry]  # the merge's generation, one step down
+
+    after_both = _objects(store)
+    refused = rollback(store, context(store, "rollback-early"), "merge-1")
+    assert refused.exit_code() == ExitCode.BUSY
+    assert {r.base_offset for r in refused.segments} == set(bases[:-1])
+    assert {(r.status, r.cause) for r in refused.segments} == {(Status.SKIPPED, Cause.LATER_RUN)}
+    assert all("zstd-1" in r.reason for r in refused.segments), [r.reason for r in refused.segments]
+    assert _objects(store) == after_both
+    assert no_pending(store)
+
+    undone = rollback(store, context(store, "rollback-1"), "zstd-1")
+    assert undone.exit_code() == ExitCode.OK
+    restored = load_state(store, PREFIX, DIRECTORY).get(bases[0])
+    assert restored is not None
+    assert (restored.run_id, restored.merged_from, restored.replaced) == (
+        "merge-1", merged_entry.merged_from, merged_entry.replaced)
+    assert restored.log_etag == store.head(segment_key(PREFIX, TOPIC, 0, bases[0], LOG_SUFFIX)).etag
+    unmerged = rollback(store, context(store, "rollback-2"), "merge-1")
+    assert unmerged.exit_code() == ExitCode.OK, [r.to_json() for r in unmerged.segments]
+    assert [r.status for r in unmerged.segments] == [Status.ROLLED_BACK] * 4
+    assert _objects(store) == before  # every object, and no other
+    assert load_state(store, PREFIX, DIRECTORY).segments == {}
+    assert no_pending(store)
     check_loaded(store, ROOT, _batches(originals))
 
 

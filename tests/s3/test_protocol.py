@@ -23,9 +23,10 @@ from tests.s3.conftest import (
 from tiering.commit.lease import Lease
 from tiering.commit.operation import META_CODEC, META_RUN, META_SOURCE_ETAG
 from tiering.commit.recover import pending_journals
+from tiering.errors import ExitCode
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.lifecycle.vocabulary import Action
+from tiering.lifecycle.vocabulary import Action, Cause, Status
 from tiering.run.documents import CompactOptions
 from tiering.run.maintenance import cleanup, rollback
 from tiering.run.pipeline import compact
@@ -256,13 +257,25 @@ def test_rollback_restores_the_originals_of_a_run(store: S3Store) -> None:
     assert {r.status for r in again.segments} == {"skipped"}
 
 
-def test_rollback_leaves_a_segment_replaced_by_a_later_run(store: S3Store) -> None:
-    seed(store)
+def test_a_rollback_waits_for_the_later_run_that_replaced_its_segments(store: S3Store) -> None:
+    """Run 2 recompressed what run 1 wrote: run 1's rollback changes nothing and names run 2 (exit 3); once
+    run 2 is rolled back (run 1's segments in place again), run 1's puts the originals back."""
+    originals = seed(store)
     compact(store, plan_for(store, codec="gzip"), context(store, "run-1", Codec.GZIP), CompactOptions())
     compact(store, plan_for(store), context(store, "run-2"), CompactOptions())  # zstd: smaller again
+    def outside() -> dict[str, bytes]:
+        return {info.key: store.get(info.key) for info in store.list(f"{PREFIX}/") if "/_tiering/" not in info.key}
+
+    both = outside()
     run = rollback(store, context(store, "undo"), "run-1")
-    assert {r.status for r in run.segments} == {"skipped"}
-    assert all("from run run-2, not from run run-1" in r.reason for r in run.segments)
+    assert {(r.status, r.cause) for r in run.segments} == {(Status.SKIPPED, Cause.LATER_RUN)}
+    assert all("run(s) run-2 replaced segments here after run run-1" in r.reason for r in run.segments)
+    assert run.exit_code() == ExitCode.BUSY
+    assert outside() == both
+    assert rollback(store, context(store, "undo-2"), "run-2").exit_code() == ExitCode.OK
+    assert rollback(store, context(store, "undo-1"), "run-1").exit_code() == ExitCode.OK
+    for base, original in originals.items():
+        assert store.get(segment_key(PREFIX, TOPIC, 0, base, ".log")) == original.log
 
 
 def test_budget_takes_the_largest_segments_first(store: S3Store) -> None:

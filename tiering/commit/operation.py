@@ -36,7 +36,7 @@ from tiering.kafka.index import Indexes
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Journal
-from tiering.lifecycle.state import SegmentState, StateBatch, load_state, record_segment
+from tiering.lifecycle.state import Replaced, SegmentState, StateBatch, load_state, record_segment
 from tiering.lifecycle.vocabulary import Cause, Pending, Status, Swap, Verify
 from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import normalize_prefix
@@ -177,6 +177,14 @@ def state_entry(ctx: Context, directory: str, base: int) -> SegmentState | None:
     if ctx.state is not None and ctx.state.directory == directory:
         return ctx.state.get(base)
     return load_state(ctx.store, ctx.prefix, directory).get(base)
+
+
+def replaced(ctx: Context, directory: str, base: int, log_size: int, log_etag: str) -> Replaced:
+    """A segment an operation is about to replace, with our entry for it where the ``.log`` in place is the
+    one that entry records (the lineage the new entry keeps)."""
+    entry = state_entry(ctx, directory, base)
+    return Replaced(base, log_size, log_etag,
+                    entry if entry is not None and entry.compacted and entry.log_etag == log_etag else None)
 
 
 def kms(headers: dict[str, Any]) -> str | None:

@@ -196,6 +196,9 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
         return SegmentResult(directory, base, Status.SKIPPED, "the .log is gone: nothing to restore over",
                              cause=Cause.NOT_RESTORABLE)
     owner = current.metadata.get(META_RUN)
+    if owner != target_run and current.metadata.get(META_RESTORED) == target_run:
+        return SegmentResult(directory, base, Status.SKIPPED, f"already restored from run {target_run}'s backup",
+                             cause=Cause.RESTORED)
     merged_by_it = owner == target_run and current.metadata.get(META_MERGED) and not current.metadata.get(META_CODEC)
     if merged_by_it:  # a merge of that run (a rewrite sets its codec mark); the sources' list was in the partition's
         # state, which no longer has it
@@ -231,10 +234,12 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
         if name == "log":
             log_size = info.size
     entry = state_entry(ctx, directory, base)
+    # What goes back in the partition's state: the generation that run replaced (its entry's lineage).
+    ours = entry is not None and entry.run_id == target_run and entry.log_etag == current.etag
     journal = Journal(OpKind.ROLLBACK, op, ctx.run_id, JournalState.BACKED_UP, directory, base, final, source,
                       NewFiles(backups["log"], log_size, new["index"], new["timeindex"]), attrs,
                       payload_xxh3=entry.payload_xxh3 if entry else None, restores_run=target_run,
-                      entry=Recorded(current.size, log_size),
+                      entry=Recorded(current.size, log_size, replaced=entry.replaced if entry and ours else ()),
                       txn=_txn_index_restore(ctx, directory, base, target_run, op))
     try:
         etag = store.put_json(journal_key(ctx.prefix, directory, base), journal.to_json(), if_none_match=True)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, Final, cast
 
 import crc32c
@@ -54,6 +54,7 @@ from tiering.commit.operation import (
     SourceGone,
     TakenOver,
     record_state,
+    replaced,
     uri,
 )
 from tiering.errors import InvalidDataError, ProofError, StorageError, TieringError
@@ -243,8 +244,9 @@ def _journal_group(ctx: Context, op: str, d: str, sources: list[GroupSegment],
             attrs = sources[0].files.get(name, sources[0].log).attrs or ObjectAttrs()
             target_files[name] = GroupFile(dir_segment_key(ctx.prefix, d, base, suffix), etag, size, new[name],
                                            attrs.with_metadata(marks))
+    lineage = tuple(replaced(ctx, d, s.base_offset, s.log.size, s.log.etag) for s in sources)
     journal = RegroupJournal(OpKind.MERGE, op, ctx.run_id, JournalState.STAGED, d, tuple(sources),
-                             (GroupSegment(base, target_files),), recorded)
+                             (GroupSegment(base, target_files),), replace(recorded, replaced=lineage))
     return journal, _create(ctx, journal)
 
 
@@ -354,7 +356,7 @@ def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run:
         return refused(Status.FAILED, "the backups do not add up to what the merge replaced", Cause.BACKUP_MISSING)
     journal = RegroupJournal(OpKind.UNMERGE, op, ctx.run_id, JournalState.BACKED_UP, directory,
                              (GroupSegment(base, in_place),), tuple(targets),
-                             Recorded(current.size, current.size), restores_run=target_run)
+                             Recorded(current.size, current.size, replaced=entry.replaced), restores_run=target_run)
     try:
         return journal, _create(ctx, journal)
     except SourceChanged:
@@ -592,13 +594,15 @@ def _roll_forward(ctx: Context, journal: RegroupJournal, etag: str, lease: Lease
             _forget(ctx, journal, etag)
 
     merged = journal.kind is OpKind.MERGE
-    bases = [s.base_offset for s in journal.sources] if merged else [t.base_offset for t in journal.targets]
-    for base in bases[1:]:
-        record_state(ctx, journal.directory, base, None)
-    first = put[journal.targets[0].base_offset]
-    record_state(ctx, journal.directory, journal.base_offset,
-                 SegmentState.done(journal.entry, first["log"], first.get("index"), first.get("timeindex"))
-                 if merged else None, then=forget)
+    if merged:  # the sources after the first are gone (the merged entry keeps theirs, in its lineage)
+        for source in journal.sources[1:]:
+            record_state(ctx, journal.directory, source.base_offset, None)
+    for i, target in enumerate(journal.targets):
+        etags = put[target.base_offset]
+        made = (etags["log"], etags.get("index"), etags.get("timeindex"))
+        record_state(ctx, journal.directory, target.base_offset,
+                     journal.entry.done(*made) if merged else journal.entry.restored(target.base_offset, *made),
+                     then=forget if i == len(journal.targets) - 1 else None)
     if merged:
         target = journal.targets[0]
         n = len(journal.sources)

@@ -25,6 +25,7 @@ from tiering.commit.operation import (
     SourceChanged,
     SourceGone,
     Staged,
+    replaced,
     spool_file,
     uri,
 )
@@ -255,7 +256,8 @@ def _journal(ctx: Context, seg: PlannedSegment, src: _Sources, new: dict[str, st
         NewFiles(new["log"], recorded.bytes_after, new["index"], new["timeindex"], upload.log_etag),
         {name: src.attrs.get(name, src.attrs["log"]).with_metadata(marks) for name, _ in FILES}, src.sizes,
         {name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if source[name] else None for name, sfx in FILES},
-        new_digest, recorded, log_crc32c=upload.log_crc32c,
+        new_digest, replace(recorded, replaced=(replaced(ctx, d, base, seg.log.size, seg.log.etag),)),
+        log_crc32c=upload.log_crc32c,
         txn=None if txn is None else replace(txn, attrs=txn.attrs.with_metadata(marks)))
     try:
         etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)

@@ -31,7 +31,6 @@ from tiering.errors import InvalidDataError, ProofError, StorageError
 from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.journal import FILES, INDEX_FILES, Journal
-from tiering.lifecycle.state import SegmentState
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Swap
 from tiering.storage.layout import (
     journal_key,
@@ -229,9 +228,10 @@ def _complete(ctx: Context, swapped: _Swapped, indexes: Indexes | None) -> Segme
             _forget(ctx, journal, etag)
 
     compacted = journal.kind is OpKind.COMPACT
+    etags = (swapped.log_etag, indexes_put.get("index"), indexes_put.get("timeindex"))
     record_state(ctx, journal.directory, journal.base_offset,
-                 SegmentState.done(journal.entry, swapped.log_etag, indexes_put.get("index"),
-                                   indexes_put.get("timeindex")) if compacted else None, then=forget)
+                 journal.entry.done(*etags) if compacted else journal.entry.restored(journal.base_offset, *etags),
+                 then=forget)
     return SegmentResult(journal.directory, journal.base_offset, Status.COMPACTED if compacted else
                          Status.ROLLED_BACK, "", journal.entry.bytes_before, journal.entry.bytes_after,
                          run_id=journal.run_id, encryption=kms(journal.attrs["log"].headers))

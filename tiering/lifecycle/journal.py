@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Final
 from tiering.documents import check_document
 from tiering.errors import ConfigError
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
+from tiering.lifecycle.state import Replaced, SegmentState, stamped
 from tiering.lifecycle.vocabulary import JournalState, OpKind
 from tiering.storage.objects import ObjectAttrs
 
@@ -73,8 +74,9 @@ class Recorded:
     """What the partition's state document records for the segment once the operation is done, and what the
     operation's result reports: the sizes before and after and, for a compaction, the run, the source
     ``.log`` it replaced, the codec and level, the records digest of the original (a rollback checks the
-    backup against it) and the re-batching bound; for a merge, the segments merged. A rollback records its
-    sizes only."""
+    backup against it) and the re-batching bound; for a merge, the segments merged. ``replaced``: for a
+    rewrite or a merge, the segments it replaces with our entries for them (the new entry's lineage); for a
+    rollback, the entries it puts back, one per segment restored."""
 
     bytes_before: int = 0
     bytes_after: int = 0
@@ -85,11 +87,34 @@ class Recorded:
     payload_xxh3: str | None = None
     rebatch_max_bytes: int | None = None
     merged_from: tuple[int, ...] = ()  # a merge: the base offsets of the segments it merged, in order
+    replaced: tuple[Replaced, ...] = ()
+
+    def done(self, log_etag: str, index_etag: str | None, timeindex_etag: str | None) -> SegmentState:
+        """The entry of the segment a compaction, key-compaction pass or merge just put in place, stamped now."""
+        if self.run_id is None:
+            raise ConfigError("a compaction's journal entry names no run", expected="its run_id", found="none")
+        return stamped(SegmentState(log_etag, self.run_id, self.codec, self.level, None, None, index_etag,
+                                    timeindex_etag, self.source_log_etag, self.bytes_before, self.bytes_after,
+                                    self.payload_xxh3, None, self.rebatch_max_bytes, self.merged_from,
+                                    self.replaced))
+
+    def restored(self, base: int, log_etag: str, index_etag: str | None, timeindex_etag: str | None
+                 ) -> SegmentState | None:
+        """The entry a rollback puts back for segment ``base``, now that the objects restored from the backup
+        are in place (their ETags: a copy may give another); None where an original went back."""
+        entry = next((r.entry for r in self.replaced if r.base_offset == base), None)
+        if entry is None:
+            return None
+        return stamped(replace(entry, log_etag=log_etag, index_etag=index_etag, timeindex_etag=timeindex_etag))
 
     def to_json(self) -> dict[str, Any]:
-        doc = {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None}
-        doc["merged_from"] = list(self.merged_from)
-        return doc if self.merged_from else {k: v for k, v in doc.items() if k != "merged_from"}
+        doc = {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None
+               and f.name not in ("merged_from", "replaced")}
+        if self.merged_from:
+            doc["merged_from"] = list(self.merged_from)
+        if self.replaced:
+            doc["replaced"] = [r.to_json() for r in self.replaced]
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Recorded:
@@ -101,7 +126,8 @@ class Recorded:
 
         return cls(int(doc.get("bytes_before") or 0), int(doc.get("bytes_after") or 0), text("run_id"),
                    text("source_log_etag"), text("codec"), number("level"), text("payload_xxh3"),
-                   number("rebatch_max_bytes"), tuple(int(b) for b in doc.get("merged_from") or ()))
+                   number("rebatch_max_bytes"), tuple(int(b) for b in doc.get("merged_from") or ()),
+                   tuple(Replaced.from_json(r) for r in doc.get("replaced") or ()))
 
 
 @dataclass(frozen=True, slots=True)

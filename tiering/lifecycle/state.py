@@ -20,7 +20,6 @@ from typing import Any, ClassVar, Final
 
 from tiering.documents import check_document
 from tiering.errors import ConfigError, TieringError
-from tiering.lifecycle.journal import Recorded
 from tiering.storage.layout import state_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
 
@@ -38,8 +37,33 @@ class Outcome(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Replaced:
+    """One segment a generation replaced (its lineage, one step down): its base offset, its ``.log``'s size
+    and ETag then, and our entry for that object (None: an object we did not write, such as the original as
+    Kafka wrote it). Its files are in the replacing run's backup; rolling that run back puts them in place
+    and this entry back in the partition's state."""
+
+    base_offset: int
+    log_size: int
+    log_etag: str
+    entry: SegmentState | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"base_offset": self.base_offset, "log_size": self.log_size, "log_etag": self.log_etag,
+                **({"entry": self.entry.to_json()} if self.entry is not None else {})}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Replaced:
+        entry = doc.get("entry")
+        return cls(int(doc["base_offset"]), int(doc["log_size"]), str(doc["log_etag"]),
+                   None if entry is None else SegmentState.from_json(entry))
+
+
+@dataclass(frozen=True, slots=True)
 class SegmentState:
-    """One segment's entry: compacted by ``run_id`` (``outcome`` None), or remembered with its outcome."""
+    """One segment's entry: compacted by ``run_id`` (``outcome`` None), or remembered with its outcome. A
+    compacted entry is one generation: ``replaced`` names the segments its run replaced and, for each, the
+    generation that was in place (the lineage a rollback walks back)."""
 
     log_etag: str
     run_id: str
@@ -56,20 +80,23 @@ class SegmentState:
     recorded_at: str | None = None  # ISO 8601, the recording host's clock (entries before it was kept: None)
     rebatch_max_bytes: int | None = None  # the re-batching bound the rewrite used (None: none)
     merged_from: tuple[int, ...] = ()  # a merged segment: the base offsets of the segments it holds, in order
+    replaced: tuple[Replaced, ...] = ()  # what this generation replaced (entries written before it: empty)
 
     @property
     def compacted(self) -> bool:
         return self.outcome is None
 
-    @classmethod
-    def done(cls, recorded: Recorded, log_etag: str, index_etag: str | None, timeindex_etag: str | None
-             ) -> SegmentState:
-        """The entry of a segment a compaction (or key-compaction pass) just swapped in, stamped now."""
-        if recorded.run_id is None:
-            raise ConfigError("a compaction's journal entry names no run", expected="its run_id", found="none")
-        return stamped(cls(log_etag, recorded.run_id, recorded.codec, recorded.level, None, None, index_etag,
-                           timeindex_etag, recorded.source_log_etag, recorded.bytes_before, recorded.bytes_after,
-                           recorded.payload_xxh3, None, recorded.rebatch_max_bytes, recorded.merged_from))
+    def generation_of(self, run_id: str, base: int) -> Generation | None:
+        """Where run ``run_id`` is in the lineage of this entry (the one of segment ``base``); None when it is
+        not there."""
+        todo: list[tuple[tuple[str, ...], int, SegmentState]] = [((), base, self)]
+        while todo:
+            above, at, entry = todo.pop(0)
+            if entry.compacted and entry.run_id == run_id:
+                return Generation(at, entry, above)
+            below = above if entry.run_id in above else (*above, entry.run_id)
+            todo += [(below, r.base_offset, r.entry) for r in entry.replaced if r.entry is not None]
+        return None
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"log_etag": self.log_etag, "run_id": self.run_id, "codec": self.codec,
@@ -81,6 +108,8 @@ class SegmentState:
             doc["rebatch_max_bytes"] = self.rebatch_max_bytes
         if self.merged_from:
             doc["merged_from"] = list(self.merged_from)
+        if self.replaced:
+            doc["replaced"] = [r.to_json() for r in self.replaced]
         if self.outcome is not None:
             doc["outcome"] = self.outcome.value
         else:
@@ -100,7 +129,23 @@ class SegmentState:
                    int(doc.get("bytes_before") or 0), int(doc.get("bytes_after") or 0), text("payload_xxh3"),
                    text("recorded_at"),
                    None if doc.get("rebatch_max_bytes") is None else int(doc["rebatch_max_bytes"]),
-                   tuple(int(b) for b in doc.get("merged_from") or ()))
+                   tuple(int(b) for b in doc.get("merged_from") or ()),
+                   tuple(Replaced.from_json(r) for r in doc.get("replaced") or ()))
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A run's generation found in a segment's lineage: the base offset it was made at, its entry, and the runs
+    whose generations are above it (newest first: what must be rolled back before it)."""
+
+    base_offset: int
+    entry: SegmentState
+    above: tuple[str, ...]
+
+    @property
+    def bases(self) -> tuple[int, ...]:
+        """The segments its run replaced there (a merge's sources; otherwise the one)."""
+        return self.entry.merged_from or (self.base_offset,)
 
 
 @dataclass(frozen=True, slots=True)

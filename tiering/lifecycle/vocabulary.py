@@ -94,7 +94,8 @@ class Cause(StrEnum):
     REPLACED = "replaced"  # swapped in, then another writer replaced the segment: its objects are kept
     NOT_RESTORABLE = "not restorable"  # a rollback finds the .log gone, or not the one the run put in place
     BACKUP_MISSING = "backup missing"  # a rollback's kept original is not there
-    LATER_RUN = "later run"  # a later key-compaction run replaced what a rollback would restore
+    RESTORED = "restored"  # a rollback finds the segment put back already (by an earlier attempt)
+    LATER_RUN = "later run"  # a later run replaced what a rollback would restore: that one is rolled back first
     REFUSED = "refused"  # the settings, the store or its permissions refuse the work (a configuration problem)
     LOCAL_ERROR = "local error"  # this machine's side: a full disk, an unwritable work directory
     NOTHING_TO_MOVE = "nothing to move"  # storage tiering: every object is in its class already

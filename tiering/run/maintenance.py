@@ -24,7 +24,7 @@ from tiering.commit.swap import finish_one
 from tiering.documents import check_document
 from tiering.errors import ConfigError, ExitCode
 from tiering.kafka.files import parse_segment_name
-from tiering.lifecycle.state import forget_keys_run, load_state
+from tiering.lifecycle.state import PartitionState, forget_keys_run, load_state
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.run.documents import RunResult, RunTally, outcome
 from tiering.run.segment import with_lease
@@ -90,11 +90,9 @@ def balanced(items: Sequence[T], parts: int, weight: Callable[[T], int]) -> list
     return [group for group in out if group]
 
 
-def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult:
-    """Put back the originals that run ``target_run`` replaced (wherever its ``.log`` is still in place)."""
-    started = datetime.now(UTC).isoformat()
-    tally = RunTally()
-    root = reserved_dir(ctx.prefix, BACKUP_DIR, target_run)
+def _backed_up(store: ObjectStore, prefix: str, target_run: str) -> dict[str, set[int]]:
+    """The segments run ``target_run`` keeps originals of, by partition directory."""
+    root = reserved_dir(prefix, BACKUP_DIR, target_run)
     segments: dict[str, set[int]] = {}
     for info in store.list(root):
         directory, _, name = info.key[len(root):].partition("/")
@@ -104,22 +102,52 @@ def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int =
     if not segments:
         raise ConfigError("no backups of that run: nothing to roll back (or its grace period is over)",
                           path=f"s3://{store.bucket}/{root}")
-    for directory, bases in sorted(segments.items()):
+    return segments
+
+
+def _later_runs(state: PartitionState, directory: str, target_run: str, bases: set[int]) -> list[SegmentResult]:
+    """Why run ``target_run`` cannot be rolled back in this partition yet, per segment: a later run replaced
+    what it put in place (its lineage says so), or a later key-compaction pass ran here (an earlier pass's
+    originals could bring back a value whose tombstone, or aborted data whose ``.txnindex`` entry, it let go).
+    Empty when nothing stands in the way."""
+    def later(runs: Sequence[str], what: str) -> str:
+        return (f"not rolled back: {what} {', '.join(runs)} replaced segments here after run {target_run}; "
+                f"roll {'it' if len(runs) == 1 else 'those'} back first (newest first)")
+
+    keys = state.keys_runs
+    if target_run in keys and keys[-1] != target_run:
+        reason = later(list(reversed(keys[keys.index(target_run) + 1:])), "key-compaction run(s)")
+        return [SegmentResult(directory, b, Status.SKIPPED, reason, cause=Cause.LATER_RUN) for b in sorted(bases)]
+    blocked: dict[int, SegmentResult] = {}
+    for base, entry in sorted(state.segments.items()):
+        found = entry.generation_of(target_run, base)
+        if found is not None and found.above:
+            reason = later(found.above, "run(s)")
+            blocked |= {b: SegmentResult(directory, b, Status.SKIPPED, reason, cause=Cause.LATER_RUN)
+                        for b in found.bases}
+    return [blocked[b] for b in sorted(blocked)]
+
+
+def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult:
+    """Put back the originals that run ``target_run`` replaced, wherever what it put in place is still
+    there. Runs are rolled back newest first: where a later run replaced what this one made (its lineage in
+    the partition's state says so), nothing is changed anywhere and every such segment names the run to
+    roll back first."""
+    started = datetime.now(UTC).isoformat()
+    tally = RunTally()
+    segments = _backed_up(store, ctx.prefix, target_run)
+    refused = [r for directory, bases in sorted(segments.items())
+               for r in _later_runs(load_state(store, ctx.prefix, directory), directory, target_run, bases)]
+    for directory, bases in sorted(segments.items() if not refused else ()):
         def work(lease: Lease, out: list[SegmentResult], directory: str = directory, bases: set[int] = bases) -> None:
             out += recover_partition(ctx, directory, lease)
-            runs = load_state(store, ctx.prefix, directory).keys_runs
-            if target_run in runs and runs[-1] != target_run:
-                later = ", ".join(runs[runs.index(target_run) + 1:])
-                out.extend(SegmentResult(directory, base, Status.FAILED,
-                                         f"not rolled back: key-compaction run(s) {later} "
-                                         "replaced segments here after it; roll those back first (this run's "
-                                         "originals could bring back a value whose tombstone, or aborted data "
-                                         "whose .txnindex entry, a later pass let go)", cause=Cause.LATER_RUN)
-                           for base in sorted(bases))
+            state = load_state(store, ctx.prefix, directory)
+            if later := _later_runs(state, directory, target_run, bases):  # a run since the check above
+                out.extend(later)
                 return
             restored: list[SegmentResult] = []
             # A segment that run merged is split back into the segments it holds, in one operation.
-            merges = {b: e for b, e in load_state(store, ctx.prefix, directory).segments.items()
+            merges = {b: e for b, e in state.segments.items()
                       if e.run_id == target_run and e.merged_from and e.compacted}
             merged = {b for e in merges.values() for b in e.merged_from}
             for base in sorted(merges):
@@ -131,11 +159,13 @@ def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int =
             out.extend(restored)
             # Off the list once all of it is undone (a segment another run replaced since keeps this pass's
             # output), and the checkpoint cleared (records put back below it would be missed).
-            if target_run in runs and all(r.status is Status.ROLLED_BACK for r in restored):
+            if target_run in state.keys_runs and all(r.status is Status.ROLLED_BACK for r in restored):
                 forget_keys_run(store, ctx.prefix, directory, target_run)
 
         for result in with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)]):
             tally.add(result)
+    for result in refused:
+        tally.add(result)
     return tally.write(store, RunKind.ROLLBACK, ctx.run_id, ctx.prefix, started, {"restores_run": target_run})
 
 
