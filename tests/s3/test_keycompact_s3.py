@@ -15,7 +15,7 @@ import pytest
 
 from tests.kafka.test_keycompact import DAY, NOW, batch, marker, rec
 from tests.s3.conftest import PREFIX, context, fresh_store, no_pending
-from tests.s3.test_faults import WRITES, Crash, Faults
+from tests.s3.test_faults import Crash, Faults, crash_points
 from tiering.commit.operation import Context, SegmentResult, SwapChoice
 from tiering.cost.model import CostOptions
 from tiering.cost.prices import load_prices
@@ -314,14 +314,12 @@ def test_a_crash_at_every_s3_call_then_a_rerun_converges_on_the_same_bytes(secon
 
     with mock_aws():
         calls, _ = _crash_scenario(fresh(), None, "none", second, merge)
-    # A crash leaves the bucket as the last request that changed it left it: one crash after each of those
-    # (and one before the first) reaches every state a re-run could start from.
-    writes = [n for n, name in enumerate(calls) if name in WRITES]
-    for at, mode in [(writes[0], "before"), *((n, "after") for n in writes)]:
+    points = crash_points(calls)
+    for at, mode in points:
         with mock_aws():
             _, crashed = _crash_scenario(fresh(), at, mode, second, merge)
         assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
-    assert len(writes) > 15
+    assert len(points) > 16
 
 
 def test_a_policy_chooses_the_compacted_topics_and_their_delete_retention(store: S3Store) -> None:

@@ -26,7 +26,7 @@ from tests.s3.conftest import (
     seed,
 )
 from tests.s3.hooks import Step, key_ends
-from tests.s3.test_faults import WRITES, Crash, Faults
+from tests.s3.test_faults import Crash, Faults, crash_points
 from tiering.commit.operation import META_MERGED, SegmentResult
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
@@ -242,10 +242,7 @@ def test_crash_at_every_call_then_rerun_converges(undo: bool, aws_env: None) -> 
             return _crash_scenario(at, mode, undo=undo)
 
     calls, _ = scenario(None, "none")
-    # A crash leaves the bucket as the last request that changed it left it: one crash after each of those
-    # (and one before the first) reaches every state a broker could find and a re-run could start from.
-    writes = [i for i, name in enumerate(calls) if name in WRITES]
-    points = [(writes[0], "before"), *((i, "after") for i in writes)]
+    points = crash_points(calls)
     for at, mode in points:
         _, crashed = scenario(at, mode)
         assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
@@ -253,7 +250,7 @@ def test_crash_at_every_call_then_rerun_converges(undo: bool, aws_env: None) -> 
     for name in calls:
         by_op[name] = by_op.get(name, 0) + 1
     FAULT_REPORT.append(f"fault injection, {'rollback of a merge' if undo else 'merge'} of 3 segments: "
-                        f"{len(calls)} S3 calls, {len(writes)} of them writes; a crash before the first write and "
+                        f"{len(calls)} S3 calls, {len(points) - 1} of them writes; a crash before the first write and "
                         f"after each ({len(points)} states), a broker's load of the bucket whole in each, every one "
                         "converged on re-run; calls: " + ", ".join(f"{k} {v}" for k, v in sorted(by_op.items())))
 

@@ -178,22 +178,23 @@ def test_the_pinned_versions_agree() -> None:
 
 def test_crash_at_every_call_then_rerun_converges(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """test_faults.py's trial on SeaweedFS, where the run learns to swap by server-side copy and every
-    condition is enforced by the store itself: crashed before and after each S3 call, then re-run."""
+    condition is enforced by the store itself: crashed in every state it can leave (before the first write
+    and after each), then re-run."""
     from tests.s3 import conftest
     from tests.s3.conftest import FAULT_REPORT
-    from tests.s3.test_faults import _scenario
+    from tests.s3.test_faults import _scenario, crash_points
 
     monkeypatch.setattr(conftest, "BUCKET", store.bucket)  # the re-runs' clients (fresh_store) use this bucket
     calls, _, _ = _scenario(store, None, "none")
     assert "CopyObject" in calls
-    for mode in ("before", "after"):
-        for at in range(len(calls)):
-            empty(store)  # a few hundred KB a trial: not two hundred buckets' volumes
-            assert not list(store.list(""))
-            _, _, crashed = _scenario(store, at, mode)
-            assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
-    FAULT_REPORT.append(f"fault injection on SeaweedFS (swap probed: copy): {len(calls)} S3 calls x 2 = "
-                        f"{2 * len(calls)} crash points, every one converged on re-run")
+    points = crash_points(calls)
+    for at, mode in points:
+        empty(store)  # a few hundred KB a trial: not two hundred buckets' volumes
+        assert not list(store.list(""))
+        _, _, crashed = _scenario(store, at, mode)
+        assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
+    FAULT_REPORT.append(f"fault injection on SeaweedFS (swap probed: copy): {len(calls)} S3 calls, a crash before "
+                        f"the first write and after each ({len(points)} states), every one converged on re-run")
 
 
 # The suites below were written against moto; each runs here unchanged on SeaweedFS, where the swap is a

@@ -30,7 +30,7 @@ from tiering.kafka.codecs import Codec, check_level
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
-from tiering.lifecycle.vocabulary import Action, RunKind, Status, Swap, Verify
+from tiering.lifecycle.vocabulary import Action, Cause, RunKind, Status, Swap, Verify
 from tiering.plan.document import Plan, PlannedSegment, PlanTotals
 from tiering.plan.estimate import (
     DEFAULT_SAMPLE_BYTES,
@@ -311,6 +311,10 @@ def _finish_run(args: argparse.Namespace, run: RunResult) -> int:
            ExitCode.USAGE: "segments failed: S3 refused requests (access or configuration; see the run document)",
            ExitCode.RETRY: f"{left} segments left for a later run: S3 or the network failed",
            ExitCode.BUSY: f"{left} segments left for a later run: partitions busy or segments changed"}
+    later = [r for r in run.segments if r.cause is Cause.LATER_RUN]
+    if later:  # a rollback that must wait: which runs to roll back first
+        why[ExitCode.BUSY] = (f"{len(later)} segments not rolled back: "
+                              + "; ".join(sorted({r.reason.removeprefix("not rolled back: ") for r in later})))
     if code in why:
         print(f"tiering: {run.kind} run {run.run_id}: {why[code]}", file=sys.stderr)
     return code
