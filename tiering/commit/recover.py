@@ -235,11 +235,12 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
             log_size = info.size
     entry = state_entry(ctx, directory, base)
     # What goes back in the partition's state: the generation that run replaced (its entry's lineage).
-    ours = entry is not None and entry.run_id == target_run and entry.log_etag == current.etag
+    restores = (entry.replaced if entry is not None and entry.run_id == target_run
+                and entry.log_etag == current.etag else ())
     journal = Journal(OpKind.ROLLBACK, op, ctx.run_id, JournalState.BACKED_UP, directory, base, final, source,
                       NewFiles(backups["log"], log_size, new["index"], new["timeindex"]), attrs,
                       payload_xxh3=entry.payload_xxh3 if entry else None, restores_run=target_run,
-                      entry=Recorded(current.size, log_size, replaced=entry.replaced if entry and ours else ()),
+                      entry=Recorded(current.size, log_size, replaced=restores),
                       txn=_txn_index_restore(ctx, directory, base, target_run, op))
     try:
         etag = store.put_json(journal_key(ctx.prefix, directory, base), journal.to_json(), if_none_match=True)
