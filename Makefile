@@ -31,11 +31,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two worker processes (pytest-xdist); each file's tests, and all the broker tests, run in one of them
+# (tests/conftest.py). PYTEST_WORKERS=0 runs everything in this process.
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP) kafka-jars seaweedfs
 	@bash scripts/ensure-chromium.sh
 	@bash scripts/ensure-clang.sh
 	@bash scripts/ensure-postgres.sh
-	$(BIN)/python -m pytest --durations=40 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --no-loadscope-reorder --durations=40 $(PYTEST_ARGS)
 
 # Apache Kafka's jars (pinned in tools/kafka/pom.xml) into the git-ignored tools/kafka/lib/, for the tests that
 # run a real broker; cached: a no-op once fetched.

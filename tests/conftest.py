@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from botocore.handlers import BUILTIN_HANDLERS, REGISTER_FIRST
@@ -41,6 +41,57 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
         if text := seaweedfs.complaints():
             report.sections.append(("SeaweedFS: its log's errors and warnings", text))
+
+
+# The suites whose tests share a costly fixture set up once per process (a module's DAG run, the session's
+# broker), longest first. Under pytest-xdist (``make test`` runs two workers) each file's tests go to one
+# worker whole, and all the broker tests to one (the session broker is started once); the long ones are
+# handed out first, so that no worker is left with a long one at the end.
+_FIRST: Final = ("tests/kafka_broker/", "tests/chaos/", "tests/s3/test_faults.py", "tests/cluster/",
+                 "tests/s3/test_seaweedfs.py", "tests/s3/test_keycompact_s3.py", "tests/s3/test_merge_s3.py",
+                 "tests/dags/", "tests/infra/")
+
+
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "tests/kafka_broker/" if path.startswith("tests/kafka_broker/") else path
+
+
+def _rank(nodeid: str) -> int:
+    return next((i for i, p in enumerate(_FIRST) if nodeid.startswith(p)), len(_FIRST))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: _rank(item.nodeid))  # stable: the order within a rank is kept
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist it is never called
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Work handed out a group at a time (:func:`_group`), in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return ByGroup(config, log)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its fault-injection lines to the controller (``workeroutput``)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        from tests.s3.conftest import FAULT_REPORT
+
+        out["fault_report"] = list(FAULT_REPORT)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist it is never called
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """The controller collects each worker's fault-injection lines."""
+    from tests.s3.conftest import FAULT_REPORT
+
+    FAULT_REPORT.extend(getattr(node, "workeroutput", {}).get("fault_report", []))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -4,7 +4,7 @@ bridge that only these hosts and the test's own host (the root namespace) share.
     with hosts(["master", "worker", "s3"]) as net:
         net.run("worker", ["python", "-m", "http.server", "--bind", net.address["worker"]])
 
-Addresses come from a private /24 (10.231.N.0/24, the first N whose bridge is not there yet); the test's host
+Addresses come from a private /24 (10.N.0.0/24, N from 231 to 249, a free one); the test's host
 is .1 on the bridge. Nothing is routed beyond the bridge: traffic goes to loopback and to these addresses
 only. Everything is removed when the block ends (namespaces, veth pairs, the bridge), also after a failure.
 
@@ -108,8 +108,11 @@ def wait_for_port(address: str, port: int, *, timeout: float, what: str,
 
 
 def _free_subnet() -> int:
+    """The first free one, searched from a place of this process's own: two test processes making hosts at
+    the same moment (pytest's workers) start from different subnets."""
     taken = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, check=True).stdout
-    for n in SUBNETS:
+    start = os.getpid() % len(SUBNETS)
+    for n in [*SUBNETS[start:], *SUBNETS[:start]]:
         if f" 10.{n}.0." not in taken:
             return n
     raise RuntimeError("no free 10.N.0.0/24 among " + ", ".join(f"10.{n}.0.0/24" for n in SUBNETS))
