@@ -156,3 +156,30 @@ def test_segments_whose_state_write_failed_are_left_in_flight_not_reported_done(
     assert all(r.recovered for r in second.segments if r.status == "compacted")
     assert pending_bases(mem, PREFIX) == {}
     assert sorted(load_state(mem, PREFIX, DIR).segments) == sealed
+
+
+def test_a_scan_counts_every_generation_in_a_lineage_once_by_its_run() -> None:
+    """A compaction (run C) of a merged segment (run B) whose sources were a compacted segment (run A) and an
+    original: the tally has one generation of each run, at the storage class of the .log in place, and a
+    remembered outcome below is no generation. Another segment's entry of run A counts at its own class."""
+    from tiering.lifecycle.state import Replaced
+    from tiering.plan.scan import CommittedTally
+    from tiering.storage.objects import ObjectInfo
+
+    a = SegmentState("etag-a", "run-A", "zstd", bytes_before=1000, bytes_after=400, recorded_at="2026-01-01T00:00:00")
+    kept = SegmentState("etag-o", "run-X", "zstd", outcome=Outcome.NO_SAVINGS)
+    b = SegmentState("etag-b", "run-B", bytes_before=900, bytes_after=900, merged_from=(0, 10),
+                     recorded_at="2026-01-02T00:00:00",
+                     replaced=(Replaced(0, 400, "etag-a", a), Replaced(10, 500, "etag-o", kept)))
+    c = SegmentState("etag-c", "run-C", "gzip", bytes_before=900, bytes_after=700, recorded_at="2026-01-03T00:00:00",
+                     replaced=(Replaced(0, 900, "etag-b", b),))
+    assert [g.run_id for g in c.lineage()] == ["run-C", "run-B", "run-A"]
+    tally = CommittedTally()
+    tally.add(c, ObjectInfo("k/00000000000000000000.log", 700, "etag-c", LISTED, "STANDARD_IA"))
+    tally.add(a, ObjectInfo("k/00000000000000000020.log", 400, "etag-a", LISTED, "STANDARD"))
+    rows = {(t.run_id, t.storage_class): (t.segments, t.bytes_before, t.bytes_after, t.recorded_at)
+            for t in tally.totals()}
+    assert rows == {("run-A", "STANDARD"): (1, 1000, 400, "2026-01-01T00:00:00"),
+                    ("run-A", "STANDARD_IA"): (1, 1000, 400, "2026-01-01T00:00:00"),
+                    ("run-B", "STANDARD_IA"): (1, 900, 900, "2026-01-02T00:00:00"),
+                    ("run-C", "STANDARD_IA"): (1, 900, 700, "2026-01-03T00:00:00")}

@@ -13,15 +13,17 @@ from typing import Any
 import pytest
 from moto.server import ThreadedMotoServer
 
-from tests.s3.conftest import BUCKET, PREFIX, context, plan_for, seed
+from tests.s3.conftest import BUCKET, PREFIX, TOPIC, context, plan_for, seed
 from tiering.cli import main
 from tiering.cost.document import LedgerEntry
 from tiering.cost.model import CostOptions
 from tiering.cost.prices import GB, load_prices
+from tiering.lifecycle.vocabulary import Counted, RunKind, Status
 from tiering.report.publish import LATEST, load_report, publish_report, read_ledger, record_in_ledger
 from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
-from tiering.storage.layout import ledger_key, report_key
+from tiering.storage.layout import ledger_key, report_key, run_result_key
+from tiering.storage.objects import ObjectNotFound
 from tiering.storage.s3 import S3Store, make_client
 
 PRICES = load_prices("us-east-1")
@@ -110,6 +112,63 @@ def test_concurrent_ledger_updates_lose_no_entry(monkeypatch: pytest.MonkeyPatch
         assert json.loads(check.get(ledger_key(PREFIX)))["schema_version"] == 1
     finally:
         server.stop()
+
+
+class Killed(Exception):
+    """The process dies here (nothing in the package catches it)."""
+
+
+def _logs(store: S3Store) -> dict[str, int]:
+    return {o.key: o.size for o in store.list(PREFIX + "/") if o.key.endswith(".log") and "/_tiering/" not in o.key}
+
+
+def test_a_run_killed_before_its_report_is_counted_once_from_the_partitions_state(store: S3Store) -> None:
+    """Run K compacts one topic and dies writing its run document (no document, no report); run N, a new
+    id, compacts the other topic. N's report puts K in the ledger from the partitions' state, and the ledger
+    adds up to what the bucket really saved, however often it is published; K retried under its own id
+    later counts itself from its report instead, once."""
+    seed(store, segments=3)
+    seed(store, segments=3, topic="clicks")
+    originals = _logs(store)
+    doc_key = run_result_key(PREFIX, "run-K", RunKind.COMPACT)
+
+    def die(params: dict[str, Any], **_: Any) -> None:
+        if params.get("Key") == doc_key:
+            raise Killed(doc_key)
+
+    store.client.meta.events.register("before-parameter-build.s3.PutObject", die)
+    with pytest.raises(Killed):
+        compact(store, plan_for(store, topics=TOPIC), context(store, "run-K"), CompactOptions())
+    store.client.meta.events.unregister("before-parameter-build.s3.PutObject", die)
+    with pytest.raises(ObjectNotFound):
+        store.head(doc_key)
+    k_saved = sum(originals.values()) - sum(_logs(store).values())
+    assert k_saved > 0
+
+    run_n = compact(store, plan_for(store), context(store, "run-N"), CompactOptions())
+    assert {s.directory for s in run_n.segments if s.status == Status.COMPACTED} == {"clicks-0"}
+    for _ in range(2):
+        report, _ = publish_report(store, PREFIX, "run-N", PRICES, CostOptions())
+        runs, _ = read_ledger(store, PREFIX)
+        by_run = {r.run_id: r for r in runs}
+        assert sorted(by_run) == ["run-K", "run-N"]
+        assert [by_run[r].counted_from for r in ("run-K", "run-N")] == [Counted.STATE, Counted.REPORT]
+        k = by_run["run-K"]
+        assert (k.segments_rewritten, k.bytes_before - k.bytes_after) == (2, k_saved)
+        assert k.monthly_savings_usd == pytest.approx(k_saved / GB * 0.023)
+        assert k.one_off_usd == 0.0
+        assert sum(r.bytes_before - r.bytes_after for r in runs) == sum(originals.values()) - sum(
+            _logs(store).values())
+        assert report.ledger.monthly_run_rate_usd == pytest.approx(
+            k.monthly_savings_usd + report.totals.monthly_savings_usd)
+    assert "counted from the partitions' state" in store.get(report_key(PREFIX, "run-N", "md")).decode()
+
+    compact(store, plan_for(store, topics=TOPIC), context(store, "run-K"), CompactOptions())
+    publish_report(store, PREFIX, "run-K", PRICES, CostOptions())
+    runs, _ = read_ledger(store, PREFIX)
+    assert [(r.run_id, r.counted_from) for r in sorted(runs, key=lambda r: r.run_id)] == [
+        ("run-K", Counted.REPORT), ("run-N", Counted.REPORT)]
+    assert sum(r.bytes_before - r.bytes_after for r in runs) == sum(originals.values()) - sum(_logs(store).values())
 
 
 def test_bucket_facts_versioning_and_noncurrent_expiry(store: S3Store) -> None:

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Final, TypeAlias
 from tiering.cost.forecast import Forecast
 from tiering.documents import check_document
 from tiering.errors import ConfigError
-from tiering.lifecycle.vocabulary import Cause, Status, Unrun
+from tiering.lifecycle.vocabulary import Cause, Counted, Status, Unrun
 
 REPORT_KIND: Final = "compaction-report"
 
@@ -381,6 +381,7 @@ class LedgerEntry:
     bytes_after: int
     monthly_savings_usd: float
     one_off_usd: float
+    counted_from: Counted = Counted.REPORT  # STATE: its requests and other one-off costs are not known (0)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -389,7 +390,7 @@ class LedgerEntry:
     def from_json(cls, d: Mapping[str, Any]) -> LedgerEntry:
         return cls(str(d["run_id"]), str(d["finished_at"]), bool(d["estimate"]), int(d["segments_rewritten"]),
                    int(d["bytes_before"]), int(d["bytes_after"]), float(d["monthly_savings_usd"]),
-                   float(d["one_off_usd"]))
+                   float(d["one_off_usd"]), Counted(d.get("counted_from", Counted.REPORT)))
 
 
 @dataclass(frozen=True, slots=True)

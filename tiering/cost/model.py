@@ -57,8 +57,8 @@ from tiering.cost.document import (
     row_status,
 )
 from tiering.cost.forecast import Forecast
-from tiering.cost.prices import DAYS_PER_MONTH, GB, PriceBook
-from tiering.lifecycle.vocabulary import Status, Unrun
+from tiering.cost.prices import DAYS_PER_MONTH, GB, PriceBook, StoragePrice
+from tiering.lifecycle.vocabulary import Counted, Status, Unrun
 
 # KMS calls per SSE-KMS segment of three objects: a Decrypt to read the .log, a Decrypt and a GenerateDataKey
 # per backup copy (3 objects), a GenerateDataKey per object put in place (3).
@@ -352,10 +352,8 @@ class _Fold:
         """Monthly $ saved per storage class; ``factor`` scales the bytes saved (a dry run's range)."""
         out: dict[str, float] = {}
         for cls in sorted(self.billed_before):
-            p = self.prices.of(cls)
             saved = (self.billed_before[cls] - self.billed_after[cls]) * factor
-            volume = max(float(self.options.account_bytes.get(cls, 0)), float(self.billed_before[cls]))
-            out[cls] = p.monthly(_gb(volume)) - p.monthly(_gb(volume - saved))
+            out[cls] = _monthly_saving(self.prices.of(cls), self.options, cls, self.billed_before[cls], saved)
         return out
 
     def share(self, by_class: Mapping[str, float], saved_billed: Mapping[str, int]) -> float:
@@ -498,6 +496,25 @@ def build_report(run: Mapping[str, Any], plan: Iterable[Mapping[str, Any]], pric
         key_compaction_monthly_usd=fold.share(by_class, fold.keys_billed) + fold.keys_merged_usd,
         objects_not_planned=dict(sorted((not_planned or {}).items())), merging=fold.merged)
     return with_ledger(report, [e for e in ledger if e.run_id != report.run_id])
+
+
+def _monthly_saving(p: StoragePrice, options: CostOptions, storage_class: str, before: float, saved: float) -> float:
+    """$ a month that ``saved`` of ``before`` bytes in ``storage_class`` save, at the account's volume there."""
+    volume = max(float(options.account_bytes.get(storage_class, 0)), before)
+    return p.monthly(_gb(volume)) - p.monthly(_gb(volume - saved))
+
+
+def ledger_entry_from_state(run_id: str, finished_at: str, by_class: Mapping[str, tuple[int, int, int]],
+                            prices: PriceBook, options: CostOptions, *, saving: bool = True) -> LedgerEntry:
+    """The ledger entry of a run counted from the partitions' states (what its generations there add up to,
+    ``(segments, bytes_before, bytes_after)`` by storage class), its bytes priced as a report prices them;
+    its requests are not known (no one-off cost). ``saving`` False: a bucket that keeps every version, where
+    nothing replaced is gone."""
+    monthly = sum(_monthly_saving(prices.of(cls), options, cls, before, before - after)
+                  for cls, (_, before, after) in by_class.items()) if saving else 0.0
+    return LedgerEntry(run_id, finished_at, False, sum(n for n, _, _ in by_class.values()),
+                       sum(b for _, b, _ in by_class.values()), sum(a for _, _, a in by_class.values()), monthly, 0.0,
+                       Counted.STATE)
 
 
 def with_ledger(report: Report, earlier: Sequence[LedgerEntry]) -> Report:

@@ -13,7 +13,7 @@ changes are written together (:class:`StateBatch`): one read and one write per b
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final
@@ -97,6 +97,16 @@ class SegmentState:
             below = above if entry.run_id in above else (*above, entry.run_id)
             todo += [(below, r.base_offset, r.entry) for r in entry.replaced if r.entry is not None]
         return None
+
+    def lineage(self) -> Iterator[SegmentState]:
+        """This entry and every generation below it (what its run replaced, what that replaced, and so on),
+        each once; a remembered outcome is no generation and is left out."""
+        todo: list[SegmentState] = [self]
+        while todo:
+            entry = todo.pop()
+            if entry.compacted:
+                yield entry
+            todo += [r.entry for r in entry.replaced if r.entry is not None]
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"log_etag": self.log_etag, "run_id": self.run_id, "codec": self.codec,

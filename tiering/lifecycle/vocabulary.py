@@ -56,6 +56,14 @@ class Status(StrEnum):
     MOVED = "moved"  # storage tiering: objects moved to another storage class
 
 
+class Counted(StrEnum):
+    """Where a ledger entry's figures come from."""
+
+    REPORT = "report"  # the run's savings report (its run document)
+    STATE = "state"  # the partitions' states: the generations a run committed, found by a later run's scan (the
+    # run itself ended before its report: killed, or run without one)
+
+
 class Unrun(StrEnum):
     """What the report says of a planned segment no run outcome speaks for: a dry run's forecast of it, or
     a plan the run recorded nothing for. A report row's status is a :class:`Status` or one of these."""

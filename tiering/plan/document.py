@@ -128,6 +128,29 @@ class PlanCounts:
 
 
 @dataclass(frozen=True, slots=True)
+class Committed:
+    """The generations one run committed that a scan found in the partitions' states (in place, or below
+    in a lineage), for the ``.log`` objects in place of one storage class: what that run saved, counted from
+    S3 rather than from its run document, which a run killed before its end never wrote."""
+
+    run_id: str
+    storage_class: str
+    segments: int
+    bytes_before: int
+    bytes_after: int
+    recorded_at: str | None  # the latest of its entries' (the recording hosts' clocks); None: not kept
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Committed:
+        at = doc.get("recorded_at")
+        return cls(str(doc["run_id"]), str(doc["storage_class"]), int(doc["segments"]), int(doc["bytes_before"]),
+                   int(doc["bytes_after"]), None if at is None else str(at))
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """A scan's verdicts: the run's settings, every planned segment, and every object it leaves alone with why."""
 
@@ -149,6 +172,7 @@ class Plan:
     estimate: Forecast | None = None  # a dry run's forecast of the savings
     policy: str | None = None  # the policy file the plan followed
     auto: Mapping[str, Any] | None = None  # per topic, the automatic codec choice and its numbers
+    committed: tuple[Committed, ...] = ()  # every run's generations in the scanned partitions, by run and class
 
     def to_compact(self) -> list[PlannedSegment]:
         return [s for s in self.segments if s.action in (Action.COMPACT, Action.REPAIR)]
@@ -178,6 +202,7 @@ class Plan:
                 "ignored_count": self.ignored_count,
                 "ignored_by_reason": dict(sorted(self.ignored_by_reason.items())), "policy": self.policy,
                 "auto": dict(self.auto) if self.auto is not None else None,
+                "committed": [c.to_json() for c in self.committed],
                 "segments": [s.to_json() for s in self.segments]}
 
     @classmethod
@@ -189,4 +214,5 @@ class Plan:
                    {str(k): int(v) for k, v in (doc.get("ignored_by_reason") or {}).items()},
                    objects_listed=int(doc["objects_listed"]),
                    estimate=Forecast.from_json(doc["estimate"], "the plan's estimate") if doc.get("estimate") else None,
-                   policy=doc.get("policy"), auto=doc.get("auto"))
+                   policy=doc.get("policy"), auto=doc.get("auto"),
+                   committed=tuple(Committed.from_json(c) for c in doc.get("committed") or ()))

@@ -43,7 +43,7 @@ from tiering.kafka.files import (
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
 from tiering.lifecycle.state import Outcome, PartitionState, SegmentState, load_state
 from tiering.lifecycle.vocabulary import Action, Cause
-from tiering.plan.document import MAX_IGNORED_LISTED, ObjectRef, Plan, PlannedSegment
+from tiering.plan.document import MAX_IGNORED_LISTED, Committed, ObjectRef, Plan, PlannedSegment
 from tiering.plan.policy import AUTO, PRODUCER, Policy
 from tiering.storage.layout import (
     PARTITION_FILES,
@@ -117,9 +117,10 @@ def _dir_skip_reason(d: PartitionDir, o: ScanOptions) -> str | None:
 
 
 def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectInfo], state: PartitionState,
-                       now: datetime, o: ScanOptions, ignored: Callable[[str, str], None]) -> list[PlannedSegment]:
+                       now: datetime, o: ScanOptions, ignored: Callable[[str, str], None],
+                       in_place: Callable[[SegmentState, ObjectInfo], None] | None = None) -> list[PlannedSegment]:
     """Segments of one partition directory (its objects listed under ``dir_key``), each with its action and
-    reason (pure: no S3 here)."""
+    reason (pure: no S3 here). ``in_place`` is told of each of our entries whose ``.log`` is the one listed."""
     assert d.topic is not None
     assert d.partition is not None
     groups: dict[int, dict[str, ObjectInfo]] = {}
@@ -163,6 +164,8 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
         files: dict[str, Any] = {k: ObjectRef.of(v) if v else None for k, v in refs.items()}
         own = per_topic if action == Action.COMPACT else {}  # a repair rewrites nothing: no codec of its own
         done = ours is not None and log is not None and ours.compacted and ours.log_etag == log.etag
+        if done and in_place is not None and ours is not None and log is not None:
+            in_place(ours, log)
         seg = PlannedSegment(d.name, d.topic, d.partition, base, action, reason, **files, **own,
                              compacted_by=ours.run_id if done and action == Action.SKIP and ours else None, cause=cause)
         if action == Action.SKIP:
@@ -277,15 +280,34 @@ def scan_partitions(store: ObjectStore, prefix: str, options: ScanOptions, emit:
     else:
         partitions = inventory_partitions(store, root, source, wanted, ignored)
     listed = 0
+    committed = CommittedTally()
     for part in partitions:
         listed += len(part.objects)
-        emit(classify_partition(part.directory, part.dir_key, part.objects, part.state, now, options, ignored))
+        emit(classify_partition(part.directory, part.dir_key, part.objects, part.state, now, options, ignored,
+                                committed.add))
         if progress is not None:
             progress(listed)
     return Plan(store.bucket, root, options.codec, options.level, options.min_age_minutes, options.topics,
                 now.isoformat(), skipped_dirs=tuple(sorted(skipped_dirs, key=lambda d: d["directory"])),
                 ignored_keys=tuple(ignored_keys), ignored_count=ignored_by_reason.total(),
-                ignored_by_reason=dict(ignored_by_reason), objects_listed=listed)
+                ignored_by_reason=dict(ignored_by_reason), objects_listed=listed, committed=committed.totals())
+
+
+class CommittedTally:
+    """Every generation in a scan's partitions, by run and the storage class of the ``.log`` in place: the
+    entry in place and its lineage below, each generation once."""
+
+    def __init__(self) -> None:
+        self._by: dict[tuple[str, str], tuple[int, int, int, str | None]] = {}
+
+    def add(self, entry: SegmentState, log: ObjectInfo) -> None:
+        for g in entry.lineage():
+            n, before, after, at = self._by.get((g.run_id, log.storage_class), (0, 0, 0, None))
+            latest = at if g.recorded_at is None or (at is not None and at >= g.recorded_at) else g.recorded_at
+            self._by[(g.run_id, log.storage_class)] = (n + 1, before + g.bytes_before, after + g.bytes_after, latest)
+
+    def totals(self) -> tuple[Committed, ...]:
+        return tuple(Committed(run, cls, *figures) for (run, cls), figures in sorted(self._by.items()))
 
 
 def scan(store: ObjectStore, prefix: str, options: ScanOptions, progress: Callable[[int], None] | None = None,

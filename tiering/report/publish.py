@@ -18,11 +18,11 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from tiering.cost.document import Ledger, LedgerEntry, Report
-from tiering.cost.model import CostOptions, build_report, with_ledger
+from tiering.cost.model import CostOptions, build_report, ledger_entry_from_state, with_ledger
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
 from tiering.errors import ConfigError, StorageError
-from tiering.lifecycle.vocabulary import RunKind
-from tiering.plan.document import Plan
+from tiering.lifecycle.vocabulary import Counted, RunKind
+from tiering.plan.document import Committed, Plan
 from tiering.report.render import render
 from tiering.run.engine import step_documents
 from tiering.run.pipeline import RunSettings, plan_files, run_outcomes
@@ -45,11 +45,22 @@ def read_ledger(store: ObjectStore, prefix: str) -> tuple[list[LedgerEntry], str
     return list(Ledger.from_json(doc, f"s3://{store.bucket}/{ledger_key(prefix)}").runs), etag
 
 
-def record_in_ledger(store: ObjectStore, prefix: str, entry: LedgerEntry) -> list[LedgerEntry]:
-    """Add (or replace) ``entry`` in the ledger with a compare-and-swap; the ledger as written."""
+def record_in_ledger(store: ObjectStore, prefix: str, entry: LedgerEntry,
+                     found: Iterable[LedgerEntry] = ()) -> list[LedgerEntry]:
+    """Add (or replace) ``entry`` in the ledger with a compare-and-swap; the ledger as written. ``found``: runs
+    counted from the partitions' states (:func:`state_entries`), each added where the ledger has no entry of
+    that run, or one counted from the states with fewer segments (an earlier scan saw fewer partitions);
+    never over a run's own report."""
+    found = list(found)
     for _ in range(MAX_LEDGER_ATTEMPTS):
-        runs, etag = read_ledger(store, prefix)
-        runs = sorted([*(r for r in runs if r.run_id != entry.run_id), entry], key=lambda r: (r.finished_at, r.run_id))
+        earlier, etag = read_ledger(store, prefix)
+        by_run = {r.run_id: r for r in earlier}
+        for f in found:
+            have = by_run.get(f.run_id)
+            if have is None or (have.counted_from is Counted.STATE and have.segments_rewritten < f.segments_rewritten):
+                by_run[f.run_id] = f
+        by_run[entry.run_id] = entry
+        runs = sorted(by_run.values(), key=lambda r: (r.finished_at, r.run_id))
         doc = Ledger(tuple(runs)).to_json()
         try:
             if etag is None:
@@ -111,13 +122,37 @@ def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, op
                         chunks=chunks, not_planned=not_planned)
 
 
+def state_entries(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook,
+                  options: CostOptions) -> list[LedgerEntry]:
+    """The other runs whose generations the scan of ``run_id`` found in the partitions' states, each counted
+    from them (:class:`Committed`): a run killed before its report, or run without one, is in the ledger
+    all the same. None for a run without a scan (key compaction, a merge)."""
+    try:
+        header = plan_files(store, RunSettings(store.bucket, prefix, run_id, "")).manifest().header
+    except ObjectNotFound:
+        return []
+    runs: dict[str, list[Committed]] = {}
+    for c in header.committed:
+        if c.run_id != run_id:
+            runs.setdefault(c.run_id, []).append(c)
+    if not runs:
+        return []
+    facts = store.facts(prefix)
+    saving = not (facts.versioned and facts.noncurrent_expiry_days is None)
+    return [ledger_entry_from_state(
+        run, max((c.recorded_at for c in rows if c.recorded_at), default=header.created_at),
+        {c.storage_class: (c.segments, c.bytes_before, c.bytes_after) for c in rows}, prices, options, saving=saving)
+        for run, rows in sorted(runs.items())]
+
+
 def publish_report(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
                    *, kind: RunKind | None = None) -> tuple[Report, dict[str, str]]:
     """Build the report of ``run_id``, record it in the ledger, and write it in every format to the run's key
     and to ``latest``. Returns the report and its keys by format."""
     # The ledger's running totals include this run: record it first, then build with the ledger as written.
     draft = assemble(store, prefix, run_id, prices, options, [], kind=kind)
-    report = with_ledger(draft, record_in_ledger(store, prefix, draft.ledger_entry()))
+    found = state_entries(store, prefix, run_id, prices, options)
+    report = with_ledger(draft, record_in_ledger(store, prefix, draft.ledger_entry(), found))
     keys = {}
     for fmt in ("json", "md", "csv", "html"):
         body = render(report, fmt).encode()

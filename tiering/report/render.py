@@ -17,6 +17,7 @@ from typing import Final
 
 from tiering.cost.document import GroupRow, MergeFigures, Report, Totals
 from tiering.cost.forecast import Range
+from tiering.lifecycle.vocabulary import Counted
 
 FORMATS: Final = ("table", "json", "md", "csv", "html")
 NUMERIC: Final = re.compile(r"^-?\$?[0-9][0-9,.]*( ?(B|KiB|MiB|GiB|TiB|days|months))?$")
@@ -219,8 +220,10 @@ def _not_planned_rows(report: Report) -> list[list[str]]:
 
 
 def _run_rows(report: Report) -> list[list[str]]:
-    return [[r.entry.run_id + (" (estimate)" if r.entry.estimate else ""), r.entry.finished_at[:19],
-             str(r.entry.segments_rewritten), usd(r.entry.monthly_savings_usd), usd(r.entry.one_off_usd),
+    return [[r.entry.run_id + (" (estimate)" if r.entry.estimate else "")
+             + (" (no report: counted from the partitions' state)" if r.entry.counted_from is Counted.STATE else ""),
+             r.entry.finished_at[:19], str(r.entry.segments_rewritten), usd(r.entry.monthly_savings_usd),
+             usd(r.entry.one_off_usd) if r.entry.counted_from is Counted.REPORT else "not known",
              usd(r.cumulative_monthly_usd)] for r in report.ledger.runs]
 
 
