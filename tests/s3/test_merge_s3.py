@@ -185,6 +185,7 @@ def test_a_merged_segment_is_not_restored_one_for_one_without_its_state(store: S
     first = {r.base_offset: r for r in run.segments}[bases[0]]
     assert first.status is Status.SKIPPED
     assert first.cause is Cause.NOT_RESTORABLE
+    assert run.exit_code() == ExitCode.BUSY  # not restored: said so
     check_loaded(store, ROOT, _batches(originals))
 
 

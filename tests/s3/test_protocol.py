@@ -278,6 +278,37 @@ def test_a_rollback_waits_for_the_later_run_that_replaced_its_segments(store: S3
         assert store.get(segment_key(PREFIX, TOPIC, 0, base, ".log")) == original.log
 
 
+def test_a_rollback_judges_a_log_it_did_not_write_by_its_bytes(store: S3Store) -> None:
+    """Where the .log in place is not the run's: the original's bytes (a mirror put them back, here beside the
+    run's indexes) are restored whole; a later run over an original put back so leaves nothing of the run
+    (said so, exit 0 for it); another writer's bytes are not restored over, and the exit code says so (3)."""
+    originals = seed(store, segments=5)
+    s0, s1, s2, s3 = sorted(originals)[:4]
+    files = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+    before = {(b, sfx): store.get(key(b, sfx)) for b in (s0, s1, s2, s3) for sfx in files}
+    compact(store, plan_for(store), context(store), CompactOptions())
+    for sfx in files:  # a mirror puts s3's originals back, and run 2 compacts them
+        store.put(key(s3, sfx), before[(s3, sfx)])
+    run2 = compact(store, plan_for(store), context(store, "run-2"), CompactOptions())
+    assert [r.base_offset for r in run2.segments if r.status is Status.COMPACTED] == [s3]
+    store.put(key(s0), before[(s0, LOG_SUFFIX)])  # a mirror's upload of the original .log alone
+    store.put(key(s1), before[(s1, LOG_SUFFIX)] + b"\0")  # another writer's object
+
+    run = rollback(store, context(store, "undo-1"), "run-1")
+    by_base = {r.base_offset: r for r in run.segments}
+    assert [by_base[b].status for b in (s0, s2)] == [Status.ROLLED_BACK] * 2
+    assert (by_base[s1].cause, by_base[s3].cause) == (Cause.NOT_RESTORABLE, Cause.RESTORED)
+    assert "an object we did not write" in by_base[s1].reason
+    assert "run run-2 has replaced the original since" in by_base[s3].reason
+    assert run.exit_code() == ExitCode.BUSY
+    assert {(b, sfx): store.get(key(b, sfx)) for b in (s0, s2) for sfx in files} == {
+        (b, sfx): before[(b, sfx)] for b in (s0, s2) for sfx in files}  # s0's indexes too
+    assert store.get(key(s1)) == before[(s1, LOG_SUFFIX)] + b"\0"  # not restored over
+
+    assert rollback(store, context(store, "undo-2"), "run-2").exit_code() == ExitCode.OK
+    assert {sfx: store.get(key(s3, sfx)) for sfx in files} == {sfx: before[(s3, sfx)] for sfx in files}
+
+
 def test_budget_takes_the_largest_segments_first(store: S3Store) -> None:
     seed(store, segments=4)
     plan = plan_for(store)

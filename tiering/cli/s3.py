@@ -312,9 +312,17 @@ def _finish_run(args: argparse.Namespace, run: RunResult) -> int:
            ExitCode.RETRY: f"{left} segments left for a later run: S3 or the network failed",
            ExitCode.BUSY: f"{left} segments left for a later run: partitions busy or segments changed"}
     later = [r for r in run.segments if r.cause is Cause.LATER_RUN]
-    if later:  # a rollback that must wait: which runs to roll back first
-        why[ExitCode.BUSY] = (f"{len(later)} segments not rolled back: "
-                              + "; ".join(sorted({r.reason.removeprefix("not rolled back: ") for r in later})))
+    kept = [r for r in run.segments if r.cause is Cause.NOT_RESTORABLE]
+    stopped = []  # a rollback that must wait (which runs to roll back first), or cannot restore
+    if later:
+        stopped.append(f"{len(later)} segments not rolled back: "
+                       + "; ".join(sorted({r.reason.removeprefix("not rolled back: ") for r in later})))
+    if kept:
+        more = f"; {len(kept) - 1} more in the run document" if len(kept) > 1 else ""
+        stopped.append(f"{len(kept)} segments not restored ({kept[0].directory}/{kept[0].base_offset}: "
+                       f"{kept[0].reason}{more})")
+    if stopped:
+        why[ExitCode.BUSY] = "; ".join(stopped)
     if code in why:
         print(f"tiering: {run.kind} run {run.run_id}: {why[code]}", file=sys.stderr)
     return code

@@ -42,6 +42,7 @@ from tiering.storage.layout import (
 )
 from tiering.storage.objects import (
     ObjectAttrs,
+    ObjectInfo,
     ObjectNotFound,
     ObjectStore,
     PreconditionFailed,
@@ -184,6 +185,26 @@ def _txn_index_restore(ctx: Context, directory: str, base: int, target_run: str,
     return TxnIndexSwap(final, source, kept, None, False, attrs.with_metadata({META_RESTORED: target_run, META_OP: op}))
 
 
+def _judged_by_content(ctx: Context, directory: str, base: int, backup: str, current: ObjectInfo) -> bool | str:
+    """A ``.log`` in place that the rolled-back run did not write, judged by content against that run's
+    backup of the original: True where it is the original's bytes (restore the segment whole: the run's
+    indexes may be beside it); why nothing of the run is left where a later run replaced the original
+    after it was put back; False otherwise (another writer's object)."""
+    try:
+        original = ctx.store.head(backup)
+    except ObjectNotFound:
+        return False
+    if (original.etag, original.size) == (current.etag, current.size):
+        return True
+    entry = state_entry(ctx, directory, base)
+    if entry is not None and entry.compacted and entry.log_etag == current.etag:
+        for g in entry.lineage():
+            if any(r.base_offset == base and r.log_etag == original.etag for r in g.replaced):
+                return (f"restored already: run {g.run_id} has replaced the original since (rolling run "
+                        f"{g.run_id} back puts it in place)")
+    return False
+
+
 def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> tuple[Journal, str] | SegmentResult:
     """Journal the restore of one segment from ``target_run``'s backups, if that run's ``.log`` is still the
     one in place; otherwise a skipped result saying what is there instead."""
@@ -207,9 +228,15 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
                              "which: not restored one for one",
                              cause=Cause.NOT_RESTORABLE)
     if owner != target_run:
-        what = f"run {owner}" if owner else "an object we did not write (the original, or a replacement)"
-        return SegmentResult(directory, base, Status.SKIPPED,
-                             f"the .log in place is from {what}, not from run {target_run}", cause=Cause.NOT_RESTORABLE)
+        judged = _judged_by_content(ctx, directory, base, backups["log"], current)
+        if isinstance(judged, str):
+            return SegmentResult(directory, base, Status.SKIPPED, judged, cause=Cause.RESTORED)
+        if not judged:
+            what = f"run {owner}" if owner else "an object we did not write, with other bytes than the original"
+            return SegmentResult(directory, base, Status.SKIPPED,
+                                 f"the .log in place is from {what}, not from run {target_run}: not restored over it",
+                                 cause=Cause.NOT_RESTORABLE)
+        # the original's bytes (put back by a mirror, say), perhaps beside the run's indexes: restored whole
     source: dict[str, str | None] = {"log": current.etag}
     attrs: dict[str, ObjectAttrs] = {}
     new: dict[str, str | None] = {}

@@ -293,10 +293,11 @@ def exit_code_of(r: SegmentResult) -> ExitCode:
     """What one result says about the run's exit: a failed proof (our bug, or the store's), invalid or
     unreadable data (or data this version cannot handle, or a rollback's backup gone), a refusal (access,
     configuration), S3 failing (retry), work left to a busy partition or a concurrent writer, or a rollback
-    that must wait for a later run's, else done."""
+    that must wait for a later run's or cannot restore over what is in place, else done."""
     if r.cause in (Cause.UNSUPPORTED, Cause.BACKUP_MISSING):
         return ExitCode.INVALID
-    if r.cause is Cause.LATER_RUN:  # a rollback that must wait for a later run's
+    if r.cause in (Cause.LATER_RUN, Cause.NOT_RESTORABLE):  # a rollback that must wait for a later run's, or
+        # one that finds a writer's object in place of its run's: not restored over
         return ExitCode.BUSY
     if r.status == Status.FAILED and r.pending is None:
         return (ExitCode.INTERNAL if r.cause is Cause.PROOF_FAILED else
