@@ -9,6 +9,7 @@ beside a ``.log`` that has since been replaced.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import replace
 
@@ -31,7 +32,16 @@ from tiering.commit.operation import (
 from tiering.commit.regroup import abandon_regroup, finish_regroup
 from tiering.commit.swap import abandon, finish_one
 from tiering.kafka.files import TXN_INDEX_SUFFIX
-from tiering.lifecycle.journal import FILES, Journal, NewFiles, Recorded, RegroupJournal, TxnIndexSwap, read_journal
+from tiering.lifecycle.journal import (
+    FILES,
+    INDEX_FILES,
+    Journal,
+    NewFiles,
+    Recorded,
+    RegroupJournal,
+    TxnIndexSwap,
+    read_journal,
+)
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status
 from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
@@ -185,17 +195,23 @@ def _txn_index_restore(ctx: Context, directory: str, base: int, target_run: str,
     return TxnIndexSwap(final, source, kept, None, False, attrs.with_metadata({META_RESTORED: target_run, META_OP: op}))
 
 
-def _judged_by_content(ctx: Context, directory: str, base: int, backup: str, current: ObjectInfo) -> bool | str:
+def _judged_by_content(ctx: Context, directory: str, base: int, final: dict[str, str], backup: str,
+                       current: ObjectInfo, target_run: str) -> bool | str:
     """A ``.log`` in place that the rolled-back run did not write, judged by content against that run's
-    backup of the original: True where it is the original's bytes (restore the segment whole: the run's
-    indexes may be beside it); why nothing of the run is left where a later run replaced the original
-    after it was put back; False otherwise (another writer's object)."""
+    backup of the original: True where it is the original's bytes beside an index the run wrote (restore
+    the segment whole); why nothing of the run is left where the original is in place with no index of
+    the run's, or a later run replaced the original after it was put back; False otherwise (another
+    writer's object)."""
     try:
         original = ctx.store.head(backup)
     except ObjectNotFound:
         return False
     if (original.etag, original.size) == (current.etag, current.size):
-        return True
+        for name in INDEX_FILES:
+            with contextlib.suppress(ObjectNotFound):
+                if ctx.store.head(final[name]).metadata.get(META_RUN) == target_run:
+                    return True
+        return "the original is in place already (the same bytes as the backup): nothing to restore"
     entry = state_entry(ctx, directory, base)
     if entry is not None and entry.compacted and entry.log_etag == current.etag:
         for g in entry.lineage():
@@ -228,7 +244,7 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
                              "which: not restored one for one",
                              cause=Cause.NOT_RESTORABLE)
     if owner != target_run:
-        judged = _judged_by_content(ctx, directory, base, backups["log"], current)
+        judged = _judged_by_content(ctx, directory, base, final, backups["log"], current, target_run)
         if isinstance(judged, str):
             return SegmentResult(directory, base, Status.SKIPPED, judged, cause=Cause.RESTORED)
         if not judged:
@@ -236,7 +252,7 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
             return SegmentResult(directory, base, Status.SKIPPED,
                                  f"the .log in place is from {what}, not from run {target_run}: not restored over it",
                                  cause=Cause.NOT_RESTORABLE)
-        # the original's bytes (put back by a mirror, say), perhaps beside the run's indexes: restored whole
+        # the original's bytes (put back by a mirror, say) beside the run's indexes: restored whole
     source: dict[str, str | None] = {"log": current.etag}
     attrs: dict[str, ObjectAttrs] = {}
     new: dict[str, str | None] = {}
