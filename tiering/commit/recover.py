@@ -195,30 +195,35 @@ def _txn_index_restore(ctx: Context, directory: str, base: int, target_run: str,
     return TxnIndexSwap(final, source, kept, None, False, attrs.with_metadata({META_RESTORED: target_run, META_OP: op}))
 
 
-def _judged_by_content(ctx: Context, directory: str, base: int, final: dict[str, str], backup: str,
-                       current: ObjectInfo, target_run: str) -> bool | str:
-    """A ``.log`` in place that the rolled-back run did not write, judged by content against that run's
-    backup of the original: True where it is the original's bytes beside an index the run wrote (restore
-    the segment whole); why nothing of the run is left where the original is in place with no index of
-    the run's, or a later run replaced the original after it was put back; False otherwise (another
-    writer's object)."""
+def _not_to_restore(ctx: Context, directory: str, base: int, final: dict[str, str], backup: str,
+                    current: ObjectInfo, target_run: str) -> SegmentResult | None:
+    """Where the ``.log`` in place is not the rolled-back run's, what to report instead of restoring, judged
+    by content against that run's backup of the original; None where it is the original's bytes beside an
+    index the run wrote (the segment is restored whole)."""
+    def skipped(reason: str, cause: Cause) -> SegmentResult:
+        return SegmentResult(directory, base, Status.SKIPPED, reason, cause=cause)
+
     try:
         original = ctx.store.head(backup)
     except ObjectNotFound:
-        return False
-    if (original.etag, original.size) == (current.etag, current.size):
+        original = None
+    if original is not None and (original.etag, original.size) == (current.etag, current.size):
         for name in INDEX_FILES:
             with contextlib.suppress(ObjectNotFound):
                 if ctx.store.head(final[name]).metadata.get(META_RUN) == target_run:
-                    return True
-        return "the original is in place already (the same bytes as the backup): nothing to restore"
+                    return None
+        return skipped("the original is in place already (the same bytes as the backup): nothing to restore",
+                       Cause.RESTORED)
     entry = state_entry(ctx, directory, base)
-    if entry is not None and entry.compacted and entry.log_etag == current.etag:
+    if original is not None and entry is not None and entry.compacted and entry.log_etag == current.etag:
         for g in entry.lineage():
             if any(r.base_offset == base and r.log_etag == original.etag for r in g.replaced):
-                return (f"restored already: run {g.run_id} has replaced the original since (rolling run "
-                        f"{g.run_id} back puts it in place)")
-    return False
+                return skipped(f"restored already: run {g.run_id} has replaced the original since (rolling run "
+                               f"{g.run_id} back puts it in place)", Cause.RESTORED)
+    owner = current.metadata.get(META_RUN)
+    what = f"run {owner}" if owner else "an object we did not write, with other bytes than the original"
+    return skipped(f"the .log in place is from {what}, not from run {target_run}: not restored over it",
+                   Cause.NOT_RESTORABLE)
 
 
 def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> tuple[Journal, str] | SegmentResult:
@@ -243,16 +248,10 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
                              f"{current.metadata[META_MERGED]} segments and the partition's state no longer says "
                              "which: not restored one for one",
                              cause=Cause.NOT_RESTORABLE)
-    if owner != target_run:
-        judged = _judged_by_content(ctx, directory, base, final, backups["log"], current, target_run)
-        if isinstance(judged, str):
-            return SegmentResult(directory, base, Status.SKIPPED, judged, cause=Cause.RESTORED)
-        if not judged:
-            what = f"run {owner}" if owner else "an object we did not write, with other bytes than the original"
-            return SegmentResult(directory, base, Status.SKIPPED,
-                                 f"the .log in place is from {what}, not from run {target_run}: not restored over it",
-                                 cause=Cause.NOT_RESTORABLE)
-        # the original's bytes (put back by a mirror, say) beside the run's indexes: restored whole
+    if owner != target_run and (instead := _not_to_restore(ctx, directory, base, final, backups["log"], current,
+                                                           target_run)) is not None:
+        return instead
+    # the run's .log in place, or the original's bytes (put back by a mirror, say) beside the run's indexes
     source: dict[str, str | None] = {"log": current.etag}
     attrs: dict[str, ObjectAttrs] = {}
     new: dict[str, str | None] = {}
