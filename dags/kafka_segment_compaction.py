@@ -96,8 +96,7 @@ SCHEDULE = os.environ.get("TIERING_COMPACTION_SCHEDULE", "@daily")
 SPARK_MASTER = os.environ.get("TIERING_SPARK_MASTER", "local[*]")
 SPARK_JOB = Path(os.environ.get("TIERING_SPARK_JOB", Path(__file__).resolve().parents[1] / "spark_jobs"
                                 / "compact_segments.py"))
-SPARK_KEYS_JOB = SPARK_JOB.with_name("compact_keys.py")
-SPARK_MERGE_JOB = SPARK_JOB.with_name("merge_segments.py")
+SPARK_KIND_JOB = SPARK_JOB.with_name("run_kind.py")  # key compaction and merging: the run engine's kinds
 # Published after every run (its extra names the bucket, prefix, run and the report's S3 URI), so that
 # other DAGs can be scheduled on it. Static: bucket and prefix are runtime params, the asset is not.
 REPORT_ASSET = Asset(name="kafka_segment_compaction_report", uri="tiering://kafka_segment_compaction/report")
@@ -244,7 +243,7 @@ def kafka_segment_compaction() -> None:
         from tiering.steps import compaction  # noqa: PLC0415
 
         run, store = _run()
-        step = compaction.key_compaction(store, run, _job(SPARK_KEYS_JOB), print)
+        step = compaction.key_compaction(store, run, _job(SPARK_KIND_JOB), print)
         _fail(step.failure)
         return step.to_json()
 
@@ -255,7 +254,7 @@ def kafka_segment_compaction() -> None:
         from tiering.steps import compaction  # noqa: PLC0415
 
         run, store = _run()
-        step = compaction.merge(store, run, _job(SPARK_MERGE_JOB), print)
+        step = compaction.merge(store, run, _job(SPARK_KIND_JOB), print)
         _fail(step.failure)
         return step.to_json()
 

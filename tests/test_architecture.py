@@ -166,6 +166,17 @@ def test_kinds_import_the_engine_never_each_other() -> None:
     assert not _run_modules(PACKAGE / "run" / "engine.py") & kinds
 
 
+def test_the_spark_jobs_reach_kinds_by_name_and_never_the_command_line() -> None:
+    """A Spark job reads a kind's options as the JSON they write (``tiering.run.kinds``): it imports no kind
+    module and nothing of ``tiering.cli`` (whose parsers would read the options a second way)."""
+    jobs = Path(__file__).parents[1] / "spark_jobs"
+    kinds = {f"tiering.{k.removesuffix('.py').replace('/', '.')}" for k in KINDS}
+    reached = {p.name: sorted(m for m in _modules(p) | _run_modules(p) if m.startswith("tiering.cli") or m in kinds)
+               for p in sorted(jobs.glob("*.py"))}
+    assert reached == {name: [] for name in reached}
+    assert "run_kind.py" in reached
+
+
 def test_the_demo_is_apart_from_the_product() -> None:
     """Only the command line (and the demo itself) may import tiering.demo."""
     users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")

@@ -879,14 +879,14 @@ def test_partition_compact_keys_writes_a_whole_partition_directory(tmp_path: Pat
 
 def test_every_entry_point_bounds_the_key_map_as_a_broker_s_default_cleaner() -> None:
     """The CLI's default --key-map-bytes (128 MiB, log.cleaner.dedupe.buffer.size's default), the run layer's
-    default (the DAG's and the Spark job's path) and the Spark job's --max-keys: 5,033,164 keys, 0.9 of the
+    default (the DAG's path) and the Spark job's, given options without max_keys: 5,033,164 keys, 0.9 of the
     buffer's 24-byte slots, where Kafka's SkimpyOffsetMap is full."""
     import argparse
 
-    from spark_jobs import compact_keys
     from tiering.cli.args import add_key_map_args, max_keys
     from tiering.kafka.keycompact import CleanOptions
     from tiering.run.keycompact import KeyCompactOptions
+    from tiering.run.kinds import kind_from_json
 
     expected = int((128 * 1024 * 1024 // 24) * 0.9)
     parser = argparse.ArgumentParser()
@@ -894,8 +894,7 @@ def test_every_entry_point_bounds_the_key_map_as_a_broker_s_default_cleaner() ->
     assert max_keys(parser.parse_args([])) == expected
     assert KeyCompactOptions(topics="t").max_keys == expected
     assert CleanOptions(now_ms=0).max_keys == expected
-    spark = compact_keys.parse_args(["--bucket", "b", "--prefix", "p", "--run-id", "r", "--topics", "t"])
-    assert spark.max_keys == expected
+    assert kind_from_json("compact-keys", {"topics": "t"}).options_json()["max_keys"] == expected
 
 
 def test_partition_compact_keys_cleans_neighbours_into_one_segment_unless_told_not_to(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,13 @@ from tests.spark.test_compact_job import server_store  # noqa: F401 - the fixtur
 from tiering.kafka.files import LOG_SUFFIX, TXN_INDEX_SUFFIX
 from tiering.kafka.merge import DEFAULT_INDEX_BYTES, DEFAULT_SEGMENT_BYTES, Limits
 from tiering.run.documents import RunResult
+from tiering.run.keycompact import KeyCompactOptions
+from tiering.run.pipeline import RunSettings
 from tiering.spark.submit import submit
 from tiering.storage.layout import run_result_key, segment_key
 from tiering.storage.s3 import S3Store
 
-JOB = Path(__file__).parents[2] / "spark_jobs" / "compact_keys.py"
+JOB = Path(__file__).parents[2] / "spark_jobs" / "run_kind.py"
 
 
 @pytest.mark.slow
@@ -30,9 +33,10 @@ def test_spark_cleans_each_partition_in_a_task_as_the_in_process_run_does(server
             store.put(segment_key(K.PREFIX, K.TOPIC, 1, base, TXN_INDEX_SUFFIX), txn)
         store.put(segment_key(K.PREFIX, "orders.delete", 0, base, LOG_SUFFIX), log)
     lines: list[str] = []
-    submit(JOB, ["--bucket", store.bucket, "--prefix", K.PREFIX, "--run-id", "spark-keys", "--topics",
-                 r"profiles\..*", "--now-ms", str(NOW), "--min-age-minutes", "0"], master="local[2]",
-           log=lines.append)
+    settings = RunSettings(store.bucket, K.PREFIX, "spark-keys", "none")
+    options = KeyCompactOptions(NOW, topics=r"profiles\..*", merge=Limits())  # the cleaner's default bounds
+    submit(JOB, ["--kind", "compact-keys", "--settings", json.dumps(settings.to_json()), "--options",
+                 json.dumps(options.to_json())], master="local[2]", log=lines.append)
     assert any("key compaction: 2 partitions in 2 tasks" in line for line in lines), lines[-20:]
     key = run_result_key(K.PREFIX, "spark-keys", "compact-keys")
     run = RunResult.from_json(store.get_json(key)[0], key)

@@ -3,6 +3,7 @@ two tasks, the merged segments the sources' bytes one after the other, then a ro
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,14 +11,17 @@ import pytest
 from tests.s3.conftest import PREFIX, TOPIC, context, seed
 from tests.spark.test_compact_job import server_store  # noqa: F401 - the fixture
 from tiering.demo.inventory import write_inventory
+from tiering.kafka.merge import Limits
 from tiering.lifecycle.vocabulary import RunKind, Status
 from tiering.run.documents import RunResult
 from tiering.run.maintenance import rollback
+from tiering.run.merge import MergeOptions
+from tiering.run.pipeline import RunSettings
 from tiering.spark.submit import submit
 from tiering.storage.layout import run_result_key, segment_key
 from tiering.storage.s3 import S3Store
 
-JOB = Path(__file__).parents[2] / "spark_jobs" / "merge_segments.py"
+JOB = Path(__file__).parents[2] / "spark_jobs" / "run_kind.py"
 
 
 @pytest.mark.slow
@@ -34,9 +38,10 @@ def test_spark_merges_each_partition_in_a_task_as_the_in_process_run_does(server
     planned_from = ["--inventory", write_inventory(store, store.bucket, "inventory/daily",
                                                    list(store.list(PREFIX + "/")))] if source == "inventory" else []
     lines: list[str] = []
-    submit(JOB, ["--bucket", store.bucket, "--prefix", PREFIX, "--run-id", "spark-merge", "--topics",
-                 TOPIC.replace(".", r"\."), "--segment-bytes", "1MiB", "--min-age-minutes", "0", *planned_from],
-           master="local[2]", log=lines.append)
+    settings = RunSettings(store.bucket, PREFIX, "spark-merge", "none")
+    options = MergeOptions(Limits(1 << 20), TOPIC.replace(".", r"\."), min_age_minutes=0)
+    submit(JOB, ["--kind", "merge", "--settings", json.dumps(settings.to_json()), "--options",
+                 json.dumps(options.to_json()), *planned_from], master="local[2]", log=lines.append)
     assert any("merge: 2 partitions in 2 tasks" in line for line in lines), lines[-20:]
     assert any("planned from the S3 Inventory report" in line for line in lines) is (source == "inventory")
     key = run_result_key(PREFIX, "spark-merge", RunKind.MERGE)

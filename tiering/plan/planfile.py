@@ -86,6 +86,38 @@ class PlanManifest:
         return sum(c.to_compact for c in self.chunks)
 
 
+class GzipLines:
+    """JSON documents as a gzip stream of JSON Lines, compressed as they come: only the compressed bytes are
+    held."""
+
+    def __init__(self) -> None:
+        self._pieces: list[bytes] = []
+        self._zip = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip stream
+
+    def add(self, docs: Iterable[Any]) -> None:
+        lines = "".join(json.dumps(d, separators=(",", ":")) + "\n" for d in docs).encode()
+        self._pieces.append(self._zip.compress(lines))
+
+    def finish(self) -> bytes:
+        """The whole gzip file (the writer is then spent)."""
+        self._pieces.append(self._zip.flush())
+        return b"".join(self._pieces)
+
+
+def json_lines(stream: io.RawIOBase | io.BufferedIOBase | Any, where: str) -> Iterator[Any]:
+    """The documents of a gzip JSON Lines file, one at a time; a damaged file raises :class:`InvalidDataError`
+    naming it and the line."""
+    done = 0
+    try:
+        with gzip.GzipFile(fileobj=stream, mode="rb") as lines:
+            for line in lines:
+                doc = json.loads(line)
+                done += 1
+                yield doc
+    except (OSError, EOFError, ValueError) as e:
+        raise InvalidDataError(f"plan chunk is damaged: {e}", path=where, found=f"line {done + 1}") from None
+
+
 class ChunkWriter:
     """Collects whole partitions into gzip JSON Lines chunks and hands each finished chunk to ``put``
     (name, bytes) -> key. Holds one compressed chunk at a time."""
@@ -102,8 +134,7 @@ class ChunkWriter:
         self._open()
 
     def _open(self) -> None:
-        self._pieces: list[bytes] = []
-        self._zip = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip stream
+        self._lines = GzipLines()
         self._partitions = self._segments = self._todo = self._bytes = 0
         self._first = self._last = ""
 
@@ -111,8 +142,7 @@ class ChunkWriter:
         """One partition's segments (all of them: they stay in one chunk)."""
         if not segments:
             return
-        lines = "".join(json.dumps(s.to_json(), separators=(",", ":")) + "\n" for s in segments).encode()
-        self._pieces.append(self._zip.compress(lines))
+        self._lines.add(s.to_json() for s in segments)
         for seg in segments:
             self.totals.add(seg)
         work = [s for s in segments if s.action in (Action.COMPACT, Action.REPAIR)]
@@ -141,8 +171,7 @@ class ChunkWriter:
         if not self._segments:
             return
         name = self.open_chunk
-        self._pieces.append(self._zip.flush())
-        key = self._put(name, b"".join(self._pieces))
+        key = self._put(name, self._lines.finish())
         self.chunks.append(ChunkInfo(name, key, self._partitions, self._segments, self._todo, self._bytes,
                                      self._first, self._last))
         self._open()

@@ -425,3 +425,18 @@ def load_policy(path: str | Path) -> Policy:
         return parse_policy(doc, str(path))
     except PolicyError as e:
         raise PolicyError(e.message, path=str(path)) from None
+
+
+def policy_ref(policy: Policy | None) -> str | None:
+    """How a policy travels in a document (a run's options sent to a Spark job): by its file's path."""
+    if policy is None:
+        return None
+    if policy.path is None:
+        raise ConfigError("a policy travels by the path of its file, and this one was not read from a file",
+                          expected="a policy file", found="a policy parsed from text")
+    return policy.path
+
+
+def policy_at(path: str | None) -> Policy | None:
+    """The policy a document names by :func:`policy_ref` (read and checked), or None."""
+    return load_policy(path) if path else None

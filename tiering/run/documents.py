@@ -18,6 +18,7 @@ from tiering.commit.operation import (
 )
 from tiering.documents import check_document
 from tiering.errors import ExitCode, TieringError
+from tiering.kafka.merge import Limits
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.storage.layout import run_result_key
 from tiering.storage.objects import ObjectStore
@@ -319,3 +320,16 @@ def worst(codes: Iterable[ExitCode]) -> ExitCode:
 def outcome(results: Iterable[SegmentResult]) -> ExitCode:
     """The exit code of ``results`` (see :func:`exit_code_of`)."""
     return worst(exit_code_of(r) for r in results)
+
+
+def limits_json(limits: Limits) -> list[int]:
+    """A merged segment's bounds in a document: ``[segment.bytes, segment.index.bytes]``."""
+    return [limits.segment_bytes, limits.index_bytes]
+
+
+def limits_of(doc: object) -> Limits:
+    """:func:`limits_json` read back (a TypeError for anything but two integers)."""
+    if not (isinstance(doc, list) and len(doc) == 2 and all(isinstance(n, int) and not isinstance(n, bool)
+                                                           for n in doc)):
+        raise TypeError(f"merge bounds must be [segment.bytes, segment.index.bytes], found {doc!r}")
+    return Limits(doc[0], doc[1])

@@ -7,12 +7,16 @@ rest, the same way for every kind and every caller (the CLI in one process, the 
 executors, the DAG through the Spark job):
 
     plan      the operations crashed runs left in flight finished first (each partition under its lease), the
-              partitions listed and handed to the kind, cut into units of whole partitions balanced by bytes
-    unit      each partition of a unit under its lease (released on every way out), the kind's work, the
-              results and the S3 requests by partition in the unit's step document
+              partitions listed and handed to the kind, what it makes of each written to the run's plan
+              chunks on S3 as it comes (``runs/<run>/<step>-plan/``), the partitions cut into units of whole
+              partitions balanced by bytes
+    unit      each partition of a unit read from its plan chunk and worked on under its lease (released on
+              every way out), the results and the S3 requests by partition in the unit's step document
     collect   the step documents folded into the run document; the run's leases released (:func:`end_run`)
 
-The units are JSON (:meth:`Unit.to_json`) so that a Spark task can carry one; the kind travels with the task.
+No step holds a whole plan: the planner keeps a reference of each partition (its directory, its chunk, its
+weight), a unit reads only its own partitions' lines. The units are JSON (:meth:`Unit.to_json`) so that a
+Spark task can carry one; the kind travels with the task.
 """
 
 from __future__ import annotations
@@ -21,20 +25,31 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from tiering.commit.lease import Lease
 from tiering.commit.operation import Context, SegmentResult
+from tiering.errors import InvalidDataError
 from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.document import PlannedSegment
+from tiering.plan.planfile import GzipLines, json_lines
 from tiering.plan.scan import ScanOptions, scan_partitions
 from tiering.run.documents import RUN_SCOPE, RunResult, RunTally, StepResults
 from tiering.run.maintenance import balanced, recover_pending
 from tiering.run.segment import with_lease
-from tiering.storage.layout import StepDir, keys_unit_name, step_dir, step_key
+from tiering.storage.layout import (
+    StepDir,
+    keys_unit_name,
+    step_dir,
+    step_key,
+    work_plan_chunk_key,
+    work_plan_dir,
+)
 from tiering.storage.objects import ObjectInfo, ObjectStore
 
 Progress = Callable[[SegmentResult], None]
+CHUNK_PARTITIONS: Final = 1_000  # a plan chunk is closed at this many partitions ...
+CHUNK_SEGMENTS: Final = 20_000  # ... or this many segments, whichever comes first
 
 
 class PartitionWork(Protocol):
@@ -87,6 +102,10 @@ class Kind(Protocol[W]):
 
     def settings_json(self) -> dict[str, Any]: ...
 
+    def options_json(self) -> dict[str, Any]:
+        """The kind's options as :func:`tiering.run.kinds.kind_from_json` reads them back."""
+        ...
+
     def figures(self, results: Iterable[SegmentResult]) -> dict[str, Counter[str]]:
         """What one step document's results add to the run document's usage (counts by figure, summed over
         the run's step documents)."""
@@ -94,57 +113,141 @@ class Kind(Protocol[W]):
 
 
 @dataclass(frozen=True, slots=True)
-class Unit(Generic[W]):
-    """Whole partitions one task works on, one after the other (``runs/<run>/<step>/<name>.json`` holds what
-    became of their segments)."""
+class PartitionRef:
+    """One planned partition of a run: where the kind's work on it is (a line of the plan chunk ``chunk``, an
+    S3 key) and what it weighs (its listed segments and their bytes)."""
+
+    directory: str
+    chunk: str
+    segments: int
+    bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"directory": self.directory, "chunk": self.chunk, "segments": self.segments, "bytes": self.bytes}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> PartitionRef:
+        return cls(str(doc["directory"]), str(doc["chunk"]), int(doc["segments"]), int(doc["bytes"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """Whole partitions one task works on, one after the other, in directory order
+    (``runs/<run>/<step>/<name>.json`` holds what became of their segments)."""
 
     name: str
-    partitions: tuple[W, ...]
+    partitions: tuple[PartitionRef, ...]
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "partitions": [p.to_json() for p in self.partitions]}
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any], kind: Kind[W]) -> Unit[W]:
-        return cls(str(doc["name"]), tuple(kind.partition_from_json(p) for p in doc["partitions"]))
+    def from_json(cls, doc: Mapping[str, Any]) -> Unit:
+        return cls(str(doc["name"]), tuple(PartitionRef.from_json(p) for p in doc["partitions"]))
 
 
 @dataclass(frozen=True, slots=True)
-class RunPlan(Generic[W]):
-    """A run's partitions cut into units, and what the journals a crash left became."""
+class RunPlan:
+    """A run's partitions cut into units, how many plan chunks hold their work, and what the journals a crash
+    left became."""
 
-    units: tuple[Unit[W], ...]
+    units: tuple[Unit, ...]
     recovered: tuple[SegmentResult, ...]
+    chunks: int = 0
+
+
+class _PlanChunks:
+    """The kind's work on each partition, written to the run's plan chunks as it comes (a chunk is put once it
+    holds :data:`CHUNK_PARTITIONS` partitions or :data:`CHUNK_SEGMENTS` segments); a reference of each kept."""
+
+    def __init__(self, store: ObjectStore, prefix: str, run_id: str, step: StepDir) -> None:
+        self._store, self._where = store, (prefix, run_id, step)
+        self.refs: list[PartitionRef] = []
+        self.chunks = 0
+        self._open()
+
+    def _open(self) -> None:
+        self._lines, self._partitions, self._segments = GzipLines(), 0, 0
+
+    def _key(self, index: int) -> str:
+        return work_plan_chunk_key(*self._where, index)
+
+    def add(self, part: PartitionWork) -> None:
+        key = self._key(self.chunks)
+        self._lines.add([{"directory": part.directory, "work": part.to_json()}])
+        self.refs.append(PartitionRef(part.directory, key, len(part.segments), sum(s.size for s in part.segments)))
+        self._partitions += 1
+        self._segments += len(part.segments)
+        if self._partitions >= CHUNK_PARTITIONS or self._segments >= CHUNK_SEGMENTS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._partitions:
+            self._store.put(self._key(self.chunks), self._lines.finish())
+            self.chunks += 1
+            self._open()
+
+    def close(self) -> list[PartitionRef]:
+        self._flush()
+        return self.refs
 
 
 def plan(store: ObjectStore, ctx: Context, kind: Kind[W], *, parallelism: int = 1,
-         progress: Progress | None = None, source: Iterator[ObjectInfo] | None = None) -> RunPlan[W]:
+         progress: Progress | None = None, source: Iterator[ObjectInfo] | None = None) -> RunPlan:
     """Finish what a crashed run left in flight (under the partitions' leases), then list the partitions (or
-    read them from ``source``, an S3 Inventory report's objects) and hand each to the kind; the work cut into
-    about ``4 * parallelism`` units of whole partitions balanced by bytes (largest first). A retried run's
-    step documents are deleted: it plans anew."""
+    read them from ``source``, an S3 Inventory report's objects) and hand each to the kind, its work written
+    to the run's plan chunks; the work cut into about ``4 * parallelism`` units of whole partitions balanced
+    by bytes (largest first). A retried run's step documents and plan chunks are deleted: it plans anew."""
     recovered = recover_pending(ctx, kind.lease_ttl_seconds, progress)
-    for info in store.list(step_dir(ctx.prefix, ctx.run_id, kind.step)):
-        store.delete(info.key, missing_ok=True)
-    partitions: list[W] = []
+    for stale in (step_dir(ctx.prefix, ctx.run_id, kind.step), work_plan_dir(ctx.prefix, ctx.run_id, kind.step)):
+        for info in store.list(stale):
+            store.delete(info.key, missing_ok=True)
+    chunks = _PlanChunks(store, ctx.prefix, ctx.run_id, kind.step)
 
     def add(segments: list[PlannedSegment]) -> None:
         if segments and (part := kind.partition(store, segments)) is not None:
-            partitions.append(part)
+            chunks.add(part)
 
     scan_partitions(store, ctx.prefix, kind.scan_options(), add, source=source)
-    groups = balanced(partitions, 4 * parallelism, lambda p: sum(s.size for s in p.segments))
+    groups = balanced(chunks.close(), 4 * parallelism, lambda p: p.bytes)
     units = tuple(Unit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory))) for i, g in enumerate(groups))
-    return RunPlan(units, tuple(recovered))
+    return RunPlan(units, tuple(recovered), chunks.chunks)
 
 
-def run_unit(store: ObjectStore, ctx: Context, kind: Kind[W], unit: Unit[W], progress: Progress | None = None
+def _partitions(store: ObjectStore, kind: Kind[W], unit: Unit) -> Iterator[W]:
+    """The kind's work on each partition of ``unit``, in the unit's order, read from the plan chunks: each
+    chunk read once, whole, and only the unit's lines of it kept (no stream stays open while the work runs)."""
+    by_chunk: dict[str, list[str]] = {}
+    for ref in unit.partitions:
+        by_chunk.setdefault(ref.chunk, []).append(ref.directory)
+    for key, directories in by_chunk.items():
+        wanted = set(directories)
+        where = f"s3://{store.bucket}/{key}"
+        with store.open(key) as body:
+            found = {doc["directory"]: doc["work"] for doc in json_lines(body, where) if doc["directory"] in wanted}
+        for directory in directories:
+            if directory not in found:
+                raise InvalidDataError("a plan chunk lacks a partition its unit names", path=where,
+                                       expected=directory, found=f"{len(found)} of the unit's partitions")
+            yield kind.partition_from_json(found.pop(directory))
+
+
+def run_unit(store: ObjectStore, ctx: Context, kind: Kind[W], unit: Unit, progress: Progress | None = None
              ) -> dict[str, int]:
-    """Each partition of ``unit`` under its lease; the results and the S3 requests by partition go to the
-    unit's step document; the counts by status come back."""
+    """Each partition of ``unit`` under its lease; the results and the S3 requests by partition (the unit's
+    reading of its plan chunks under the run's own) go to the unit's step document; the counts by status come
+    back."""
     results: list[SegmentResult] = []
     requests: dict[str, dict[str, int]] = {}
-    for part in unit.partitions:
+    own: Counter[str] = Counter()
+    parts = _partitions(store, kind, unit)
+    while True:
+        before = Counter(store.requests)
+        part = next(parts, None)
+        own += Counter(store.requests) - before
+        if part is None:
+            break
+
         def work(lease: Lease, out: list[SegmentResult], part: W = part) -> None:
             kind.work(ctx, part, lease, out, progress)
 
@@ -152,16 +255,18 @@ def run_unit(store: ObjectStore, ctx: Context, kind: Kind[W], unit: Unit[W], pro
         before = Counter(store.requests)
         results += with_lease(ctx, part.directory, kind.lease_ttl_seconds, work, todo)
         requests[part.directory] = dict(Counter(store.requests) - before)
+    if own:
+        requests[RUN_SCOPE] = dict(own)
     return write_results(store, step_key(ctx.prefix, ctx.run_id, kind.step, unit.name), results, usage=requests)
 
 
 def unit_task(store: ObjectStore, ctx: Context, kind: Kind[W], unit: Mapping[str, Any]) -> dict[str, int]:
     """A Spark executor's unit, as the driver sent it (a task that fails is retried by Spark: the operation it
     left in flight is finished by the retry, which takes the run's lease back)."""
-    return run_unit(store, ctx, kind, Unit.from_json(unit, kind))
+    return run_unit(store, ctx, kind, Unit.from_json(unit))
 
 
-def collect(store: ObjectStore, ctx: Context, kind: Kind[W], planned: RunPlan[W], started: str,
+def collect(store: ObjectStore, ctx: Context, kind: Kind[W], planned: RunPlan, started: str,
             driver_requests: Counter[str]) -> RunResult:
     """The run document from its units' step documents (and the journals the planner finished), with the S3
     requests by partition and the seconds the work took; written to ``runs/<run>/<kind>.json``."""

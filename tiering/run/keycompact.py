@@ -30,6 +30,7 @@ from tiering.commit.operation import Context, SegmentResult
 from tiering.commit.regroup import finish_regroup, stage_cleaned_group
 from tiering.commit.stage import stage_cleaned
 from tiering.commit.swap import finish_one
+from tiering.documents import int_field, known_fields, opt_int, opt_str
 from tiering.errors import ConfigError, InvalidDataError, ProofError, UnsupportedError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.index import AbortedTxn, parse_txn_index
@@ -47,8 +48,9 @@ from tiering.kafka.merge import Limits
 from tiering.lifecycle.state import load_state, record_keys_checkpoint, record_keys_run
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.plan.document import PlannedSegment
-from tiering.plan.policy import Policy
+from tiering.plan.policy import Policy, policy_at, policy_ref
 from tiering.plan.scan import ScanOptions
+from tiering.run.documents import limits_json, limits_of
 from tiering.run.segment import guarded, stale_after_recovery
 from tiering.storage.layout import StepDir, clock_key
 from tiering.storage.objects import ObjectStore
@@ -93,6 +95,31 @@ class KeyCompactOptions:
             raise ConfigError("key compaction needs the topics to clean: a policy (cleanup.policy compact and "
                               "compact.enable) or a regular expression of topic names", expected="--policy or --topics",
                               found="neither")
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as a Spark job receives them (the policy by its file's path)."""
+        return {"now_ms": self.now_ms, "delete_retention_ms": self.delete_retention_ms,
+                "min_compaction_lag_ms": self.min_compaction_lag_ms, "codec": self.codec, "level": self.level,
+                "topics": self.topics, "min_age_minutes": self.min_age_minutes,
+                "lease_ttl_seconds": self.lease_ttl_seconds, "policy": policy_ref(self.policy),
+                "max_keys": self.max_keys,
+                "merge": None if self.merge is None else limits_json(self.merge)}
+
+    @classmethod
+    def from_json(cls, doc: object, where: str | None = None) -> KeyCompactOptions:
+        """:meth:`to_json` read back; a field it does not write, or a value of the wrong type, is an error
+        naming it (``where``: the document's origin)."""
+        d = known_fields(doc, (f.name for f in dataclasses.fields(cls)), what="key-compaction options", where=where)
+        try:
+            merge = d.get("merge")
+            return cls(opt_int(d, "now_ms", None), int_field(d, "delete_retention_ms", DEFAULT_DELETE_RETENTION_MS),
+                       int_field(d, "min_compaction_lag_ms", 0), opt_str(d, "codec"), opt_int(d, "level", None),
+                       opt_str(d, "topics"), int_field(d, "min_age_minutes", 0),
+                       int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS), policy_at(opt_str(d, "policy")),
+                       opt_int(d, "max_keys", DEFAULT_MAX_KEYS), None if merge is None else limits_of(merge))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"key-compaction options of the wrong type: {e}", path=where,
+                              expected="the fields to_json writes", found=str(d)) from None
 
     def settings_json(self, now_ms: int) -> dict[str, Any]:
         """The run document's settings of a pass at ``now_ms``."""
@@ -371,13 +398,13 @@ class KeyPartition:
         return {"segments": [s.to_json() for s in self.segments], "now_ms": self.now_ms,
                 "delete_retention_ms": self.delete_retention_ms, "min_compaction_lag_ms": self.min_compaction_lag_ms,
                 "codec": self.codec, "level": self.level, "max_keys": self.max_keys,
-                **({"merge": [self.merge.segment_bytes, self.merge.index_bytes]} if self.merge else {})}
+                **({"merge": limits_json(self.merge)} if self.merge else {})}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> KeyPartition:
         return cls(tuple(PlannedSegment.from_json(s) for s in doc["segments"]), int(doc["now_ms"]),
                    int(doc["delete_retention_ms"]), int(doc["min_compaction_lag_ms"]), doc.get("codec"),
-                   doc.get("level"), doc.get("max_keys"), Limits(*doc["merge"]) if doc.get("merge") else None)
+                   doc.get("level"), doc.get("max_keys"), limits_of(doc["merge"]) if doc.get("merge") else None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,6 +451,9 @@ class KeyCompaction:
 
     def settings_json(self) -> dict[str, Any]:
         return self.options.settings_json(self.now_ms)
+
+    def options_json(self) -> dict[str, Any]:
+        return self.options.to_json()
 
     def figures(self, results: Iterable[SegmentResult]) -> dict[str, Counter[str]]:
         return {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, ClassVar, Final
 
@@ -24,14 +24,16 @@ from tiering.commit.regroup import finish_regroup, stage_merge
 from tiering.cost.document import MergeFigures
 from tiering.cost.model import merge_figures
 from tiering.cost.prices import PriceBook
+from tiering.documents import int_field, known_fields, opt_str
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
-from tiering.plan.policy import Policy
+from tiering.plan.policy import Policy, policy_at, policy_ref
 from tiering.plan.scan import ScanOptions, scan_partitions
+from tiering.run.documents import limits_json, limits_of
 from tiering.run.segment import guarded, stale_after_recovery
 from tiering.storage.layout import StepDir, clock_key, normalize_prefix
 from tiering.storage.objects import ObjectInfo, ObjectStore
@@ -53,6 +55,24 @@ class MergeOptions:
     min_age_minutes: int = 0  # segments uploaded more recently are left, and end a run of neighbours
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
     policy: Policy | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as a Spark job receives them (the policy by its file's path)."""
+        return {"limits": limits_json(self.limits), "topics": self.topics, "min_age_minutes": self.min_age_minutes,
+                "lease_ttl_seconds": self.lease_ttl_seconds, "policy": policy_ref(self.policy)}
+
+    @classmethod
+    def from_json(cls, doc: object, where: str | None = None) -> MergeOptions:
+        """:meth:`to_json` read back; a field it does not write, or a value of the wrong type, is an error
+        naming it (``where``: the document's origin)."""
+        d = known_fields(doc, (f.name for f in fields(cls)), what="merge options", where=where)
+        try:
+            return cls(limits_of(d["limits"]) if "limits" in d else Limits(), opt_str(d, "topics"),
+                       int_field(d, "min_age_minutes", 0), int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS),
+                       policy_at(opt_str(d, "policy")))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"merge options of the wrong type: {e}", path=where,
+                              expected="the fields to_json writes", found=str(d)) from None
 
     def settings_json(self) -> dict[str, Any]:
         bounds: dict[str, Any] = ({"policy": self.policy.path} if self.policy is not None else
@@ -283,11 +303,11 @@ class MergePartition:
 
     def to_json(self) -> dict[str, Any]:
         return {"segments": [s.to_json() for s in self.segments],
-                "limits": [self.limits.segment_bytes, self.limits.index_bytes]}
+                "limits": limits_json(self.limits)}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> MergePartition:
-        return cls(tuple(PlannedSegment.from_json(s) for s in doc["segments"]), Limits(*doc["limits"]))
+        return cls(tuple(PlannedSegment.from_json(s) for s in doc["segments"]), limits_of(doc["limits"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,6 +351,9 @@ class Merging:
 
     def settings_json(self) -> dict[str, Any]:
         return self.options.settings_json()
+
+    def options_json(self) -> dict[str, Any]:
+        return self.options.to_json()
 
     def figures(self, results: Iterable[SegmentResult]) -> dict[str, Counter[str]]:
         """The segment objects the merges replaced and made."""

@@ -40,6 +40,7 @@ from tiering.commit.operation import AUTO_SWAP, Context, SegmentResult, SwapChoi
 from tiering.commit.recover import iter_recover
 from tiering.cost.forecast import Range
 from tiering.cost.prices import PriceBook, load_prices
+from tiering.documents import int_field, known_fields, opt_int
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
@@ -135,9 +136,23 @@ class RunSettings:
         return {**dataclasses.asdict(self), "verify": self.verify.value, "swap": self.swap_text}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> RunSettings:
-        verify, swap = cls.modes(str(doc["verify"]), str(doc["swap"]))
-        return cls(**{**doc, "verify": verify, "swap": swap})
+    def from_json(cls, doc: object, where: str | None = None) -> RunSettings:
+        """:meth:`to_json` read back; a field it does not write, one missing or of the wrong type is an error
+        naming it (``where``: the document's origin)."""
+        d = known_fields(doc, (f.name for f in dataclasses.fields(cls)), what="a run's settings", where=where)
+        try:
+            verify, swap = cls.modes(str(d.get("verify", Verify.CHECKSUM.value)), str(d.get("swap", AUTO_SWAP)))
+            text = {name: d[name] for name in ("bucket", "prefix", "run_id", "codec")}
+            if not all(isinstance(v, str) for v in text.values()):
+                raise TypeError(f"bucket, prefix, run_id and codec must be strings, found {text}")
+            return cls(**text, level=opt_int(d, "level", None),
+                       lease_ttl_seconds=int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS), verify=verify,
+                       swap=swap)
+        except KeyError as e:
+            raise ConfigError("a run's settings lack a field", path=where, expected=str(e), found=sorted(d)) from None
+        except TypeError as e:
+            raise ConfigError(f"a run's settings of the wrong type: {e}", path=where,
+                              expected="the fields to_json writes", found=str(d)) from None
 
     def swap_choice(self) -> SwapChoice:
         """The run's swap mode, to share among the contexts of its partitions (learnt once when "auto")."""

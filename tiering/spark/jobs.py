@@ -19,6 +19,7 @@ from tiering.lifecycle.vocabulary import Verify
 from tiering.plan.inventory import inventory_objects
 from tiering.run import engine
 from tiering.run.documents import RunResult
+from tiering.run.kinds import kind_from_json
 from tiering.run.pipeline import RunSettings, load_manifest, manifest_location, put_usage, stage_unit, stage_units
 from tiering.storage.layout import run_result_key
 from tiering.storage.objects import ObjectStore
@@ -94,3 +95,12 @@ def partition_run(spark: Any, settings: RunSettings, kind: engine.Kind[Any], log
     key = run_result_key(settings.prefix, settings.run_id, result.kind)
     log(f"run document: s3://{settings.bucket}/{key} ({result.totals()})")
     return result
+
+
+def kind_run(spark: Any, run_kind: str, settings: object, options: object, log: Callable[[str], None], *,
+             inventory: str | None = None) -> RunResult:
+    """:func:`partition_run` of the engine's kind ``run_kind``, its settings and options as the JSON
+    ``RunSettings.to_json`` and the kind's options' ``to_json`` write (read strictly: a field they do not
+    write is an error naming it)."""
+    return partition_run(spark, RunSettings.from_json(settings, "--settings"),
+                         kind_from_json(run_kind, options, "--options"), log, inventory=inventory)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,6 @@ from tiering.cost.forecast import Range
 from tiering.cost.prices import PriceBook
 from tiering.errors import ConfigError
 from tiering.kafka.merge import DEFAULT_SEGMENT_BYTES, Limits
-from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.estimate import Sampling
 from tiering.plan.inventory import inventory_objects
 from tiering.plan.policy import Policy, load_policy
@@ -22,8 +21,10 @@ from tiering.plan.scan import ScanOptions
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table, usd
 from tiering.run.documents import CompactOptions, RunResult
+from tiering.run.engine import Kind
+from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
 from tiering.run.maintenance import CleanupResult, cleanup
-from tiering.run.merge import MergeOptions, PlannedMerges, plan_merges
+from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
 from tiering.run.pipeline import (
     ChunkRef,
     CommitStep,
@@ -152,23 +153,20 @@ class MergeForecast:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
-def _side_run(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log, kind: RunKind, suffix: str,
-              args: list[str]) -> SideRunStep:
-    """Spark job ``job`` as run ``<run>-<suffix>`` with ``args`` and the run's common settings; its run
-    document read and its report published."""
-    settings = run.settings
-    run_id = f"{settings.run_id}-{suffix}"
-    job.run(["--bucket", settings.bucket, "--prefix", settings.prefix, "--run-id", run_id, *args,
-             "--min-age-minutes", str(run.min_age_minutes), "--lease-ttl-seconds", str(settings.lease_ttl_seconds),
-             "--verify", settings.verify.value, "--swap", settings.swap_text,
+def _side_run(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log, kind: Kind[Any], suffix: str
+              ) -> SideRunStep:
+    """A run ``<run>-<suffix>`` of ``kind`` as the Spark job ``job`` (the run's settings and the kind's options
+    sent as the JSON they read back); its run document read and its report published."""
+    settings = replace(run.settings, run_id=f"{run.settings.run_id}-{suffix}")
+    job.run(["--kind", kind.run_kind.value, "--settings", json.dumps(settings.to_json()),
+             "--options", json.dumps(kind.options_json()),
              *(["--inventory", run.inventory] if run.inventory else [])], log)
-    key = run_result_key(settings.prefix, run_id, kind)
+    key = run_result_key(settings.prefix, settings.run_id, kind.run_kind)
     result = RunResult.from_json(store.get_json(key)[0], f"s3://{settings.bucket}/{key}")
     prices, cost = cost_config(grace_days=run.grace_days)
-    doc, keys = publish_report(store, settings.prefix, run_id, prices, cost, kind=result.kind)
+    doc, keys = publish_report(store, settings.prefix, settings.run_id, prices, cost, kind=result.kind)
     log(to_table(doc))
-    return SideRunStep("key compaction" if kind is RunKind.COMPACT_KEYS else "merge", result,
-                       f"s3://{settings.bucket}/{keys['json']}")
+    return SideRunStep(kind.label, result, f"s3://{settings.bucket}/{keys['json']}")
 
 
 def key_compaction(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) -> SideRunStep:
@@ -177,14 +175,13 @@ def key_compaction(store: ObjectStore, run: CompactionParams, job: SparkJob, log
     its report published."""
     if not run.compact_keys or run.dry_run:
         return SideRunStep("key compaction", None)
-    if run.policy_file:
-        run.policy()  # a bad file fails here, with the key and the problem
-    elif not run.topics:
+    if not run.policy_file and not run.topics:
         raise ConfigError("compact_keys needs the compacted topics: a policy, or the topics param")
-    chosen = ["--policy", run.policy_file] if run.policy_file else []
-    chosen += ["--topics", run.topics] if run.topics else []
-    chosen += [] if run.keys_merge else ["--no-merge"]
-    return _side_run(store, run, job, log, RunKind.COMPACT_KEYS, "keys", chosen)
+    options = KeyCompactOptions(topics=run.topics, min_age_minutes=run.min_age_minutes,
+                                lease_ttl_seconds=run.settings.lease_ttl_seconds,
+                                policy=run.policy(),  # a bad file fails here, with the key and the problem
+                                merge=Limits() if run.keys_merge else None)
+    return _side_run(store, run, job, log, KeyCompaction(options), "keys")
 
 
 def merge(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) -> SideRunStep:
@@ -200,18 +197,16 @@ def merge(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) ->
     wanted = policy.enables("merge.enable") if policy is not None else run.merge_target_bytes is not None
     if not wanted:
         return SideRunStep("merge", None)
+    options = MergeOptions(Limits(run.merge_target_bytes or DEFAULT_SEGMENT_BYTES), run.topics,
+                           run.min_age_minutes, run.settings.lease_ttl_seconds, policy)
     if run.dry_run:
-        options = MergeOptions(Limits(run.merge_target_bytes or DEFAULT_SEGMENT_BYTES), run.topics,
-                               run.min_age_minutes, run.settings.lease_ttl_seconds, policy)
         source = inventory_objects(store, run.inventory, run.settings.prefix)[1] if run.inventory else None
         forecast = MergeForecast.of(plan_merges(store, run.settings.prefix, options, source), cost_config()[0])
         log(f"merge (dry run): {forecast.groups:,} groups, {forecast.segments_before:,} segments -> "
             f"{forecast.segments_after:,}, {forecast.objects_before:,} objects -> {forecast.objects_after:,}; their "
             f"storage {usd(forecast.monthly_before_usd)} -> {usd(forecast.monthly_after_usd)} a month")
         return SideRunStep("merge", None, forecast=forecast)
-    chosen = ["--policy", run.policy_file] if run.policy_file else ["--segment-bytes", str(run.merge_target_bytes)]
-    chosen += ["--topics", run.topics] if run.topics else []
-    return _side_run(store, run, job, log, RunKind.MERGE, "merge", chosen)
+    return _side_run(store, run, job, log, Merging(options), "merge")
 
 
 def scan(store: ObjectStore, run: CompactionParams, log: Log) -> ScanStep:

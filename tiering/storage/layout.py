@@ -179,6 +179,7 @@ def state_key(prefix: str, directory: str) -> str:
 #   <plan>/manifest.json            a chunked plan (scan, policy, plan): settings, totals, chunk list
 #   <plan>/part-NNNNN.jsonl.gz      its chunks, one planned segment per line
 #   <step>/<name>.json              step documents (StepDir): a unit's, a chunk's or a step's results
+#   <step>-plan/part-NNNNN.jsonl.gz the plan chunks of a run of the engine's kinds, one partition's work a line
 #   tier-plan.json                  a storage-tiering run's plan
 #   plan.json                       the whole plan, as the CLI of an earlier version kept it (read only)
 PLAN_MANIFEST: Final = "manifest.json"
@@ -263,6 +264,16 @@ def unit_chunk(unit: str) -> str:
 def keys_unit_name(index: int) -> str:
     """The name of a key-compaction or merge run's ``index``-th unit (counted from 0)."""
     return f"unit-{index:05d}"
+
+
+def work_plan_dir(prefix: str, run_id: str, step: StepDir) -> str:
+    """The listing prefix of the plan chunks of a run whose units' documents go to ``step`` (ends with ``/``)."""
+    return _run_key(prefix, run_id, f"{step.value}-plan") + "/"
+
+
+def work_plan_chunk_key(prefix: str, run_id: str, step: StepDir, index: int) -> str:
+    """The ``index``-th plan chunk (counted from 0) of such a run: one partition's work per line."""
+    return _run_key(prefix, run_id, f"{step.value}-plan", plan_chunk_name(index) + _CHUNK_SUFFIX)
 
 
 def step_dir(prefix: str, run_id: str, step: StepDir) -> str:
