@@ -60,7 +60,8 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | `compact_keys` | first key-compact the compacted topics (docs/key-compaction.md): those of the policy with |
 | | `cleanup.policy: compact` and `compact.enable: true`, else those matching `topics` (required then); |
 | | one pass of Kafka's log cleaner per partition (a Spark job, one task per unit of whole partitions), |
-| | as run `<run>-keys` with its own report |
+| | as run `<run>-keys` with its own report; with `dry_run`, the partitions and segments it may clean |
+| | are counted from the listing in the task's log |
 | `merge` | then merge runs of small neighbouring sealed segments into segments up to `merge_target_bytes` |
 | | (docs/merging.md), in every topic matching `topics`; with a policy, `merge.enable` decides per topic |
 | | (the policy's merging runs whenever a scope enables it) and this must stay off; run `<run>-merge` |

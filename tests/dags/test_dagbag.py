@@ -159,3 +159,30 @@ def test_merging_runs_by_the_merge_param_or_by_a_policy_that_enables_it_never_bo
     on.write_text("topics:\n  - regex: 'metrics\\..*'\n    merge.enable: true\n")
     with pytest.raises(ConfigError, match=r"merge\.enable"):
         merge(store, CompactionParams.from_params({**params, "policy": str(on), "merge": True}, "r"), never, print)
+
+
+def test_a_key_compaction_dry_run_says_what_the_pass_would_clean_and_changes_nothing(tmp_path: Path) -> None:
+    from tiering.demo.seed import seed_partition
+    from tiering.kafka.codecs import Codec
+    from tiering.steps.compaction import CompactionParams, SparkJob, key_compaction
+    from tiering.storage.memory import MemoryStore
+
+    never = SparkJob(tmp_path / "not-submitted.py", "local[1]", {})  # a dry run submits nothing
+    params = {"bucket": "b", "prefix": "p", "topics": r"metrics\..*", "codec": "zstd", "level": None,
+              "min_segment_age_minutes": 0, "max_segments": None, "max_bytes": None, "dry_run": True,
+              "cleanup_grace_days": 7, "lease_ttl_seconds": 600, "verify": "checksum", "swap": "auto",
+              "inventory": "", "policy": "", "rebatch": False, "rebatch_max_bytes": 1 << 20, "compact_keys": True,
+              "compact_keys_merge": True, "merge": False, "merge_target_bytes": 1 << 30}
+    store = MemoryStore("b")
+    seed_partition(store, "p", "metrics.a", 0, segments=4, kind="json", codec=Codec.NONE, segment_bytes=20_000)
+    seed_partition(store, "p", "orders", 0, segments=4, kind="json", codec=Codec.NONE, segment_bytes=20_000)
+    listed = {i.key: (i.etag, i.size) for i in store.list("p/")}
+    lines: list[str] = []
+    dry = key_compaction(store, CompactionParams.from_params(params, "r"), never, lines.append)
+    assert dry.run is None
+    assert {i.key: (i.etag, i.size) for i in store.list("p/")} == listed
+    sealed = sorted((k, size) for k, (_, size) in listed.items() if k.startswith("p/metrics.a-0/")
+                    and k.endswith(".log"))[:-1]  # the pass reads all four and may clean all but the last
+    assert dry.to_json() == {"dry_run": True, "partitions": 1, "segments": 3,
+                             "log_bytes": sum(size for _, size in sealed)}
+    assert any("3 segments it may clean" in line for line in lines), lines

@@ -278,6 +278,46 @@ def test_compact_keys_cleans_the_chosen_topics_and_the_report_shows_what_went(bu
     assert json.loads(out)["totals"]["compacted"] == 3
 
 
+def test_a_key_compaction_dry_run_says_what_a_pass_would_clean_and_writes_nothing(bucket: S3Store) -> None:
+    """``s3 compact-keys --dry-run``: the chosen topics' partitions, the segments a pass may clean (those it
+    reads but the last) and their bytes, the cleaner's settings; from a listing and from an S3 Inventory report
+    alike; no object written, and the real pass then cleans what the dry run named."""
+    from tests.kafka.test_keycompact import NOW
+    from tests.s3 import test_keycompact_s3 as K
+    from tiering.kafka.merge import DEFAULT_INDEX_BYTES, DEFAULT_SEGMENT_BYTES
+
+    parts = K.partition(aborts=True)
+    for base, (log, _) in parts.items():  # the same partition under another topic, not chosen
+        bucket.put(segment_key(PREFIX, "orders.delete", 0, base, LOG_SUFFIX), log)
+    K.upload(bucket, parts)
+    uri = write_inventory(bucket, bucket.bucket, "inventory/daily", list(bucket.list(PREFIX + "/")))
+    listed = {i.key: i.etag for i in bucket.list("")}
+    where = ["--bucket", bucket.bucket, "--prefix", PREFIX, "--min-age-minutes", "0", "--topics", r"profiles\..*",
+             "--now-ms", str(NOW), "--delete-retention-ms", "5000", "--dry-run"]
+    code, out, err = _cli("s3", "compact-keys", *where, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    sealed = sorted(parts)[:-1]  # the pass reads every segment; the last one it only reads
+    logs = {b: len(log) for b, (log, _) in parts.items()}
+    assert doc["dry_run"] is True
+    assert doc["partitions"] == [{"directory": f"{K.TOPIC}-0", "segments": len(sealed),
+                                  "log_bytes": sum(logs[b] for b in sealed), "delete_retention_ms": 5000,
+                                  "min_compaction_lag_ms": 0, "merge": [DEFAULT_SEGMENT_BYTES, DEFAULT_INDEX_BYTES]}]
+    code, out, err = _cli("s3", "compact-keys", *where, "--json", "--inventory", uri)
+    assert code == 0, err
+    assert json.loads(out)["partitions"] == doc["partitions"]
+    code, out, err = _cli("s3", "compact-keys", *where)
+    assert code == 0, err
+    assert K.TOPIC in out
+    assert "orders.delete" not in out
+    assert "nothing was written" in out
+    assert {i.key: i.etag for i in bucket.list("")} == listed
+    code, out, err = _cli("s3", "compact-keys", *where[:-1], "--json", "--no-report")
+    assert code == 0, err
+    cleaned = {s["base_offset"] for s in json.loads(out)["segments"] if s["status"] == "merged"}
+    assert cleaned == set(sealed)
+
+
 def test_merge_plans_merges_then_rolls_back_in_another_process(bucket: S3Store) -> None:
     originals = seed(bucket, segments=6, segment_bytes=20_000)
     where = ("--bucket", bucket.bucket, "--prefix", PREFIX, "--min-age-minutes", "0", "--segment-bytes", "1MiB")

@@ -45,7 +45,7 @@ from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan_partiti
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import merge_priced_text, to_table, usd
 from tiering.run import engine
-from tiering.run.documents import CompactOptions, RunResult, new_run_id, outcome, worst
+from tiering.run.documents import CompactOptions, RunResult, new_run_id, outcome, topic_of, worst
 from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
 from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup, rollback
 from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
@@ -395,6 +395,8 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
                                 args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds, policy,
                                 max_keys(args), None if args.no_merge else merge_limits(args))
+    if args.dry_run:
+        return _keys_dry_run(args, store, options)
     run_id = args.run_id or new_run_id()
     swap = SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap))
     ctx = Context(store, args.prefix, run_id, RewriteOptions(Codec.NONE), work_dir=args.work_dir,
@@ -412,13 +414,45 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
 
 
+def _keys_dry_run(args: argparse.Namespace, store: ObjectStore, options: KeyCompactOptions) -> int:
+    """The partitions a pass would clean and how far it may go, from the listing or the inventory; nothing
+    is written."""
+    rows: list[dict[str, Any]] = []
+    engine.preview(store, args.prefix, KeyCompaction(options), lambda part: rows.append(part.to_preview()),
+                   source=_source(args, store))
+    if args.json:
+        _emit_json(args.stdout, {"dry_run": True, "settings": options.to_json(), "partitions": rows})
+        return 0
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_topic.setdefault(topic_of(row["directory"]), []).append(row)
+    t = Table(title=f"key compaction planned under s3://{args.bucket}/{args.prefix} (dry run: nothing changes)",
+              title_justify="left")
+    for col in ("topic", "partitions", "segments it may clean", ".log bytes", "delete.retention.ms",
+                "min.compaction.lag.ms"):
+        t.add_column(col, justify="left" if col == "topic" else "right")
+    for topic, parts in sorted(by_topic.items()):
+        settings = sorted({(p["delete_retention_ms"], p["min_compaction_lag_ms"]) for p in parts})
+        t.add_row(topic, f"{len(parts):,}", f"{sum(p['segments'] for p in parts):,}",
+                  _human(sum(p["log_bytes"] for p in parts)), ", ".join(f"{r:,}" for r, _ in settings),
+                  ", ".join(f"{lag:,}" for _, lag in settings))
+    t.add_row("all topics", f"{len(rows):,}", f"{sum(p['segments'] for p in rows):,}",
+              _human(sum(p["log_bytes"] for p in rows)), "", "", style="bold")
+    _console(args.stdout).print(t)
+    print("dry run: nothing was written. A pass reads its partition's sealed segments in offset order and cleans "
+          "all but the last it reads; min.compaction.lag.ms or a full key map may end it earlier, and what it "
+          "removes is known only by reading the records.", file=args.stdout)
+    return 0
+
+
 def _cmd_merge(args: argparse.Namespace) -> int:
     store = _store(args)
     options = MergeOptions(merge_limits(args), args.topics, args.min_age_minutes, args.lease_ttl_seconds,
                            load_policy(args.policy) if args.policy else None)
     where = f"s3://{args.bucket}/{args.prefix}"
     if args.dry_run:
-        planned = plan_merges(store, args.prefix, options, _source(args, store))
+        planned: list[PlannedMerges] = []
+        plan_merges(store, args.prefix, options, planned.append, _source(args, store))
         prices = cost_from_args(args)[0]
         figures = [p.figures(prices) for p in planned]
         known = [f for f in figures if f is not None]
@@ -709,6 +743,9 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                       "cleaner groups them, and swapped in like a merge (docs/merging.md); with --policy, each "
                       "topic's segment.bytes and segment.index.bytes")
     p.add_argument("--no-merge", action="store_true", help="clean each segment into one of its own")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list and plan only: per topic, the partitions a pass would clean, the segments it may "
+                        "clean and their bytes, and the cleaner's settings resolved for each; nothing is written")
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
     p.add_argument("--work-dir", default=None,
                    help="directory for the cleaned segment being staged (default: the system's temp dir)")

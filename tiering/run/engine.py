@@ -203,15 +203,27 @@ def plan(store: ObjectStore, ctx: Context, kind: Kind[W], *, parallelism: int = 
         for info in store.list(stale):
             store.delete(info.key, missing_ok=True)
     chunks = _PlanChunks(store, ctx.prefix, ctx.run_id, kind.step)
-
-    def add(segments: list[PlannedSegment]) -> None:
-        if segments and (part := kind.partition(store, segments)) is not None:
-            chunks.add(part)
-
-    scan_partitions(store, ctx.prefix, kind.scan_options(), add, source=source)
+    _each_partition(store, ctx.prefix, kind, chunks.add, source)
     groups = balanced(chunks.close(), 4 * parallelism, lambda p: p.bytes)
     units = tuple(Unit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory))) for i, g in enumerate(groups))
     return RunPlan(units, tuple(recovered), chunks.chunks)
+
+
+def _each_partition(store: ObjectStore, prefix: str, kind: Kind[W], emit: Callable[[W], None],
+                    source: Iterator[ObjectInfo] | None) -> None:
+    def add(segments: list[PlannedSegment]) -> None:
+        if segments and (part := kind.partition(store, segments)) is not None:
+            emit(part)
+
+    scan_partitions(store, prefix, kind.scan_options(), add, source=source)
+
+
+def preview(store: ObjectStore, prefix: str, kind: Kind[W], emit: Callable[[W], None], *,
+            source: Iterator[ObjectInfo] | None = None) -> None:
+    """A dry run of ``kind``: what it would make of each partition, as :func:`plan` makes it (from the listing,
+    or from ``source``), handed to ``emit`` one partition at a time. Nothing is written and nothing is held: no
+    plan chunk, no document, no operation a crashed run left finished (the next run finishes those)."""
+    _each_partition(store, prefix, kind.started(store, prefix), emit, source)
 
 
 def _partitions(store: ObjectStore, kind: Kind[W], unit: Unit) -> Iterator[W]:

@@ -387,6 +387,18 @@ class KeyPartition:
     def directory(self) -> str:
         return self.segments[0].directory
 
+    def in_reach(self) -> list[PlannedSegment]:
+        """The segments this pass may clean, as the listing shows them: those it reads but the last, which it
+        only reads. min.compaction.lag.ms and a full key map may end it earlier: only reading says."""
+        return _chain(list(self.segments))[0][:-1]
+
+    def to_preview(self) -> dict[str, Any]:
+        """What a dry run says of this partition's pass."""
+        reach = self.in_reach()
+        return {"directory": self.directory, "segments": len(reach), "log_bytes": sum(s.size for s in reach),
+                "delete_retention_ms": self.delete_retention_ms, "min_compaction_lag_ms": self.min_compaction_lag_ms,
+                "merge": None if self.merge is None else limits_json(self.merge)}
+
     def clean_options(self, ctx: Context) -> CleanOptions:
         return CleanOptions(self.now_ms, self.delete_retention_ms, self.min_compaction_lag_ms,
                             max_keys=self.max_keys,

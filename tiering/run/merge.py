@@ -32,7 +32,8 @@ from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy, policy_at, policy_ref
-from tiering.plan.scan import ScanOptions, scan_partitions
+from tiering.plan.scan import ScanOptions
+from tiering.run import engine
 from tiering.run.documents import limits_json, limits_of
 from tiering.run.segment import guarded, stale_after_recovery
 from tiering.storage.layout import StepDir, clock_key, normalize_prefix
@@ -204,19 +205,12 @@ def _merge_stats_json(group: Sequence[PlannedSegment]) -> dict[str, Any]:
             "objects_after": [sum(sizes) for i, sizes in enumerate(kinds) if i < 3 or sizes]}
 
 
-def plan_merges(store: ObjectStore, prefix: str, options: MergeOptions, source: Iterator[ObjectInfo] | None = None
-                ) -> list[PlannedMerges]:
+def plan_merges(store: ObjectStore, prefix: str, options: MergeOptions, emit: Callable[[PlannedMerges], None],
+                source: Iterator[ObjectInfo] | None = None) -> None:
     """A dry run: every partition of the chosen topics listed (or read from ``source``, an S3 Inventory
-    report's objects) and its merges planned; nothing is written."""
-    kind = Merging(options).started(store, prefix)
-    out: list[PlannedMerges] = []
-
-    def add(segments: list[PlannedSegment]) -> None:
-        if segments and (part := kind.partition(store, segments)) is not None:
-            out.append(planned_merges(part.segments, part.limits))
-
-    scan_partitions(store, prefix, kind.scan_options(), add, source=source)
-    return out
+    report's objects) and its merges planned, handed to ``emit`` one partition at a time; nothing is written."""
+    engine.preview(store, prefix, Merging(options), lambda part: emit(planned_merges(part.segments, part.limits)),
+                   source=source)
 
 
 def merge_partition(ctx: Context, segments: Sequence[PlannedSegment], limits: Limits, lease: Lease,

@@ -20,9 +20,10 @@ from tiering.plan.policy import Policy, load_policy
 from tiering.plan.scan import ScanOptions
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table, usd
+from tiering.run import engine
 from tiering.run.documents import CompactOptions, RunResult
 from tiering.run.engine import Kind
-from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
+from tiering.run.keycompact import KeyCompaction, KeyCompactOptions, KeyPartition
 from tiering.run.maintenance import CleanupResult, cleanup
 from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
 from tiering.run.pipeline import (
@@ -111,7 +112,7 @@ class SideRunStep:
     what: str  # "key compaction", "merge"
     run: RunResult | None
     report: str | None = None  # the report's S3 URI
-    forecast: MergeForecast | None = None  # a dry run's merges, as the listing plans them
+    forecast: MergeForecast | KeysForecast | None = None  # a dry run's work, as the listing plans it
 
     @property
     def failure(self) -> str | None:
@@ -142,12 +143,27 @@ class MergeForecast:
     monthly_after_usd: float
 
     @classmethod
-    def of(cls, planned: list[PlannedMerges], prices: PriceBook) -> MergeForecast:
-        figures = [f for p in planned if (f := p.figures(prices)) is not None]
-        return cls(sum(len(p.groups) for p in planned), sum(p.segments_before for p in planned),
-                   sum(p.segments_after for p in planned), sum(p.objects_before for p in planned),
-                   sum(p.objects_after for p in planned), sum(f.monthly_before_usd for f in figures),
-                   sum(f.monthly_after_usd for f in figures))
+    def of(cls, planned: PlannedMerges, prices: PriceBook) -> MergeForecast:
+        """One partition's merges."""
+        f = planned.figures(prices)
+        return cls(len(planned.groups), planned.segments_before, planned.segments_after, planned.objects_before,
+                   planned.objects_after, f.monthly_before_usd if f else 0.0, f.monthly_after_usd if f else 0.0)
+
+    def plus(self, other: MergeForecast) -> MergeForecast:
+        return MergeForecast(*(getattr(self, n) + getattr(other, n) for n in self.__dataclass_fields__))
+
+    def to_json(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True, slots=True)
+class KeysForecast:
+    """What a key-compaction pass would clean, from the listing: partitions, the segments it may clean (those it
+    reads but the last) and their .log bytes."""
+
+    partitions: int
+    segments: int
+    log_bytes: int
 
     def to_json(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -173,7 +189,7 @@ def key_compaction(store: ObjectStore, run: CompactionParams, job: SparkJob, log
     """With ``compact_keys`` (and not a dry run): one pass of Kafka's cleaner over the compacted topics, as the
     Spark job ``job``, run ``<run>-keys`` (its own backups: the recompression that follows keeps its own),
     its report published."""
-    if not run.compact_keys or run.dry_run:
+    if not run.compact_keys:
         return SideRunStep("key compaction", None)
     if not run.policy_file and not run.topics:
         raise ConfigError("compact_keys needs the compacted topics: a policy, or the topics param")
@@ -181,7 +197,22 @@ def key_compaction(store: ObjectStore, run: CompactionParams, job: SparkJob, log
                                 lease_ttl_seconds=run.settings.lease_ttl_seconds,
                                 policy=run.policy(),  # a bad file fails here, with the key and the problem
                                 merge=Limits() if run.keys_merge else None)
-    return _side_run(store, run, job, log, KeyCompaction(options), "keys")
+    kind = KeyCompaction(options)
+    if not run.dry_run:
+        return _side_run(store, run, job, log, kind, "keys")
+    forecast = KeysForecast(0, 0, 0)
+
+    def add(part: KeyPartition) -> None:  # one partition's pass folded in: nothing is held
+        nonlocal forecast
+        reach = part.in_reach()
+        forecast = KeysForecast(forecast.partitions + 1, forecast.segments + len(reach),
+                                forecast.log_bytes + sum(s.size for s in reach))
+
+    source = inventory_objects(store, run.inventory, run.settings.prefix)[1] if run.inventory else None
+    engine.preview(store, run.settings.prefix, kind, add, source=source)
+    log(f"key compaction (dry run): {forecast.partitions:,} partitions, {forecast.segments:,} segments it may "
+        f"clean ({forecast.log_bytes:,} .log bytes); what it removes is known only by reading them")
+    return SideRunStep("key compaction", None, forecast=forecast)
 
 
 def merge(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) -> SideRunStep:
@@ -201,7 +232,13 @@ def merge(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) ->
                            run.min_age_minutes, run.settings.lease_ttl_seconds, policy)
     if run.dry_run:
         source = inventory_objects(store, run.inventory, run.settings.prefix)[1] if run.inventory else None
-        forecast = MergeForecast.of(plan_merges(store, run.settings.prefix, options, source), cost_config()[0])
+        prices, forecast = cost_config()[0], MergeForecast(0, 0, 0, 0, 0, 0.0, 0.0)
+
+        def add(planned: PlannedMerges) -> None:  # one partition's merges folded in: nothing is held
+            nonlocal forecast
+            forecast = forecast.plus(MergeForecast.of(planned, prices))
+
+        plan_merges(store, run.settings.prefix, options, add, source)
         log(f"merge (dry run): {forecast.groups:,} groups, {forecast.segments_before:,} segments -> "
             f"{forecast.segments_after:,}, {forecast.objects_before:,} objects -> {forecast.objects_after:,}; their "
             f"storage {usd(forecast.monthly_before_usd)} -> {usd(forecast.monthly_after_usd)} a month")
