@@ -166,6 +166,27 @@ def test_kinds_import_the_engine_never_each_other() -> None:
     assert not _run_modules(PACKAGE / "run" / "engine.py") & kinds
 
 
+# What a caller (the CLI, the DAG's steps, the kinds' registry) may take from a kind's module: the kind, its
+# options and what a dry run gives (plan_merges folds engine.preview). The work on a partition is reached
+# only through the engine (engine.run, engine.run_unit), never called beside it.
+KIND_EXPORTS = {"KeyCompaction", "KeyCompactOptions", "KeyPartition", "Merging", "MergeOptions", "PlannedMerges",
+                "plan_merges"}
+
+
+def test_callers_reach_a_kinds_work_only_through_the_engine() -> None:
+    kinds = {f"tiering.{k.removesuffix('.py').replace('/', '.')}" for k in KINDS}
+    taken: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if str(path.relative_to(PACKAGE)) in KINDS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in kinds:
+                taken.setdefault(str(path.relative_to(PACKAGE)), set()).update(a.name for a in node.names)
+    beyond = {k: sorted(v - KIND_EXPORTS) for k, v in taken.items()}
+    assert beyond == {k: [] for k in taken}
+    assert "run/kinds.py" in taken
+
+
 def test_the_spark_jobs_reach_kinds_by_name_and_never_the_command_line() -> None:
     """A Spark job reads a kind's options as the JSON they write (``tiering.run.kinds``): it imports no kind
     module and nothing of ``tiering.cli`` (whose parsers would read the options a second way)."""

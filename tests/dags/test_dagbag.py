@@ -124,6 +124,15 @@ def test_a_task_fails_at_once_on_what_another_attempt_would_meet_again() -> None
     assert fail_fast(lambda: 3)() == 3
 
 
+# The compaction DAG's params as Airflow hands them to a task (every one set), for the steps called directly.
+STEP_PARAMS: dict[str, object] = {
+    "bucket": "b", "prefix": "p", "topics": None, "codec": "zstd", "level": None, "min_segment_age_minutes": 0,
+    "max_segments": None, "max_bytes": None, "dry_run": False, "cleanup_grace_days": 7, "lease_ttl_seconds": 600,
+    "verify": "checksum", "swap": "auto", "inventory": "", "policy": "", "rebatch": False,
+    "rebatch_max_bytes": 1 << 20, "compact_keys": False, "compact_keys_merge": True, "merge": False,
+    "merge_target_bytes": 1 << 30}
+
+
 def test_merging_runs_by_the_merge_param_or_by_a_policy_that_enables_it_never_both(tmp_path: Path) -> None:
     from tiering.demo.seed import seed_partition
     from tiering.errors import ConfigError
@@ -132,11 +141,7 @@ def test_merging_runs_by_the_merge_param_or_by_a_policy_that_enables_it_never_bo
     from tiering.storage.memory import MemoryStore
 
     never = SparkJob(tmp_path / "not-submitted.py", "local[1]", {})  # no branch below submits it
-    params = {"bucket": "b", "prefix": "p", "topics": None, "codec": "zstd", "level": None,
-              "min_segment_age_minutes": 0, "max_segments": None, "max_bytes": None, "dry_run": False,
-              "cleanup_grace_days": 7, "lease_ttl_seconds": 600, "verify": "checksum", "swap": "auto",
-              "inventory": "", "policy": "", "rebatch": False, "rebatch_max_bytes": 1 << 20, "compact_keys": False,
-              "compact_keys_merge": True, "merge": False, "merge_target_bytes": 1 << 30}
+    params = dict(STEP_PARAMS)
     store = MemoryStore("b")
     seed_partition(store, "p", "metrics", 0, segments=4, kind="json", codec=Codec.NONE, segment_bytes=20_000)
     listed = {i.key: i.etag for i in store.list("p/")}
@@ -168,11 +173,7 @@ def test_a_key_compaction_dry_run_says_what_the_pass_would_clean_and_changes_not
     from tiering.storage.memory import MemoryStore
 
     never = SparkJob(tmp_path / "not-submitted.py", "local[1]", {})  # a dry run submits nothing
-    params = {"bucket": "b", "prefix": "p", "topics": r"metrics\..*", "codec": "zstd", "level": None,
-              "min_segment_age_minutes": 0, "max_segments": None, "max_bytes": None, "dry_run": True,
-              "cleanup_grace_days": 7, "lease_ttl_seconds": 600, "verify": "checksum", "swap": "auto",
-              "inventory": "", "policy": "", "rebatch": False, "rebatch_max_bytes": 1 << 20, "compact_keys": True,
-              "compact_keys_merge": True, "merge": False, "merge_target_bytes": 1 << 30}
+    params = {**STEP_PARAMS, "topics": r"metrics\..*", "dry_run": True, "compact_keys": True}
     store = MemoryStore("b")
     seed_partition(store, "p", "metrics.a", 0, segments=4, kind="json", codec=Codec.NONE, segment_bytes=20_000)
     seed_partition(store, "p", "orders", 0, segments=4, kind="json", codec=Codec.NONE, segment_bytes=20_000)

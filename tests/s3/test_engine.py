@@ -81,29 +81,21 @@ def test_units_read_from_the_chunks_merge_every_partition(store: S3Store, monkey
     assert run.usage["requests"][RUN_SCOPE]["GetObject"] >= 3
 
 
-def test_a_damaged_chunk_is_named_with_its_line(store: S3Store) -> None:
+@pytest.mark.parametrize(("chunk", "named"), [
+    (b'{"directory": "x", "work": {}}\nnot json\n', ["line 2"]),  # damaged: the file and the line named
+    (b"", []),  # without the unit's partition: the partition named
+])
+def test_a_chunk_that_does_not_read_is_an_error_naming_it(store: S3Store, chunk: bytes, named: list[str]) -> None:
     _seeded(store)
     ctx = context(store, "plan-3")
     kind = _merging().started(store, PREFIX)
     planned = engine.plan(store, ctx, kind)
     key = work_plan_chunk_key(PREFIX, "plan-3", StepDir.MERGE, 0)
-    store.put(key, gzip.compress(b'{"directory": "x", "work": {}}\nnot json\n'))
+    store.put(key, gzip.compress(chunk))
     with pytest.raises(InvalidDataError) as raised:
         engine.run_unit(store, ctx, kind, planned.units[0])
-    assert key in str(raised.value)
-    assert "line 2" in str(raised.value)
-
-
-def test_a_chunk_without_a_partition_of_the_unit_is_an_error_naming_it(store: S3Store) -> None:
-    _seeded(store)
-    ctx = context(store, "plan-4")
-    kind = _merging().started(store, PREFIX)
-    planned = engine.plan(store, ctx, kind)
-    key = work_plan_chunk_key(PREFIX, "plan-4", StepDir.MERGE, 0)
-    store.put(key, gzip.compress(b""))
-    with pytest.raises(InvalidDataError) as raised:
-        engine.run_unit(store, ctx, kind, planned.units[0])
-    assert planned.units[0].partitions[0].directory in str(raised.value)
+    for part in [key, *named] if named else [key, planned.units[0].partitions[0].directory]:
+        assert part in str(raised.value)
 
 
 def test_a_retry_plans_anew_and_leaves_no_chunk_of_its_earlier_plan(store: S3Store,

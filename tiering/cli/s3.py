@@ -418,7 +418,7 @@ def _keys_dry_run(args: argparse.Namespace, store: ObjectStore, options: KeyComp
     """The partitions a pass would clean and how far it may go, from the listing or the inventory; nothing
     is written."""
     rows: list[dict[str, Any]] = []
-    engine.preview(store, args.prefix, KeyCompaction(options), lambda part: rows.append(part.to_preview()),
+    engine.preview(store, args.prefix, KeyCompaction(options), lambda part: rows.append(part.preview_json()),
                    source=_source(args, store))
     if args.json:
         _emit_json(args.stdout, {"dry_run": True, "settings": options.to_json(), "partitions": rows})

@@ -392,7 +392,7 @@ class KeyPartition:
         only reads. min.compaction.lag.ms and a full key map may end it earlier: only reading says."""
         return _chain(list(self.segments))[0][:-1]
 
-    def to_preview(self) -> dict[str, Any]:
+    def preview_json(self) -> dict[str, Any]:
         """What a dry run says of this partition's pass."""
         reach = self.in_reach()
         return {"directory": self.directory, "segments": len(reach), "log_bytes": sum(s.size for s in reach),
