@@ -9,8 +9,8 @@ whole partitions.
 ``--settings`` is the run's settings as ``RunSettings.to_json`` writes them (bucket, prefix, run id, lease
 time, how staged files are accepted and swapped in); ``--options`` the kind's options as its
 ``to_json`` writes them (``KeyCompactOptions``, ``MergeOptions``: a field they do not write is an error
-naming it; a policy travels as its file's path). The DAG builds both from its typed params; nothing is
-parsed twice.
+naming it, a field left out takes the command line's default; a policy travels as its file's path). The
+DAG builds both from its typed params; nothing is parsed twice.
 
 Thin on purpose: arguments, then a call to ``tiering.spark.jobs.kind_run``. The driver finishes what a
 crashed run left in flight, plans the partitions (from the listing, or from the S3 Inventory report) into

@@ -300,7 +300,7 @@ def test_a_key_compaction_dry_run_says_what_a_pass_would_clean_and_writes_nothin
     sealed = sorted(parts)[:-1]  # the pass reads every segment; the last one it only reads
     logs = {b: len(log) for b, (log, _) in parts.items()}
     assert doc["dry_run"] is True
-    assert doc["partitions"] == [{"directory": f"{K.TOPIC}-0", "segments": len(sealed),
+    assert doc["partitions"] == [{"directory": f"{K.TOPIC}-0", "now_ms": NOW, "segments": len(sealed),
                                   "log_bytes": sum(logs[b] for b in sealed), "delete_retention_ms": 5000,
                                   "min_compaction_lag_ms": 0, "merge": [DEFAULT_SEGMENT_BYTES, DEFAULT_INDEX_BYTES]}]
     code, out, err = _cli("s3", "compact-keys", *where, "--json", "--inventory", uri)

@@ -24,7 +24,7 @@ from tiering.run.keycompact import KeyCompactOptions
 from tiering.run.kinds import kind_from_json
 from tiering.run.merge import MergeOptions, Merging
 from tiering.run.pipeline import RunSettings
-from tiering.storage.layout import StepDir, partition_prefix, work_plan_chunk_key, work_plan_dir
+from tiering.storage.layout import StepDir, partition_prefix, step_key, work_plan_chunk_key, work_plan_dir
 from tiering.storage.s3 import S3Store
 
 PARTITIONS = 5
@@ -82,7 +82,7 @@ def test_units_read_from_the_chunks_merge_every_partition(store: S3Store, monkey
 
 
 @pytest.mark.parametrize(("chunk", "named"), [
-    (b'{"directory": "x", "work": {}}\nnot json\n', ["line 2"]),  # damaged: the file and the line named
+    (b'{"directory":"x","work":{}}\nnot json\n', ["line 2"]),  # damaged: the file and the line named
     (b"", []),  # without the unit's partition: the partition named
 ])
 def test_a_chunk_that_does_not_read_is_an_error_naming_it(store: S3Store, chunk: bytes, named: list[str]) -> None:
@@ -96,6 +96,25 @@ def test_a_chunk_that_does_not_read_is_an_error_naming_it(store: S3Store, chunk:
         engine.run_unit(store, ctx, kind, planned.units[0])
     for part in [key, *named] if named else [key, planned.units[0].partitions[0].directory]:
         assert part in str(raised.value)
+
+
+def test_a_unit_stopped_by_an_unreadable_chunk_keeps_what_it_did_before(store: S3Store,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    _seeded(store)
+    monkeypatch.setattr(engine, "CHUNK_PARTITIONS", 2)
+    ctx = context(store, "plan-6")
+    kind = _merging().started(store, PREFIX)
+    planned = engine.plan(store, ctx, kind)
+    whole = engine.Unit("whole", tuple(sorted((r for u in planned.units for r in u.partitions),
+                                              key=lambda r: r.directory)))
+    second = work_plan_chunk_key(PREFIX, "plan-6", StepDir.MERGE, 1)
+    store.put(second, b"not gzip")
+    with pytest.raises(InvalidDataError, match="damaged"):
+        engine.run_unit(store, ctx, kind, whole)
+    step = store.get_json(step_key(PREFIX, "plan-6", StepDir.MERGE, "whole"))[0]
+    done = {r["directory"] for r in step["results"]}
+    first = work_plan_chunk_key(PREFIX, "plan-6", StepDir.MERGE, 0)  # read before the damaged one: its two done
+    assert done == {r.directory for r in whole.partitions if r.chunk == first} == {f"{TOPIC}-0", f"{TOPIC}-1"}
 
 
 def test_a_retry_plans_anew_and_leaves_no_chunk_of_its_earlier_plan(store: S3Store,
@@ -133,6 +152,16 @@ def test_a_kinds_options_read_back_as_they_were_written(options: KeyCompactOptio
     assert kind.options_json() == options.to_json()
     assert kind.run_kind is run_kind
     assert kind.options == options  # type: ignore[attr-defined]
+
+
+def test_options_left_out_take_the_command_lines_defaults() -> None:
+    """A person writing the Spark job's options gets what the CLI does by default: segments of the last 15
+    minutes left; key compaction groups neighbours as the broker's cleaner does (null: each its own)."""
+    merging = kind_from_json("merge", {})
+    assert merging.options == MergeOptions(min_age_minutes=15)  # type: ignore[attr-defined]
+    keys = kind_from_json("compact-keys", {"topics": "t"}).options  # type: ignore[attr-defined]
+    assert (keys.min_age_minutes, keys.merge) == (15, Limits())
+    assert kind_from_json("compact-keys", {"topics": "t", "merge": None}).options.merge is None  # type: ignore[attr-defined]
 
 
 def test_a_policy_travels_by_its_files_path(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import merge_priced_text, to_table, usd
 from tiering.run import engine
 from tiering.run.documents import CompactOptions, RunResult, new_run_id, outcome, topic_of, worst
-from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
+from tiering.run.keycompact import KeyCompaction, KeyCompactOptions, KeyPartition
 from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup, rollback
 from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
 from tiering.run.pipeline import RunSettings, compact, dry_run, plan_run, run_local, scan_run
@@ -418,8 +418,12 @@ def _keys_dry_run(args: argparse.Namespace, store: ObjectStore, options: KeyComp
     """The partitions a pass would clean and how far it may go, from the listing or the inventory; nothing
     is written."""
     rows: list[dict[str, Any]] = []
-    engine.preview(store, args.prefix, KeyCompaction(options), lambda part: rows.append(part.preview_json()),
-                   source=_source(args, store))
+
+    def add(part: KeyPartition) -> None:  # a partition with fewer than two segments in reach: nothing to clean
+        if part.in_reach():
+            rows.append(part.preview_json())
+
+    engine.preview(store, args.prefix, KeyCompaction(options), add, source=_source(args, store))
     if args.json:
         _emit_json(args.stdout, {"dry_run": True, "settings": options.to_json(), "partitions": rows})
         return 0

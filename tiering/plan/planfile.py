@@ -104,16 +104,18 @@ class GzipLines:
         return b"".join(self._pieces)
 
 
-def json_lines(stream: io.RawIOBase | io.BufferedIOBase | Any, where: str) -> Iterator[Any]:
-    """The documents of a gzip JSON Lines file, one at a time; a damaged file raises :class:`InvalidDataError`
-    naming it and the line."""
+def json_lines(stream: io.RawIOBase | io.BufferedIOBase | Any, where: str,
+               keep: Callable[[bytes], bool] | None = None) -> Iterator[Any]:
+    """The documents of a gzip JSON Lines file, one at a time (only the lines ``keep`` accepts, the others
+    skipped unparsed); a damaged file raises :class:`InvalidDataError` naming it and the line."""
     done = 0
     try:
         with gzip.GzipFile(fileobj=stream, mode="rb") as lines:
             for line in lines:
-                doc = json.loads(line)
+                doc = json.loads(line) if keep is None or keep(line) else None
                 done += 1
-                yield doc
+                if doc is not None:
+                    yield doc
     except (OSError, EOFError, ValueError) as e:
         raise InvalidDataError(f"plan chunk is damaged: {e}", path=where, found=f"line {done + 1}") from None
 

@@ -21,6 +21,7 @@ Spark task can carry one; the kind travels with the task.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 from tiering.commit.lease import Lease
 from tiering.commit.operation import Context, SegmentResult
-from tiering.errors import InvalidDataError
+from tiering.errors import InvalidDataError, TieringError
 from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.document import PlannedSegment
 from tiering.plan.planfile import GzipLines, json_lines
@@ -226,17 +227,32 @@ def preview(store: ObjectStore, prefix: str, kind: Kind[W], emit: Callable[[W], 
     _each_partition(store, prefix, kind.started(store, prefix), emit, source)
 
 
+_WORK_FIELD: Final = b',"work":'  # what follows a chunk line's directory (a JSON string holds no bare quote)
+
+
+def _line_directory(line: bytes) -> str:
+    """The directory of a plan chunk's line, read from its head only (the work after it is not parsed)."""
+    end = line.find(_WORK_FIELD)
+    if end < 0:
+        raise ValueError("a line without its directory and work, in that order")
+    return str(json.loads(line[:end] + b"}")["directory"])
+
+
+def _wanted(directories: set[str]) -> Callable[[bytes], bool]:
+    return lambda line: _line_directory(line) in directories
+
+
 def _partitions(store: ObjectStore, kind: Kind[W], unit: Unit) -> Iterator[W]:
-    """The kind's work on each partition of ``unit``, in the unit's order, read from the plan chunks: each
-    chunk read once, whole, and only the unit's lines of it kept (no stream stays open while the work runs)."""
+    """The kind's work on each partition of ``unit``, chunk by chunk (in a chunk, in the unit's order), read
+    from the plan chunks: each chunk read once, whole, and only the unit's lines of it parsed and kept (no
+    stream stays open while the work runs)."""
     by_chunk: dict[str, list[str]] = {}
     for ref in unit.partitions:
         by_chunk.setdefault(ref.chunk, []).append(ref.directory)
     for key, directories in by_chunk.items():
-        wanted = set(directories)
         where = f"s3://{store.bucket}/{key}"
         with store.open(key) as body:
-            found = {doc["directory"]: doc["work"] for doc in json_lines(body, where) if doc["directory"] in wanted}
+            found = {doc["directory"]: doc["work"] for doc in json_lines(body, where, _wanted(set(directories)))}
         for directory in directories:
             if directory not in found:
                 raise InvalidDataError("a plan chunk lacks a partition its unit names", path=where,
@@ -253,9 +269,14 @@ def run_unit(store: ObjectStore, ctx: Context, kind: Kind[W], unit: Unit, progre
     requests: dict[str, dict[str, int]] = {}
     own: Counter[str] = Counter()
     parts = _partitions(store, kind, unit)
+    key = step_key(ctx.prefix, ctx.run_id, kind.step, unit.name)
     while True:
         before = Counter(store.requests)
-        part = next(parts, None)
+        try:
+            part = next(parts, None)
+        except TieringError:  # a chunk unreadable: what the unit did before it is kept, then the unit fails
+            write_results(store, key, results, usage={**requests, RUN_SCOPE: dict(own)})
+            raise
         own += Counter(store.requests) - before
         if part is None:
             break
@@ -269,7 +290,7 @@ def run_unit(store: ObjectStore, ctx: Context, kind: Kind[W], unit: Unit, progre
         requests[part.directory] = dict(Counter(store.requests) - before)
     if own:
         requests[RUN_SCOPE] = dict(own)
-    return write_results(store, step_key(ctx.prefix, ctx.run_id, kind.step, unit.name), results, usage=requests)
+    return write_results(store, key, results, usage=requests)
 
 
 def unit_task(store: ObjectStore, ctx: Context, kind: Kind[W], unit: Mapping[str, Any]) -> dict[str, int]:

@@ -49,7 +49,7 @@ from tiering.lifecycle.state import load_state, record_keys_checkpoint, record_k
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy, policy_at, policy_ref
-from tiering.plan.scan import ScanOptions
+from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions
 from tiering.run.documents import limits_json, limits_of
 from tiering.run.segment import guarded, stale_after_recovery
 from tiering.storage.layout import StepDir, clock_key
@@ -108,13 +108,15 @@ class KeyCompactOptions:
     @classmethod
     def from_json(cls, doc: object, where: str | None = None) -> KeyCompactOptions:
         """:meth:`to_json` read back; a field it does not write, or a value of the wrong type, is an error
-        naming it (``where``: the document's origin)."""
+        naming it (``where``: the document's origin). A field left out takes the command line's default (a
+        person writing the options for the Spark job): segments of the last 15 minutes left, neighbours
+        cleaned into one as the broker's cleaner groups them."""
         d = known_fields(doc, (f.name for f in dataclasses.fields(cls)), what="key-compaction options", where=where)
         try:
-            merge = d.get("merge")
+            merge = d.get("merge", limits_json(Limits()))  # left out: the cleaner's grouping, as the CLI's default
             return cls(opt_int(d, "now_ms", None), int_field(d, "delete_retention_ms", DEFAULT_DELETE_RETENTION_MS),
                        int_field(d, "min_compaction_lag_ms", 0), opt_str(d, "codec"), opt_int(d, "level", None),
-                       opt_str(d, "topics"), int_field(d, "min_age_minutes", 0),
+                       opt_str(d, "topics"), int_field(d, "min_age_minutes", DEFAULT_MIN_AGE_MINUTES),
                        int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS), policy_at(opt_str(d, "policy")),
                        opt_int(d, "max_keys", DEFAULT_MAX_KEYS), None if merge is None else limits_of(merge))
         except (TypeError, ValueError) as e:
@@ -395,7 +397,8 @@ class KeyPartition:
     def preview_json(self) -> dict[str, Any]:
         """What a dry run says of this partition's pass."""
         reach = self.in_reach()
-        return {"directory": self.directory, "segments": len(reach), "log_bytes": sum(s.size for s in reach),
+        return {"directory": self.directory, "now_ms": self.now_ms, "segments": len(reach),
+                "log_bytes": sum(s.size for s in reach),
                 "delete_retention_ms": self.delete_retention_ms, "min_compaction_lag_ms": self.min_compaction_lag_ms,
                 "merge": None if self.merge is None else limits_json(self.merge)}
 

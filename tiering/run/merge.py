@@ -32,7 +32,7 @@ from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy, policy_at, policy_ref
-from tiering.plan.scan import ScanOptions
+from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions
 from tiering.run import engine
 from tiering.run.documents import limits_json, limits_of
 from tiering.run.segment import guarded, stale_after_recovery
@@ -67,9 +67,10 @@ class MergeOptions:
         """:meth:`to_json` read back; a field it does not write, or a value of the wrong type, is an error
         naming it (``where``: the document's origin)."""
         d = known_fields(doc, (f.name for f in fields(cls)), what="merge options", where=where)
-        try:
+        try:  # a field left out takes the command line's default (segments of the last 15 minutes left)
             return cls(limits_of(d["limits"]) if "limits" in d else Limits(), opt_str(d, "topics"),
-                       int_field(d, "min_age_minutes", 0), int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS),
+                       int_field(d, "min_age_minutes", DEFAULT_MIN_AGE_MINUTES),
+                       int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS),
                        policy_at(opt_str(d, "policy")))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"merge options of the wrong type: {e}", path=where,

@@ -205,7 +205,7 @@ def key_compaction(store: ObjectStore, run: CompactionParams, job: SparkJob, log
     def add(part: KeyPartition) -> None:  # one partition's pass folded in: nothing is held
         nonlocal forecast
         reach = part.in_reach()
-        forecast = KeysForecast(forecast.partitions + 1, forecast.segments + len(reach),
+        forecast = KeysForecast(forecast.partitions + bool(reach), forecast.segments + len(reach),
                                 forecast.log_bytes + sum(s.size for s in reach))
 
     source = inventory_objects(store, run.inventory, run.settings.prefix)[1] if run.inventory else None
