@@ -420,8 +420,8 @@ def _keys_dry_run(args: argparse.Namespace, store: ObjectStore, options: KeyComp
     rows: list[dict[str, Any]] = []
 
     def add(part: KeyPartition) -> None:  # a partition with fewer than two segments in reach: nothing to clean
-        if part.in_reach():
-            rows.append(part.preview_json())
+        if (row := part.preview_json())["segments"]:
+            rows.append(row)
 
     engine.preview(store, args.prefix, KeyCompaction(options), add, source=_source(args, store))
     if args.json:

@@ -133,8 +133,8 @@ class PartitionRef:
 
 @dataclass(frozen=True, slots=True)
 class Unit:
-    """Whole partitions one task works on, one after the other, in directory order
-    (``runs/<run>/<step>/<name>.json`` holds what became of their segments)."""
+    """Whole partitions one task works on, one after the other (listed in directory order, worked on chunk by
+    chunk; ``runs/<run>/<step>/<name>.json`` holds what became of their segments)."""
 
     name: str
     partitions: tuple[PartitionRef, ...]

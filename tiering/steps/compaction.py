@@ -204,9 +204,9 @@ def key_compaction(store: ObjectStore, run: CompactionParams, job: SparkJob, log
 
     def add(part: KeyPartition) -> None:  # one partition's pass folded in: nothing is held
         nonlocal forecast
-        reach = part.in_reach()
-        forecast = KeysForecast(forecast.partitions + bool(reach), forecast.segments + len(reach),
-                                forecast.log_bytes + sum(s.size for s in reach))
+        row = part.preview_json()
+        forecast = KeysForecast(forecast.partitions + bool(row["segments"]), forecast.segments + row["segments"],
+                                forecast.log_bytes + row["log_bytes"])
 
     source = inventory_objects(store, run.inventory, run.settings.prefix)[1] if run.inventory else None
     engine.preview(store, run.settings.prefix, kind, add, source=source)
