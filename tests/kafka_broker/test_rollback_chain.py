@@ -1,11 +1,13 @@
-"""One DAG run that key-compacts, merges and recompresses a real broker's partitions on S3, undone run by run.
+"""One DAG run that key-compacts, merges and recompresses a real broker's partitions on S3, then a storage
+tiering run, undone run by run.
 
 The source broker's partitions (conftest.py: Java, librdkafka and kafka-python producers; plain, idempotent,
 transactional, compacted and log-append-time topics) are uploaded to a moto server; the Airflow DAG runs
 once under a policy that key-compacts two topics and merges and re-batches every topic (runs
-``<run>-keys``, ``<run>-merge`` and ``<run>``, each working on what the one before it wrote). Rolling back
-an earlier run first is refused (exit 3, a later run named) and changes nothing; rolling back the three
-newest first puts every object of every partition back byte for byte, and no other object.
+``<run>-keys``, ``<run>-merge`` and ``<run>``, each working on what the one before it wrote); then
+``tiering s3 tier`` moves what they wrote to STANDARD_IA. Rolling back an earlier run first is refused
+(exit 3, a later run named) and changes nothing; rolling back the four newest first puts every object of
+every partition back byte for byte and in its storage class, and no other object.
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ topics:
     cleanup.policy: compact
 """
 
+# Everything sealed, whatever its age, to STANDARD_IA (the objects above its 128 KiB minimum).
+TIER_POLICY = """\
+version: 1
+cluster:
+  storage.tiers:
+    - {after.days: 0, storage.class: STANDARD_IA}
+"""
+
 
 def _env(endpoint: str) -> dict[str, str]:
     return {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
@@ -76,7 +86,7 @@ def _rollback(endpoint: str, run_id: str) -> tuple[int, dict[str, Any], str]:
     return done.returncode, json.loads(done.stdout), done.stderr
 
 
-def test_rollbacks_newest_first_undo_key_compaction_merge_and_compaction_of_one_dag_run(
+def test_rollbacks_newest_first_undo_key_compaction_merge_compaction_and_tiering(
         source: Source, tmp_path: Path) -> None:
     with moto_server() as endpoint:
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
@@ -103,10 +113,21 @@ def test_rollbacks_newest_first_undo_key_compaction_merge_and_compaction_of_one_
             # each run replaced segments (a key-compaction pass cleans neighbours into one: merged), so each has
             # a rollback to test
             assert totals.get(Status.COMPACTED, 0) + totals.get(Status.MERGED, 0) > 0, (r, totals)
+        tier_policy = tmp_path / "tier-policy.yaml"
+        tier_policy.write_text(TIER_POLICY)
+        tiered = subprocess.run([sys.executable, "-m", "tiering", "s3", "tier", "--bucket", BUCKET, "--prefix", PREFIX,
+                                 "--policy", str(tier_policy), "--run-id", f"{run}-tier", "--json"],
+                                capture_output=True, text=True, env=_env(endpoint), timeout=600, check=False, cwd=ROOT)
+        assert tiered.returncode == ExitCode.OK, tiered.stderr[-4000:]
+        moved = [m for r in json.loads(tiered.stdout)["results"] for m in (r.get("stats") or {}).get("moved", [])]
+        note(f"{run}-tier: {len(moved)} objects moved")
+        assert moved
+        runs.append(f"{run}-tier")
         worked = _objects(client)
         assert worked != originals
+        assert any(cls == "STANDARD_IA" for _, cls in worked.values())
 
-        for early in (runs[1], runs[0]):  # each while a later run's output is in place
+        for early in (runs[2], runs[1], runs[0]):  # each while a later run's output is in place
             later = runs[runs.index(early) + 1:]
             code, doc, stderr = _rollback(endpoint, early)
             assert code == ExitCode.BUSY, stderr

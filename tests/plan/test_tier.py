@@ -166,11 +166,11 @@ def test_lifecycle_configuration_states_what_s3_cannot_do() -> None:
 
 def test_the_state_entry_follows_a_changed_etag(store: S3Store) -> None:
     from tiering.lifecycle.state import SegmentState, record_segment
-    from tiering.run.tier import SegmentTiering, _follow_etags
+    from tiering.run.tier import _follow_etags
 
     record_segment(store, PREFIX, f"{TOPIC}-0", 0, SegmentState('"old"', "r1", "zstd", index_etag='"i"'))
-    seg = SegmentTiering(f"{TOPIC}-0", TOPIC, 0, None, None, "")
-    _follow_etags(store, PREFIX, seg, {"log": ('"old"', '"new-3"'), "timeindex": ('"t"', '"t2"')})
+    _follow_etags(store, PREFIX, f"{TOPIC}-0", 0, {"log": ('"old"', '"new-3"'), "timeindex": ('"t"', '"t2"')},
+                  lambda marks: marks)
     entry = load_state(store, PREFIX, f"{TOPIC}-0").get(0)
     assert entry is not None
     assert (entry.log_etag, entry.index_etag) == ('"new-3"', '"i"')

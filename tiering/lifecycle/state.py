@@ -159,6 +159,60 @@ class Generation:
 
 
 @dataclass(frozen=True, slots=True)
+class ClassMove:
+    """One object a tiering run moved to another storage class: its file (``log``, ``index``, ...), its size,
+    the classes, and its ETag before the move and after it (None: noted before the copy, which a crash may or
+    may not have made; a copy may change an ETag)."""
+
+    file: str
+    size: int
+    from_class: str
+    to_class: str
+    etag_before: str
+    etag_after: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "size": self.size, "from": self.from_class, "to": self.to_class,
+                "etag_before": self.etag_before, **({} if self.etag_after is None else {"etag_after": self.etag_after})}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ClassMove:
+        after = doc.get("etag_after")
+        return cls(str(doc["file"]), int(doc["size"]), str(doc["from"]), str(doc["to"]), str(doc["etag_before"]),
+                   None if after is None else str(after))
+
+
+@dataclass(frozen=True, slots=True)
+class TierMark:
+    """What tiering run ``run_id`` moved of one segment's objects, and which generation of the segment they
+    were (``generation``: the run of the segment's compacted entry then; None: the objects as Kafka wrote
+    them). A segment's marks are kept oldest first: a tiering run is rolled back only where its mark is the
+    newest and the generation it moved is still in place."""
+
+    run_id: str
+    generation: str | None
+    moves: tuple[ClassMove, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "generation": self.generation, "moves": [m.to_json() for m in self.moves]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> TierMark:
+        generation = doc.get("generation")
+        return cls(str(doc["run_id"]), None if generation is None else str(generation),
+                   tuple(ClassMove.from_json(m) for m in doc["moves"]))
+
+
+Marks = Mapping[int, tuple[TierMark, ...]]
+
+
+def generation_in_place(entry: SegmentState | None) -> str | None:
+    """The run whose generation a segment's entry says is in place (None: the objects as Kafka wrote them, or
+    remembered as such)."""
+    return entry.run_id if entry is not None and entry.compacted else None
+
+
+@dataclass(frozen=True, slots=True)
 class PartitionState:
     """The document: every entry of one partition, by base offset."""
 
@@ -171,9 +225,28 @@ class PartitionState:
     # The key-compaction runs that replaced segments here, oldest first: only the last may be rolled back
     # (an earlier pass's originals could bring back what a later pass let go).
     keys_runs: tuple[str, ...] = ()
+    # The storage-class moves of tiering runs, by segment, oldest first (what rolling them back undoes).
+    tiered: Marks = field(default_factory=dict)
 
     def get(self, base: int) -> SegmentState | None:
         return self.segments.get(base)
+
+    def replacing_runs(self, base: int, generation: str | None) -> tuple[str, ...]:
+        """The runs, newest first, whose generations replaced segment ``base`` as generation ``generation``
+        had it (None: as Kafka wrote it); empty when no lineage here says so."""
+        for top in self.segments.values():
+            todo: list[tuple[tuple[str, ...], SegmentState]] = [((), top)]
+            while todo:
+                above, entry = todo.pop()
+                if not entry.compacted:
+                    continue
+                chain = above if entry.run_id in above else (*above, entry.run_id)
+                for r in entry.replaced:
+                    if r.base_offset == base and generation_in_place(r.entry) == generation:
+                        return chain
+                    if r.entry is not None:
+                        todo.append((chain, r.entry))
+        return ()
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"schema_version": self.SCHEMA_VERSION,
@@ -182,6 +255,8 @@ class PartitionState:
             doc["keys_checkpoint"] = self.keys_checkpoint
         if self.keys_runs:
             doc["keys_runs"] = list(self.keys_runs)
+        if self.tiered:
+            doc["tiered"] = {str(b): [m.to_json() for m in marks] for b, marks in sorted(self.tiered.items())}
         return doc
 
     @classmethod
@@ -192,7 +267,9 @@ class PartitionState:
             checkpoint = doc.get("keys_checkpoint")
             return cls({int(b): SegmentState.from_json(e) for b, e in doc["segments"].items()},
                        None if checkpoint is None else int(checkpoint),
-                       tuple(str(r) for r in doc.get("keys_runs") or ()))
+                       tuple(str(r) for r in doc.get("keys_runs") or ()),
+                       {int(b): tuple(TierMark.from_json(m) for m in marks)
+                        for b, marks in (doc.get("tiered") or {}).items()})
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError("partition state document unreadable", path=where,
                               expected="segments of {log_etag, run_id, ...} by base offset",
@@ -246,11 +323,13 @@ _KEEP: Final = object()  # record_segments: the key-compaction checkpoint stays 
 def record_segments(store: ObjectStore, prefix: str, directory: str,
                     changes: Mapping[int, SegmentState | None], pruning: Pruning | None = None, *,
                     keys_checkpoint: int | object | None = _KEEP,
-                    keys_runs: Callable[[tuple[str, ...]], tuple[str, ...]] | None = None) -> None:
+                    keys_runs: Callable[[tuple[str, ...]], tuple[str, ...]] | None = None,
+                    tiered: Callable[[Marks], Marks] | None = None) -> None:
     """Set (or with None remove) entries in one compare-and-swap, dropping what ``pruning`` says; retried
     from a fresh read if the document moved. Nothing is written when nothing changes. ``keys_checkpoint``:
     set (or with None clear) the partition's key-compaction checkpoint too; ``keys_runs``: how its list of
-    key-compaction runs changes."""
+    key-compaction runs changes; ``tiered``: how the tiering runs' marks change (marks of segments below the
+    lowest live one are pruned with their entries: Kafka's retention deleted them)."""
     key = state_key(prefix, directory)
     for _ in range(CAS_ATTEMPTS):
         state, etag = _read(store, key)
@@ -263,9 +342,12 @@ def record_segments(store: ObjectStore, prefix: str, directory: str,
         checkpoint = state.keys_checkpoint if keys_checkpoint is _KEEP else keys_checkpoint
         assert checkpoint is None or isinstance(checkpoint, int)
         runs = state.keys_runs if keys_runs is None else keys_runs(state.keys_runs)
-        if segments == state.segments and checkpoint == state.keys_checkpoint and runs == state.keys_runs:
+        marks = {b: m for b, m in (state.tiered if tiered is None else tiered(state.tiered)).items()
+                 if m and (pruning is None or pruning.lowest is None or b >= pruning.lowest)}
+        if (segments == state.segments and checkpoint == state.keys_checkpoint and runs == state.keys_runs
+                and marks == state.tiered):
             return
-        doc = PartitionState(segments, checkpoint, runs).to_json()
+        doc = PartitionState(segments, checkpoint, runs, marks).to_json()
         try:
             if etag is None:
                 store.put_json(key, doc, if_none_match=True)

@@ -28,6 +28,7 @@ from tiering.lifecycle.state import PartitionState, forget_keys_run, load_state
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.run.documents import RunResult, RunTally, outcome
 from tiering.run.segment import with_lease
+from tiering.run.tier import rollback_tiering
 from tiering.storage.layout import (
     BACKUP_DIR,
     STAGING_DIR,
@@ -99,19 +100,17 @@ def _backed_up(store: ObjectStore, prefix: str, target_run: str) -> dict[str, se
         parsed = parse_segment_name(name)
         if parsed is not None:
             segments.setdefault(directory, set()).add(parsed[0])
-    if not segments:
-        raise ConfigError("no backups of that run: nothing to roll back (or its grace period is over)",
-                          path=f"s3://{store.bucket}/{root}")
     return segments
 
 
 def _later_runs(state: PartitionState, directory: str, target_run: str, bases: set[int]) -> list[SegmentResult]:
     """Why run ``target_run`` cannot be rolled back in this partition yet, per segment: a later run replaced
-    what it put in place (its lineage says so), or a later key-compaction pass ran here (an earlier pass's
+    what it put in place (its lineage says so), a tiering run moved it (its mark says so), or a later
+    key-compaction pass ran here (an earlier pass's
     originals could bring back a value whose tombstone, or aborted data whose ``.txnindex`` entry, it let go).
     Empty when nothing stands in the way."""
-    def later(runs: Sequence[str], what: str) -> str:
-        return (f"not rolled back: {what} {', '.join(runs)} replaced segments here after run {target_run}; "
+    def later(runs: Sequence[str], what: str, did: str = "replaced segments here") -> str:
+        return (f"not rolled back: {what} {', '.join(runs)} {did} after run {target_run}; "
                 f"roll {'it' if len(runs) == 1 else 'those'} back first (newest first)")
 
     keys = state.keys_runs
@@ -119,6 +118,10 @@ def _later_runs(state: PartitionState, directory: str, target_run: str, bases: s
         reason = later(list(reversed(keys[keys.index(target_run) + 1:])), "key-compaction run(s)")
         return [SegmentResult(directory, b, Status.SKIPPED, reason, cause=Cause.LATER_RUN) for b in sorted(bases)]
     blocked: dict[int, SegmentResult] = {}
+    for base, marks in sorted(state.tiered.items()):  # a tiering run moved the objects this run put in place
+        if tiering := [m.run_id for m in reversed(marks) if m.generation == target_run]:
+            reason = later(tiering, "tiering run(s)", "moved this segment's objects to another class")
+            blocked[base] = SegmentResult(directory, base, Status.SKIPPED, reason, cause=Cause.LATER_RUN)
     for base, entry in sorted(state.segments.items()):
         found = entry.generation_of(target_run, base)
         if found is not None and found.above:
@@ -130,12 +133,20 @@ def _later_runs(state: PartitionState, directory: str, target_run: str, bases: s
 
 def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult:
     """Put back the originals that run ``target_run`` replaced, wherever what it put in place is still
-    there. Runs are rolled back newest first: where a later run replaced what this one made (its lineage in
-    the partition's state says so), nothing is changed anywhere and every such segment names the run to
-    roll back first."""
+    there, or, for a tiering run, the storage classes it changed (:func:`rollback_tiering`). Runs are rolled
+    back newest first: where a later run replaced what this one made, or moved it to another class (the
+    lineage and the marks in the partition's state say so), nothing is changed anywhere and every such
+    segment names the run to roll back first."""
     started = datetime.now(UTC).isoformat()
     tally = RunTally()
     segments = _backed_up(store, ctx.prefix, target_run)
+    if not segments:
+        tiered = rollback_tiering(ctx, target_run, lease_ttl)
+        if tiered is None:
+            raise ConfigError("no backups of that run and no storage-class moves of it: nothing to roll back (or "
+                              "its grace period is over)",
+                              path=f"s3://{store.bucket}/{reserved_dir(ctx.prefix, BACKUP_DIR, target_run)}")
+        return tiered
     refused = [r for directory, bases in sorted(segments.items())
                for r in _later_runs(load_state(store, ctx.prefix, directory), directory, target_run, bases)]
     for directory, bases in sorted(segments.items() if not refused else ()):

@@ -30,23 +30,40 @@ from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
 from tiering.commit.operation import Context, SegmentResult
-from tiering.commit.recover import pending_journals
+from tiering.commit.recover import pending_journals, recover_partition
 from tiering.cost.prices import GB, PriceBook
 from tiering.documents import check_document
 from tiering.errors import ConflictError, InvalidDataError, TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import REGROUPS, RegroupJournal
-from tiering.lifecycle.state import load_state, record_segment
+from tiering.lifecycle.state import (
+    ClassMove,
+    Marks,
+    PartitionState,
+    SegmentState,
+    TierMark,
+    generation_in_place,
+    load_state,
+    record_segments,
+)
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
 from tiering.plan.scan import ScanOptions, scan
-from tiering.run.documents import end_run
+from tiering.run.documents import RunResult, RunTally, end_run
 from tiering.run.segment import with_lease
-from tiering.storage.layout import clock_key, journal_key, reserved_dir
-from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
+from tiering.storage.layout import (
+    clock_key,
+    dir_segment_key,
+    journal_key,
+    reserved_dir,
+    run_result_key,
+    state_dir,
+    state_directory,
+)
+from tiering.storage.objects import ObjectAttrs, ObjectNotFound, ObjectStore, PreconditionFailed
 
 TIER_SCHEMA_VERSION: Final = 2  # 2: each object that stays, and each segment, says its StayCause
 
@@ -311,7 +328,7 @@ def apply_tiering(store: ObjectStore, plan: TierPlan, run_id: str, *, lease_ttl:
                                              f"{regrouped[s.base_offset]} is in flight (its journal entry exists): "
                                              "left for a later run", cause=Cause.BUSY))
                 else:
-                    out.append(_apply_segment(store, plan.prefix, s, lease))
+                    out.append(_apply_segment(store, plan.prefix, s, lease, run_id))
                 if progress is not None:
                     progress(out[-1])
 
@@ -335,7 +352,11 @@ def _in_flight_groups(store: ObjectStore, prefix: str, directory: str) -> dict[i
     return out
 
 
-def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Lease) -> SegmentResult:
+def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Lease, run_id: str) -> SegmentResult:
+    """Move one segment's planned objects. The run's mark goes in the partition's state before the first copy
+    (what a rollback undoes) and, after the copies, the ETags they made where a copy changed one (a crash
+    between the two leaves a mark without them, which the rollback judges by the object's class, size and
+    generation)."""
     moved: list[dict[str, Any]] = []
     notes: list[str] = []
     etags: dict[str, tuple[str, str]] = {}
@@ -345,7 +366,11 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
                              "(its journal entry exists): left for a later run", cause=Cause.BUSY)
     except ObjectNotFound:
         pass
+    state = load_state(store, prefix, s.directory)
+    earlier = {m.file: m for mark in state.tiered.get(s.base_offset, ()) if mark.run_id == run_id
+               for m in mark.moves}  # an earlier attempt of this run's mark
     try:
+        todo: list[tuple[ObjectMove, ObjectAttrs]] = []
         for o in s.objects:
             if o.action != MOVE:
                 continue
@@ -354,10 +379,23 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
             info, attrs = store.describe(o.key)
             if info.storage_class == o.target:
                 moved.append({"key": o.key, "to": o.target, "already": True})
+                if (m := earlier.get(o.file)) is not None and m.etag_after is None:
+                    etags[o.file] = (m.etag_before, info.etag)  # that attempt's copy, now with its ETag
                 continue
             if info.etag != o.etag:
                 notes.append(f"{o.file} changed since planning: left as it is")
                 continue
+            todo.append((o, attrs))
+        if todo:
+            moves = {**earlier, **{o.file: ClassMove(o.file, o.size, o.storage_class, str(o.target), o.etag)
+                                   for o, _ in todo}}
+            mark = TierMark(run_id, generation_in_place(state.get(s.base_offset)),
+                            tuple(moves[f] for f in FILES if f in moves))
+            lease.check()
+            record_segments(store, prefix, s.directory, {}, tiered=_with_mark(s.base_offset, mark))
+        for o, attrs in todo:
+            assert o.target is not None
+            lease.check()
             new_etag = store.transition(o.key, etag=o.etag, attrs=attrs, storage_class=o.target)
             etags[o.file] = (o.etag, new_etag)
             moved.append({"key": o.key, "from": o.storage_class, "to": o.target, "bytes": o.size,
@@ -371,8 +409,9 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
                              stats={"moved": moved}, error=e.to_dict(), pending=pending,
                              cause=Cause.INVALID if isinstance(e, InvalidDataError) else
                              Cause.TRANSIENT if e.retryable else Cause.BUSY if pending else Cause.REFUSED)
-    finally:
-        _follow_etags(store, prefix, s, etags)  # whatever moved, our state document must name it
+    finally:  # whatever moved, our state names it: only a copy that changed an ETag needs a write
+        if changed := {file: pair for file, pair in etags.items() if pair[0] != pair[1]}:
+            _follow_etags(store, prefix, s.directory, s.base_offset, changed, _moved_to(s.base_offset, run_id, changed))
     status = MOVED if moved else Status.SKIPPED
     reason = "; ".join(notes) or ("" if moved else "nothing left to move")
     return SegmentResult(s.directory, s.base_offset, status, reason, sum(int(m.get("bytes", 0)) for m in moved),
@@ -380,22 +419,183 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
                          cause=None if moved else Cause.BUSY if notes else Cause.NOTHING_TO_MOVE)
 
 
-def _follow_etags(store: ObjectStore, prefix: str, s: SegmentTiering, etags: dict[str, tuple[str, str]]) -> None:
-    """Keep our state entry of a compacted segment pointing at its objects: a copy of a multipart object gets
-    a new ETag, and a stale one would read as "replaced by someone else"."""
-    entry = load_state(store, prefix, s.directory).get(s.base_offset)
-    if entry is None or not etags:
-        return
+def _with_mark(base: int, mark: TierMark) -> Callable[[Marks], Marks]:
+    """The marks with ``mark`` the newest of segment ``base`` (in place of an earlier attempt's of its run)."""
+    def change(marks: Marks) -> Marks:
+        kept = tuple(m for m in marks.get(base, ()) if m.run_id != mark.run_id)
+        return {**marks, base: (*kept, mark)}
+    return change
+
+
+def _follow_etags(store: ObjectStore, prefix: str, directory: str, base: int, etags: Mapping[str, tuple[str, str]],
+                  marks: Callable[[Marks], Marks]) -> None:
+    """After copies in place (``etags``: each copied file's ETag before and after), keep our state naming the
+    objects, in one write: the compacted entry of the segment (a copy of a multipart object gets a new ETag,
+    and a stale one would read as "replaced by someone else") and the tiering marks, changed by ``marks``."""
+    entry = load_state(store, prefix, directory).get(base)
+
     def follow(file: str, etag: str | None) -> str | None:
         old, new = etags.get(file, (None, None))
         return new if etag is not None and etag == old else etag
 
-    updated = replace(entry, log_etag=follow("log", entry.log_etag) or entry.log_etag,
-                      index_etag=follow("index", entry.index_etag),
-                      timeindex_etag=follow("timeindex", entry.timeindex_etag))
-    if updated != entry:
-        record_segment(store, prefix, s.directory, s.base_offset, updated)
+    changes: dict[int, SegmentState | None] = {}
+    if entry is not None:
+        updated = replace(entry, log_etag=follow("log", entry.log_etag) or entry.log_etag,
+                          index_etag=follow("index", entry.index_etag),
+                          timeindex_etag=follow("timeindex", entry.timeindex_etag))
+        if updated != entry:
+            changes[base] = updated
+    record_segments(store, prefix, directory, changes, tiered=marks)
 
+
+def _moved_to(base: int, run_id: str, etags: Mapping[str, tuple[str, str]]) -> Callable[[Marks], Marks]:
+    """Run ``run_id``'s mark of segment ``base`` with the ETags its copies made."""
+    def change(marks: Marks) -> Marks:
+        stack = tuple(replace(mark, moves=tuple(replace(m, etag_after=etags[m.file][1]) if m.file in etags else m
+                                                for m in mark.moves)) if mark.run_id == run_id else mark
+                      for mark in marks.get(base, ()))
+        return {**marks, base: stack}
+    return change
+
+
+def tiering_blocked(state: PartitionState, directory: str, target_run: str) -> list[SegmentResult]:
+    """Why tiering run ``target_run`` cannot be rolled back in this partition yet, per segment: a later tiering
+    run moved the objects again, or a later run replaced the generation it moved (the partition's lineage
+    says which). Empty when nothing stands in the way."""
+    out = []
+    for base, marks in sorted(state.tiered.items()):
+        at = next((i for i, m in enumerate(marks) if m.run_id == target_run), None)
+        if at is None:
+            continue
+        moved = [m.run_id for m in reversed(marks[at + 1:])]  # each moved what the one before it left, or above it
+        later = moved + [r for r in state.replacing_runs(base, marks[at].generation) if r not in moved]
+        if later:
+            out.append(SegmentResult(directory, base, Status.SKIPPED, f"not rolled back: run(s) {', '.join(later)} "
+                                     f"moved or replaced this segment's objects after tiering run {target_run}; roll "
+                                     f"{'it' if len(later) == 1 else 'those'} back first (newest first)",
+                                     cause=Cause.LATER_RUN))
+    return out
+
+
+def rollback_tiering(ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult | None:
+    """Move every object tiering run ``target_run`` moved back to the class it was in, wherever the object in
+    place is the one it moved (its class, size and ETag, or, where a copy changed the ETag, the same generation
+    in place). Found from the marks in the partitions' states (every state document is read). Where a later
+    run moved those objects again or replaced them, nothing is changed anywhere and those segments name the
+    runs to roll back first. None: the run left no marks and is no tiering run this bucket has a document of
+    (one whose every move is undone already rolls back to nothing, as a rollback killed before its end and
+    run again finds it)."""
+    store = ctx.store
+    started = datetime.now(UTC).isoformat()
+    marked: dict[str, list[int]] = {}
+    refused: list[SegmentResult] = []
+    for info in store.list(state_dir(ctx.prefix)):
+        directory = state_directory(ctx.prefix, info.key)
+        if directory is None:
+            continue
+        state = load_state(store, ctx.prefix, directory)
+        bases = [b for b, marks in sorted(state.tiered.items()) if any(m.run_id == target_run for m in marks)]
+        if bases:
+            marked[directory] = bases
+            refused += tiering_blocked(state, directory, target_run)
+    if not marked:
+        try:
+            store.head(run_result_key(ctx.prefix, target_run, RunKind.TIER))
+        except ObjectNotFound:
+            return None
+    tally = RunTally()
+    for directory, bases in sorted(marked.items() if not refused else ()):
+        def work(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
+            out += recover_partition(ctx, directory, lease)
+            state = load_state(store, ctx.prefix, directory)
+            if later := tiering_blocked(state, directory, target_run):  # a run since the check above
+                out.extend(later)
+                return
+            for base, marks in sorted(state.tiered.items()):
+                mark = next((m for m in marks if m.run_id == target_run), None)
+                if mark is not None:
+                    out.append(_unmove_segment(store, ctx.prefix, directory, base, mark,
+                                               generation_in_place(state.get(base)), lease))
+
+        for result in with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in bases]):
+            tally.add(result)
+    for result in refused:
+        tally.add(result)
+    return tally.write(store, RunKind.ROLLBACK, ctx.run_id, ctx.prefix, started, {"restores_run": target_run})
+
+
+def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, mark: TierMark,
+                    in_place: str | None, lease: Lease) -> SegmentResult:
+    """One segment's objects moved back to the classes ``mark``'s run found them in; the mark goes once every
+    object is back (what is not stays in it, and is reported)."""
+    try:
+        store.head(journal_key(prefix, directory, base))
+        return SegmentResult(directory, base, Status.SKIPPED, "an operation on this segment is in progress (its "
+                             "journal entry exists): roll back again later", pending=Pending.BUSY, cause=Cause.BUSY)
+    except ObjectNotFound:
+        pass
+    restored: list[dict[str, Any]] = []
+    problems: dict[str, str] = {}
+    etags: dict[str, tuple[str, str]] = {}
+    try:
+        for m in mark.moves:
+            key = dir_segment_key(prefix, directory, base, f".{m.file}")
+            lease.check()
+            try:
+                info, attrs = store.describe(key)
+            except ObjectNotFound:
+                problems[m.file] = f"the .{m.file} is gone"
+                continue
+            if info.storage_class == m.from_class:
+                continue  # back already (an earlier attempt), or the run stopped before moving it
+            same = info.etag == m.etag_after or (m.etag_after is None and info.etag == m.etag_before)
+            if info.storage_class != m.to_class or info.size != m.size or not (same or in_place == mark.generation):
+                problems[m.file] = (f"the .{m.file} in place ({info.storage_class}, {info.size:,} bytes) is not the "
+                                    f"object run {mark.run_id} moved to {m.to_class}: not moved over it")
+                continue
+            etags[m.file] = (info.etag, store.transition(key, etag=info.etag, attrs=attrs, storage_class=m.from_class))
+            restored.append({"key": key, "from": m.to_class, "to": m.from_class, "bytes": info.size})
+    except LeaseLost:
+        raise
+    except TieringError as e:
+        problems["error"] = f"stopped: {e}"
+        return SegmentResult(directory, base, Status.FAILED, f"stopped: {e}", stats={"moved": restored},
+                             error=e.to_dict(), pending=Pending.TRANSIENT if e.retryable else None,
+                             cause=Cause.TRANSIENT if e.retryable else Cause.REFUSED)
+    finally:
+        _follow_etags(store, prefix, directory, base, etags, _unmarked(base, mark.run_id, set(problems), etags))
+    if problems:
+        return SegmentResult(directory, base, Status.SKIPPED, "; ".join(problems.values()),
+                             sum(int(r["bytes"]) for r in restored), stats={"moved": restored},
+                             cause=Cause.NOT_RESTORABLE)
+    if not restored:
+        return SegmentResult(directory, base, Status.SKIPPED, "its objects are in the classes run "
+                             f"{mark.run_id} found them in already: nothing to move back", cause=Cause.RESTORED)
+    return SegmentResult(directory, base, Status.ROLLED_BACK, "", sum(int(r["bytes"]) for r in restored),
+                         stats={"moved": restored})
+
+
+def _unmarked(base: int, run_id: str, left: set[str], etags: Mapping[str, tuple[str, str]]
+              ) -> Callable[[Marks], Marks]:
+    """Run ``run_id``'s mark of segment ``base`` with only the moves ``left`` to undo (gone when none is); the
+    mark below it, now the newest, naming the ETags the rollback's copies made."""
+    def change(marks: Marks) -> Marks:
+        stack = list(marks.get(base, ()))
+        at = next((i for i, m in enumerate(stack) if m.run_id == run_id), None)
+        if at is None:
+            return marks
+        undone = {m.file: m.from_class for m in stack[at].moves if m.file not in left}
+        if left:
+            stack[at] = replace(stack[at], moves=tuple(m for m in stack[at].moves if m.file in left))
+        else:
+            del stack[at]
+        if at > 0:
+            below = stack[at - 1]
+            stack[at - 1] = replace(below, moves=tuple(
+                replace(m, etag_after=etags[m.file][1]) if m.file in etags and undone.get(m.file) == m.to_class else m
+                for m in below.moves))
+        return {**marks, base: tuple(stack)}
+    return change
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,6 +174,18 @@ def state_key(prefix: str, directory: str) -> str:
     return reserved_key(prefix, STATE_DIR, f"{directory}.json")
 
 
+def state_dir(prefix: str) -> str:
+    """Where every partition's state document is (listed to find the partitions a run left marks in)."""
+    return reserved_dir(prefix, STATE_DIR)
+
+
+def state_directory(prefix: str, key: str) -> str | None:
+    """The partition directory whose state document ``key`` is (None: not a state document)."""
+    root = state_dir(prefix)
+    name = key[len(root):] if key.startswith(root) else ""
+    return name.removesuffix(".json") if name.endswith(".json") and "/" not in name else None
+
+
 # A run's documents, all under runs/<run>/:
 #   <kind>.json                     the run document (kind: a RunKind's value: compact, compact-keys, ...)
 #   <plan>/manifest.json            a chunked plan (scan, policy, plan): settings, totals, chunk list
