@@ -212,7 +212,7 @@ def test_an_object_someone_replaced_since_is_not_moved_back(store: S3Store) -> N
     seed(store, segments=2, segment_bytes=BIG)
     _tier(store, "tier-1", "GLACIER_IR")
     key = segment_key(PREFIX, TOPIC, 0, 0, ".log")
-    other = store.get(key)[:-1000]
+    other = bytes(b ^ 0xFF for b in store.get(key))  # the same size, other bytes
     store.client.put_object(Bucket=BUCKET, Key=key, Body=other, StorageClass="GLACIER_IR")
     undone = rollback(store, context(store, "undo-1"), "tier-1")
     assert undone.exit_code() == ExitCode.BUSY
@@ -221,3 +221,47 @@ def test_an_object_someone_replaced_since_is_not_moved_back(store: S3Store) -> N
     assert "is not the object run tier-1 moved" in segment.reason
     assert store.get(key) == other
     assert store.head(key).storage_class == "GLACIER_IR"
+
+
+def test_a_rollback_stopped_by_s3_keeps_what_it_did_not_undo_and_its_retry_does_it(store: S3Store) -> None:
+    seed(store, segments=2, segment_bytes=BIG)
+    before = _objects(store)
+    _tier(store, "tier-1", "GLACIER_IR")
+    failing = Step(store, "CopyObject", key_ends(".log", StorageClass=True), _unreachable, times=100)
+    first = rollback(store, context(store, "undo-1"), "tier-1")
+    assert first.exit_code() == ExitCode.RETRY, first.outcome_rows()
+    [[mark]] = load_state(store, PREFIX, DIRECTORY).tiered.values()  # the move it did not undo is still marked
+    assert [m.file for m in mark.moves] == ["log"]
+    failing.left = 0
+    again = rollback(store, context(store, "undo-2"), "tier-1")
+    assert again.exit_code() == ExitCode.OK, again.outcome_rows()
+    assert {s.status for s in again.segments} == {Status.ROLLED_BACK}
+    assert _objects(store) == before
+
+
+def test_a_run_without_marks_is_not_said_to_be_rolled_back(store: S3Store) -> None:
+    from tiering.lifecycle.state import record_segments
+
+    seed(store, segments=2, segment_bytes=BIG)
+    _tier(store, "tier-1", "GLACIER_IR")
+    record_segments(store, PREFIX, DIRECTORY, {}, tiered=lambda _: {})  # as a run made before marks left it
+    undone = rollback(store, context(store, "undo-1"), "tier-1")
+    assert undone.exit_code() == ExitCode.BUSY
+    [segment] = undone.segments
+    assert segment.cause is Cause.NOT_RESTORABLE
+    assert "is still in GLACIER_IR" in segment.reason
+    assert "no mark of the move" in segment.reason
+
+
+def test_a_move_planned_before_another_run_moved_the_object_rolls_back_to_that_runs_class(store: S3Store) -> None:
+    seed(store, segments=2, segment_bytes=BIG)
+    before = _objects(store)
+    late = plan_tiering(store, PREFIX, _policy("GLACIER_IR"), PRICES)  # planned while the .log is in STANDARD
+    _tier(store, "tier-1", "STANDARD_IA")
+    moved_to_ia = _objects(store)
+    assert apply_tiering(store, late, "tier-2").moved()  # the same ETag: the move goes ahead, from STANDARD_IA
+    _refused(rollback(store, context(store, "undo-a"), "tier-1"), "tier-2")
+    assert rollback(store, context(store, "undo-b"), "tier-2").exit_code() == ExitCode.OK
+    assert _objects(store) == moved_to_ia
+    assert rollback(store, context(store, "undo-c"), "tier-1").exit_code() == ExitCode.OK
+    assert _objects(store) == before

@@ -20,6 +20,7 @@ of an IA / Glacier IR source; its saving is the monthly storage price difference
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -354,9 +355,10 @@ def _in_flight_groups(store: ObjectStore, prefix: str, directory: str) -> dict[i
 
 def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Lease, run_id: str) -> SegmentResult:
     """Move one segment's planned objects. The run's mark goes in the partition's state before the first copy
-    (what a rollback undoes) and, after the copies, the ETags they made where a copy changed one (a crash
-    between the two leaves a mark without them, which the rollback judges by the object's class, size and
-    generation)."""
+    (what a rollback undoes) and, after the copies, the ETags they made (a copy may change one): a mark
+    without them is one a crash left between the two, which the rollback judges by the object's class, size
+    and generation. A same-run retry of the same plan adds them to such a mark; one that plans anew finds
+    the objects in their target class and leaves it."""
     moved: list[dict[str, Any]] = []
     notes: list[str] = []
     etags: dict[str, tuple[str, str]] = {}
@@ -386,9 +388,9 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
                 notes.append(f"{o.file} changed since planning: left as it is")
                 continue
             todo.append((o, attrs))
-        if todo:
-            moves = {**earlier, **{o.file: ClassMove(o.file, o.size, o.storage_class, str(o.target), o.etag)
-                                   for o, _ in todo}}
+        if todo:  # the class each object is in now is the one a rollback puts it back in
+            moves = {**earlier, **{o.file: ClassMove(o.file, o.size, attrs.storage_class, str(o.target), o.etag)
+                                   for o, attrs in todo}}
             mark = TierMark(run_id, generation_in_place(state.get(s.base_offset)),
                             tuple(moves[f] for f in FILES if f in moves))
             lease.check()
@@ -398,7 +400,7 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
             lease.check()
             new_etag = store.transition(o.key, etag=o.etag, attrs=attrs, storage_class=o.target)
             etags[o.file] = (o.etag, new_etag)
-            moved.append({"key": o.key, "from": o.storage_class, "to": o.target, "bytes": o.size,
+            moved.append({"key": o.key, "from": attrs.storage_class, "to": o.target, "bytes": o.size,
                           "monthly_savings_usd": o.monthly_savings_usd, "one_off_usd": o.one_off_usd})
     except LeaseLost:
         raise  # with_lease reports the rest of the partition as skipped
@@ -409,9 +411,9 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
                              stats={"moved": moved}, error=e.to_dict(), pending=pending,
                              cause=Cause.INVALID if isinstance(e, InvalidDataError) else
                              Cause.TRANSIENT if e.retryable else Cause.BUSY if pending else Cause.REFUSED)
-    finally:  # whatever moved, our state names it: only a copy that changed an ETag needs a write
-        if changed := {file: pair for file, pair in etags.items() if pair[0] != pair[1]}:
-            _follow_etags(store, prefix, s.directory, s.base_offset, changed, _moved_to(s.base_offset, run_id, changed))
+    finally:  # whatever moved, our state names it (a mark without the ETags after is a crash's)
+        if etags:
+            _follow_etags(store, prefix, s.directory, s.base_offset, etags, _moved_to(s.base_offset, run_id, etags))
     status = MOVED if moved else Status.SKIPPED
     reason = "; ".join(notes) or ("" if moved else "nothing left to move")
     return SegmentResult(s.directory, s.base_offset, status, reason, sum(int(m.get("bytes", 0)) for m in moved),
@@ -498,12 +500,14 @@ def rollback_tiering(ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL
         if bases:
             marked[directory] = bases
             refused += tiering_blocked(state, directory, target_run)
+    tally = RunTally()
     if not marked:
         try:
-            store.head(run_result_key(ctx.prefix, target_run, RunKind.TIER))
+            doc = store.get_json(run_result_key(ctx.prefix, target_run, RunKind.TIER))[0]
         except ObjectNotFound:
             return None
-    tally = RunTally()
+        for result in _unmarked_moves(store, TierRun.from_json(doc)):
+            tally.add(result)
     for directory, bases in sorted(marked.items() if not refused else ()):
         def work(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
             out += recover_partition(ctx, directory, lease)
@@ -511,11 +515,11 @@ def rollback_tiering(ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL
             if later := tiering_blocked(state, directory, target_run):  # a run since the check above
                 out.extend(later)
                 return
+            busy = _in_flight_groups(store, ctx.prefix, directory)
             for base, marks in sorted(state.tiered.items()):
                 mark = next((m for m in marks if m.run_id == target_run), None)
                 if mark is not None:
-                    out.append(_unmove_segment(store, ctx.prefix, directory, base, mark,
-                                               generation_in_place(state.get(base)), lease))
+                    out.append(_unmove_segment(store, ctx.prefix, directory, base, mark, state.get(base), lease, busy))
 
         for result in with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in bases]):
             tally.add(result)
@@ -524,72 +528,116 @@ def rollback_tiering(ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL
     return tally.write(store, RunKind.ROLLBACK, ctx.run_id, ctx.prefix, started, {"restores_run": target_run})
 
 
+def _unmarked_moves(store: ObjectStore, run: TierRun) -> list[SegmentResult]:
+    """The objects a tiering run's document says it moved that are still in the class it moved them to though
+    no mark of the move is left (a run made before moves were marked, or a mark lost): not moved back, each
+    segment reported (a rollback whose every move is undone finds none)."""
+    out = []
+    for r in run.results:
+        still = []
+        for m in moved_objects([r]):
+            with contextlib.suppress(ObjectNotFound):
+                if store.head(str(m["key"])).storage_class == m.get("to"):
+                    still.append(f"{str(m['key']).rsplit('/', 1)[-1]} is still in {m['to']}")
+        if still:
+            out.append(SegmentResult(r.directory, r.base_offset, Status.SKIPPED, "; ".join(still) + f", where run "
+                                     f"{run.run_id} moved it, and the partition's state keeps no mark of the move (a "
+                                     "run made before moves were marked): not moved back",
+                                     cause=Cause.NOT_RESTORABLE))
+    return out
+
+
 def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, mark: TierMark,
-                    in_place: str | None, lease: Lease) -> SegmentResult:
-    """One segment's objects moved back to the classes ``mark``'s run found them in; the mark goes once every
-    object is back (what is not stays in it, and is reported)."""
+                    entry: SegmentState | None, lease: Lease, busy: Mapping[int, str]) -> SegmentResult:
+    """One segment's objects moved back to the classes ``mark``'s run found them in; a move leaves the mark
+    once its object is back (one that is not stays in it, and is reported). ``busy``: the segments of merges
+    in flight in the partition."""
+    if base in busy:
+        return SegmentResult(directory, base, Status.SKIPPED, f"a merge of segments {busy[base]} is in flight: roll "
+                             "back again later", pending=Pending.BUSY, cause=Cause.BUSY)
     try:
         store.head(journal_key(prefix, directory, base))
         return SegmentResult(directory, base, Status.SKIPPED, "an operation on this segment is in progress (its "
                              "journal entry exists): roll back again later", pending=Pending.BUSY, cause=Cause.BUSY)
     except ObjectNotFound:
         pass
+    in_place = generation_in_place(entry)
     restored: list[dict[str, Any]] = []
-    problems: dict[str, str] = {}
+    problems: list[str] = []
+    back: set[str] = set()  # the files in the class the run found them in
     etags: dict[str, tuple[str, str]] = {}
-    try:
-        for m in mark.moves:
-            key = dir_segment_key(prefix, directory, base, f".{m.file}")
+    failed: TieringError | None = None
+    for m in mark.moves:
+        key = dir_segment_key(prefix, directory, base, f".{m.file}")
+        try:
             lease.check()
             try:
                 info, attrs = store.describe(key)
             except ObjectNotFound:
-                problems[m.file] = f"the .{m.file} is gone"
+                problems.append(f"the .{m.file} is gone")
                 continue
-            if info.storage_class == m.from_class:
-                continue  # back already (an earlier attempt), or the run stopped before moving it
-            same = info.etag == m.etag_after or (m.etag_after is None and info.etag == m.etag_before)
-            if info.storage_class != m.to_class or info.size != m.size or not (same or in_place == mark.generation):
-                problems[m.file] = (f"the .{m.file} in place ({info.storage_class}, {info.size:,} bytes) is not the "
-                                    f"object run {mark.run_id} moved to {m.to_class}: not moved over it")
+            # our entry names the object by the ETag it had when the entry last followed it
+            named = _named_etag(entry, m.file)
+            old = named if named is not None and named in (m.etag_before, m.etag_after) else info.etag
+            if info.storage_class == m.from_class:  # back already (an attempt killed before its state write), or
+                back.add(m.file)  # never moved (the run stopped before its copy)
+                if old != info.etag:
+                    etags[m.file] = (old, info.etag)
                 continue
-            etags[m.file] = (info.etag, store.transition(key, etag=info.etag, attrs=attrs, storage_class=m.from_class))
+            ours = info.etag == m.etag_after if m.etag_after is not None else (
+                info.etag == m.etag_before or in_place == mark.generation)  # a crash between copy and mark
+            if info.storage_class != m.to_class or info.size != m.size or not ours:
+                problems.append(f"the .{m.file} in place ({info.storage_class}, {info.size:,} bytes) is not the "
+                                f"object run {mark.run_id} moved to {m.to_class}: not moved over it")
+                continue
+            etags[m.file] = (old, store.transition(key, etag=info.etag, attrs=attrs, storage_class=m.from_class))
+            back.add(m.file)
             restored.append({"key": key, "from": m.to_class, "to": m.from_class, "bytes": info.size})
-    except LeaseLost:
-        raise
-    except TieringError as e:
-        problems["error"] = f"stopped: {e}"
-        return SegmentResult(directory, base, Status.FAILED, f"stopped: {e}", stats={"moved": restored},
-                             error=e.to_dict(), pending=Pending.TRANSIENT if e.retryable else None,
-                             cause=Cause.TRANSIENT if e.retryable else Cause.REFUSED)
-    finally:
-        _follow_etags(store, prefix, directory, base, etags, _unmarked(base, mark.run_id, set(problems), etags))
+        except LeaseLost:
+            raise  # nothing more is written: the partition is another's now
+        except TieringError as e:
+            failed = e
+            break
+    _follow_etags(store, prefix, directory, base, etags, _unmarked(base, mark.run_id, back, etags))
+    moved = sum(int(r["bytes"]) for r in restored)
+    if failed is not None:
+        return SegmentResult(directory, base, Status.FAILED, f"stopped: {failed}", moved, stats={"moved": restored},
+                             error=failed.to_dict(), pending=Pending.TRANSIENT if failed.retryable else None,
+                             cause=Cause.TRANSIENT if failed.retryable else Cause.REFUSED)
     if problems:
-        return SegmentResult(directory, base, Status.SKIPPED, "; ".join(problems.values()),
-                             sum(int(r["bytes"]) for r in restored), stats={"moved": restored},
+        return SegmentResult(directory, base, Status.SKIPPED, "; ".join(problems), moved, stats={"moved": restored},
                              cause=Cause.NOT_RESTORABLE)
     if not restored:
         return SegmentResult(directory, base, Status.SKIPPED, "its objects are in the classes run "
                              f"{mark.run_id} found them in already: nothing to move back", cause=Cause.RESTORED)
-    return SegmentResult(directory, base, Status.ROLLED_BACK, "", sum(int(r["bytes"]) for r in restored),
-                         stats={"moved": restored})
+    return SegmentResult(directory, base, Status.ROLLED_BACK, "", moved, stats={"moved": restored})
 
 
-def _unmarked(base: int, run_id: str, left: set[str], etags: Mapping[str, tuple[str, str]]
+def _named_etag(entry: SegmentState | None, file: str) -> str | None:
+    """The ETag our compacted entry names for one of the segment's files (None: no entry names it)."""
+    if entry is None or not entry.compacted:
+        return None
+    return {"log": entry.log_etag, "index": entry.index_etag, "timeindex": entry.timeindex_etag}.get(file)
+
+
+def _unmarked(base: int, run_id: str, back: set[str], etags: Mapping[str, tuple[str, str]]
               ) -> Callable[[Marks], Marks]:
-    """Run ``run_id``'s mark of segment ``base`` with only the moves ``left`` to undo (gone when none is); the
-    mark below it, now the newest, naming the ETags the rollback's copies made."""
+    """Run ``run_id``'s mark of segment ``base`` without the moves of the files ``back`` in their classes (gone
+    when none is left); the mark below it, now the newest, naming the ETags the rollback's copies made where
+    it moved the same generation."""
     def change(marks: Marks) -> Marks:
         stack = list(marks.get(base, ()))
         at = next((i for i, m in enumerate(stack) if m.run_id == run_id), None)
         if at is None:
             return marks
-        undone = {m.file: m.from_class for m in stack[at].moves if m.file not in left}
+        undone = {m.file: m.from_class for m in stack[at].moves if m.file in back}
+        generation = stack[at].generation
+        left = tuple(m for m in stack[at].moves if m.file not in back)
         if left:
-            stack[at] = replace(stack[at], moves=tuple(m for m in stack[at].moves if m.file in left))
+            stack[at] = replace(stack[at], moves=left)
         else:
             del stack[at]
-        if at > 0:
+        if at > 0 and stack[at - 1].generation == generation:  # the same objects, moved before
             below = stack[at - 1]
             stack[at - 1] = replace(below, moves=tuple(
                 replace(m, etag_after=etags[m.file][1]) if m.file in etags and undone.get(m.file) == m.to_class else m
