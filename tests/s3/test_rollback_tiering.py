@@ -142,10 +142,11 @@ def test_a_merge_and_a_tiering_run_roll_back_in_either_order_they_ran(store: S3S
 
 
 def _multipart(store: S3Store, key: str) -> str:
-    """``key`` uploaded again, the same bytes, as one part of a multipart upload: a copy of it (a move to
-    another class) gets another ETag, as on S3."""
+    """``key`` uploaded again, the same bytes and metadata, as one part of a multipart upload: a copy of it (a
+    move to another class) gets another ETag, as on S3."""
     body = store.get(key)
-    upload = store.client.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+    metadata = store.client.head_object(Bucket=BUCKET, Key=key)["Metadata"]  # our marks, where we wrote it
+    upload = store.client.create_multipart_upload(Bucket=BUCKET, Key=key, Metadata=metadata)["UploadId"]
     part = store.client.upload_part(Bucket=BUCKET, Key=key, UploadId=upload, PartNumber=1, Body=body)["ETag"]
     store.client.complete_multipart_upload(Bucket=BUCKET, Key=key, UploadId=upload,
                                            MultipartUpload={"Parts": [{"ETag": part, "PartNumber": 1}]})
@@ -219,6 +220,8 @@ def test_an_object_someone_replaced_since_is_not_moved_back(store: S3Store) -> N
     [segment] = undone.segments
     assert segment.cause is Cause.NOT_RESTORABLE
     assert "is not the object run tier-1 moved" in segment.reason
+    assert load_state(store, PREFIX, DIRECTORY).tiered == {}  # nothing of the run left there to undo: no mark
+    # stays to refuse the rollbacks of the runs below it for ever
     assert store.get(key) == other
     assert store.head(key).storage_class == "GLACIER_IR"
 
@@ -265,3 +268,40 @@ def test_a_move_planned_before_another_run_moved_the_object_rolls_back_to_that_r
     assert _objects(store) == moved_to_ia
     assert rollback(store, context(store, "undo-c"), "tier-1").exit_code() == ExitCode.OK
     assert _objects(store) == before
+
+
+def test_a_compacted_segment_moved_by_a_run_killed_before_its_state_write_stays_ours(store: S3Store) -> None:
+    """The copy of a multipart .log changes its ETag; a run stopped before noting it leaves our entry naming the
+    ETag before the move. The scan still reads the segment as compacted (the mark explains the new ETag), not as
+    a .log someone replaced, and both rollbacks put the originals back."""
+    from tiering.lifecycle.state import record_segment
+
+    seed(store, segments=2, segment_bytes=BIG)
+    originals = _objects(store)
+    compact(store, plan_for(store), context(store, "compact-1"), CompactOptions())
+    key = segment_key(PREFIX, TOPIC, 0, 0, ".log")
+    entry = load_state(store, PREFIX, DIRECTORY).get(0)
+    assert entry is not None
+    record_segment(store, PREFIX, DIRECTORY, 0, replace(entry, log_etag=_multipart(store, key)))
+    compacted = _objects(store)
+    if (there := store.head(key)).size < 131072:
+        pytest.skip(f"the compacted .log ({there.size} bytes) is under Glacier IR's minimum")
+    written = [0]  # the run's state writes: its mark, then (refused here) the ETags its copy made
+
+    def second(**_: object) -> None:
+        written[0] += 1
+        if written[0] > 1:
+            _unreachable()
+
+    refusing = Step(store, "PutObject", key_ends(f"/state/{DIRECTORY}.json", IfMatch=True), second, times=100)
+    [result] = _tier(store, "tier-1", "GLACIER_IR").results
+    refusing.left = 0
+    assert result.status is Status.FAILED
+    assert store.head(key).storage_class == "GLACIER_IR"
+    assert load_state(store, PREFIX, DIRECTORY).get(0).log_etag != store.head(key).etag  # type: ignore[union-attr]
+    [first] = [s for s in plan_for(store).segments if s.base_offset == 0]
+    assert first.cause is Cause.ALREADY_COMPACTED, first.reason
+    assert rollback(store, context(store, "undo-1"), "tier-1").exit_code() == ExitCode.OK
+    assert _objects(store) == compacted
+    assert rollback(store, context(store, "undo-2"), "compact-1").exit_code() == ExitCode.OK
+    assert _objects(store) == originals

@@ -13,7 +13,7 @@ changes are written together (:class:`StateBatch`): one read and one write per b
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final
@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Final
 from tiering.documents import check_document
 from tiering.errors import ConfigError, TieringError
 from tiering.storage.layout import state_key
-from tiering.storage.objects import ObjectNotFound, ObjectStore, PreconditionFailed
+from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed
 
 CAS_ATTEMPTS: Final = 5
 BATCH_ENTRIES: Final = 100  # a batch writes itself once this many changes wait (bounds the bytes rewritten)
@@ -210,6 +210,26 @@ def generation_in_place(entry: SegmentState | None) -> str | None:
     """The run whose generation a segment's entry says is in place (None: the objects as Kafka wrote them, or
     remembered as such)."""
     return entry.run_id if entry is not None and entry.compacted else None
+
+
+def after_moves(entry: SegmentState | None, marks: Sequence[TierMark], in_place: Mapping[str, ObjectInfo | None]
+                ) -> SegmentState | None:
+    """``entry`` naming the objects ``in_place`` (by file) that the newest tiering run of its generation moved
+    where it still names them by their ETags before the move: a run killed between its copy (which may change
+    an ETag) and its state write leaves it so. Otherwise ``entry`` as it is."""
+    if entry is None or not entry.compacted or not marks or marks[-1].generation != entry.run_id:
+        return entry
+    named = {"log": entry.log_etag, "index": entry.index_etag, "timeindex": entry.timeindex_etag}
+    now: dict[str, str] = {}
+    for m in marks[-1].moves:
+        info = in_place.get(m.file)
+        if (info is not None and named.get(m.file) == m.etag_before != info.etag and info.storage_class == m.to_class
+                and info.size == m.size and m.etag_after in (None, info.etag)):
+            now[m.file] = info.etag
+    if not now:
+        return entry
+    return replace(entry, log_etag=now.get("log", entry.log_etag), index_etag=now.get("index", entry.index_etag),
+                   timeindex_etag=now.get("timeindex", entry.timeindex_etag))
 
 
 @dataclass(frozen=True, slots=True)

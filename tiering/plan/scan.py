@@ -41,7 +41,7 @@ from tiering.kafka.files import (
     parse_segment_name,
 )
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
-from tiering.lifecycle.state import Outcome, PartitionState, SegmentState, load_state
+from tiering.lifecycle.state import Outcome, PartitionState, SegmentState, after_moves, load_state
 from tiering.lifecycle.vocabulary import Action, Cause
 from tiering.plan.document import MAX_IGNORED_LISTED, Committed, ObjectRef, Plan, PlannedSegment
 from tiering.plan.policy import AUTO, PRODUCER, Policy
@@ -156,7 +156,7 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
         log = g.get(LOG_SUFFIX)
         refs = {"log": log, "index": g.get(INDEX_SUFFIX), "timeindex": g.get(TIME_INDEX_SUFFIX),
                 "txnindex": g.get(TXN_INDEX_SUFFIX)}
-        ours = state.get(base)
+        ours = after_moves(state.get(base), state.tiered.get(base, ()), refs)  # a tiering run's copy not followed
         action, reason, cause = _classify(base, log, refs, active, ours, now, grace, target)
         if action == Action.COMPACT and target.codec == PRODUCER:
             action, cause = Action.SKIP, Cause.POLICY

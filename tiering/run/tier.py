@@ -542,16 +542,18 @@ def _unmarked_moves(store: ObjectStore, run: TierRun) -> list[SegmentResult]:
         if still:
             out.append(SegmentResult(r.directory, r.base_offset, Status.SKIPPED, "; ".join(still) + f", where run "
                                      f"{run.run_id} moved it, and the partition's state keeps no mark of the move (a "
-                                     "run made before moves were marked): not moved back",
+                                     "run made before moves were marked, or an object an earlier rollback found "
+                                     "replaced): not moved back",
                                      cause=Cause.NOT_RESTORABLE))
     return out
 
 
 def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, mark: TierMark,
                     entry: SegmentState | None, lease: Lease, busy: Mapping[int, str]) -> SegmentResult:
-    """One segment's objects moved back to the classes ``mark``'s run found them in; a move leaves the mark
-    once its object is back (one that is not stays in it, and is reported). ``busy``: the segments of merges
-    in flight in the partition."""
+    """One segment's objects moved back to the classes ``mark``'s run found them in. A move leaves the mark
+    once its object is back, or once the object in place is not the one it moved (gone, or another writer's:
+    reported, and nothing of the run is left there to undo); one S3 stopped stays in it. ``busy``: the
+    segments of merges in flight in the partition."""
     if base in busy:
         return SegmentResult(directory, base, Status.SKIPPED, f"a merge of segments {busy[base]} is in flight: roll "
                              "back again later", pending=Pending.BUSY, cause=Cause.BUSY)
@@ -564,7 +566,7 @@ def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, 
     in_place = generation_in_place(entry)
     restored: list[dict[str, Any]] = []
     problems: list[str] = []
-    back: set[str] = set()  # the files in the class the run found them in
+    settled: set[str] = set()  # the files whose moves leave the mark
     etags: dict[str, tuple[str, str]] = {}
     failed: TieringError | None = None
     for m in mark.moves:
@@ -575,12 +577,13 @@ def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, 
                 info, attrs = store.describe(key)
             except ObjectNotFound:
                 problems.append(f"the .{m.file} is gone")
+                settled.add(m.file)
                 continue
             # our entry names the object by the ETag it had when the entry last followed it
             named = _named_etag(entry, m.file)
             old = named if named is not None and named in (m.etag_before, m.etag_after) else info.etag
             if info.storage_class == m.from_class:  # back already (an attempt killed before its state write), or
-                back.add(m.file)  # never moved (the run stopped before its copy)
+                settled.add(m.file)  # never moved (the run stopped before its copy)
                 if old != info.etag:
                     etags[m.file] = (old, info.etag)
                 continue
@@ -589,16 +592,17 @@ def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, 
             if info.storage_class != m.to_class or info.size != m.size or not ours:
                 problems.append(f"the .{m.file} in place ({info.storage_class}, {info.size:,} bytes) is not the "
                                 f"object run {mark.run_id} moved to {m.to_class}: not moved over it")
+                settled.add(m.file)
                 continue
             etags[m.file] = (old, store.transition(key, etag=info.etag, attrs=attrs, storage_class=m.from_class))
-            back.add(m.file)
+            settled.add(m.file)
             restored.append({"key": key, "from": m.to_class, "to": m.from_class, "bytes": info.size})
         except LeaseLost:
             raise  # nothing more is written: the partition is another's now
         except TieringError as e:
             failed = e
             break
-    _follow_etags(store, prefix, directory, base, etags, _unmarked(base, mark.run_id, back, etags))
+    _follow_etags(store, prefix, directory, base, etags, _unmarked(base, mark.run_id, settled, etags))
     moved = sum(int(r["bytes"]) for r in restored)
     if failed is not None:
         return SegmentResult(directory, base, Status.FAILED, f"stopped: {failed}", moved, stats={"moved": restored},
@@ -620,19 +624,19 @@ def _named_etag(entry: SegmentState | None, file: str) -> str | None:
     return {"log": entry.log_etag, "index": entry.index_etag, "timeindex": entry.timeindex_etag}.get(file)
 
 
-def _unmarked(base: int, run_id: str, back: set[str], etags: Mapping[str, tuple[str, str]]
+def _unmarked(base: int, run_id: str, settled: set[str], etags: Mapping[str, tuple[str, str]]
               ) -> Callable[[Marks], Marks]:
-    """Run ``run_id``'s mark of segment ``base`` without the moves of the files ``back`` in their classes (gone
-    when none is left); the mark below it, now the newest, naming the ETags the rollback's copies made where
-    it moved the same generation."""
+    """Run ``run_id``'s mark of segment ``base`` without the moves of the files ``settled`` (gone when none is
+    left); the mark below it, now the newest, naming the ETags the rollback's copies made where it moved the
+    same generation."""
     def change(marks: Marks) -> Marks:
         stack = list(marks.get(base, ()))
         at = next((i for i, m in enumerate(stack) if m.run_id == run_id), None)
         if at is None:
             return marks
-        undone = {m.file: m.from_class for m in stack[at].moves if m.file in back}
+        undone = {m.file: m.from_class for m in stack[at].moves if m.file in etags}
         generation = stack[at].generation
-        left = tuple(m for m in stack[at].moves if m.file not in back)
+        left = tuple(m for m in stack[at].moves if m.file not in settled)
         if left:
             stack[at] = replace(stack[at], moves=left)
         else:
