@@ -4,11 +4,12 @@
 Moves old Kafka log segments of an S3 `logdir` prefix to colder storage classes, as a policy file says
 (`storage.tiers`: e.g. after 30 days `STANDARD_IA`, after 90 days `GLACIER_IR`).
 
-**Tasks**: `plan` (list the prefix; for each sealed segment read its newest record's timestamp from the
-tail of its `.log` and pick the target class of its topic's policy; every object that stays gets its
-reason: already there, under 128 KiB for an IA class, not yet past its class's minimum duration, no
-saving) → `apply` (each move is an in-place copy with the new storage class that keeps metadata, tags and
-encryption, conditional on the planned ETag, under the partition's lease like a compaction) → `report`
+**Tasks**: `tier` (a run of the engine's tiering kind: list the prefix; for each sealed segment read its
+newest record's timestamp from the tail of its `.log` and pick the target class of its topic's policy; every
+object that stays gets its reason: already there, under 128 KiB for an IA class, not yet past its class's
+minimum duration, no saving; then each move, an in-place copy with the new storage class that keeps
+metadata, tags and encryption, conditional on the planned ETag, a partition at a time under its lease like
+a compaction, marked in the partition's state so that `tiering s3 rollback` can undo it) → `report`
 (what moved, what it saves per month, its one-off cost and payback; a table in the log, JSON and Markdown
 under `PREFIX/_tiering/reports/<run>/tiering.{json,md}`; publishes the asset `kafka_segment_tiering_report`).
 
@@ -77,34 +78,25 @@ def _run() -> tuple[Any, Any]:
 )
 def kafka_segment_tiering() -> None:
     @task
-    def plan() -> dict[str, Any]:
+    def tier() -> dict[str, Any]:
         from tiering.steps import storage_classes  # noqa: PLC0415
 
         run, store = _run()
-        return storage_classes.plan(store, run, print).to_json()
-
-    @task
-    def apply(planned: dict[str, Any]) -> dict[str, Any]:
-        from tiering.steps import storage_classes  # noqa: PLC0415
-
-        run, store = _run()
-        return storage_classes.apply(store, run, storage_classes.TierPlanStep.from_json(planned), print).to_json()
+        return storage_classes.tier(store, run, print)[0].to_json()
 
     @task(outlets=[REPORT_ASSET])
-    def report(planned: dict[str, Any], applied: dict[str, Any]) -> dict[str, Any]:
+    def report(tiered: dict[str, Any]) -> dict[str, Any]:
         from tiering.steps import storage_classes as steps  # noqa: PLC0415
 
         run, store = _run()
-        step = steps.report(store, run, steps.TierPlanStep.from_json(planned), steps.TierApplyStep.from_json(applied),
-                            print)
+        step = steps.report(store, run, steps.TierStep.from_json(tiered), print)
         out = step.to_json()
         get_current_context()["outlet_events"][REPORT_ASSET].extra = {**out, "bucket": run.bucket, "prefix": run.prefix}
         if step.failure:
             raise RuntimeError(step.failure)
         return out
 
-    planned = plan()
-    report(planned, apply(planned))
+    report(tier())
 
 
 tiering_dag = kafka_segment_tiering()

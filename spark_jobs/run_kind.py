@@ -1,5 +1,5 @@
-"""Spark job: a run of one of the run engine's kinds (key compaction, merging), one Spark task per unit of
-whole partitions.
+"""Spark job: a run of one of the run engine's kinds (key compaction, merging, storage tiering), one Spark
+task per unit of whole partitions.
 
     spark-submit --master 'local[*]' spark_jobs/run_kind.py --kind merge \\
         --settings '{"bucket": "B", "prefix": "P", "run_id": "R", ...}' \\
@@ -8,7 +8,7 @@ whole partitions.
 
 ``--settings`` is the run's settings as ``RunSettings.to_json`` writes them (bucket, prefix, run id, lease
 time, how staged files are accepted and swapped in); ``--options`` the kind's options as its
-``to_json`` writes them (``KeyCompactOptions``, ``MergeOptions``: a field they do not write is an error
+``to_json`` writes them (``KeyCompactOptions``, ``MergeOptions``, ``TierOptions``: a field they do not write is an error
 naming it, a field left out takes the command line's default; a policy travels as its file's path). The
 DAG builds both from its typed params; nothing is parsed twice.
 

@@ -142,7 +142,7 @@ def test_no_layer_imports_one_above_it() -> None:
 
 # The run engine's kinds (tiering/run/engine.py): each supplies only its own work and reaches what runs share
 # through the engine and the modules below it; no kind imports another, and the engine imports no kind.
-KINDS = ("run/keycompact.py", "run/merge.py")
+KINDS = ("run/keycompact.py", "run/merge.py", "run/tier.py")
 SHARED_BY_KINDS = {"tiering.run.engine", "tiering.run.documents", "tiering.run.segment"}
 
 
@@ -166,11 +166,14 @@ def test_kinds_import_the_engine_never_each_other() -> None:
     assert not _run_modules(PACKAGE / "run" / "engine.py") & kinds
 
 
-# What a caller (the CLI, the DAG's steps, the kinds' registry) may take from a kind's module: the kind, its
-# options and what a dry run gives (plan_merges folds engine.preview). The work on a partition is reached
-# only through the engine (engine.run, engine.run_unit), never called beside it.
+# What a caller (the CLI, the DAG's steps, the kinds' registry, the rollback) may take from a kind's module: the
+# kind, its options, what a dry run gives (plan_merges folds engine.preview) and a run's documents (tiering's plan
+# and report, its results), and the undo of a kind whose runs keep no backup (tiering). The work on a partition is
+# reached only through the engine (engine.run, engine.run_unit), never called beside it.
 KIND_EXPORTS = {"KeyCompaction", "KeyCompactOptions", "KeyPartition", "Merging", "MergeOptions", "PlannedMerges",
-                "plan_merges"}
+                "plan_merges", "Tiering", "TierOptions", "TierPartition", "SegmentTiering", "TierTally", "TierPlan",
+                "plan_document", "run_results", "tier_report", "tier_table", "lifecycle_configuration",
+                "rollback_tiering"}
 
 
 def test_callers_reach_a_kinds_work_only_through_the_engine() -> None:
@@ -257,7 +260,6 @@ JSON_BOUNDARIES: dict[str, str] = {
     "run/tier.py:lifecycle_configuration": "writes S3's PutBucketLifecycleConfiguration document",
     "run/tier.py:rule": "one rule of that S3 document",
     "run/tier.py:moved_objects": "the moved objects as the tiering results' stats record them (JSON)",
-    "run/tier.py:moved": "the same, of one tiering run",
     "steps/compaction.py:from_params": "the DAG's params, as Airflow validated them against their schema",
     "steps/storage_classes.py:from_params": "the DAG's params, as Airflow validated them against their schema",
 }
@@ -356,7 +358,7 @@ def test_a_dag_task_is_one_call_of_a_step() -> None:
                                                                                         "steps")]
                 tasks.append((f"{path.name}:{node.name}", len(statements) <= MAX_TASK_STATEMENTS, len(loops) <= 1,
                               len(steps) >= 1))
-    assert len(tasks) == 11
+    assert len(tasks) == 10
     assert [t for t in tasks if not all(t[1:])] == []
 
 

@@ -67,7 +67,7 @@ def test_dag_folder_loads_without_errors_or_heavy_imports(tmp_path: Path) -> Non
         assert f"`{name}`" in facts["doc_md"], f"param {name} is not explained in doc_md"
     assert {name: result for name, result in facts["bad_values"].items() if result == "accepted"} == {}
     tier = facts["tiering"]
-    assert tier["tasks"] == ["apply", "plan", "report"]
+    assert tier["tasks"] == ["report", "tier"]
     assert tier["outlets"] == ["kafka_segment_tiering_report"]
     assert tier["retries"] == [2]
     assert tier["schedule"] == "None"  # no TIERING_POLICY_FILE here: triggered runs only

@@ -119,7 +119,8 @@ def test_rollbacks_newest_first_undo_key_compaction_merge_compaction_and_tiering
                                  "--policy", str(tier_policy), "--run-id", f"{run}-tier", "--json"],
                                 capture_output=True, text=True, env=_env(endpoint), timeout=600, check=False, cwd=ROOT)
         assert tiered.returncode == ExitCode.OK, tiered.stderr[-4000:]
-        moved = [m for r in json.loads(tiered.stdout)["results"] for m in (r.get("stats") or {}).get("moved", [])]
+        segments = json.loads(tiered.stdout)["run"]["segments"]
+        moved = [m for r in segments for m in (r.get("stats") or {}).get("moved", [])]
         note(f"{run}-tier: {len(moved)} objects moved")
         assert moved
         runs.append(f"{run}-tier")

@@ -139,7 +139,7 @@ class FailingStateWrites(MemoryStore):
 def test_segments_whose_state_write_failed_are_left_in_flight_not_reported_done() -> None:
     from tiering.errors import ExitCode
     from tiering.lifecycle.vocabulary import Pending
-    from tiering.run.maintenance import pending_bases
+    from tiering.run.segment import pending_bases
 
     mem = FailingStateWrites()
     originals = seed(mem, segments=4)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -14,23 +17,28 @@ import yaml
 
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC, context, plan_for, seed
 from tiering.cli import main
-from tiering.commit.operation import SegmentResult
-from tiering.cost.prices import GB, load_prices
+from tiering.commit.operation import Context, SegmentResult
+from tiering.cost.prices import GB, PriceBook, load_prices
+from tiering.kafka.codecs import Codec
+from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Status
-from tiering.plan.policy import parse_policy
-from tiering.run.documents import CompactOptions
+from tiering.plan.policy import Policy, parse_policy
+from tiering.run import engine
+from tiering.run.documents import CompactOptions, RunResult
 from tiering.run.pipeline import compact
 from tiering.run.tier import (
     MOVE,
     STAY,
+    Tiering,
+    TierOptions,
     TierPlan,
     TierReport,
-    TierRun,
+    TierTally,
     Transition,
-    apply_tiering,
     lifecycle_configuration,
-    plan_tiering,
+    moved_objects,
+    plan_document,
     tier_report,
 )
 from tiering.storage.layout import segment_key
@@ -44,6 +52,49 @@ DOC: dict[str, Any] = {"cluster": {"storage.tiers": [{"after.days": 30, "storage
 BIG = 300_000  # .log objects above 128 KiB; their indexes stay below it
 
 
+def _options(policy: dict[str, Any] | Policy, prices: PriceBook) -> TierOptions:
+    return TierOptions(policy if isinstance(policy, Policy) else parse_policy(policy), prices)
+
+
+def plan_tiers(store: S3Store, policy: dict[str, Any] | Policy, prices: PriceBook = PRICES) -> TierPlan:
+    """What a tiering run would do, every segment's decision (a dry run: nothing written)."""
+    kind = Tiering(_options(policy, prices)).started(store, PREFIX)
+    tally, decided = TierTally(), []
+
+    def seen(part: Any) -> None:
+        tally.add(part)
+        decided.extend(part.decided)
+
+    engine.preview(store, PREFIX, kind, seen)
+    return plan_document(store, PREFIX, kind.options, tally.totals(), decided)
+
+
+def planned_tiers(store: S3Store, policy: dict[str, Any] | Policy, run_id: str, prices: PriceBook = PRICES
+                  ) -> Callable[[], RunResult]:
+    """A tiering run planned now; what it returns does the run's work and gives its document (whatever happens
+    to the bucket in between)."""
+    ctx = Context(store, PREFIX, run_id, RewriteOptions(Codec.NONE))
+    kind = Tiering(_options(policy, prices)).started(store, PREFIX)
+    started = datetime.now(UTC).isoformat()
+    planned = engine.plan(store, ctx, kind)
+
+    def finish() -> RunResult:
+        for unit in planned.units:
+            engine.run_unit(store, ctx, kind, unit)
+        return engine.collect(store, ctx, kind, planned, started, Counter())
+
+    return finish
+
+
+def run_tiers(store: S3Store, policy: dict[str, Any] | Policy, run_id: str, prices: PriceBook = PRICES) -> RunResult:
+    """A whole tiering run, as the command line and the DAG do it."""
+    return planned_tiers(store, policy, run_id, prices)()
+
+
+def moved_by(run: RunResult) -> list[dict[str, Any]]:
+    return moved_objects(run.segments)
+
+
 def _key(base: int, suffix: str = ".log", topic: str = TOPIC, partition: int = 0) -> str:
     return segment_key(PREFIX, topic, partition, base, suffix)
 
@@ -54,7 +105,7 @@ def _moves(plan: Any) -> dict[str, Any]:
 
 def test_old_records_move_small_and_active_objects_stay(store: S3Store) -> None:
     originals = seed(store, segments=3, segment_bytes=BIG)  # records from 2025-11-22: a year old
-    plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    plan = plan_tiers(store, DOC)
     objects = _moves(plan)
     sealed, active = sorted(originals)[:2], sorted(originals)[2]
     for base in sealed:
@@ -70,7 +121,7 @@ def test_old_records_move_small_and_active_objects_stay(store: S3Store) -> None:
         assert seg.age_days is not None
         assert seg.age_days > 300
     assert next(s for s in plan.segments if s.base_offset == active).reason.startswith("not tiered: active")
-    totals = plan.totals()
+    totals = plan.totals
     assert totals.objects_to_move == 2
     assert totals.by_transition == {"STANDARD -> GLACIER_IR": Transition(2, sum(len(originals[b].log) for b in sealed))}
     assert totals.payback_months == pytest.approx(totals.one_off_usd / totals.monthly_savings_usd)
@@ -81,7 +132,7 @@ def test_age_comes_from_the_records_not_from_last_modified(store: S3Store) -> No
     now_ms = int(time.time() * 1000)
     seed(store, segments=2, segment_bytes=BIG, topic="fresh", start_ms=now_ms - 5 * 86_400_000)
     seed(store, segments=2, segment_bytes=BIG, topic="older", start_ms=now_ms - 40 * 86_400_000)
-    plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    plan = plan_tiers(store, DOC)
     fresh = _moves(plan)[_key(0, topic="fresh")]
     older = _moves(plan)[_key(0, topic="older")]
     assert (fresh.action, fresh.reason) == (STAY, "not old enough for any storage tier")  # 5 days < 10
@@ -94,24 +145,25 @@ def test_apply_keeps_the_object_and_a_rerun_moves_nothing(store: S3Store) -> Non
     key = _key(0)
     store.client.put_object_tagging(Bucket=BUCKET, Key=key, Tagging={"TagSet": [{"Key": "team", "Value": "a"}]})
     before = store.client.head_object(Bucket=BUCKET, Key=key)
-    plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    plan = plan_tiers(store, DOC)
     log_move = _moves(plan)[key]
-    run = apply_tiering(store, plan, "tier-1")
-    assert [r.status for r in run.results] == ["moved"]
+    run = run_tiers(store, DOC, "tier-1")
+    assert [r.status for r in run.segments] == ["moved"]
     after = store.client.head_object(Bucket=BUCKET, Key=key)
     assert after["StorageClass"] == "GLACIER_IR"
     assert store.get(key) == originals[0].log
     assert after.get("ContentType") == before.get("ContentType")
     assert store.client.get_object_tagging(Bucket=BUCKET, Key=key)["TagSet"] == [{"Key": "team", "Value": "a"}]
     assert "StorageClass" not in store.client.head_object(Bucket=BUCKET, Key=_key(0, ".index"))  # stays STANDARD
-    again = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    again = plan_tiers(store, DOC)
     log = _moves(again)[key]
     assert (log.action, log.reason) == (STAY, "already in GLACIER_IR")
-    assert apply_tiering(store, again, "tier-2").results == ()
-    doc = TierRun.from_json(store.get_json(f"{PREFIX}/_tiering/runs/tier-1/tier.json")[0])
+    assert run_tiers(store, DOC, "tier-2").segments == ()
+    doc = RunResult.from_json(store.get_json(f"{PREFIX}/_tiering/runs/tier-1/tier.json")[0], "tier.json")
     assert doc == run
-    assert [m["to"] for m in doc.moved()] == ["GLACIER_IR"]
-    report = tier_report(plan, doc.results, "tier-1", dry_run=False)
+    assert [m["to"] for m in moved_by(doc)] == ["GLACIER_IR"]
+    assert doc.usage["objects_moved"] == {"STANDARD -> GLACIER_IR": 1}
+    report = tier_report(plan, doc.segments, "tier-1", dry_run=False)
     assert (report.objects_moved, report.bytes_moved) == (1, len(originals[0].log))
     assert report.money() == pytest.approx((log_move.monthly_savings_usd, log_move.one_off_usd))
     assert TierReport.from_json(json.loads(json.dumps(report.to_json()))) == report
@@ -119,10 +171,10 @@ def test_apply_keeps_the_object_and_a_rerun_moves_nothing(store: S3Store) -> Non
 
 def test_an_object_changed_since_planning_is_left_alone(store: S3Store) -> None:
     seed(store, segments=2, segment_bytes=BIG)
-    plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    finish = planned_tiers(store, DOC, "tier-1")
     data = store.get(_key(0))
     store.client.put_object(Bucket=BUCKET, Key=_key(0), Body=data[: len(data) // 2])  # someone wrote another one
-    [result] = apply_tiering(store, plan, "tier-1").results
+    [result] = finish().segments
     assert result.status == "skipped"
     assert "changed since planning" in result.reason
     assert "StorageClass" not in store.client.head_object(Bucket=BUCKET, Key=_key(0))
@@ -132,7 +184,7 @@ def test_minimum_duration_of_the_current_class_is_respected(store: S3Store) -> N
     seed(store, segments=2, segment_bytes=BIG)
     store.client.copy_object(Bucket=BUCKET, Key=_key(0), CopySource={"Bucket": BUCKET, "Key": _key(0)},
                              StorageClass="STANDARD_IA", MetadataDirective="COPY")
-    log = _moves(plan_tiering(store, PREFIX, parse_policy(DOC), PRICES))[_key(0)]
+    log = _moves(plan_tiers(store, DOC))[_key(0)]
     assert log.action == STAY
     assert "under its 30-day minimum" in log.reason
 
@@ -141,7 +193,7 @@ def test_the_compaction_state_follows_the_tiered_objects(store: S3Store) -> None
     seed(store, segments=2, segment_bytes=BIG)
     run = compact(store, plan_for(store), context(store), CompactOptions())
     assert run.totals().get("compacted") == 1
-    apply_tiering(store, plan_tiering(store, PREFIX, parse_policy(DOC), PRICES), "tier-1")
+    run_tiers(store, DOC, "tier-1")
     entry = load_state(store, PREFIX, f"{TOPIC}-0").get(0)
     assert entry is not None
     assert entry.log_etag == store.head(_key(0)).etag
@@ -179,9 +231,9 @@ def test_the_state_entry_follows_a_changed_etag(store: S3Store) -> None:
 
 def test_a_segment_being_compacted_is_not_moved(store: S3Store) -> None:
     seed(store, segments=2, segment_bytes=BIG)
-    plan = plan_tiering(store, PREFIX, parse_policy(DOC), PRICES)
+    finish = planned_tiers(store, DOC, "tier-1")
     store.put_json(f"{PREFIX}/_tiering/journal/{TOPIC}-0/{0:020d}.json", {"state": "staged"})
-    [result] = apply_tiering(store, plan, "tier-1").results
+    [result] = finish().segments
     assert result.status == "skipped"
     assert "compaction of this segment is in progress" in result.reason
     assert "StorageClass" not in store.client.head_object(Bucket=BUCKET, Key=_key(0))
@@ -231,7 +283,7 @@ def test_archive_classes_only_when_allowed_and_the_report_says_so(store: S3Store
     seed(store, segments=2, segment_bytes=BIG)
     doc = {"cluster": {"storage.allow.archive": True,
                        "storage.tiers": [{"after.days": 30, "storage.class": "GLACIER"}]}}
-    plan = plan_tiering(store, PREFIX, parse_policy(doc), PRICES)
+    plan = plan_tiers(store, doc)
     log = _moves(plan)[_key(0)]
     assert (log.action, log.target) == (MOVE, "GLACIER")
     # 40 KiB of per-object overhead (32 at GLACIER's rate, 8 at Standard's) is counted.

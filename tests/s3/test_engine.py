@@ -202,3 +202,24 @@ def test_a_runs_settings_read_back_strictly() -> None:
         RunSettings.from_json({**settings.to_json(), "runid": "r"})
     with pytest.raises(ConfigError, match="lease_ttl_seconds"):
         RunSettings.from_json({**settings.to_json(), "lease_ttl_seconds": "600"})
+
+
+def test_tiering_options_read_back_as_they_were_written_and_strictly(tmp_path: Path) -> None:
+    from tiering.cost.prices import load_prices
+    from tiering.run.tier import TierOptions
+
+    path = tmp_path / "tiers.yaml"
+    path.write_text("cluster:\n  storage.tiers:\n    - {after.days: 30, storage.class: STANDARD_IA}\n")
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"regions": {"eu-west-1": {"s3": {"STANDARD_IA": {"put_per_1000": 0.02}}}}}))
+    options = TierOptions(load_policy(str(path)), load_prices("eu-west-1", str(prices)), True, 120,
+                          "2026-12-06T00:00:00+00:00")
+    kind = kind_from_json(RunKind.TIER.value, json.loads(json.dumps(options.to_json())))
+    assert kind.options == options  # type: ignore[attr-defined]
+    assert kind.options.prices.of("STANDARD_IA").put_per_1000 == 0.02  # type: ignore[attr-defined]
+    for doc, found in (({}, "needs a policy"), ({"policy": str(path), "include_internal": "yes"}, "include_internal"),
+                       ({"policy": str(path), "polcy": "x"}, "polcy"),
+                       ({"policy": str(path), "prices_region": "mars-1"}, "mars-1")):
+        with pytest.raises(ConfigError) as raised:
+            kind_from_json("tier", doc, "--options")
+        assert found in str(raised.value), raised.value

@@ -317,14 +317,9 @@ def test_s3_failing_after_the_swap_leaves_the_merge_in_flight_and_the_partition_
     assert _get(store, bases[2], LOG_SUFFIX) == originals[bases[2]].log + originals[bases[3]].log
 
 
-def test_storage_tiering_leaves_the_segments_of_a_merge_in_flight_alone(store: S3Store) -> None:
-    """A merge left in flight after its swap files went in: a tiering run moves none of its segments (a move
-    would change a source the merge deletes by its ETag), moves the others, and the merge finishes later."""
-    from tests.plan.test_tier import DOC
-    from tiering.cost.prices import load_prices
-    from tiering.run.tier import apply_tiering, plan_tiering
-
-    originals = seed(store, segments=4, segment_bytes=300_000)  # .log objects above IA's 128 KiB minimum
+def _merge_left_in_flight(store: S3Store, originals: dict[int, Original]) -> Limits:
+    """The first two segments merged, the merge left in flight after its swap files went in (the delete of the
+    second source's .log never gets through); the merge's bounds."""
     bases = sorted(originals)
     limits = Limits(len(originals[bases[0]].log) + len(originals[bases[1]].log))
 
@@ -334,21 +329,46 @@ def test_storage_tiering_leaves_the_segments_of_a_merge_in_flight_alone(store: S
     Step(store, "DeleteObject", key_ends(f"{bases[1]:020d}.log"), unreachable, times=100)
     first = {r.base_offset: r for r in _merge(store, limits=limits)}
     assert "left in flight" in first[bases[0]].reason
+    return limits
+
+
+def test_storage_tiering_leaves_the_segments_of_a_merge_in_flight_alone(store: S3Store) -> None:
+    """A merge left in flight after a tiering run planned: the run moves none of its segments (a move would
+    change a source the merge deletes by its ETag), moves the others, and the merge finishes later."""
+    from tests.plan.test_tier import DOC, planned_tiers
+
+    originals = seed(store, segments=4, segment_bytes=300_000)  # .log objects above IA's 128 KiB minimum
+    bases = sorted(originals)
     worker = fresh_store()
-    plan = plan_tiering(worker, PREFIX, parse_policy(DOC), load_prices("us-east-1"))
-    planned = {s.base_offset for s in plan.segments if s.objects}
-    assert bases[1] in planned  # only its .log is left: the plan would move it
-    moved = {r.base_offset: r for r in apply_tiering(worker, plan, "tier-1").results}
-    assert moved[bases[1]].status is Status.SKIPPED
-    assert moved[bases[1]].cause is Cause.BUSY
-    assert f"a merge of segments {bases[0]}..{bases[1]} is in flight" in moved[bases[1]].reason
-    assert moved[bases[2]].status is not Status.SKIPPED  # the other sealed segment moves
+    finish = planned_tiers(worker, DOC, "tier-1")  # every sealed .log planned to move
+    limits = _merge_left_in_flight(store, originals)
+    moved = {r.base_offset: r for r in finish().segments}
+    for base in bases[:2]:
+        assert moved[base].status is Status.SKIPPED
+        assert moved[base].cause is Cause.BUSY
+        assert f"a merge of segments {bases[0]}..{bases[1]} is in flight" in moved[base].reason
+    assert moved[bases[2]].status is Status.MOVED  # the other sealed segment moves
     classes = {info.key.rsplit("/", 1)[1]: worker.client.head_object(Bucket=worker.bucket, Key=info.key).get(
         "StorageClass", "STANDARD") for info in worker.list(f"{PREFIX}/{TOPIC}-0/")}
     assert {name for name, cls in classes.items() if cls != "STANDARD"} == {f"{bases[2]:020d}.log"}, classes
     _merge(fresh_store(), "merge-2", limits=limits)
     assert no_pending(store)
     assert _get(store, bases[0], LOG_SUFFIX) == originals[bases[0]].log + originals[bases[1]].log
+
+
+def test_a_tiering_run_finishes_a_merge_left_in_flight_before_it_plans(store: S3Store) -> None:
+    from tests.plan.test_tier import DOC, run_tiers
+
+    originals = seed(store, segments=4, segment_bytes=300_000)
+    bases = sorted(originals)
+    _merge_left_in_flight(store, originals)
+    run = run_tiers(fresh_store(), DOC, "tier-1")
+    finished = [(r.base_offset, r.status) for r in run.segments if r.recovered]
+    assert finished == [(bases[0], Status.MERGED), (bases[1], Status.MERGED)]
+    assert no_pending(store)
+    assert _get(store, bases[0], LOG_SUFFIX) == originals[bases[0]].log + originals[bases[1]].log
+    moved = {r.base_offset: r.status for r in run.segments if not r.recovered}
+    assert moved == {bases[0]: Status.MOVED, bases[2]: Status.MOVED}  # the merged segment and the other sealed one
 
 
 def test_another_operations_swap_files_in_the_partition_stop_a_merge_before_its_own(store: S3Store) -> None:

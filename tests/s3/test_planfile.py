@@ -250,8 +250,8 @@ def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(st
     from tiering.commit.operation import Staged
     from tiering.commit.stage import stage_segment
     from tiering.lifecycle.vocabulary import Status
-    from tiering.run.maintenance import pending_bases
     from tiering.run.pipeline import commit_chunk, plan_files
+    from tiering.run.segment import pending_bases
     from tiering.storage.layout import lease_key
 
     _seed(store, 6)
@@ -310,8 +310,8 @@ def test_an_operation_left_in_a_partition_without_work_inside_a_unit_is_finished
 
     from tests.s3.conftest import check_consistent, context, fresh_store, plan_for, seed
     from tests.s3.hooks import Step, key_ends
-    from tiering.run.maintenance import pending_bases
     from tiering.run.pipeline import compact, plan_files
+    from tiering.run.segment import pending_bases
 
     originals = {p: seed(store, partition=p) for p in range(7)}
     killed = fresh_store()
@@ -379,8 +379,8 @@ def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_s
     another level it abandons it and stages the segment itself."""
     from tiering.lifecycle.vocabulary import Status
     from tiering.run.documents import StepResults
-    from tiering.run.maintenance import pending_bases
     from tiering.run.pipeline import collect_run, commit_chunk, run_unit
+    from tiering.run.segment import pending_bases
     from tiering.storage.layout import backup_key, staging_key
 
     _seed(store, 2)
@@ -445,7 +445,7 @@ def test_a_taken_over_staged_copy_that_does_not_verify_is_dropped_and_the_segmen
     run that takes it over drops it (nothing final had changed) and compacts the segment itself; nothing is
     left in flight for every later run to meet again."""
     from tiering.lifecycle.vocabulary import Status
-    from tiering.run.maintenance import pending_bases
+    from tiering.run.segment import pending_bases
 
     seg, results = _crashed_then_compact(store, "corrupt")
     assert [(r.status, r.recovered, r.run_id) for r in results] == [(Status.ABORTED, True, "crashed"),

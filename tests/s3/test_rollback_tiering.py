@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
+from tests.plan.test_tier import moved_by, planned_tiers, run_tiers
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC, context, plan_for, seed
 from tests.s3.hooks import Step, key_ends
 from tiering.cost.prices import PriceBook, load_prices
@@ -24,7 +25,6 @@ from tiering.run.documents import CompactOptions, RunResult
 from tiering.run.maintenance import rollback
 from tiering.run.merge import MergeOptions, Merging
 from tiering.run.pipeline import compact
-from tiering.run.tier import TierRun, apply_tiering, plan_tiering
 from tiering.storage.layout import partition_prefix, segment_key
 from tiering.storage.s3 import S3Store
 
@@ -39,8 +39,8 @@ def _policy(storage_class: str) -> Any:
     return parse_policy({"cluster": {"storage.tiers": [{"after.days": 30, "storage.class": storage_class}]}})
 
 
-def _tier(store: S3Store, run_id: str, storage_class: str) -> TierRun:
-    return apply_tiering(store, plan_tiering(store, PREFIX, _policy(storage_class), PRICES), run_id)
+def _tier(store: S3Store, run_id: str, storage_class: str) -> RunResult:
+    return run_tiers(store, _policy(storage_class), run_id, PRICES)
 
 
 def _objects(store: S3Store) -> dict[str, tuple[bytes, str]]:
@@ -66,10 +66,10 @@ def test_a_tiering_run_rolls_back_to_the_classes_it_found(store: S3Store) -> Non
     seed(store, segments=3, segment_bytes=BIG)  # records a year old
     before = _objects(store)
     run = _tier(store, "tier-1", "GLACIER_IR")
-    moved = [m["key"] for m in run.moved()]
+    moved = [m["key"] for m in moved_by(run)]
     assert len(moved) == 2  # the two sealed .log objects; the indexes are too small, the active segment stays
     marks = load_state(store, PREFIX, DIRECTORY).tiered
-    assert sorted(marks) == sorted(r.base_offset for r in run.results)
+    assert sorted(marks) == sorted(r.base_offset for r in run.segments)
     for base, [mark] in marks.items():
         [move] = mark.moves
         assert (mark.run_id, mark.generation, move.file, move.from_class, move.to_class) == (
@@ -90,13 +90,13 @@ def test_a_tiering_run_rolls_back_to_the_classes_it_found(store: S3Store) -> Non
 def test_rollbacks_in_reverse_order_undo_tiering_then_compaction_then_tiering(store: S3Store) -> None:
     seed(store, segments=3, segment_bytes=BIG)
     originals = _objects(store)
-    assert _tier(store, "tier-1", "STANDARD_IA").moved()
+    assert moved_by(_tier(store, "tier-1", "STANDARD_IA"))
     after_t1 = _objects(store)
     assert compact(store, plan_for(store), context(store, "compact-1"), CompactOptions()).totals()["compacted"] == 2
     assert {c for n, c in _classes(store).items() if n.endswith(".log")} == {"STANDARD_IA", "STANDARD"}  # the
     # compacted .log stays in the class of the one it replaced; the active segment's in STANDARD
     after_c = _objects(store)
-    assert _tier(store, "tier-2", "GLACIER_IR").moved()
+    assert moved_by(_tier(store, "tier-2", "GLACIER_IR"))
     after_t2 = _objects(store)
     assert {c for n, c in after_t2.values()} >= {"GLACIER_IR"}
 
@@ -123,7 +123,7 @@ def test_a_merge_and_a_tiering_run_roll_back_in_either_order_they_ran(store: S3S
     # a merge, then a tiering run of the merged segments
     merge("merge-1")
     merged = _objects(store)
-    assert _tier(store, "tier-1", "GLACIER_IR").moved()
+    assert moved_by(_tier(store, "tier-1", "GLACIER_IR"))
     _refused(rollback(store, context(store, "undo-a"), "merge-1"), "tier-1")
     assert rollback(store, context(store, "undo-b"), "tier-1").exit_code() == ExitCode.OK
     assert _objects(store) == merged
@@ -131,7 +131,7 @@ def test_a_merge_and_a_tiering_run_roll_back_in_either_order_they_ran(store: S3S
     assert _objects(store) == originals
 
     # a tiering run, then a merge of the moved segments
-    assert _tier(store, "tier-2", "GLACIER_IR").moved()
+    assert moved_by(_tier(store, "tier-2", "GLACIER_IR"))
     moved = _objects(store)
     merge("merge-2")
     _refused(rollback(store, context(store, "undo-d"), "tier-2"), "merge-2")
@@ -175,7 +175,7 @@ def test_a_run_stopped_before_its_copy_rolls_back_to_nothing_to_move(store: S3St
     seed(store, segments=2, segment_bytes=BIG)
     before = _objects(store)
     Step(store, "CopyObject", key_ends(".log", StorageClass=True), _unreachable, times=100)
-    [result] = _tier(store, "tier-1", "GLACIER_IR").results
+    [result] = _tier(store, "tier-1", "GLACIER_IR").segments
     assert (result.status, result.cause) == (Status.FAILED, Cause.TRANSIENT)
     [[mark]] = load_state(store, PREFIX, DIRECTORY).tiered.values()  # noted before the copy, which never came
     assert mark.moves[0].etag_after is None
@@ -192,7 +192,7 @@ def test_a_run_stopped_after_its_copy_rolls_back_by_class_size_and_generation(st
     before = _objects(store)
     state_writes = Step(store, "PutObject", key_ends(f"/state/{DIRECTORY}.json", IfMatch=True), _unreachable,
                         times=100)  # the write after the copy: its ETag never recorded
-    [result] = _tier(store, "tier-1", "GLACIER_IR").results
+    [result] = _tier(store, "tier-1", "GLACIER_IR").segments
     assert state_writes.fired
     assert result.status is Status.FAILED
     [[mark]] = load_state(store, PREFIX, DIRECTORY).tiered.values()
@@ -200,7 +200,7 @@ def test_a_run_stopped_after_its_copy_rolls_back_by_class_size_and_generation(st
     assert _classes(store)[f"{0:020d}.log"] == "GLACIER_IR"  # moved all the same
 
     state_writes.left = 0
-    assert _tier(store, "tier-1", "GLACIER_IR").results == ()  # the same run again: the object is where the plan
+    assert _tier(store, "tier-1", "GLACIER_IR").segments == ()  # the same run again: the object is where the plan
     # wants it, and the mark stays as the stopped attempt left it
 
     undone = rollback(store, context(store, "undo-1"), "tier-1")
@@ -259,10 +259,10 @@ def test_a_run_without_marks_is_not_said_to_be_rolled_back(store: S3Store) -> No
 def test_a_move_planned_before_another_run_moved_the_object_rolls_back_to_that_runs_class(store: S3Store) -> None:
     seed(store, segments=2, segment_bytes=BIG)
     before = _objects(store)
-    late = plan_tiering(store, PREFIX, _policy("GLACIER_IR"), PRICES)  # planned while the .log is in STANDARD
+    late = planned_tiers(store, _policy("GLACIER_IR"), "tier-2", PRICES)  # planned while the .log is in STANDARD
     _tier(store, "tier-1", "STANDARD_IA")
     moved_to_ia = _objects(store)
-    assert apply_tiering(store, late, "tier-2").moved()  # the same ETag: the move goes ahead, from STANDARD_IA
+    assert moved_by(late())  # the same ETag: the move goes ahead, from STANDARD_IA
     _refused(rollback(store, context(store, "undo-a"), "tier-1"), "tier-2")
     assert rollback(store, context(store, "undo-b"), "tier-2").exit_code() == ExitCode.OK
     assert _objects(store) == moved_to_ia
@@ -294,7 +294,7 @@ def test_a_compacted_segment_moved_by_a_run_killed_before_its_state_write_stays_
             _unreachable()
 
     refusing = Step(store, "PutObject", key_ends(f"/state/{DIRECTORY}.json", IfMatch=True), second, times=100)
-    [result] = _tier(store, "tier-1", "GLACIER_IR").results
+    [result] = _tier(store, "tier-1", "GLACIER_IR").segments
     refusing.left = 0
     assert result.status is Status.FAILED
     assert store.head(key).storage_class == "GLACIER_IR"

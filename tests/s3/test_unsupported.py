@@ -117,7 +117,7 @@ def test_a_store_refusing_an_in_place_copy_stops_tiering_as_configuration_not_in
     assert code == ExitCode.USAGE, err.getvalue()
     assert "1 segments stopped" in capsys.readouterr().err
     run = json.loads(out.getvalue())
-    (failed,) = [r for r in run["results"] if r["status"] == "failed"]
+    (failed,) = [r for r in run["run"]["segments"] if r["status"] == "failed"]
     assert "InvalidRequest" in failed["reason"]
     assert all("StorageClass" not in store.client.head_object(Bucket=store.bucket, Key=o.key)
                for o in store.list(f"{PREFIX}/") if "/_tiering/" not in o.key)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
@@ -45,13 +45,16 @@ from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan_partiti
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import merge_priced_text, to_table, usd
 from tiering.run import engine
-from tiering.run.documents import CompactOptions, RunResult, new_run_id, outcome, topic_of, worst
+from tiering.run.documents import CompactOptions, RunResult, new_run_id, topic_of, worst
 from tiering.run.keycompact import KeyCompaction, KeyCompactOptions, KeyPartition
 from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup, rollback
 from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
 from tiering.run.pipeline import RunSettings, compact, dry_run, plan_run, run_local, scan_run
 from tiering.storage.layout import reserved_dir
 from tiering.storage.objects import ObjectInfo, ObjectStore
+
+if TYPE_CHECKING:
+    from tiering.run.tier import TierPlan
 
 CODEC_CHOICES = [c.label for c in Codec]
 
@@ -517,7 +520,7 @@ def _merge_plan_table(planned: list[PlannedMerges], figures: list[MergeFigures |
 def _cmd_rollback(args: argparse.Namespace) -> int:
     store = _store(args)
     ctx = Context(store, args.prefix, new_run_id(), RewriteOptions(Codec.NONE))
-    _log(args, f"restoring the originals that run {args.run_id} replaced ...")
+    _log(args, f"rolling back run {args.run_id}: the originals it replaced, or the classes it moved objects from ...")
     return _finish_run(args, rollback(store, ctx, args.run_id, args.lease_ttl_seconds))
 
 
@@ -544,8 +547,8 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     return code
 
 
-def _tier_table(plan: Any) -> Table:
-    totals = plan.totals()
+def _tier_table(plan: TierPlan) -> Table:
+    totals = plan.totals
     t = Table(title=f"storage tiering of s3://{plan.bucket}/{plan.prefix}", title_justify="left")
     for col in ("transition", "objects", "bytes"):
         t.add_column(col, justify="left" if col == "transition" else "right")
@@ -561,9 +564,9 @@ def _tier_table(plan: Any) -> Table:
 
 
 def _cmd_tier(args: argparse.Namespace) -> int:
-    """The tiering DAG's steps in this process: plan (written to the run's tier-plan document), apply, report
-    (beside the run's other reports). A dry run plans and writes nothing."""
-    from tiering.run.tier import TierPlan, TierRun, lifecycle_configuration  # noqa: PLC0415
+    """The tiering DAG's steps in this process: the run (its plan's sums written to the run's tier-plan
+    document), then its report (beside the run's other reports). A dry run plans and writes nothing."""
+    from tiering.run.tier import SegmentTiering, TierPartition, lifecycle_configuration  # noqa: PLC0415
     from tiering.steps import storage_classes as steps  # noqa: PLC0415
 
     run = steps.TieringParams(args.bucket, args.prefix.strip("/"), args.run_id or new_run_id(), str(args.policy),
@@ -578,31 +581,36 @@ def _cmd_tier(args: argparse.Namespace) -> int:
     store = _store(args)
     prices, _ = cost_from_args(args)
     _log(args, f"planning storage tiers of s3://{args.bucket}/{args.prefix} ...")
+    decided: list[SegmentTiering] = []  # a dry run's --json lists every segment's decision
+
+    def each(part: TierPartition) -> None:
+        if args.dry_run and args.json:
+            decided.extend(part.decided)
+
+    step, planned = steps.tier(store, run, lambda line: _log(args, line), prices=prices, write_plan=not args.dry_run,
+                               each=each)
     if args.dry_run:
-        plan = steps.plan_of(store, run, prices=prices)
         if args.json:
-            _emit_json(args.stdout, {"dry_run": True, "plan": plan.to_json()})
+            _emit_json(args.stdout, {"dry_run": True, "plan": replace(planned, segments=tuple(decided)).to_json()})
         else:
-            _console(args.stdout).print(_tier_table(plan))
+            _console(args.stdout).print(_tier_table(planned))
             _console(args.stdout).print("dry run: nothing was moved or written")
         return 0
-    planned = steps.plan(store, run, lambda line: _log(args, line), prices=prices)
-    applied = steps.apply(store, run, planned, lambda line: _log(args, line))
-    assert applied.run_key is not None  # a run that is not a dry run writes its document
-    tiered = TierRun.from_json(store.get_json(applied.run_key)[0])
+    assert step.run_key is not None  # a run that is not a dry run writes its document
+    tiered = RunResult.from_json(store.get_json(step.run_key)[0], f"s3://{args.bucket}/{step.run_key}")
     if args.json:
-        _emit_json(args.stdout, tiered.to_json())
+        _emit_json(args.stdout, {"plan": planned.to_json(), "run": tiered.to_json()})
     else:
-        _console(args.stdout).print(_tier_table(TierPlan.from_json(store.get_json(planned.plan_key)[0])))
-        _console(args.stdout).print(f"run {run.run_id}: {len(tiered.moved())} objects moved in "
-                                    f"{len(tiered.results)} segments")
-    code = outcome(list(tiered.results))
+        _console(args.stdout).print(_tier_table(planned))
+        moved = sum(int(n) for n in (tiered.usage.get("objects_moved") or {}).values())
+        _console(args.stdout).print(f"run {run.run_id}: {moved} objects moved in {step.segments} segments")
+    code = tiered.exit_code()
     if code != ExitCode.OK:
-        failed = sum(r.status is Status.FAILED for r in tiered.results)
+        failed = tiered.counts.get(Status.FAILED, 0)
         print(f"tiering: tier run {run.run_id}: {failed} segments stopped (see the run document for why)",
               file=sys.stderr)
     try:
-        _log(args, f"report: {steps.report(store, run, planned, applied, lambda _: None).report}")
+        _log(args, f"report: {steps.report(store, run, step, lambda _: None).report}")
     except StorageError as e:  # the run's outcome is on S3 and printed already: only the report is missing
         print(f"tiering: the tiering report was not published: {e}", file=sys.stderr)
         return worst([code, ExitCode.RETRY if e.retryable else ExitCode.USAGE])

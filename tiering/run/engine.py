@@ -1,10 +1,10 @@
 """The run engine: a run is a kind plus its typed options, and everything but the kind's own work is here.
 
-A kind (key compaction, merging) supplies only what is its own: which segments a scan lists for it, what
-one listed partition becomes (its :class:`PartitionWork`, or nothing to do there), the work on one partition
-under its lease, its settings in the run document and the figures its results add to it. The engine does the
-rest, the same way for every kind and every caller (the CLI in one process, the Spark job's driver and
-executors, the DAG through the Spark job):
+A kind (key compaction, merging, storage tiering) supplies only what is its own: which segments a scan lists
+for it, what one listed partition becomes (its :class:`PartitionWork`, or nothing to do there), the work on
+one partition under its lease, its settings in the run document and the figures its results add to it. The
+engine does the rest, the same way for every kind and every caller (the CLI in one process, the Spark job's
+driver and executors, the DAG's tasks, directly or through the Spark job):
 
     plan      the operations crashed runs left in flight finished first (each partition under its lease), the
               partitions listed and handed to the kind, what it makes of each written to the run's plan
@@ -36,8 +36,7 @@ from tiering.plan.document import PlannedSegment
 from tiering.plan.planfile import GzipLines, json_lines
 from tiering.plan.scan import ScanOptions, scan_partitions
 from tiering.run.documents import RUN_SCOPE, RunResult, RunTally, StepResults
-from tiering.run.maintenance import balanced, recover_pending
-from tiering.run.segment import with_lease
+from tiering.run.segment import balanced, recover_pending, with_lease
 from tiering.storage.layout import (
     StepDir,
     keys_unit_name,
@@ -54,7 +53,8 @@ CHUNK_SEGMENTS: Final = 20_000  # ... or this many segments, whichever comes fir
 
 
 class PartitionWork(Protocol):
-    """What a kind makes of one listed partition: JSON-able, it travels to a Spark executor."""
+    """What a kind makes of one listed partition: JSON-able, it travels to a Spark executor. ``segments``: those
+    its work is on (none: the partition is in the plan, for what it adds up to, and no unit works on it)."""
 
     @property
     def directory(self) -> str: ...
@@ -194,18 +194,26 @@ class _PlanChunks:
 
 
 def plan(store: ObjectStore, ctx: Context, kind: Kind[W], *, parallelism: int = 1,
-         progress: Progress | None = None, source: Iterator[ObjectInfo] | None = None) -> RunPlan:
+         progress: Progress | None = None, source: Iterator[ObjectInfo] | None = None,
+         seen: Callable[[W], None] | None = None) -> RunPlan:
     """Finish what a crashed run left in flight (under the partitions' leases), then list the partitions (or
     read them from ``source``, an S3 Inventory report's objects) and hand each to the kind, its work written
-    to the run's plan chunks; the work cut into about ``4 * parallelism`` units of whole partitions balanced
-    by bytes (largest first). A retried run's step documents and plan chunks are deleted: it plans anew."""
+    to the run's plan chunks (and handed to ``seen``, what the kind's plan adds up to); the partitions with
+    segments to work on cut into about ``4 * parallelism`` units of whole partitions balanced by bytes
+    (largest first). A retried run's step documents and plan chunks are deleted: it plans anew."""
     recovered = recover_pending(ctx, kind.lease_ttl_seconds, progress)
     for stale in (step_dir(ctx.prefix, ctx.run_id, kind.step), work_plan_dir(ctx.prefix, ctx.run_id, kind.step)):
         for info in store.list(stale):
             store.delete(info.key, missing_ok=True)
     chunks = _PlanChunks(store, ctx.prefix, ctx.run_id, kind.step)
-    _each_partition(store, ctx.prefix, kind, chunks.add, source)
-    groups = balanced(chunks.close(), 4 * parallelism, lambda p: p.bytes)
+
+    def add(part: W) -> None:
+        chunks.add(part)
+        if seen is not None:
+            seen(part)
+
+    _each_partition(store, ctx.prefix, kind, add, source)
+    groups = balanced([r for r in chunks.close() if r.segments], 4 * parallelism, lambda p: p.bytes)
     units = tuple(Unit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory))) for i, g in enumerate(groups))
     return RunPlan(units, tuple(recovered), chunks.chunks)
 
@@ -319,13 +327,13 @@ def collect(store: ObjectStore, ctx: Context, kind: Kind[W], planned: RunPlan, s
 
 
 def run(store: ObjectStore, ctx: Context, kind: Kind[W], progress: Progress | None = None, *,
-        source: Iterator[ObjectInfo] | None = None) -> RunResult:
-    """A whole run in this process: :func:`plan` (from a listing, or from ``source``), each unit,
-    :func:`collect` (the Spark job runs the units on executors instead)."""
+        source: Iterator[ObjectInfo] | None = None, seen: Callable[[W], None] | None = None) -> RunResult:
+    """A whole run in this process: :func:`plan` (from a listing, or from ``source``; each partition's work
+    handed to ``seen`` too), each unit, :func:`collect` (the Spark job runs the units on executors instead)."""
     started = datetime.now(UTC).isoformat()
     at_start = Counter(store.requests)
     kind = kind.started(store, ctx.prefix)
-    planned = plan(store, ctx, kind, progress=progress, source=source)
+    planned = plan(store, ctx, kind, progress=progress, source=source, seen=seen)
     driver = Counter(store.requests) - at_start
     for unit in planned.units:
         run_unit(store, ctx, kind, unit, progress)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import functools
 import secrets
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, Final, TypeVar
+from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, release_finished
 from tiering.commit.operation import (
@@ -27,13 +27,12 @@ from tiering.kafka.files import parse_segment_name
 from tiering.lifecycle.state import PartitionState, forget_keys_run, load_state
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.run.documents import RunResult, RunTally, outcome
-from tiering.run.segment import with_lease
+from tiering.run.segment import pending_bases, with_lease
 from tiering.run.tier import rollback_tiering
 from tiering.storage.layout import (
     BACKUP_DIR,
     STAGING_DIR,
     clock_key,
-    journal_dir,
     normalize_prefix,
     probe_key,
     reserved_dir,
@@ -46,49 +45,8 @@ from tiering.storage.objects import (
     delete_honours_etag,
 )
 
-T = TypeVar("T")
 DEFAULT_GRACE_DAYS: Final = 7
 DEFAULT_STALE_HOURS: Final = 24  # staging objects and multipart uploads older than this are abandoned
-
-
-def pending_bases(store: ObjectStore, prefix: str) -> dict[str, list[int]]:
-    """The segments with a journal entry in flight, by partition directory (keys only: nothing is read)."""
-    root = journal_dir(prefix)
-    out: dict[str, list[int]] = {}
-    for info in store.list(root):
-        directory, _, name = info.key[len(root):].partition("/")
-        parsed = parse_segment_name(name.removesuffix(".json") + ".log") if name.endswith(".json") else None
-        if parsed is not None and "/" not in name:
-            out.setdefault(directory, []).append(parsed[0])
-    return out
-
-
-def recover_pending(ctx: Context, lease_ttl: int, progress: Callable[[SegmentResult], None] | None = None
-                    ) -> list[SegmentResult]:
-    """Every operation a crashed run left in flight under ``ctx.prefix`` finished (or abandoned), each
-    partition under its lease; their results."""
-    recovered: list[SegmentResult] = []
-    for directory, bases in sorted(pending_bases(ctx.store, ctx.prefix).items()):
-        def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
-            out += recover_partition(ctx, directory, lease)
-
-        for r in with_lease(ctx, directory, lease_ttl, recover, [(directory, b) for b in bases]):
-            recovered.append(r)
-            if progress is not None:
-                progress(r)
-    return recovered
-
-
-def balanced(items: Sequence[T], parts: int, weight: Callable[[T], int]) -> list[list[T]]:
-    """``items`` cut into at most ``parts`` lists of about equal ``weight``, the heaviest placed first; empty
-    lists left out."""
-    loads = [0] * max(1, min(len(items), parts))
-    out: list[list[T]] = [[] for _ in loads]
-    for item in sorted(items, key=lambda i: -weight(i)):
-        at = loads.index(min(loads))
-        out[at].append(item)
-        loads[at] += weight(item)
-    return [group for group in out if group]
 
 
 def _backed_up(store: ObjectStore, prefix: str, target_run: str) -> dict[str, set[int]]:

@@ -71,8 +71,7 @@ from tiering.run.documents import (
     StepUsage,
 )
 from tiering.run.engine import write_results
-from tiering.run.maintenance import pending_bases
-from tiering.run.segment import Work, run_segment, with_lease
+from tiering.run.segment import Work, pending_bases, run_segment, with_lease
 from tiering.storage.aside import WriteAside
 from tiering.storage.layout import (
     PlanName,

@@ -1,13 +1,15 @@
-"""What runs are made of: one segment's work turned into a result, a partition's work under its lease.
+"""What runs are made of: one segment's work turned into a result, a partition's work under its lease, the
+operations crashed runs left in flight found and finished, work cut into balanced parts.
 
-The per-segment protocol lives in :mod:`tiering.commit`; compaction runs are driven by the one
-orchestrator, :mod:`tiering.run.pipeline`. Every per-segment problem becomes a result, never a crash of
-the whole run."""
+The per-segment protocol lives in :mod:`tiering.commit`; runs are driven by the engine
+(:mod:`tiering.run.engine`) and, for compaction, :mod:`tiering.run.pipeline`. Every per-segment problem
+becomes a result, never a crash of the whole run."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from tiering.commit.lease import Lease, LeaseGuard, LeaseHeld, LeaseLost
 from tiering.commit.operation import (
@@ -23,15 +25,18 @@ from tiering.commit.recover import recover_partition, repair_segment
 from tiering.commit.stage import recheck_source, stage_segment
 from tiering.commit.swap import finish_one
 from tiering.errors import ConfigError, InvalidDataError, ProofError, StorageError, TieringError
+from tiering.kafka.files import parse_segment_name
 from tiering.lifecycle.state import Outcome, SegmentState, stamped
 from tiering.lifecycle.vocabulary import NOTHING_TO_GAIN, Action, Cause, Pending, Status
 from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
+    journal_dir,
     lease_key,
 )
 from tiering.storage.objects import (
     ChecksumMismatch,
     EncryptedWithCustomerKey,
+    ObjectStore,
 )
 
 
@@ -193,3 +198,46 @@ def stale_after_recovery(ctx: Context, segments: Sequence[PlannedSegment], lease
         report(SegmentResult(seg.directory, seg.base_offset, Status.SKIPPED, f"not {what}: another run's operation "
                              "was finished here after the listing; run again", pending=Pending.BUSY, cause=Cause.BUSY))
     return True
+
+
+def pending_bases(store: ObjectStore, prefix: str) -> dict[str, list[int]]:
+    """The segments with a journal entry in flight, by partition directory (keys only: nothing is read)."""
+    root = journal_dir(prefix)
+    out: dict[str, list[int]] = {}
+    for info in store.list(root):
+        directory, _, name = info.key[len(root):].partition("/")
+        parsed = parse_segment_name(name.removesuffix(".json") + ".log") if name.endswith(".json") else None
+        if parsed is not None and "/" not in name:
+            out.setdefault(directory, []).append(parsed[0])
+    return out
+
+
+def recover_pending(ctx: Context, lease_ttl: int, progress: Callable[[SegmentResult], None] | None = None
+                    ) -> list[SegmentResult]:
+    """Every operation a crashed run left in flight under ``ctx.prefix`` finished (or abandoned), each
+    partition under its lease; their results."""
+    recovered: list[SegmentResult] = []
+    for directory, bases in sorted(pending_bases(ctx.store, ctx.prefix).items()):
+        def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
+            out += recover_partition(ctx, directory, lease)
+
+        for r in with_lease(ctx, directory, lease_ttl, recover, [(directory, b) for b in bases]):
+            recovered.append(r)
+            if progress is not None:
+                progress(r)
+    return recovered
+
+
+T = TypeVar("T")
+
+
+def balanced(items: Sequence[T], parts: int, weight: Callable[[T], int]) -> list[list[T]]:
+    """``items`` cut into at most ``parts`` lists of about equal ``weight``, the heaviest placed first; empty
+    lists left out."""
+    loads = [0] * max(1, min(len(items), parts))
+    out: list[list[T]] = [[] for _ in loads]
+    for item in sorted(items, key=lambda i: -weight(i)):
+        at = loads.index(min(loads))
+        out[at].append(item)
+        loads[at] += weight(item)
+    return [group for group in out if group]

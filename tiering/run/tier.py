@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -32,11 +32,9 @@ from typing import Any, ClassVar, Final
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
 from tiering.commit.operation import Context, SegmentResult
 from tiering.commit.recover import pending_journals, recover_partition
-from tiering.cost.prices import GB, PriceBook
-from tiering.documents import check_document
-from tiering.errors import ConflictError, InvalidDataError, TieringError
-from tiering.kafka.codecs import Codec
-from tiering.kafka.rewrite import RewriteOptions
+from tiering.cost.prices import DEFAULT_REGION, GB, PriceBook, load_prices
+from tiering.documents import check_document, int_field, known_fields, opt_str
+from tiering.errors import ConfigError, ConflictError, InvalidDataError, TieringError
 from tiering.lifecycle.journal import REGROUPS, RegroupJournal
 from tiering.lifecycle.state import (
     ClassMove,
@@ -51,14 +49,17 @@ from tiering.lifecycle.state import (
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
-from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy
-from tiering.plan.scan import ScanOptions, scan
-from tiering.run.documents import RunResult, RunTally, end_run
+from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy, policy_at, policy_ref
+from tiering.plan.scan import ScanOptions
+from tiering.run import engine
+from tiering.run.documents import RunResult, RunTally
 from tiering.run.segment import with_lease
 from tiering.storage.layout import (
+    StepDir,
     clock_key,
     dir_segment_key,
     journal_key,
+    normalize_prefix,
     reserved_dir,
     run_result_key,
     state_dir,
@@ -172,9 +173,45 @@ class TierTotals:
                    {str(k): int(v) for k, v in d["staying"].items()})
 
 
+class TierTally:
+    """A tiering plan's sums, added up a segment at a time (what :class:`TierTotals` says)."""
+
+    def __init__(self) -> None:
+        self.segments = 0
+        self.by_transition: dict[str, Transition] = {}
+        self.monthly = 0.0
+        self.one_off = 0.0
+        self.staying: Counter[str] = Counter()
+
+    def add(self, part: TierPartition) -> None:
+        for s in part.decided:
+            self.add_segment(s)
+
+    def add_segment(self, s: SegmentTiering) -> None:
+        self.segments += 1
+        if s.cause is not None:
+            self.staying[s.cause.value] += 1
+        for o in s.objects:
+            if o.action != MOVE:
+                if o.cause is not None:
+                    self.staying[o.cause.value] += 1
+                continue
+            name = f"{o.storage_class} -> {o.target}"
+            row = self.by_transition.get(name, Transition(0, 0))
+            self.by_transition[name] = Transition(row.objects + 1, row.bytes + o.size)
+            self.monthly += o.monthly_savings_usd
+            self.one_off += o.one_off_usd
+
+    def totals(self) -> TierTotals:
+        return TierTotals(self.segments, sum(t.objects for t in self.by_transition.values()),
+                          sum(t.bytes for t in self.by_transition.values()), dict(sorted(self.by_transition.items())),
+                          self.monthly, self.one_off, dict(sorted(self.staying.items())))
+
+
 @dataclass(frozen=True, slots=True)
 class TierPlan:
-    """Which objects of the prefix move to which storage class (``runs/<run>/tier-plan.json``)."""
+    """Which objects of the prefix move to which storage class, in sums (``runs/<run>/tier-plan.json``: a
+    run's plan, whose segments are in its plan chunks) or with every segment's decision (a dry run's)."""
 
     KIND: ClassVar[str] = "tier-plan"
     SCHEMA_VERSION: ClassVar[int] = TIER_SCHEMA_VERSION
@@ -184,65 +221,176 @@ class TierPlan:
     created_at: str
     policy: str | None
     prices: Mapping[str, Any]
+    totals: TierTotals
     segments: tuple[SegmentTiering, ...] = ()
 
-    def moves(self) -> list[tuple[SegmentTiering, ObjectMove]]:
-        return [(s, o) for s in self.segments for o in s.objects if o.action == MOVE]
-
-    def totals(self) -> TierTotals:
-        moves = self.moves()
-        by_class: dict[str, Transition] = {}
-        for _, o in moves:
-            name = f"{o.storage_class} -> {o.target}"
-            row = by_class.get(name, Transition(0, 0))
-            by_class[name] = Transition(row.objects + 1, row.bytes + o.size)
-        reasons: Counter[str] = Counter()
-        for s in self.segments:
-            reasons.update(o.cause.value for o in s.objects if o.cause is not None)
-            if s.cause is not None:
-                reasons[s.cause.value] += 1
-        return TierTotals(len(self.segments), len(moves), sum(o.size for _, o in moves), by_class,
-                          sum(o.monthly_savings_usd for _, o in moves), sum(o.one_off_usd for _, o in moves),
-                          dict(reasons))
+    @property
+    def archived(self) -> dict[str, int]:
+        """The objects that move to a class they cannot be read from without a restore, by class."""
+        out: dict[str, int] = {}
+        for name, row in self.totals.by_transition.items():
+            target = name.rsplit(" -> ", 1)[-1]
+            if target in ARCHIVE_CLASSES:
+                out[target] = out.get(target, 0) + row.objects
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": self.SCHEMA_VERSION, "kind": self.KIND, "bucket": self.bucket,
                 "prefix": self.prefix, "created_at": self.created_at, "policy": self.policy,
-                "prices": dict(self.prices), "totals": self.totals().to_json(),
-                "segments": [s.to_json() for s in self.segments]}
+                "prices": dict(self.prices), "totals": self.totals.to_json(),
+                **({"segments": [s.to_json() for s in self.segments]} if self.segments else {})}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> TierPlan:
         check_document(doc, kind=cls.KIND, version=TIER_SCHEMA_VERSION, what="a tiering plan")
         return cls(doc["bucket"], doc["prefix"], doc["created_at"], doc["policy"], doc["prices"],
-                   tuple(SegmentTiering.from_json(s) for s in doc["segments"]))
+                   TierTotals.from_json(doc["totals"]),
+                   tuple(SegmentTiering.from_json(s) for s in doc.get("segments", ())))
 
 
 @dataclass(frozen=True, slots=True)
-class TierRun:
-    """A tiering run's document (``runs/<run>/tier.json``): its plan and one result per segment with moves."""
+class TierOptions:
+    """One tiering run: the policy whose ``storage.tiers`` say where each topic's objects go, the prices that
+    say whether a move pays, the internal topics or not, and the clock read when the run starts."""
 
-    KIND: ClassVar[str] = RunKind.TIER.value
-
-    run_id: str
-    plan: TierPlan
-    results: tuple[SegmentResult, ...]
-    finished_at: str
-
-    def moved(self) -> list[dict[str, Any]]:
-        """The objects the run moved (not those it found already moved)."""
-        return moved_objects(self.results)
+    policy: Policy
+    prices: PriceBook
+    include_internal: bool = False
+    lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
+    now: str | None = None  # ISO 8601, S3's clock at the start (None: not started)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema_version": TIER_SCHEMA_VERSION, "kind": self.KIND, "run_id": self.run_id,
-                "plan": self.plan.to_json(), "results": [r.to_json() for r in self.results],
-                "finished_at": self.finished_at}
+        """The options as a Spark job receives them (the policy by its file's path, the prices by their region
+        and the file that overrides them)."""
+        return {"policy": policy_ref(self.policy), "prices_region": self.prices.region,
+                "prices_file": self.prices.overridden_by, "include_internal": self.include_internal,
+                "lease_ttl_seconds": self.lease_ttl_seconds, "now": self.now}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> TierRun:
-        check_document(doc, kind=cls.KIND, version=TIER_SCHEMA_VERSION, what="a tiering run")
-        return cls(str(doc["run_id"]), TierPlan.from_json(doc["plan"]),
-                   tuple(SegmentResult.from_json(r) for r in doc["results"]), str(doc["finished_at"]))
+    def from_json(cls, doc: object, where: str | None = None) -> TierOptions:
+        """:meth:`to_json` read back; a field it does not write, or a value of the wrong type, is an error
+        naming it (``where``: the document's origin)."""
+        d = known_fields(doc, ("policy", "prices_region", "prices_file", "include_internal", "lease_ttl_seconds",
+                               "now"), what="tiering options", where=where)
+        try:
+            policy = policy_at(opt_str(d, "policy"))
+            if policy is None:
+                raise ConfigError("storage tiering needs a policy", path=where, expected="policy: a policy file",
+                                  found=None)
+            include = d.get("include_internal", False)
+            if not isinstance(include, bool):
+                raise TypeError(f"include_internal must be true or false, found {include!r}")
+            return cls(policy, load_prices(opt_str(d, "prices_region") or DEFAULT_REGION, opt_str(d, "prices_file")),
+                       include, int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS), opt_str(d, "now"))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"tiering options of the wrong type: {e}", path=where,
+                              expected="the fields to_json writes", found=str(d)) from None
+
+    def settings_json(self) -> dict[str, Any]:
+        return {"policy": self.policy.path, "include_internal": self.include_internal,
+                "prices": self.prices.describe()}
+
+
+@dataclass(frozen=True, slots=True)
+class TierPartition:
+    """What a tiering run makes of one partition: every listed segment's decision (what moves where, why the
+    rest stays) and, for the work, the segments with objects to move."""
+
+    directory: str
+    decided: tuple[SegmentTiering, ...]
+    segments: tuple[PlannedSegment, ...]
+
+    def moving(self) -> list[SegmentTiering]:
+        return [s for s in self.decided if any(o.action == MOVE for o in s.objects)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"directory": self.directory, "decided": [s.to_json() for s in self.decided],
+                "segments": [s.to_json() for s in self.segments]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> TierPartition:
+        return cls(str(doc["directory"]), tuple(SegmentTiering.from_json(s) for s in doc["decided"]),
+                   tuple(PlannedSegment.from_json(s) for s in doc["segments"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Tiering:
+    """Storage tiering as a kind of run (:mod:`tiering.run.engine`): each sealed segment's objects moved to
+    the class its topic's policy gives its newest record's age, a partition at a time under its lease."""
+
+    options: TierOptions
+
+    run_kind: ClassVar[RunKind] = RunKind.TIER
+    label: ClassVar[str] = "storage tiering"
+    step: ClassVar[StepDir] = StepDir.TIER
+
+    @property
+    def lease_ttl_seconds(self) -> int:
+        return self.options.lease_ttl_seconds
+
+    def started(self, store: ObjectStore, prefix: str) -> Tiering:
+        now = self.options.now or store.now(clock_key(normalize_prefix(prefix))).isoformat()
+        return Tiering(replace(self.options, now=now))
+
+    @property
+    def now(self) -> datetime:
+        if self.options.now is None:
+            raise ConfigError("a tiering run has no clock before it starts", expected="now", found=None)
+        return datetime.fromisoformat(self.options.now)
+
+    def scan_options(self) -> ScanOptions:
+        return ScanOptions("none", min_age_minutes=0, include_internal=self.options.include_internal)
+
+    def partition(self, store: ObjectStore, segments: list[PlannedSegment]) -> TierPartition:
+        decided = tuple(_tier_segment(store, seg, self.options.policy, self.options.prices, self.now)
+                        for seg in segments)
+        moving = {s.base_offset for s in decided if any(o.action == MOVE for o in s.objects)}
+        return TierPartition(segments[0].directory, decided, tuple(s for s in segments if s.base_offset in moving))
+
+    def partition_from_json(self, doc: Mapping[str, Any]) -> TierPartition:
+        return TierPartition.from_json(doc)
+
+    def work(self, ctx: Context, part: TierPartition, lease: Lease, out: list[SegmentResult],
+             progress: Callable[[SegmentResult], None] | None) -> None:
+        regrouped = _in_flight_groups(ctx.store, ctx.prefix, part.directory)
+        for s in part.moving():
+            if s.base_offset in regrouped:
+                out.append(SegmentResult(s.directory, s.base_offset, Status.SKIPPED, "a merge of segments "
+                                         f"{regrouped[s.base_offset]} is in flight (its journal entry exists): "
+                                         "left for a later run", cause=Cause.BUSY))
+            else:
+                out.append(_apply_segment(ctx.store, ctx.prefix, s, lease, ctx.run_id))
+            if progress is not None:
+                progress(out[-1])
+
+    def settings_json(self) -> dict[str, Any]:
+        return self.options.settings_json()
+
+    def options_json(self) -> dict[str, Any]:
+        return self.options.to_json()
+
+    def figures(self, results: Iterable[SegmentResult]) -> dict[str, Counter[str]]:
+        """The objects moved and their bytes, by transition (``"<class> -> <target>"``)."""
+        objects: Counter[str] = Counter()
+        moved_bytes: Counter[str] = Counter()
+        for m in moved_objects(list(results)):
+            name = f"{m.get('from')} -> {m.get('to')}"
+            objects[name] += 1
+            moved_bytes[name] += int(m.get("bytes", 0))
+        return {"objects_moved": objects, "bytes_moved": moved_bytes}
+
+
+def plan_document(store: ObjectStore, prefix: str, options: TierOptions, totals: TierTotals,
+                  segments: Sequence[SegmentTiering] = ()) -> TierPlan:
+    """A tiering plan's document from what the run (or the dry run) added up."""
+    return TierPlan(store.bucket, normalize_prefix(prefix), options.now or datetime.now(UTC).isoformat(),
+                    options.policy.path, options.prices.describe(), totals, tuple(segments))
+
+
+def run_results(store: ObjectStore, prefix: str, run_id: str) -> Iterator[SegmentResult]:
+    """Every result of tiering run ``run_id`` (its units' step documents, and the operations it finished)."""
+    for step in engine.step_documents(store, prefix, run_id, StepDir.TIER):
+        yield from step.results
 
 
 def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: datetime) -> ObjectMove:
@@ -273,19 +421,6 @@ def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: dat
                       monthly_savings_usd=monthly, one_off_usd=one_off)
 
 
-def plan_tiering(store: ObjectStore, prefix: str, policy: Policy, prices: PriceBook, *,
-                 include_internal: bool = False, progress: Callable[[int], None] | None = None) -> TierPlan:
-    """Which objects move where, and why the others stay (reads listings, and each sealed segment's tail)."""
-    listing = scan(store, prefix, ScanOptions("none", min_age_minutes=0, include_internal=include_internal))
-    now = datetime.fromisoformat(listing.created_at)
-    segments = []
-    for seg in listing.segments:
-        segments.append(_tier_segment(store, seg, policy, prices, now))
-        if progress is not None:
-            progress(len(segments))
-    return TierPlan(store.bucket, listing.prefix, now.isoformat(), policy.path, prices.describe(), tuple(segments))
-
-
 def _tier_segment(store: ObjectStore, seg: PlannedSegment, policy: Policy, prices: PriceBook, now: datetime
                   ) -> SegmentTiering:
     """Where one segment's objects go (or why the segment stays as a whole)."""
@@ -307,36 +442,6 @@ def _tier_segment(store: ObjectStore, seg: PlannedSegment, policy: Policy, price
     objects = tuple(_decide(ref, file, target, prices, now) for file in FILES
                     if (ref := getattr(seg, file)) is not None)
     return replace(t, max_timestamp_ms=newest_ms, age_days=age, age_source=source, objects=objects)
-
-
-def apply_tiering(store: ObjectStore, plan: TierPlan, run_id: str, *, lease_ttl: int = DEFAULT_TTL_SECONDS,
-                  progress: Callable[[SegmentResult], None] | None = None) -> TierRun:
-    """Move the planned objects, partition by partition under its lease; the run's document (also written to
-    ``runs/<run>/tier.json``) has one result per segment with moves. An object whose ETag is no longer the
-    planned one stays (someone rewrote it since planning)."""
-    ctx = Context(store, plan.prefix, run_id, RewriteOptions(Codec.NONE))
-    by_dir: dict[str, list[SegmentTiering]] = {}
-    for s in plan.segments:
-        if any(o.action == MOVE for o in s.objects):
-            by_dir.setdefault(s.directory, []).append(s)
-    results: list[SegmentResult] = []
-    for directory, segments in sorted(by_dir.items()):
-        def work(lease: Lease, out: list[SegmentResult], segments: list[SegmentTiering] = segments) -> None:
-            regrouped = _in_flight_groups(store, plan.prefix, segments[0].directory)
-            for s in segments:
-                if s.base_offset in regrouped:
-                    out.append(SegmentResult(s.directory, s.base_offset, Status.SKIPPED, "a merge of segments "
-                                             f"{regrouped[s.base_offset]} is in flight (its journal entry exists): "
-                                             "left for a later run", cause=Cause.BUSY))
-                else:
-                    out.append(_apply_segment(store, plan.prefix, s, lease, run_id))
-                if progress is not None:
-                    progress(out[-1])
-
-        results += with_lease(ctx, directory, lease_ttl, work, [(s.directory, s.base_offset) for s in segments])
-    run = TierRun(run_id, plan, tuple(results), store.now(clock_key(plan.prefix)).isoformat())
-    end_run(store, plan.prefix, run_id, RunKind.TIER, run)
-    return run
 
 
 def _in_flight_groups(store: ObjectStore, prefix: str, directory: str) -> dict[int, str]:
@@ -416,8 +521,8 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
             _follow_etags(store, prefix, s.directory, s.base_offset, etags, _moved_to(s.base_offset, run_id, etags))
     status = MOVED if moved else Status.SKIPPED
     reason = "; ".join(notes) or ("" if moved else "nothing left to move")
-    return SegmentResult(s.directory, s.base_offset, status, reason, sum(int(m.get("bytes", 0)) for m in moved),
-                         stats={"moved": moved},
+    size = sum(int(m.get("bytes", 0)) for m in moved)  # the bytes moved, the same in any class
+    return SegmentResult(s.directory, s.base_offset, status, reason, size, size, stats={"moved": moved},
                          cause=None if moved else Cause.BUSY if notes else Cause.NOTHING_TO_MOVE)
 
 
@@ -503,10 +608,10 @@ def rollback_tiering(ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL
     tally = RunTally()
     if not marked:
         try:
-            doc = store.get_json(run_result_key(ctx.prefix, target_run, RunKind.TIER))[0]
+            store.head(run_result_key(ctx.prefix, target_run, RunKind.TIER))
         except ObjectNotFound:
             return None
-        for result in _unmarked_moves(store, TierRun.from_json(doc)):
+        for result in _unmarked_moves(store, target_run, run_results(store, ctx.prefix, target_run)):
             tally.add(result)
     for directory, bases in sorted(marked.items() if not refused else ()):
         def work(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
@@ -528,12 +633,12 @@ def rollback_tiering(ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL
     return tally.write(store, RunKind.ROLLBACK, ctx.run_id, ctx.prefix, started, {"restores_run": target_run})
 
 
-def _unmarked_moves(store: ObjectStore, run: TierRun) -> list[SegmentResult]:
-    """The objects a tiering run's document says it moved that are still in the class it moved them to though
+def _unmarked_moves(store: ObjectStore, run_id: str, results: Iterable[SegmentResult]) -> list[SegmentResult]:
+    """The objects a tiering run's results say it moved that are still in the class it moved them to though
     no mark of the move is left (a run made before moves were marked, or a mark lost): not moved back, each
     segment reported (a rollback whose every move is undone finds none)."""
     out = []
-    for r in run.results:
+    for r in results:
         still = []
         for m in moved_objects([r]):
             with contextlib.suppress(ObjectNotFound):
@@ -541,7 +646,7 @@ def _unmarked_moves(store: ObjectStore, run: TierRun) -> list[SegmentResult]:
                     still.append(f"{str(m['key']).rsplit('/', 1)[-1]} is still in {m['to']}")
         if still:
             out.append(SegmentResult(r.directory, r.base_offset, Status.SKIPPED, "; ".join(still) + f", where run "
-                                     f"{run.run_id} moved it, and the partition's state keeps no mark of the move (a "
+                                     f"{run_id} moved it, and the partition's state keeps no mark of the move (a "
                                      "run made before moves were marked, or an object an earlier rollback found "
                                      "replaced): not moved back",
                                      cause=Cause.NOT_RESTORABLE))
@@ -603,18 +708,20 @@ def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, 
             failed = e
             break
     _follow_etags(store, prefix, directory, base, etags, _unmarked(base, mark.run_id, settled, etags))
-    moved = sum(int(r["bytes"]) for r in restored)
+    moved = sum(int(r["bytes"]) for r in restored)  # the bytes moved back, the same in any class
     if failed is not None:
-        return SegmentResult(directory, base, Status.FAILED, f"stopped: {failed}", moved, stats={"moved": restored},
-                             error=failed.to_dict(), pending=Pending.TRANSIENT if failed.retryable else None,
+        return SegmentResult(directory, base, Status.FAILED, f"stopped: {failed}", moved, moved,
+                             stats={"moved": restored}, error=failed.to_dict(),
+                             pending=Pending.TRANSIENT if failed.retryable else None,
                              cause=Cause.TRANSIENT if failed.retryable else Cause.REFUSED)
     if problems:
-        return SegmentResult(directory, base, Status.SKIPPED, "; ".join(problems), moved, stats={"moved": restored},
+        return SegmentResult(directory, base, Status.SKIPPED, "; ".join(problems), moved, moved,
+                             stats={"moved": restored},
                              cause=Cause.NOT_RESTORABLE)
     if not restored:
         return SegmentResult(directory, base, Status.SKIPPED, "its objects are in the classes run "
                              f"{mark.run_id} found them in already: nothing to move back", cause=Cause.RESTORED)
-    return SegmentResult(directory, base, Status.ROLLED_BACK, "", moved, stats={"moved": restored})
+    return SegmentResult(directory, base, Status.ROLLED_BACK, "", moved, moved, stats={"moved": restored})
 
 
 def _named_etag(entry: SegmentState | None, file: str) -> str | None:
@@ -717,21 +824,13 @@ def tier_report(plan: TierPlan, results: Sequence[SegmentResult], run_id: str, *
     """The report of a tiering run (or a dry run: no results) of ``plan``."""
     moved = moved_objects(results)
     return TierReport(
-        run_id, dry_run, plan.bucket, plan.prefix, plan.created_at, plan.policy, plan.prices, plan.totals(),
+        run_id, dry_run, plan.bucket, plan.prefix, plan.created_at, plan.policy, plan.prices, plan.totals,
         len(moved), sum(int(m.get("bytes", 0)) for m in moved),
         sum(float(m.get("monthly_savings_usd", 0.0)) for m in moved),
         sum(float(m.get("one_off_usd", 0.0)) for m in moved),
         tuple(r for r in results if r.status == Status.FAILED), tuple(r for r in results if r.status == Status.SKIPPED),
         tuple(f"{n} objects go to {cls}: they cannot be read (by Kafka, a consumer or the compaction) without a "
-              "restore first" for cls, n in sorted(_archived(plan).items())))
-
-
-def _archived(plan: TierPlan) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for _, o in plan.moves():
-        if o.target in ARCHIVE_CLASSES:
-            counts[o.target] = counts.get(o.target, 0) + 1
-    return counts
+              "restore first" for cls, n in sorted(plan.archived.items())))
 
 
 def tier_table(report: TierReport) -> str:

@@ -1,5 +1,5 @@
-"""The tasks of the DAG ``kafka_segment_tiering``: plan which objects move to which storage class, apply the
-moves, report what they save."""
+"""The tasks of the DAG ``kafka_segment_tiering``: plan which objects move to which storage class and move them
+(a run of the engine's kind :class:`~tiering.run.tier.Tiering`), report what they save."""
 
 from __future__ import annotations
 
@@ -8,13 +8,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
+from tiering.commit.operation import Context
 from tiering.cost.prices import PriceBook
 from tiering.errors import ConfigError
+from tiering.kafka.codecs import Codec
+from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.policy import Policy, load_policy
 from tiering.report.publish import cost_config
+from tiering.run import engine
 from tiering.run.pipeline import safe_run_id
-from tiering.run.tier import TierPlan, TierRun, apply_tiering, plan_tiering, tier_report, tier_table
+from tiering.run.tier import (
+    Tiering,
+    TierOptions,
+    TierPartition,
+    TierPlan,
+    TierTally,
+    plan_document,
+    run_results,
+    tier_report,
+    tier_table,
+)
 from tiering.storage.layout import run_result_key, tier_plan_key, tier_report_key
 from tiering.storage.objects import ObjectStore
 
@@ -49,33 +63,22 @@ class TieringParams:
 
 
 @dataclass(frozen=True, slots=True)
-class TierPlanStep:
-    """Where the plan is, and how many objects it moves."""
+class TierStep:
+    """What the tiering step did: its plan document's key, the objects it planned to move, and (not on a dry
+    run) its run document's key and the segments with moves."""
 
     plan_key: str
     objects_to_move: int
+    run_key: str | None = None
+    segments: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"plan_key": self.plan_key, "objects_to_move": self.objects_to_move}
+        return {"plan_key": self.plan_key, "objects_to_move": self.objects_to_move,
+                **({"run_key": self.run_key} if self.run_key else {}), "segments": self.segments}
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> TierPlanStep:
-        return cls(str(doc["plan_key"]), int(doc["objects_to_move"]))
-
-
-@dataclass(frozen=True, slots=True)
-class TierApplyStep:
-    """The run document's key (None: a dry run) and the segments with moves."""
-
-    run_key: str | None
-    segments: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {**({"run_key": self.run_key} if self.run_key else {}), "segments": self.segments}
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> TierApplyStep:
-        return cls(doc.get("run_key"), int(doc["segments"]))
+    def from_json(cls, doc: Mapping[str, Any]) -> TierStep:
+        return cls(str(doc["plan_key"]), int(doc["objects_to_move"]), doc.get("run_key"), int(doc["segments"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,42 +104,45 @@ class TierReportStep:
                 "one_off_usd": round(self.one_off_usd, 6), "report": self.report}
 
 
-def plan_of(store: ObjectStore, run: TieringParams, *, prices: PriceBook | None = None) -> TierPlan:
-    """Each sealed segment's target class, from its newest record's age and its topic's policy; nothing is
-    written (the command line's dry run shows it). ``prices``: the price book (default: the configured one)."""
-    policy = run.policy()  # a bad policy fails here, before any request
-    return plan_tiering(store, run.prefix, policy, prices or cost_config()[0], include_internal=run.include_internal)
+def tier(store: ObjectStore, run: TieringParams, log: Log, *, prices: PriceBook | None = None,
+         write_plan: bool = True, each: Callable[[TierPartition], None] | None = None) -> tuple[TierStep, TierPlan]:
+    """Each sealed segment's target class, from its newest record's age and its topic's policy, and (not on a
+    dry run) the moves, a partition at a time under its lease, through the run engine; the plan's sums go to
+    the run's ``tier-plan`` document (unless not ``write_plan``: the command line's dry run writes nothing).
+    ``each``: every partition's decisions as they are made. ``prices``: the price book (default: the
+    configured one)."""
+    options = TierOptions(run.policy(), prices or cost_config()[0], run.include_internal, run.lease_ttl)
+    kind = Tiering(options).started(store, run.prefix)  # a bad policy failed above, before any request
+    tally = TierTally()
 
+    def seen(part: TierPartition) -> None:
+        tally.add(part)
+        if each is not None:
+            each(part)
 
-def plan(store: ObjectStore, run: TieringParams, log: Log, *, prices: PriceBook | None = None) -> TierPlanStep:
-    """:func:`plan_of`, written to the run's ``tier-plan`` document."""
-    planned = plan_of(store, run, prices=prices)
+    run_key, segments = None, 0
+    if run.dry_run:
+        engine.preview(store, run.prefix, kind, seen)
+        log("dry run: nothing is moved")
+    else:
+        ctx = Context(store, run.prefix, run.run_id, RewriteOptions(Codec.NONE))
+        result = engine.run(store, ctx, kind, lambda r: log(f"  {r.directory}/{r.base_offset:020d}: {r.status}"
+                                                            + (f" ({r.reason})" if r.reason else "")), seen=seen)
+        run_key, segments = run_result_key(run.prefix, run.run_id, RunKind.TIER), sum(result.counts.values())
+    planned = plan_document(store, run.prefix, kind.options, tally.totals())
     key = tier_plan_key(run.prefix, run.run_id)
-    store.put_json(key, planned.to_json())
-    totals = planned.totals()
+    if write_plan:
+        store.put_json(key, planned.to_json())
+    totals = planned.totals
     staying = ", ".join(f"{n:,} {reason}" for reason, n in sorted(totals.staying.items())) or "none"
     log(f"plan: {totals.objects_to_move:,} objects to move ({totals.bytes_to_move:,} bytes); staying: {staying}")
-    return TierPlanStep(key, totals.objects_to_move)
+    return TierStep(key, totals.objects_to_move, run_key, segments), planned
 
 
-def apply(store: ObjectStore, run: TieringParams, planned: TierPlanStep, log: Log) -> TierApplyStep:
-    """Each planned move: an in-place copy with the new class, under the partition's lease; the run document
-    is written whatever the plan holds (none on a dry run)."""
-    if run.dry_run:
-        log("dry run: nothing is moved")
-        return TierApplyStep(None, 0)
-    result = apply_tiering(store, TierPlan.from_json(store.get_json(planned.plan_key)[0]), run.run_id,
-                           lease_ttl=run.lease_ttl,
-                           progress=lambda r: log(f"  {r.directory}/{r.base_offset:020d}: {r.status}"
-                                                  + (f" ({r.reason})" if r.reason else "")))
-    return TierApplyStep(run_result_key(run.prefix, run.run_id, RunKind.TIER), len(result.results))
-
-
-def report(store: ObjectStore, run: TieringParams, planned: TierPlanStep, applied: TierApplyStep,
-           log: Log) -> TierReportStep:
+def report(store: ObjectStore, run: TieringParams, step: TierStep, log: Log) -> TierReportStep:
     """The report (JSON and Markdown beside the run's other reports) of what moved and what it saves."""
-    tier_plan = TierPlan.from_json(store.get_json(planned.plan_key)[0])
-    results = TierRun.from_json(store.get_json(applied.run_key)[0]).results if applied.run_key else ()
+    tier_plan = TierPlan.from_json(store.get_json(step.plan_key)[0])
+    results = list(run_results(store, run.prefix, run.run_id)) if step.run_key else []
     doc = tier_report(tier_plan, results, run.run_id, dry_run=run.dry_run)
     text = tier_table(doc)
     log(text)

@@ -214,6 +214,7 @@ class StepDir(StrEnum):
     USAGE = "usage"  # usage/<step>.json: the S3 requests of a step outside any partition's work
     KEYS = "keys"  # keys/<unit>.json: a key-compaction unit's partition passes
     MERGE = "merge"  # merge/<unit>.json: a merge unit's partitions
+    TIER = "tier"  # tier/<unit>.json: a storage-tiering unit's partitions
 
 
 def _run_key(prefix: str, run_id: str, *parts: str) -> str:
