@@ -3,6 +3,7 @@ transitions that keep the object, idempotent re-runs, state documents following 
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from collections import Counter
@@ -256,6 +257,10 @@ def test_cli_tier_dry_run_then_apply(store: S3Store, tmp_path: Path) -> None:
     assert {"runs/cli-tier/tier-plan.json", "runs/cli-tier/tier.json", "reports/cli-tier/tiering.json",
             "reports/cli-tier/tiering.md"} <= written  # the DAG's steps, as the DAG writes them
     assert store.client.head_object(Bucket=BUCKET, Key=_key(0))["StorageClass"] == "GLACIER_IR"
+    planned = TierPlan.from_json(store.get_json(f"{PREFIX}/_tiering/runs/cli-tier/tier-plan.json")[0])
+    assert (planned.totals.objects_to_move, planned.totals.segments, planned.segments) == (1, 2, ())
+    report = TierReport.from_json(store.get_json(f"{PREFIX}/_tiering/reports/cli-tier/tiering.json")[0])
+    assert (report.objects_moved, report.bytes_moved) == (1, planned.totals.bytes_to_move)
     out = StringIO()
     assert main([*where, "--emit-lifecycle"], stdout=out) == 0
     assert json.loads(out.getvalue())["Rules"][0]["ID"] == "kafka-tiering-cluster"  # stdout: the bare config
@@ -297,3 +302,26 @@ def test_archive_classes_only_when_allowed_and_the_report_says_so(store: S3Store
     failed = SegmentResult(f"{TOPIC}-0", 0, Status.FAILED, "S3 error: SlowDown")
     lines = tier_table(tier_report(plan, [failed], "run", dry_run=False)).splitlines()
     assert f"  FAILED {TOPIC}-0/0: S3 error: SlowDown" in lines
+
+
+def test_a_partition_with_nothing_to_move_counts_in_the_plan_and_gets_no_chunk_line_nor_unit(
+        store: S3Store, tmp_path: Path) -> None:
+    from tiering.steps.storage_classes import TieringParams, tier
+
+    now_ms = int(time.time() * 1000)
+    seed(store, segments=3, segment_bytes=BIG)  # a year old: its sealed .log objects move
+    seed(store, segments=3, segment_bytes=BIG, topic="fresh", start_ms=now_ms - 86_400_000)  # a day old: stays
+    dry = plan_tiers(store, DOC)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(DOC))
+    step, planned = tier(store, TieringParams(BUCKET, PREFIX, "tier-1", str(policy), False), lambda _: None,
+                         prices=PRICES)
+    assert planned.totals == dry.totals  # every partition counted, the one with nothing to move too
+    assert planned.totals.staying["not old enough"] > 0
+    lines = [json.loads(line) for info in store.list(f"{PREFIX}/_tiering/runs/tier-1/tier-plan/")
+             for line in gzip.decompress(store.get(info.key)).splitlines()]
+    assert [line["directory"] for line in lines] == [f"{TOPIC}-0"]  # the fresh topic's partition: no line
+    assert [len(line["work"]["decided"]) for line in lines] == [2]  # the segments that move, not the others
+    units = [info.key for info in store.list(f"{PREFIX}/_tiering/runs/tier-1/tier/")]
+    assert len(units) == 1
+    assert (step.objects_to_move, step.segments) == (2, 2)

@@ -219,7 +219,11 @@ def test_tiering_options_read_back_as_they_were_written_and_strictly(tmp_path: P
     assert kind.options.prices.of("STANDARD_IA").put_per_1000 == 0.02  # type: ignore[attr-defined]
     for doc, found in (({}, "needs a policy"), ({"policy": str(path), "include_internal": "yes"}, "include_internal"),
                        ({"policy": str(path), "polcy": "x"}, "polcy"),
-                       ({"policy": str(path), "prices_region": "mars-1"}, "mars-1")):
+                       ({"policy": str(path), "prices_region": "mars-1"}, "mars-1"),
+                       ({"policy": str(path), "prices_region": ""}, "prices_region"),
+                       ({"policy": str(path), "lease_ttl_seconds": -5}, "lease_ttl_seconds"),
+                       ({"policy": str(path), "now": "garbage"}, "garbage"),
+                       ({"policy": str(path), "now": "2026-12-06T00:00:00"}, "offset")):
         with pytest.raises(ConfigError) as raised:
             kind_from_json("tier", doc, "--options")
         assert found in str(raised.value), raised.value

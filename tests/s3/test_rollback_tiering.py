@@ -18,7 +18,7 @@ from tiering.cost.prices import PriceBook, load_prices
 from tiering.errors import ConfigError, ExitCode
 from tiering.kafka.merge import Limits
 from tiering.lifecycle.state import load_state
-from tiering.lifecycle.vocabulary import Cause, Status
+from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.plan.policy import parse_policy
 from tiering.run import engine
 from tiering.run.documents import CompactOptions, RunResult
@@ -305,3 +305,24 @@ def test_a_compacted_segment_moved_by_a_run_killed_before_its_state_write_stays_
     assert _objects(store) == compacted
     assert rollback(store, context(store, "undo-2"), "compact-1").exit_code() == ExitCode.OK
     assert _objects(store) == originals
+
+
+def test_a_run_of_an_earlier_version_is_judged_by_its_own_document(store: S3Store) -> None:
+    """A tiering run document written before the engine ran tiering held the run's results itself, and its
+    moves left no mark: an object still where it moved it is reported, not said to be rolled back."""
+    from tiering.commit.operation import SegmentResult
+    from tiering.storage.layout import run_result_key
+
+    seed(store, segments=2, segment_bytes=BIG)
+    key = segment_key(PREFIX, TOPIC, 0, 0, ".log")
+    store.client.copy_object(Bucket=BUCKET, Key=key, CopySource={"Bucket": BUCKET, "Key": key},
+                             StorageClass="GLACIER_IR", MetadataDirective="COPY")
+    moved = SegmentResult(DIRECTORY, 0, Status.MOVED, "", stats={"moved": [{"key": key, "from": "STANDARD",
+                                                                              "to": "GLACIER_IR", "bytes": 1}]})
+    store.put_json(run_result_key(PREFIX, "old-tier", RunKind.TIER),
+                   {"schema_version": 2, "kind": "tier", "run_id": "old-tier", "results": [moved.to_json()]})
+    undone = rollback(store, context(store, "undo-1"), "old-tier")
+    assert undone.exit_code() == ExitCode.BUSY
+    [segment] = undone.segments
+    assert (segment.cause, segment.base_offset) == (Cause.NOT_RESTORABLE, 0)
+    assert store.head(key).storage_class == "GLACIER_IR"

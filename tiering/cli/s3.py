@@ -591,7 +591,8 @@ def _cmd_tier(args: argparse.Namespace) -> int:
                                each=each)
     if args.dry_run:
         if args.json:
-            _emit_json(args.stdout, {"dry_run": True, "plan": replace(planned, segments=tuple(decided)).to_json()})
+            _emit_json(args.stdout, {"dry_run": True, "plan": {**planned.to_json(),
+                                                               "segments": [s.to_json() for s in decided]}})
         else:
             _console(args.stdout).print(_tier_table(planned))
             _console(args.stdout).print("dry run: nothing was moved or written")

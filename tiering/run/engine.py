@@ -54,7 +54,8 @@ CHUNK_SEGMENTS: Final = 20_000  # ... or this many segments, whichever comes fir
 
 class PartitionWork(Protocol):
     """What a kind makes of one listed partition: JSON-able, it travels to a Spark executor. ``segments``: those
-    its work is on (none: the partition is in the plan, for what it adds up to, and no unit works on it)."""
+    its work is on (none: the partition only adds to what the plan sums up; no chunk holds it, no unit works
+    on it)."""
 
     @property
     def directory(self) -> str: ...
@@ -198,9 +199,10 @@ def plan(store: ObjectStore, ctx: Context, kind: Kind[W], *, parallelism: int = 
          seen: Callable[[W], None] | None = None) -> RunPlan:
     """Finish what a crashed run left in flight (under the partitions' leases), then list the partitions (or
     read them from ``source``, an S3 Inventory report's objects) and hand each to the kind, its work written
-    to the run's plan chunks (and handed to ``seen``, what the kind's plan adds up to); the partitions with
-    segments to work on cut into about ``4 * parallelism`` units of whole partitions balanced by bytes
-    (largest first). A retried run's step documents and plan chunks are deleted: it plans anew."""
+    to the run's plan chunks where it has segments to work on (and every partition's handed to ``seen``, what
+    the kind's plan adds up to); the work cut into about ``4 * parallelism`` units of whole partitions
+    balanced by bytes (largest first). A retried run's step documents and plan chunks are deleted: it plans
+    anew."""
     recovered = recover_pending(ctx, kind.lease_ttl_seconds, progress)
     for stale in (step_dir(ctx.prefix, ctx.run_id, kind.step), work_plan_dir(ctx.prefix, ctx.run_id, kind.step)):
         for info in store.list(stale):
@@ -208,12 +210,13 @@ def plan(store: ObjectStore, ctx: Context, kind: Kind[W], *, parallelism: int = 
     chunks = _PlanChunks(store, ctx.prefix, ctx.run_id, kind.step)
 
     def add(part: W) -> None:
-        chunks.add(part)
+        if part.segments:  # a partition with nothing to work on only adds to what ``seen`` sums
+            chunks.add(part)
         if seen is not None:
             seen(part)
 
     _each_partition(store, ctx.prefix, kind, add, source)
-    groups = balanced([r for r in chunks.close() if r.segments], 4 * parallelism, lambda p: p.bytes)
+    groups = balanced(chunks.close(), 4 * parallelism, lambda p: p.bytes)
     units = tuple(Unit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory))) for i, g in enumerate(groups))
     return RunPlan(units, tuple(recovered), chunks.chunks)
 

@@ -280,8 +280,16 @@ class TierOptions:
             include = d.get("include_internal", False)
             if not isinstance(include, bool):
                 raise TypeError(f"include_internal must be true or false, found {include!r}")
-            return cls(policy, load_prices(opt_str(d, "prices_region") or DEFAULT_REGION, opt_str(d, "prices_file")),
-                       include, int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS), opt_str(d, "now"))
+            ttl = int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS)
+            if ttl < 1:
+                raise ValueError(f"lease_ttl_seconds must be at least 1, found {ttl}")
+            region = d.get("prices_region", DEFAULT_REGION)
+            if not isinstance(region, str) or not region:
+                raise TypeError(f"prices_region must be a region's name, found {region!r}")
+            now = opt_str(d, "now")
+            if now is not None and datetime.fromisoformat(now).tzinfo is None:
+                raise ValueError(f"now must be an ISO 8601 time with its offset, found {now!r}")
+            return cls(policy, load_prices(region, opt_str(d, "prices_file")), include, ttl, now)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"tiering options of the wrong type: {e}", path=where,
                               expected="the fields to_json writes", found=str(d)) from None
@@ -294,7 +302,8 @@ class TierOptions:
 @dataclass(frozen=True, slots=True)
 class TierPartition:
     """What a tiering run makes of one partition: every listed segment's decision (what moves where, why the
-    rest stays) and, for the work, the segments with objects to move."""
+    rest stays) and, for the work, the segments with objects to move. Its JSON (the work a unit reads back)
+    holds the decisions of those segments only: the others count in the plan's sums alone."""
 
     directory: str
     decided: tuple[SegmentTiering, ...]
@@ -304,7 +313,7 @@ class TierPartition:
         return [s for s in self.decided if any(o.action == MOVE for o in s.objects)]
 
     def to_json(self) -> dict[str, Any]:
-        return {"directory": self.directory, "decided": [s.to_json() for s in self.decided],
+        return {"directory": self.directory, "decided": [s.to_json() for s in self.moving()],
                 "segments": [s.to_json() for s in self.segments]}
 
     @classmethod
@@ -388,9 +397,10 @@ def plan_document(store: ObjectStore, prefix: str, options: TierOptions, totals:
 
 
 def run_results(store: ObjectStore, prefix: str, run_id: str) -> Iterator[SegmentResult]:
-    """Every result of tiering run ``run_id`` (its units' step documents, and the operations it finished)."""
+    """The results of tiering run ``run_id``'s own moves (its units' step documents; not the operations of
+    other runs it finished first, which its run document counts too)."""
     for step in engine.step_documents(store, prefix, run_id, StepDir.TIER):
-        yield from step.results
+        yield from (r for r in step.results if not r.recovered)
 
 
 def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: datetime) -> ObjectMove:
@@ -608,10 +618,13 @@ def rollback_tiering(ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL
     tally = RunTally()
     if not marked:
         try:
-            store.head(run_result_key(ctx.prefix, target_run, RunKind.TIER))
+            doc = store.get_json(run_result_key(ctx.prefix, target_run, RunKind.TIER))[0]
         except ObjectNotFound:
             return None
-        for result in _unmarked_moves(store, target_run, run_results(store, ctx.prefix, target_run)):
+        # a run document of an earlier version held the run's results itself; the engine's are in step documents
+        results = ([SegmentResult.from_json(r) for r in doc["results"]] if isinstance(doc, dict) and "results" in doc
+                   else run_results(store, ctx.prefix, target_run))
+        for result in _unmarked_moves(store, target_run, results):
             tally.add(result)
     for directory, bases in sorted(marked.items() if not refused else ()):
         def work(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:

@@ -65,7 +65,8 @@ class TieringParams:
 @dataclass(frozen=True, slots=True)
 class TierStep:
     """What the tiering step did: its plan document's key, the objects it planned to move, and (not on a dry
-    run) its run document's key and the segments with moves."""
+    run) its run document's key and the segments with moves (not the operations of other runs it finished
+    first)."""
 
     plan_key: str
     objects_to_move: int
@@ -126,9 +127,10 @@ def tier(store: ObjectStore, run: TieringParams, log: Log, *, prices: PriceBook 
         log("dry run: nothing is moved")
     else:
         ctx = Context(store, run.prefix, run.run_id, RewriteOptions(Codec.NONE))
-        result = engine.run(store, ctx, kind, lambda r: log(f"  {r.directory}/{r.base_offset:020d}: {r.status}"
-                                                            + (f" ({r.reason})" if r.reason else "")), seen=seen)
-        run_key, segments = run_result_key(run.prefix, run.run_id, RunKind.TIER), sum(result.counts.values())
+        engine.run(store, ctx, kind, lambda r: log(f"  {r.directory}/{r.base_offset:020d}: {r.status}"
+                                                   + (f" ({r.reason})" if r.reason else "")), seen=seen)
+        run_key = run_result_key(run.prefix, run.run_id, RunKind.TIER)
+        segments = sum(1 for _ in run_results(store, run.prefix, run.run_id))
     planned = plan_document(store, run.prefix, kind.options, tally.totals())
     key = tier_plan_key(run.prefix, run.run_id)
     if write_plan:
