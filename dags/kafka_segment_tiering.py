@@ -25,6 +25,8 @@ read without a restore, and the compaction leaves them alone. Re-runs find moved
 | `prefix` | `PREFIX` in `s3://BUCKET/PREFIX/<topic>-<partition>/<base>.log` |
 | `policy` | the policy YAML file on the workers (default `TIERING_POLICY_FILE`); a run without one fails in `plan` |
 | `dry_run` | plan and report only; move nothing |
+| `inventory` | `s3://BUCKET/.../manifest.json` of an S3 Inventory report (CSV) of the bucket: plan from it instead |
+| | of listing (each object's ETag is still checked before it is moved); empty: list the prefix |
 
 The schedule is `TIERING_TIERING_SCHEDULE` (default `@daily`) when `TIERING_POLICY_FILE` is set, else the
 DAG runs only when triggered (with a `policy`); prices as for the compaction report
@@ -74,6 +76,8 @@ def _run() -> tuple[Any, Any]:
                         description="PREFIX of the logdir tree"),
         "policy": Param(POLICY_FILE, type="string", description="policy YAML file on the workers"),
         "dry_run": Param(False, type="boolean", description="plan and report only"),
+        "inventory": Param("", type="string", pattern=r"^(s3://[^/]+/.+/manifest\.json)?$",
+                           description="an S3 Inventory manifest.json to plan from; empty: list the prefix"),
     },
 )
 def kafka_segment_tiering() -> None:

@@ -36,6 +36,7 @@ from tiering.run.tier import (
     TierPlan,
     TierReport,
     TierTally,
+    TierTotals,
     Transition,
     lifecycle_configuration,
     moved_objects,
@@ -325,3 +326,30 @@ def test_a_partition_with_nothing_to_move_counts_in_the_plan_and_gets_no_chunk_l
     units = [info.key for info in store.list(f"{PREFIX}/_tiering/runs/tier-1/tier/")]
     assert len(units) == 1
     assert (step.objects_to_move, step.segments) == (2, 2)
+
+
+def test_a_tiering_run_plans_from_an_s3_inventory_and_checks_each_object_before_it_moves(
+        store: S3Store, tmp_path: Path) -> None:
+    from tiering.demo.inventory import write_inventory
+    from tiering.steps.storage_classes import TieringParams, tier
+
+    seed(store, segments=3, segment_bytes=BIG)
+    listed = plan_tiers(store, DOC)
+    manifest = write_inventory(store, BUCKET, "inventory/daily", list(store.list(PREFIX + "/")))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(DOC))
+    out = StringIO()
+    assert main(["s3", "tier", "--bucket", BUCKET, "--prefix", PREFIX, "--policy", str(policy), "--inventory",
+                 manifest, "--dry-run", "--json"], stdout=out) == 0
+    assert TierTotals.from_json(json.loads(out.getvalue())["plan"]["totals"]) == listed.totals  # as listed
+    data = store.get(_key(0))
+    store.client.put_object(Bucket=BUCKET, Key=_key(0), Body=data[:-100])  # rewritten since the inventory
+    decided: list[Any] = []
+    step, _ = tier(store, TieringParams(BUCKET, PREFIX, "tier-inv", str(policy), False, inventory=manifest),
+                   lambda _: None, prices=PRICES, each=lambda part: decided.extend(part.decided))
+    [first] = [s for s in decided if s.base_offset == 0]
+    assert first.reason.startswith("not tiered: its .log changed since it was listed"), first.reason
+    run = RunResult.from_json(store.get_json(str(step.run_key))[0], "tier.json")
+    assert [(r.base_offset, r.status) for r in run.segments] == [(2860, Status.MOVED)]
+    assert store.head(_key(0)).storage_class == "STANDARD"
+    assert store.head(_key(2860)).storage_class == "GLACIER_IR"

@@ -570,7 +570,7 @@ def _cmd_tier(args: argparse.Namespace) -> int:
     from tiering.steps import storage_classes as steps  # noqa: PLC0415
 
     run = steps.TieringParams(args.bucket, args.prefix.strip("/"), args.run_id or new_run_id(), str(args.policy),
-                              args.dry_run, args.include_internal, args.lease_ttl_seconds)
+                              args.dry_run, args.include_internal, args.lease_ttl_seconds, args.inventory)
     policy = run.policy()  # a bad policy stops here, before any request
     if args.emit_lifecycle:
         config, notes = lifecycle_configuration(policy, args.prefix)
@@ -787,6 +787,7 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                         "age: read its notes)")
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
     p.add_argument("--include-internal", action="store_true", help="include internal topics (names starting __)")
+    _add_inventory_arg(p)
     add_cost_args(p)
     p.set_defaults(func=_cmd_tier)
 

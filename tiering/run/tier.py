@@ -440,6 +440,9 @@ def _tier_segment(store: ObjectStore, seg: PlannedSegment, policy: Policy, price
         return replace(t, reason=f"not tiered: {seg.reason}", cause=StayCause.NOT_TIERED)
     try:
         newest_ms, source = max_timestamp(store, seg)
+    except PreconditionFailed:  # the read is conditional on the ETag the listing (or the inventory) gave
+        return replace(t, reason="not tiered: its .log changed since it was listed (an inventory older than the "
+                       "object?): left for a later run", cause=StayCause.NOT_TIERED)
     except (TieringError, ObjectNotFound) as e:
         return replace(t, reason=f"not tiered: cannot read its newest timestamp: {e}", cause=StayCause.NOT_TIERED)
     if newest_ms is None:

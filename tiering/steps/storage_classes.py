@@ -14,6 +14,7 @@ from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import RunKind
+from tiering.plan.inventory import inventory_objects
 from tiering.plan.policy import Policy, load_policy
 from tiering.report.publish import cost_config
 from tiering.run import engine
@@ -46,13 +47,15 @@ class TieringParams:
     dry_run: bool
     include_internal: bool = False  # plan the internal topics (__consumer_offsets, ...) too
     lease_ttl: int = DEFAULT_TTL_SECONDS
+    inventory: str | None = None  # the manifest.json of an S3 Inventory report to plan from (None: list)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], run_id: str) -> TieringParams:
         # "-tier": the compaction DAG's run of the same schedule has the same Airflow run id, and a run id
         # owns leases (a run's end releases every lease its id holds).
         return cls(params["bucket"], params["prefix"].strip("/"), f"{safe_run_id(run_id)}-tier",
-                   params["policy"].strip(), bool(params["dry_run"]))
+                   params["policy"].strip(), bool(params["dry_run"]),
+                   inventory=(params.get("inventory") or "").strip() or None)
 
     def policy(self) -> Policy:
         """The policy file read and checked (a :class:`ConfigError` naming what is wrong in it)."""
@@ -107,11 +110,11 @@ class TierReportStep:
 
 def tier(store: ObjectStore, run: TieringParams, log: Log, *, prices: PriceBook | None = None,
          write_plan: bool = True, each: Callable[[TierPartition], None] | None = None) -> tuple[TierStep, TierPlan]:
-    """Each sealed segment's target class, from its newest record's age and its topic's policy, and (not on a
-    dry run) the moves, a partition at a time under its lease, through the run engine; the plan's sums go to
-    the run's ``tier-plan`` document (unless not ``write_plan``: the command line's dry run writes nothing).
-    ``each``: every partition's decisions as they are made. ``prices``: the price book (default: the
-    configured one)."""
+    """Each sealed segment's target class, from its newest record's age and its topic's policy (the segments
+    listed, or read from the run's S3 Inventory report), and (not on a dry run) the moves, a partition at a
+    time under its lease, through the run engine; the plan's sums go to the run's ``tier-plan`` document
+    (unless not ``write_plan``: the command line's dry run writes nothing). ``each``: every partition's
+    decisions as they are made. ``prices``: the price book (default: the configured one)."""
     options = TierOptions(run.policy(), prices or cost_config()[0], run.include_internal, run.lease_ttl)
     kind = Tiering(options).started(store, run.prefix)  # a bad policy failed above, before any request
     tally = TierTally()
@@ -122,13 +125,15 @@ def tier(store: ObjectStore, run: TieringParams, log: Log, *, prices: PriceBook 
             each(part)
 
     run_key, segments = None, 0
+    source = inventory_objects(store, run.inventory, run.prefix)[1] if run.inventory else None
     if run.dry_run:
-        engine.preview(store, run.prefix, kind, seen)
+        engine.preview(store, run.prefix, kind, seen, source=source)
         log("dry run: nothing is moved")
     else:
         ctx = Context(store, run.prefix, run.run_id, RewriteOptions(Codec.NONE))
         engine.run(store, ctx, kind, lambda r: log(f"  {r.directory}/{r.base_offset:020d}: {r.status}"
-                                                   + (f" ({r.reason})" if r.reason else "")), seen=seen)
+                                                   + (f" ({r.reason})" if r.reason else "")), seen=seen,
+                   source=source)
         run_key = run_result_key(run.prefix, run.run_id, RunKind.TIER)
         segments = sum(1 for _ in run_results(store, run.prefix, run.run_id))
     planned = plan_document(store, run.prefix, kind.options, tally.totals())
