@@ -127,6 +127,11 @@ class SegmentTiering:
     reason: str = ""  # why the whole segment stays (active, no age, ...)
     cause: StayCause | None = None  # set with the reason
 
+    @property
+    def moving(self) -> bool:
+        """Whether any of its objects moves."""
+        return any(o.action == MOVE for o in self.objects)
+
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "objects": [asdict(o) for o in self.objects]}
 
@@ -135,6 +140,16 @@ class SegmentTiering:
         return cls(str(d["directory"]), str(d["topic"]), int(d["base_offset"]), d.get("max_timestamp_ms"),
                    d.get("age_days"), str(d["age_source"]), tuple(ObjectMove.from_json(o) for o in d["objects"]),
                    str(d.get("reason", "")), StayCause(d["cause"]) if d.get("cause") else None)
+
+
+def transition_name(storage_class: object, target: object) -> str:
+    """How a plan and a run name a move between two classes (``"<class> -> <target>"``)."""
+    return f"{storage_class} -> {target}"
+
+
+def transition_target(name: str) -> str:
+    """The target class of a move :func:`transition_name` names."""
+    return name.rsplit(" -> ", 1)[-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +211,7 @@ class TierTally:
                 if o.cause is not None:
                     self.staying[o.cause.value] += 1
                 continue
-            name = f"{o.storage_class} -> {o.target}"
+            name = transition_name(o.storage_class, o.target)
             row = self.by_transition.get(name, Transition(0, 0))
             self.by_transition[name] = Transition(row.objects + 1, row.bytes + o.size)
             self.monthly += o.monthly_savings_usd
@@ -229,7 +244,7 @@ class TierPlan:
         """The objects that move to a class they cannot be read from without a restore, by class."""
         out: dict[str, int] = {}
         for name, row in self.totals.by_transition.items():
-            target = name.rsplit(" -> ", 1)[-1]
+            target = transition_target(name)
             if target in ARCHIVE_CLASSES:
                 out[target] = out.get(target, 0) + row.objects
         return out
@@ -310,7 +325,7 @@ class TierPartition:
     segments: tuple[PlannedSegment, ...]
 
     def moving(self) -> list[SegmentTiering]:
-        return [s for s in self.decided if any(o.action == MOVE for o in s.objects)]
+        return [s for s in self.decided if s.moving]
 
     def to_json(self) -> dict[str, Any]:
         return {"directory": self.directory, "decided": [s.to_json() for s in self.moving()],
@@ -353,7 +368,7 @@ class Tiering:
     def partition(self, store: ObjectStore, segments: list[PlannedSegment]) -> TierPartition:
         decided = tuple(_tier_segment(store, seg, self.options.policy, self.options.prices, self.now)
                         for seg in segments)
-        moving = {s.base_offset for s in decided if any(o.action == MOVE for o in s.objects)}
+        moving = {s.base_offset for s in decided if s.moving}
         return TierPartition(segments[0].directory, decided, tuple(s for s in segments if s.base_offset in moving))
 
     def partition_from_json(self, doc: Mapping[str, Any]) -> TierPartition:
@@ -383,7 +398,7 @@ class Tiering:
         objects: Counter[str] = Counter()
         moved_bytes: Counter[str] = Counter()
         for m in moved_objects(list(results)):
-            name = f"{m.get('from')} -> {m.get('to')}"
+            name = transition_name(m.get("from"), m.get("to"))
             objects[name] += 1
             moved_bytes[name] += int(m.get("bytes", 0))
         return {"objects_moved": objects, "bytes_moved": moved_bytes}
@@ -480,13 +495,11 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
     moved: list[dict[str, Any]] = []
     notes: list[str] = []
     etags: dict[str, tuple[str, str]] = {}
-    try:
-        store.head(journal_key(prefix, s.directory, s.base_offset))
+    if _operation_pending(store, prefix, s.directory, s.base_offset):
         return SegmentResult(s.directory, s.base_offset, Status.SKIPPED, "a compaction of this segment is in progress "
                              "(its journal entry exists): left for a later run", cause=Cause.BUSY)
-    except ObjectNotFound:
-        pass
     state = load_state(store, prefix, s.directory)
+    entry = state.get(s.base_offset)
     earlier = {m.file: m for mark in state.tiered.get(s.base_offset, ()) if mark.run_id == run_id
                for m in mark.moves}  # an earlier attempt of this run's mark
     try:
@@ -509,7 +522,7 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
         if todo:  # the class each object is in now is the one a rollback puts it back in
             moves = {**earlier, **{o.file: ClassMove(o.file, o.size, attrs.storage_class, str(o.target), o.etag)
                                    for o, attrs in todo}}
-            mark = TierMark(run_id, generation_in_place(state.get(s.base_offset)),
+            mark = TierMark(run_id, generation_in_place(entry),
                             tuple(moves[f] for f in FILES if f in moves))
             lease.check()
             record_segments(store, prefix, s.directory, {}, tiered=_with_mark(s.base_offset, mark))
@@ -531,12 +544,22 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
                              Cause.TRANSIENT if e.retryable else Cause.BUSY if pending else Cause.REFUSED)
     finally:  # whatever moved, our state names it (a mark without the ETags after is a crash's)
         if etags:
-            _follow_etags(store, prefix, s.directory, s.base_offset, etags, _moved_to(s.base_offset, run_id, etags))
+            _follow_etags(store, prefix, s.directory, s.base_offset, entry, etags,
+                          _moved_to(s.base_offset, run_id, etags))
     status = MOVED if moved else Status.SKIPPED
     reason = "; ".join(notes) or ("" if moved else "nothing left to move")
     size = sum(int(m.get("bytes", 0)) for m in moved)  # the bytes moved, the same in any class
     return SegmentResult(s.directory, s.base_offset, status, reason, size, size, stats={"moved": moved},
                          cause=None if moved else Cause.BUSY if notes else Cause.NOTHING_TO_MOVE)
+
+
+def _operation_pending(store: ObjectStore, prefix: str, directory: str, base: int) -> bool:
+    """Whether a one-segment operation (a compaction, its rollback) has its journal entry on the segment."""
+    try:
+        store.head(journal_key(prefix, directory, base))
+    except ObjectNotFound:
+        return False
+    return True
 
 
 def _with_mark(base: int, mark: TierMark) -> Callable[[Marks], Marks]:
@@ -547,12 +570,12 @@ def _with_mark(base: int, mark: TierMark) -> Callable[[Marks], Marks]:
     return change
 
 
-def _follow_etags(store: ObjectStore, prefix: str, directory: str, base: int, etags: Mapping[str, tuple[str, str]],
-                  marks: Callable[[Marks], Marks]) -> None:
+def _follow_etags(store: ObjectStore, prefix: str, directory: str, base: int, entry: SegmentState | None,
+                  etags: Mapping[str, tuple[str, str]], marks: Callable[[Marks], Marks]) -> None:
     """After copies in place (``etags``: each copied file's ETag before and after), keep our state naming the
     objects, in one write: the compacted entry of the segment (a copy of a multipart object gets a new ETag,
-    and a stale one would read as "replaced by someone else") and the tiering marks, changed by ``marks``."""
-    entry = load_state(store, prefix, directory).get(base)
+    and a stale one would read as "replaced by someone else") and the tiering marks, changed by ``marks``.
+    ``entry``: the segment's entry as the caller, holding the partition's lease, read it."""
 
     def follow(file: str, etag: str | None) -> str | None:
         old, new = etags.get(file, (None, None))
@@ -678,12 +701,9 @@ def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, 
     if base in busy:
         return SegmentResult(directory, base, Status.SKIPPED, f"a merge of segments {busy[base]} is in flight: roll "
                              "back again later", pending=Pending.BUSY, cause=Cause.BUSY)
-    try:
-        store.head(journal_key(prefix, directory, base))
+    if _operation_pending(store, prefix, directory, base):
         return SegmentResult(directory, base, Status.SKIPPED, "an operation on this segment is in progress (its "
                              "journal entry exists): roll back again later", pending=Pending.BUSY, cause=Cause.BUSY)
-    except ObjectNotFound:
-        pass
     in_place = generation_in_place(entry)
     restored: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -723,7 +743,7 @@ def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, 
         except TieringError as e:
             failed = e
             break
-    _follow_etags(store, prefix, directory, base, etags, _unmarked(base, mark.run_id, settled, etags))
+    _follow_etags(store, prefix, directory, base, entry, etags, _unmarked(base, mark.run_id, settled, etags))
     moved = sum(int(r["bytes"]) for r in restored)  # the bytes moved back, the same in any class
     if failed is not None:
         return SegmentResult(directory, base, Status.FAILED, f"stopped: {failed}", moved, moved,
