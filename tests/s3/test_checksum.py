@@ -138,7 +138,7 @@ def test_a_multipart_upload_carries_its_full_object_checksum_and_a_changed_local
     assert (head["ChecksumCRC32C"], head["ChecksumType"]) == (crc32c_b64(crc), "FULL_OBJECT")
     assert store.get("big") == data
     with pytest.raises(ProofError, match="not the ones produced"):
-        store.upload("big2", io.BytesIO(data[:-1] + b"x"), part_bytes=MIN_PART_BYTES, crc=crc)
+        store.upload("big2", io.BytesIO(data[:-1] + bytes([data[-1] ^ 1])), part_bytes=MIN_PART_BYTES, crc=crc)
     assert list(store.list_uploads("")) == []  # the failed upload was aborted
     assert [o.key for o in store.list("big2")] == []
     with pytest.raises(ChecksumMismatch):
