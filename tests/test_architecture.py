@@ -142,7 +142,7 @@ def test_no_layer_imports_one_above_it() -> None:
 
 # The run engine's kinds (tiering/run/engine.py): each supplies only its own work and reaches what runs share
 # through the engine and the modules below it; no kind imports another, and the engine imports no kind.
-KINDS = ("run/keycompact.py", "run/merge.py", "run/tier.py")
+KINDS = ("run/keycompact.py", "run/merge.py", "run/rollback.py", "run/tier.py")
 SHARED_BY_KINDS = {"tiering.run.engine", "tiering.run.documents", "tiering.run.segment"}
 
 
@@ -173,7 +173,7 @@ def test_kinds_import_the_engine_never_each_other() -> None:
 KIND_EXPORTS = {"KeyCompaction", "KeyCompactOptions", "KeyPartition", "Merging", "MergeOptions", "PlannedMerges",
                 "plan_merges", "Tiering", "TierOptions", "TierPartition", "SegmentTiering", "TierTally", "TierPlan",
                 "plan_document", "run_results", "tier_report", "tier_table", "lifecycle_configuration",
-                "rollback_tiering"}
+                "Rollback", "RollbackOptions", "rollback"}
 
 
 def test_callers_reach_a_kinds_work_only_through_the_engine() -> None:
@@ -259,7 +259,6 @@ JSON_BOUNDARIES: dict[str, str] = {
     "run/engine.py:unit_task": "the Spark executor's entry: the unit as the driver sent it",
     "run/tier.py:lifecycle_configuration": "writes S3's PutBucketLifecycleConfiguration document",
     "run/tier.py:rule": "one rule of that S3 document",
-    "run/tier.py:moved_objects": "the moved objects as the tiering results' stats record them (JSON)",
     "steps/compaction.py:from_params": "the DAG's params, as Airflow validated them against their schema",
     "steps/storage_classes.py:from_params": "the DAG's params, as Airflow validated them against their schema",
 }

@@ -32,8 +32,8 @@ from tiering.kafka.merge import Limits
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import Status
 from tiering.run import engine
-from tiering.run.maintenance import rollback
 from tiering.run.merge import MergeOptions, Merging
+from tiering.run.rollback import rollback
 from tiering.storage.s3 import S3Store, make_client
 
 pytestmark = pytest.mark.kafka

@@ -219,11 +219,11 @@ def test_lifecycle_configuration_states_what_s3_cannot_do() -> None:
 
 
 def test_the_state_entry_follows_a_changed_etag(store: S3Store) -> None:
+    from tiering.commit.moves import follow_etags
     from tiering.lifecycle.state import SegmentState, record_segment
-    from tiering.run.tier import _follow_etags
 
     record_segment(store, PREFIX, f"{TOPIC}-0", 0, SegmentState('"old"', "r1", "zstd", index_etag='"i"'))
-    _follow_etags(store, PREFIX, f"{TOPIC}-0", 0, load_state(store, PREFIX, f"{TOPIC}-0").get(0),
+    follow_etags(store, PREFIX, f"{TOPIC}-0", 0, load_state(store, PREFIX, f"{TOPIC}-0").get(0),
                   {"log": ('"old"', '"new-3"'), "timeindex": ('"t"', '"t2"')}, lambda marks: marks)
     entry = load_state(store, PREFIX, f"{TOPIC}-0").get(0)
     assert entry is not None

@@ -35,7 +35,7 @@ from tiering.report.render import render
 from tiering.run import engine
 from tiering.run.documents import RunResult
 from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
-from tiering.run.maintenance import rollback
+from tiering.run.rollback import rollback
 from tiering.storage.layout import run_result_key, segment_key
 from tiering.storage.objects import ObjectNotFound
 from tiering.storage.s3 import S3Store

@@ -28,8 +28,9 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.lifecycle.vocabulary import Action, Cause, Status
 from tiering.run.documents import CompactOptions
-from tiering.run.maintenance import cleanup, rollback
+from tiering.run.maintenance import cleanup
 from tiering.run.pipeline import compact
+from tiering.run.rollback import rollback
 from tiering.storage.layout import lease_key, segment_key
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound
 from tiering.storage.s3 import S3Store
@@ -276,6 +277,32 @@ def test_a_rollback_waits_for_the_later_run_that_replaced_its_segments(store: S3
     assert rollback(store, context(store, "undo-1"), "run-1").exit_code() == ExitCode.OK
     for base, original in originals.items():
         assert store.get(segment_key(PREFIX, TOPIC, 0, base, ".log")) == original.log
+
+
+def test_a_rollback_refused_in_one_partition_works_on_none(store: S3Store) -> None:
+    """Run 1 compacted two topics, run 2 only the second: run 1's rollback is refused there, and so works on
+    no partition (the first keeps run 1's segments); the refusals are the run's results, in its document,
+    and it made no unit."""
+    seed(store)
+    seed(store, topic="other")
+    compact(store, plan_for(store, codec="gzip"), context(store, "run-1", Codec.GZIP), CompactOptions())
+    compact(store, plan_for(store, topics="other"), context(store, "run-2"), CompactOptions())
+
+    def outside() -> dict[str, bytes]:
+        return {info.key: store.get(info.key) for info in store.list(f"{PREFIX}/") if "/_tiering/" not in info.key}
+
+    both = outside()
+    run = rollback(store, context(store, "undo"), "run-1")
+    assert {(r.directory, r.status, r.cause) for r in run.segments} == {("other-0", Status.SKIPPED, Cause.LATER_RUN)}
+    assert len(run.segments) == 2  # the other topic's sealed segments, each naming run 2
+    assert run.exit_code() == ExitCode.BUSY
+    assert outside() == both
+    steps = sorted(info.key.rsplit("/", 1)[-1] for info in store.list(f"{PREFIX}/_tiering/runs/undo/rollback/"))
+    assert steps == ["refused.json"]
+    assert rollback(store, context(store, "undo-2"), "run-2").exit_code() == ExitCode.OK
+    again = rollback(store, context(store, "undo-3"), "run-1")
+    assert {(r.directory, r.status) for r in again.segments} == {(f"{TOPIC}-0", Status.ROLLED_BACK),
+                                                                 ("other-0", Status.ROLLED_BACK)}
 
 
 def test_a_rollback_judges_a_log_it_did_not_write_by_its_bytes(store: S3Store) -> None:

@@ -21,8 +21,9 @@ from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Action, Cause, JournalState, Pending
 from tiering.run.documents import CompactOptions
-from tiering.run.maintenance import cleanup, rollback
+from tiering.run.maintenance import cleanup
 from tiering.run.pipeline import compact
+from tiering.run.rollback import rollback
 from tiering.storage.layout import lease_key, segment_key
 from tiering.storage.memory import ManualClock, MemoryStore
 from tiering.storage.objects import PreconditionFailed, StreamUpload

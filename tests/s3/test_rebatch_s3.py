@@ -29,8 +29,8 @@ from tiering.lifecycle.vocabulary import Action
 from tiering.plan.policy import parse_policy
 from tiering.plan.scan import ScanOptions, scan
 from tiering.run.documents import CompactOptions
-from tiering.run.maintenance import rollback
 from tiering.run.pipeline import compact
+from tiering.run.rollback import rollback
 from tiering.storage.layout import segment_key
 from tiering.storage.s3 import S3Store
 

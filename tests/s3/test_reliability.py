@@ -29,8 +29,9 @@ from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Action, Pending
 from tiering.run.documents import CompactOptions
-from tiering.run.maintenance import cleanup, rollback
+from tiering.run.maintenance import cleanup
 from tiering.run.pipeline import compact
+from tiering.run.rollback import rollback
 from tiering.storage.layout import DirKind, lease_key, parse_dir, segment_key
 from tiering.storage.objects import TransportError
 from tiering.storage.s3 import S3Store

@@ -22,9 +22,9 @@ from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.plan.policy import parse_policy
 from tiering.run import engine
 from tiering.run.documents import CompactOptions, RunResult
-from tiering.run.maintenance import rollback
 from tiering.run.merge import MergeOptions, Merging
 from tiering.run.pipeline import compact
+from tiering.run.rollback import rollback
 from tiering.storage.layout import partition_prefix, segment_key
 from tiering.storage.s3 import S3Store
 

@@ -14,9 +14,9 @@ from tiering.demo.inventory import write_inventory
 from tiering.kafka.merge import Limits
 from tiering.lifecycle.vocabulary import RunKind, Status
 from tiering.run.documents import RunResult
-from tiering.run.maintenance import rollback
 from tiering.run.merge import MergeOptions
 from tiering.run.pipeline import RunSettings
+from tiering.run.rollback import rollback
 from tiering.spark.submit import submit
 from tiering.storage.layout import run_result_key, segment_key
 from tiering.storage.s3 import S3Store

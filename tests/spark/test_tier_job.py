@@ -1,6 +1,6 @@
 """The tiering Spark job end to end: spark-submit --master local[2] of the engine's tiering kind against a moto
-server, two partitions in two tasks, the old .log objects moved, the rest left; then a rollback in this process
-puts every object back in its class."""
+server, two partitions in two tasks, the old .log objects moved, the rest left; then the engine's rollback kind,
+on Spark too, puts every object back in its class."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.s3.conftest import PREFIX, TOPIC, context, seed
+from tests.s3.conftest import PREFIX, TOPIC, seed
 from tests.spark.test_compact_job import server_store  # noqa: F401 - the fixture
 from tiering.cost.prices import load_prices
-from tiering.lifecycle.vocabulary import RunKind, Status
+from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.policy import load_policy
 from tiering.run.documents import RunResult
-from tiering.run.maintenance import rollback
 from tiering.run.pipeline import RunSettings
+from tiering.run.rollback import RollbackOptions
 from tiering.run.tier import TierOptions
 from tiering.spark.submit import submit
 from tiering.storage.layout import run_result_key
@@ -56,6 +56,11 @@ def test_spark_tiers_each_partition_in_a_task_and_the_run_rolls_back(server_stor
                                                     and k.endswith(".log"))[:2]]
     assert moved == sealed
     assert not list(store.list(f"{PREFIX}/_tiering/leases/"))
-    undone = rollback(store, context(store, "undo"), "spark-tier")
-    assert {r.status for r in undone.segments} == {Status.ROLLED_BACK}
+    undo = RunSettings(store.bucket, PREFIX, "spark-undo", "none")
+    submit(JOB, ["--kind", "rollback", "--settings", json.dumps(undo.to_json()), "--options",
+                 json.dumps(RollbackOptions("spark-tier").to_json())], master="local[2]", log=lines.append)
+    key = run_result_key(PREFIX, "spark-undo", RunKind.ROLLBACK)
+    undone = RunResult.from_json(store.get_json(key)[0], key)
+    assert undone.counts == {"rolled-back": 4}
+    assert undone.settings["restores_run"] == "spark-tier"
     assert objects() == classes

@@ -47,9 +47,10 @@ from tiering.report.render import merge_priced_text, to_table, usd
 from tiering.run import engine
 from tiering.run.documents import CompactOptions, RunResult, new_run_id, topic_of, worst
 from tiering.run.keycompact import KeyCompaction, KeyCompactOptions, KeyPartition
-from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup, rollback
+from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup
 from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
 from tiering.run.pipeline import RunSettings, compact, dry_run, plan_run, run_local, scan_run
+from tiering.run.rollback import rollback
 from tiering.storage.layout import reserved_dir
 from tiering.storage.objects import ObjectInfo, ObjectStore
 
@@ -521,7 +522,13 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
     store = _store(args)
     ctx = Context(store, args.prefix, new_run_id(), RewriteOptions(Codec.NONE))
     _log(args, f"rolling back run {args.run_id}: the originals it replaced, or the classes it moved objects from ...")
-    return _finish_run(args, rollback(store, ctx, args.run_id, args.lease_ttl_seconds))
+    done = [0]
+
+    def progress(r: SegmentResult) -> None:
+        done[0] += 1
+        _log(args, _segment_line(done[0], r))
+
+    return _finish_run(args, rollback(store, ctx, args.run_id, args.lease_ttl_seconds, progress))
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
@@ -825,13 +832,19 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     add_cost_args(p)
     p.set_defaults(func=_cmd_merge)
 
-    p = sub.add_parser("rollback", help="restore the originals a run replaced",
-                       description="Put back, from the kept backups, every original that run RUN_ID replaced and "
-                                   "whose replacement is still in place (same swap order as a compaction). Exit 3 "
-                                   "if a partition was busy (another run's lease: run again once it expires), 4 if "
-                                   "S3 failed.")
+    p = sub.add_parser("rollback", help="undo a run: the originals it replaced, the classes it moved objects from",
+                       description="Undo run RUN_ID, a partition at a time under its lease. For a compaction, merge "
+                                   "or key-compaction run: put back, from the kept backups, every original it "
+                                   "replaced whose replacement is still in place (same swap order as a compaction; "
+                                   "a merged segment split back into its sources). For a tiering run: move every "
+                                   "object it moved back to the class it found it in. Roll runs back newest first: "
+                                   "while a later run replaced or moved what RUN_ID wrote, nothing is changed and "
+                                   "the run to roll back first is named (exit 3). Exit 3 also if a partition was "
+                                   "busy (another run's lease: run again once it expires) or an object cannot be "
+                                   "restored, 1 if a backup is gone, 4 if S3 failed.")
     _common(p)
-    p.add_argument("--run-id", required=True, help="the compaction run to undo")
+    p.add_argument("--run-id", required=True, help="the run to undo (a compaction, merge, key-compaction or "
+                   "tiering run)")
     p.set_defaults(func=_cmd_rollback)
 
     p = sub.add_parser("cleanup", help="delete kept originals past the grace period and abandoned leftovers",

@@ -1,15 +1,16 @@
 """The run engine: a run is a kind plus its typed options, and everything but the kind's own work is here.
 
-A kind (key compaction, merging, storage tiering) supplies only what is its own: which segments a scan lists
-for it, what one listed partition becomes (its :class:`PartitionWork`, or nothing to do there), the work on
-one partition under its lease, its settings in the run document and the figures its results add to it. The
-engine does the rest, the same way for every kind and every caller (the CLI in one process, the Spark job's
+A kind (key compaction, merging, storage tiering, rollback) supplies only what is its own: the partitions it
+works on and what it makes of each (its :class:`PartitionWork`; most kinds list the prefix, :func:`listed`),
+the work on one partition under its lease, its settings in the run document and the figures its results add
+to it. The engine does the rest, the same way for every kind and every caller (the CLI in one process, the Spark job's
 driver and executors, the DAG's tasks, directly or through the Spark job):
 
     plan      the operations crashed runs left in flight finished first (each partition under its lease), the
-              partitions listed and handed to the kind, what it makes of each written to the run's plan
-              chunks on S3 as it comes (``runs/<run>/<step>-plan/``), the partitions cut into units of whole
-              partitions balanced by bytes
+              kind's partitions written to the run's plan chunks on S3 as they come
+              (``runs/<run>/<step>-plan/``), the partitions cut into units of whole partitions balanced by
+              bytes; where a partition's planning refuses the run (a rollback while a later run is not
+              undone), no unit is made and the refusals are the run's results
     unit      each partition of a unit read from its plan chunk and worked on under its lease (released on
               every way out), the results and the S3 requests by partition in the unit's step document
     collect   the step documents folded into the run document; the run's leases released (:func:`end_run`)
@@ -26,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, ClassVar, Final, Protocol, TypeVar
 
 from tiering.commit.lease import Lease
 from tiering.commit.operation import Context, SegmentResult
@@ -53,17 +54,42 @@ CHUNK_SEGMENTS: Final = 20_000  # ... or this many segments, whichever comes fir
 
 
 class PartitionWork(Protocol):
-    """What a kind makes of one listed partition: JSON-able, it travels to a Spark executor. ``segments``: those
-    its work is on (none: the partition only adds to what the plan sums up; no chunk holds it, no unit works
-    on it)."""
+    """What a kind makes of one partition: JSON-able, it travels to a Spark executor. ``todo``: the segments
+    (base offsets) its work is on, reported as left where the partition is busy or the work stops (none: the
+    partition only adds to what the plan sums up; no chunk holds it, no unit works on it); ``bytes``: what
+    the work weighs. ``refused``: why the run must not go ahead at all, found planning this partition (then
+    no partition is worked on, and these are the run's results)."""
 
     @property
     def directory(self) -> str: ...
 
     @property
-    def segments(self) -> tuple[PlannedSegment, ...]: ...
+    def todo(self) -> tuple[int, ...]: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+    @property
+    def refused(self) -> tuple[SegmentResult, ...]: ...
 
     def to_json(self) -> dict[str, Any]: ...
+
+
+class OnListedSegments:
+    """The :class:`PartitionWork` of a kind whose work is on listed segments (``segments``, a dataclass field
+    of the class that takes this in): those with a ``.log`` to do, weighed by their bytes; never refused."""
+
+    __slots__ = ()
+    segments: tuple[PlannedSegment, ...]
+    refused: ClassVar[tuple[SegmentResult, ...]] = ()
+
+    @property
+    def todo(self) -> tuple[int, ...]:
+        return tuple(s.base_offset for s in self.segments if s.log is not None)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.size for s in self.segments)
 
 
 W = TypeVar("W", bound=PartitionWork)
@@ -89,10 +115,10 @@ class Kind(Protocol[W]):
         """The kind as this run does it (its clock read once, at the start)."""
         ...
 
-    def scan_options(self) -> ScanOptions: ...
-
-    def partition(self, store: ObjectStore, segments: list[PlannedSegment]) -> W | None:
-        """What the kind does with one listed partition (None: nothing)."""
+    def partitions(self, store: ObjectStore, prefix: str, emit: Callable[[W], None],
+                   source: Iterator[ObjectInfo] | None) -> None:
+        """Each partition the kind works on, handed to ``emit`` as it is found (``source``: an S3 Inventory
+        report's objects to read instead of a listing, for a kind that lists the prefix)."""
         ...
 
     def partition_from_json(self, doc: Mapping[str, Any]) -> W: ...
@@ -150,12 +176,13 @@ class Unit:
 
 @dataclass(frozen=True, slots=True)
 class RunPlan:
-    """A run's partitions cut into units, how many plan chunks hold their work, and what the journals a crash
-    left became."""
+    """A run's partitions cut into units, how many plan chunks hold their work, what the journals a crash
+    left became, and why the run must not go ahead (then there is no unit)."""
 
     units: tuple[Unit, ...]
     recovered: tuple[SegmentResult, ...]
     chunks: int = 0
+    refused: tuple[SegmentResult, ...] = ()
 
 
 class _PlanChunks:
@@ -177,9 +204,9 @@ class _PlanChunks:
     def add(self, part: PartitionWork) -> None:
         key = self._key(self.chunks)
         self._lines.add([{"directory": part.directory, "work": part.to_json()}])
-        self.refs.append(PartitionRef(part.directory, key, len(part.segments), sum(s.size for s in part.segments)))
+        self.refs.append(PartitionRef(part.directory, key, len(part.todo), part.bytes))
         self._partitions += 1
-        self._segments += len(part.segments)
+        self._segments += len(part.todo)
         if self._partitions >= CHUNK_PARTITIONS or self._segments >= CHUNK_SEGMENTS:
             self._flush()
 
@@ -197,37 +224,44 @@ class _PlanChunks:
 def plan(store: ObjectStore, ctx: Context, kind: Kind[W], *, parallelism: int = 1,
          progress: Progress | None = None, source: Iterator[ObjectInfo] | None = None,
          seen: Callable[[W], None] | None = None) -> RunPlan:
-    """Finish what a crashed run left in flight (under the partitions' leases), then list the partitions (or
-    read them from ``source``, an S3 Inventory report's objects) and hand each to the kind, its work written
+    """Finish what a crashed run left in flight (under the partitions' leases), then take the kind's partitions
+    (``source``: an S3 Inventory report's objects, for a kind that lists the prefix), each one's work written
     to the run's plan chunks where it has segments to work on (and every partition's handed to ``seen``, what
     the kind's plan adds up to); the work cut into about ``4 * parallelism`` units of whole partitions
-    balanced by bytes (largest first). A retried run's step documents and plan chunks are deleted: it plans
-    anew."""
+    balanced by bytes (largest first), or none where a partition refuses the run. A retried run's step
+    documents and plan chunks are deleted: it plans anew."""
     recovered = recover_pending(ctx, kind.lease_ttl_seconds, progress)
     for stale in (step_dir(ctx.prefix, ctx.run_id, kind.step), work_plan_dir(ctx.prefix, ctx.run_id, kind.step)):
         for info in store.list(stale):
             store.delete(info.key, missing_ok=True)
     chunks = _PlanChunks(store, ctx.prefix, ctx.run_id, kind.step)
+    refused: list[SegmentResult] = []
 
     def add(part: W) -> None:
-        if part.segments:  # a partition with nothing to work on only adds to what ``seen`` sums
+        refused.extend(part.refused)
+        if part.todo:  # a partition with nothing to work on only adds to what ``seen`` sums
             chunks.add(part)
         if seen is not None:
             seen(part)
 
-    _each_partition(store, ctx.prefix, kind, add, source)
-    groups = balanced(chunks.close(), 4 * parallelism, lambda p: p.bytes)
+    kind.partitions(store, ctx.prefix, add, source)
+    refs = chunks.close()
+    groups = [] if refused else balanced(refs, 4 * parallelism, lambda p: p.bytes)
     units = tuple(Unit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory))) for i, g in enumerate(groups))
-    return RunPlan(units, tuple(recovered), chunks.chunks)
+    return RunPlan(units, tuple(recovered), chunks.chunks, tuple(refused))
 
 
-def _each_partition(store: ObjectStore, prefix: str, kind: Kind[W], emit: Callable[[W], None],
-                    source: Iterator[ObjectInfo] | None) -> None:
+def listed(store: ObjectStore, prefix: str, options: ScanOptions,
+           partition: Callable[[list[PlannedSegment]], W | None], emit: Callable[[W], None],
+           source: Iterator[ObjectInfo] | None) -> None:
+    """The partitions of the prefix's listing (or of ``source``) as ``options`` select their segments, each
+    made into a kind's work by ``partition`` (None: nothing to do there) and handed to ``emit``: what a kind
+    that lists the prefix gives as its :meth:`Kind.partitions`."""
     def add(segments: list[PlannedSegment]) -> None:
-        if segments and (part := kind.partition(store, segments)) is not None:
+        if segments and (part := partition(segments)) is not None:
             emit(part)
 
-    scan_partitions(store, prefix, kind.scan_options(), add, source=source)
+    scan_partitions(store, prefix, options, add, source=source)
 
 
 def preview(store: ObjectStore, prefix: str, kind: Kind[W], emit: Callable[[W], None], *,
@@ -235,7 +269,7 @@ def preview(store: ObjectStore, prefix: str, kind: Kind[W], emit: Callable[[W], 
     """A dry run of ``kind``: what it would make of each partition, as :func:`plan` makes it (from the listing,
     or from ``source``), handed to ``emit`` one partition at a time. Nothing is written and nothing is held: no
     plan chunk, no document, no operation a crashed run left finished (the next run finishes those)."""
-    _each_partition(store, prefix, kind.started(store, prefix), emit, source)
+    kind.started(store, prefix).partitions(store, prefix, emit, source)
 
 
 _WORK_FIELD: Final = b',"work":'  # what follows a chunk line's directory (a JSON string holds no bare quote)
@@ -295,7 +329,7 @@ def run_unit(store: ObjectStore, ctx: Context, kind: Kind[W], unit: Unit, progre
         def work(lease: Lease, out: list[SegmentResult], part: W = part) -> None:
             kind.work(ctx, part, lease, out, progress)
 
-        todo = [(s.directory, s.base_offset) for s in part.segments if s.log is not None]
+        todo = [(part.directory, base) for base in part.todo]
         before = Counter(store.requests)
         results += with_lease(ctx, part.directory, kind.lease_ttl_seconds, work, todo)
         requests[part.directory] = dict(Counter(store.requests) - before)
@@ -316,8 +350,9 @@ def collect(store: ObjectStore, ctx: Context, kind: Kind[W], planned: RunPlan, s
     requests by partition and the seconds the work took; written to ``runs/<run>/<kind>.json``."""
     tally = RunTally()
     tally.add_usage({RUN_SCOPE: driver_requests})
-    if planned.recovered:  # a step document like the units' (the report reads them all, whatever the run's size)
-        write_results(store, step_key(ctx.prefix, ctx.run_id, kind.step, "recovered"), planned.recovered)
+    for name, results in (("recovered", planned.recovered), ("refused", planned.refused)):
+        if results:  # a step document like the units' (the report reads them all, whatever the run's size)
+            write_results(store, step_key(ctx.prefix, ctx.run_id, kind.step, name), results)
     figures = kind.figures(())  # every figure present, zero where no result adds to it
     for step in step_documents(store, ctx.prefix, ctx.run_id, kind.step):
         for r in step.results:

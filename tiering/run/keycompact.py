@@ -21,7 +21,7 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, ClassVar, Final
 
@@ -50,10 +50,11 @@ from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy, policy_at, policy_ref
 from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions
+from tiering.run import engine
 from tiering.run.documents import limits_json, limits_of
 from tiering.run.segment import guarded, stale_after_recovery
 from tiering.storage.layout import StepDir, clock_key
-from tiering.storage.objects import ObjectStore
+from tiering.storage.objects import ObjectInfo, ObjectStore
 
 NO_CHECKPOINT: Final = -1  # a whole pass: the partition's checkpoint is cleared
 # Segments the pass cannot read past: the cleaned range ends before them.
@@ -372,7 +373,7 @@ def now_ms_of(store: ObjectStore, prefix: str, options: KeyCompactOptions) -> in
 
 
 @dataclass(frozen=True, slots=True)
-class KeyPartition:
+class KeyPartition(engine.OnListedSegments):
     """One partition's pass: its listed segments and the cleaner's settings for its topic (resolved from the
     policy by the planner: JSON-able, it travels to Spark executors)."""
 
@@ -446,8 +447,10 @@ class KeyCompaction:
             raise ConfigError("a key-compaction pass has no clock before it starts", expected="now_ms", found=None)
         return self.options.now_ms
 
-    def scan_options(self) -> ScanOptions:
-        return ScanOptions("none", topics=self.options.topics, min_age_minutes=self.options.min_age_minutes)
+    def partitions(self, store: ObjectStore, prefix: str, emit: Callable[[KeyPartition], None],
+                   source: Iterator[ObjectInfo] | None) -> None:
+        options = ScanOptions("none", topics=self.options.topics, min_age_minutes=self.options.min_age_minutes)
+        engine.listed(store, prefix, options, lambda segments: self.partition(store, segments), emit, source)
 
     def partition(self, store: ObjectStore, segments: list[PlannedSegment]) -> KeyPartition | None:
         chosen = self.options.topic_settings(segments[0].topic)

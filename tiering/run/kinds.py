@@ -12,12 +12,14 @@ from tiering.lifecycle.vocabulary import RunKind
 from tiering.run.engine import Kind
 from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
 from tiering.run.merge import MergeOptions, Merging
+from tiering.run.rollback import Rollback, RollbackOptions
 from tiering.run.tier import Tiering, TierOptions
 
 _READERS: Final[dict[RunKind, Callable[[object, str | None], Kind[Any]]]] = {
     RunKind.COMPACT_KEYS: lambda doc, where: KeyCompaction(KeyCompactOptions.from_json(doc, where)),
     RunKind.MERGE: lambda doc, where: Merging(MergeOptions.from_json(doc, where)),
     RunKind.TIER: lambda doc, where: Tiering(TierOptions.from_json(doc, where)),
+    RunKind.ROLLBACK: lambda doc, where: Rollback(RollbackOptions.from_json(doc, where)),
 }
 ENGINE_KINDS: Final = tuple(_READERS)
 

@@ -1,16 +1,16 @@
-"""After runs: a run rolled back from its backups, and the cleanup of what the grace period no longer
-keeps: journal entries crashed runs left are finished first, then the kept originals past the grace period,
-abandoned staging objects and incomplete multipart uploads are deleted, and the leases of runs that finished
-are released."""
+"""After runs: the cleanup of what the grace period no longer keeps (a run is undone by the rollback kind,
+:mod:`tiering.run.rollback`). Journal entries crashed runs left are finished first, then the kept originals
+past the grace period, abandoned staging objects and incomplete multipart uploads are deleted, and the leases
+of runs that finished are released."""
 
 from __future__ import annotations
 
 import functools
 import secrets
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, release_finished
@@ -18,17 +18,12 @@ from tiering.commit.operation import (
     Context,
     SegmentResult,
 )
-from tiering.commit.recover import pending_journals, recover_partition, stage_rollback
-from tiering.commit.regroup import finish_regroup, stage_unmerge
-from tiering.commit.swap import finish_one
+from tiering.commit.recover import pending_journals, recover_partition
 from tiering.documents import check_document
-from tiering.errors import ConfigError, ExitCode
-from tiering.kafka.files import parse_segment_name
-from tiering.lifecycle.state import PartitionState, forget_keys_run, load_state
-from tiering.lifecycle.vocabulary import Cause, RunKind, Status
-from tiering.run.documents import RunResult, RunTally, outcome
+from tiering.errors import ExitCode
+from tiering.lifecycle.vocabulary import RunKind
+from tiering.run.documents import outcome
 from tiering.run.segment import pending_bases, with_lease
-from tiering.run.tier import rollback_tiering
 from tiering.storage.layout import (
     BACKUP_DIR,
     STAGING_DIR,
@@ -47,95 +42,6 @@ from tiering.storage.objects import (
 
 DEFAULT_GRACE_DAYS: Final = 7
 DEFAULT_STALE_HOURS: Final = 24  # staging objects and multipart uploads older than this are abandoned
-
-
-def _backed_up(store: ObjectStore, prefix: str, target_run: str) -> dict[str, set[int]]:
-    """The segments run ``target_run`` keeps originals of, by partition directory."""
-    root = reserved_dir(prefix, BACKUP_DIR, target_run)
-    segments: dict[str, set[int]] = {}
-    for info in store.list(root):
-        directory, _, name = info.key[len(root):].partition("/")
-        parsed = parse_segment_name(name)
-        if parsed is not None:
-            segments.setdefault(directory, set()).add(parsed[0])
-    return segments
-
-
-def _later_runs(state: PartitionState, directory: str, target_run: str, bases: set[int]) -> list[SegmentResult]:
-    """Why run ``target_run`` cannot be rolled back in this partition yet, per segment: a later run replaced
-    what it put in place (its lineage says so), a tiering run moved it (its mark says so), or a later
-    key-compaction pass ran here (an earlier pass's
-    originals could bring back a value whose tombstone, or aborted data whose ``.txnindex`` entry, it let go).
-    Empty when nothing stands in the way."""
-    def later(runs: Sequence[str], what: str, did: str = "replaced segments here") -> str:
-        return (f"not rolled back: {what} {', '.join(runs)} {did} after run {target_run}; "
-                f"roll {'it' if len(runs) == 1 else 'those'} back first (newest first)")
-
-    keys = state.keys_runs
-    if target_run in keys and keys[-1] != target_run:
-        reason = later(list(reversed(keys[keys.index(target_run) + 1:])), "key-compaction run(s)")
-        return [SegmentResult(directory, b, Status.SKIPPED, reason, cause=Cause.LATER_RUN) for b in sorted(bases)]
-    blocked: dict[int, SegmentResult] = {}
-    for base, marks in sorted(state.tiered.items()):  # a tiering run moved the objects this run put in place
-        if tiering := [m.run_id for m in reversed(marks) if m.generation == target_run]:
-            reason = later(tiering, "tiering run(s)", "moved this segment's objects to another class")
-            blocked[base] = SegmentResult(directory, base, Status.SKIPPED, reason, cause=Cause.LATER_RUN)
-    for base, entry in sorted(state.segments.items()):
-        found = entry.generation_of(target_run, base)
-        if found is not None and found.above:
-            reason = later(found.above, "run(s)")
-            blocked |= {b: SegmentResult(directory, b, Status.SKIPPED, reason, cause=Cause.LATER_RUN)
-                        for b in found.bases}
-    return [blocked[b] for b in sorted(blocked)]
-
-
-def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult:
-    """Put back the originals that run ``target_run`` replaced, wherever what it put in place is still
-    there, or, for a tiering run, the storage classes it changed (:func:`rollback_tiering`). Runs are rolled
-    back newest first: where a later run replaced what this one made, or moved it to another class (the
-    lineage and the marks in the partition's state say so), nothing is changed anywhere and every such
-    segment names the run to roll back first."""
-    started = datetime.now(UTC).isoformat()
-    tally = RunTally()
-    segments = _backed_up(store, ctx.prefix, target_run)
-    if not segments:
-        tiered = rollback_tiering(ctx, target_run, lease_ttl)
-        if tiered is None:
-            raise ConfigError("no backups of that run and no storage-class moves of it: nothing to roll back (or "
-                              "its grace period is over)",
-                              path=f"s3://{store.bucket}/{reserved_dir(ctx.prefix, BACKUP_DIR, target_run)}")
-        return tiered
-    refused = [r for directory, bases in sorted(segments.items())
-               for r in _later_runs(load_state(store, ctx.prefix, directory), directory, target_run, bases)]
-    for directory, bases in sorted(segments.items() if not refused else ()):
-        def work(lease: Lease, out: list[SegmentResult], directory: str = directory, bases: set[int] = bases) -> None:
-            out += recover_partition(ctx, directory, lease)
-            state = load_state(store, ctx.prefix, directory)
-            if later := _later_runs(state, directory, target_run, bases):  # a run since the check above
-                out.extend(later)
-                return
-            restored: list[SegmentResult] = []
-            # A segment that run merged is split back into the segments it holds, in one operation.
-            merges = {b: e for b, e in state.segments.items()
-                      if e.run_id == target_run and e.merged_from and e.compacted}
-            merged = {b for e in merges.values() for b in e.merged_from}
-            for base in sorted(merges):
-                unmerge = stage_unmerge(ctx, directory, merges[base], target_run)
-                restored += unmerge if isinstance(unmerge, list) else finish_regroup(ctx, *unmerge, lease)
-            for base in sorted(bases - merged):
-                staged = stage_rollback(ctx, directory, base, target_run)
-                restored.append(staged if isinstance(staged, SegmentResult) else finish_one(ctx, *staged, lease))
-            out.extend(restored)
-            # Off the list once all of it is undone (a segment another run replaced since keeps this pass's
-            # output), and the checkpoint cleared (records put back below it would be missed).
-            if target_run in state.keys_runs and all(r.status is Status.ROLLED_BACK for r in restored):
-                forget_keys_run(store, ctx.prefix, directory, target_run)
-
-        for result in with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in sorted(bases)]):
-            tally.add(result)
-    for result in refused:
-        tally.add(result)
-    return tally.write(store, RunKind.ROLLBACK, ctx.run_id, ctx.prefix, started, {"restores_run": target_run})
 
 
 @dataclass(frozen=True, slots=True)

@@ -285,7 +285,7 @@ def _why_not(seg: PlannedSegment, limits: Limits) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class MergePartition:
+class MergePartition(engine.OnListedSegments):
     """One partition to merge: its listed segments (aged by the policy) and the bounds of its merged ones;
     JSON-able, it travels to a Spark executor."""
 
@@ -324,8 +324,10 @@ class Merging:
     def started(self, store: ObjectStore, prefix: str) -> Merging:
         return replace(self, now=store.now(clock_key(normalize_prefix(prefix))))
 
-    def scan_options(self) -> ScanOptions:
-        return ScanOptions("none", topics=self.options.topics, min_age_minutes=self.options.min_age_minutes)
+    def partitions(self, store: ObjectStore, prefix: str, emit: Callable[[MergePartition], None],
+                   source: Iterator[ObjectInfo] | None) -> None:
+        options = ScanOptions("none", topics=self.options.topics, min_age_minutes=self.options.min_age_minutes)
+        engine.listed(store, prefix, options, lambda segments: self.partition(store, segments), emit, source)
 
     def partition(self, store: ObjectStore, segments: list[PlannedSegment]) -> MergePartition | None:
         topic = segments[0].topic

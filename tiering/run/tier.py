@@ -20,7 +20,6 @@ of an IA / Glacier IR source; its saving is the monthly storage price difference
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -30,17 +29,14 @@ from enum import StrEnum
 from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
+from tiering.commit.moves import follow_etags, in_flight_groups, moved_objects, operation_pending
 from tiering.commit.operation import Context, SegmentResult
-from tiering.commit.recover import pending_journals, recover_partition
 from tiering.cost.prices import DEFAULT_REGION, GB, PriceBook, load_prices
 from tiering.documents import check_document, int_field, known_fields, opt_str
 from tiering.errors import ConfigError, ConflictError, InvalidDataError, TieringError
-from tiering.lifecycle.journal import REGROUPS, RegroupJournal
 from tiering.lifecycle.state import (
     ClassMove,
     Marks,
-    PartitionState,
-    SegmentState,
     TierMark,
     generation_in_place,
     load_state,
@@ -52,20 +48,13 @@ from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy, policy_at, policy_ref
 from tiering.plan.scan import ScanOptions
 from tiering.run import engine
-from tiering.run.documents import RunResult, RunTally
-from tiering.run.segment import with_lease
 from tiering.storage.layout import (
     StepDir,
     clock_key,
-    dir_segment_key,
-    journal_key,
     normalize_prefix,
     reserved_dir,
-    run_result_key,
-    state_dir,
-    state_directory,
 )
-from tiering.storage.objects import ObjectAttrs, ObjectNotFound, ObjectStore, PreconditionFailed
+from tiering.storage.objects import ObjectAttrs, ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed
 
 TIER_SCHEMA_VERSION: Final = 2  # 2: each object that stays, and each segment, says its StayCause
 
@@ -315,7 +304,7 @@ class TierOptions:
 
 
 @dataclass(frozen=True, slots=True)
-class TierPartition:
+class TierPartition(engine.OnListedSegments):
     """What a tiering run makes of one partition: every listed segment's decision (what moves where, why the
     rest stays) and, for the work, the segments with objects to move. Its JSON (the work a unit reads back)
     holds the decisions of those segments only: the others count in the plan's sums alone."""
@@ -362,8 +351,10 @@ class Tiering:
             raise ConfigError("a tiering run has no clock before it starts", expected="now", found=None)
         return datetime.fromisoformat(self.options.now)
 
-    def scan_options(self) -> ScanOptions:
-        return ScanOptions("none", min_age_minutes=0, include_internal=self.options.include_internal)
+    def partitions(self, store: ObjectStore, prefix: str, emit: Callable[[TierPartition], None],
+                   source: Iterator[ObjectInfo] | None) -> None:
+        options = ScanOptions("none", min_age_minutes=0, include_internal=self.options.include_internal)
+        engine.listed(store, prefix, options, lambda segments: self.partition(store, segments), emit, source)
 
     def partition(self, store: ObjectStore, segments: list[PlannedSegment]) -> TierPartition:
         decided = tuple(_tier_segment(store, seg, self.options.policy, self.options.prices, self.now)
@@ -376,7 +367,7 @@ class Tiering:
 
     def work(self, ctx: Context, part: TierPartition, lease: Lease, out: list[SegmentResult],
              progress: Callable[[SegmentResult], None] | None) -> None:
-        regrouped = _in_flight_groups(ctx.store, ctx.prefix, part.directory)
+        regrouped = in_flight_groups(ctx.store, ctx.prefix, part.directory)
         for s in part.moving():
             if s.base_offset in regrouped:
                 out.append(SegmentResult(s.directory, s.base_offset, Status.SKIPPED, "a merge of segments "
@@ -472,20 +463,6 @@ def _tier_segment(store: ObjectStore, seg: PlannedSegment, policy: Policy, price
     return replace(t, max_timestamp_ms=newest_ms, age_days=age, age_source=source, objects=objects)
 
 
-def _in_flight_groups(store: ObjectStore, prefix: str, directory: str) -> dict[int, str]:
-    """The segments of the partition's merges (and their rollbacks) in flight, each with the group's range: a
-    move would change a source the merge deletes by its ETag, or put a class on a file it is replacing. (A
-    one-segment operation is found by _apply_segment at its journal entry's key.)"""
-    out: dict[int, str] = {}
-    for journal, _ in pending_journals(store, prefix, directory, kinds=REGROUPS):
-        if not isinstance(journal, RegroupJournal):
-            continue
-        bases = sorted({g.base_offset for g in (*journal.sources, *journal.targets)})
-        for base in bases:
-            out[base] = f"{bases[0]}..{bases[-1]}"
-    return out
-
-
 def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Lease, run_id: str) -> SegmentResult:
     """Move one segment's planned objects. The run's mark goes in the partition's state before the first copy
     (what a rollback undoes) and, after the copies, the ETags they made (a copy may change one): a mark
@@ -495,7 +472,7 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
     moved: list[dict[str, Any]] = []
     notes: list[str] = []
     etags: dict[str, tuple[str, str]] = {}
-    if _operation_pending(store, prefix, s.directory, s.base_offset):
+    if operation_pending(store, prefix, s.directory, s.base_offset):
         return SegmentResult(s.directory, s.base_offset, Status.SKIPPED, "a compaction of this segment is in progress "
                              "(its journal entry exists): left for a later run", cause=Cause.BUSY)
     state = load_state(store, prefix, s.directory)
@@ -544,22 +521,13 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
                              Cause.TRANSIENT if e.retryable else Cause.BUSY if pending else Cause.REFUSED)
     finally:  # whatever moved, our state names it (a mark without the ETags after is a crash's)
         if etags:
-            _follow_etags(store, prefix, s.directory, s.base_offset, entry, etags,
+            follow_etags(store, prefix, s.directory, s.base_offset, entry, etags,
                           _moved_to(s.base_offset, run_id, etags))
     status = MOVED if moved else Status.SKIPPED
     reason = "; ".join(notes) or ("" if moved else "nothing left to move")
     size = sum(int(m.get("bytes", 0)) for m in moved)  # the bytes moved, the same in any class
     return SegmentResult(s.directory, s.base_offset, status, reason, size, size, stats={"moved": moved},
                          cause=None if moved else Cause.BUSY if notes else Cause.NOTHING_TO_MOVE)
-
-
-def _operation_pending(store: ObjectStore, prefix: str, directory: str, base: int) -> bool:
-    """Whether a one-segment operation (a compaction, its rollback) has its journal entry on the segment."""
-    try:
-        store.head(journal_key(prefix, directory, base))
-    except ObjectNotFound:
-        return False
-    return True
 
 
 def _with_mark(base: int, mark: TierMark) -> Callable[[Marks], Marks]:
@@ -570,27 +538,6 @@ def _with_mark(base: int, mark: TierMark) -> Callable[[Marks], Marks]:
     return change
 
 
-def _follow_etags(store: ObjectStore, prefix: str, directory: str, base: int, entry: SegmentState | None,
-                  etags: Mapping[str, tuple[str, str]], marks: Callable[[Marks], Marks]) -> None:
-    """After copies in place (``etags``: each copied file's ETag before and after), keep our state naming the
-    objects, in one write: the compacted entry of the segment (a copy of a multipart object gets a new ETag,
-    and a stale one would read as "replaced by someone else") and the tiering marks, changed by ``marks``.
-    ``entry``: the segment's entry as the caller, holding the partition's lease, read it."""
-
-    def follow(file: str, etag: str | None) -> str | None:
-        old, new = etags.get(file, (None, None))
-        return new if etag is not None and etag == old else etag
-
-    changes: dict[int, SegmentState | None] = {}
-    if entry is not None:
-        updated = replace(entry, log_etag=follow("log", entry.log_etag) or entry.log_etag,
-                          index_etag=follow("index", entry.index_etag),
-                          timeindex_etag=follow("timeindex", entry.timeindex_etag))
-        if updated != entry:
-            changes[base] = updated
-    record_segments(store, prefix, directory, changes, tiered=marks)
-
-
 def _moved_to(base: int, run_id: str, etags: Mapping[str, tuple[str, str]]) -> Callable[[Marks], Marks]:
     """Run ``run_id``'s mark of segment ``base`` with the ETags its copies made."""
     def change(marks: Marks) -> Marks:
@@ -598,198 +545,6 @@ def _moved_to(base: int, run_id: str, etags: Mapping[str, tuple[str, str]]) -> C
                                                 for m in mark.moves)) if mark.run_id == run_id else mark
                       for mark in marks.get(base, ()))
         return {**marks, base: stack}
-    return change
-
-
-def tiering_blocked(state: PartitionState, directory: str, target_run: str) -> list[SegmentResult]:
-    """Why tiering run ``target_run`` cannot be rolled back in this partition yet, per segment: a later tiering
-    run moved the objects again, or a later run replaced the generation it moved (the partition's lineage
-    says which). Empty when nothing stands in the way."""
-    out = []
-    for base, marks in sorted(state.tiered.items()):
-        at = next((i for i, m in enumerate(marks) if m.run_id == target_run), None)
-        if at is None:
-            continue
-        moved = [m.run_id for m in reversed(marks[at + 1:])]  # each moved what the one before it left, or above it
-        later = moved + [r for r in state.replacing_runs(base, marks[at].generation) if r not in moved]
-        if later:
-            out.append(SegmentResult(directory, base, Status.SKIPPED, f"not rolled back: run(s) {', '.join(later)} "
-                                     f"moved or replaced this segment's objects after tiering run {target_run}; roll "
-                                     f"{'it' if len(later) == 1 else 'those'} back first (newest first)",
-                                     cause=Cause.LATER_RUN))
-    return out
-
-
-def rollback_tiering(ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS) -> RunResult | None:
-    """Move every object tiering run ``target_run`` moved back to the class it was in, wherever the object in
-    place is the one it moved (its class, size and ETag, or, where a copy changed the ETag, the same generation
-    in place). Found from the marks in the partitions' states (every state document is read). Where a later
-    run moved those objects again or replaced them, nothing is changed anywhere and those segments name the
-    runs to roll back first. None: the run left no marks and is no tiering run this bucket has a document of
-    (one whose every move is undone already rolls back to nothing, as a rollback killed before its end and
-    run again finds it)."""
-    store = ctx.store
-    started = datetime.now(UTC).isoformat()
-    marked: dict[str, list[int]] = {}
-    refused: list[SegmentResult] = []
-    for info in store.list(state_dir(ctx.prefix)):
-        directory = state_directory(ctx.prefix, info.key)
-        if directory is None:
-            continue
-        state = load_state(store, ctx.prefix, directory)
-        bases = [b for b, marks in sorted(state.tiered.items()) if any(m.run_id == target_run for m in marks)]
-        if bases:
-            marked[directory] = bases
-            refused += tiering_blocked(state, directory, target_run)
-    tally = RunTally()
-    if not marked:
-        try:
-            doc = store.get_json(run_result_key(ctx.prefix, target_run, RunKind.TIER))[0]
-        except ObjectNotFound:
-            return None
-        # a run document of an earlier version held the run's results itself; the engine's are in step documents
-        results = ([SegmentResult.from_json(r) for r in doc["results"]] if isinstance(doc, dict) and "results" in doc
-                   else run_results(store, ctx.prefix, target_run))
-        for result in _unmarked_moves(store, target_run, results):
-            tally.add(result)
-    for directory, bases in sorted(marked.items() if not refused else ()):
-        def work(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
-            out += recover_partition(ctx, directory, lease)
-            state = load_state(store, ctx.prefix, directory)
-            if later := tiering_blocked(state, directory, target_run):  # a run since the check above
-                out.extend(later)
-                return
-            busy = _in_flight_groups(store, ctx.prefix, directory)
-            for base, marks in sorted(state.tiered.items()):
-                mark = next((m for m in marks if m.run_id == target_run), None)
-                if mark is not None:
-                    out.append(_unmove_segment(store, ctx.prefix, directory, base, mark, state.get(base), lease, busy))
-
-        for result in with_lease(ctx, directory, lease_ttl, work, [(directory, b) for b in bases]):
-            tally.add(result)
-    for result in refused:
-        tally.add(result)
-    return tally.write(store, RunKind.ROLLBACK, ctx.run_id, ctx.prefix, started, {"restores_run": target_run})
-
-
-def _unmarked_moves(store: ObjectStore, run_id: str, results: Iterable[SegmentResult]) -> list[SegmentResult]:
-    """The objects a tiering run's results say it moved that are still in the class it moved them to though
-    no mark of the move is left (a run made before moves were marked, or a mark lost): not moved back, each
-    segment reported (a rollback whose every move is undone finds none)."""
-    out = []
-    for r in results:
-        still = []
-        for m in moved_objects([r]):
-            with contextlib.suppress(ObjectNotFound):
-                if store.head(str(m["key"])).storage_class == m.get("to"):
-                    still.append(f"{str(m['key']).rsplit('/', 1)[-1]} is still in {m['to']}")
-        if still:
-            out.append(SegmentResult(r.directory, r.base_offset, Status.SKIPPED, "; ".join(still) + f", where run "
-                                     f"{run_id} moved it, and the partition's state keeps no mark of the move (a "
-                                     "run made before moves were marked, or an object an earlier rollback found "
-                                     "replaced): not moved back",
-                                     cause=Cause.NOT_RESTORABLE))
-    return out
-
-
-def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, mark: TierMark,
-                    entry: SegmentState | None, lease: Lease, busy: Mapping[int, str]) -> SegmentResult:
-    """One segment's objects moved back to the classes ``mark``'s run found them in. A move leaves the mark
-    once its object is back, or once the object in place is not the one it moved (gone, or another writer's:
-    reported, and nothing of the run is left there to undo); one S3 stopped stays in it. ``busy``: the
-    segments of merges in flight in the partition."""
-    if base in busy:
-        return SegmentResult(directory, base, Status.SKIPPED, f"a merge of segments {busy[base]} is in flight: roll "
-                             "back again later", pending=Pending.BUSY, cause=Cause.BUSY)
-    if _operation_pending(store, prefix, directory, base):
-        return SegmentResult(directory, base, Status.SKIPPED, "an operation on this segment is in progress (its "
-                             "journal entry exists): roll back again later", pending=Pending.BUSY, cause=Cause.BUSY)
-    in_place = generation_in_place(entry)
-    restored: list[dict[str, Any]] = []
-    problems: list[str] = []
-    settled: set[str] = set()  # the files whose moves leave the mark
-    etags: dict[str, tuple[str, str]] = {}
-    failed: TieringError | None = None
-    for m in mark.moves:
-        key = dir_segment_key(prefix, directory, base, f".{m.file}")
-        try:
-            lease.check()
-            try:
-                info, attrs = store.describe(key)
-            except ObjectNotFound:
-                problems.append(f"the .{m.file} is gone")
-                settled.add(m.file)
-                continue
-            # our entry names the object by the ETag it had when the entry last followed it
-            named = _named_etag(entry, m.file)
-            old = named if named is not None and named in (m.etag_before, m.etag_after) else info.etag
-            if info.storage_class == m.from_class:  # back already (an attempt killed before its state write), or
-                settled.add(m.file)  # never moved (the run stopped before its copy)
-                if old != info.etag:
-                    etags[m.file] = (old, info.etag)
-                continue
-            ours = info.etag == m.etag_after if m.etag_after is not None else (
-                info.etag == m.etag_before or in_place == mark.generation)  # a crash between copy and mark
-            if info.storage_class != m.to_class or info.size != m.size or not ours:
-                problems.append(f"the .{m.file} in place ({info.storage_class}, {info.size:,} bytes) is not the "
-                                f"object run {mark.run_id} moved to {m.to_class}: not moved over it")
-                settled.add(m.file)
-                continue
-            etags[m.file] = (old, store.transition(key, etag=info.etag, attrs=attrs, storage_class=m.from_class))
-            settled.add(m.file)
-            restored.append({"key": key, "from": m.to_class, "to": m.from_class, "bytes": info.size})
-        except LeaseLost:
-            raise  # nothing more is written: the partition is another's now
-        except TieringError as e:
-            failed = e
-            break
-    _follow_etags(store, prefix, directory, base, entry, etags, _unmarked(base, mark.run_id, settled, etags))
-    moved = sum(int(r["bytes"]) for r in restored)  # the bytes moved back, the same in any class
-    if failed is not None:
-        return SegmentResult(directory, base, Status.FAILED, f"stopped: {failed}", moved, moved,
-                             stats={"moved": restored}, error=failed.to_dict(),
-                             pending=Pending.TRANSIENT if failed.retryable else None,
-                             cause=Cause.TRANSIENT if failed.retryable else Cause.REFUSED)
-    if problems:
-        return SegmentResult(directory, base, Status.SKIPPED, "; ".join(problems), moved, moved,
-                             stats={"moved": restored},
-                             cause=Cause.NOT_RESTORABLE)
-    if not restored:
-        return SegmentResult(directory, base, Status.SKIPPED, "its objects are in the classes run "
-                             f"{mark.run_id} found them in already: nothing to move back", cause=Cause.RESTORED)
-    return SegmentResult(directory, base, Status.ROLLED_BACK, "", moved, moved, stats={"moved": restored})
-
-
-def _named_etag(entry: SegmentState | None, file: str) -> str | None:
-    """The ETag our compacted entry names for one of the segment's files (None: no entry names it)."""
-    if entry is None or not entry.compacted:
-        return None
-    return {"log": entry.log_etag, "index": entry.index_etag, "timeindex": entry.timeindex_etag}.get(file)
-
-
-def _unmarked(base: int, run_id: str, settled: set[str], etags: Mapping[str, tuple[str, str]]
-              ) -> Callable[[Marks], Marks]:
-    """Run ``run_id``'s mark of segment ``base`` without the moves of the files ``settled`` (gone when none is
-    left); the mark below it, now the newest, naming the ETags the rollback's copies made where it moved the
-    same generation."""
-    def change(marks: Marks) -> Marks:
-        stack = list(marks.get(base, ()))
-        at = next((i for i, m in enumerate(stack) if m.run_id == run_id), None)
-        if at is None:
-            return marks
-        undone = {m.file: m.from_class for m in stack[at].moves if m.file in etags}
-        generation = stack[at].generation
-        left = tuple(m for m in stack[at].moves if m.file not in settled)
-        if left:
-            stack[at] = replace(stack[at], moves=left)
-        else:
-            del stack[at]
-        if at > 0 and stack[at - 1].generation == generation:  # the same objects, moved before
-            below = stack[at - 1]
-            stack[at - 1] = replace(below, moves=tuple(
-                replace(m, etag_after=etags[m.file][1]) if m.file in etags and undone.get(m.file) == m.to_class else m
-                for m in below.moves))
-        return {**marks, base: tuple(stack)}
     return change
 
 
@@ -844,16 +599,6 @@ class TierReport:
                    float(achieved["one_off_usd"]), tuple(SegmentResult.from_json(r) for r in doc["segments_failed"]),
                    tuple(SegmentResult.from_json(r) for r in doc["segments_left"]),
                    tuple(str(w) for w in doc["warnings"]))
-
-
-def moved_objects(results: Sequence[SegmentResult]) -> list[dict[str, Any]]:
-    """The objects these results moved (not those found already moved), as their stats list them."""
-    out: list[dict[str, Any]] = []
-    for r in results:
-        items = (r.stats or {}).get("moved")
-        if isinstance(items, list):
-            out += [m for m in items if isinstance(m, dict) and not m.get("already")]
-    return out
 
 
 def tier_report(plan: TierPlan, results: Sequence[SegmentResult], run_id: str, *, dry_run: bool) -> TierReport:

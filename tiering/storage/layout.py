@@ -213,6 +213,7 @@ class StepDir(StrEnum):
     COMMIT = "commit"  # commit/<chunk>.json: what a commit task finished
     USAGE = "usage"  # usage/<step>.json: the S3 requests of a step outside any partition's work
     KEYS = "keys"  # keys/<unit>.json: a key-compaction unit's partition passes
+    ROLLBACK = "rollback"  # rollback/<unit>.json: a rollback unit's partitions
     MERGE = "merge"  # merge/<unit>.json: a merge unit's partitions
     TIER = "tier"  # tier/<unit>.json: a storage-tiering unit's partitions
 
