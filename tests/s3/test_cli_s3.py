@@ -350,9 +350,11 @@ def test_merge_plans_merges_then_rolls_back_in_another_process(bucket: S3Store) 
     first = min(originals)
     assert bucket.get(f"{PREFIX}/orders.v1-0/{first:020d}.log") == b"".join(
         originals[b].log for b in sorted(originals)[:-1])
-    code, out, err = _run("s3", "rollback", "--bucket", bucket.bucket, "--prefix", PREFIX, "--run-id", "merge-cli")
+    code, out, err = _run("s3", "rollback", "--bucket", bucket.bucket, "--prefix", PREFIX, "--run-id", "merge-cli",
+                          "--workers", "2")
     assert code == 0, err
     assert "rolled-back: 5" in out
+    assert f"[5] orders.v1-0/{max(b for b in originals if b != max(originals)):020d}: rolled-back" in err  # a line each
     for base, original in originals.items():
         assert bucket.get(f"{PREFIX}/orders.v1-0/{base:020d}.log") == original.log
 

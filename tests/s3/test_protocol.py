@@ -23,14 +23,15 @@ from tests.s3.conftest import (
 from tiering.commit.lease import Lease
 from tiering.commit.operation import META_CODEC, META_RUN, META_SOURCE_ETAG
 from tiering.commit.recover import pending_journals
-from tiering.errors import ExitCode
+from tiering.errors import ConfigError, ExitCode
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.lifecycle.vocabulary import Action, Cause, Status
-from tiering.run.documents import CompactOptions
+from tiering.run.documents import RUN_SCOPE, CompactOptions
 from tiering.run.maintenance import cleanup
 from tiering.run.pipeline import compact
 from tiering.run.rollback import rollback
+from tiering.run.segment import run_segment
 from tiering.storage.layout import lease_key, segment_key
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound
 from tiering.storage.s3 import S3Store
@@ -303,6 +304,41 @@ def test_a_rollback_refused_in_one_partition_works_on_none(store: S3Store) -> No
     again = rollback(store, context(store, "undo-3"), "run-1")
     assert {(r.directory, r.status) for r in again.segments} == {(f"{TOPIC}-0", Status.ROLLED_BACK),
                                                                  ("other-0", Status.ROLLED_BACK)}
+
+
+def test_a_rollback_of_a_run_that_left_nothing_fails_before_it_changes_anything(store: S3Store) -> None:
+    """Another run's segment staged and left in flight: a rollback of an unknown run is an error naming what
+    it looked for, and the operation in flight is still there (the next real run finishes it)."""
+    seed(store)
+    seg = next(s for s in plan_for(store).segments if s.action is Action.COMPACT)
+    lease = Lease(store, lease_key(PREFIX, DIR), owner="run-1", ttl_seconds=1)
+    lease.acquire(PREFIX)
+    assert run_segment(context(store), seg, lease, commit=False).status is Status.STAGED
+    lease.release()
+    in_flight = [j for j, _ in pending_journals(store, PREFIX)]
+    assert in_flight
+    with pytest.raises(ConfigError, match="nothing to roll back") as e:
+        rollback(store, context(store, "undo"), "no-such-run")
+    assert "_tiering/backup/no-such-run/" in str(e.value)
+    assert [j for j, _ in pending_journals(store, PREFIX)] == in_flight
+
+
+def test_a_rollback_on_worker_threads_restores_every_partition(store: S3Store) -> None:
+    """Three partitions rolled back on three threads: every original back, and each partition's requests
+    counted apart in the run document (a thread's own client each)."""
+    originals = {p: seed(store, partition=p) for p in range(3)}
+    compact(store, plan_for(store), context(store), CompactOptions())
+    run = rollback(store, context(store, "undo"), "run-1", workers=3)
+    assert {(r.directory, r.status) for r in run.segments} == {(f"{TOPIC}-{p}", Status.ROLLED_BACK) for p in range(3)}
+    assert len(run.segments) == 6
+    for p, kept in originals.items():
+        check_consistent(store, kept, partition=p)
+    by_scope = run.usage["requests"]
+    assert set(by_scope) == {f"{TOPIC}-{p}" for p in range(3)} | {RUN_SCOPE}
+    for p in range(3):  # each partition's own: one listing of its journals, two originals put back
+        assert by_scope[f"{TOPIC}-{p}"]["ListObjectsV2"] == 1
+        assert by_scope[f"{TOPIC}-{p}"]["PutObject"] >= 4
+    assert no_pending(store)
 
 
 def test_a_rollback_judges_a_log_it_did_not_write_by_its_bytes(store: S3Store) -> None:

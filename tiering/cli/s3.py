@@ -95,6 +95,11 @@ def _scan_options(args: argparse.Namespace) -> ScanOptions:
                        args.rebatch_max_bytes if args.rebatch else None)
 
 
+def _add_workers_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--workers", type=int_at_least(1), default=1, metavar="N",
+                   help=f"partitions {what} at once, each thread with its own S3 client (default %(default)s)")
+
+
 def _add_inventory_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inventory", default=None, metavar="s3://BUCKET/.../manifest.json",
                    help="plan from this S3 Inventory report (CSV) of the bucket instead of listing it: for buckets "
@@ -278,6 +283,19 @@ def _segment_line(i: int, r: SegmentResult) -> str:
     return f"[{i}] {r.directory}/{r.base_offset:020d}: {r.status}{' (recovered)' if r.recovered else ''}{sizes}{why}"
 
 
+def _segment_progress(args: argparse.Namespace) -> Callable[[SegmentResult], None]:
+    """A numbered line on stderr for each segment a run finishes (called from the run's worker threads)."""
+    done = [0]
+    lock = threading.Lock()
+
+    def progress(r: SegmentResult) -> None:
+        with lock:
+            done[0] += 1
+            _log(args, _segment_line(done[0], r))
+
+    return progress
+
+
 def _run_table(run: RunResult) -> Table:
     totals = run.totals()
     t = Table(title=f"{run.kind} run {run.run_id} on s3://{run.bucket}/{run.prefix}", title_justify="left")
@@ -353,13 +371,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
             console.print("dry run: nothing was written")
         return 0
     ctx = settings.context(store, args.work_dir)
-    done = [0]
-    lock = threading.Lock()
-
-    def progress(r: SegmentResult) -> None:
-        with lock:
-            done[0] += 1
-            _log(args, _segment_line(done[0], r))
+    progress = _segment_progress(args)
 
     if args.plan:
         _log(args, f"run {run_id}: compacting to {options.codec.label} ...")
@@ -405,16 +417,12 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
     swap = SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap))
     ctx = Context(store, args.prefix, run_id, RewriteOptions(Codec.NONE), work_dir=args.work_dir,
                   verify=Verify(args.verify), swap=swap)
-    done = [0]
-
-    def progress(r: SegmentResult) -> None:
-        done[0] += 1
-        _log(args, _segment_line(done[0], r))
 
     chosen = " and ".join(([f"topics matching {args.topics!r}"] if args.topics else [])
                           + ([f"the compacted topics of {args.policy}"] if policy else []))
     _log(args, f"run {run_id}: key compaction of {chosen} under s3://{args.bucket}/{args.prefix} ...")
-    run = engine.run(store, ctx, KeyCompaction(options), progress, source=_source(args, store))
+    run = engine.run(store, ctx, KeyCompaction(options), _segment_progress(args), source=_source(args, store),
+                     workers=args.workers)
     return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
 
 
@@ -479,16 +487,12 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         return 0
     run_id = args.run_id or new_run_id()
     ctx = Context(store, args.prefix, run_id, RewriteOptions(Codec.NONE), verify=Verify(args.verify))
-    done = [0]
-
-    def progress(r: SegmentResult) -> None:
-        done[0] += 1
-        _log(args, _segment_line(done[0], r))
 
     bound = (f"each topic's merge.target.bytes ({args.policy})" if options.policy is not None
              else _human(options.limits.segment_bytes))
     _log(args, f"run {run_id}: merging small neighbouring segments under {where} into segments of at most {bound} ...")
-    run = engine.run(store, ctx, Merging(options), progress, source=_source(args, store))
+    run = engine.run(store, ctx, Merging(options), _segment_progress(args), source=_source(args, store),
+                     workers=args.workers)
     return _publish(args, store, ctx.prefix, run, _finish_run(args, run))
 
 
@@ -522,13 +526,8 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
     store = _store(args)
     ctx = Context(store, args.prefix, new_run_id(), RewriteOptions(Codec.NONE))
     _log(args, f"rolling back run {args.run_id}: the originals it replaced, or the classes it moved objects from ...")
-    done = [0]
-
-    def progress(r: SegmentResult) -> None:
-        done[0] += 1
-        _log(args, _segment_line(done[0], r))
-
-    return _finish_run(args, rollback(store, ctx, args.run_id, args.lease_ttl_seconds, progress))
+    return _finish_run(args, rollback(store, ctx, args.run_id, args.lease_ttl_seconds, _segment_progress(args),
+                                      workers=args.workers))
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
@@ -577,7 +576,8 @@ def _cmd_tier(args: argparse.Namespace) -> int:
     from tiering.steps import storage_classes as steps  # noqa: PLC0415
 
     run = steps.TieringParams(args.bucket, args.prefix.strip("/"), args.run_id or new_run_id(), str(args.policy),
-                              args.dry_run, args.include_internal, args.lease_ttl_seconds, args.inventory)
+                              args.dry_run, args.include_internal, args.lease_ttl_seconds, args.inventory,
+                              args.workers)
     policy = run.policy()  # a bad policy stops here, before any request
     if args.emit_lifecycle:
         config, notes = lifecycle_configuration(policy, args.prefix)
@@ -703,7 +703,7 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p.add_argument("--max-bytes", type=int, default=None, help="compact at most this many .log bytes")
     p.add_argument("--dry-run", action="store_true", help="plan and estimate the savings; write nothing")
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
-    p.add_argument("--workers", type=int, default=1, help="partitions compacted at once (default %(default)s)")
+    _add_workers_arg(p, "compacted")
     p.add_argument("--work-dir", default=None, help="directory for spool files (default: the system's temp dir)")
     p.add_argument("--verify", choices=[v.value for v in Verify], default=Verify.CHECKSUM.value,
                    help="how each staged file is accepted before anything final changes: 'checksum' (default; the "
@@ -775,6 +775,7 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                    help="how the new .log is put over the original (as for 'compact')")
     p.add_argument("--no-report", action="store_true", help="do not publish the cost savings report")
     add_cost_args(p)
+    _add_workers_arg(p, "key-compacted")
     p.set_defaults(func=_cmd_compact_keys)
 
     p = sub.add_parser("tier", help="move old segments to colder storage classes as a policy says",
@@ -796,6 +797,7 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p.add_argument("--include-internal", action="store_true", help="include internal topics (names starting __)")
     _add_inventory_arg(p)
     add_cost_args(p)
+    _add_workers_arg(p, "tiered")
     p.set_defaults(func=_cmd_tier)
 
     p = sub.add_parser("merge", help="merge runs of small neighbouring segments into fewer, larger ones",
@@ -830,6 +832,7 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                    help="how each staged file is accepted (as for 'compact')")
     p.add_argument("--no-report", action="store_true", help="do not publish the cost report")
     add_cost_args(p)
+    _add_workers_arg(p, "merged")
     p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("rollback", help="undo a run: the originals it replaced, the classes it moved objects from",
@@ -845,6 +848,7 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     _common(p)
     p.add_argument("--run-id", required=True, help="the run to undo (a compaction, merge, key-compaction or "
                    "tiering run)")
+    _add_workers_arg(p, "rolled back")
     p.set_defaults(func=_cmd_rollback)
 
     p = sub.add_parser("cleanup", help="delete kept originals past the grace period and abandoned leftovers",

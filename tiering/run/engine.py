@@ -23,9 +23,11 @@ Spark task can carry one; the kind travels with the task.
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Final, Protocol, TypeVar
 
@@ -192,6 +194,7 @@ class _PlanChunks:
     def __init__(self, store: ObjectStore, prefix: str, run_id: str, step: StepDir) -> None:
         self._store, self._where = store, (prefix, run_id, step)
         self.refs: list[PartitionRef] = []
+        self._directories: set[str] = set()
         self.chunks = 0
         self._open()
 
@@ -202,6 +205,10 @@ class _PlanChunks:
         return work_plan_chunk_key(*self._where, index)
 
     def add(self, part: PartitionWork) -> None:
+        if part.directory in self._directories:  # a unit reads one line a partition: the other's work would be lost
+            raise InvalidDataError("a run's planning found a partition twice (a listing out of key order?)",
+                                   path=part.directory, expected="each partition once", found="twice")
+        self._directories.add(part.directory)
         key = self._key(self.chunks)
         self._lines.add([{"directory": part.directory, "work": part.to_json()}])
         self.refs.append(PartitionRef(part.directory, key, len(part.todo), part.bytes))
@@ -365,16 +372,31 @@ def collect(store: ObjectStore, ctx: Context, kind: Kind[W], planned: RunPlan, s
 
 
 def run(store: ObjectStore, ctx: Context, kind: Kind[W], progress: Progress | None = None, *,
-        source: Iterator[ObjectInfo] | None = None, seen: Callable[[W], None] | None = None) -> RunResult:
+        source: Iterator[ObjectInfo] | None = None, seen: Callable[[W], None] | None = None, workers: int = 1
+        ) -> RunResult:
     """A whole run in this process: :func:`plan` (from a listing, or from ``source``; each partition's work
-    handed to ``seen`` too), each unit, :func:`collect` (the Spark job runs the units on executors instead)."""
+    handed to ``seen`` too), its units on ``workers`` threads, :func:`collect` (the Spark job runs the units
+    on executors instead). A thread works through a client of its own (:meth:`ObjectStore.another`), so that
+    each partition's requests are counted apart; ``progress`` is then called from those threads."""
     started = datetime.now(UTC).isoformat()
     at_start = Counter(store.requests)
     kind = kind.started(store, ctx.prefix)
-    planned = plan(store, ctx, kind, progress=progress, source=source, seen=seen)
+    planned = plan(store, ctx, kind, parallelism=workers, progress=progress, source=source, seen=seen)
     driver = Counter(store.requests) - at_start
-    for unit in planned.units:
-        run_unit(store, ctx, kind, unit, progress)
+    if workers <= 1:
+        for unit in planned.units:
+            run_unit(store, ctx, kind, unit, progress)
+    else:
+        local = threading.local()
+
+        def one(unit: Unit) -> dict[str, int]:
+            if not hasattr(local, "ctx"):
+                local.ctx = replace(ctx, store=store.another())  # the run's swap mode stays shared (learnt once)
+            own: Context = local.ctx
+            return run_unit(own.store, own, kind, unit, progress)
+
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=kind.run_kind.value) as pool:
+            list(pool.map(one, planned.units))
     return collect(store, ctx, kind, planned, started, driver)
 
 
@@ -383,6 +405,13 @@ def step_documents(store: ObjectStore, prefix: str, run_id: str, step: StepDir) 
     order."""
     for info in store.list(step_dir(prefix, run_id, step)):
         yield StepResults.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
+
+
+def own_results(store: ObjectStore, prefix: str, run_id: str, step: StepDir) -> Iterator[SegmentResult]:
+    """The results of run ``run_id``'s own work (its units' step documents; not the operations of other runs
+    it finished first, which its run document counts too)."""
+    for doc in step_documents(store, prefix, run_id, step):
+        yield from (r for r in doc.results if not r.recovered)
 
 
 def write_results(store: ObjectStore, key: str, results: Iterable[SegmentResult],

@@ -53,6 +53,7 @@ from tiering.storage.layout import (
     run_result_key,
     state_dir,
     state_directory,
+    work_plan_dir,
 )
 from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore
 
@@ -130,13 +131,24 @@ class Rollback:
         return self.options.lease_ttl_seconds
 
     def started(self, store: ObjectStore, prefix: str) -> Rollback:
+        """The rollback, once the run it undoes is known to have left something to undo: a backup, a tiering
+        run's plan (its marks come after it) or its document. Else an error, before the run changes anything
+        (it would first finish what crashed runs left in flight)."""
+        target = self.options.target_run
+        left = (reserved_dir(prefix, BACKUP_DIR, target), work_plan_dir(prefix, target, StepDir.TIER))
+        if not any(next(iter(store.list(where)), None) for where in left):
+            try:
+                store.head(run_result_key(prefix, target, RunKind.TIER))
+            except ObjectNotFound:
+                raise ConfigError("no backups of that run and no storage-class moves of it: nothing to roll back "
+                                  "(or its grace period is over)", path=f"s3://{store.bucket}/{left[0]}") from None
         return self
 
     def partitions(self, store: ObjectStore, prefix: str, emit: Callable[[RollbackPartition], None],
                    source: Iterator[ObjectInfo] | None) -> None:
         """The partitions the run kept originals in (its backups listed), or else those whose state marks its
-        moves (every state document read), or else its unmarked moves, refused; a run that left none of
-        these is an error (nothing to roll back)."""
+        moves (every state document read), or else, for a tiering run that left its document and no mark, its
+        moves still in place, refused (none: every move is undone already, and the rollback does nothing)."""
         if source is not None:
             raise ConfigError("a rollback finds its partitions from the run's backups and the partitions' states",
                               expected="no inventory", found="an inventory's objects")
@@ -145,14 +157,11 @@ class Rollback:
             return
         try:
             doc = store.get_json(run_result_key(prefix, target, RunKind.TIER))[0]
-        except ObjectNotFound:
-            raise ConfigError("no backups of that run and no storage-class moves of it: nothing to roll back (or "
-                              "its grace period is over)",
-                              path=f"s3://{store.bucket}/{reserved_dir(prefix, BACKUP_DIR, target)}") from None
+        except ObjectNotFound:  # a tiering run killed after its plan, before any move
+            return
         # a run document of an earlier version held the run's results itself; the engine's are in step documents
         results = ([SegmentResult.from_json(r) for r in doc["results"]] if isinstance(doc, dict) and "results" in doc
-                   else [r for step in engine.step_documents(store, prefix, target, StepDir.TIER)
-                         for r in step.results if not r.recovered])
+                   else list(engine.own_results(store, prefix, target, StepDir.TIER)))
         unmarked = _unmarked_moves(store, target, results)
         for directory, found in itertools.groupby(sorted(unmarked, key=lambda r: r.directory), lambda r: r.directory):
             emit(RollbackPartition(directory, Undo.UNMOVE, (), 0, tuple(found)))
@@ -181,10 +190,10 @@ class Rollback:
 
 
 def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS,
-             progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
+             progress: Callable[[SegmentResult], None] | None = None, *, workers: int = 1) -> RunResult:
     """Roll back run ``target_run`` in this process, as run ``ctx.run_id`` (:class:`Rollback`, through the
-    engine)."""
-    return engine.run(store, ctx, Rollback(RollbackOptions(target_run, lease_ttl)), progress)
+    engine; ``workers`` partitions at once)."""
+    return engine.run(store, ctx, Rollback(RollbackOptions(target_run, lease_ttl)), progress, workers=workers)
 
 
 def _backed_up(store: ObjectStore, prefix: str, target_run: str, emit: Callable[[RollbackPartition], None]

@@ -403,10 +403,8 @@ def plan_document(store: ObjectStore, prefix: str, options: TierOptions, totals:
 
 
 def run_results(store: ObjectStore, prefix: str, run_id: str) -> Iterator[SegmentResult]:
-    """The results of tiering run ``run_id``'s own moves (its units' step documents; not the operations of
-    other runs it finished first, which its run document counts too)."""
-    for step in engine.step_documents(store, prefix, run_id, StepDir.TIER):
-        yield from (r for r in step.results if not r.recovered)
+    """The results of tiering run ``run_id``'s own moves (:func:`engine.own_results`)."""
+    return engine.own_results(store, prefix, run_id, StepDir.TIER)
 
 
 def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: datetime) -> ObjectMove:

@@ -48,6 +48,7 @@ class TieringParams:
     include_internal: bool = False  # plan the internal topics (__consumer_offsets, ...) too
     lease_ttl: int = DEFAULT_TTL_SECONDS
     inventory: str | None = None  # the manifest.json of an S3 Inventory report to plan from (None: list)
+    workers: int = 1  # partitions worked on at once (threads, each with its own S3 client)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], run_id: str) -> TieringParams:
@@ -133,7 +134,7 @@ def tier(store: ObjectStore, run: TieringParams, log: Log, *, prices: PriceBook 
         ctx = Context(store, run.prefix, run.run_id, RewriteOptions(Codec.NONE))
         engine.run(store, ctx, kind, lambda r: log(f"  {r.directory}/{r.base_offset:020d}: {r.status}"
                                                    + (f" ({r.reason})" if r.reason else "")), seen=seen,
-                   source=source)
+                   source=source, workers=run.workers)
         run_key = run_result_key(run.prefix, run.run_id, RunKind.TIER)
         segments = sum(1 for _ in run_results(store, run.prefix, run.run_id))
     planned = plan_document(store, run.prefix, kind.options, tally.totals())
