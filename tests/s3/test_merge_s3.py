@@ -27,14 +27,14 @@ from tests.s3.conftest import (
 )
 from tests.s3.hooks import Step, key_ends
 from tests.s3.test_faults import Crash, Faults, crash_points
-from tiering.commit.operation import META_MERGED, SegmentResult
-from tiering.errors import ExitCode
+from tiering.commit.operation import META_MERGED, Context, SegmentResult
+from tiering.errors import ConfigError, ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.index import build_indexes
 from tiering.kafka.merge import Limits
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.segment import verify_segment
-from tiering.lifecycle.state import load_state
+from tiering.lifecycle.state import Outcome, load_state
 from tiering.lifecycle.vocabulary import Cause, Status
 from tiering.plan.policy import parse_policy
 from tiering.run import engine
@@ -466,3 +466,34 @@ def test_a_merge_with_nothing_to_merge_says_so_in_its_figures(store: S3Store) ->
     run = engine.run(store, context(store, "merge-none"), Merging(MergeOptions(Limits(1 << 20), topics="other")))
     assert run.usage["objects"] == {"before": 0, "after": 0}
     assert run.totals() == {"segments": 0, "bytes_before": 0, "bytes_after": 0}
+
+
+def test_a_merge_rewrites_nothing_and_judges_an_invalid_source_by_reading_it_again(store: S3Store) -> None:
+    """A merge's context has no rewrite options (it copies batches as they are): a source whose batch fails
+    its CRC is downloaded again and validated batch by batch, then failed as invalid, remembered without a
+    codec (the compaction's next scan skips it, saying which run found it), and nothing is merged over it;
+    the segment before it in its group is not merged, naming it (not "damaged on the way": exit 1, not 4)."""
+    originals = seed(store, segments=4, segment_bytes=20_000)
+    bases = sorted(originals)
+    key = segment_key(PREFIX, TOPIC, 0, bases[1], LOG_SUFFIX)
+    damaged = bytearray(store.get(key))
+    damaged[200] ^= 1  # a record's byte: the batch's CRC no longer holds
+    store.put(key, bytes(damaged))
+    ctx = Context(store, PREFIX, "merge-x")
+    with pytest.raises(ConfigError, match="rewrites no segment"):
+        ctx.rewrite  # noqa: B018 - the property raises
+    run = engine.run(store, ctx, Merging(MergeOptions(Limits(1 << 20))))
+    by_base = {r.base_offset: r for r in run.segments}
+    assert (by_base[bases[1]].status, by_base[bases[1]].cause) == (Status.FAILED, Cause.INVALID)
+    assert "CRC mismatch" in by_base[bases[1]].reason
+    entry = load_state(store, PREFIX, DIRECTORY).get(bases[1])
+    assert entry is not None
+    assert (entry.outcome, entry.codec, entry.run_id) == (Outcome.INVALID, None, "merge-x")
+    skipped = next(s for s in plan_for(store).segments if s.base_offset == bases[1])
+    assert skipped.reason.startswith("invalid last time (by run merge-x)")
+    assert (by_base[bases[0]].status, by_base[bases[0]].cause) == (Status.SKIPPED, Cause.NOTHING_TO_MERGE)
+    assert f"segment {bases[1]}, next in its group, failed validation" in by_base[bases[0]].reason
+    assert run.exit_code() == ExitCode.INVALID  # not a retry: the bytes in the bucket are the problem
+    assert store.get(key) == bytes(damaged)
+    for base in (bases[0], bases[2]):  # its neighbours are not merged over it
+        assert _get(store, base, LOG_SUFFIX) == originals[base].log

@@ -33,7 +33,7 @@ def test_spark_cleans_each_partition_in_a_task_as_the_in_process_run_does(server
             store.put(segment_key(K.PREFIX, K.TOPIC, 1, base, TXN_INDEX_SUFFIX), txn)
         store.put(segment_key(K.PREFIX, "orders.delete", 0, base, LOG_SUFFIX), log)
     lines: list[str] = []
-    settings = RunSettings(store.bucket, K.PREFIX, "spark-keys", "none")
+    settings = RunSettings(store.bucket, K.PREFIX, "spark-keys")
     options = KeyCompactOptions(NOW, topics=r"profiles\..*", merge=Limits())  # the cleaner's default bounds
     submit(JOB, ["--kind", "compact-keys", "--settings", json.dumps(settings.to_json()), "--options",
                  json.dumps(options.to_json())], master="local[2]", log=lines.append)

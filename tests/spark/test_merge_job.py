@@ -38,7 +38,7 @@ def test_spark_merges_each_partition_in_a_task_as_the_in_process_run_does(server
     planned_from = ["--inventory", write_inventory(store, store.bucket, "inventory/daily",
                                                    list(store.list(PREFIX + "/")))] if source == "inventory" else []
     lines: list[str] = []
-    settings = RunSettings(store.bucket, PREFIX, "spark-merge", "none")
+    settings = RunSettings(store.bucket, PREFIX, "spark-merge")
     options = MergeOptions(Limits(1 << 20), TOPIC.replace(".", r"\."), min_age_minutes=0)
     submit(JOB, ["--kind", "merge", "--settings", json.dumps(settings.to_json()), "--options",
                  json.dumps(options.to_json()), *planned_from], master="local[2]", log=lines.append)

@@ -42,7 +42,7 @@ def test_spark_tiers_each_partition_in_a_task_and_the_run_rolls_back(server_stor
     policy.write_text(yaml.safe_dump({"cluster": {"storage.tiers": [{"after.days": 30,
                                                                      "storage.class": "GLACIER_IR"}]}}))
     lines: list[str] = []
-    settings = RunSettings(store.bucket, PREFIX, "spark-tier", "none")
+    settings = RunSettings(store.bucket, PREFIX, "spark-tier")
     options = TierOptions(load_policy(str(policy)), load_prices("us-east-1"))
     submit(JOB, ["--kind", "tier", "--settings", json.dumps(settings.to_json()), "--options",
                  json.dumps(options.to_json())], master="local[2]", log=lines.append)
@@ -56,7 +56,7 @@ def test_spark_tiers_each_partition_in_a_task_and_the_run_rolls_back(server_stor
                                                     and k.endswith(".log"))[:2]]
     assert moved == sealed
     assert not list(store.list(f"{PREFIX}/_tiering/leases/"))
-    undo = RunSettings(store.bucket, PREFIX, "spark-undo", "none")
+    undo = RunSettings(store.bucket, PREFIX, "spark-undo")
     submit(JOB, ["--kind", "rollback", "--settings", json.dumps(undo.to_json()), "--options",
                  json.dumps(RollbackOptions("spark-tier").to_json())], master="local[2]", log=lines.append)
     key = run_result_key(PREFIX, "spark-undo", RunKind.ROLLBACK)

@@ -415,7 +415,7 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
         return _keys_dry_run(args, store, options)
     run_id = args.run_id or new_run_id()
     swap = SwapChoice(None if args.swap == AUTO_SWAP else Swap(args.swap))
-    ctx = Context(store, args.prefix, run_id, RewriteOptions(Codec.NONE), work_dir=args.work_dir,
+    ctx = Context(store, args.prefix, run_id, work_dir=args.work_dir,
                   verify=Verify(args.verify), swap=swap)
 
     chosen = " and ".join(([f"topics matching {args.topics!r}"] if args.topics else [])
@@ -486,7 +486,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
                   "merged index's size is taken as the sum of its sources')", file=args.stdout)
         return 0
     run_id = args.run_id or new_run_id()
-    ctx = Context(store, args.prefix, run_id, RewriteOptions(Codec.NONE), verify=Verify(args.verify))
+    ctx = Context(store, args.prefix, run_id, verify=Verify(args.verify))
 
     bound = (f"each topic's merge.target.bytes ({args.policy})" if options.policy is not None
              else _human(options.limits.segment_bytes))
@@ -524,7 +524,7 @@ def _merge_plan_table(planned: list[PlannedMerges], figures: list[MergeFigures |
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
     store = _store(args)
-    ctx = Context(store, args.prefix, new_run_id(), RewriteOptions(Codec.NONE))
+    ctx = Context(store, args.prefix, new_run_id())
     _log(args, f"rolling back run {args.run_id}: the originals it replaced, or the classes it moved objects from ...")
     return _finish_run(args, rollback(store, ctx, args.run_id, args.lease_ttl_seconds, _segment_progress(args),
                                       workers=args.workers))
@@ -532,7 +532,7 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
     store = _store(args)
-    ctx = Context(store, args.prefix, new_run_id(), RewriteOptions(Codec.NONE))
+    ctx = Context(store, args.prefix, new_run_id())
     result = cleanup(store, ctx, grace_days=args.grace_days, stale_hours=args.stale_hours,
                      lease_ttl=args.lease_ttl_seconds)
     if args.json:

@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, BinaryIO, Final
 
-from tiering.errors import ConflictError
-from tiering.kafka.codecs import Codec
-from tiering.kafka.index import Indexes
+from tiering.errors import ConfigError, ConflictError
+from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec
+from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES, Indexes
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.journal import Journal
@@ -80,7 +80,7 @@ class Context:
     store: ObjectStore
     prefix: str
     run_id: str
-    options: RewriteOptions
+    options: RewriteOptions | None = None  # how a compaction rewrites segments (None: the run rewrites none)
     work_dir: str | None = None  # where spool files go (the system's temporary directory by default)
     part_bytes: int = DEFAULT_PART_BYTES
     min_savings_ratio: float = 0.0  # a rewrite saving less than this fraction is not swapped in
@@ -92,6 +92,24 @@ class Context:
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
 
+    @property
+    def rewrite(self) -> RewriteOptions:
+        """How this run rewrites a segment: only a compaction's context says (asking another's is a bug)."""
+        if self.options is None:
+            raise ConfigError("a run that rewrites no segment was asked how it rewrites one",
+                              expected="a compaction's context, with its codec", found=f"run {self.run_id}")
+        return self.options
+
+    @property
+    def index_interval_bytes(self) -> int:
+        """The bytes between index entries of what the run writes (Kafka's default, unless a rewrite says)."""
+        return self.options.index_interval_bytes if self.options is not None else DEFAULT_INDEX_INTERVAL_BYTES
+
+    @property
+    def decompression_limit(self) -> int:
+        """The most bytes a batch of what the run reads may decompress to."""
+        return self.options.decompression_limit if self.options is not None else DEFAULT_DECOMPRESSION_LIMIT
+
     def new_op(self) -> str:
         """A new operation id: this run's id and a random suffix (it marks every object the operation writes)."""
         return f"{self.run_id}.{secrets.token_hex(4)}"
@@ -101,9 +119,9 @@ class Context:
         re-batching (set by the plan)."""
         ctx = self
         if seg.codec is not None:
-            options = replace(self.options, codec=Codec.parse(seg.codec), level=seg.level)
+            options = replace(self.rewrite, codec=Codec.parse(seg.codec), level=seg.level)
             ctx = replace(self, options=options, min_savings_ratio=seg.min_savings_ratio)
-        o = ctx.options
+        o = ctx.rewrite
         rebatch = None if seg.rebatch_max_bytes is None else RebatchOptions(
             o.codec, o.level, seg.rebatch_max_bytes, o.decompression_limit)
         return ctx if rebatch == ctx.rebatch else replace(ctx, rebatch=rebatch)

@@ -173,7 +173,7 @@ def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGu
     marks = {META_RUN: ctx.run_id, META_OP: op}
     checksum = ctx.verify is Verify.CHECKSUM
     with store.writer(new["log"], part_bytes=ctx.part_bytes, checksum=checksum, metadata=marks) as out:
-        merged = merge(merge_sources, cast(BinaryIO, out), index_interval_bytes=ctx.options.index_interval_bytes,
+        merged = merge(merge_sources, cast(BinaryIO, out), index_interval_bytes=ctx.index_interval_bytes,
                        contiguous=True)
         if merged.sources < 2:  # leaving the block unfinished aborts the upload
             return merged.sources
@@ -204,8 +204,8 @@ def stage_cleaned_group(ctx: Context, segments: Sequence[PlannedSegment], log: B
     log.seek(0)
     try:
         made = read_back(log, base_offset=first.base_offset, path=f"{where} (cleaned)", size=size,
-                         index_interval_bytes=ctx.options.index_interval_bytes,
-                         decompression_limit=ctx.options.decompression_limit)
+                         index_interval_bytes=ctx.index_interval_bytes,
+                         decompression_limit=ctx.decompression_limit)
     except InvalidDataError as e:  # what the cleaner made, not a source: a proof failure
         raise ProofError(f"the cleaned .log does not read back: {e}", path=where) from None
     if made.size != size or made.indexes != indexes:

@@ -34,6 +34,7 @@ from tiering.errors import InvalidDataError, ProofError
 from tiering.kafka.files import TXN_INDEX_SUFFIX
 from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back, rewrite_segment
+from tiering.kafka.segment import verify_segment
 from tiering.lifecycle.journal import FILES, Journal, NewFiles, Recorded, TxnIndexSwap
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Status, Verify
 from tiering.plan.document import PlannedSegment
@@ -68,7 +69,7 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
     with store.writer(new["log"], part_bytes=ctx.part_bytes, checksum=verified is Verify.CHECKSUM) as out:
         try:
             with store.open(seg.log.key, if_match=seg.log.etag) as body:
-                result = rewrite_segment(body, cast(BinaryIO, out), base_offset=base, options=ctx.options,
+                result = rewrite_segment(body, cast(BinaryIO, out), base_offset=base, options=ctx.rewrite,
                                          path=log_uri, size=seg.log.size, progress=lambda _: lease.keep_alive(),
                                          rebatch=ctx.rebatch)
         except (PreconditionFailed, ObjectNotFound):
@@ -77,20 +78,20 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
         stats = result.stats
         stats_doc = result.to_json()
         if stats.bytes_out >= stats.bytes_in:
-            return SegmentResult(d, base, Status.SKIPPED, f"no savings: {ctx.options.codec.label} would not shrink it "
+            return SegmentResult(d, base, Status.SKIPPED, f"no savings: {ctx.rewrite.codec.label} would not shrink it "
                                  f"({stats.bytes_in} -> {stats.bytes_out} bytes)", stats.bytes_in, stats.bytes_in,
                                  stats=stats_doc, cause=Cause.NO_SAVINGS)
         if 1 - stats.bytes_out / stats.bytes_in < ctx.min_savings_ratio:
-            return SegmentResult(d, base, Status.SKIPPED, f"below min.savings.ratio: {ctx.options.codec.label} saves "
+            return SegmentResult(d, base, Status.SKIPPED, f"below min.savings.ratio: {ctx.rewrite.codec.label} saves "
                                  f"{1 - stats.bytes_out / stats.bytes_in:.1%}, the policy asks for "
                                  f"{ctx.min_savings_ratio:.1%}", stats.bytes_in, stats.bytes_in, stats=stats_doc,
                                  cause=Cause.BELOW_MIN_SAVINGS)
         lease.check()
         upload = _finish_upload(ctx, out, base, new, result.indexes, stats.bytes_out, stats.payload_xxh3)
-    recorded = Recorded(stats.bytes_in, stats.bytes_out, ctx.run_id, seg.log.etag, ctx.options.codec.label,
-                        ctx.options.level, stats.source_payload_xxh3 or stats.payload_xxh3,
+    recorded = Recorded(stats.bytes_in, stats.bytes_out, ctx.run_id, seg.log.etag, ctx.rewrite.codec.label,
+                        ctx.rewrite.level, stats.source_payload_xxh3 or stats.payload_xxh3,
                         ctx.rebatch.max_bytes if ctx.rebatch is not None else None)
-    journal, etag = _journal(ctx, seg, src, new, upload, recorded, stats.payload_xxh3, ctx.options.codec.label)
+    journal, etag = _journal(ctx, seg, src, new, upload, recorded, stats.payload_xxh3, ctx.rewrite.codec.label)
     return Staged(journal, etag, SegmentResult(d, base, Status.COMPACTED, "", stats.bytes_in, stats.bytes_out,
                                                stats={**stats_doc, "verified": str(upload.verified)},
                                                run_id=ctx.run_id), result.indexes)
@@ -108,8 +109,8 @@ def stage_cleaned(ctx: Context, seg: PlannedSegment, log: BinaryIO, size: int, i
     assert seg.log is not None
     src = _sources(ctx, seg)
     log_uri = uri(store, seg.log.key)
-    limits = {"index_interval_bytes": ctx.options.index_interval_bytes,
-              "decompression_limit": ctx.options.decompression_limit}
+    limits = {"index_interval_bytes": ctx.index_interval_bytes,
+              "decompression_limit": ctx.decompression_limit}
     log.seek(0)
     try:
         made = read_back(log, base_offset=base, path=f"{log_uri} (cleaned)", size=size, **limits)
@@ -232,8 +233,8 @@ def _finish_upload(ctx: Context, out: StreamUpload, base: int, new: dict[str, st
         log_etag = log_etag or store.head(new["log"]).etag
         with store.open(new["log"], if_match=log_etag) as body:
             back = read_back(body, base_offset=base, path=uri(store, new["log"]), size=size,
-                             index_interval_bytes=ctx.options.index_interval_bytes,
-                             decompression_limit=ctx.options.decompression_limit)
+                             index_interval_bytes=ctx.index_interval_bytes,
+                             decompression_limit=ctx.decompression_limit)
         check_read_back(store, new, back.size, back.payload_xxh3, back.indexes.offset_index,
                          back.indexes.time_index, size, digest)
         if back.indexes != indexes:
@@ -271,10 +272,18 @@ def recheck_source(ctx: Context, seg: PlannedSegment) -> None:
     """Before a source that failed validation is called invalid: download it again, checked against its
     length and (where it is a plain MD5) its ETag, and validate it again the same way. Raises the
     :class:`~tiering.errors.InvalidDataError` if the object itself is invalid, a ``TransportError`` if the
-    bytes do not match the ETag; returns when the fresh copy is valid (the first read was damaged)."""
+    bytes do not match the ETag; returns when the fresh copy is valid (the first read was damaged). A run that
+    rewrites nothing (a merge, a key-compaction pass) validates every batch as it reads: CRC, decompression,
+    each record, offsets in order."""
     assert seg.log is not None
-    with spool_file(ctx) as copy, spool_file(ctx) as sink:
+    where = uri(ctx.store, seg.log.key)
+    with spool_file(ctx) as copy:
         ctx.store.download(seg.log.key, copy, etag=seg.log.etag)
         copy.seek(0)
-        rewrite_segment(copy, sink, base_offset=seg.base_offset, options=ctx.options,
-                        path=uri(ctx.store, seg.log.key), size=seg.log.size)
+        if ctx.options is None:
+            verify_segment(copy, path=where, segment_base=seg.base_offset, digests=False,
+                           limit=ctx.decompression_limit, keep_batches=False)
+            return
+        with spool_file(ctx) as sink:
+            rewrite_segment(copy, sink, base_offset=seg.base_offset, options=ctx.options, path=where,
+                            size=seg.log.size)

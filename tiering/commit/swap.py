@@ -364,8 +364,8 @@ def _put_index(ctx: Context, journal: Journal, name: str, indexes: Indexes | Non
     except ObjectNotFound:  # only if the staging copy went first: rebuild from the .log in place
         with store.open(final["log"]) as body:
             rebuilt = read_back(body, base_offset=journal.base_offset, path=uri(store, final["log"]),
-                                index_interval_bytes=ctx.options.index_interval_bytes,
-                                decompression_limit=ctx.options.decompression_limit).indexes
+                                index_interval_bytes=ctx.index_interval_bytes,
+                                decompression_limit=ctx.decompression_limit).indexes
         data = rebuilt.offset_index if name == "index" else rebuilt.time_index
     try:
         return store.put_object(final[name], data, journal.attrs[name], if_none_match=True).etag

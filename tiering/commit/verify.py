@@ -63,7 +63,7 @@ def download_verified(ctx: Context, journal: Journal) -> BinaryIO:
             shutil.copyfileobj(body, spool, COPY_CHUNK)
         spool.seek(0)
         back = read_back(spool, base_offset=journal.base_offset, path=uri(store, key),
-                         decompression_limit=ctx.options.decompression_limit)
+                         decompression_limit=ctx.decompression_limit)
         expected = journal.payload_xxh3
         if expected and back.payload_xxh3 != expected:
             raise ProofError("the object to put in place does not hold the expected records", path=uri(store, key),
@@ -93,7 +93,7 @@ def copy_source(ctx: Context, journal: Journal) -> str:
         return info.etag
     with store.open(key, if_match=info.etag) as body:
         back = read_back(body, base_offset=journal.base_offset, path=uri(store, key), size=info.size,
-                         decompression_limit=ctx.options.decompression_limit)
+                         decompression_limit=ctx.decompression_limit)
     if journal.payload_xxh3 and back.payload_xxh3 != journal.payload_xxh3:
         raise ProofError("the object to put in place does not hold the expected records", path=uri(store, key),
                          expected=f"records xxh3 {journal.payload_xxh3}", found=back.payload_xxh3)

@@ -199,7 +199,8 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
     if ours is not None and ours.outcome is not None:  # a rewrite of this very object gave nothing, or it was invalid
         same_target = o.codec == AUTO or ((ours.codec, ours.level) == (o.codec, o.level) and covers)
         if ours.log_etag == log.etag and (same_target or ours.outcome in (Outcome.INVALID, Outcome.UNREADABLE)):
-            return Action.SKIP, (f"{ours.outcome} last time ({ours.codec} by run {ours.run_id}): not read "
+            codec = f"{ours.codec} " if ours.codec is not None else ""
+            return Action.SKIP, (f"{ours.outcome} last time ({codec}by run {ours.run_id}): not read "
                           "again until the .log or the target codec changes"), Cause.REMEMBERED
         ours = None
     if ours is not None and ours.log_etag != log.etag:

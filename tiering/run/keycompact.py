@@ -407,8 +407,8 @@ class KeyPartition(engine.OnListedSegments):
         return CleanOptions(self.now_ms, self.delete_retention_ms, self.min_compaction_lag_ms,
                             max_keys=self.max_keys,
                             codec=Codec.parse(self.codec) if self.codec is not None else None, level=self.level,
-                            index_interval_bytes=ctx.options.index_interval_bytes,
-                            decompression_limit=ctx.options.decompression_limit, merge=self.merge)
+                            index_interval_bytes=ctx.index_interval_bytes,
+                            decompression_limit=ctx.decompression_limit, merge=self.merge)
 
     def to_json(self) -> dict[str, Any]:
         return {"segments": [s.to_json() for s in self.segments], "now_ms": self.now_ms,

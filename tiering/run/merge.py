@@ -18,14 +18,14 @@ from datetime import datetime
 from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
-from tiering.commit.operation import Context, SegmentResult
+from tiering.commit.operation import Context, SegmentResult, uri
 from tiering.commit.recover import pending_journals
 from tiering.commit.regroup import finish_regroup, stage_merge
 from tiering.cost.document import MergeFigures
 from tiering.cost.model import merge_figures
 from tiering.cost.prices import PriceBook
 from tiering.documents import int_field, known_fields, opt_str
-from tiering.errors import ConfigError, TieringError
+from tiering.errors import ConfigError, InvalidDataError, TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
@@ -264,7 +264,15 @@ def _merge_one(ctx: Context, queue: list[PlannedSegment], lease: Lease) -> list[
     results: list[SegmentResult] = []
 
     def attempt() -> SegmentResult:
-        staged = stage_merge(ctx, queue, lease)
+        try:
+            staged = stage_merge(ctx, queue, lease)
+        except InvalidDataError as e:  # a later source's bytes: that segment is judged when its turn comes
+            named = next((s for s in queue[1:] if s.log is not None and e.path == uri(ctx.store, s.log.key)), None)
+            if named is None:
+                raise
+            return SegmentResult(first.directory, first.base_offset, Status.SKIPPED, "not merged: segment "
+                                 f"{named.base_offset}, next in its group, failed validation ({e.message})",
+                                 first.size, first.size, cause=Cause.NOTHING_TO_MERGE)
         if isinstance(staged, int):
             return SegmentResult(first.directory, first.base_offset, Status.SKIPPED,
                                  f"not merged: the next segment ({queue[1].base_offset}) does not start where this "

@@ -103,7 +103,7 @@ class RunSettings:
     bucket: str
     prefix: str
     run_id: str
-    codec: str
+    codec: str | None = None  # what a compaction rewrites to (None: a run of a kind that rewrites nothing)
     level: int | None = None
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
     verify: Verify = Verify.CHECKSUM  # how staged files are accepted
@@ -127,6 +127,13 @@ class RunSettings:
                               found=swap) from None
 
     @property
+    def compaction_codec(self) -> str:
+        """The codec a compaction rewrites to (the settings of a compaction always name one)."""
+        if self.codec is None:
+            raise ConfigError("a compaction's settings name no codec", expected="codec: a codec's name", found=None)
+        return self.codec
+
+    @property
     def swap_text(self) -> str:
         """The swap mode as people write it (``"auto"`` where it is learnt)."""
         return self.swap.value if self.swap is not None else AUTO_SWAP
@@ -141,10 +148,13 @@ class RunSettings:
         d = known_fields(doc, (f.name for f in dataclasses.fields(cls)), what="a run's settings", where=where)
         try:
             verify, swap = cls.modes(str(d.get("verify", Verify.CHECKSUM.value)), str(d.get("swap", AUTO_SWAP)))
-            text = {name: d[name] for name in ("bucket", "prefix", "run_id", "codec")}
+            text = {name: d[name] for name in ("bucket", "prefix", "run_id")}
             if not all(isinstance(v, str) for v in text.values()):
-                raise TypeError(f"bucket, prefix, run_id and codec must be strings, found {text}")
-            return cls(**text, level=opt_int(d, "level", None),
+                raise TypeError(f"bucket, prefix and run_id must be strings, found {text}")
+            codec = d.get("codec")
+            if codec is not None and not isinstance(codec, str):
+                raise TypeError(f"codec must be a codec's name or null, found {codec!r}")
+            return cls(**text, codec=codec, level=opt_int(d, "level", None),
                        lease_ttl_seconds=int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS), verify=verify,
                        swap=swap)
         except KeyError as e:
@@ -160,7 +170,8 @@ class RunSettings:
     def context(self, store: ObjectStore, work_dir: str | None = None, *, one_core: bool = False,
                 swap: SwapChoice | None = None) -> Context:
         """``one_core``: the rewrite proves inline instead of on a second thread (a Spark task has one core)."""
-        options = RewriteOptions(Codec.parse(self.codec), self.level, proof_thread=not one_core)
+        options = (RewriteOptions(Codec.parse(self.codec), self.level, proof_thread=not one_core)
+                   if self.codec is not None else None)
         return Context(store, self.prefix, self.run_id, options, work_dir=work_dir, verify=self.verify,
                        swap=swap or self.swap_choice())
 
@@ -362,9 +373,10 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
     header = scan_manifest.header  # a plan made elsewhere keeps the policy and choices it was made with
     if policy is not None:
         header = dataclasses.replace(header, policy=policy.path, auto=choices or None)
-    header = dataclasses.replace(header, estimate=estimate_work(
-        store, sample, RewriteOptions(Codec.parse(settings.codec), settings.level), segments=forecast.segments,
-        sample_bytes=forecast.bytes) if forecast is not None else None)
+    rewrite = RewriteOptions(Codec.parse(settings.compaction_codec), settings.level)
+    estimate = (estimate_work(store, sample, rewrite, segments=forecast.segments, sample_bytes=forecast.bytes)
+                if forecast is not None else None)
+    header = dataclasses.replace(header, estimate=estimate)
     planned.write_manifest(PlanManifest(header, writer.totals.to_json(), chunks, scan_manifest.source))
     put_usage(store, settings, "plan")
     return PlanStep(planned.manifest_key, writer.totals.counts(), sum(c.to_compact for c in chunks),
@@ -487,7 +499,7 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
         own = ctx.for_segment(seg)
         rebatch = own.rebatch.max_bytes if own.rebatch is not None else None
         return (journal.entry.codec, journal.entry.level, journal.entry.rebatch_max_bytes) == (
-            own.options.codec.label, own.options.level, rebatch)
+            own.rewrite.codec.label, own.rewrite.level, rebatch)
 
     def work(lease: Lease, out: list[SegmentResult]) -> None:
         batch = StateBatch(ctx.store, ctx.prefix, directory, pruning)
@@ -802,7 +814,7 @@ def compact(store: ObjectStore, plan: Plan, ctx: Context, options: CompactOption
             progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
     """Compact what ``plan`` selected, in this process, through the same steps as the DAG: the plan becomes
     the run's scan, the budget is applied (largest first), then :func:`run_local`."""
-    settings = RunSettings(store.bucket, ctx.prefix, ctx.run_id, ctx.options.codec.label, ctx.options.level,
+    settings = RunSettings(store.bucket, ctx.prefix, ctx.run_id, ctx.rewrite.codec.label, ctx.rewrite.level,
                            options.lease_ttl_seconds, ctx.verify, ctx.swap.mode)
     write_scan(store, settings, plan)
     plan_run(store, settings, options)

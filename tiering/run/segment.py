@@ -136,7 +136,8 @@ def remember(ctx: Context, seg: PlannedSegment, outcome: Outcome, reason: str) -
         if current is not None and current.compacted:
             return
         record_state(ctx, seg.directory, seg.base_offset, stamped(SegmentState(
-            seg.log.etag, ctx.run_id, ctx.options.codec.label, ctx.options.level, outcome, reason[:300],
+            seg.log.etag, ctx.run_id, ctx.options.codec.label if ctx.options is not None else None,
+            ctx.options.level if ctx.options is not None else None, outcome, reason[:300],
             rebatch_max_bytes=ctx.rebatch.max_bytes if ctx.rebatch is not None else None)))
     except TieringError:
         pass

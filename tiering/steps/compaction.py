@@ -173,7 +173,7 @@ def _side_run(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log
               ) -> SideRunStep:
     """A run ``<run>-<suffix>`` of ``kind`` as the Spark job ``job`` (the run's settings and the kind's options
     sent as the JSON they read back); its run document read and its report published."""
-    settings = replace(run.settings, run_id=f"{run.settings.run_id}-{suffix}")
+    settings = replace(run.settings, run_id=f"{run.settings.run_id}-{suffix}", codec=None, level=None)
     job.run(["--kind", kind.run_kind.value, "--settings", json.dumps(settings.to_json()),
              "--options", json.dumps(kind.options_json()),
              *(["--inventory", run.inventory] if run.inventory else [])], log)
@@ -249,8 +249,8 @@ def merge(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) ->
 def scan(store: ObjectStore, run: CompactionParams, log: Log) -> ScanStep:
     """List the prefix (or read the S3 Inventory report) and classify every segment."""
     settings = run.settings
-    options = ScanOptions(settings.codec, settings.level, run.topics, run.min_age_minutes, policy=run.policy(),
-                          rebatch_max_bytes=run.rebatch_max_bytes)
+    options = ScanOptions(settings.compaction_codec, settings.level, run.topics, run.min_age_minutes,
+                          policy=run.policy(), rebatch_max_bytes=run.rebatch_max_bytes)
     result = scan_run(store, settings, options, inventory=run.inventory)
     totals = result.totals
     log(f"scanned s3://{settings.bucket}/{settings.prefix}: {result.objects:,} objects, {totals.segments:,} "

@@ -11,8 +11,6 @@ from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.operation import Context
 from tiering.cost.prices import PriceBook
 from tiering.errors import ConfigError
-from tiering.kafka.codecs import Codec
-from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.inventory import inventory_objects
 from tiering.plan.policy import Policy, load_policy
@@ -131,7 +129,7 @@ def tier(store: ObjectStore, run: TieringParams, log: Log, *, prices: PriceBook 
         engine.preview(store, run.prefix, kind, seen, source=source)
         log("dry run: nothing is moved")
     else:
-        ctx = Context(store, run.prefix, run.run_id, RewriteOptions(Codec.NONE))
+        ctx = Context(store, run.prefix, run.run_id)
         engine.run(store, ctx, kind, lambda r: log(f"  {r.directory}/{r.base_offset:020d}: {r.status}"
                                                    + (f" ({r.reason})" if r.reason else "")), seen=seen,
                    source=source, workers=run.workers)
