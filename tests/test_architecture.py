@@ -261,6 +261,7 @@ JSON_BOUNDARIES: dict[str, str] = {
     "run/tier.py:rule": "one rule of that S3 document",
     "steps/compaction.py:from_params": "the DAG's params, as Airflow validated them against their schema",
     "steps/storage_classes.py:from_params": "the DAG's params, as Airflow validated them against their schema",
+    "steps/rollback.py:from_params": "the DAG's params, as Airflow validated them against their schema",
 }
 TYPED_LAYERS = ("run", "report", "steps", "cli", "demo")
 
@@ -314,7 +315,8 @@ def _third_party_users(module: str) -> list[str]:
 
 
 def test_airflow_is_imported_by_the_dags_only() -> None:
-    assert _third_party_users("airflow") == ["dags/kafka_segment_compaction.py", "dags/kafka_segment_tiering.py"]
+    assert _third_party_users("airflow") == ["dags/kafka_segment_compaction.py", "dags/kafka_segment_rollback.py",
+                                             "dags/kafka_segment_tiering.py"]
 
 
 def test_pyspark_is_imported_where_spark_is_run_only() -> None:
@@ -357,7 +359,7 @@ def test_a_dag_task_is_one_call_of_a_step() -> None:
                                                                                         "steps")]
                 tasks.append((f"{path.name}:{node.name}", len(statements) <= MAX_TASK_STATEMENTS, len(loops) <= 1,
                               len(steps) >= 1))
-    assert len(tasks) == 10
+    assert len(tasks) == 11
     assert [t for t in tasks if not all(t[1:])] == []
 
 

@@ -29,6 +29,7 @@ for name, value in {"codec": "brotli", "bucket": "A", "min_segment_age_minutes":
         bad[name] = type(e).__name__
 commit = dag.get_task("commit")
 tier = bag.dags.get("kafka_segment_tiering")
+undo = bag.dags.get("kafka_segment_rollback")
 print(json.dumps({
     "import_errors": {k: str(v) for k, v in bag.import_errors.items()},
     "dags": sorted(bag.dags),
@@ -44,6 +45,8 @@ print(json.dumps({
     "tiering": {"tasks": sorted(tier.task_ids), "params": sorted(tier.params.keys()), "doc_md": tier.doc_md,
                 "outlets": [str(getattr(o, "name", o)) for o in tier.get_task("report").outlets],
                 "retries": sorted({t.retries for t in tier.tasks}), "schedule": str(tier.schedule)},
+    "rollback": {"tasks": sorted(undo.task_ids), "params": sorted(undo.params.keys()), "doc_md": undo.doc_md,
+                 "retries": sorted({t.retries for t in undo.tasks}), "schedule": str(undo.schedule)},
 }))
 """
 
@@ -55,7 +58,7 @@ def test_dag_folder_loads_without_errors_or_heavy_imports(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts["import_errors"] == {}
-    assert facts["dags"] == ["kafka_segment_compaction", "kafka_segment_tiering"]
+    assert facts["dags"] == ["kafka_segment_compaction", "kafka_segment_rollback", "kafka_segment_tiering"]
     assert facts["heavy_modules"] == []  # tiering, boto3 and pyspark load inside tasks only
     assert facts["tasks"] == ["cleanup", "commit", "key_compaction", "merge", "plan", "report", "scan",
                               "spark_compaction"]
@@ -73,6 +76,11 @@ def test_dag_folder_loads_without_errors_or_heavy_imports(tmp_path: Path) -> Non
     assert tier["schedule"] == "None"  # no TIERING_POLICY_FILE here: triggered runs only
     for name in tier["params"]:
         assert f"`{name}`" in tier["doc_md"], f"param {name} is not explained in the tiering doc_md"
+    undo = facts["rollback"]
+    assert (undo["tasks"], undo["retries"], undo["schedule"]) == (["rollback"], [2], "None")  # triggered by hand
+    assert undo["params"] == ["bucket", "prefix", "undo"]
+    for name in undo["params"]:
+        assert f"`{name}`" in undo["doc_md"], f"param {name} is not explained in the rollback doc_md"
 
 
 MASTER_SCRIPT = r"""
