@@ -2,7 +2,8 @@
 ### kafka_segment_rollback
 
 Undoes what one run of `kafka_segment_compaction` or `kafka_segment_tiering` did, from the Airflow UI:
-trigger it with the run id of the DAG run to undo (as the UI shows it, e.g. `scheduled__2026-12-01T00:00:00+00:00`).
+trigger it with the run id of the DAG run to undo (as the UI shows it, e.g. `scheduled__2026-12-01T00:00:00+00:00`)
+and the DAG that made it (the two DAGs' scheduled runs share their ids).
 
 **Task**: `rollback`. A compaction DAG run `R` makes up to three runs, one after the other: `R-keys` (key
 compaction), `R-merge` (merging) and `R` (recompression); a tiering DAG run makes `R-tier`. Each that left
@@ -20,7 +21,9 @@ attempt, and Airflow retries it.
 |---|---|
 | `bucket` | the bucket holding the `logdir` tree |
 | `prefix` | `PREFIX` in `s3://BUCKET/PREFIX/<topic>-<partition>/<base>.log` |
-| `undo` | the run id of the DAG run to undo (or a run's id as the command line names it) |
+| `undo` | the run id of the DAG run to undo, as the Airflow UI shows it |
+| `dag` | the DAG that made it: `kafka_segment_compaction` (its runs `R-keys`, `R-merge`, `R`), |
+| | `kafka_segment_tiering` (`R-tier`), or `one run` (`undo` is then one run's id as the command line names it) |
 
 Only triggered by hand; the originals are kept for the grace period (`cleanup_grace_days` of the compaction
 DAG), after which there is nothing left to roll back. S3 endpoint and credentials come from the worker's AWS
@@ -51,6 +54,9 @@ from airflow.sdk import Param, dag, get_current_context, task
         "prefix": Param(os.environ.get("TIERING_PREFIX", "kafka/logs"), type="string",
                         description="PREFIX of the logdir tree"),
         "undo": Param("", type="string", minLength=1, description="the run id of the DAG run to undo"),
+        "dag": Param("kafka_segment_compaction", type="string",
+                     enum=["kafka_segment_compaction", "kafka_segment_tiering", "one run"],
+                     description="the DAG that made it (or one run: undo is a run's own id)"),
     },
 )
 def kafka_segment_rollback() -> None:

@@ -2,9 +2,10 @@
 out of pytest's) and prints the facts tests/dags/test_rollback_dag.py asserts.
 
 The runs to undo are those one compaction DAG run ``R`` makes (``R-merge``, then ``R``, named as the DAG names
-them; run here in this process, without Spark), then a tiering DAG run ``T`` (``T-tier``) over what they
-wrote. The rollback DAG is triggered for ``R`` first (refused: ``T-tier`` moved what ``R`` wrote), then for
-``T``, then for ``R`` again."""
+them; run here in this process, without Spark), then the tiering DAG's run of the same id (``R-tier``, its task
+run here too: scheduled runs of the two DAGs share their ids) over what they wrote. The rollback DAG is
+triggered for the compaction DAG's ``R`` first (refused: ``R-tier`` moved what ``R`` wrote; the tiering run is
+not touched), then for the tiering DAG's ``R``, then for the compaction DAG's again."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from tiering.run import engine
 from tiering.run.documents import CompactOptions, RunResult
 from tiering.run.merge import MergeOptions, Merging
 from tiering.run.pipeline import compact, safe_run_id
+from tiering.steps import storage_classes
+from tiering.steps.storage_classes import TieringParams
 from tiering.storage.layout import run_result_key
 from tiering.storage.objects import ObjectNotFound
 from tiering.storage.s3 import S3Store, make_client
@@ -63,23 +66,26 @@ def main() -> None:
         plan = scan(store, PREFIX, ScanOptions("zstd", min_age_minutes=0))
         compact(store, plan, Context(store, PREFIX, r, RewriteOptions(Codec.ZSTD)), CompactOptions())
         compacted = objects()
-        tier_state, tier_run = run_dag({"bucket": BUCKET, "prefix": PREFIX, "policy": str(policy)},
-                                       load_dag("kafka_segment_tiering", "tiering_dag"))
+        tier_run = f"{r}-tier"  # the tiering DAG's task, as its run of the same id runs it
+        tiered_step, _ = storage_classes.tier(store, TieringParams(BUCKET, PREFIX, tier_run, str(policy), False),
+                                              lambda line: print(line, file=sys.stderr))
         tiered = objects()
         undo = load_dag("kafka_segment_rollback", "rollback_dag")
         states = []
-        for target in (COMPACTION_RUN, tier_run, COMPACTION_RUN):
-            state, undo_run = run_dag({"bucket": BUCKET, "prefix": PREFIX, "undo": target}, undo)
+        # the tiering DAG run's id is also a compaction DAG run's (the two DAGs' scheduled runs share theirs)
+        for target, dag in ((COMPACTION_RUN, "kafka_segment_compaction"), (COMPACTION_RUN, "kafka_segment_tiering"),
+                            (COMPACTION_RUN, "kafka_segment_compaction")):
+            state, undo_run = run_dag({"bucket": BUCKET, "prefix": PREFIX, "undo": target, "dag": dag}, undo)
             done = {}  # each rollback's document, by the run it undid
-            for undone in (r, f"{r}-merge", f"{safe_run_id(target)}-tier"):
+            for undone in (r, f"{r}-merge", f"{r}-tier"):
                 key = run_result_key(PREFIX, f"{undo_run}-{undone}", RunKind.ROLLBACK)
                 with contextlib.suppress(ObjectNotFound):
                     doc = RunResult.from_json(store.get_json(key)[0], key)
                     done[undone] = {"exit_code": int(doc.exit_code()), "counts": dict(doc.counts),
                                     "reasons": sorted({s.reason for s in doc.segments if s.reason})}
             states.append({"undo": target, "state": state, "objects": objects(), "rollbacks": done})
-        print(json.dumps({"originals": originals, "compacted": compacted, "tiered": tiered, "tier_state": tier_state,
-                          "tier_run": tier_run, "compaction_run": r, "rollbacks": states}))
+        print(json.dumps({"originals": originals, "compacted": compacted, "tiered": tiered,
+                          "tier_moved": tiered_step.objects_to_move, "compaction_run": r, "rollbacks": states}))
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def test_dag_folder_loads_without_errors_or_heavy_imports(tmp_path: Path) -> Non
         assert f"`{name}`" in tier["doc_md"], f"param {name} is not explained in the tiering doc_md"
     undo = facts["rollback"]
     assert (undo["tasks"], undo["retries"], undo["schedule"]) == (["rollback"], [2], "None")  # triggered by hand
-    assert undo["params"] == ["bucket", "prefix", "undo"]
+    assert undo["params"] == ["bucket", "dag", "prefix", "undo"]
     for name in undo["params"]:
         assert f"`{name}`" in undo["doc_md"], f"param {name} is not explained in the rollback doc_md"
 

@@ -1,7 +1,8 @@
 """The rollback DAG end to end with dag.test() (SQLite) against a moto server: a compaction DAG run's merge and
-recompression, then a tiering DAG run over what they wrote; undoing the compaction DAG run first is refused and
-changes nothing, undoing the tiering run puts every class back, then undoing the compaction DAG run (both of
-its runs, newest first) puts every original object back."""
+recompression, then a tiering DAG run of the same id over what they wrote; undoing the compaction DAG run first
+is refused and changes nothing (the tiering run of that id is not touched), undoing the tiering run puts every
+class back, then undoing the compaction DAG run (both of its runs, newest first) puts every original object
+back."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_each_run_changed_the_bucket(facts: dict[str, Any]) -> None:
     """What the rollbacks undo is there to undo: the merge and recompression rewrote objects, the tiering run
     moved some to GLACIER_IR."""
     assert facts["compacted"] != facts["originals"]
-    assert facts["tier_state"] == "success"
+    assert facts["tier_moved"] > 0
     assert {cls for _, cls in facts["tiered"].values()} == {"STANDARD", "GLACIER_IR"}
 
 
@@ -43,7 +44,7 @@ def test_undoing_a_dag_run_out_of_order_fails_and_changes_nothing(facts: dict[st
     refused = first["rollbacks"]
     assert list(refused) == [r]  # the newest of the DAG run's runs, refused: the one before it not tried
     assert refused[r]["exit_code"] == 3
-    assert all(f"tiering run(s) {facts['tier_run']}-tier moved" in reason for reason in refused[r]["reasons"])
+    assert all(f"tiering run(s) {r}-tier moved" in reason for reason in refused[r]["reasons"])
 
 
 def test_undoing_the_dag_runs_newest_first_restores_every_object_and_class(facts: dict[str, Any]) -> None:

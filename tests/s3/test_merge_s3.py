@@ -492,8 +492,29 @@ def test_a_merge_rewrites_nothing_and_judges_an_invalid_source_by_reading_it_aga
     skipped = next(s for s in plan_for(store).segments if s.base_offset == bases[1])
     assert skipped.reason.startswith("invalid last time (by run merge-x)")
     assert (by_base[bases[0]].status, by_base[bases[0]].cause) == (Status.SKIPPED, Cause.NOTHING_TO_MERGE)
-    assert f"segment {bases[1]}, next in its group, failed validation" in by_base[bases[0]].reason
+    assert f"segment {bases[1]}, in its group, failed validation" in by_base[bases[0]].reason
     assert run.exit_code() == ExitCode.INVALID  # not a retry: the bytes in the bucket are the problem
     assert store.get(key) == bytes(damaged)
     for base in (bases[0], bases[2]):  # its neighbours are not merged over it
         assert _get(store, base, LOG_SUFFIX) == originals[base].log
+
+
+def test_the_sources_before_an_invalid_last_source_still_merge(store: S3Store) -> None:
+    """The last source of a group fails validation: it is judged at once (invalid, remembered, exit 1) and the
+    sources before it are merged together without it."""
+    originals = seed(store, segments=5, segment_bytes=20_000)
+    bases = sorted(originals)
+    key = segment_key(PREFIX, TOPIC, 0, bases[3], LOG_SUFFIX)
+    damaged = bytearray(store.get(key))
+    damaged[200] ^= 1
+    store.put(key, bytes(damaged))
+    run = engine.run(store, Context(store, PREFIX, "merge-y"), Merging(MergeOptions(Limits(1 << 20))))
+    by_base = {r.base_offset: r for r in run.segments}
+    assert [by_base[b].status for b in bases[:3]] == [Status.MERGED] * 3
+    assert (by_base[bases[3]].status, by_base[bases[3]].cause) == (Status.FAILED, Cause.INVALID)
+    assert run.exit_code() == ExitCode.INVALID
+    assert _get(store, bases[0], LOG_SUFFIX) == b"".join(originals[b].log for b in bases[:3])
+    assert store.get(key) == bytes(damaged)
+    entry = load_state(store, PREFIX, DIRECTORY).get(bases[3])
+    assert entry is not None
+    assert entry.outcome is Outcome.INVALID

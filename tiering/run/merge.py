@@ -11,6 +11,7 @@ group of its own.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -241,7 +242,7 @@ def merge_partition(ctx: Context, segments: Sequence[PlannedSegment], limits: Li
             if any(r.status is Status.FAILED or r.pending is not None for r in results) and \
                     any(True for _ in pending_journals(ctx.store, ctx.prefix, segments[0].directory)):
                 stopped = results[0]  # an operation left in flight: no other goes beside it in the partition
-            queue = queue[max(1, len(results)):]
+            queue = [s for s in queue[1:] if s.base_offset not in done]  # past what was merged or judged
     for seg in segments:
         if seg.log is not None and seg.base_offset not in done:
             if seg.base_offset in mine:
@@ -259,19 +260,22 @@ def merge_partition(ctx: Context, segments: Sequence[PlannedSegment], limits: Li
 
 def _merge_one(ctx: Context, queue: list[PlannedSegment], lease: Lease) -> list[SegmentResult]:
     """Merge the first segments of ``queue`` (as many as are contiguous): a result per segment merged, or
-    the first one's result alone when it was not."""
+    the first one's result alone when it was not; where a later source's bytes fail validation, that source's
+    result too (judged as a first source is) after what became of those before it."""
     first = queue[0]
     results: list[SegmentResult] = []
+    invalid: list[tuple[PlannedSegment, InvalidDataError]] = []  # a later source whose bytes failed validation
 
     def attempt() -> SegmentResult:
         try:
             staged = stage_merge(ctx, queue, lease)
-        except InvalidDataError as e:  # a later source's bytes: that segment is judged when its turn comes
+        except InvalidDataError as e:
             named = next((s for s in queue[1:] if s.log is not None and e.path == uri(ctx.store, s.log.key)), None)
             if named is None:
                 raise
+            invalid.append((named, e))
             return SegmentResult(first.directory, first.base_offset, Status.SKIPPED, "not merged: segment "
-                                 f"{named.base_offset}, next in its group, failed validation ({e.message})",
+                                 f"{named.base_offset}, in its group, failed validation ({e.message})",
                                  first.size, first.size, cause=Cause.NOTHING_TO_MERGE)
         if isinstance(staged, int):
             return SegmentResult(first.directory, first.base_offset, Status.SKIPPED,
@@ -281,7 +285,16 @@ def _merge_one(ctx: Context, queue: list[PlannedSegment], lease: Lease) -> list[
         return results[0]
 
     result = guarded(ctx, first, attempt)
-    return results or [result]
+    if not invalid:
+        return results or [result]
+    named, e = invalid[0]  # judged at once, as a first source is: read again, then remembered invalid
+    judged = guarded(ctx, named, functools.partial(_raise, e))
+    before = queue[:queue.index(named)]  # those before it may still merge together
+    return [*(_merge_one(ctx, before, lease) if len(before) >= 2 else [result]), judged]
+
+
+def _raise(e: TieringError) -> SegmentResult:
+    raise e
 
 
 def _why_not(seg: PlannedSegment, limits: Limits) -> str:

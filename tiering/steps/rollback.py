@@ -2,33 +2,43 @@
 of the engine's kind :class:`~tiering.run.rollback.Rollback`).
 
 A compaction DAG run ``R`` makes up to three runs, one after the other: ``R-keys`` (key compaction), then
-``R-merge`` (merging), then ``R`` (recompression); a tiering DAG run makes ``R-tier``. Given ``R`` (the Airflow
-run id as the UI shows it, or a run id as the command line names it), the runs it made that left something to
-undo are rolled back newest first: a run the DAG did not finish (no run document: it stopped there) before
-those that finished, those by the time their document was written. The first rollback that does not end
-cleanly stops the rest (they would be refused while it is not undone) and fails the task.
+``R-merge`` (merging), then ``R`` (recompression); a tiering DAG run makes ``R-tier`` (the two DAGs' scheduled
+runs share their Airflow ids: which DAG made ``R`` is a param). Given ``R`` (the Airflow run id as the UI shows
+it), the runs that DAG run made and that left something to undo are rolled back newest first: a run the DAG did
+not finish (no run document: it stopped there) before those that finished, those by the time their document
+was written. The first rollback that does not end cleanly stops the rest (they would be refused while it is
+not undone) and fails the task.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.operation import Context
 from tiering.errors import ConfigError, ExitCode, TieringError
 from tiering.lifecycle.vocabulary import Cause, RunKind
-from tiering.run.documents import RunResult
 from tiering.run.pipeline import safe_run_id
 from tiering.run.rollback import Rollback, RollbackOptions, rollback
 from tiering.storage.layout import run_result_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore
 
 Log = Callable[[str], None]
-# The runs a DAG run R makes, by the suffix of their ids, in the order they run (a tiering run stands apart).
-DAG_RUNS: Final = (("-keys", RunKind.COMPACT_KEYS), ("-merge", RunKind.MERGE), ("", RunKind.COMPACT),
-                   ("-tier", RunKind.TIER))
+
+
+class MadeBy(StrEnum):
+    """What made the runs to undo: a DAG's run (its runs' ids are the DAG run's, with a suffix), or one run."""
+
+    COMPACTION = "kafka_segment_compaction"
+    TIERING = "kafka_segment_tiering"
+    RUN = "one run"  # a run's own id, as the command line names it
+
+
+# The suffixes of the ids of the runs a DAG run makes (what one run's id is, as it is).
+SUFFIXES: Final = {MadeBy.COMPACTION: ("-keys", "-merge", ""), MadeBy.TIERING: ("-tier",), MadeBy.RUN: ("",)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,15 +49,12 @@ class RollbackParams:
     prefix: str
     run_id: str  # this rollback's own DAG run, key-safe: each rollback's id is made from it
     undo: str  # the DAG run (or run) to undo
-    lease_ttl: int = DEFAULT_TTL_SECONDS
+    made_by: MadeBy = MadeBy.COMPACTION
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], run_id: str) -> RollbackParams:
-        undo = str(params["undo"]).strip()
-        if not undo:
-            raise ConfigError("a rollback needs the run to undo", expected="undo: a DAG run's id (as the Airflow UI "
-                              "shows it) or a run's id", found="nothing")
-        return cls(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id), undo)
+        return cls(params["bucket"], params["prefix"].strip("/"), safe_run_id(run_id), str(params["undo"]).strip(),
+                   MadeBy(params["dag"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +88,16 @@ class RollbackStep:
                 "retryable": self.retryable}
 
 
-def runs_to_undo(store: ObjectStore, prefix: str, undo: str) -> list[tuple[str, RunKind | None]]:
+def run_ids(undo: str, made_by: MadeBy) -> list[str]:
+    """The ids of the runs ``undo`` made, as ``made_by`` names them."""
+    base = undo if made_by is MadeBy.RUN else safe_run_id(undo)
+    return [base + suffix for suffix in SUFFIXES[made_by]]
+
+
+def runs_to_undo(store: ObjectStore, prefix: str, undo: str, made_by: MadeBy) -> list[tuple[str, RunKind | None]]:
     """The runs DAG run ``undo`` made (or run ``undo`` itself) that left something to undo, newest first."""
-    base = safe_run_id(undo)
-    candidates = dict.fromkeys([undo, *(base + suffix for suffix, _ in DAG_RUNS)])
     found: list[tuple[str, str, RunKind | None]] = []  # (finished at, run, kind); "~" sorts after any time
-    for run_id in candidates:
+    for run_id in run_ids(undo, made_by):
         try:
             Rollback(RollbackOptions(run_id)).started(store, prefix)
         except ConfigError:
@@ -97,31 +108,32 @@ def runs_to_undo(store: ObjectStore, prefix: str, undo: str) -> list[tuple[str, 
 
 
 def _finished(store: ObjectStore, prefix: str, run_id: str) -> tuple[str, RunKind] | None:
-    """When run ``run_id``'s document was written (its clock, ISO 8601) and its kind; None: it has none."""
-    for _, kind in DAG_RUNS:
-        key = run_result_key(prefix, run_id, kind)
+    """When run ``run_id``'s document was written (its clock, ISO 8601; "" in a document of a version that did
+    not say) and its kind; None: it has none."""
+    for kind in (RunKind.COMPACT, RunKind.COMPACT_KEYS, RunKind.MERGE, RunKind.TIER):
         try:
-            doc = RunResult.from_json(store.get_json(key)[0], f"s3://{store.bucket}/{key}")
+            doc = store.get_json(run_result_key(prefix, run_id, kind))[0]
         except ObjectNotFound:
             continue
-        return doc.finished_at, kind
+        return (str(doc.get("finished_at") or "") if isinstance(doc, dict) else ""), kind
     return None
 
 
 def rollback_dag_run(store: ObjectStore, params: RollbackParams, log: Log) -> RollbackStep:
     """Every run of DAG run ``params.undo`` rolled back, newest first (:func:`runs_to_undo`), each a rollback of
     its own (``<this run>-<undone run>``); the first that does not end cleanly stops the rest."""
-    todo = runs_to_undo(store, params.prefix, params.undo)
+    todo = runs_to_undo(store, params.prefix, params.undo, params.made_by)
     if not todo:
-        raise ConfigError("no run of that DAG run left anything to undo (no backups, no storage-class moves; or "
-                          "their grace period is over)", path=f"s3://{store.bucket}/{params.prefix}",
-                          expected=" or ".join(safe_run_id(params.undo) + s for s, _ in DAG_RUNS), found=params.undo)
+        names = " or ".join(run_ids(params.undo, params.made_by))
+        return RollbackStep(params.undo, (), f"nothing to undo: no run {names} under s3://{store.bucket}/"
+                            f"{params.prefix} left backups or storage-class moves (a run of another DAG, or their "
+                            "grace period is over?)")
     log(f"rolling back, newest first: {', '.join(run for run, _ in todo)}")
     done: list[UndoneRun] = []
     for run_id, kind in todo:
         ctx = Context(store, params.prefix, f"{params.run_id}-{run_id}")
         try:
-            result = rollback(store, ctx, run_id, params.lease_ttl, lambda r: log(
+            result = rollback(store, ctx, run_id, DEFAULT_TTL_SECONDS, lambda r: log(
                 f"  {r.directory}/{r.base_offset:020d}: {r.status}" + (f" ({r.reason})" if r.reason else "")))
         except TieringError as e:
             return RollbackStep(params.undo, tuple(done), f"rollback of run {run_id} stopped: {e}", e.retryable)
@@ -131,7 +143,7 @@ def rollback_dag_run(store: ObjectStore, params: RollbackParams, log: Log) -> Ro
             + (", ".join(f"{n:,} {status}" for status, n in sorted(result.counts.items())) or "nothing left to undo"))
         if undone.exit_code is not ExitCode.OK:
             reasons = sorted({r.reason for r in result.segments if r.cause is not None and r.reason})[:3]
-            final = any(r.cause in (Cause.LATER_RUN, Cause.NOT_RESTORABLE) for r in result.segments)
+            final = any(cause in (Cause.LATER_RUN, Cause.NOT_RESTORABLE) for _, _, cause in result.outcomes)
             return RollbackStep(params.undo, tuple(done), f"rollback of run {run_id} exited {int(undone.exit_code)} "
                                 f"({undone.exit_code.name.lower()}): {'; '.join(reasons) or 'see its run document'}"
                                 + ("; the runs before it were not rolled back" if run_id != todo[-1][0] else ""),
