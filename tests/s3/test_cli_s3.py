@@ -354,6 +354,7 @@ def test_merge_plans_merges_then_rolls_back_in_another_process(bucket: S3Store) 
                           "--workers", "2")
     assert code == 0, err
     assert "rolled-back: 5" in out
+    assert "saved" not in out  # a rollback stores the originals again: no saving (nor a negative one) to report
     assert f"[5] orders.v1-0/{max(b for b in originals if b != max(originals)):020d}: rolled-back" in err  # a line each
     for base, original in originals.items():
         assert bucket.get(f"{PREFIX}/orders.v1-0/{base:020d}.log") == original.log

@@ -315,6 +315,9 @@ def _run_table(run: RunResult) -> Table:
     if run.kind is RunKind.MERGE and isinstance(objects, dict):
         t.caption = (f"{counts}; {objects['before']:,} segment objects merged into {objects['after']:,} "
                      f"({_human(before)} of .log bytes, unchanged)")
+    elif run.kind is RunKind.ROLLBACK:  # what it put back is stored again: no saving to speak of
+        t.caption = counts + (f"; .log bytes in place {_human(before)} → {_human(after)}, the originals' again"
+                              if before != after else "")
     else:
         t.caption = f"{counts}; {_human(before)} → {_human(after)}{ratio}"
     return t
