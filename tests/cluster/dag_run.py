@@ -10,19 +10,16 @@ deployment.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 from tests.dags.compaction_check import tries
-from tiering.demo.s3 import airflow_env, load_dag, prepare_airflow, run_dag
+from tiering.demo.s3 import load_dag, run_dag, use_airflow_home
 
 
 def main() -> None:
     work, conf = Path(sys.argv[1]), json.loads(sys.argv[2])
-    home = work / "airflow"
-    os.environ.update(airflow_env(home))
-    prepare_airflow(home)
+    use_airflow_home(work / "airflow")
     state, run_id = run_dag({"policy": "", "min_segment_age_minutes": 0, **conf}, load_dag())
     print(json.dumps({"state": state, "run_id": run_id, "tasks": tries(run_id)}))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tiering.commit.lease import Lease
-from tiering.demo.s3 import airflow_env, load_dag, moto_server, prepare_airflow, run_dag
+from tiering.demo.s3 import load_dag, moto_server, run_dag, use_airflow_home
 from tiering.demo.seed import seed_partition
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
@@ -43,10 +43,8 @@ def tries(run_id: str) -> dict[str, list[Any]]:
 
 def main() -> None:
     work = Path(sys.argv[1])
-    home = work / "airflow"
-    os.environ.update(airflow_env(home))
     os.environ.update(AWS_ACCESS_KEY_ID="demo", AWS_SECRET_ACCESS_KEY="demo", AWS_DEFAULT_REGION="us-east-1")
-    prepare_airflow(home)
+    use_airflow_home(work / "airflow")
     with moto_server(lambda line: print(line, file=sys.stderr)) as endpoint:
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         store = S3Store(make_client(), BUCKET)

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from tiering.commit.operation import Context
-from tiering.demo.s3 import airflow_env, load_dag, moto_server, prepare_airflow, run_dag
+from tiering.demo.s3 import load_dag, moto_server, run_dag, use_airflow_home
 from tiering.demo.seed import seed_partition
 from tiering.kafka.codecs import Codec
 from tiering.kafka.merge import Limits
@@ -41,10 +41,8 @@ COMPACTION_RUN = "manual__2026-12-07T01:00:00+00:00"  # an Airflow run id, as th
 
 def main() -> None:
     work = Path(sys.argv[1])
-    home = work / "airflow"
-    os.environ.update(airflow_env(home))
     os.environ.update(AWS_ACCESS_KEY_ID="demo", AWS_SECRET_ACCESS_KEY="demo", AWS_DEFAULT_REGION="us-east-1")
-    prepare_airflow(home)
+    use_airflow_home(work / "airflow")
     policy = work / "policy.yaml"
     policy.write_text(yaml.safe_dump({"cluster": {"storage.tiers": [{"after.days": 30,
                                                                      "storage.class": "GLACIER_IR"}]}}))

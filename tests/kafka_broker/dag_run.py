@@ -14,17 +14,15 @@ import os
 import sys
 from pathlib import Path
 
-from tiering.demo.s3 import airflow_env, prepare_airflow, run_dag
+from tiering.demo.s3 import run_dag, use_airflow_home
 from tiering.storage.s3 import S3Store, make_client
 
 
 def main() -> None:
     work, endpoint, bucket, prefix = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-    home = work / "airflow"
-    os.environ.update(airflow_env(home))
     os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                       AWS_DEFAULT_REGION="us-east-1")
-    prepare_airflow(home)
+    use_airflow_home(work / "airflow")
     extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
     state, run_id = run_dag({"bucket": bucket, "prefix": prefix, "codec": "zstd", "min_segment_age_minutes": 0,
                              "spark_master": "local[2]", **extra})

@@ -148,6 +148,13 @@ def airflow_env(home: Path) -> dict[str, str]:
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False"}
 
 
+def use_airflow_home(home: Path) -> None:
+    """This process's Airflow: the demo's settings (:func:`airflow_env`) in its environment, and the metadata
+    database under ``home`` prepared."""
+    os.environ.update(airflow_env(home))
+    prepare_airflow(home)
+
+
 def prepare_airflow(home: Path) -> None:
     """Create the SQLite metadata database (``airflow db migrate``) once per AIRFLOW_HOME."""
     if (home / "airflow.db").exists():
@@ -304,13 +311,11 @@ def run_pipeline_demo(workdir: Path, *, codec: Codec = Codec.ZSTD, level: int | 
 
 def _run(workdir: Path, codec: Codec, level: int | None, scale: float, spark_master: str,
          log: Callable[[str], None]) -> PipelineDemo:
-    home = workdir / "airflow"
-    os.environ.update(airflow_env(home))
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         os.environ.setdefault(name, "demo")  # moto accepts any credentials; no AWS account is used
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     log("preparing Airflow (its SQLite metadata database)")
-    prepare_airflow(home)
+    use_airflow_home(workdir / "airflow")
     with moto_server(log) as endpoint:
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         store = S3Store(make_client(), BUCKET)

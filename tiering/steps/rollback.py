@@ -23,6 +23,7 @@ from tiering.errors import ConfigError, ExitCode, TieringError
 from tiering.lifecycle.vocabulary import Cause, RunKind
 from tiering.run.pipeline import safe_run_id
 from tiering.run.rollback import Rollback, RollbackOptions, rollback
+from tiering.steps import segment_lines
 from tiering.storage.layout import run_result_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore
 
@@ -133,8 +134,7 @@ def rollback_dag_run(store: ObjectStore, params: RollbackParams, log: Log) -> Ro
     for run_id, kind in todo:
         ctx = Context(store, params.prefix, f"{params.run_id}-{run_id}")
         try:
-            result = rollback(store, ctx, run_id, DEFAULT_TTL_SECONDS, lambda r: log(
-                f"  {r.directory}/{r.base_offset:020d}: {r.status}" + (f" ({r.reason})" if r.reason else "")))
+            result = rollback(store, ctx, run_id, DEFAULT_TTL_SECONDS, segment_lines(log))
         except TieringError as e:
             return RollbackStep(params.undo, tuple(done), f"rollback of run {run_id} stopped: {e}", e.retryable)
         undone = UndoneRun(run_id, kind, ctx.run_id, dict(result.counts), result.exit_code())

@@ -28,6 +28,7 @@ from tiering.run.tier import (
     tier_report,
     tier_table,
 )
+from tiering.steps import segment_lines
 from tiering.storage.layout import run_result_key, tier_plan_key, tier_report_key
 from tiering.storage.objects import ObjectStore
 
@@ -130,9 +131,7 @@ def tier(store: ObjectStore, run: TieringParams, log: Log, *, prices: PriceBook 
         log("dry run: nothing is moved")
     else:
         ctx = Context(store, run.prefix, run.run_id)
-        engine.run(store, ctx, kind, lambda r: log(f"  {r.directory}/{r.base_offset:020d}: {r.status}"
-                                                   + (f" ({r.reason})" if r.reason else "")), seen=seen,
-                   source=source, workers=run.workers)
+        engine.run(store, ctx, kind, segment_lines(log), seen=seen, source=source, workers=run.workers)
         run_key = run_result_key(run.prefix, run.run_id, RunKind.TIER)
         segments = sum(1 for _ in run_results(store, run.prefix, run.run_id))
     planned = plan_document(store, run.prefix, kind.options, tally.totals())
