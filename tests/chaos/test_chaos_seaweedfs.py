@@ -16,7 +16,7 @@ from tests.s3.seaweedfs import weed_mini
 
 pytestmark = pytest.mark.slow
 
-ON_SEAWEEDFS = ("random-kill-at-1.6s", "aimed-kill-after-backup-copy#2", "aimed-kill-before-log-swap",
+ON_SEAWEEDFS = ("random-kill-at-1.1s", "aimed-kill-after-backup-copy#2", "aimed-kill-before-log-swap",
                 "aimed-kill-after-log-swap", "aimed-kill-rollback-after-log-swap#2", "flaky-12pct",
                 "concurrent-two-compactions")
 # A compaction of the trial's bucket takes about 1.4 s here against 2-3 s on moto: killed at 1.6 s it would
