@@ -7,9 +7,10 @@ in with a crash-safe commit protocol (see `docs/commit-protocol.md`), and report
 **Tasks**: `key_compaction` (with `compact_keys` only: one pass of Kafka's log cleaner over each compacted
 topic's partitions) → `merge` (with `merge` or a policy's `merge.enable` only: small neighbouring segments
 merged into fewer, larger ones) → `scan` (list the prefix, classify every segment) → `plan` (apply the
-budget, largest segments first; the plan is written as chunks of whole partitions) → `spark_compaction`
-(Spark tasks of up to 64 segments: rewrite, stage and verify) → `commit` (mapped over the plan's chunks, each task named
-after the partitions it holds: swap the staged segments in under the partition leases) → `report` (the run
+budget, largest segments first; the plan is written as chunks of whole partitions) → `compaction`
+(the run engine's compaction as a Spark job: operations crashed runs left in flight finished first, then
+one Spark task per unit of whole partitions balanced by bytes, each partition under its lease: every
+segment rewritten, proved, staged, verified and swapped in) → `report` (the run
 document and the cost savings report: JSON, Markdown, CSV and an HTML page with charts under
 `PREFIX/_tiering/reports/<run>/` and `.../reports/latest/`, the ledger of all runs; a summary table in the
 log; publishes the report asset)
@@ -17,7 +18,8 @@ log; publishes the report asset)
 uploads).
 
 Every task can be retried (with exponential backoff) and a whole run can be re-run: finished segments
-are found compacted, staged ones are committed, interrupted swaps are finished.
+are found compacted, operations left in flight are finished (a staged one taken over where the run would
+stage the same), interrupted swaps are finished.
 
 **Params** (manual triggers are validated against them):
 
@@ -43,9 +45,7 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 | | (left alone) or `auto` (chosen by net dollars, shown in the report), level, minimum savings ratio and |
 | | minimum record age; with a policy, `codec` and `level` are not used |
 | `lease_ttl_seconds` | how long a partition stays locked once its holder stops renewing the lease (a crashed |
-| | run's partitions are free again after it); default 600. A partition staged by a Spark task waits, its |
-| | lease not renewed, until its commit task: longer than this, and another run may take the partition |
-| | over, and with it the staged work (nothing is lost or staged again) |
+| | run's partitions are free again after it); default 600 |
 | `verify` | how staged files are accepted before anything final changes: `checksum` (the CRC-32C S3 reports |
 | | for what it stored equals the one of the bytes the rewrite produced and proved; nothing downloaded) or |
 | | `read-back` (downloaded and decoded again); a store that reports no checksum is read back either way |
@@ -75,8 +75,7 @@ are found compacted, staged ones are committed, interrupted swaps are finished.
 The schedule is `TIERING_COMPACTION_SCHEDULE` (default `@daily`); scheduled runs use the defaults of
 `bucket` and `prefix`, set by `TIERING_BUCKET` and `TIERING_PREFIX`; the default Spark master is
 `TIERING_SPARK_MASTER` (default `local[*]`); extra `spark-submit --conf` pairs come from
-`TIERING_SPARK_CONF` (JSON object); a commit task finishes `TIERING_COMMIT_WORKERS` partitions at once
-(default 4). S3 endpoint and credentials come from the worker's AWS environment.
+`TIERING_SPARK_CONF` (JSON object). S3 endpoint and credentials come from the worker's AWS environment.
 The report's prices: `TIERING_PRICE_REGION` (default the AWS region), `TIERING_PRICES_FILE` (a JSON file
 merged over the built-in list prices), `TIERING_ACCOUNT_STANDARD_TB` (the account's S3 Standard volume,
 which decides the volume tier); the grace period is `cleanup_grace_days`.
@@ -95,14 +94,13 @@ from airflow.sdk import Asset, Param, dag, get_current_context, task
 
 SCHEDULE = os.environ.get("TIERING_COMPACTION_SCHEDULE", "@daily")
 SPARK_MASTER = os.environ.get("TIERING_SPARK_MASTER", "local[*]")
+# The one Spark job: a run of any of the run engine's kinds (compaction, key compaction, merging).
 SPARK_JOB = Path(os.environ.get("TIERING_SPARK_JOB", Path(__file__).resolve().parents[1] / "spark_jobs"
-                                / "compact_segments.py"))
-SPARK_KIND_JOB = SPARK_JOB.with_name("run_kind.py")  # key compaction and merging: the run engine's kinds
+                                / "run_kind.py"))
 # Published after every run (its extra names the bucket, prefix, run and the report's S3 URI), so that
 # other DAGs can be scheduled on it. Static: bucket and prefix are runtime params, the asset is not.
 REPORT_ASSET = Asset(name="kafka_segment_compaction_report", uri="tiering://kafka_segment_compaction/report")
 CODECS = ["zstd", "lz4", "gzip", "snappy", "none"]
-COMMIT_WORKERS = int(os.environ.get("TIERING_COMMIT_WORKERS", "4"))  # partitions a commit task finishes at once
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -244,7 +242,7 @@ def kafka_segment_compaction() -> None:
         from tiering.steps import compaction  # noqa: PLC0415
 
         run, store = _run()
-        step = compaction.key_compaction(store, run, _job(SPARK_KIND_JOB), print)
+        step = compaction.key_compaction(store, run, _job(SPARK_JOB), print)
         _fail(step.failure)
         return step.to_json()
 
@@ -255,7 +253,7 @@ def kafka_segment_compaction() -> None:
         from tiering.steps import compaction  # noqa: PLC0415
 
         run, store = _run()
-        step = compaction.merge(store, run, _job(SPARK_KIND_JOB), print)
+        step = compaction.merge(store, run, _job(SPARK_JOB), print)
         _fail(step.failure)
         return step.to_json()
 
@@ -277,28 +275,17 @@ def kafka_segment_compaction() -> None:
 
     @task
     @fail_fast
-    def spark_compaction(planned: dict[str, Any]) -> list[dict[str, Any]]:
-        """Stage every planned segment with Spark; returns the plan's chunks (names) for the commit."""
+    def compaction(planned: dict[str, Any]) -> dict[str, Any]:
+        """The plan carried out on Spark (the run engine's compaction); its run document written."""
         from tiering.run.pipeline import PlanStep  # noqa: PLC0415
         from tiering.steps import compaction  # noqa: PLC0415
 
-        run, _ = _run()
-        return [c.to_json() for c in compaction.stage(run, PlanStep.from_json(planned), _job(SPARK_JOB), print)]
-
-    @task(map_index_template="{{ chunk_name }}")
-    @fail_fast
-    def commit(chunk: dict[str, Any]) -> dict[str, Any]:
-        from tiering.run.pipeline import ChunkRef  # noqa: PLC0415
-        from tiering.steps import compaction  # noqa: PLC0415
-
-        ref = ChunkRef.from_json(chunk)
-        get_current_context()["chunk_name"] = ref.label  # type: ignore[typeddict-unknown-key]  # the task's name
         run, store = _run()
-        return compaction.commit(store, run, ref, COMMIT_WORKERS, print).to_json()
+        return compaction.compaction(store, run, PlanStep.from_json(planned), _job(SPARK_JOB), print).to_json()
 
     @task(trigger_rule="none_failed", outlets=[REPORT_ASSET])
     @fail_fast
-    def report(planned: dict[str, Any]) -> dict[str, Any]:
+    def report(compacted: dict[str, Any]) -> dict[str, Any]:
         from tiering.steps import compaction  # noqa: PLC0415
 
         run, store = _run()
@@ -320,10 +307,7 @@ def kafka_segment_compaction() -> None:
 
     scanned = scan()
     key_compaction() >> merge() >> scanned
-    planned = plan(scanned)
-    committed = commit.expand(chunk=spark_compaction(planned))
-    reported = report(planned)
-    committed >> reported >> cleanup()
+    report(compaction(plan(scanned))) >> cleanup()
 
 
 compaction_dag = kafka_segment_compaction()

@@ -142,7 +142,7 @@ def test_no_layer_imports_one_above_it() -> None:
 
 # The run engine's kinds (tiering/run/engine.py): each supplies only its own work and reaches what runs share
 # through the engine and the modules below it; no kind imports another, and the engine imports no kind.
-KINDS = ("run/keycompact.py", "run/merge.py", "run/rollback.py", "run/tier.py")
+KINDS = ("run/compaction.py", "run/keycompact.py", "run/merge.py", "run/rollback.py", "run/tier.py")
 SHARED_BY_KINDS = {"tiering.run.engine", "tiering.run.documents", "tiering.run.segment"}
 
 
@@ -166,14 +166,14 @@ def test_kinds_import_the_engine_never_each_other() -> None:
     assert not _run_modules(PACKAGE / "run" / "engine.py") & kinds
 
 
-# What a caller (the CLI, the DAG's steps, the kinds' registry, the rollback) may take from a kind's module: the
-# kind, its options, what a dry run gives (plan_merges folds engine.preview) and a run's documents (tiering's plan
-# and report, its results), and the undo of a kind whose runs keep no backup (tiering). The work on a partition is
-# reached only through the engine (engine.run, engine.run_unit), never called beside it.
+# What a caller (the CLI, the DAG's steps, the kinds' registry, compaction's scan and plan) may take from a
+# kind's module: the kind, its options, what a dry run gives (plan_merges folds engine.preview) and a run's
+# documents (tiering's plan and report, its results), and the undo of a kind whose runs keep no backup (tiering).
+# The work on a partition is reached only through the engine (engine.run, engine.run_unit), never called beside it.
 KIND_EXPORTS = {"KeyCompaction", "KeyCompactOptions", "KeyPartition", "Merging", "MergeOptions", "PlannedMerges",
                 "plan_merges", "Tiering", "TierOptions", "TierPartition", "SegmentTiering", "TierTally", "TierPlan",
                 "plan_document", "run_results", "tier_report", "tier_table", "lifecycle_configuration",
-                "Rollback", "RollbackOptions", "rollback"}
+                "Rollback", "RollbackOptions", "rollback", "Compaction", "CompactionOptions"}
 
 
 def test_callers_reach_a_kinds_work_only_through_the_engine() -> None:
@@ -255,7 +255,6 @@ def test_no_module_spells_out_a_key_below_a_run() -> None:
 # Where a JSON document is read or written, an untyped mapping is what there is: these functions (besides every
 # to_json / from_json / *_json) take or give one, each for the reason given.
 JSON_BOUNDARIES: dict[str, str] = {
-    "run/pipeline.py:stage_unit": "the Spark executor's entry: the unit and settings as the driver sent them",
     "run/engine.py:unit_task": "the Spark executor's entry: the unit as the driver sent it",
     "run/tier.py:lifecycle_configuration": "writes S3's PutBucketLifecycleConfiguration document",
     "run/tier.py:rule": "one rule of that S3 document",
@@ -359,7 +358,7 @@ def test_a_dag_task_is_one_call_of_a_step() -> None:
                                                                                         "steps")]
                 tasks.append((f"{path.name}:{node.name}", len(statements) <= MAX_TASK_STATEMENTS, len(loops) <= 1,
                               len(steps) >= 1))
-    assert len(tasks) == 11
+    assert len(tasks) == 10
     assert [t for t in tasks if not all(t[1:])] == []
 
 

@@ -212,7 +212,7 @@ def test_an_executor_without_credentials_fails_the_run_at_once_and_holds_no_leas
     facts, log = cluster.run_dag("nocreds/logs", cluster.master, spark_conf=cluster.cluster_conf())
     cluster.stop_workers()
     assert facts["state"] == "failed"
-    assert facts["tasks"]["spark_compaction"] == ["failed", 1], [  # misconfigured: not retried
+    assert facts["tasks"]["compaction"] == ["failed", 1], [  # misconfigured: not retried
         line for line in log.splitlines() if "spark-submit exited" in line or "tiering:" in line][-5:]
     assert "credentials" in log
     assert "misconfigured" in log

@@ -27,7 +27,6 @@ for name, value in {"codec": "brotli", "bucket": "A", "min_segment_age_minutes":
         bad[name] = "accepted"
     except Exception as e:
         bad[name] = type(e).__name__
-commit = dag.get_task("commit")
 tier = bag.dags.get("kafka_segment_tiering")
 undo = bag.dags.get("kafka_segment_rollback")
 print(json.dumps({
@@ -39,7 +38,6 @@ print(json.dumps({
     "bad_values": bad,
     "tasks": sorted(dag.task_ids),
     "retries": {t.task_id: t.retries for t in dag.tasks},
-    "map_index_template": commit.map_index_template,
     "outlets": [str(getattr(o, "name", o)) for o in dag.get_task("report").outlets],
     "schedule": str(dag.schedule),
     "tiering": {"tasks": sorted(tier.task_ids), "params": sorted(tier.params.keys()), "doc_md": tier.doc_md,
@@ -60,10 +58,8 @@ def test_dag_folder_loads_without_errors_or_heavy_imports(tmp_path: Path) -> Non
     assert facts["import_errors"] == {}
     assert facts["dags"] == ["kafka_segment_compaction", "kafka_segment_rollback", "kafka_segment_tiering"]
     assert facts["heavy_modules"] == []  # tiering, boto3 and pyspark load inside tasks only
-    assert facts["tasks"] == ["cleanup", "commit", "key_compaction", "merge", "plan", "report", "scan",
-                              "spark_compaction"]
+    assert facts["tasks"] == ["cleanup", "compaction", "key_compaction", "merge", "plan", "report", "scan"]
     assert set(facts["retries"].values()) == {2}
-    assert facts["map_index_template"] == "{{ chunk_name }}"
     assert facts["outlets"] == ["kafka_segment_compaction_report"]
     assert facts["schedule"] == "@daily"
     for name in facts["params"]:

@@ -90,7 +90,7 @@ def test_the_stack_runs_the_dag_triggered_through_the_rest_api(tmp_path: Path, m
         store = S3Store(make_client(endpoint_url=f"http://{stack.address('s3')}:5000"), seeded["TIERING_BUCKET"])
         doc = store.get_json(run_result_key(seeded["TIERING_PREFIX"], safe_run_id(run["dag_run_id"]), "compact"))[0]
         assert doc["totals"]["compacted"] > 0
-        assert states["spark_compaction"] == "success"
+        assert states["compaction"] == "success"
         # The Spark stage ran on the stand-in's worker (the stack's spark_cluster connection), not in local mode.
         work_dir = Path(stack.services["spark-worker"].command[stack.services["spark-worker"].command.index(
             "--work-dir") + 1])

@@ -126,31 +126,29 @@ def test_a_compaction_under_the_policy(store: S3Store) -> None:
 
 
 def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3Store) -> None:
-    """scan -> plan (policy applied) -> stage tasks as Spark runs them (from the plan's JSON) -> commit."""
-    from tiering.run.pipeline import (
-        RunSettings,
-        collect_run,
-        commit_chunk,
-        load_manifest,
-        plan_run,
-        scan_run,
-        stage_unit,
-        stage_units,
-    )
+    """scan -> plan (policy applied) -> the engine's units as Spark runs them (the kind, its settings and each
+    unit read back from their JSON) -> the run document."""
+    from collections import Counter
+
+    from tiering.run import engine
+    from tiering.run.kinds import kind_from_json
+    from tiering.run.pipeline import RunSettings, compaction_kind, plan_files, plan_run, scan_run
 
     originals = _seed_topics(store)
     policy = parse_policy(POLICY)
     settings = RunSettings(store.bucket, PREFIX, "policy-pipeline", "zstd")
     scan_run(store, settings, ScanOptions("zstd", min_age_minutes=0, policy=policy))
-    planned = plan_run(store, settings, CompactOptions(), policy=policy, prices=PRICES)
-    chunked, manifest = load_manifest(store, f"s3://{store.bucket}/{planned.plan_key}")
+    plan_run(store, settings, CompactOptions(), policy=policy, prices=PRICES)
+    manifest = plan_files(store, settings).manifest()
     assert manifest.header.auto is not None
     assert manifest.header.auto["events"]["chosen"]["codec"] == "zstd"
-    for unit in stage_units(chunked, manifest):  # as the Spark job runs them, from their JSON
-        assert "failed" not in stage_unit(store, unit.to_json(), settings.to_json())
-    for chunk in planned.chunks:
-        commit_chunk(store, settings, chunk.name)
-    run = collect_run(store, settings)
+    kind = kind_from_json("compact", compaction_kind(settings, CompactOptions()).options_json()).started(store, PREFIX)
+    ctx = RunSettings.from_json(settings.to_json()).context(store)
+    planned = engine.plan(store, ctx, kind, parallelism=2)
+    for unit in planned.units:  # as the Spark job's executors run them, from their JSON
+        assert "failed" not in engine.unit_task(store, RunSettings.from_json(settings.to_json()).context(
+            store, one_core=True), kind, unit.to_json())
+    run = engine.collect(store, ctx, kind, planned, manifest.header.created_at, Counter())
     assert run.totals().get("failed", 0) == 0
     codecs = {t: check_consistent(store, o, topic=t) for t, o in originals.items()}
     assert {codecs["logs"][b] for b in sorted(originals["logs"])[:-1]} == {"gzip"}
@@ -166,8 +164,7 @@ def test_the_pipeline_steps_carry_each_topics_codec_to_the_executors(store: S3St
     scan_run(store, settings2, ScanOptions("zstd", min_age_minutes=0, policy=policy))
     again = plan_run(store, settings2, CompactOptions(), policy=policy, prices=PRICES)
     assert again.segments == 0  # the picky segment's outcome is remembered: it is not read again
-    chunked2, _ = load_manifest(store, f"s3://{store.bucket}/{again.plan_key}")
-    [picky2] = [s for s in chunked2.segments() if s.directory == "picky-0" and s.base_offset == 0]
+    [picky2] = [s for s in plan_files(store, settings2).segments() if s.directory == "picky-0" and s.base_offset == 0]
     assert picky2.reason.startswith("no-savings last time")
 
 

@@ -4,7 +4,6 @@ that plans what a listing plans."""
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import random
 import threading
@@ -22,11 +21,11 @@ from tiering.errors import InvalidDataError
 from tiering.kafka.codecs import Codec
 from tiering.lifecycle.vocabulary import Action, Cause
 from tiering.plan.document import ObjectRef, Plan, PlannedSegment
-from tiering.plan.planfile import Budget, ChunkWriter, by_partition, chunk_limits, read_chunk
+from tiering.plan.planfile import Budget, ChunkWriter, by_partition, chunk_limits, json_lines, read_chunk
 from tiering.plan.scan import ScanOptions, scan
 from tiering.run.documents import CompactOptions
-from tiering.run.pipeline import RunSettings, load_manifest, plan_run, scan_run, stage_units
-from tiering.storage.layout import PlanName, StepDir
+from tiering.run.pipeline import RunSettings, plan_files, plan_run, run_local, scan_run
+from tiering.storage.layout import PlanName, work_plan_dir
 from tiering.storage.s3 import S3Store
 
 
@@ -155,7 +154,8 @@ def test_a_scan_from_an_inventory_plans_what_a_listing_plans(store: S3Store) -> 
     uri = write_inventory(store, BUCKET, "inventory/segments/daily", objects, rows_per_file=7)
     settings_ = RunSettings(BUCKET, PREFIX, "inv-run", "zstd", 3)
     result = scan_run(store, settings_, options, inventory=uri)
-    scanned, manifest = load_manifest(store, f"s3://{BUCKET}/{result.scan_key}")
+    scanned = plan_files(store, settings_, PlanName.SCAN)
+    manifest = scanned.manifest()
     from_inventory = sorted(scanned.segments(manifest), key=lambda s: (s.directory, s.base_offset))
     assert from_inventory == list(listed.segments)
     assert manifest.source == uri
@@ -178,26 +178,35 @@ def test_an_inventory_of_another_bucket_is_refused(store: S3Store) -> None:
         scan_run(store, RunSettings(BUCKET, PREFIX, "r", "zstd"), ScanOptions("zstd"), inventory=uri)
 
 
-def test_the_plan_is_chunked_within_its_limit_and_staged_in_units_of_whole_partitions(store: S3Store) -> None:
+def test_the_plan_is_chunked_within_its_limit_and_worked_in_units_of_whole_partitions(store: S3Store) -> None:
+    from tiering.run import engine
+    from tiering.run.pipeline import compaction_kind
+
     _seed(store, 6)
     run = RunSettings(BUCKET, PREFIX, "chunked", "zstd", 3)
     scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
     planned = plan_run(store, run, CompactOptions(max_segments=9), max_chunks=20, chunk_work=1)
-    chunked, manifest = load_manifest(store, f"s3://{BUCKET}/{planned.plan_key}")
-    assert 1 < len(manifest.chunks) <= 20
-    assert [c.name for c in planned.chunks] == [c.name for c in manifest.chunks if c.to_compact]
+    chunked = plan_files(store, run)
+    manifest = chunked.manifest()
+    assert 1 < len(manifest.chunks) == planned.chunks <= 20
     assert planned.segments == 9 == manifest.totals["to_compact"]
     assert manifest.totals["skipped_by_reason"]["over the budget"] == 12 - 9
     # Every segment of the plan is in exactly one chunk; partitions are never split.
     segments = list(chunked.segments(manifest))
     assert len(segments) == manifest.totals["segments"] == 18
     assert len({s.directory for s in segments}) == len(list(by_partition(segments)))
-    units = stage_units(chunked, manifest, parallelism=2)
-    assert sum(u.segments for u in units) == 9
-    staged = list(itertools.chain.from_iterable(chunked.chunk(u.chunk_key, u.start, u.stop) for u in units))
-    assert {(s.directory, s.base_offset) for s in staged if s.action == Action.COMPACT} == {
-        (s.directory, s.base_offset) for s in segments if s.action == Action.COMPACT}
-    assert [u.bytes for u in units] == sorted((u.bytes for u in units), reverse=True)
+    kind = compaction_kind(run, CompactOptions(max_segments=9)).started(store, PREFIX)
+    units = engine.plan(store, run.context(store), kind, parallelism=2).units
+    assert 1 < len(units) <= 8
+    refs = [ref for u in units for ref in u.partitions]
+    assert sum(ref.segments for ref in refs) == 9
+    assert sorted(ref.directory for ref in refs) == sorted({s.directory for s in segments
+                                                            if s.action == Action.COMPACT})
+    # the partitions' work as the units read it back: each compacting segment once, the budget's skips noted
+    work = [kind.partition_from_json(doc["work"]) for info in store.list(work_plan_dir(PREFIX, "chunked", kind.step))
+            for doc in json_lines(store.open(info.key), info.key)]
+    assert sorted((s.directory, s.base_offset) for w in work for s in w.segments) == sorted(
+        (s.directory, s.base_offset) for s in segments if s.action == Action.COMPACT)
 
 
 
@@ -217,40 +226,30 @@ def atomic_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(BotocoreStubber, "__call__", atomic)
 
 
-def test_a_commit_task_finishes_its_partitions_in_parallel_each_counted_apart(store: S3Store,
-                                                                             atomic_requests: None) -> None:
-    """Staged as the Spark job stages (from the units' JSON), then one commit task of 4 threads, each with its
-    own client: every segment compacted, and each partition's requests are its own (3 copies a segment:
-    the backups of .log, .index and .timeindex; moto ignores a copy's If-Match, so the .log is PUT)."""
-    from tiering.run.pipeline import collect_run, commit_chunk, stage_unit
-
+def test_a_run_works_on_its_partitions_in_parallel_each_counted_apart(store: S3Store, atomic_requests: None
+                                                                    ) -> None:
+    """A compaction on 4 threads, each with its own client: every segment compacted, and each partition's
+    requests are its own (3 copies a segment: the backups of .log, .index and .timeindex; moto ignores a
+    copy's If-Match, so the .log is PUT)."""
     _seed(store, 6)
     run = RunSettings(BUCKET, PREFIX, "parallel", "zstd", 3)
     scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
     planned = plan_run(store, run, CompactOptions())
-    chunked, manifest = load_manifest(store, f"s3://{BUCKET}/{planned.plan_key}")
-    for unit in stage_units(chunked, manifest, parallelism=2):
-        assert set(stage_unit(store, unit.to_json(), run.to_json())) == {"staged"}
-    [chunk] = planned.chunks
-    result = commit_chunk(store, run, chunk.name, workers=4)
-    assert result.partitions == 6
-    assert result.counts["compacted"] == planned.segments == 12
-    doc = store.get_json(run.step_key(StepDir.COMMIT, chunk.name))[0]
-    copies = sorted(used["CopyObject"] for used in doc["usage"].values())
+    result = run_local(store, run, run.context(store), CompactOptions(workers=4))
+    assert result.totals()["compacted"] == planned.segments == 12
+    copies = sorted(used.get("CopyObject", 0) for scope, used in result.usage["requests"].items()
+                    if scope.startswith(TOPIC))
     assert copies == [3 * 2] * 5 + [3 * 2 + 1]  # one partition's first swap probed the store for the run
-    assert collect_run(store, run).totals()["compacted"] == 12
     assert not list(store.list(f"{PREFIX}/_tiering/leases/"))
 
 
-def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(store: S3Store) -> None:
+def test_an_operation_in_flight_in_a_partition_without_work_is_finished_by_the_run(store: S3Store) -> None:
     """A crashed run's operation in a partition this run does not work in (all its segments over the
-    budget) is finished by the commit of that partition's chunk, which the plan hands to the DAG's commit
-    step for that reason alone."""
+    budget) is finished (here abandoned: staged by another run) by the run all the same."""
     from tiering.commit.lease import Lease
     from tiering.commit.operation import Staged
     from tiering.commit.stage import stage_segment
     from tiering.lifecycle.vocabulary import Status
-    from tiering.run.pipeline import commit_chunk, plan_files
     from tiering.run.segment import pending_bases
     from tiering.storage.layout import lease_key
 
@@ -259,9 +258,8 @@ def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(st
     scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
     budget = CompactOptions(max_segments=2)
     plan_run(store, run, budget, chunk_work=1)
-    manifest = plan_files(store, run).manifest()
-    idle = next(c for c in manifest.chunks if not c.to_compact)
-    seg = next(s for s in plan_files(store, run, PlanName.SCAN).segments() if s.directory == idle.first
+    worked = {s.directory for s in plan_files(store, run).segments() if s.action == Action.COMPACT}
+    seg = next(s for s in plan_files(store, run, PlanName.SCAN).segments() if s.directory not in worked
                and s.action == Action.COMPACT)
     crashed = RunSettings(BUCKET, PREFIX, "crashed", "zstd", 3)
     lease = Lease(store, lease_key(PREFIX, seg.directory), "crashed", 60)
@@ -270,11 +268,10 @@ def test_a_chunk_without_work_but_with_an_operation_in_flight_gets_its_commit(st
     lease.release()
     planned = plan_run(store, run, budget, chunk_work=1)
     assert planned.in_flight == 1
-    names = [c.name for c in planned.chunks]
-    assert idle.name in names
-    assert len(names) == sum(1 for c in manifest.chunks if c.to_compact) + 1
-    result = commit_chunk(store, run, idle.name)
-    assert (result.partitions, result.counts.get(str(Status.ABORTED))) == (1, 1)  # staged by another run: abandoned
+    result = run_local(store, run, run.context(store), budget)
+    assert [(r.directory, r.status, r.recovered) for r in result.segments if r.directory == seg.directory
+            and r.status is not Status.SKIPPED] == [(seg.directory, Status.ABORTED, True)]
+    assert result.totals()["compacted"] == 2
     assert pending_bases(store, PREFIX) == {}
 
 
@@ -301,16 +298,16 @@ class _Killed(BaseException):
     """Stands for the process dying: nothing of the run catches it."""
 
 
-def test_an_operation_left_in_a_partition_without_work_inside_a_unit_is_finished(store: S3Store) -> None:
+def test_an_operation_left_past_its_backup_in_a_partition_without_work_is_rolled_forward(store: S3Store) -> None:
     """A run killed at a .log swap leaves its journal past the backup in partition 3. The next run plans no
-    work there, but partition 3 lies inside the line range of a unit (between partitions with work): the
-    run still finishes the operation, and nothing is left in flight."""
+    work there (between partitions with work): it still finishes the operation, and nothing is left in
+    flight."""
     import dataclasses
     import time
 
     from tests.s3.conftest import check_consistent, context, fresh_store, plan_for, seed
     from tests.s3.hooks import Step, key_ends
-    from tiering.run.pipeline import compact, plan_files
+    from tiering.run.pipeline import compact
     from tiering.run.segment import pending_bases
 
     originals = {p: seed(store, partition=p) for p in range(7)}
@@ -326,16 +323,11 @@ def test_an_operation_left_in_a_partition_without_work_inside_a_unit_is_finished
     with pytest.raises(_Killed):
         compact(killed, only_3, context(killed, "run-x"), CompactOptions(lease_ttl_seconds=1))
     assert f"{TOPIC}-3" in pending_bases(store, PREFIX)
-    time.sleep(1.5)  # run-x's lease expires
+    time.sleep(2.5)  # run-x's lease expires (S3's clock counts whole seconds)
     nothing_in_3 = dataclasses.replace(plan_for(store), segments=[
         dataclasses.replace(s, action=Action.SKIP, reason="active: held back by the test", cause=Cause.ACTIVE)
         if s.directory == f"{TOPIC}-3" else s for s in plan_for(store).segments])
     run = compact(store, nothing_in_3, context(store, "run-y"), CompactOptions())
-    plan = plan_files(store, RunSettings(BUCKET, PREFIX, "run-y", "zstd"))
-    manifest = plan.manifest()
-    inside = [u for u in stage_units(plan, manifest)
-              if f"{TOPIC}-3" in {s.directory for s in plan.chunk(u.chunk_key, u.start, u.stop)}]
-    assert inside  # the case under test: partition 3 is in a unit's range, with no work of its own
     assert pending_bases(store, PREFIX) == {}
     [finished] = [r for r in run.segments if r.directory == f"{TOPIC}-3" and r.recovered]
     assert (finished.base_offset, finished.status) == (first, "compacted")
@@ -373,13 +365,11 @@ def _exists(store: S3Store, key: str) -> bool:
 @pytest.mark.parametrize("same", [True, False], ids=["same-codec", "another-level"])
 def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_same(store: S3Store,
                                                                                    same: bool) -> None:
-    """The Spark stage of a new run finds a crashed run's operation still ``staged`` in its partition: with
-    the same source, codec and level it takes the operation over (its staged files, nothing staged again),
-    the commit step swaps it in under the new run's backups, and the crashed run's staging is gone; with
-    another level it abandons it and stages the segment itself."""
+    """A new run finds a crashed run's operation still ``staged`` in its partition: with the same source,
+    codec and level it takes the operation over (its staged files, nothing staged again) and swaps it in
+    under the new run's backups, and the crashed run's staging is gone; with another level it abandons it
+    and compacts the segment itself."""
     from tiering.lifecycle.vocabulary import Status
-    from tiering.run.documents import StepResults
-    from tiering.run.pipeline import collect_run, commit_chunk, run_unit
     from tiering.run.segment import pending_bases
     from tiering.storage.layout import backup_key, staging_key
 
@@ -390,33 +380,22 @@ def test_what_a_crashed_run_staged_is_taken_over_when_this_run_would_stage_the_s
     assert seg.log is not None
     theirs = staging_key(PREFIX, "crashed", seg.directory, seg.base_offset, ".log")
     staged_bytes = store.get(theirs)
-    planned = plan_run(store, run, CompactOptions(), chunk_work=1)
-    plan, manifest = load_manifest(store, f"s3://{BUCKET}/{planned.plan_key}")
-    staged = []
-    for unit in stage_units(plan, manifest):
-        run_unit(store, run, run.context(store), unit, commit=False)
-        key = run.step_key(StepDir.STAGE, unit.name)
-        staged += StepResults.from_json(store.get_json(key)[0], key).results
-    mine = [r for r in staged if (r.directory, r.base_offset) == (seg.directory, seg.base_offset)]
+    plan_run(store, run, CompactOptions(), chunk_work=1)
+    run_doc = run_local(store, run, run.context(store), CompactOptions())
+    mine = [(r.status, r.recovered, r.run_id) for r in run_doc.segments
+            if (r.directory, r.base_offset) == (seg.directory, seg.base_offset)]
     if same:
-        assert [(r.status, r.recovered, r.run_id) for r in mine] == [(Status.STAGED, False, "next")]
-        assert "taken over" in mine[0].reason
+        assert mine == [(Status.COMPACTED, False, "next")]  # counted once
+        assert "taken over" in next(r.reason for r in run_doc.segments if r.base_offset == seg.base_offset
+                                    and r.directory == seg.directory)
     else:
-        assert [r.status for r in mine] == [Status.ABORTED, Status.STAGED]  # abandoned, then staged anew
-    assert _exists(store, staging_key(PREFIX, "next", seg.directory, seg.base_offset, ".log")) is not same
-    for chunk in planned.chunks:
-        commit_chunk(store, run, chunk.name)
+        assert mine == [(Status.ABORTED, True, "crashed"), (Status.COMPACTED, False, "next")]  # then anew
     assert pending_bases(store, PREFIX) == {}
     assert not _exists(store, theirs)  # the crashed run's staging went with its operation
     assert _exists(store, backup_key(PREFIX, "next", seg.directory, seg.base_offset, ".log"))
     assert not _exists(store, backup_key(PREFIX, "crashed", seg.directory, seg.base_offset, ".log"))
     assert (store.get(seg.log.key) == staged_bytes) is same  # level 9's bytes differ from level 3's
     assert store.head(seg.log.key).metadata["tiering-run"] == "next"
-    # The run document counts the segment once, compacted (the commit's result wins over the staging's).
-    run_doc = collect_run(store, run)
-    counted = [(r.status, r.recovered) for r in run_doc.segments
-               if (r.directory, r.base_offset) == (seg.directory, seg.base_offset)]
-    assert counted == ([] if same else [(Status.ABORTED, True)]) + [(Status.COMPACTED, False)]
 
 
 def _crashed_then_compact(store: S3Store, damage: str) -> tuple[PlannedSegment, list[Any]]:

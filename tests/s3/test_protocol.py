@@ -21,8 +21,9 @@ from tests.s3.conftest import (
     seed,
 )
 from tiering.commit.lease import Lease
-from tiering.commit.operation import META_CODEC, META_RUN, META_SOURCE_ETAG
+from tiering.commit.operation import META_CODEC, META_RUN, META_SOURCE_ETAG, Staged
 from tiering.commit.recover import pending_journals
+from tiering.commit.stage import stage_segment
 from tiering.errors import ConfigError, ExitCode
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
@@ -31,7 +32,6 @@ from tiering.run.documents import RUN_SCOPE, CompactOptions
 from tiering.run.maintenance import cleanup
 from tiering.run.pipeline import compact
 from tiering.run.rollback import rollback
-from tiering.run.segment import run_segment
 from tiering.storage.layout import lease_key, segment_key
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound
 from tiering.storage.s3 import S3Store
@@ -313,7 +313,7 @@ def test_a_rollback_of_a_run_that_left_nothing_fails_before_it_changes_anything(
     seg = next(s for s in plan_for(store).segments if s.action is Action.COMPACT)
     lease = Lease(store, lease_key(PREFIX, DIR), owner="run-1", ttl_seconds=1)
     lease.acquire(PREFIX)
-    assert run_segment(context(store), seg, lease, commit=False).status is Status.STAGED
+    assert isinstance(stage_segment(context(store).for_segment(seg), seg, lease), Staged)
     lease.release()
     in_flight = [j for j, _ in pending_journals(store, PREFIX)]
     assert in_flight

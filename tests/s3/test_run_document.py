@@ -8,13 +8,13 @@ import pytest
 
 import tiering.run.documents as compact_module
 from tests.s3.conftest import BUCKET, PREFIX
-from tests.s3.test_planfile import _seed
+from tests.s3.test_planfile import TOPIC, _seed
 from tiering.commit.operation import SegmentResult
 from tiering.errors import ConfigError, ExitCode
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.plan.scan import ScanOptions
 from tiering.run.documents import CompactOptions, RunResult, RunTally
-from tiering.run.pipeline import RunSettings, collect_run, plan_run, run_local, scan_run
+from tiering.run.pipeline import RunSettings, plan_run, run_local, scan_run
 from tiering.storage.layout import run_result_key
 from tiering.storage.s3 import S3Store
 
@@ -75,20 +75,21 @@ def test_a_run_larger_than_the_listing_stays_bounded_and_whole_in_its_figures(
     assert whole.totals()["compacted"] == 12
     assert whole.omitted == 0
     monkeypatch.setattr(compact_module, "MAX_LISTED_SEGMENTS", 5)
-    small = collect_run(store, run)
+    scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))  # cleared and run again: each segment
+    plan_run(store, run, CompactOptions(), chunk_work=1)  # counted from the state
+    small = run_local(store, run, run.context(store), CompactOptions())
     assert (len(small.segments), small.omitted) == (5, 7)
     assert small.totals() == whole.totals()
     assert small.topics == whole.topics
     stored = RunResult.from_json(store.get_json(run_result_key(PREFIX, "bounded", "compact"))[0], "doc")
     assert stored.totals() == whole.totals()
     assert len(stored.segments) == 5
-    assert sum(sum(ops.values()) for ops in small.usage["requests_by_class"].values()) == sum(
-        sum(ops.values()) for ops in small.usage["requests"].values())
+    # the requests of the scan and the plan (run-wide) and of each partition's work, counted apart
+    assert sorted(whole.usage["requests"]) == ["_run", *(f"{TOPIC}-{p}" for p in range(6))]
 
 
-def test_a_kept_lease_is_released_when_the_work_fails_unexpectedly(store: S3Store) -> None:
-    """A Spark task keeps its partitions' leases for the commit step; a bug in its work must not leave the
-    partition busy for the lease's TTL."""
+def test_a_lease_is_released_when_the_work_fails_unexpectedly_and_when_it_ends(store: S3Store) -> None:
+    """A bug in a partition's work must not leave the partition busy for the lease's TTL."""
     from tiering.run.segment import with_lease
     from tiering.storage.layout import lease_key
 
@@ -98,16 +99,15 @@ def test_a_kept_lease_is_released_when_the_work_fails_unexpectedly(store: S3Stor
         raise KeyError("a bug")
 
     with pytest.raises(KeyError):
-        with_lease(run.context(store), "t-0", 60, work, [("t-0", 0)], keep=True)
+        with_lease(run.context(store), "t-0", 60, work, [("t-0", 0)])
     assert not list(store.list(lease_key(PREFIX, "t-0")))
-    kept = with_lease(run.context(store), "t-0", 60, lambda lease, out: None, [], keep=True)
-    assert kept == []
-    assert list(store.list(lease_key(PREFIX, "t-0")))  # kept when the work ends normally
+    assert with_lease(run.context(store), "t-0", 60, lambda lease, out: None, []) == []
+    assert not list(store.list(lease_key(PREFIX, "t-0")))
 
 
 def test_a_run_planned_again_under_its_id_counts_each_segment_once(store: S3Store) -> None:
-    """A DAG run cleared and run again re-plans under the same run id, into other chunks: the first
-    attempt's step documents are not folded into the new chunks; its work is counted from the state."""
+    """A DAG run cleared and run again re-plans under the same run id: the first attempt's step documents are
+    not counted again; its work is counted from the state."""
     _seed(store, 6)
     run = RunSettings(BUCKET, PREFIX, "cleared", "zstd", 3)
     scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
@@ -116,7 +116,7 @@ def test_a_run_planned_again_under_its_id_counts_each_segment_once(store: S3Stor
     assert first.totals()["compacted"] == 12
     scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
     plan_run(store, run, CompactOptions())  # one chunk now
-    again = collect_run(store, run)
+    again = run_local(store, run, run.context(store), CompactOptions())
     assert again.totals() == first.totals()
     assert {r.reason for r in again.segments if r.status == "compacted"} == {"by an earlier attempt of this run"}
 

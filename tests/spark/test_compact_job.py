@@ -1,7 +1,8 @@
-"""The Spark job end to end: spark-submit --master local[2] against a moto server, then the commit step."""
+"""The compaction as the Spark job runs it: spark-submit --master local[2] against a moto server."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,12 +12,13 @@ from moto.server import ThreadedMotoServer
 
 from tests.s3.conftest import PREFIX, check_consistent, seed
 from tiering.plan.scan import ScanOptions
-from tiering.run.documents import CompactOptions
-from tiering.run.pipeline import RunSettings, collect_run, commit_chunk, plan_run, scan_run
-from tiering.spark.submit import submit
+from tiering.run.documents import CompactOptions, RunResult
+from tiering.run.pipeline import RunSettings, compaction_kind, plan_run, scan_run
+from tiering.spark.submit import SparkJobFailed, submit
+from tiering.storage.layout import run_result_key
 from tiering.storage.s3 import S3Store, make_client
 
-JOB = Path(__file__).parents[2] / "spark_jobs" / "compact_segments.py"
+JOB = Path(__file__).parents[2] / "spark_jobs" / "run_kind.py"
 
 
 @pytest.fixture
@@ -36,7 +38,7 @@ def server_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Store]:
 
 
 @pytest.mark.slow
-def test_spark_stages_every_segment_and_the_commit_swaps_them(server_store: S3Store) -> None:
+def test_spark_compacts_and_swaps_in_every_planned_segment(server_store: S3Store) -> None:
     store = server_store
     originals = {0: seed(store, partition=0), 1: seed(store, partition=1, kind="logs", segments=2)}
     bad = sorted(originals[0])[0]
@@ -47,14 +49,15 @@ def test_spark_stages_every_segment_and_the_commit_swaps_them(server_store: S3St
     scan_run(store, settings, ScanOptions("zstd", 3, min_age_minutes=0))
     planned = plan_run(store, settings, CompactOptions(), chunk_work=1)
     assert planned.segments == 3
-    assert [c.label for c in planned.chunks] == ["orders.v1-0", "orders.v1-1"]
+    assert planned.chunks == 2
+    kind = compaction_kind(settings, CompactOptions())
     lines: list[str] = []
-    submit(JOB, ["--plan", f"s3://spark/{planned.plan_key}", "--run-id", settings.run_id], master="local[2]",
-           log=lines.append)
-    assert any("staging 3 segments in 2 tasks" in line for line in lines), lines[-20:]
-    for chunk in planned.chunks:
-        commit_chunk(store, settings, chunk.name)
-    run = collect_run(store, settings)
+    with pytest.raises(SparkJobFailed, match="exited with 1"):  # the run document's: a segment is invalid
+        submit(JOB, ["--kind", "compact", "--settings", json.dumps(settings.to_json()),
+                     "--options", json.dumps(kind.options_json())], master="local[2]", log=lines.append)
+    assert any("compaction: 2 partitions in 2 tasks" in line for line in lines), lines[-20:]
+    key = run_result_key(PREFIX, settings.run_id, "compact")
+    run = RunResult.from_json(store.get_json(key)[0], key)
     status = {(r.directory, r.base_offset): r for r in run.segments}
     assert status[("orders.v1-0", bad)].status == "failed"
     assert status[("orders.v1-0", bad)].error is not None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tiering.spark.submit import SparkJobFailed, SparkJobMisconfigured, failure, failure_summary
 
-JOB = Path(__file__).parents[2] / "spark_jobs" / "compact_segments.py"
+JOB = Path(__file__).parents[2] / "spark_jobs" / "run_kind.py"
 TINY = "from pyspark.sql import SparkSession\n" \
        "spark = SparkSession.builder.getOrCreate()\n" \
        "print(spark.sparkContext.parallelize([1, 2], 2).map(lambda x: x + 1).collect())\n" \

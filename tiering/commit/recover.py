@@ -24,7 +24,6 @@ from tiering.commit.operation import (
     SegmentResult,
     SourceChanged,
     TakenOver,
-    kms,
     record_state,
     state_entry,
     uri,
@@ -82,20 +81,18 @@ def recover_partition(ctx: Context, directory: str, lease: LeaseGuard) -> list[S
     keys its journal names, and a copy landing after our swap would put the new ``.log`` where the original
     must be kept (S3 refuses such a copy by its ``x-amz-copy-source-if-match``; moto does not). Here it is
     abandoned and its segment planned again like any other (:func:`iter_recover` can take it over instead).
-    Entries of this run (a retry, or the pipeline's commit step) and entries past their backup are
-    finished."""
+    Entries of this run (a retry) and entries past their backup are finished."""
     return list(iter_recover(ctx, directory, lease))
 
 
-def iter_recover(ctx: Context, directory: str, lease: LeaseGuard, *, commit: bool = True,
+def iter_recover(ctx: Context, directory: str, lease: LeaseGuard, *,
                  adoptable: Callable[[Journal], bool] | None = None) -> Iterator[SegmentResult]:
     """:func:`recover_partition`, one result at a time (the partition's state batch is written between two
     operations when it is full, so that a failed write stops the work after the results already given).
 
     A compaction another run left ``staged`` is taken over (:func:`adopt`) when ``adoptable`` says this run
     would stage the same (same source, codec and level): its staged files are used instead of being made
-    again; with ``commit`` it is finished at once, else left staged for this run's commit step. Otherwise it
-    is abandoned and the segment compacted anew."""
+    again, and it is finished at once. Otherwise it is abandoned and the segment compacted anew."""
     for journal, etag in list(pending_journals(ctx.store, ctx.prefix, directory)):
         if ctx.state is not None and ctx.state.full:
             ctx.state.flush(lease.check)
@@ -111,14 +108,14 @@ def iter_recover(ctx: Context, directory: str, lease: LeaseGuard, *, commit: boo
             continue
         if journal.kind is OpKind.COMPACT and journal.state is JournalState.STAGED and theirs:
             if adoptable is not None and adoptable(journal):
-                result = _adopted(ctx, journal, etag, lease, commit=commit)
+                result = _adopted(ctx, journal, etag, lease)
             else:
                 result = abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}): "
                                   "abandoned; the segment is compacted anew", pending=None)
         else:
             result = finish_one(ctx, journal, etag, lease)
-        # A recovery: another run's operation finished or dropped here. Not one: this run's own (a retry, the
-        # commit step) or one it took over (its results are this run's, like those of what it stages).
+        # A recovery: another run's operation finished or dropped here. Not one: this run's own (a retry) or one
+        # it took over (its results are this run's, like those of what it stages).
         yield replace(result, recovered=(result.run_id or journal.run_id) != ctx.run_id)
 
 
@@ -143,7 +140,7 @@ def adopt(ctx: Context, journal: Journal, etag: str) -> tuple[Journal, str]:
                         path=uri(ctx.store, journal_key(ctx.prefix, d, base))) from None
 
 
-def _adopted(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *, commit: bool) -> SegmentResult:
+def _adopted(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> SegmentResult:
     lease.check()
     try:
         staged = ctx.store.head(journal.new.log)
@@ -158,12 +155,8 @@ def _adopted(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *, co
         return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, e.message, run_id=journal.run_id,
                              pending=Pending.BUSY, cause=Cause.BUSY)
     why = f"staged by run {journal.run_id}, which did not finish it: taken over"
-    if commit:
-        result = finish_one(ctx, taken, etag, lease, taken_from=journal.run_id)
-        return replace(result, reason=why) if result.status is Status.COMPACTED else result
-    return SegmentResult(taken.directory, taken.base_offset, Status.STAGED, why,
-                         taken.entry.bytes_before, taken.entry.bytes_after,
-                         run_id=ctx.run_id, encryption=kms(taken.attrs["log"].headers))
+    result = finish_one(ctx, taken, etag, lease, taken_from=journal.run_id)
+    return replace(result, reason=why) if result.status is Status.COMPACTED else result
 
 
 def repair_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> SegmentResult:

@@ -12,8 +12,9 @@ task) replaces the run's entry: the ledger holds each run once.
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -21,11 +22,11 @@ from tiering.cost.document import Ledger, LedgerEntry, Report
 from tiering.cost.model import CostOptions, build_report, ledger_entry_from_state, with_ledger
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
 from tiering.errors import ConfigError, StorageError
-from tiering.lifecycle.vocabulary import Counted, RunKind
-from tiering.plan.document import Committed, Plan
+from tiering.lifecycle.vocabulary import Action, Cause, Counted, RunKind
+from tiering.plan.document import Committed, Plan, PlannedSegment
 from tiering.report.render import render
 from tiering.run.engine import step_documents
-from tiering.run.pipeline import RunSettings, plan_files, run_outcomes
+from tiering.run.pipeline import RunSettings, plan_files
 from tiering.storage.layout import StepDir, ledger_key, report_key, run_result_key, whole_plan_key
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound, ObjectStore, PreconditionFailed
 
@@ -75,6 +76,17 @@ def record_in_ledger(store: ObjectStore, prefix: str, entry: LedgerEntry,
 
 
 RUN_KINDS: Final = (RunKind.COMPACT, RunKind.MERGE, RunKind.COMPACT_KEYS)  # the runs that have a savings report
+_STEPS: Final = {RunKind.COMPACT: StepDir.COMPACT, RunKind.COMPACT_KEYS: StepDir.KEYS, RunKind.MERGE: StepDir.MERGE}
+
+
+def _unrun(run_id: str, *, dry: bool) -> Callable[[PlannedSegment], bool]:
+    """Which plan entries the report lists as the plan has them: a dry run's every one; else those the run
+    did not work on and did not note (its step documents give those: the budget's skips, an earlier
+    attempt's compactions, the segments it compacted or repaired)."""
+    if dry:
+        return lambda s: True
+    return lambda s: (s.action not in (Action.COMPACT, Action.REPAIR) and s.cause is not Cause.BUDGET
+                      and s.compacted_by != run_id)
 
 
 def _kind_of(store: ObjectStore, prefix: str, run_id: str) -> RunKind:
@@ -90,23 +102,25 @@ def _kind_of(store: ObjectStore, prefix: str, run_id: str) -> RunKind:
 def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
              ledger: list[LedgerEntry], *, kind: RunKind | None = None) -> Report:
     """The report of ``run_id`` from its run document (of ``kind``; None: whichever of :data:`RUN_KINDS` the
-    run has), and its plan and step results a chunk at a time (nothing is written)."""
+    run has), its plan's entries a chunk at a time (those it did not work on: a dry run's every one) and its
+    step documents' results one document at a time (nothing is written)."""
     kind = kind or _kind_of(store, prefix, run_id)
     run = store.get_json(run_result_key(prefix, run_id, kind))[0]
-    settings = RunSettings(store.bucket, prefix, run_id, str((run.get("settings") or {}).get("codec", "")))
-    chunked = plan_files(store, settings)
+    step = _STEPS.get(kind)
+    results: Iterable[tuple[Iterable[dict[str, Any]], Iterable[dict[str, Any]]]] = (
+        ((), (r.to_json() for r in s.results)) for s in step_documents(store, prefix, run_id, step)
+    ) if step is not None else ()
+    chunked = plan_files(store, RunSettings(store.bucket, prefix, run_id))
     not_planned: Mapping[str, int] = {}
+    chunks: Iterable[tuple[Iterable[dict[str, Any]], Iterable[dict[str, Any]]]] | None
     try:
-        header = chunked.manifest().header
-        auto, not_planned = header.auto or {}, header.ignored_by_reason
-        chunks: Iterable[tuple[Iterable[dict[str, Any]], Iterable[dict[str, Any]]]] | None = (
-            ((s.to_json() for s in c.segments), (r.to_json() for r in c.results))
-            for c in run_outcomes(store, settings))
-    except ObjectNotFound:  # no chunked plan: a key-compaction run's step documents, else its document's list
-        auto, chunks = {}, None
-        step = {RunKind.COMPACT_KEYS: StepDir.KEYS, RunKind.MERGE: StepDir.MERGE}.get(kind)
-        if step is not None:
-            chunks = (((), (r.to_json() for r in s.results)) for s in step_documents(store, prefix, run_id, step))
+        manifest = chunked.manifest()
+        auto, not_planned = manifest.header.auto or {}, manifest.header.ignored_by_reason
+        unrun = _unrun(run_id, dry=bool((run.get("settings") or {}).get("estimate")))
+        chunks = itertools.chain(
+            (((s.to_json() for s in chunked.chunk(c.key) if unrun(s)), ()) for c in manifest.chunks), results)
+    except ObjectNotFound:  # no chunked plan (key compaction, merging): the step documents alone
+        auto, chunks = {}, results if step is not None else None
     plan: list[dict[str, Any]] = []
     if chunks is None:
         try:  # a run of an earlier version of the CLI kept its whole plan in one document

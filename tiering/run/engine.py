@@ -38,7 +38,7 @@ from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.document import PlannedSegment
 from tiering.plan.planfile import GzipLines, json_lines
 from tiering.plan.scan import ScanOptions, scan_partitions
-from tiering.run.documents import RUN_SCOPE, RunResult, RunTally, StepResults
+from tiering.run.documents import RUN_SCOPE, RunResult, RunTally, StepResults, StepUsage
 from tiering.run.segment import balanced, recover_pending, with_lease
 from tiering.storage.layout import (
     StepDir,
@@ -53,6 +53,7 @@ from tiering.storage.objects import ObjectInfo, ObjectStore
 Progress = Callable[[SegmentResult], None]
 CHUNK_PARTITIONS: Final = 1_000  # a plan chunk is closed at this many partitions ...
 CHUNK_SEGMENTS: Final = 20_000  # ... or this many segments, whichever comes first
+NOTED_RESULTS: Final = 10_000  # a step document of noted results holds this many at most
 
 
 class PartitionWork(Protocol):
@@ -60,7 +61,9 @@ class PartitionWork(Protocol):
     (base offsets) its work is on, reported as left where the partition is busy or the work stops (none: the
     partition only adds to what the plan sums up; no chunk holds it, no unit works on it); ``bytes``: what
     the work weighs. ``refused``: why the run must not go ahead at all, found planning this partition (then
-    no partition is worked on, and these are the run's results)."""
+    no partition is worked on, and these are the run's results). ``noted``: results the planning already
+    knows (segments the run chose but leaves, or found done by an earlier attempt of the run), the run's
+    results beside its units'."""
 
     @property
     def directory(self) -> str: ...
@@ -74,16 +77,21 @@ class PartitionWork(Protocol):
     @property
     def refused(self) -> tuple[SegmentResult, ...]: ...
 
+    @property
+    def noted(self) -> tuple[SegmentResult, ...]: ...
+
     def to_json(self) -> dict[str, Any]: ...
 
 
 class OnListedSegments:
     """The :class:`PartitionWork` of a kind whose work is on listed segments (``segments``, a dataclass field
-    of the class that takes this in): those with a ``.log`` to do, weighed by their bytes; never refused."""
+    of the class that takes this in): those with a ``.log`` to do, weighed by their bytes; never refused, and
+    nothing noted."""
 
     __slots__ = ()
     segments: tuple[PlannedSegment, ...]
     refused: ClassVar[tuple[SegmentResult, ...]] = ()
+    noted: ClassVar[tuple[SegmentResult, ...]] = ()
 
     @property
     def todo(self) -> tuple[int, ...]:
@@ -112,6 +120,14 @@ class Kind(Protocol[W]):
 
     @property
     def lease_ttl_seconds(self) -> int: ...
+
+    @property
+    def plans_ahead(self) -> bool:
+        """The kind's partitions come from a plan made before the run (compaction's scan and plan): the
+        operations crashed runs left in flight in them are finished by the kind's work there, after their
+        lease is taken, and only those elsewhere by the planner (after the plan is read). Else (a kind that
+        lists the prefix) every one is finished before the listing, which then sees what they changed."""
+        ...
 
     def started(self: K, store: ObjectStore, prefix: str) -> K:
         """The kind as this run does it (its clock read once, at the start)."""
@@ -194,7 +210,7 @@ class _PlanChunks:
     def __init__(self, store: ObjectStore, prefix: str, run_id: str, step: StepDir) -> None:
         self._store, self._where = store, (prefix, run_id, step)
         self.refs: list[PartitionRef] = []
-        self._directories: set[str] = set()
+        self.directories: set[str] = set()
         self.chunks = 0
         self._open()
 
@@ -205,10 +221,10 @@ class _PlanChunks:
         return work_plan_chunk_key(*self._where, index)
 
     def add(self, part: PartitionWork) -> None:
-        if part.directory in self._directories:  # a unit reads one line a partition: the other's work would be lost
+        if part.directory in self.directories:  # a unit reads one line a partition: the other's work would be lost
             raise InvalidDataError("a run's planning found a partition twice (a listing out of key order?)",
                                    path=part.directory, expected="each partition once", found="twice")
-        self._directories.add(part.directory)
+        self.directories.add(part.directory)
         key = self._key(self.chunks)
         self._lines.add([{"directory": part.directory, "work": part.to_json()}])
         self.refs.append(PartitionRef(part.directory, key, len(part.todo), part.bytes))
@@ -228,24 +244,48 @@ class _PlanChunks:
         return self.refs
 
 
+class _Noted:
+    """The results a kind's planning noted, written to step documents ``noted-<n>`` as they come (each once
+    it holds :data:`NOTED_RESULTS`)."""
+
+    def __init__(self, store: ObjectStore, prefix: str, run_id: str, step: StepDir) -> None:
+        self._store, self._where = store, (prefix, run_id, step)
+        self._results: list[SegmentResult] = []
+        self.documents = 0
+
+    def add(self, results: Iterable[SegmentResult]) -> None:
+        self._results += results
+        if len(self._results) >= NOTED_RESULTS:
+            self.close()
+
+    def close(self) -> None:
+        if self._results:
+            write_results(self._store, step_key(*self._where, f"noted-{self.documents:05d}"), self._results)
+            self.documents += 1
+            self._results = []
+
+
 def plan(store: ObjectStore, ctx: Context, kind: Kind[W], *, parallelism: int = 1,
          progress: Progress | None = None, source: Iterator[ObjectInfo] | None = None,
          seen: Callable[[W], None] | None = None) -> RunPlan:
-    """Finish what a crashed run left in flight (under the partitions' leases), then take the kind's partitions
+    """Finish what a crashed run left in flight (under the partitions' leases; see :attr:`Kind.plans_ahead`),
+    then take the kind's partitions
     (``source``: an S3 Inventory report's objects, for a kind that lists the prefix), each one's work written
     to the run's plan chunks where it has segments to work on (and every partition's handed to ``seen``, what
     the kind's plan adds up to); the work cut into about ``4 * parallelism`` units of whole partitions
     balanced by bytes (largest first), or none where a partition refuses the run. A retried run's step
     documents and plan chunks are deleted: it plans anew."""
-    recovered = recover_pending(ctx, kind.lease_ttl_seconds, progress)
+    recovered = [] if kind.plans_ahead else recover_pending(ctx, kind.lease_ttl_seconds, progress)
     for stale in (step_dir(ctx.prefix, ctx.run_id, kind.step), work_plan_dir(ctx.prefix, ctx.run_id, kind.step)):
         for info in store.list(stale):
             store.delete(info.key, missing_ok=True)
     chunks = _PlanChunks(store, ctx.prefix, ctx.run_id, kind.step)
+    noted = _Noted(store, ctx.prefix, ctx.run_id, kind.step)
     refused: list[SegmentResult] = []
 
     def add(part: W) -> None:
         refused.extend(part.refused)
+        noted.add(part.noted)
         if part.todo:  # a partition with nothing to work on only adds to what ``seen`` sums
             chunks.add(part)
         if seen is not None:
@@ -253,6 +293,9 @@ def plan(store: ObjectStore, ctx: Context, kind: Kind[W], *, parallelism: int = 
 
     kind.partitions(store, ctx.prefix, add, source)
     refs = chunks.close()
+    noted.close()
+    if kind.plans_ahead:
+        recovered = recover_pending(ctx, kind.lease_ttl_seconds, progress, elsewhere=chunks.directories)
     groups = [] if refused else balanced(refs, 4 * parallelism, lambda p: p.bytes)
     units = tuple(Unit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory))) for i, g in enumerate(groups))
     return RunPlan(units, tuple(recovered), chunks.chunks, tuple(refused))
@@ -353,10 +396,14 @@ def unit_task(store: ObjectStore, ctx: Context, kind: Kind[W], unit: Mapping[str
 
 def collect(store: ObjectStore, ctx: Context, kind: Kind[W], planned: RunPlan, started: str,
             driver_requests: Counter[str]) -> RunResult:
-    """The run document from its units' step documents (and the journals the planner finished), with the S3
-    requests by partition and the seconds the work took; written to ``runs/<run>/<kind>.json``."""
+    """The run document from its units' step documents (and the journals the planner finished, and the results
+    its planning noted), with the S3 requests by partition (and those of the run's steps before the engine's,
+    ``runs/<run>/usage/``) and the seconds the work took; written to ``runs/<run>/<kind>.json``."""
     tally = RunTally()
     tally.add_usage({RUN_SCOPE: driver_requests})
+    for info in store.list(step_dir(ctx.prefix, ctx.run_id, StepDir.USAGE)):
+        used = StepUsage.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
+        tally.add_usage({RUN_SCOPE: used.requests})
     for name, results in (("recovered", planned.recovered), ("refused", planned.refused)):
         if results:  # a step document like the units' (the report reads them all, whatever the run's size)
             write_results(store, step_key(ctx.prefix, ctx.run_id, kind.step, name), results)

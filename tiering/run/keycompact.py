@@ -433,6 +433,7 @@ class KeyCompaction:
     run_kind: ClassVar[RunKind] = RunKind.COMPACT_KEYS
     label: ClassVar[str] = "key compaction"
     step: ClassVar[StepDir] = StepDir.KEYS
+    plans_ahead: ClassVar[bool] = False
 
     @property
     def lease_ttl_seconds(self) -> int:

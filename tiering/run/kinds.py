@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from tiering.errors import ConfigError
 from tiering.lifecycle.vocabulary import RunKind
+from tiering.run.compaction import Compaction, CompactionOptions
 from tiering.run.engine import Kind
 from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
 from tiering.run.merge import MergeOptions, Merging
@@ -16,6 +17,7 @@ from tiering.run.rollback import Rollback, RollbackOptions
 from tiering.run.tier import Tiering, TierOptions
 
 _READERS: Final[dict[RunKind, Callable[[object, str | None], Kind[Any]]]] = {
+    RunKind.COMPACT: lambda doc, where: Compaction(CompactionOptions.from_json(doc, where)),
     RunKind.COMPACT_KEYS: lambda doc, where: KeyCompaction(KeyCompactOptions.from_json(doc, where)),
     RunKind.MERGE: lambda doc, where: Merging(MergeOptions.from_json(doc, where)),
     RunKind.TIER: lambda doc, where: Tiering(TierOptions.from_json(doc, where)),

@@ -337,6 +337,7 @@ class Merging:
     run_kind: ClassVar[RunKind] = RunKind.MERGE
     label: ClassVar[str] = "merge"
     step: ClassVar[StepDir] = StepDir.MERGE
+    plans_ahead: ClassVar[bool] = False
 
     @property
     def lease_ttl_seconds(self) -> int:

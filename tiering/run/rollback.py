@@ -106,6 +106,7 @@ class RollbackPartition:
     todo: tuple[int, ...]
     bytes: int
     refused: tuple[SegmentResult, ...] = ()
+    noted: ClassVar[tuple[SegmentResult, ...]] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"directory": self.directory, "undo": self.undo.value, "todo": list(self.todo), "bytes": self.bytes}
@@ -125,6 +126,7 @@ class Rollback:
     run_kind: ClassVar[RunKind] = RunKind.ROLLBACK
     label: ClassVar[str] = "rollback"
     step: ClassVar[StepDir] = StepDir.ROLLBACK
+    plans_ahead: ClassVar[bool] = False
 
     @property
     def lease_ttl_seconds(self) -> int:

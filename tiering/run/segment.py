@@ -2,12 +2,12 @@
 operations crashed runs left in flight found and finished, work cut into balanced parts.
 
 The per-segment protocol lives in :mod:`tiering.commit`; runs are driven by the engine
-(:mod:`tiering.run.engine`) and, for compaction, :mod:`tiering.run.pipeline`. Every per-segment problem
+(:mod:`tiering.run.engine`). Every per-segment problem
 becomes a result, never a crash of the whole run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -40,9 +40,8 @@ from tiering.storage.objects import (
 )
 
 
-def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit: bool = True) -> SegmentResult:
-    """One planned segment: repair, or stage and (with ``commit``) swap; every per-segment problem becomes
-    a result. Without ``commit`` the segment is left journalled as ``staged`` for a later commit step."""
+def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> SegmentResult:
+    """One planned segment: repair, or stage and swap; every per-segment problem becomes a result."""
     try:
         own = ctx.for_segment(seg)
     except ConfigError as e:  # e.g. a plan entry naming a codec this version does not know
@@ -57,8 +56,6 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard, *, commit:
             if staged.cause in NOTHING_TO_GAIN:
                 remember(own, seg, Outcome.NO_SAVINGS, staged.reason)
             return staged
-        if not commit:
-            return replace(staged.result, status=Status.STAGED)
         result = finish_one(own, staged.journal, staged.etag, lease, indexes=staged.indexes)
         return staged.result if result.status == staged.result.status else result
 
@@ -146,12 +143,12 @@ def remember(ctx: Context, seg: PlannedSegment, outcome: Outcome, reason: str) -
 Work = Callable[[Lease, list[SegmentResult]], None]
 
 
-def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tuple[str, int]], *,
-               keep: bool = False) -> list[SegmentResult]:
+def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tuple[str, int]]
+               ) -> list[SegmentResult]:
     """Run ``work`` under the partition's lease; it appends its results to the list it is given. Whatever
     stops it (the lease busy or lost, S3 failing, a journal it cannot read), the segments of ``todo`` it has
-    not reported are reported with the reason, so the rest of the run goes on. ``keep``: the lease is not
-    released at the end (a later step of the same run takes it back)."""
+    not reported are reported with the reason, so the rest of the run goes on. The lease is released on
+    every way out but a killed process."""
     lease = Lease(ctx.store, lease_key(ctx.prefix, directory), ctx.run_id, ttl)
     try:
         lease.acquire(ctx.prefix)
@@ -170,8 +167,7 @@ def with_lease(ctx: Context, directory: str, ttl: int, work: Work, todo: list[tu
     except Exception:  # a bug: the partition is not left busy for the lease's TTL (a killed process is)
         lease.release()
         raise
-    if not keep or stopped is not None:
-        lease.release()
+    lease.release()
     if stopped is not None:
         seen = {(r.directory, r.base_offset) for r in results}
         for d, b in dict.fromkeys(todo):
@@ -201,11 +197,12 @@ def stale_after_recovery(ctx: Context, segments: Sequence[PlannedSegment], lease
     return True
 
 
-def pending_bases(store: ObjectStore, prefix: str) -> dict[str, list[int]]:
-    """The segments with a journal entry in flight, by partition directory (keys only: nothing is read)."""
+def pending_bases(store: ObjectStore, prefix: str, directory: str | None = None) -> dict[str, list[int]]:
+    """The segments with a journal entry in flight, by partition directory (of ``directory`` alone, if given;
+    keys only: nothing is read)."""
     root = journal_dir(prefix)
     out: dict[str, list[int]] = {}
-    for info in store.list(root):
+    for info in store.list(journal_dir(prefix, directory)):
         directory, _, name = info.key[len(root):].partition("/")
         parsed = parse_segment_name(name.removesuffix(".json") + ".log") if name.endswith(".json") else None
         if parsed is not None and "/" not in name:
@@ -213,12 +210,14 @@ def pending_bases(store: ObjectStore, prefix: str) -> dict[str, list[int]]:
     return out
 
 
-def recover_pending(ctx: Context, lease_ttl: int, progress: Callable[[SegmentResult], None] | None = None
-                    ) -> list[SegmentResult]:
+def recover_pending(ctx: Context, lease_ttl: int, progress: Callable[[SegmentResult], None] | None = None, *,
+                    elsewhere: Container[str] = ()) -> list[SegmentResult]:
     """Every operation a crashed run left in flight under ``ctx.prefix`` finished (or abandoned), each
-    partition under its lease; their results."""
+    partition under its lease, but in the partitions of ``elsewhere``; their results."""
     recovered: list[SegmentResult] = []
     for directory, bases in sorted(pending_bases(ctx.store, ctx.prefix).items()):
+        if directory in elsewhere:
+            continue
         def recover(lease: Lease, out: list[SegmentResult], directory: str = directory) -> None:
             out += recover_partition(ctx, directory, lease)
 

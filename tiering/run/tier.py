@@ -336,6 +336,7 @@ class Tiering:
     run_kind: ClassVar[RunKind] = RunKind.TIER
     label: ClassVar[str] = "storage tiering"
     step: ClassVar[StepDir] = StepDir.TIER
+    plans_ahead: ClassVar[bool] = False
 
     @property
     def lease_ttl_seconds(self) -> int:

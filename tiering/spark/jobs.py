@@ -2,9 +2,9 @@
 collect what the tasks wrote. The job files under ``spark_jobs/`` parse their arguments and call these.
 
 A task builds its own store from its executor's AWS environment (endpoint and credentials never travel
-with the task), runs one unit through the same step functions the CLI runs in one process
-(:func:`~tiering.run.pipeline.stage_unit`, :func:`~tiering.run.engine.unit_task`), writes its results
-to the run's step documents on S3 and returns only counts by status.
+with the task), runs one unit through the engine as the CLI does in one process
+(:func:`~tiering.run.engine.unit_task`), writes its results to the run's step documents on S3 and returns
+only counts by status.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from tiering.lifecycle.vocabulary import Verify
 from tiering.plan.inventory import inventory_objects
 from tiering.run import engine
 from tiering.run.documents import RunResult
 from tiering.run.kinds import kind_from_json
-from tiering.run.pipeline import RunSettings, load_manifest, manifest_location, put_usage, stage_unit, stage_units
+from tiering.run.pipeline import RunSettings
 from tiering.storage.layout import run_result_key
 from tiering.storage.objects import ObjectStore
 from tiering.storage.s3 import S3Store, make_client
@@ -45,25 +44,6 @@ def run_units(spark: Any, units: Sequence[Unit], task: UnitTask, settings: RunSe
     return counts
 
 
-def stage_plan(spark: Any, plan_uri: str, run_id: str, lease_ttl_seconds: int, verify: Verify,
-               log: Callable[[str], None]) -> Counter[str]:
-    """Stage every planned segment of the plan whose manifest is ``plan_uri``, in units of whole partitions
-    (largest first); the commit step swaps them in. Counts by status."""
-    plan_bucket, _ = manifest_location(plan_uri)
-    plan, manifest = load_manifest(S3Store(make_client(), plan_bucket), plan_uri)
-    header = manifest.header
-    settings = RunSettings(header.bucket, header.prefix, run_id, header.codec, header.level, lease_ttl_seconds,
-                           verify)
-    units = stage_units(plan, manifest, parallelism=spark.sparkContext.defaultParallelism)
-    log(f"staging {sum(u.segments for u in units)} segments in {len(units)} tasks")
-    started = time.perf_counter()
-    counts = run_units(spark, units, stage_unit, settings)
-    log(f"stage seconds: {time.perf_counter() - started:.3f}")
-    put_usage(plan.store, settings, "stage-driver")
-    log(f"stage results: {dict(sorted(counts.items()))}")
-    return counts
-
-
 def _unit_task(kind: engine.Kind[Any]) -> UnitTask:
     """The executor's side of a unit of ``kind`` (the kind travels with the task, its settings with it)."""
     def task(store: ObjectStore, unit: dict[str, Any], settings: dict[str, Any]) -> dict[str, int]:
@@ -73,9 +53,10 @@ def _unit_task(kind: engine.Kind[Any]) -> UnitTask:
 
 def partition_run(spark: Any, settings: RunSettings, kind: engine.Kind[Any], log: Callable[[str], None], *,
                   inventory: str | None = None) -> RunResult:
-    """A run of ``kind`` (key compaction, merging, storage tiering): the engine's plan on the driver (crashed
-    runs' operations finished first; from a listing, or from the S3 Inventory report whose manifest is
-    ``inventory``), one Spark task per unit on the cluster, the run document collected on the driver."""
+    """A run of ``kind`` (compaction, key compaction, merging, storage tiering, rollback): the engine's plan on
+    the driver (crashed runs' operations finished first; from a listing, or from the S3 Inventory report whose
+    manifest is ``inventory``), one Spark task per unit on the cluster, the run document collected on the
+    driver."""
     store = S3Store(make_client(), settings.bucket)
     ctx = settings.context(store)
     started = datetime.now(UTC).isoformat()

@@ -1,5 +1,6 @@
-"""The tasks of the DAG ``kafka_segment_compaction``: key compaction and merging (optional), scan, plan, stage
-on Spark, commit (one task per plan chunk), report, cleanup."""
+"""The tasks of the DAG ``kafka_segment_compaction``: key compaction and merging (optional), scan, plan, the
+compaction on Spark (the run engine's kind: each task compacts and swaps in its partitions), report,
+cleanup."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tiering.cost.forecast import Range
 from tiering.cost.prices import PriceBook
 from tiering.errors import ConfigError
 from tiering.kafka.merge import DEFAULT_SEGMENT_BYTES, Limits
+from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.estimate import Sampling
 from tiering.plan.inventory import inventory_objects
 from tiering.plan.policy import Policy, load_policy
@@ -27,15 +29,14 @@ from tiering.run.keycompact import KeyCompaction, KeyCompactOptions, KeyPartitio
 from tiering.run.maintenance import CleanupResult, cleanup
 from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
 from tiering.run.pipeline import (
-    ChunkRef,
-    CommitStep,
     PlanStep,
     RunHeadline,
     RunSettings,
     ScanStep,
-    collect_run,
-    commit_chunk,
+    collect_planned,
+    compaction_kind,
     plan_run,
+    run_local,
     run_summary,
     safe_run_id,
     scan_run,
@@ -169,16 +170,22 @@ class KeysForecast:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
 
 
+def _kind_run(store: ObjectStore, settings: RunSettings, job: SparkJob, log: Log, kind: Kind[Any],
+              inventory: str | None) -> RunResult:
+    """A run of ``kind`` as the Spark job ``job`` (the run's settings and the kind's options sent as the JSON
+    they read back); its run document (the job fails only where it wrote none)."""
+    job.run(["--kind", kind.run_kind.value, "--settings", json.dumps(settings.to_json()),
+             "--options", json.dumps(kind.options_json()), *(["--inventory", inventory] if inventory else []),
+             "--exit-code", "job"], log)  # the run document says what became of each segment
+    key = run_result_key(settings.prefix, settings.run_id, kind.run_kind)
+    return RunResult.from_json(store.get_json(key)[0], f"s3://{settings.bucket}/{key}")
+
+
 def _side_run(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log, kind: Kind[Any], suffix: str
               ) -> SideRunStep:
-    """A run ``<run>-<suffix>`` of ``kind`` as the Spark job ``job`` (the run's settings and the kind's options
-    sent as the JSON they read back); its run document read and its report published."""
+    """A run ``<run>-<suffix>`` of ``kind`` as the Spark job ``job``, its report published."""
     settings = replace(run.settings, run_id=f"{run.settings.run_id}-{suffix}", codec=None, level=None)
-    job.run(["--kind", kind.run_kind.value, "--settings", json.dumps(settings.to_json()),
-             "--options", json.dumps(kind.options_json()),
-             *(["--inventory", run.inventory] if run.inventory else [])], log)
-    key = run_result_key(settings.prefix, settings.run_id, kind.run_kind)
-    result = RunResult.from_json(store.get_json(key)[0], f"s3://{settings.bucket}/{key}")
+    result = _kind_run(store, settings, job, log, kind, run.inventory)
     prices, cost = cost_config(grace_days=run.grace_days)
     doc, keys = publish_report(store, settings.prefix, settings.run_id, prices, cost, kind=result.kind)
     log(to_table(doc))
@@ -261,11 +268,11 @@ def scan(store: ObjectStore, run: CompactionParams, log: Log) -> ScanStep:
 
 def plan(store: ObjectStore, run: CompactionParams, log: Log) -> PlanStep:
     """The budget applied, the plan written as chunks of whole partitions; a dry run's plan holds the forecast
-    and gives no chunk to stage or commit."""
+    and is not carried out."""
     planned = plan_run(store, run.settings, CompactOptions(run.max_segments, run.max_bytes),
                        forecast=Sampling() if run.dry_run else None, policy=run.policy(), prices=cost_config()[0])
     saved = _forecast_text(planned.forecast)
-    log(f"plan: {planned.segments:,} segments to compact ({planned.bytes:,} bytes) in {len(planned.chunks)} chunks"
+    log(f"plan: {planned.segments:,} segments to compact ({planned.bytes:,} bytes) in {planned.chunks} chunks"
         + saved)
     return planned.dry() if run.dry_run else planned
 
@@ -275,23 +282,26 @@ def _forecast_text(saved: Range | None) -> str:
             "in the plan's manifest" if saved else "")
 
 
-def stage(run: CompactionParams, planned: PlanStep, job: SparkJob, log: Log) -> tuple[ChunkRef, ...]:
-    """Stage every planned segment with the Spark job ``job``; the plan's chunks a commit task each takes."""
+def _budget(run: CompactionParams) -> CompactOptions:
+    return CompactOptions(run.max_segments, run.max_bytes, run.settings.lease_ttl_seconds)
+
+
+def compaction(store: ObjectStore, run: CompactionParams, planned: PlanStep, job: SparkJob, log: Log) -> SideRunStep:
+    """The plan carried out through the engine's compaction (operations crashed runs left in flight finished
+    first, then each unit of whole partitions, each segment swapped in at once) and its run document
+    written: by the Spark job ``job``, one task per unit; in this process where the plan has no segment to
+    compact and nothing is in flight (the document then counts what the plan notes: an earlier attempt's
+    compactions). Nothing on a dry run (the report writes its document)."""
+    if planned.dry_run:
+        log("nothing to compact (dry run)")
+        return SideRunStep("compaction", None)
     settings = run.settings
-    if planned.dry_run or not planned.segments:
-        log("nothing to stage" + (" (dry run)" if planned.dry_run else "")
-            + (f"; {len(planned.chunks)} chunks with operations in flight to finish" if planned.chunks else ""))
-        return planned.chunks
-    job.run(["--plan", f"s3://{settings.bucket}/{planned.plan_key}", "--run-id", settings.run_id,
-             "--lease-ttl-seconds", str(settings.lease_ttl_seconds), "--verify", settings.verify.value], log)
-    return planned.chunks
-
-
-def commit(store: ObjectStore, run: CompactionParams, chunk: ChunkRef, workers: int, log: Log) -> CommitStep:
-    """Swap in what the plan chunk's partitions staged, ``workers`` partitions at once, under their leases."""
-    result = commit_chunk(store, run.settings, chunk.name, workers=workers)
-    log(f"committed {chunk.name} ({chunk.label}): {result.summary()}")
-    return result
+    if planned.segments or planned.in_flight:
+        result = _kind_run(store, settings, job, log, compaction_kind(settings, _budget(run)), None)
+    else:
+        result = run_local(store, settings, settings.context(store), _budget(run))
+    log(f"compaction run {result.run_id}: " + ", ".join(f"{n:,} {k}" for k, n in sorted(result.totals().items())))
+    return SideRunStep("compaction", result)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,9 +326,12 @@ class ReportStep:
 
 
 def report(store: ObjectStore, run: CompactionParams, log: Log) -> ReportStep:
-    """The run document from the step documents, then the savings report in every format and the ledger."""
+    """The run document (the compaction's; a dry run's written here, from its plan), then the savings report
+    in every format and the ledger."""
     settings = run.settings
-    result = collect_run(store, settings)
+    key = run_result_key(settings.prefix, settings.run_id, RunKind.COMPACT)
+    result = (collect_planned(store, settings, _budget(run)) if run.dry_run
+              else RunResult.from_json(store.get_json(key)[0], f"s3://{settings.bucket}/{key}"))
     headline, table = run_summary(result)
     if headline.segments:  # a dry run has no outcomes: its report holds the forecast
         log(table)

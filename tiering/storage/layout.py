@@ -209,8 +209,7 @@ class PlanName(StrEnum):
 class StepDir(StrEnum):
     """The directories of a run's step documents, one JSON document each."""
 
-    STAGE = "stage"  # stage/<unit>.json: what a Spark task staged (a unit is <chunk>-<first line>)
-    COMMIT = "commit"  # commit/<chunk>.json: what a commit task finished
+    COMPACT = "compact"  # compact/<unit>.json: a compaction unit's partitions
     USAGE = "usage"  # usage/<step>.json: the S3 requests of a step outside any partition's work
     KEYS = "keys"  # keys/<unit>.json: a key-compaction unit's partition passes
     ROLLBACK = "rollback"  # rollback/<unit>.json: a rollback unit's partitions
@@ -250,11 +249,6 @@ def plan_chunk_key(prefix: str, run_id: str, name: PlanName, chunk: str) -> str:
     return _run_key(prefix, run_id, name.value, chunk + _CHUNK_SUFFIX)
 
 
-def chunk_of(chunk_key: str) -> str:
-    """The chunk name of a plan chunk's key."""
-    return chunk_key.rsplit("/", 1)[-1].removesuffix(_CHUNK_SUFFIX)
-
-
 def parse_plan_manifest_key(key: str) -> tuple[str, PlanName] | None:
     """The run id and plan name of a plan manifest's key (``.../runs/<run>/<name>/manifest.json``); None when
     ``key`` is not one."""
@@ -263,16 +257,6 @@ def parse_plan_manifest_key(key: str) -> tuple[str, PlanName] | None:
             or parts[-2] not in PlanName.__members__.values()):
         return None
     return parts[-3], PlanName(parts[-2])
-
-
-def unit_name(chunk: str, start: int) -> str:
-    """The name of the stage unit taking a chunk's lines from ``start`` on."""
-    return f"{chunk}-{start:06d}"
-
-
-def unit_chunk(unit: str) -> str:
-    """The chunk a stage unit's name belongs to (:func:`unit_name` read back)."""
-    return unit.rsplit("-", 1)[0]
 
 
 def keys_unit_name(index: int) -> str:
