@@ -7,10 +7,11 @@ One moto server (``tiering.demo.s3.moto_server``, in this process) holds, per si
 a Kafka ``logdir`` (``bench/synth_inventory.py``: 4 objects a segment, 100 segments a partition, gzip CSV
 files of 250,000 rows, written as AWS writes them; not measured). Each size is then planned, for each kind,
 by a fresh child process running what the DAG's tasks run: for compaction ``scan_run(..., inventory=URI)``
-(read the report, spill it by partition, classify, write the scan's chunks) and ``plan_run`` (budget,
-chunks for the commit step); for merging and key compaction the run engine's plan (``engine.plan`` with
-the report's objects as its source: crashed operations looked for, partitions read, each handed to the
-kind, written to the run's plan chunks, cut into units). Merging groups the segments up to 8 GiB (the
+(read the report, spill it by partition, classify, write the scan's chunks), ``plan_run`` (the budget, the
+plan's chunks) and the run engine's plan of the compaction (the plan read a partition at a time, the work
+written to the run's plan chunks, cut into units); for merging and key compaction the run engine's plan
+(``engine.plan`` with the report's objects as its source: crashed operations looked for, partitions read,
+each handed to the kind, written to the run's plan chunks, cut into units). Merging groups the segments up to 8 GiB (the
 synthetic segments are about 1 GiB each), key compaction takes every topic. The child reports per step
 its wall time and CPU time (``getrusage``, all threads), and its peak resident size (VmHWM) against its
 size after imports. The claim checked, per kind: memory does not grow with the bucket (peak RSS at the
@@ -88,15 +89,18 @@ Step = Callable[[str, Callable[[], Any]], Any]
 
 def _plan_compaction(store: S3Store, uri: str, run_id: str, step: Step) -> dict[str, int]:
     from tiering.plan.scan import ScanOptions  # noqa: PLC0415
+    from tiering.run import engine  # noqa: PLC0415
     from tiering.run.documents import CompactOptions  # noqa: PLC0415
-    from tiering.run.pipeline import RunSettings, plan_run, scan_run  # noqa: PLC0415
+    from tiering.run.pipeline import RunSettings, compaction_kind, plan_run, scan_run  # noqa: PLC0415
 
     settings = RunSettings(BUCKET, PREFIX, run_id, "zstd", 3)
     scanned = step("scan", lambda: scan_run(store, settings, ScanOptions("zstd", 3, min_age_minutes=0),
                                             inventory=uri))
     planned = step("plan", lambda: plan_run(store, settings, CompactOptions()))
+    kind = compaction_kind(settings, CompactOptions()).started(store, PREFIX)
+    units = step("units", lambda: engine.plan(store, settings.context(store), kind, parallelism=2))
     return {"objects": scanned.objects, "segments": scanned.totals.segments, "planned": planned.segments,
-            "chunks": len(planned.chunks), "units": len(planned.chunks)}
+            "chunks": units.chunks, "units": len(units.units)}
 
 
 def _plan_engine(store: S3Store, uri: str, run_id: str, kind_name: str, step: Step) -> dict[str, int]:
