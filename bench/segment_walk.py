@@ -5,7 +5,9 @@
 
 A partition of three segments is generated in a memory store and scanned; then the first sealed segment is
 compacted and swapped by ``run_segment`` (stage, back up, swap, indexes, state, journal forgotten), and a
-second one is staged by a run that "dies" and finished by the next run's recovery (``iter_recover``).
+second one is staged by a run that "dies" and finished by the next run's recovery (``iter_recover``). In
+another partition, the two sealed segments of three are merged into one by the merge kind's work on the
+partition (read, checked, staged, backed up, swapped in as a group).
 Every Python call into a ``tiering`` module during each walk is recorded (calls into the standard library,
 boto3 and the codecs are not; the records' inner loops are folded: a call from a module to itself is
 counted once per caller frame). For each walk it prints:
@@ -40,8 +42,11 @@ from tiering.commit.recover import iter_recover
 from tiering.commit.stage import stage_segment
 from tiering.demo.seed import generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
+from tiering.kafka.merge import Limits
 from tiering.lifecycle.vocabulary import Action, Status
 from tiering.plan.scan import ScanOptions
+from tiering.run import engine
+from tiering.run.merge import MergeOptions, Merging
 from tiering.run.pipeline import RunSettings, plan_files, scan_run
 from tiering.run.segment import run_segment
 from tiering.storage.layout import PlanName, lease_key
@@ -139,7 +144,31 @@ def walks() -> list[Walk]:
     assert isinstance(stage_segment(ctx, second, lease), Staged)  # the run dies here; the next one recovers
     measured.append(trace("finish a staged one (iter_recover)", crash_then_recover))
     lease.release()
+    measured.append(_merge_walk(store))
     return measured
+
+
+def _merge_walk(store: MemoryStore) -> Walk:
+    """Two sealed neighbours of a partition merged into one, as a merge run's unit does it."""
+    upload_partition(store, "kafka/", "merged", 0, generate_partition(segments=3, kind="json", codec=Codec.SNAPPY,
+                                                                      segment_bytes=64 * 1024, seed=2))
+    kind = Merging(MergeOptions(Limits(), topics="merged", min_age_minutes=0)).started(store, "kafka/")
+    parts: list[Any] = []
+    engine.preview(store, "kafka/", kind, parts.append)
+    [part] = parts
+    ctx = RunSettings("walk", "kafka/", "walk-merge", None).context(store)
+    lease = Lease(store, lease_key("kafka/", part.directory), ctx.run_id, 60)
+    lease.acquire("kafka/")
+
+    def merge() -> None:
+        out: list[Any] = []
+        kind.work(ctx, part, lease, out, None)
+        assert [r.status for r in out] == [Status.MERGED, Status.MERGED, Status.SKIPPED], out  # the active one stays
+
+    try:
+        return trace("merge two segments (the merge kind)", merge)
+    finally:
+        lease.release()
 
 
 def main() -> None:
