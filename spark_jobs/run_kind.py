@@ -19,9 +19,9 @@ the run's plan chunks and units balanced by bytes; each task works on its partit
 each under the run's lease, and writes its results to ``PREFIX/_tiering/runs/RUN/<step>/``; the driver then
 writes the run document (``runs/RUN/<kind>.json``). Per-segment problems are results, not task failures;
 the job's exit code is the run document's (0 done, 1 invalid data, 3 work left for a later run or a
-rollback refused, 4 S3 failing; ``--exit-code job``: 0 once the document is written, for a caller that
-reads the document itself, as the DAG does). S3 endpoint and credentials come from each process's AWS
-environment.
+rollback refused, 4 S3 failing, 5 a proof failed; ``--exit-code job``: 0 once the document is written, for
+a caller that reads the document itself, as the DAG does). S3 endpoint and credentials come from each
+process's AWS environment.
 """
 
 from __future__ import annotations

@@ -273,6 +273,20 @@ def test_an_operation_in_flight_in_a_partition_without_work_is_finished_by_the_r
             and r.status is not Status.SKIPPED] == [(seg.directory, Status.ABORTED, True)]
     assert result.totals()["compacted"] == 2
     assert pending_bases(store, PREFIX) == {}
+    # The report has one row a segment the scan saw: the segment's own outcome in this run (over the budget)
+    # is its row, not the other run's operation this run abandoned there as well.
+    from tiering.cost.model import CostOptions
+    from tiering.cost.prices import load_prices
+    from tiering.report.publish import assemble
+
+    report = assemble(store, PREFIX, "budgeted", load_prices("us-east-1"), CostOptions(), [])
+    plan = list(plan_files(store, run).segments())
+    assert report.totals.segments_seen == len(plan) == 18
+    rows = [(r.directory, r.base_offset) for r in report.segments]
+    assert len(rows) == len(set(rows)) == 18
+    [mine] = [r for r in report.segments if (r.directory, r.base_offset) == (seg.directory, seg.base_offset)]
+    assert (mine.status, mine.cause) == (Status.SKIPPED, Cause.BUDGET)
+    assert report.totals.segments_rewritten == 2
 
 
 def test_step_documents_are_typed_and_versioned() -> None:

@@ -137,3 +137,18 @@ def test_the_lease_and_the_ledger_are_typed_and_versioned() -> None:
         Ledger.from_json({"schema_version": 2, "runs": []}, "ledger")
     with pytest.raises(ConfigError, match="ledger unreadable"):
         Ledger.from_json({"schema_version": 1, "runs": [{"run_id": "r"}]}, "ledger")
+
+
+def test_a_retried_run_on_the_same_plan_counts_what_its_first_attempt_compacted(store: S3Store) -> None:
+    """The DAG retries its compaction task without planning again: the segments the first attempt swapped in
+    are counted from their state entries (by this run), not reported as changed since the plan."""
+    _seed(store, 2)
+    run = RunSettings(BUCKET, PREFIX, "retried", "zstd", 3)
+    scan_run(store, run, ScanOptions("zstd", 3, min_age_minutes=0))
+    plan_run(store, run, CompactOptions())
+    first = run_local(store, run, run.context(store), CompactOptions())
+    assert first.totals()["compacted"] == 4
+    again = run_local(store, run, run.context(store), CompactOptions())
+    assert again.totals() == first.totals()
+    assert (again.exit_code(), again.pending) == (ExitCode.OK, 0)
+    assert {r.reason for r in again.segments if r.status == "compacted"} == {"by an earlier attempt of this run"}

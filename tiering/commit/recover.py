@@ -60,7 +60,7 @@ from tiering.storage.objects import (
 
 def pending_journals(store: ObjectStore, prefix: str, directory: str | None = None, *,
                      kinds: Collection[str] | None = None) -> Iterator[tuple[Journal | RegroupJournal, str]]:
-    """Journal entries left in flight (by a crash, or by a stage step waiting for its commit); with ``kinds``,
+    """Journal entries left in flight (by a crash); with ``kinds``,
     only the entries of those operation kinds (the others are not read as journals at all)."""
     under = journal_dir(prefix, directory)
     for info in store.list(under):

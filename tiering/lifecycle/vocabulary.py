@@ -48,7 +48,7 @@ class Status(StrEnum):
     ROLLED_BACK = "rolled-back"
     MERGED = "merged"  # merged with its neighbours into one segment (named by the first one's base offset)
     REPAIRED = "repaired"  # our indexes removed from beside a .log someone else put back
-    STAGED = "staged"  # staged by a worker, waiting for the commit step
+    STAGED = "staged"  # staged, not swapped in yet (a result of earlier versions' Spark staging)
     SKIPPED = "skipped"
     FAILED = "failed"
     ABORTED = "aborted"  # given up before the .log was replaced (it changed or vanished)

@@ -12,22 +12,23 @@ task) replaces the run's entry: the ledger holds each run once.
 
 from __future__ import annotations
 
-import itertools
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from tiering.commit.operation import SegmentResult
 from tiering.cost.document import Ledger, LedgerEntry, Report
 from tiering.cost.model import CostOptions, build_report, ledger_entry_from_state, with_ledger
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
 from tiering.errors import ConfigError, StorageError
 from tiering.lifecycle.vocabulary import Action, Cause, Counted, RunKind
 from tiering.plan.document import Committed, Plan, PlannedSegment
+from tiering.plan.planfile import ChunkedPlan, PlanManifest
 from tiering.report.render import render
-from tiering.run.engine import step_documents
+from tiering.run.documents import StepResults
 from tiering.run.pipeline import RunSettings, plan_files
-from tiering.storage.layout import StepDir, ledger_key, report_key, run_result_key, whole_plan_key
+from tiering.storage.layout import StepDir, ledger_key, report_key, run_result_key, step_dir, whole_plan_key
 from tiering.storage.objects import ObjectAttrs, ObjectNotFound, ObjectStore, PreconditionFailed
 
 LATEST: Final = "latest"
@@ -89,6 +90,37 @@ def _unrun(run_id: str, *, dry: bool) -> Callable[[PlannedSegment], bool]:
                       and s.compacted_by != run_id)
 
 
+Chunk = tuple[Iterable[dict[str, Any]], Iterable[dict[str, Any]]]  # plan entries and results, joined by _rows
+
+
+def _step(store: ObjectStore, key: str) -> StepResults:
+    return StepResults.from_json(store.get_json(key)[0], f"s3://{store.bucket}/{key}")
+
+
+def _joined(store: ObjectStore, docs: list[str], chunked: ChunkedPlan, manifest: PlanManifest,
+            unrun: Callable[[PlannedSegment], bool]) -> Iterator[Chunk]:
+    """A compaction run's rows, one segment each, a step document or a plan chunk at a time: the run's own
+    results (those a step document holds); then the plan's entries it did not work on, each with the result of
+    the operation another run left there that it finished, if any (a segment's own result wins over such a
+    one, a result over its plan entry); then those operations' results on segments the plan does not list.
+    The step documents are read twice: first for the operations of other runs they finished (a few, held)."""
+    others: dict[tuple[str, int], SegmentResult] = {}
+    for key in docs:
+        for r in _step(store, key).results:
+            if r.recovered:
+                others.setdefault((r.directory, r.base_offset), r)
+    for key in docs:
+        own = [r for r in _step(store, key).results if not r.recovered]
+        for r in own:
+            others.pop((r.directory, r.base_offset), None)
+        yield (), [r.to_json() for r in own]
+    for info in manifest.chunks:
+        entries = [s for s in chunked.chunk(info.key) if unrun(s) or (s.directory, s.base_offset) in others]
+        yield ([s.to_json() for s in entries],
+               [others.pop(k).to_json() for s in entries if (k := (s.directory, s.base_offset)) in others])
+    yield (), [r.to_json() for r in others.values()]
+
+
 def _kind_of(store: ObjectStore, prefix: str, run_id: str) -> RunKind:
     for kind in RUN_KINDS[:-1]:
         try:
@@ -102,27 +134,30 @@ def _kind_of(store: ObjectStore, prefix: str, run_id: str) -> RunKind:
 def assemble(store: ObjectStore, prefix: str, run_id: str, prices: PriceBook, options: CostOptions,
              ledger: list[LedgerEntry], *, kind: RunKind | None = None) -> Report:
     """The report of ``run_id`` from its run document (of ``kind``; None: whichever of :data:`RUN_KINDS` the
-    run has), its plan's entries a chunk at a time (those it did not work on: a dry run's every one) and its
-    step documents' results one document at a time (nothing is written)."""
+    run has), its step documents' results one document at a time and its plan's entries a chunk at a time
+    (:func:`_joined`; nothing is written)."""
     kind = kind or _kind_of(store, prefix, run_id)
     run = store.get_json(run_result_key(prefix, run_id, kind))[0]
     step = _STEPS.get(kind)
-    results: Iterable[tuple[Iterable[dict[str, Any]], Iterable[dict[str, Any]]]] = (
-        ((), (r.to_json() for r in s.results)) for s in step_documents(store, prefix, run_id, step)
-    ) if step is not None else ()
+    docs = [info.key for info in store.list(step_dir(prefix, run_id, step))] if step is not None else []
     chunked = plan_files(store, RunSettings(store.bucket, prefix, run_id))
     not_planned: Mapping[str, int] = {}
-    chunks: Iterable[tuple[Iterable[dict[str, Any]], Iterable[dict[str, Any]]]] | None
+    chunks: Iterable[Chunk] | None = None
+    legacy: list[dict[str, Any]] = []
     try:
         manifest = chunked.manifest()
         auto, not_planned = manifest.header.auto or {}, manifest.header.ignored_by_reason
-        unrun = _unrun(run_id, dry=bool((run.get("settings") or {}).get("estimate")))
-        chunks = itertools.chain(
-            (((s.to_json() for s in chunked.chunk(c.key) if unrun(s)), ()) for c in manifest.chunks), results)
+        dry = bool((run.get("settings") or {}).get("estimate"))
+        if docs or dry or not run.get("segments"):
+            chunks = _joined(store, docs, chunked, manifest, _unrun(run_id, dry=dry))
+        else:  # a run of an earlier version, its results in other documents: its document's listing
+            legacy = [s.to_json() for s in chunked.segments(manifest)]
     except ObjectNotFound:  # no chunked plan (key compaction, merging): the step documents alone
-        auto, chunks = {}, results if step is not None else None
-    plan: list[dict[str, Any]] = []
-    if chunks is None:
+        auto = {}
+        if step is not None:
+            chunks = (((), [r.to_json() for r in _step(store, key).results]) for key in docs)
+    plan: list[dict[str, Any]] = legacy
+    if chunks is None and not legacy:
         try:  # a run of an earlier version of the CLI kept its whole plan in one document
             whole = Plan.from_json(store.get_json(whole_plan_key(prefix, run_id))[0])
             plan, auto = [s.to_json() for s in whole.segments], whole.auto or {}

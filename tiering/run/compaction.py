@@ -228,8 +228,10 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
                    progress: Callable[[SegmentResult], None] | None) -> None:
     """What the holder of a partition's lease does there: finish (or take over, or abandon) the operations a
     crashed or earlier run left in flight, then compact each planned segment they did not finish, swapped in
-    at once; each result, as ``sourced`` completes it, appended to ``out``. The partition's state changes are
-    written in batches (pruned by ``pruning``)."""
+    at once; each result, as ``sourced`` completes it, appended to ``out``. A segment an earlier attempt of
+    this very run compacted after the plan was made (a retried task: the plan is the same) is counted from
+    its state entry, not compacted again. The partition's state changes are written in batches (pruned by
+    ``pruning``)."""
     planned = {s.base_offset: s for s in segments if s.action == Action.COMPACT and s.log is not None}
 
     def adoptable(journal: Journal) -> bool:
@@ -261,11 +263,26 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
         for seg in segments:
             if seg.base_offset in finished:
                 continue
+            if (done := _done_before(batch, seg, ctx.run_id)) is not None:
+                given(done)
+                continue
             if batch.full:
                 batch.flush(lease.check)
             started = time.perf_counter()
             given(replace(run_segment(own, seg, lease), seconds=round(time.perf_counter() - started, 3)))
         batch.flush(lease.check)
+
+
+def _done_before(batch: StateBatch, seg: PlannedSegment, run_id: str) -> SegmentResult | None:
+    """The result of a planned segment whose state entry says this very run compacted it (an earlier attempt
+    of the run, after the plan), or None."""
+    if seg.action != Action.COMPACT:
+        return None
+    entry = batch.get(seg.base_offset)
+    if entry is None or not entry.compacted or entry.run_id != run_id:
+        return None
+    return SegmentResult(seg.directory, seg.base_offset, Status.COMPACTED, "by an earlier attempt of this run",
+                         entry.bytes_before, entry.bytes_after, run_id=run_id)
 
 
 @contextlib.contextmanager

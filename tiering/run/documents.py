@@ -57,7 +57,7 @@ class RunResult:
     """A run's document (``runs/<run>/<kind>.json``): its totals, the outcome of every segment counted by
     topic and reason, and the segments themselves up to :data:`MAX_LISTED_SEGMENTS` (those that failed or
     were left to a later run first), so that it stays small whatever the run's size. Every segment's
-    result is in the run's step documents (``runs/<run>/stage/``, ``commit/``)."""
+    result is in the run's step documents (``runs/<run>/<step>/``)."""
 
     SCHEMA_VERSION: ClassVar[int] = 3
 
@@ -246,8 +246,9 @@ def end_run(store: ObjectStore, prefix: str, run_id: str, kind: RunKind, documen
 
 @dataclass(frozen=True, slots=True)
 class StepResults:
-    """What one step of a run (a Spark unit, a commit task) did: its segments' results and the S3 requests it
-    made, by partition. Stored at ``runs/<run>/stage/<unit>.json`` and ``runs/<run>/commit/<chunk>.json``."""
+    """What one step of a run (a unit of the engine, the operations its planner finished, the results its
+    planning noted) did: its segments' results and the S3 requests it made, by partition. Stored at
+    ``runs/<run>/<step>/<name>.json``."""
 
     KIND: ClassVar[str] = "tiering.step-results"
     SCHEMA_VERSION: ClassVar[int] = 1

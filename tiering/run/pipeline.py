@@ -257,9 +257,9 @@ def plan_run(store: ObjectStore, settings: RunSettings, budget: CompactOptions, 
              policy: Policy | None = None, prices: PriceBook | None = None, max_chunks: int = DEFAULT_MAX_CHUNKS,
              chunk_work: int = DEFAULT_CHUNK_WORK, log: Callable[[str], None] = to_stderr) -> PlanStep:
     """From the run's scan, apply the policy (record ages, automatic codecs) and the budget (largest first)
-    and write the plan's chunks under ``runs/<run>/plan/``; return its manifest key, totals and chunk names.
-    Chunks hold whole partitions, at most ``chunk_work`` segments to compact each (more when that would
-    make more than ``max_chunks``: the commit step maps one task per chunk). Streams: memory holds a chunk,
+    and write the plan's chunks under ``runs/<run>/plan/``; return its manifest key, totals and the number of
+    chunks. Chunks hold whole partitions, at most ``chunk_work`` segments to compact each (more when that
+    would make more than ``max_chunks``). Streams: memory holds a chunk,
     with a budget 8 bytes per segment to compact (their sizes), and samples. ``forecast`` adds the dry run's
     forecast, reading what it allows (sampled batches). ``log``: progress lines (the automatic codec
     choices), never on stdout."""
@@ -373,7 +373,8 @@ def run_local(store: ObjectStore, settings: RunSettings, ctx: Context, options: 
               progress: Callable[[SegmentResult], None] | None = None) -> RunResult:
     """The run's plan carried out in this process (the CLI), through the engine: the operations crashed runs
     left in flight finished first, then its units on ``options.workers`` threads, each segment swapped in at
-    once; then the run document. Results an earlier attempt of this run id left are replaced."""
+    once; then the run document. An earlier attempt of this run id is counted from the partitions' state (its
+    step documents are replaced)."""
     return engine.run(store, ctx, compaction_kind(settings, options), progress, workers=options.workers)
 
 
