@@ -343,7 +343,8 @@ def _run(workdir: Path, codec: Codec, level: int | None, scale: float, spark_mas
                 uri = write_inventory(store, BUCKET, "inventory/kafka-demo/daily", store.list(""))
                 run_conf = {**conf, "inventory": uri}
                 log(f"run 2 plans from an S3 Inventory report of the bucket: {uri}")
-            log(f"run {n}: DAG kafka_segment_compaction (scan, plan, Spark {spark_master}, commit, report, cleanup)")
+            log(f"run {n}: DAG kafka_segment_compaction (scan, plan, compaction on Spark {spark_master}, report, "
+                "cleanup)")
             state, run_id = run_dag(run_conf)
             key = run_result_key(PREFIX, run_id, RunKind.COMPACT)
             result = RunResult.from_json(store.get_json(key)[0], f"s3://{BUCKET}/{key}")
