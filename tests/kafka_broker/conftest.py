@@ -41,8 +41,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     reason = _missing()
     if reason and os.environ.get("TIERING_REQUIRE_KAFKA") != "1":  # CI: the broker tests must run (see source)
         skip = pytest.mark.skip(reason=reason)
-        for item in items:
-            if "kafka" in item.keywords:
+        for item in items:  # the items of the whole session: only those marked as needing a broker
+            if item.get_closest_marker("kafka") is not None:
                 item.add_marker(skip)
 
 
