@@ -97,10 +97,11 @@ def context(store: S3Store, run_id: str = "run-1", codec: Codec = Codec.ZSTD) ->
 
 
 def check_consistent(store: S3Store, originals: dict[int, Original], *, partition: int = 0,
-                     topic: str = TOPIC) -> dict[int, str]:
-    """Every segment holds its original records, every present index equals the rebuild of its log (a
-    missing one is allowed: a broker rebuilds it), and every original is recoverable: in place or in a
-    backup with the same bytes. Returns each segment's log codecs."""
+                     topic: str = TOPIC, indexes: bool = True) -> dict[int, str]:
+    """Every segment holds its original records, its .index and .timeindex equal the rebuild of its log
+    (each seeded segment had both; ``indexes`` False: a missing one is allowed, where a test removed one),
+    and every original is recoverable: in place or in a backup with the same bytes. Returns each segment's
+    log codecs."""
     codecs: dict[int, str] = {}
     backups = {tuple(info.key.rsplit("/", 2)[-2:]): info.key
                for info in store.list(f"{PREFIX}/_tiering/{BACKUP_DIR}/")}
@@ -113,6 +114,7 @@ def check_consistent(store: S3Store, originals: dict[int, Original], *, partitio
             try:
                 got = store.get(segment_key(PREFIX, topic, partition, base, suffix))
             except ObjectNotFound:
+                assert not indexes, f"segment {base}: its {suffix} is gone"
                 continue
             assert got == want, f"segment {base}: {suffix} does not match its log"
         if data != original.log:

@@ -19,7 +19,17 @@ from typing import Any
 
 import pytest
 
-from tests.s3.conftest import FAULT_REPORT, Original, check_consistent, context, fresh_store, no_pending, plan_for, seed
+from tests.s3.conftest import (
+    FAULT_REPORT,
+    PREFIX,
+    Original,
+    check_consistent,
+    context,
+    fresh_store,
+    no_pending,
+    plan_for,
+    seed,
+)
 from tiering.commit.operation import Context, SwapChoice
 from tiering.lifecycle.vocabulary import Swap
 from tiering.run.documents import CompactOptions
@@ -74,6 +84,7 @@ def _context(store: S3Store, swap: Swap | None) -> Context:
 def _scenario(store: S3Store, at: int | None, mode: str, swap: Swap | None = None,
               rebatch: bool = False) -> tuple[list[str], dict[int, Original], bool]:
     originals = seed(store, segments=3, segment_bytes=40_000)
+    seeded = _segment_keys(store)
     plan = plan_for(store, rebatch_max_bytes=1 << 20 if rebatch else None)
     if rebatch:
         assert all(s.rebatch_max_bytes for s in plan.to_compact())
@@ -94,7 +105,13 @@ def _scenario(store: S3Store, at: int | None, mode: str, swap: Swap | None = Non
     assert no_pending(store)
     codecs = check_consistent(store, originals)
     assert all(codecs[b] == "zstd" for b in sealed), codecs
+    assert _segment_keys(store) == seeded  # every segment file there, and nothing else beside them
     return faults.calls, originals, crashed
+
+
+def _segment_keys(store: S3Store) -> set[str]:
+    """The keys outside the platform's own ``_tiering/`` objects."""
+    return {o.key for o in store.list(f"{PREFIX}/") if "/_tiering/" not in o.key}
 
 
 def test_clean_run_compacts_every_sealed_segment(store: S3Store) -> None:

@@ -312,8 +312,8 @@ def test_a_crash_at_any_step_is_recoverable_and_loses_nothing(
     with pytest.raises(Crash):
         compact(dying, plan_for(mem), context(dying), CompactOptions(lease_ttl_seconds=TTL))
     assert dying.fired
-    check_consistent(mem, originals)
-    assert outside(mem) <= set(seeded)  # an index may be missing for now: a broker rebuilds it
+    check_consistent(mem, originals, indexes=False)  # an index may be missing for now: a broker rebuilds it
+    assert outside(mem) <= set(seeded)
     assert under(mem, "leases")  # the dead run still holds its partition
 
     if rerun == "next-run":
