@@ -46,6 +46,19 @@ class Finding(AssertionError):
     """The compiled code and its reference disagree."""
 
 
+class Unavailable(RuntimeError):
+    """The compiled code under test did not load here: the target cannot run (never a pass)."""
+
+
+NEEDS_LIBZSTD: Final = ("proof", "zstd")  # the targets of _proof, which loads libzstd at run time
+
+
+def _require_proof() -> None:
+    if not _proof.available():
+        raise Unavailable("the compiled zstd proof did not load (no libzstd here): the proof and zstd targets "
+                          "cannot run")
+
+
 def _params(data: bytes) -> tuple[int, int, int, int, bool, bytes]:
     """(count, last offset delta, base offset, timestamp, LogAppendTime, section) of a walk/digest input."""
     count, last = struct.unpack_from("<HH", data)
@@ -215,7 +228,8 @@ def _pairs(data: bytes) -> tuple[list[bytes], list[bytes]]:
 def proof(data: bytes) -> None:
     """_proof.first_mismatch and _proof.ProofThread against rewrite's Python proof (the zstandard package):
     the same first batch whose bytes do not decode to its original, or -1."""
-    if not data or not _proof.available():
+    _require_proof()
+    if not data:
         return
     news, originals = _pairs(data)
     if not news or not all(originals):  # a v2 batch's records section is never empty
@@ -242,7 +256,8 @@ def zstd(data: bytes) -> None:
     """_proof.decompress against codecs.zstd_reference (the zstandard package behind a frame walk in Python): the
     compiled answer, where it gives one, is the reference's bytes, and it gives none where the reference
     refuses the section."""
-    if len(data) < 2 or not _proof.available():
+    _require_proof()
+    if len(data) < 2:
         return
     (units,) = struct.unpack_from("<H", data)
     limit = 1 << 30 if units == 0xFFFF else units * 64
