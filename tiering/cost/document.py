@@ -54,10 +54,6 @@ class _BeforeAfter:
         return self.bytes_after / self.bytes_before if self.bytes_before else None
 
 
-def _opt_float(x: Any) -> float | None:
-    return None if x is None else float(x)
-
-
 @dataclass(frozen=True, slots=True)
 class SegmentRow:
     """One segment the scan saw (or a run touched): its plan facts and what became of it."""

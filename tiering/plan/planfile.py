@@ -81,10 +81,6 @@ class PlanManifest:
         return cls(header, dict(doc["totals"]), tuple(ChunkInfo.from_json(c) for c in doc["chunks"]),
                    str(doc.get("source", "listing")))
 
-    @property
-    def segments_to_compact(self) -> int:
-        return sum(c.to_compact for c in self.chunks)
-
 
 class GzipLines:
     """JSON documents as a gzip stream of JSON Lines, compressed as they come: only the compressed bytes are

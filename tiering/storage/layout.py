@@ -249,16 +249,6 @@ def plan_chunk_key(prefix: str, run_id: str, name: PlanName, chunk: str) -> str:
     return _run_key(prefix, run_id, name.value, chunk + _CHUNK_SUFFIX)
 
 
-def parse_plan_manifest_key(key: str) -> tuple[str, PlanName] | None:
-    """The run id and plan name of a plan manifest's key (``.../runs/<run>/<name>/manifest.json``); None when
-    ``key`` is not one."""
-    parts = key.split("/")
-    if (len(parts) < 5 or parts[-1] != PLAN_MANIFEST or parts[-4] != RUNS_DIR or parts[-5] != RESERVED_DIR
-            or parts[-2] not in PlanName.__members__.values()):
-        return None
-    return parts[-3], PlanName(parts[-2])
-
-
 def keys_unit_name(index: int) -> str:
     """The name of a key-compaction or merge run's ``index``-th unit (counted from 0)."""
     return f"unit-{index:05d}"
@@ -281,11 +271,6 @@ def step_dir(prefix: str, run_id: str, step: StepDir) -> str:
 
 def step_key(prefix: str, run_id: str, step: StepDir, name: str) -> str:
     return _run_key(prefix, run_id, step.value, f"{name}.json")
-
-
-def step_name(key: str) -> str:
-    """The name of a step document (its unit, chunk or step), from its key."""
-    return key.rsplit("/", 1)[-1].removesuffix(".json")
 
 
 def tier_plan_key(prefix: str, run_id: str) -> str:
