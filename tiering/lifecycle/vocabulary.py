@@ -156,3 +156,21 @@ class Pending(Enum):
 
     BUSY = "busy"  # another run held the partition, or a writer changed the segment: plan again, retry
     TRANSIENT = "transient"  # S3 or the network failed (throttling, 5xx, a connection cut): retry
+
+
+class TierAction(StrEnum):
+    """What storage tiering does with an object: move it to another storage class, or leave it."""
+
+    MOVE = "move"
+    STAY = "stay"
+
+
+class StayCause(StrEnum):
+    """Why an object, or a whole segment, stays in its storage class (the reason beside it is the detail)."""
+
+    NOT_TIERED = "not tiered"  # the segment: not sealed (active, empty, invalid, ...), or its age unreadable
+    TOO_YOUNG = "not old enough"  # for any tier of its topic's policy
+    ALREADY_THERE = "already there"  # in the target class, or a colder one
+    TOO_SMALL = "under the minimum billable size"  # the target bills it as larger than it is
+    MIN_DURATION = "under the minimum duration"  # moving it now bills the rest of its class's minimum days
+    NO_SAVING = "no saving"  # per-object minimum size and metadata overhead outweigh the cheaper class

@@ -25,7 +25,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any, ClassVar, Final
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
@@ -42,7 +41,7 @@ from tiering.lifecycle.state import (
     load_state,
     record_segments,
 )
-from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status
+from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status, StayCause, TierAction
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy, policy_at, policy_ref
@@ -57,22 +56,6 @@ from tiering.storage.layout import (
 from tiering.storage.objects import ObjectAttrs, ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed
 
 TIER_SCHEMA_VERSION: Final = 2  # 2: each object that stays, and each segment, says its StayCause
-
-
-class TierAction(StrEnum):
-    MOVE = "move"
-    STAY = "stay"
-
-
-class StayCause(StrEnum):
-    """Why an object, or a whole segment, stays in its storage class (the reason beside it is the detail)."""
-
-    NOT_TIERED = "not tiered"  # the segment: not sealed (active, empty, invalid, ...), or its age unreadable
-    TOO_YOUNG = "not old enough"  # for any tier of its topic's policy
-    ALREADY_THERE = "already there"  # in the target class, or a colder one
-    TOO_SMALL = "under the minimum billable size"  # the target bills it as larger than it is
-    MIN_DURATION = "under the minimum duration"  # moving it now bills the rest of its class's minimum days
-    NO_SAVING = "no saving"  # per-object minimum size and metadata overhead outweigh the cheaper class
 
 
 MOVE: Final = TierAction.MOVE
