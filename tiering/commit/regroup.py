@@ -65,7 +65,7 @@ from tiering.kafka.merge import merge
 from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.journal import GROUP_FILES, GroupFile, GroupSegment, Recorded, RegroupJournal
 from tiering.lifecycle.state import SegmentState
-from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Verify
+from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, StorageClass, Verify
 from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
     backup_key,
@@ -621,7 +621,7 @@ def _roll_forward(ctx: Context, journal: RegroupJournal, etag: str, lease: Lease
 
 def _facts(f: GroupFile) -> dict[str, Any]:
     """A source ``.log``'s storage class and age as the report prices its replacement (a plan entry's)."""
-    return {"storage_class": f.attrs.storage_class if f.attrs is not None else "STANDARD", "size": f.size,
+    return {"storage_class": f.attrs.storage_class if f.attrs is not None else StorageClass.STANDARD, "size": f.size,
             **({"last_modified": f.last_modified} if f.last_modified else {})}
 
 
@@ -630,7 +630,7 @@ def merge_stats(journal: RegroupJournal) -> dict[str, Any]:
     and their storage class (the merged segment takes the first one's)."""
     attrs = journal.targets[0].log.attrs
     return {"segments_before": len(journal.sources), "segments_after": len(journal.targets),
-            "storage_class": attrs.storage_class if attrs is not None else "STANDARD",
+            "storage_class": attrs.storage_class if attrs is not None else StorageClass.STANDARD,
             "objects_before": [f.size for s in journal.sources for f in s.files.values()],
             "objects_after": [f.size for t in journal.targets for f in t.files.values()]}
 

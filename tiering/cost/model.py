@@ -58,7 +58,7 @@ from tiering.cost.document import (
 )
 from tiering.cost.forecast import Forecast
 from tiering.cost.prices import DAYS_PER_MONTH, GB, PriceBook, StoragePrice
-from tiering.lifecycle.vocabulary import Counted, Status, Unrun
+from tiering.lifecycle.vocabulary import Counted, Status, StorageClass, Unrun
 
 # KMS calls per SSE-KMS segment of three objects: a Decrypt to read the .log, a Decrypt and a GenerateDataKey
 # per backup copy (3 objects), a GenerateDataKey per object put in place (3).
@@ -126,7 +126,8 @@ def _row(directory: str, base: int, r: Mapping[str, Any], prices: PriceBook, pla
                                   merge.segments_before if merge is not None else 1)
     return SegmentRow(directory, s.get("topic") or topic_of(directory),
                       int(s.get("partition", directory.rsplit("-", 1)[-1])), base,
-                      log.get("storage_class") or "STANDARD", log.get("last_modified"), int(log.get("size", 0)),
+                      log.get("storage_class") or StorageClass.STANDARD, log.get("last_modified"),
+                      int(log.get("size", 0)),
                       row_status(r["status"]), str(r.get("reason", "")), int(r.get("bytes_before", 0)),
                       int(r.get("bytes_after", 0)), source_codec(r.get("stats")) if codec is None else codec,
                       r.get("encryption"), r.get("error"), rebatch=rebatch_figures(r.get("stats")),
@@ -139,7 +140,7 @@ def object_month_usd(prices: PriceBook, storage_class: str, size: int) -> float:
     Standard's rate)."""
     p = prices.of(storage_class)
     return (_gb(p.billed_bytes(size) + p.overhead_bytes_class) * p.rate()
-            + _gb(p.overhead_bytes_standard) * prices.of("STANDARD").rate())
+            + _gb(p.overhead_bytes_standard) * prices.of(StorageClass.STANDARD).rate())
 
 
 def merge_figures(stats: Mapping[str, Any] | None, prices: PriceBook) -> MergeFigures | None:
@@ -342,7 +343,7 @@ class _Fold:
         self.grace.usd += before_gb * rate * max(self.options.grace_days, p.min_days) / DAYS_PER_MONTH
         if self.versioned and self.noncurrent_days is not None:
             keep = max(self.noncurrent_days, p.min_days) / DAYS_PER_MONTH
-            standard = self.prices.of("STANDARD").rate()
+            standard = self.prices.of(StorageClass.STANDARD).rate()
             self.noncurrent.usd += (2 * before_gb * rate * keep
                                     + after_gb * standard * self.noncurrent_days / DAYS_PER_MONTH)
         if row.encryption == "aws:kms":
@@ -371,7 +372,7 @@ class _Fold:
         if by_class is None:  # a run document that counts them by partition only
             merged: dict[str, Counter[str]] = {}
             for scope, ops in (usage.get("requests") or {}).items():
-                merged.setdefault(self.class_of.get(scope, "STANDARD"), Counter()).update(ops)
+                merged.setdefault(self.class_of.get(scope, StorageClass.STANDARD), Counter()).update(ops)
             by_class = merged
         counts: Counter[str] = Counter()
         req = _Line("S3 requests")

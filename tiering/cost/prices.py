@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from tiering.errors import ConfigError
+from tiering.lifecycle.vocabulary import StorageClass
 
 GB: Final = 1 << 30
 HOURS_PER_MONTH: Final = 730
@@ -91,7 +92,7 @@ class PriceBook:
             raise ConfigError(f"no prices for storage class {storage_class} in {self.region}",
                               expected=", ".join(sorted(self.storage)), found=storage_class) from None
 
-    def request_usd(self, operation: str, count: int, storage_class: str = "STANDARD") -> float:
+    def request_usd(self, operation: str, count: int, storage_class: str = StorageClass.STANDARD) -> float:
         if operation in FREE_OPERATIONS:
             return 0.0
         p = self.of(storage_class)

@@ -174,3 +174,16 @@ class StayCause(StrEnum):
     TOO_SMALL = "under the minimum billable size"  # the target bills it as larger than it is
     MIN_DURATION = "under the minimum duration"  # moving it now bills the rest of its class's minimum days
     NO_SAVING = "no saving"  # per-object minimum size and metadata overhead outweigh the cheaper class
+
+
+class StorageClass(StrEnum):
+    """The S3 storage classes the platform reads, prices and moves objects to (S3 reports others too: a
+    field that holds what S3 said stays a string, compared with these)."""
+
+    STANDARD = "STANDARD"
+    INTELLIGENT_TIERING = "INTELLIGENT_TIERING"
+    STANDARD_IA = "STANDARD_IA"
+    ONEZONE_IA = "ONEZONE_IA"
+    GLACIER_IR = "GLACIER_IR"
+    GLACIER = "GLACIER"
+    DEEP_ARCHIVE = "DEEP_ARCHIVE"

@@ -30,7 +30,7 @@ from tiering.errors import TieringError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import RawBatch
 from tiering.kafka.rewrite import RewriteOptions, process_batch
-from tiering.lifecycle.vocabulary import Action, Cause
+from tiering.lifecycle.vocabulary import Action, Cause, StorageClass
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.estimate import WorkSample, sample_batches, spread
@@ -62,7 +62,7 @@ def choose_codec(store: ObjectStore, segments: list[PlannedSegment], candidates:
     sampled = sum(raw.header.size for raw in batches)
     total, classes = work.bytes, work.classes
     rate = max(prices.of(c).rate() for c in classes)  # the dearest class present: the bytes that matter most
-    std = prices.of("STANDARD")
+    std = prices.of(StorageClass.STANDARD)
     fixed = (work.count * (REQUESTS_PER_SEGMENT["tier1"] * std.put_per_1000
                               + REQUESTS_PER_SEGMENT["tier2"] * std.get_per_1000) / 1000
              + total / GB * rate * grace_days / DAYS_PER_MONTH)

@@ -24,6 +24,7 @@ from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import RawBatch, iter_batches
 from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.rewrite import RewriteOptions, process_batch, rewrite_segment
+from tiering.lifecycle.vocabulary import StorageClass
 from tiering.plan.document import PlannedSegment
 from tiering.storage.objects import ObjectStore
 
@@ -56,7 +57,7 @@ class WorkSample:
     def add(self, seg: PlannedSegment) -> None:
         self.count += 1
         self.bytes += seg.size
-        self.classes.add(seg.log.storage_class if seg.log else "STANDARD")
+        self.classes.add(seg.log.storage_class if seg.log else StorageClass.STANDARD)
         if len(self.sample) < self._keep:
             self.sample.append(seg)
         elif (i := self._random.randrange(self.count)) < self._keep:

@@ -62,6 +62,7 @@ from typing import Any, BinaryIO, Final
 from urllib.parse import unquote_plus
 
 from tiering.errors import ConfigError, InvalidDataError, StorageError, TieringError
+from tiering.lifecycle.vocabulary import StorageClass
 from tiering.storage.objects import ObjectInfo, ObjectStore
 
 CSV: Final = "CSV"
@@ -331,7 +332,7 @@ def _object(fields: list[str], c: _Columns, source_bucket: str, prefix: str) -> 
         raise InvalidDataError("empty ETag")
     storage_class = fields[c.storage_class] if c.storage_class is not None else ""
     return ObjectInfo(key, int(size), etag if etag.startswith('"') else f'"{etag}"', modified.astimezone(UTC),
-                      storage_class or "STANDARD")
+                      storage_class or StorageClass.STANDARD)
 
 
 def _check_format(file_format: str, where: str) -> None:

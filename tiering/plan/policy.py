@@ -55,15 +55,16 @@ from tiering.errors import ConfigError
 from tiering.kafka.batch import V2_HEADER_SIZE
 from tiering.kafka.codecs import LEVEL_RANGE, Codec
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
+from tiering.lifecycle.vocabulary import StorageClass
 
 POLICY_VERSION: Final = 1
 PRODUCER: Final = "producer"
 AUTO: Final = "auto"
 COMPRESSION_TYPES: Final = ("zstd", "lz4", "snappy", "gzip", "uncompressed", "none", PRODUCER, AUTO)
-# Colder classes later: a tier list must move objects only this way, each step after more days.
-STORAGE_ORDER: Final = ("STANDARD", "INTELLIGENT_TIERING", "STANDARD_IA", "ONEZONE_IA", "GLACIER_IR", "GLACIER",
-                        "DEEP_ARCHIVE")
-ARCHIVE_CLASSES: Final = frozenset({"GLACIER", "DEEP_ARCHIVE"})
+# Colder classes later (StorageClass's order): a tier list must move objects only this way, each step after more
+# days.
+STORAGE_ORDER: Final = tuple(StorageClass)
+ARCHIVE_CLASSES: Final = frozenset({StorageClass.GLACIER, StorageClass.DEEP_ARCHIVE})
 DEFAULT_AUTO_CANDIDATES: Final = ("zstd:3", "zstd:9", "zstd:19", "lz4", "gzip:6")
 BUILT_IN: Final[dict[str, Any]] = {
     "compression.type": "zstd",
@@ -270,7 +271,7 @@ def _candidate(text: object, where: str) -> tuple[str, int | None]:
 
 
 def _check_tiers(tiers: tuple[Tier, ...], allow_archive: bool, where: str) -> None:
-    last_days, last_rank = -1.0, STORAGE_ORDER.index("STANDARD")
+    last_days, last_rank = -1.0, STORAGE_ORDER.index(StorageClass.STANDARD)
     for t in tiers:
         if t.storage_class not in STORAGE_ORDER:
             raise _fail(f"{where}: storage.tiers", f"unknown storage class (expected one of "

@@ -42,7 +42,7 @@ from tiering.kafka.files import (
 )
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
 from tiering.lifecycle.state import Outcome, PartitionState, SegmentState, after_moves, load_state
-from tiering.lifecycle.vocabulary import Action, Cause
+from tiering.lifecycle.vocabulary import Action, Cause, StorageClass
 from tiering.plan.document import MAX_IGNORED_LISTED, Committed, ObjectRef, Plan, PlannedSegment
 from tiering.plan.policy import AUTO, PRODUCER, Policy
 from tiering.storage.layout import (
@@ -60,7 +60,7 @@ from tiering.storage.objects import ObjectInfo, ObjectStore
 
 DEFAULT_MIN_AGE_MINUTES: Final = 15
 DEFAULT_SCAN_WORKERS: Final = 8
-ARCHIVED_CLASSES: Final = frozenset({"GLACIER", "DEEP_ARCHIVE"})  # GLACIER_IR is readable at once
+ARCHIVED_CLASSES: Final = frozenset({StorageClass.GLACIER, StorageClass.DEEP_ARCHIVE})  # GLACIER_IR is readable at once
 PARTITION_FILE: Final = "partition file: kept as it is"
 SNAPSHOT: Final = "producer-state snapshot: kept as it is"
 NOT_KAFKA: Final = "not a Kafka file"

@@ -22,7 +22,7 @@ from tiering.cost.document import Ledger, LedgerEntry, Report
 from tiering.cost.model import CostOptions, build_report, ledger_entry_from_state, with_ledger
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
 from tiering.errors import ConfigError, StorageError
-from tiering.lifecycle.vocabulary import Action, Cause, Counted, RunKind
+from tiering.lifecycle.vocabulary import Action, Cause, Counted, RunKind, StorageClass
 from tiering.plan.document import Committed, Plan, PlannedSegment
 from tiering.plan.planfile import ChunkedPlan, PlanManifest
 from tiering.report.render import render
@@ -231,6 +231,7 @@ def cost_config(*, region: str | None = None, prices_file: str | None = None,
         except ValueError:
             raise ConfigError("TIERING_ACCOUNT_STANDARD_TB is not a number",
                               found=os.environ["TIERING_ACCOUNT_STANDARD_TB"]) from None
-    volume = {} if account_standard_tb is None else {
-        cls: round(account_standard_tb * (1 << 40)) for cls in ("STANDARD", "INTELLIGENT_TIERING")}
+    volume: dict[str, int] = {} if account_standard_tb is None else {
+        cls: round(account_standard_tb * (1 << 40)) for cls in (StorageClass.STANDARD,
+                                                               StorageClass.INTELLIGENT_TIERING)}
     return load_prices(region, prices_file), CostOptions(volume, grace_days)

@@ -29,7 +29,7 @@ from tiering.documents import int_field, known_fields, opt_str
 from tiering.errors import ConfigError, InvalidDataError, TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
 from tiering.lifecycle.state import load_state
-from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
+from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status, StorageClass
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy, policy_at, policy_ref
@@ -202,7 +202,7 @@ def _merge_stats_json(group: Sequence[PlannedSegment]) -> dict[str, Any]:
              for name in ("log", "index", "timeindex", "txnindex")]
     first = group[0].log
     return {"segments_before": len(group), "segments_after": 1,
-            "storage_class": first.storage_class if first is not None else "STANDARD",
+            "storage_class": first.storage_class if first is not None else StorageClass.STANDARD,
             "objects_before": [size for sizes in kinds for size in sizes],
             "objects_after": [sum(sizes) for i, sizes in enumerate(kinds) if i < 3 or sizes]}
 

@@ -41,7 +41,7 @@ from tiering.lifecycle.state import (
     load_state,
     record_segments,
 )
-from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status, StayCause, TierAction
+from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status, StayCause, StorageClass, TierAction
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy, policy_at, policy_ref
@@ -62,7 +62,7 @@ MOVE: Final = TierAction.MOVE
 STAY: Final = TierAction.STAY
 MOVED: Final = Status.MOVED
 FILES: Final = ("log", "index", "timeindex", "txnindex")
-IA_CLASSES: Final = frozenset({"STANDARD_IA", "ONEZONE_IA"})
+IA_CLASSES: Final = frozenset({StorageClass.STANDARD_IA, StorageClass.ONEZONE_IA})
 S3_IA_MIN_DAYS: Final = 30  # S3 Lifecycle refuses transitions to the IA classes before 30 days
 
 
@@ -396,7 +396,7 @@ def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: dat
             "target": target}
     if target is None:
         return ObjectMove(**base, action=STAY, reason="not old enough for any storage tier", cause=StayCause.TOO_YOUNG)
-    current = ref.storage_class if ref.storage_class in STORAGE_ORDER else "STANDARD"
+    current = ref.storage_class if ref.storage_class in STORAGE_ORDER else StorageClass.STANDARD
     if STORAGE_ORDER.index(current) >= STORAGE_ORDER.index(target):
         return ObjectMove(**base, action=STAY, reason=f"already in {ref.storage_class}", cause=StayCause.ALREADY_THERE)
     to, frm = prices.of(target), prices.of(current)
@@ -408,7 +408,7 @@ def _decide(ref: Any, file: str, target: str | None, prices: PriceBook, now: dat
     if frm.min_days and in_class_days < frm.min_days:
         return ObjectMove(**base, action=STAY, reason=f"in {current} for {in_class_days:.0f} days, under its "
                           f"{frm.min_days}-day minimum (moving now bills the rest)", cause=StayCause.MIN_DURATION)
-    std = prices.of("STANDARD").rate()
+    std = prices.of(StorageClass.STANDARD).rate()
     monthly = (ref.size / GB * (frm.rate() - to.rate()) - max(0, to.min_object_bytes - ref.size) / GB * to.rate()
                - (to.overhead_bytes_class * to.rate() + to.overhead_bytes_standard * std) / GB)
     if monthly <= 0:

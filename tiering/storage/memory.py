@@ -37,6 +37,7 @@ from typing import Any, BinaryIO, Final, TypeVar
 import crc32c
 
 from tiering.errors import ConfigError, StorageError
+from tiering.lifecycle.vocabulary import StorageClass
 from tiering.storage.objects import (
     CONTENT_HEADERS,
     ENCRYPTION_HEADERS,
@@ -57,7 +58,7 @@ from tiering.storage.objects import (
 
 PAGE: Final = 1000  # entries a listing page holds (keys and common prefixes), uploads a ListMultipartUploads page
 DEFAULT_CONTENT_TYPE: Final = "binary/octet-stream"
-ARCHIVED: Final = frozenset({"GLACIER", "DEEP_ARCHIVE"})  # not readable without a restore
+ARCHIVED: Final = frozenset({StorageClass.GLACIER, StorageClass.DEEP_ARCHIVE})  # not readable without a restore
 _HEADERS: Final = frozenset(CONTENT_HEADERS + ENCRYPTION_HEADERS)
 _T = TypeVar("_T")
 
@@ -169,7 +170,8 @@ class MemoryStore(StreamUploads):
 
     def _write(self, key: str, data: bytes, action: str, *, if_match: str | None = None,
                if_none_match: bool = False, metadata: dict[str, str], headers: dict[str, Any] | None = None,
-               tags: dict[str, str] | None = None, storage_class: str = "STANDARD", etag: str | None = None) -> _Object:
+               tags: dict[str, str] | None = None, storage_class: str = StorageClass.STANDARD,
+               etag: str | None = None) -> _Object:
         if if_none_match and key in self._objects:
             raise self._error(PreconditionFailed, action, key, "PreconditionFailed", 412)
         if if_match:

@@ -37,6 +37,7 @@ from urllib.parse import urlencode, urlsplit, urlunsplit
 import crc32c
 
 from tiering.errors import ConfigError, ProofError, StorageError, TieringError
+from tiering.lifecycle.vocabulary import StorageClass
 
 MIN_PART_BYTES: Final = 5 * 1024 * 1024  # S3's smallest part (all but the last)
 
@@ -360,7 +361,7 @@ class ObjectInfo:
     size: int
     etag: str
     last_modified: datetime
-    storage_class: str = "STANDARD"
+    storage_class: str = StorageClass.STANDARD
     metadata: dict[str, str] = field(default_factory=dict)
 
 
@@ -379,7 +380,7 @@ class ObjectAttrs:
     metadata: dict[str, str] = field(default_factory=dict)
     headers: dict[str, Any] = field(default_factory=dict)  # content headers and encryption settings
     tags: dict[str, str] = field(default_factory=dict)
-    storage_class: str = "STANDARD"
+    storage_class: str = StorageClass.STANDARD
 
     def with_metadata(self, extra: Mapping[str, str]) -> ObjectAttrs:
         return replace(self, metadata={**self.metadata, **extra})
@@ -394,7 +395,7 @@ class ObjectAttrs:
 
     def put_args(self) -> dict[str, Any]:
         args: dict[str, Any] = {"Metadata": self.metadata, **self.headers}
-        if self.storage_class != "STANDARD":
+        if self.storage_class != StorageClass.STANDARD:
             args["StorageClass"] = self.storage_class
         if self.tags:
             args["Tagging"] = urlencode(self.tags)

@@ -54,6 +54,7 @@ from zlib_ng import zlib_ng
 
 from tiering import __version__
 from tiering.errors import ConfigError, StorageError
+from tiering.lifecycle.vocabulary import StorageClass
 from tiering.storage.objects import (
     CONTENT_HEADERS,
     ENCRYPTION_HEADERS,
@@ -383,7 +384,7 @@ class S3Store(StreamUploads):
     def head(self, key: str) -> ObjectInfo:
         r = self._call("head_object", key)
         return ObjectInfo(key, int(r["ContentLength"]), str(r["ETag"]), r["LastModified"],
-                          str(r.get("StorageClass", "STANDARD")), dict(r.get("Metadata", {})))
+                          str(r.get("StorageClass", StorageClass.STANDARD)), dict(r.get("Metadata", {})))
 
     def open(self, key: str, *, if_match: str | None = None, first_bytes: int | None = None,
              start: int | None = None) -> BinaryIO:
@@ -502,7 +503,7 @@ class S3Store(StreamUploads):
         except Unsupported:
             tags = {}  # a store without object tagging: its objects have no tags to keep
         info = ObjectInfo(key, int(r["ContentLength"]), str(r["ETag"]), r["LastModified"],
-                          str(r.get("StorageClass", "STANDARD")), dict(r.get("Metadata", {})))
+                          str(r.get("StorageClass", StorageClass.STANDARD)), dict(r.get("Metadata", {})))
         return info, ObjectAttrs(dict(info.metadata), headers, tags, info.storage_class)
 
     def put_object(self, key: str, body: bytes | BinaryIO, attrs: ObjectAttrs, *, if_match: str | None = None,
@@ -523,7 +524,7 @@ class S3Store(StreamUploads):
         """Server-side copy keeping metadata and tags (``COPY`` directives) with ``attrs``' storage class and
         encryption; ``CopySourceIfMatch`` asks S3 to copy only the version we planned on. Returns the ETag."""
         kwargs: dict[str, Any] = {name: attrs.headers[name] for name in ENCRYPTION_HEADERS if name in attrs.headers}
-        if attrs.storage_class != "STANDARD":
+        if attrs.storage_class != StorageClass.STANDARD:
             kwargs["StorageClass"] = attrs.storage_class
         r = self._call("copy_object", key, CopySource={"Bucket": self.bucket, "Key": source},
                        CopySourceIfMatch=source_etag, MetadataDirective="COPY", TaggingDirective="COPY", **kwargs)
@@ -629,7 +630,7 @@ class S3Store(StreamUploads):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, **kwargs):
                 for item in page.get("Contents", []):
                     yield ObjectInfo(item["Key"], int(item["Size"]), str(item["ETag"]), item["LastModified"],
-                                     str(item.get("StorageClass", "STANDARD")))
+                                     str(item.get("StorageClass", StorageClass.STANDARD)))
 
     # StreamUpload's calls (_Multipart).
 
