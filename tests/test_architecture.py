@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -231,14 +232,19 @@ KEY_PARTS = re.compile(r"(?<![\w.])_tiering\b|(^|/)(runs|stage|commit|usage|keys
                        r"|^part-|\.jsonl\.gz|tier-plan\.json|compact-keys\.json|(^|/)plan\.json")
 
 
-def _key_literals(path: Path) -> list[str]:
+def _literals(path: Path, wanted: Callable[[str], bool]) -> list[str]:
+    """The string literals of ``path`` (docstrings aside) that ``wanted`` picks, with their line."""
     tree = ast.parse(path.read_text())
     docs = {id(node.body[0].value) for node in ast.walk(tree)
             if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body
             and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
     return [f"{path.name}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
-            and KEY_PARTS.search(node.value)]
+            and wanted(node.value)]
+
+
+def _key_literals(path: Path) -> list[str]:
+    return _literals(path, lambda text: KEY_PARTS.search(text) is not None)
 
 
 def test_no_module_spells_out_a_key_below_a_run() -> None:
@@ -250,6 +256,20 @@ def test_no_module_spells_out_a_key_below_a_run() -> None:
     assert found == []
     seen = " ".join(_key_literals(PACKAGE / "storage" / "layout.py"))  # the rule sees them where they are
     assert all(part in seen for part in ("'_tiering'", "'part-'", "'.jsonl.gz'", "'tier-plan.json'")), seen
+
+
+def test_no_module_spells_out_a_storage_class() -> None:
+    """Storage classes are :class:`~tiering.lifecycle.vocabulary.StorageClass` members; their names appear as
+    literals in lifecycle/vocabulary.py only."""
+    from tiering.lifecycle.vocabulary import StorageClass
+
+    names = {c.value for c in StorageClass}
+    root = PACKAGE.parent
+    sources = [*PACKAGE.rglob("*.py"), *(root / "dags").glob("*.py"), *(root / "spark_jobs").glob("*.py")]
+    vocabulary = PACKAGE / "lifecycle" / "vocabulary.py"
+    found = [hit for p in sorted(sources) if p != vocabulary for hit in _literals(p, names.__contains__)]
+    assert found == []
+    assert len(_literals(vocabulary, names.__contains__)) == len(names)  # the rule sees them where they are
 
 
 # Where a JSON document is read or written, an untyped mapping is what there is: these functions (besides every
