@@ -162,17 +162,20 @@ def test_keycompact_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     assert "peak RSS MiB" in proc.stdout
 
 
-def test_the_segment_walk_bench_follows_both_walks_through_the_commit_steps(tmp_path: Path) -> None:
-    """A compaction walks stage, verify and swap, a recovery recover and swap; neither calls into the plan
-    layer (the state document the commit protocol writes is the lifecycle's)."""
+def test_the_segment_walk_bench_follows_each_walk_through_the_commit_steps(tmp_path: Path) -> None:
+    """A compaction walks stage, verify and swap, a recovery recover and swap, a merge its kind and the
+    many-for-one swap; neither of the first two calls into the plan layer (the state document the commit
+    protocol writes is the lifecycle's)."""
     out = tmp_path / "segment_walk.json"
     proc = subprocess.run([sys.executable, str(BENCH.parent / "segment_walk.py"), "--out", str(out)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
-    compact, recover = json.loads(out.read_text())
+    compact, recover, merge = json.loads(out.read_text())
     assert {"tiering.commit.stage", "tiering.commit.verify", "tiering.commit.swap"} <= set(compact["visited"])
     assert {"tiering.commit.recover", "tiering.commit.swap"} <= set(recover["visited"])
     assert "tiering.commit.stage" not in recover["visited"]
+    assert {"tiering.run.merge", "tiering.kafka.merge", "tiering.commit.regroup"} <= set(merge["visited"])
+    assert merge["depth"] >= merge["module_depth"] > 1
     for walk in (compact, recover):
         assert not [m for m in walk["visited"] if m.startswith("tiering.plan.")], walk["visited"]
         assert walk["depth"] >= walk["module_depth"] > 1
