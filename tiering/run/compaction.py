@@ -25,7 +25,7 @@ from tiering.commit.recover import iter_recover
 from tiering.documents import known_fields, opt_int
 from tiering.errors import ConfigError, TieringError
 from tiering.lifecycle.journal import Journal
-from tiering.lifecycle.state import Pruning, StateBatch, load_state
+from tiering.lifecycle.state import Pruning, SegmentState, StateBatch, load_state
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status
 from tiering.plan.document import Plan, PlannedSegment
 from tiering.plan.planfile import ChunkedPlan, by_partition
@@ -217,10 +217,14 @@ def _earlier_attempts(store: ObjectStore, prefix: str, run_id: str, segments: li
         if seg.base_offset in in_flight:
             continue
         if entry is not None and entry.run_id == run_id:
-            out.append(_with_source(SegmentResult(seg.directory, seg.base_offset, Status.COMPACTED,
-                                                  "by an earlier attempt of this run", entry.bytes_before,
-                                                  entry.bytes_after, run_id=run_id), seg))
+            out.append(_with_source(_earlier(seg, entry, run_id), seg))
     return out
+
+
+def _earlier(seg: PlannedSegment, entry: SegmentState, run_id: str) -> SegmentResult:
+    """A segment an earlier attempt of run ``run_id`` compacted, counted from its state entry."""
+    return SegmentResult(seg.directory, seg.base_offset, Status.COMPACTED, "by an earlier attempt of this run",
+                         entry.bytes_before, entry.bytes_after, run_id=run_id)
 
 
 def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment], pruning: Pruning | None,
@@ -281,8 +285,7 @@ def _done_before(batch: StateBatch, seg: PlannedSegment, run_id: str) -> Segment
     entry = batch.get(seg.base_offset)
     if entry is None or not entry.compacted or entry.run_id != run_id:
         return None
-    return SegmentResult(seg.directory, seg.base_offset, Status.COMPACTED, "by an earlier attempt of this run",
-                         entry.bytes_before, entry.bytes_after, run_id=run_id)
+    return _earlier(seg, entry, run_id)
 
 
 @contextlib.contextmanager

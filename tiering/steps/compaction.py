@@ -269,7 +269,7 @@ def scan(store: ObjectStore, run: CompactionParams, log: Log) -> ScanStep:
 def plan(store: ObjectStore, run: CompactionParams, log: Log) -> PlanStep:
     """The budget applied, the plan written as chunks of whole partitions; a dry run's plan holds the forecast
     and is not carried out."""
-    planned = plan_run(store, run.settings, CompactOptions(run.max_segments, run.max_bytes),
+    planned = plan_run(store, run.settings, _budget(run),
                        forecast=Sampling() if run.dry_run else None, policy=run.policy(), prices=cost_config()[0])
     saved = _forecast_text(planned.forecast)
     log(f"plan: {planned.segments:,} segments to compact ({planned.bytes:,} bytes) in {planned.chunks} chunks"
