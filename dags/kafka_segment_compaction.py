@@ -303,7 +303,7 @@ def kafka_segment_compaction() -> None:
 
         run, store = _run()
         result = compaction.clean(store, run, print)
-        return result.to_json() if result is not None else {"dry_run": True}
+        return result.totals() if result is not None else {"dry_run": True}
 
     scanned = scan()
     key_compaction() >> merge() >> scanned

@@ -1,5 +1,5 @@
 """Spark job: a run of one of the run engine's kinds (compaction, key compaction, merging, storage tiering,
-rollback), one Spark task per unit of whole partitions.
+rollback, cleanup), one Spark task per unit of whole partitions.
 
     spark-submit --master 'local[*]' spark_jobs/run_kind.py --kind merge \\
         --settings '{"bucket": "B", "prefix": "P", "run_id": "R", ...}' \\
@@ -9,9 +9,9 @@ rollback), one Spark task per unit of whole partitions.
 ``--settings`` is the run's settings as ``RunSettings.to_json`` writes them (bucket, prefix, run id, lease
 time, a compaction's codec and level, how staged files are accepted and swapped in); ``--options`` the
 kind's options as its ``to_json`` writes them (``CompactionOptions``, ``KeyCompactOptions``,
-``MergeOptions``, ``TierOptions``, ``RollbackOptions``: a field they do not write is an error naming it, a
-field left out takes the command line's default; a policy travels as its file's path). The DAG builds both
-from its typed params; nothing is parsed twice.
+``MergeOptions``, ``TierOptions``, ``RollbackOptions``, ``CleanupOptions``: a field they do not write is an
+error naming it, a field left out takes the command line's default; a policy travels as its file's path).
+The DAG builds both from its typed params; nothing is parsed twice.
 
 Thin on purpose: arguments, then a call to ``tiering.spark.jobs.kind_run``. The driver finishes what a
 crashed run left in flight, plans the partitions (from the listing, or from the S3 Inventory report) into

@@ -395,7 +395,7 @@ def test_a_spark_job_file_parses_its_arguments_and_calls_one_driver_function() -
 
 
 # a segment's work done (or staged for its commit)
-DONE = {"COMPACTED", "ROLLED_BACK", "MERGED", "REPAIRED", "STAGED", "MOVED"}
+DONE = {"COMPACTED", "ROLLED_BACK", "MERGED", "REPAIRED", "STAGED", "MOVED", "EXPIRED"}
 
 
 def test_a_segment_left_as_it_was_names_its_cause() -> None:

@@ -15,7 +15,7 @@ import pytest
 from cfnlint.api import lint_file
 from cfnlint.decode import decode
 
-from tiering.run.maintenance import DEFAULT_GRACE_DAYS
+from tiering.run.cleanup import DEFAULT_GRACE_DAYS
 from tiering.storage.layout import BACKUP_DIR, JOURNAL_DIR, LEASES_DIR, RESERVED_DIR, STAGING_DIR, STATE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]

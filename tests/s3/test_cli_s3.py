@@ -90,7 +90,7 @@ def test_scan_compact_rollback_cleanup_in_another_process(bucket: S3Store, tmp_p
 
     code, out, err = _run("s3", "cleanup", *where, "--grace-days", "0", "--json")
     assert code == 0, err
-    assert json.loads(out)["backups_deleted"] == 6
+    assert json.loads(out)["usage"]["cleanup"]["backups_deleted"] == 6
 
 
 def test_text_output_shows_the_plan_and_the_run(bucket: S3Store) -> None:

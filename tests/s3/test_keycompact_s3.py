@@ -477,10 +477,10 @@ def test_an_operation_abandoned_after_its_txnindex_went_puts_the_original_back(s
 
 
 def test_cleanup_keeps_the_txnindex_a_pending_operation_needs(store: S3Store) -> None:
-    from tiering.run.maintenance import cleanup
+    from tiering.run.cleanup import CleanupOptions, cleanup
 
     parts = _second_pass_crashed_after_its_txnindex(store)  # its lease still held: the partition is busy
-    cleaned = cleanup(store, keys_context(store, "cleanup"), grace_days=0, stale_hours=0)
+    cleaned = cleanup(store, keys_context(store, "cleanup"), CleanupOptions(grace_days=0, stale_hours=0))
     assert cleaned.exit_code() is ExitCode.BUSY
     assert store.get(f"{PREFIX}/_tiering/backup/keys-1/{DIRECTORY}/{20:020d}{TXN_INDEX_SUFFIX}") == parts[20][1]
     assert engine.run(store, keys_context(store), KeyCompaction(at(NOW + DAY))).exit_code() is ExitCode.OK

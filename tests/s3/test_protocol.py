@@ -28,8 +28,8 @@ from tiering.errors import ConfigError, ExitCode
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.lifecycle.vocabulary import Action, Cause, Status
+from tiering.run.cleanup import CleanupFigures, CleanupOptions, cleanup
 from tiering.run.documents import RUN_SCOPE, CompactOptions
-from tiering.run.maintenance import cleanup
 from tiering.run.pipeline import compact
 from tiering.run.rollback import rollback
 from tiering.storage.layout import lease_key, segment_key
@@ -389,14 +389,17 @@ def test_cleanup_deletes_kept_originals_after_the_grace_period_only(store: S3Sto
     compact(store, plan_for(store), context(store), CompactOptions())
     kept = list(store.list(f"{PREFIX}/_tiering/backup/"))
     assert len(kept) == 6
-    result = cleanup(store, context(store, "clean-1"))
+    result = CleanupFigures.of(cleanup(store, context(store, "clean-1")))
     assert result.backups_deleted == 0
     # Leftovers a crash would leave: a staging object and an incomplete multipart upload.
     store.put(f"{PREFIX}/_tiering/staging/dead-run/{DIR}/00000000000000000000.log", b"x")
     store.client.create_multipart_upload(Bucket=store.bucket, Key=f"{PREFIX}/_tiering/staging/dead-run/big.log")
     before = store.requests["DeleteObject"]
-    result = cleanup(store, context(store, "clean-2"), grace_days=0, stale_hours=0)
-    assert store.requests["DeleteObject"] == before  # one DeleteObjects per kind of leftover, not one per key
+    run = cleanup(store, context(store, "clean-2"), CleanupOptions(grace_days=0, stale_hours=0))
+    result = CleanupFigures.of(run)
+    assert run.exit_code() == ExitCode.OK
+    assert store.requests["DeleteObject"] - before == 1  # the partition's lease: its objects go in one DeleteObjects
+    assert {r.status for r in run.segments} == {"expired"}
     assert result.backups_deleted == 6
     assert result.backup_bytes_deleted == sum(k.size for k in kept)
     assert result.staging_deleted == 1
@@ -424,8 +427,9 @@ def test_cleanup_finishes_an_interrupted_operation_first(store: S3Store) -> None
     import time
 
     time.sleep(2.1)  # the dead run's lease expires (TTL 1 s, by S3's clock)
-    result = cleanup(store, context(store, "clean"), lease_ttl=1)
-    assert [(r.run_id, r.status, r.recovered) for r in result.recovered] == [(ttl_run, "compacted", True)]
+    result = cleanup(store, context(store, "clean"), CleanupOptions(lease_ttl_seconds=1))
+    assert [(r.run_id, r.status, r.recovered) for r in result.segments if r.recovered] == [
+        (ttl_run, "compacted", True)]
     assert no_pending(store)
     check_consistent(store, originals)
     assert store.head(key(first, INDEX_SUFFIX)).size > 0

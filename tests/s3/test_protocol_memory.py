@@ -20,8 +20,8 @@ from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Action, Cause, JournalState, Pending
+from tiering.run.cleanup import CleanupFigures, CleanupOptions, cleanup
 from tiering.run.documents import CompactOptions
-from tiering.run.maintenance import cleanup
 from tiering.run.pipeline import compact
 from tiering.run.rollback import rollback
 from tiering.storage.layout import lease_key, segment_key
@@ -213,17 +213,18 @@ def test_rollback_then_cleanup_by_the_store_s_clock(mem: MemoryStore, clock: Man
     # Leftovers of a crash: an orphan staging object and an incomplete multipart upload.
     mem.put(f"{PREFIX}/_tiering/staging/dead-run/{DIR}/{0:020d}.log", b"x")
     mem.create_upload(f"{PREFIX}/_tiering/staging/dead-run/big.log")
-    kept = cleanup(mem, context(mem, "clean-1"))
+    kept = CleanupFigures.of(cleanup(mem, context(mem, "clean-1")))
     assert (kept.backups_deleted, kept.staging_deleted, kept.uploads_aborted) == (0, 0, 0)
     clock.advance(hours=25)  # past the staging age, within the backups' grace period
-    stale = cleanup(mem, context(mem, "clean-2"))
+    stale = CleanupFigures.of(cleanup(mem, context(mem, "clean-2")))
     assert (stale.backups_deleted, stale.staging_deleted, stale.uploads_aborted) == (0, 1, 1)
     clock.advance(days=7)
     backups = list(mem.list(f"{PREFIX}/_tiering/backup/"))
-    deleted_before = mem.requests["DeleteObject"]
-    done = cleanup(mem, context(mem, "clean-3"))
+    deleted_before, batches_before = mem.requests["DeleteObject"], mem.requests["DeleteObjects"]
+    done = CleanupFigures.of(cleanup(mem, context(mem, "clean-3")))
     assert (done.backups_deleted, done.backup_bytes_deleted) == (3 * len(sealed), sum(o.size for o in backups))
-    assert mem.requests["DeleteObject"] == deleted_before  # one DeleteObjects for them all
+    assert mem.requests["DeleteObject"] - deleted_before == 1  # the partition's lease, released
+    assert mem.requests["DeleteObjects"] - batches_before == 1 + 2  # one for them all, two for the probe
     assert under(mem, "backup") == under(mem, "staging") == []
     assert not list(mem.list_uploads(PREFIX + "/"))
 
@@ -328,7 +329,7 @@ def test_a_crash_at_any_step_is_recoverable_and_loses_nothing(
     assert sorted(load_state(mem, PREFIX, DIR).segments) == sealed
 
     clock.advance(hours=25)
-    cleanup(mem, context(mem, "clean"), lease_ttl=TTL)
+    cleanup(mem, context(mem, "clean"), CleanupOptions(lease_ttl_seconds=TTL))
     assert under(mem, "staging") == []
     assert not list(mem.list_uploads(PREFIX + "/"))
     roll_everything_back(mem, seeded)
@@ -431,6 +432,6 @@ def test_a_crash_during_a_multipart_staging_upload_loses_nothing_and_leaves_noth
     assert no_pending(mem)
     check_consistent(mem, originals)
     clock.advance(hours=25)
-    cleanup(mem, context(mem, "clean"), lease_ttl=TTL)
+    cleanup(mem, context(mem, "clean"), CleanupOptions(lease_ttl_seconds=TTL))
     assert not list(mem.list_uploads(PREFIX + "/"))
     assert under(mem, "staging") == []

@@ -27,9 +27,9 @@ from tiering.commit.lease import Lease, LeaseHeld
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.lifecycle.state import load_state
-from tiering.lifecycle.vocabulary import Action, Pending
+from tiering.lifecycle.vocabulary import Action, Cause, Pending
+from tiering.run.cleanup import cleanup
 from tiering.run.documents import CompactOptions
-from tiering.run.maintenance import cleanup
 from tiering.run.pipeline import compact
 from tiering.run.rollback import rollback
 from tiering.storage.layout import DirKind, lease_key, parse_dir, segment_key
@@ -232,10 +232,11 @@ def test_work_left_to_a_dead_runs_lease_is_reported_and_not_exit_0(store: S3Stor
     other = fresh_store()
     result = cleanup(other, context(other, "sweeper"))
     assert result.exit_code() == ExitCode.BUSY
-    assert all("partition busy" in r.reason for r in result.recovered)
+    assert {r.cause for r in result.segments} == {Cause.BUSY}
+    assert all("partition busy" in r.reason for r in result.segments)
     where = ["--bucket", store.bucket, "--prefix", PREFIX]
     assert main(["s3", "cleanup", *where]) == ExitCode.BUSY
-    assert "left pending" in capsys.readouterr().out
+    assert "partition busy: run dead holds" in capsys.readouterr().out
     assert main(["s3", "rollback", *where, "--run-id", "dead"]) == ExitCode.BUSY
     assert "partition busy: run dead holds" in capsys.readouterr().out
     assert main(["s3", "compact", *where, "--codec", "zstd", "--min-age-minutes", "0", "--no-report"]) == ExitCode.BUSY

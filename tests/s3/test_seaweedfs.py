@@ -164,7 +164,7 @@ def test_the_cli_cycle_scan_compact_rollback_compact_cleanup(seaweed: Seaweed, s
     check_consistent(store, originals)
     code, out, err = _cli(seaweed, "s3", "cleanup", *where, "--grace-days", "0", "--json")
     assert code == ExitCode.OK, err
-    assert json.loads(out)["backups_deleted"] == 12  # two runs' backups of two segments' three files
+    assert json.loads(out)["usage"]["cleanup"]["backups_deleted"] == 12  # 2 runs x 2 segments x 3 files
     assert not list(store.list(f"{PREFIX}/_tiering/backup/"))
     assert no_pending(store)
 

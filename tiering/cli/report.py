@@ -15,7 +15,7 @@ from typing import Any
 from tiering.cost.model import with_ledger
 from tiering.report.publish import LATEST, assemble, cost_config, load_report, read_ledger
 from tiering.report.render import FORMATS, render
-from tiering.run.maintenance import DEFAULT_GRACE_DAYS
+from tiering.run.cleanup import DEFAULT_GRACE_DAYS
 
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:

@@ -45,9 +45,9 @@ from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan_partiti
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import merge_priced_text, to_table, usd
 from tiering.run import engine
+from tiering.run.cleanup import DEFAULT_GRACE_DAYS, DEFAULT_STALE_HOURS, CleanupFigures, CleanupOptions, cleanup
 from tiering.run.documents import CompactOptions, RunResult, new_run_id, topic_of, worst
 from tiering.run.keycompact import KeyCompaction, KeyCompactOptions, KeyPartition
-from tiering.run.maintenance import DEFAULT_GRACE_DAYS, cleanup
 from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
 from tiering.run.pipeline import RunSettings, compact, dry_run, plan_run, run_local, scan_run
 from tiering.run.rollback import rollback
@@ -315,6 +315,8 @@ def _run_table(run: RunResult) -> Table:
     if run.kind is RunKind.MERGE and isinstance(objects, dict):
         t.caption = (f"{counts}; {objects['before']:,} segment objects merged into {objects['after']:,} "
                      f"({_human(before)} of .log bytes, unchanged)")
+    elif run.kind is RunKind.CLEANUP:
+        t.caption = f"{counts}; {CleanupFigures.of(run).summary()}"
     elif run.kind is RunKind.ROLLBACK:  # what it put back is stored again: no saving to speak of
         t.caption = counts + (f"; .log bytes in place {_human(before)} → {_human(after)}, the originals' again"
                               if before != after else "")
@@ -536,24 +538,10 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
 def _cmd_cleanup(args: argparse.Namespace) -> int:
     store = _store(args)
     ctx = Context(store, args.prefix, new_run_id())
-    result = cleanup(store, ctx, grace_days=args.grace_days, stale_hours=args.stale_hours,
-                     lease_ttl=args.lease_ttl_seconds)
-    if args.json:
-        _emit_json(args.stdout, result.to_json())
-    else:
-        args.stdout.write(f"deleted {result.backups_deleted} kept originals ({_human(result.backup_bytes_deleted)}) "
-                          f"past {args.grace_days} days, {result.staging_deleted} abandoned staging objects; "
-                          f"aborted {result.uploads_aborted} incomplete multipart uploads; finished "
-                          f"{len(result.recovered) - len(result.left_pending)} interrupted segment operations"
-                          + (f"; released {result.leases_released} leases of finished runs"
-                             if result.leases_released else "") + "\n")
-        for r in result.left_pending:
-            args.stdout.write(f"  left pending: {r.directory}/{r.base_offset:020d}: {r.reason}\n")
-    code = result.exit_code()
-    if code != ExitCode.OK:
-        print(f"tiering: cleanup left {len(result.left_pending)} interrupted operations in flight (see above); "
-              "run it again later", file=sys.stderr)
-    return code
+    _log(args, f"cleanup: kept originals older than {args.grace_days:g} days, staging objects and uploads older "
+               f"than {args.stale_hours:g} hours ...")
+    options = CleanupOptions(args.grace_days, args.stale_hours, args.lease_ttl_seconds)
+    return _finish_run(args, cleanup(store, ctx, options, _segment_progress(args), workers=args.workers))
 
 
 def _tier_table(plan: TierPlan) -> Table:
@@ -855,13 +843,15 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     p.set_defaults(func=_cmd_rollback)
 
     p = sub.add_parser("cleanup", help="delete kept originals past the grace period and abandoned leftovers",
-                       description="Finish interrupted segment operations, then delete kept originals older than "
-                                   "the grace period, abandoned staging objects, and abort incomplete multipart "
-                                   "uploads (billed but invisible to a listing). Ages by S3's clock. Exit 3 if an "
-                                   "interrupted operation was left in flight (its partition busy), 4 if S3 failed.")
+                       description="Release the leases of runs that finished, abort incomplete multipart uploads "
+                                   "(billed but invisible to a listing), finish interrupted segment operations, then "
+                                   "delete kept originals older than the grace period and abandoned staging objects, "
+                                   "a partition at a time under its lease. Ages by S3's clock. Exit 3 if a partition "
+                                   "was busy (its objects are left to a later cleanup), 4 if S3 failed.")
     _common(p)
     p.add_argument("--grace-days", type=float, default=DEFAULT_GRACE_DAYS,
                    help="keep originals this long after their replacement (default %(default)s)")
-    p.add_argument("--stale-hours", type=float, default=24.0,
+    p.add_argument("--stale-hours", type=float, default=DEFAULT_STALE_HOURS,
                    help="staging objects and uploads older than this are abandoned (default %(default)s)")
+    _add_workers_arg(p, "cleaned")
     p.set_defaults(func=_cmd_cleanup)

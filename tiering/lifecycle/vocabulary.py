@@ -26,6 +26,7 @@ class RunKind(StrEnum):
     ROLLBACK = "rollback"  # restore the originals a run replaced
     TIER = "tier"  # move objects to other storage classes
     MERGE = "merge"  # runs of small neighbouring segments merged into fewer, larger ones
+    CLEANUP = "cleanup"  # what the grace period no longer keeps deleted
 
 
 class OpKind(StrEnum):
@@ -54,6 +55,7 @@ class Status(StrEnum):
     ABORTED = "aborted"  # given up before the .log was replaced (it changed or vanished)
     SUPERSEDED = "superseded"  # swapped, then another writer replaced the segment: its objects are kept
     MOVED = "moved"  # storage tiering: objects moved to another storage class
+    EXPIRED = "expired"  # cleanup: what runs kept of it (originals, staging objects) deleted past its age
 
 
 class Counted(StrEnum):

@@ -29,6 +29,7 @@ from tiering.lifecycle.state import Pruning, SegmentState, StateBatch, load_stat
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status
 from tiering.plan.document import Plan, PlannedSegment
 from tiering.plan.planfile import ChunkedPlan, by_partition
+from tiering.run import engine
 from tiering.run.documents import DONE_STATUSES
 from tiering.run.segment import pending_bases, run_segment
 from tiering.storage.layout import PlanName, StepDir
@@ -109,7 +110,7 @@ class CompactPartition:
 
 
 @dataclass(frozen=True, slots=True)
-class Compaction:
+class Compaction(engine.PartitionsOnly):
     """Compaction as a kind of run: each partition of run ``options.plan_run``'s plan with segments to compact
     or repair, its operations left in flight finished (or taken over) first, then each segment recompressed,
     proved and swapped in at once."""

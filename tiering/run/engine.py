@@ -1,12 +1,14 @@
 """The run engine: a run is a kind plus its typed options, and everything but the kind's own work is here.
 
-A kind (key compaction, merging, storage tiering, rollback) supplies only what is its own: the partitions it
-works on and what it makes of each (its :class:`PartitionWork`; most kinds list the prefix, :func:`listed`),
-the work on one partition under its lease, its settings in the run document and the figures its results add
-to it. The engine does the rest, the same way for every kind and every caller (the CLI in one process, the Spark job's
-driver and executors, the DAG's tasks, directly or through the Spark job):
+A kind (compaction, key compaction, merging, storage tiering, rollback, cleanup) supplies only what is its
+own: the partitions it works on and what it makes of each (its :class:`PartitionWork`; most kinds list the
+prefix, :func:`listed`), the work on one partition under its lease, its settings in the run document and the
+figures its results add to it (and, for a cleanup, some work on the run as a whole first). The engine does
+the rest, the same way for every kind and every caller (the CLI in one process, the Spark job's driver and
+executors, the DAG's tasks, directly or through the Spark job):
 
-    plan      the operations crashed runs left in flight finished first (each partition under its lease), the
+    plan      the kind's work on the run as a whole (:meth:`Kind.prepare`), the operations crashed runs left
+              in flight finished (each partition under its lease), the
               kind's partitions written to the run's plan chunks on S3 as they come
               (``runs/<run>/<step>-plan/``), the partitions cut into units of whole partitions balanced by
               bytes; where a partition's planning refuses the run (a rollback while a later run is not
@@ -27,7 +29,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Final, Protocol, TypeVar
 
@@ -83,6 +85,15 @@ class PartitionWork(Protocol):
     def to_json(self) -> dict[str, Any]: ...
 
 
+class PartitionsOnly:
+    """The :meth:`Kind.prepare` of a kind whose work is all in its partitions: nothing for the run as a whole."""
+
+    __slots__ = ()
+
+    def prepare(self, ctx: Context) -> dict[str, Counter[str]]:
+        return {}
+
+
 class OnListedSegments:
     """The :class:`PartitionWork` of a kind whose work is on listed segments (``segments``, a dataclass field
     of the class that takes this in): those with a ``.log`` to do, weighed by their bytes; never refused, and
@@ -127,6 +138,11 @@ class Kind(Protocol[W]):
         operations crashed runs left in flight in them are finished by the kind's work there, after their
         lease is taken, and only those elsewhere by the planner (after the plan is read). Else (a kind that
         lists the prefix) every one is finished before the listing, which then sees what they changed."""
+        ...
+
+    def prepare(self, ctx: Context) -> dict[str, Counter[str]]:
+        """The kind's work on the run as a whole, the planner's first step (before the operations crashed
+        runs left are finished): the figures it adds to the run document's usage."""
         ...
 
     def started(self: K, store: ObjectStore, prefix: str) -> K:
@@ -201,6 +217,7 @@ class RunPlan:
     recovered: tuple[SegmentResult, ...]
     chunks: int = 0
     refused: tuple[SegmentResult, ...] = ()
+    figures: Mapping[str, Counter[str]] = field(default_factory=dict)  # what :meth:`Kind.prepare` did
 
 
 class _PlanChunks:
@@ -274,7 +291,9 @@ def plan(store: ObjectStore, ctx: Context, kind: Kind[W], *, parallelism: int = 
     to the run's plan chunks where it has segments to work on (and every partition's handed to ``seen``, what
     the kind's plan adds up to); the work cut into about ``4 * parallelism`` units of whole partitions
     balanced by bytes (largest first), or none where a partition refuses the run. A retried run's step
-    documents and plan chunks are deleted: it plans anew."""
+    documents and plan chunks are deleted: it plans anew. The kind's work on the run as a whole
+    (:meth:`Kind.prepare`) comes first."""
+    prepared = kind.prepare(ctx)
     recovered = [] if kind.plans_ahead else recover_pending(ctx, kind.lease_ttl_seconds, progress)
     for stale in (step_dir(ctx.prefix, ctx.run_id, kind.step), work_plan_dir(ctx.prefix, ctx.run_id, kind.step)):
         for info in store.list(stale):
@@ -298,7 +317,7 @@ def plan(store: ObjectStore, ctx: Context, kind: Kind[W], *, parallelism: int = 
         recovered = recover_pending(ctx, kind.lease_ttl_seconds, progress, elsewhere=chunks.directories)
     groups = [] if refused else balanced(refs, 4 * parallelism, lambda p: p.bytes)
     units = tuple(Unit(keys_unit_name(i), tuple(sorted(g, key=lambda p: p.directory))) for i, g in enumerate(groups))
-    return RunPlan(units, tuple(recovered), chunks.chunks, tuple(refused))
+    return RunPlan(units, tuple(recovered), chunks.chunks, tuple(refused), prepared)
 
 
 def listed(store: ObjectStore, prefix: str, options: ScanOptions,
@@ -408,6 +427,8 @@ def collect(store: ObjectStore, ctx: Context, kind: Kind[W], planned: RunPlan, s
         if results:  # a step document like the units' (the report reads them all, whatever the run's size)
             write_results(store, step_key(ctx.prefix, ctx.run_id, kind.step, name), results)
     figures = kind.figures(())  # every figure present, zero where no result adds to it
+    for name, counts in planned.figures.items():
+        figures.setdefault(name, Counter()).update(counts)
     for step in step_documents(store, ctx.prefix, ctx.run_id, kind.step):
         for r in step.results:
             tally.add(r)

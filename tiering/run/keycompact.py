@@ -424,7 +424,7 @@ class KeyPartition(engine.OnListedSegments):
 
 
 @dataclass(frozen=True, slots=True)
-class KeyCompaction:
+class KeyCompaction(engine.PartitionsOnly):
     """Key compaction as a kind of run (:mod:`tiering.run.engine`): one pass of the cleaner per partition of
     the chosen topics, at the clock read when the run starts."""
 

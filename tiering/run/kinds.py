@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from tiering.errors import ConfigError
 from tiering.lifecycle.vocabulary import RunKind
+from tiering.run.cleanup import Cleanup, CleanupOptions
 from tiering.run.compaction import Compaction, CompactionOptions
 from tiering.run.engine import Kind
 from tiering.run.keycompact import KeyCompaction, KeyCompactOptions
@@ -22,6 +23,7 @@ _READERS: Final[dict[RunKind, Callable[[object, str | None], Kind[Any]]]] = {
     RunKind.MERGE: lambda doc, where: Merging(MergeOptions.from_json(doc, where)),
     RunKind.TIER: lambda doc, where: Tiering(TierOptions.from_json(doc, where)),
     RunKind.ROLLBACK: lambda doc, where: Rollback(RollbackOptions.from_json(doc, where)),
+    RunKind.CLEANUP: lambda doc, where: Cleanup(CleanupOptions.from_json(doc, where)),
 }
 ENGINE_KINDS: Final = tuple(_READERS)
 

@@ -327,7 +327,7 @@ class MergePartition(engine.OnListedSegments):
 
 
 @dataclass(frozen=True, slots=True)
-class Merging:
+class Merging(engine.PartitionsOnly):
     """Merging as a kind of run (:mod:`tiering.run.engine`): the runs of small neighbours of each partition of
     the chosen topics merged, segments aged by the clock read when the run starts."""
 

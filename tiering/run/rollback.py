@@ -117,7 +117,7 @@ class RollbackPartition:
 
 
 @dataclass(frozen=True, slots=True)
-class Rollback:
+class Rollback(engine.PartitionsOnly):
     """Rollback as a kind of run: the partitions where run ``options.target_run`` kept originals (or marked
     moves), each undone under its lease."""
 

@@ -310,7 +310,7 @@ class TierPartition(engine.OnListedSegments):
 
 
 @dataclass(frozen=True, slots=True)
-class Tiering:
+class Tiering(engine.PartitionsOnly):
     """Storage tiering as a kind of run (:mod:`tiering.run.engine`): each sealed segment's objects moved to
     the class its topic's policy gives its newest record's age, a partition at a time under its lease."""
 

@@ -53,10 +53,10 @@ def _unit_task(kind: engine.Kind[Any]) -> UnitTask:
 
 def partition_run(spark: Any, settings: RunSettings, kind: engine.Kind[Any], log: Callable[[str], None], *,
                   inventory: str | None = None) -> RunResult:
-    """A run of ``kind`` (compaction, key compaction, merging, storage tiering, rollback): the engine's plan on
-    the driver (crashed runs' operations finished first; from a listing, or from the S3 Inventory report whose
-    manifest is ``inventory``), one Spark task per unit on the cluster, the run document collected on the
-    driver."""
+    """A run of ``kind`` (compaction, key compaction, merging, storage tiering, rollback, cleanup): the
+    engine's plan on the driver (the kind's work on the run as a whole and the crashed runs' operations
+    first; from a listing, or from the S3 Inventory report whose manifest is ``inventory``), one Spark task
+    per unit on the cluster, the run document collected on the driver."""
     store = S3Store(make_client(), settings.bucket)
     ctx = settings.context(store)
     started = datetime.now(UTC).isoformat()

@@ -23,10 +23,10 @@ from tiering.plan.scan import ScanOptions
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import to_table, usd
 from tiering.run import engine
+from tiering.run.cleanup import CleanupFigures, CleanupOptions, cleanup
 from tiering.run.documents import CompactOptions, RunResult
 from tiering.run.engine import Kind
 from tiering.run.keycompact import KeyCompaction, KeyCompactOptions, KeyPartition
-from tiering.run.maintenance import CleanupResult, cleanup
 from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
 from tiering.run.pipeline import (
     PlanStep,
@@ -350,10 +350,11 @@ def report(store: ObjectStore, run: CompactionParams, log: Log) -> ReportStep:
                       t.payback_months, uris["json"], uris["html"], failure)
 
 
-def clean(store: ObjectStore, run: CompactionParams, log: Log) -> CleanupResult | None:
-    """Originals past their grace period, abandoned staging objects and multipart uploads; None on a dry run."""
+def clean(store: ObjectStore, run: CompactionParams, log: Log) -> RunResult | None:
+    """Originals past their grace period, abandoned staging objects and multipart uploads (a cleanup run of the
+    engine, as the compaction's run id); None on a dry run."""
     if run.dry_run:
         return None
-    result = cleanup(store, run.settings.context(store), grace_days=run.grace_days)
-    log(f"cleanup: {result.summary()}")
+    result = cleanup(store, run.settings.context(store), CleanupOptions(run.grace_days))
+    log(f"cleanup: {CleanupFigures.of(result).summary()} ({result.totals()['segments']:,} segments' objects)")
     return result

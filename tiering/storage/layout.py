@@ -149,11 +149,25 @@ def staging_key(prefix: str, run_id: str, directory: str, base_offset: int, suff
 def probe_key(prefix: str, run_id: str, token: str, what: str = "copy-if-match") -> str:
     """A scratch object a run writes to learn ``what`` the store enforces (in staging: cleanup removes
     strays); ``token`` makes it one no other probe writes."""
-    return reserved_key(prefix, STAGING_DIR, run_id, "probe", f"{what}-{token}")
+    return probe_dir(prefix, run_id) + f"{what}-{token}"
 
 
 def backup_key(prefix: str, run_id: str, directory: str, base_offset: int, suffix: str) -> str:
     return reserved_key(prefix, BACKUP_DIR, run_id, directory, segment_name(base_offset, suffix))
+
+
+def kept_segment(run_root: str, key: str) -> tuple[str, int] | None:
+    """The partition directory and the segment (base offset) a run's kept object ``key`` belongs to, read
+    under ``run_root`` (``staging/<run>/`` or ``backup/<run>/``, as listed); None for anything else (a
+    probe's scratch object)."""
+    directory, _, name = key[len(run_root):].partition("/") if key.startswith(run_root) else ("", "", "")
+    parsed = parse_segment_name(name) if directory and "/" not in name else None
+    return (directory, parsed[0]) if parsed is not None else None
+
+
+def probe_dir(prefix: str, run_id: str) -> str:
+    """The listing prefix of run ``run_id``'s probes' scratch objects (ends with ``/``)."""
+    return reserved_dir(prefix, STAGING_DIR, run_id, "probe")
 
 
 def reserved_dir(prefix: str, *parts: str) -> str:
@@ -215,6 +229,7 @@ class StepDir(StrEnum):
     ROLLBACK = "rollback"  # rollback/<unit>.json: a rollback unit's partitions
     MERGE = "merge"  # merge/<unit>.json: a merge unit's partitions
     TIER = "tier"  # tier/<unit>.json: a storage-tiering unit's partitions
+    CLEANUP = "cleanup"  # cleanup/<unit>.json: a cleanup unit's partitions
 
 
 def _run_key(prefix: str, run_id: str, *parts: str) -> str:

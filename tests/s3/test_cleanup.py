@@ -1,0 +1,95 @@
+"""Cleanup as a kind of the run engine, on the in-memory store (whose DeleteObjects honours ETags, or not):
+every run's kept objects read together a partition at a time, each partition under its lease, the leases of
+finished runs released first."""
+
+from __future__ import annotations
+
+import pytest
+
+from tiering.commit.lease import Lease
+from tiering.commit.operation import Context
+from tiering.errors import ExitCode
+from tiering.lifecycle.vocabulary import Cause, RunKind, Status
+from tiering.run.cleanup import Cleanup, CleanupFigures, CleanupOptions, cleanup
+from tiering.run.kinds import kind_from_json
+from tiering.storage.layout import backup_key, lease_key, probe_key, run_result_key, staging_key
+from tiering.storage.memory import MemoryStore
+
+PREFIX = "logs"
+NOW = CleanupOptions(grace_days=0, stale_hours=0)
+# "t-1.x-0" sorts before "t-1" as a key ("." < "/"), after it as a name: the runs' listings are merged by key
+PARTITIONS = ("t-1", "t-1.x-0")
+
+
+def _under(store: MemoryStore, *parts: str) -> set[str]:
+    return {i.key for i in store.list(f"{PREFIX}/_tiering/") if any(f"/_tiering/{p}/" in i.key for p in parts)}
+
+
+def _kept(store: MemoryStore) -> dict[str, bytes]:
+    """Backups of two runs and a staging object of a third, in both partitions; a probe's scratch object."""
+    objects = {}
+    for run in ("r1", "r2"):
+        for d in PARTITIONS:
+            for base, suffix in ((0, ".log"), (0, ".index"), (100, ".log")):
+                objects[backup_key(PREFIX, run, d, base, suffix)] = f"{run} {d} {base}{suffix}".encode()
+    for d in PARTITIONS:
+        objects[staging_key(PREFIX, "r3", d, 200, ".log")] = b"abandoned"
+    objects[probe_key(PREFIX, "r3", "abcd")] = b"probe"
+    for key, data in objects.items():
+        store.put(key, data)
+    return objects
+
+
+@pytest.mark.parametrize("delete_etags", [True, False])
+def test_every_runs_kept_objects_go_a_partition_at_a_time(delete_etags: bool) -> None:
+    store = MemoryStore("b", delete_etags=delete_etags)
+    objects = _kept(store)
+    run = cleanup(store, Context(store, PREFIX, "sweep"), NOW)
+    assert run.exit_code() is ExitCode.OK
+    assert run.kind is RunKind.CLEANUP
+    assert _under(store, "backup", "staging") == set()
+    figures = CleanupFigures.of(run)
+    backups = {k: v for k, v in objects.items() if "/backup/" in k}
+    assert (figures.backups_deleted, figures.backup_bytes_deleted) == (len(backups), sum(map(len, backups.values())))
+    assert (figures.staging_deleted, figures.probes_deleted) == (2, 1)
+    # one result a segment, each partition once
+    assert sorted((r.directory, r.base_offset, r.status) for r in run.segments) == sorted(
+        (d, b, Status.EXPIRED) for d in PARTITIONS for b in (0, 100, 200))
+    first = next(r for r in run.segments if (r.directory, r.base_offset) == ("t-1", 0))
+    assert first.reason == "4 kept originals deleted"
+
+
+def test_a_busy_partition_keeps_its_objects_and_the_run_says_so() -> None:
+    store = MemoryStore("b")
+    objects = _kept(store)
+    Lease(store, lease_key(PREFIX, "t-1"), "running").acquire(PREFIX)
+    run = cleanup(store, Context(store, PREFIX, "sweep"), NOW)
+    assert run.exit_code() is ExitCode.BUSY
+    busy = [r for r in run.segments if r.directory == "t-1"]
+    assert {(r.status, r.cause) for r in busy} == {(Status.SKIPPED, Cause.BUSY)}
+    assert all("partition busy: run running holds" in r.reason for r in busy)
+    assert _under(store, "backup", "staging") == {k for k in objects if "/t-1/" in k}
+
+
+def test_a_finished_runs_lease_is_released_first_and_its_partition_cleaned() -> None:
+    store = MemoryStore("b")
+    _kept(store)
+    Lease(store, lease_key(PREFIX, "t-1"), "killed").acquire(PREFIX)  # killed before its release ...
+    store.put_json(run_result_key(PREFIX, "killed", RunKind.COMPACT), {"kind": "compact"})  # ... then finished
+    run = cleanup(store, Context(store, PREFIX, "sweep"), NOW)
+    assert run.exit_code() is ExitCode.OK
+    assert CleanupFigures.of(run).leases_released == 1
+    assert _under(store, "leases", "backup") == set()
+
+
+def test_nothing_young_is_touched_and_the_options_travel_as_json() -> None:
+    store = MemoryStore("b")
+    objects = _kept(store)
+    run = cleanup(store, Context(store, PREFIX, "sweep"))  # a week's grace, a day's staleness
+    assert run.exit_code() is ExitCode.OK
+    assert run.segments == ()
+    assert all(store.get(k) == v for k, v in objects.items())
+    started = Cleanup(NOW).started(store, PREFIX)
+    assert kind_from_json("cleanup", started.options_json()) == started
+    with pytest.raises(Exception, match="grace_days must be a number"):
+        kind_from_json("cleanup", {"grace_days": "soon"})

@@ -1,0 +1,341 @@
+"""Cleanup as a kind of run: what the grace period no longer keeps, deleted a partition at a time under the
+partition's lease (so never beside a rollback or another run working there).
+
+For the run as a whole (:meth:`Cleanup.prepare`), before anything else: the leases of runs that finished
+are released (a run killed before its release, then re-run under another id), incomplete multipart uploads
+older than the stale period aborted, and probes' scratch objects deleted. Then, as for every kind, the
+operations crashed runs left in flight are finished. The partitions are those holding kept objects past
+their age: originals in ``backup/<run>/`` past the grace period, staging objects in ``staging/<run>/`` past
+the stale period, every run's listing read at once, in key order, so that a partition's objects come
+together (nothing is held but one partition's). In each partition, under its lease: its journals finished
+again, the objects an operation still in flight names kept, the rest deleted (DeleteObjects, each only if
+its ETag is still the one listed). Ages are S3's (``LastModified`` against S3's clock read at the start).
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+import secrets
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, ClassVar, Final
+
+from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, release_finished
+from tiering.commit.operation import Context, SegmentResult
+from tiering.commit.recover import pending_journals, recover_partition
+from tiering.documents import known_fields
+from tiering.errors import ConfigError
+from tiering.lifecycle.vocabulary import Cause, RunKind, Status
+from tiering.run import engine
+from tiering.run.documents import RunResult
+from tiering.storage.layout import (
+    BACKUP_DIR,
+    STAGING_DIR,
+    StepDir,
+    clock_key,
+    kept_segment,
+    normalize_prefix,
+    probe_dir,
+    probe_key,
+    reserved_dir,
+    run_result_key,
+)
+from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore, delete_honours_etag
+
+DEFAULT_GRACE_DAYS: Final = 7
+DEFAULT_STALE_HOURS: Final = 24  # staging objects and multipart uploads older than this are abandoned
+FIGURES: Final = ("backups_deleted", "backup_bytes_deleted", "staging_deleted", "kept_referenced", "kept_changed",
+                  "uploads_aborted", "probes_deleted", "leases_released")
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupOptions:
+    """How long kept originals and staging objects stay, the partitions' lease time; and, once the run has
+    started, S3's clock then (ISO 8601) and whether the store's DeleteObjects honours an ETag (else each
+    object is looked at again before it is deleted)."""
+
+    grace_days: float = DEFAULT_GRACE_DAYS
+    stale_hours: float = DEFAULT_STALE_HOURS
+    lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
+    now: str | None = None
+    deletes_checked: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"grace_days": self.grace_days, "stale_hours": self.stale_hours,
+                "lease_ttl_seconds": self.lease_ttl_seconds,
+                **({"now": self.now} if self.now is not None else {}),
+                **({"deletes_checked": self.deletes_checked} if self.deletes_checked is not None else {})}
+
+    @classmethod
+    def from_json(cls, doc: object, where: str | None = None) -> CleanupOptions:
+        """:meth:`to_json` read back; a field it does not write, or one of the wrong type, is an error naming it."""
+        d = known_fields(doc, ("grace_days", "stale_hours", "lease_ttl_seconds", "now", "deletes_checked"),
+                         what="cleanup options", where=where)
+
+        def number(name: str, default: float) -> float:
+            value = d.get(name, default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigError(f"cleanup options: {name} must be a number of at least 0", path=where,
+                                  expected=f"{name} >= 0", found=value)
+            return float(value)
+
+        ttl = d.get("lease_ttl_seconds", DEFAULT_TTL_SECONDS)
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+            raise ConfigError("a lease must last a second at least", path=where,
+                              expected="lease_ttl_seconds: whole seconds >= 1", found=ttl)
+        now, checked = d.get("now"), d.get("deletes_checked")
+        if (now is not None and not isinstance(now, str)) or (checked is not None and not isinstance(checked, bool)):
+            raise ConfigError("cleanup options of the wrong type", path=where,
+                              expected="now: an ISO 8601 time, deletes_checked: true or false",
+                              found=f"now={now!r}, deletes_checked={checked!r}")
+        return cls(number("grace_days", DEFAULT_GRACE_DAYS), number("stale_hours", DEFAULT_STALE_HOURS), ttl,
+                   now, checked)
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """One kept object past its age: its key and ETag as listed, its size, and the segment it belongs to."""
+
+    key: str
+    etag: str
+    size: int
+    base_offset: int
+
+    def to_json(self) -> list[Any]:
+        return [self.key, self.etag, self.size, self.base_offset]
+
+    @classmethod
+    def from_json(cls, doc: list[Any]) -> Expired:
+        return cls(str(doc[0]), str(doc[1]), int(doc[2]), int(doc[3]))
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupPartition:
+    """One partition's objects past their age: kept originals and staging objects."""
+
+    directory: str
+    backups: tuple[Expired, ...]
+    staging: tuple[Expired, ...]
+    refused: ClassVar[tuple[SegmentResult, ...]] = ()
+    noted: ClassVar[tuple[SegmentResult, ...]] = ()
+
+    @property
+    def todo(self) -> tuple[int, ...]:
+        return tuple(sorted({e.base_offset for e in (*self.backups, *self.staging)}))
+
+    @property
+    def bytes(self) -> int:
+        return sum(e.size for e in (*self.backups, *self.staging))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"directory": self.directory, "backups": [e.to_json() for e in self.backups],
+                "staging": [e.to_json() for e in self.staging]}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> CleanupPartition:
+        return cls(str(doc["directory"]), tuple(Expired.from_json(e) for e in doc["backups"]),
+                   tuple(Expired.from_json(e) for e in doc["staging"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Cleanup:
+    """Cleanup as a kind of run (see the module)."""
+
+    options: CleanupOptions = CleanupOptions()
+
+    run_kind: ClassVar[RunKind] = RunKind.CLEANUP
+    label: ClassVar[str] = "cleanup"
+    step: ClassVar[StepDir] = StepDir.CLEANUP
+    plans_ahead: ClassVar[bool] = False
+
+    @property
+    def lease_ttl_seconds(self) -> int:
+        return self.options.lease_ttl_seconds
+
+    def started(self, store: ObjectStore, prefix: str) -> Cleanup:
+        """The cleanup with S3's clock read and whether the store's DeleteObjects honours an ETag learnt (a
+        scratch object written and deleted), unless the options say."""
+        prefix = normalize_prefix(prefix)
+        now = self.options.now or store.now(clock_key(prefix)).isoformat()
+        checked = self.options.deletes_checked
+        if checked is None:
+            checked = delete_honours_etag(store, probe_key(prefix, "cleanup", secrets.token_hex(4), "delete-etag"))
+        return Cleanup(replace(self.options, now=now, deletes_checked=checked))
+
+    @property
+    def now(self) -> datetime:
+        if self.options.now is None:
+            raise ConfigError("a cleanup has no clock before it starts", expected="now", found=None)
+        return datetime.fromisoformat(self.options.now)
+
+    def prepare(self, ctx: Context) -> dict[str, Counter[str]]:
+        """The leases of finished runs released, stale multipart uploads aborted, stale probe objects deleted."""
+        store, prefix, now = ctx.store, ctx.prefix, self.now
+        stale = timedelta(hours=self.options.stale_hours)
+        done = Counter(leases_released=release_finished(
+            store, prefix, functools.cache(lambda run_id: _finished_at(store, prefix, run_id))))
+        for key, upload_id, initiated in store.list_uploads(reserved_dir(prefix)):
+            if now - initiated > stale:
+                store.abort_upload(key, upload_id)
+                done["uploads_aborted"] += 1
+        for run_dir in store.list_dirs(reserved_dir(prefix, STAGING_DIR)):
+            run_id = run_dir.rstrip("/").rpartition("/")[2]
+            probes = [(i.key, i.etag) for i in store.list(probe_dir(prefix, run_id)) if now - i.last_modified >= stale]
+            done["probes_deleted"] += len(store.delete_many(probes)) if probes else 0
+        return {"cleanup": done}
+
+    def partitions(self, store: ObjectStore, prefix: str, emit: Callable[[CleanupPartition], None],
+                   source: Iterator[ObjectInfo] | None) -> None:
+        """Each partition with kept objects past their age, from every run's backup and staging listings read
+        together in key order (a partition's objects come one after the other)."""
+        if source is not None:
+            raise ConfigError("a cleanup lists what runs kept", expected="no inventory", found="an inventory's objects")
+        prefix = normalize_prefix(prefix)
+        ages = {BACKUP_DIR: timedelta(days=self.options.grace_days),
+                STAGING_DIR: timedelta(hours=self.options.stale_hours)}
+        now = self.now
+
+        def runs(sub: str) -> list[Iterator[tuple[str, str, Expired]]]:
+            return [_kept(store, run, sub, ages[sub], now) for run in store.list_dirs(reserved_dir(prefix, sub))]
+
+        merged = heapq.merge(*runs(BACKUP_DIR), *runs(STAGING_DIR), key=lambda e: e[0])
+        for directory, found in itertools.groupby(merged, key=lambda e: e[0].partition("/")[0]):
+            objects = list(found)
+            emit(CleanupPartition(directory, tuple(e for _, sub, e in objects if sub == BACKUP_DIR),
+                                  tuple(e for _, sub, e in objects if sub == STAGING_DIR)))
+
+    def partition_from_json(self, doc: Mapping[str, Any]) -> CleanupPartition:
+        return CleanupPartition.from_json(doc)
+
+    def work(self, ctx: Context, part: CleanupPartition, lease: Lease, out: list[SegmentResult],
+             progress: Callable[[SegmentResult], None] | None) -> None:
+        """The partition's journals finished, then its expired objects deleted but those an operation still in
+        flight names; one result a segment."""
+        store = ctx.store
+        out += recover_partition(ctx, part.directory, lease)
+        referenced: set[str] = set()
+        for journal, _ in pending_journals(store, ctx.prefix, part.directory):
+            referenced |= journal.referenced()
+        lease.check()
+        wanted = [e for e in (*part.backups, *part.staging) if e.key not in referenced]
+        if not self.options.deletes_checked:  # the store would delete a key rewritten since the listing
+            wanted = [e for e in wanted if _still(store, e)]
+        deleted = store.delete_many([(e.key, e.etag) for e in wanted]) if wanted else set()
+        backups = {e.key for e in part.backups}
+        by_base: dict[int, Counter[str]] = {}
+        for e in (*part.backups, *part.staging):
+            counts = by_base.setdefault(e.base_offset, Counter())
+            if e.key in referenced:
+                counts["kept_referenced"] += 1
+            elif e.key in deleted and e.key in backups:
+                counts["backups_deleted"] += 1
+                counts["backup_bytes_deleted"] += e.size
+            elif e.key in deleted:
+                counts["staging_deleted"] += 1
+            else:
+                counts["kept_changed"] += 1
+        for base, counts in sorted(by_base.items()):
+            result = _result(part.directory, base, counts)
+            out.append(result)
+            if progress is not None:
+                progress(result)
+
+    def settings_json(self) -> dict[str, Any]:
+        return {"grace_days": self.options.grace_days, "stale_hours": self.options.stale_hours,
+                "now": self.options.now}
+
+    def options_json(self) -> dict[str, Any]:
+        return self.options.to_json()
+
+    def figures(self, results: Iterable[SegmentResult]) -> dict[str, Counter[str]]:
+        """What was deleted and kept, from each segment's result; with :meth:`prepare`'s, under ``cleanup``."""
+        counts = Counter(dict.fromkeys(FIGURES, 0))
+        for r in results:
+            found = (r.stats or {}).get("cleanup")
+            if isinstance(found, Mapping):
+                counts.update({k: int(v) for k, v in found.items() if k in FIGURES})
+        return {"cleanup": counts}
+
+
+def _kept(store: ObjectStore, run_dir: str, sub: str, age: timedelta, now: datetime
+          ) -> Iterator[tuple[str, str, Expired]]:
+    """A run's kept objects under ``run_dir`` past ``age``, in key order, each with the key below the run's
+    directory (``<partition>/<file>``: the order in which the runs' listings are merged)."""
+    for info in store.list(run_dir):
+        where = kept_segment(run_dir, info.key)
+        if where is not None and now - info.last_modified >= age:
+            yield info.key[len(run_dir):], sub, Expired(info.key, info.etag, info.size, where[1])
+
+
+def _result(directory: str, base: int, counts: Counter[str]) -> SegmentResult:
+    """What became of one segment's kept objects."""
+    gone = counts["backups_deleted"] + counts["staging_deleted"]
+    kept = counts["kept_referenced"] + counts["kept_changed"]
+    parts = [f"{counts['backups_deleted']} kept originals" if counts["backups_deleted"] else "",
+             f"{counts['staging_deleted']} staging objects" if counts["staging_deleted"] else ""]
+    said = " and ".join(p for p in parts if p)
+    why = ("an operation in flight still needs them" if counts["kept_referenced"] else
+           "rewritten since they were listed")
+    reason = (f"{said} deleted" if gone else "") + ("; " if gone and kept else "") + \
+             (f"{kept} kept: {why}" if kept else "")
+    stats: dict[str, object] = {"cleanup": {k: v for k, v in counts.items() if k in FIGURES and v}}
+    return SegmentResult(directory, base, Status.EXPIRED if gone else Status.SKIPPED, reason, stats=stats,
+                         cause=None if gone else Cause.BUSY)
+
+
+def _finished_at(store: ObjectStore, prefix: str, run_id: str) -> datetime | None:
+    """When run ``run_id``'s document was written (S3's clock), or None while it has none."""
+    for kind in RunKind:
+        try:
+            return store.head(run_result_key(prefix, run_id, kind)).last_modified
+        except ObjectNotFound:
+            continue
+    return None
+
+
+def _still(store: ObjectStore, e: Expired) -> bool:
+    """Whether ``e``'s object is still the version listed (a HEAD)."""
+    try:
+        return store.head(e.key).etag == e.etag
+    except ObjectNotFound:
+        return False
+
+
+def cleanup(store: ObjectStore, ctx: Context, options: CleanupOptions = CleanupOptions(),
+            progress: Callable[[SegmentResult], None] | None = None, *, workers: int = 1) -> RunResult:
+    """A cleanup in this process, as run ``ctx.run_id`` (:class:`Cleanup`, through the engine)."""
+    return engine.run(store, ctx, Cleanup(options), progress, workers=workers)
+
+
+@dataclass(frozen=True, slots=True)
+class CleanupFigures:
+    """A cleanup run's figures, read from its run document."""
+
+    backups_deleted: int
+    backup_bytes_deleted: int
+    staging_deleted: int
+    kept_referenced: int
+    kept_changed: int
+    uploads_aborted: int
+    probes_deleted: int
+    leases_released: int
+
+    @classmethod
+    def of(cls, run: RunResult) -> CleanupFigures:
+        found = (run.usage or {}).get("cleanup")
+        if not isinstance(found, Mapping):
+            raise ConfigError("not a cleanup's run document", path=run.run_id, expected="usage.cleanup",
+                              found=sorted(run.usage or {}))
+        return cls(*(int(found.get(name, 0)) for name in FIGURES))
+
+    def summary(self) -> str:
+        """One line for people."""
+        return (f"{self.backups_deleted:,} kept originals deleted ({self.backup_bytes_deleted:,} bytes), "
+                f"{self.staging_deleted:,} staging objects deleted, {self.uploads_aborted:,} incomplete uploads "
+                f"aborted" + (f", {self.kept_referenced:,} kept (an operation in flight needs them)"
+                              if self.kept_referenced else "")
+                + (f", {self.leases_released:,} leases of finished runs released" if self.leases_released else ""))
