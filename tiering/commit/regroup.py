@@ -41,6 +41,7 @@ from typing import Any, BinaryIO, Final, cast
 
 import crc32c
 
+from tiering.commit.entry import advance, back_up, forget, rewrite
 from tiering.commit.lease import LeaseGuard, LeaseLost
 from tiering.commit.operation import (
     COPY_CHUNK,
@@ -373,14 +374,14 @@ def finish_regroup(ctx: Context, journal: RegroupJournal, etag: str, lease: Leas
             try:
                 if journal.state is JournalState.STAGED:
                     _check_sources(ctx, journal)
-                    _back_up(ctx, journal)
-                    journal, etag = _advance(ctx, journal, etag, JournalState.BACKED_UP)
+                    back_up(ctx, journal)
+                    journal, etag = advance(ctx, journal, etag, JournalState.BACKED_UP)
                 _check_sources(ctx, journal)
                 _no_other_swaps(ctx, journal)
                 lease.check()
-                etag = _claim(ctx, journal, etag)
+                etag = rewrite(ctx, journal, etag)  # another run that took it over stops us here
                 _put_swaps(ctx, journal)
-                journal, etag = _advance(ctx, journal, etag, JournalState.SWAPPED)
+                journal, etag = advance(ctx, journal, etag, JournalState.SWAPPED)
             except SourceChanged as e:
                 return abandon_regroup(ctx, journal, etag, e.message,
                                        pending=None if isinstance(e, SourceGone) else Pending.BUSY)
@@ -395,18 +396,6 @@ def finish_regroup(ctx: Context, journal: RegroupJournal, etag: str, lease: Leas
         retry = isinstance(e, StorageError) and e.retryable
         return _results(journal, Status.FAILED, f"left in flight ({journal.state}): {e}",
                         pending=Pending.TRANSIENT if retry else None, cause=Cause.TRANSIENT if retry else Cause.REFUSED)
-
-
-def _claim(ctx: Context, journal: RegroupJournal, etag: str) -> str:
-    """The journal entry written again over the one we last wrote (``If-Match``) before any swap file goes in
-    or comes out: another run that took the operation over (our lease had expired) makes it fail, and we
-    stop (:class:`TakenOver`) before touching what that run now drives."""
-    key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
-    try:
-        return ctx.store.put_json(key, journal.to_json(), if_match=etag)
-    except (PreconditionFailed, ObjectNotFound):
-        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
-                        "to that run", path=uri(ctx.store, key)) from None
 
 
 def _no_other_swaps(ctx: Context, journal: RegroupJournal) -> None:
@@ -456,35 +445,6 @@ def _check_sources(ctx: Context, journal: RegroupJournal) -> None:
             if planned is None or there.etag != planned.etag:
                 raise SourceChanged(f"segment {source.base_offset}'s {name} file changed", path=uri(store, there.key),
                                     expected=planned.etag if planned else "no object", found=there.etag)
-
-
-def _back_up(ctx: Context, journal: RegroupJournal) -> None:
-    """Server-side copies of every source file; the source checked again after its copy (moto ignores a
-    copy's source condition)."""
-    store = ctx.store
-    for source in journal.sources:
-        for name, f in source.files.items():
-            if f.copy is None:
-                continue
-            try:
-                store.copy(f.final, f.copy, source_etag=f.etag, attrs=f.attrs or ObjectAttrs())
-                copied, after = store.head(f.copy), store.head(f.final)
-            except (PreconditionFailed, ObjectNotFound):
-                raise SourceChanged(f"segment {source.base_offset}'s {name} file changed while it was backed up",
-                                    path=uri(store, f.final)) from None
-            if after.etag != f.etag or copied.size != f.size:
-                raise SourceChanged(f"segment {source.base_offset}'s {name} file changed while it was backed up",
-                                    path=uri(store, f.final), expected=f.etag, found=after.etag)
-
-
-def _advance(ctx: Context, journal: RegroupJournal, etag: str, state: JournalState) -> tuple[RegroupJournal, str]:
-    advanced = journal.advanced(state)
-    key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
-    try:
-        return advanced, ctx.store.put_json(key, advanced.to_json(), if_match=etag)
-    except (PreconditionFailed, ObjectNotFound):
-        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
-                        "to that run", path=uri(ctx.store, key)) from None
 
 
 def _place(ctx: Context, journal: RegroupJournal, f: GroupFile, key: str, fallback: str | None = None) -> str:
@@ -589,9 +549,9 @@ def _roll_forward(ctx: Context, journal: RegroupJournal, etag: str, lease: Lease
         return _results(journal, Status.FAILED, f"stopped after its swap, left in flight: {e}",
                         pending=Pending.BUSY, cause=Cause.BUSY)
 
-    def forget() -> None:
+    def forgotten() -> None:
         with contextlib.suppress(TakenOver):
-            _forget(ctx, journal, etag)
+            forget(ctx, journal, etag)
 
     merged = journal.kind is OpKind.MERGE
     if merged:  # the sources after the first are gone (the merged entry keeps theirs, in its lineage)
@@ -602,7 +562,7 @@ def _roll_forward(ctx: Context, journal: RegroupJournal, etag: str, lease: Lease
         made = (etags["log"], etags.get("index"), etags.get("timeindex"))
         record_state(ctx, journal.directory, target.base_offset,
                      journal.entry.done(*made) if merged else journal.entry.restored(target.base_offset, *made),
-                     then=forget if i == len(journal.targets) - 1 else None)
+                     then=forgotten if i == len(journal.targets) - 1 else None)
     if merged:
         target = journal.targets[0]
         n = len(journal.sources)
@@ -651,29 +611,14 @@ def _delete_source(ctx: Context, journal: RegroupJournal, f: GroupFile) -> None:
                             expected=f.etag) from None
 
 
-def _forget(ctx: Context, journal: RegroupJournal, etag: str) -> None:
-    """Delete the journal entry (``If-Match``), then a merge's staging objects."""
-    key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
-    try:
-        ctx.store.delete(key, if_match=etag, missing_ok=True)
-    except PreconditionFailed:
-        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
-                        "to that run", path=uri(ctx.store, key)) from None
-    if journal.kind is OpKind.MERGE:
-        for target in journal.targets:
-            for f in target.files.values():
-                if f.copy is not None:
-                    ctx.store.delete(f.copy, missing_ok=True)
-
-
 def abandon_regroup(ctx: Context, journal: RegroupJournal, etag: str, reason: str,
                     pending: Pending | None = Pending.BUSY) -> list[SegmentResult]:
     """Give up an operation before its swap: its swap files removed, staging and the journal dropped; backups
     stay. The segments are as they were."""
     try:
-        etag = _claim(ctx, journal, etag)
+        etag = rewrite(ctx, journal, etag)  # another run that took it over stops us here
         _remove_swaps(ctx, journal)
-        _forget(ctx, journal, etag)
+        forget(ctx, journal, etag)
     except TakenOver as e:
         return _results(journal, Status.ABORTED, e.message, pending=Pending.BUSY, cause=Cause.BUSY)
     return _results(journal, Status.ABORTED, reason, pending=pending,

@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import BinaryIO, Final
 
+from tiering.commit.entry import TAKEN_OVER, advance, back_up, forget
 from tiering.commit.lease import LeaseGuard, LeaseLost
 from tiering.commit.operation import (
     META_OP,
@@ -30,7 +31,7 @@ from tiering.commit.verify import copy_source, download_verified
 from tiering.errors import InvalidDataError, ProofError, StorageError
 from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back
-from tiering.lifecycle.journal import FILES, INDEX_FILES, Journal
+from tiering.lifecycle.journal import INDEX_FILES, Journal
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Swap
 from tiering.storage.layout import (
     journal_key,
@@ -104,8 +105,8 @@ def _swap_log(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> _
     try:
         staged, spool = _copy_to_put(ctx, journal)
         if journal.state is JournalState.STAGED and journal.backup:
-            _back_up(ctx, journal)
-            journal, etag = _advance(ctx, journal, etag, JournalState.BACKED_UP)
+            back_up(ctx, journal)
+            journal, etag = advance(ctx, journal, etag, JournalState.BACKED_UP)
         lease.check()
         if journal.txn is not None and journal.txn.before_log:
             _swap_txn_index(ctx, journal)
@@ -133,17 +134,6 @@ def _copy_to_put(ctx: Context, journal: Journal) -> tuple[str | None, BinaryIO |
     except ObjectNotFound:
         raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
                             path=uri(ctx.store, journal.new.log)) from None
-
-
-def _advance(ctx: Context, journal: Journal, etag: str, state: JournalState) -> tuple[Journal, str]:
-    """The journal entry in its next state, written over the one we last wrote (``If-Match``)."""
-    advanced = journal.advanced(state)
-    try:
-        return advanced, ctx.store.put_json(journal_key(ctx.prefix, journal.directory, journal.base_offset),
-                                            advanced.to_json(), if_match=etag)
-    except (PreconditionFailed, ObjectNotFound):
-        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
-                        "to that run", path=uri(ctx.store, journal.final["log"])) from None
 
 
 def _delete_old_indexes(ctx: Context, journal: Journal, etag: str) -> None:
@@ -223,15 +213,15 @@ def _complete(ctx: Context, swapped: _Swapped, indexes: Indexes | None) -> Segme
     if superseded:
         return _superseded(ctx, journal, etag, indexes_put, superseded)
 
-    def forget() -> None:
+    def forgotten() -> None:
         with contextlib.suppress(TakenOver):  # done all the same: the run that took the entry over forgets it
-            _forget(ctx, journal, etag)
+            forget(ctx, journal, etag)
 
     compacted = journal.kind is OpKind.COMPACT
     etags = (swapped.log_etag, indexes_put.get("index"), indexes_put.get("timeindex"))
     record_state(ctx, journal.directory, journal.base_offset,
                  journal.entry.done(*etags) if compacted else journal.entry.restored(journal.base_offset, *etags),
-                 then=forget)
+                 then=forgotten)
     return SegmentResult(journal.directory, journal.base_offset, Status.COMPACTED if compacted else
                          Status.ROLLED_BACK, "", journal.entry.bytes_before, journal.entry.bytes_after,
                          run_id=journal.run_id, encryption=kms(journal.attrs["log"].headers))
@@ -308,25 +298,7 @@ def _still_ours(ctx: Context, journal: Journal, etag: str) -> None:
     except ObjectNotFound:
         there = None
     if there != etag:
-        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
-                        "to that run", path=uri(ctx.store, key))
-
-
-def _forget(ctx: Context, journal: Journal, etag: str) -> None:
-    """Delete a finished (or given up) operation's journal entry, then its staging objects: a crash in between
-    leaves only staging objects that no journal names (cleanup removes them), never a journal whose staged
-    copy is gone. :class:`TakenOver` if the entry is no longer the one we wrote (nothing is deleted then)."""
-    try:
-        ctx.store.delete(journal_key(ctx.prefix, journal.directory, journal.base_offset), if_match=etag,
-                         missing_ok=True)
-    except PreconditionFailed:
-        raise TakenOver("another run took this operation over while it was stalled (its lease had expired): left "
-                        "to that run", path=uri(ctx.store, journal.final["log"])) from None
-    if journal.kind is OpKind.COMPACT:
-        for key in journal.new.present():
-            ctx.store.delete(key, missing_ok=True)
-        if journal.txn is not None and journal.txn.new is not None:
-            ctx.store.delete(journal.txn.new, missing_ok=True)
+        raise TakenOver(TAKEN_OVER, path=uri(ctx.store, key))
 
 
 def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str], why: str) -> SegmentResult:
@@ -338,7 +310,7 @@ def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str],
         with contextlib.suppress(PreconditionFailed):  # replaced by the other writer already: theirs
             ctx.store.delete(journal.final[name], if_match=put, missing_ok=True)
     with contextlib.suppress(TakenOver):
-        _forget(ctx, journal, etag)
+        forget(ctx, journal, etag)
     return SegmentResult(journal.directory, journal.base_offset, Status.SUPERSEDED,
                          f"{why}: its objects are left as they are", run_id=journal.run_id, pending=Pending.BUSY,
                          cause=Cause.REPLACED)
@@ -374,36 +346,6 @@ def _put_index(ctx: Context, journal: Journal, name: str, indexes: Indexes | Non
         # condition): our op id tells them apart.
         there = store.head(final[name])
         return there.etag if there.metadata.get(META_OP) == op else None
-
-
-def _back_up(ctx: Context, journal: Journal) -> None:
-    """Server-side copies of the originals. moto ignores CopySourceIfMatch, so the source ETag is checked
-    again after the copy: a source that changed meanwhile stops the swap before anything is replaced."""
-    store, final, source, backup = ctx.store, journal.final, journal.source, journal.backup or {}
-    for name, _ in FILES:
-        etag, target = source[name], backup.get(name)
-        if not etag or not target:
-            continue
-        try:
-            store.copy(final[name], target, source_etag=etag, attrs=journal.attrs[name])
-            copied, after = store.head(target), store.head(final[name])
-        except (PreconditionFailed, ObjectNotFound):
-            raise SourceChanged(f"the {name} file changed while it was backed up",
-                                path=uri(store, final[name])) from None
-        if after.etag != etag or copied.size != journal.source_sizes[name]:
-            raise SourceChanged(f"the {name} file changed while it was backed up", path=uri(store, final[name]),
-                                expected=etag, found=after.etag)
-    txn = journal.txn
-    if txn is not None and txn.source and txn.backup:
-        try:
-            _, attrs = store.describe(txn.final)
-            store.copy(txn.final, txn.backup, source_etag=txn.source, attrs=attrs)
-            after = store.head(txn.final)
-        except (PreconditionFailed, ObjectNotFound):
-            raise SourceChanged("the .txnindex changed while it was backed up", path=uri(store, txn.final)) from None
-        if after.etag != txn.source:
-            raise SourceChanged("the .txnindex changed while it was backed up", path=uri(store, txn.final),
-                                expected=txn.source, found=after.etag)
 
 
 def _swap_txn_index(ctx: Context, journal: Journal) -> None:
@@ -501,7 +443,7 @@ def abandon(ctx: Context, journal: Journal, etag: str, reason: str,
     if journal.txn is not None and journal.txn.before_log:
         _put_back_txn_index(ctx, journal)
     try:
-        _forget(ctx, journal, etag)
+        forget(ctx, journal, etag)
     except TakenOver as e:
         return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, e.message, run_id=journal.run_id,
                              pending=Pending.BUSY, cause=Cause.BUSY)

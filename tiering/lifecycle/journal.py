@@ -26,6 +26,20 @@ INDEX_FILES: Final = ("index", "timeindex")
 
 
 @dataclass(frozen=True, slots=True)
+class BackupCopy:
+    """One original an operation copies to its backup before anything final changes: its key and the ETag
+    planned, where it goes, what to call it in an error, the size the copy must have (None: not checked)
+    and the attributes the copy gets (None: the original's own, read first)."""
+
+    final: str
+    etag: str
+    target: str
+    what: str
+    size: int | None
+    attrs: ObjectAttrs | None
+
+
+@dataclass(frozen=True, slots=True)
 class NewFiles:
     """Where the generation to put in place is (staging for a compaction, a backup for a rollback)."""
 
@@ -158,6 +172,22 @@ class Journal:
     def advanced(self, state: JournalState) -> Journal:
         return replace(self, state=state)
 
+    def backups(self) -> tuple[BackupCopy, ...]:
+        """The originals copied to the backup before the swap (none for a rollback: they are its backup)."""
+        backup = self.backup or {}
+        copies = [BackupCopy(self.final[name], etag, target, f"the {name} file", self.source_sizes.get(name),
+                             self.attrs[name])
+                  for name, _ in FILES if (etag := self.source[name]) and (target := backup.get(name))]
+        if self.txn is not None and self.txn.source and self.txn.backup:
+            copies.append(BackupCopy(self.txn.final, self.txn.source, self.txn.backup, "the .txnindex", None, None))
+        return tuple(copies)
+
+    def staging(self) -> tuple[str, ...]:
+        """The staging objects dropped once the operation is forgotten (a rollback's new files are backups)."""
+        if self.kind is not OpKind.COMPACT:
+            return ()
+        return (*self.new.present(), *([self.txn.new] if self.txn is not None and self.txn.new else []))
+
     def referenced(self) -> set[str]:
         """The keys outside the partition this operation still needs (cleanup keeps them)."""
         keys = set(self.new.present()) | {v for v in (self.backup or {}).values() if v}
@@ -271,6 +301,18 @@ class RegroupJournal:
 
     def advanced(self, state: JournalState) -> RegroupJournal:
         return replace(self, state=state)
+
+    def backups(self) -> tuple[BackupCopy, ...]:
+        """Every source file copied to the backup before the swap files go in (none for an unmerge)."""
+        return tuple(BackupCopy(f.final, f.etag, f.copy, f"segment {s.base_offset}'s {name} file", f.size,
+                                f.attrs or ObjectAttrs())
+                     for s in self.sources for name, f in s.files.items() if f.copy is not None)
+
+    def staging(self) -> tuple[str, ...]:
+        """A merge's staged targets, dropped once the operation is forgotten (an unmerge's are backups)."""
+        if self.kind is not OpKind.MERGE:
+            return ()
+        return tuple(f.copy for t in self.targets for f in t.files.values() if f.copy is not None)
 
     def referenced(self) -> set[str]:
         """The keys outside the partition this operation still needs (cleanup keeps them)."""
