@@ -92,6 +92,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
+from tiering.options import CLEANUP, LEASE_TTL, params  # light: the options' declarations alone
+
 SCHEDULE = os.environ.get("TIERING_COMPACTION_SCHEDULE", "@daily")
 SPARK_MASTER = os.environ.get("TIERING_SPARK_MASTER", "local[*]")
 # The one Spark job: a run of any of the run engine's kinds (compaction, key compaction, merging).
@@ -199,10 +201,8 @@ def _fail(failure: str | None) -> None:
         "max_bytes": Param(None, type=["null", "integer"], minimum=1, description="byte budget"),
         "dry_run": Param(False, type="boolean", description="plan and estimate only"),
         "spark_master": Param(SPARK_MASTER, type="string", minLength=1, description="Spark master"),
-        "cleanup_grace_days": Param(7, type="number", minimum=0, description="days originals are kept"),
-        "lease_ttl_seconds": Param(600, type="integer", minimum=30, maximum=86400,
-                                   description="how long a partition stays locked after its holder stopped renewing "
-                                   "(a crashed run's partitions are free again after it)"),
+        **{name: Param(**kw) for name, kw in params(CLEANUP, prefix="cleanup_", only=("grace_days",)).items()},
+        "lease_ttl_seconds": Param(**LEASE_TTL.param()),
         "verify": Param("checksum", type="string", enum=["checksum", "read-back"],
                         description="staged files accepted by S3's CRC-32C of what it stored, or read back"),
         "swap": Param("auto", type="string", enum=["auto", "copy", "put"],

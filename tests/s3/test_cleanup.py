@@ -8,7 +8,7 @@ import pytest
 
 from tiering.commit.lease import Lease
 from tiering.commit.operation import Context
-from tiering.errors import ExitCode
+from tiering.errors import ConfigError, ExitCode
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.run.cleanup import Cleanup, CleanupFigures, CleanupOptions, cleanup
 from tiering.run.kinds import kind_from_json
@@ -91,5 +91,5 @@ def test_nothing_young_is_touched_and_the_options_travel_as_json() -> None:
     assert all(store.get(k) == v for k, v in objects.items())
     started = Cleanup(NOW).started(store, PREFIX)
     assert kind_from_json("cleanup", started.options_json()) == started
-    with pytest.raises(Exception, match="grace_days must be a number"):
+    with pytest.raises(ConfigError, match="option grace_days is out of its range or of the wrong type"):
         kind_from_json("cleanup", {"grace_days": "soon"})

@@ -21,7 +21,6 @@ from rich.table import Table
 
 from tiering.cli.args import add_key_map_args, add_merge_args, int_at_least, max_keys, merge_limits
 from tiering.cli.report import add_cost_args, cost_from_args
-from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.operation import AUTO_SWAP, Context, SegmentResult, SwapChoice
 from tiering.cost.document import MergeFigures
 from tiering.cost.forecast import Forecast
@@ -31,6 +30,7 @@ from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
 from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import Action, Cause, RunKind, Status, Swap, Verify
+from tiering.options import CLEANUP, LEASE_TTL, ROLLBACK, add_arguments
 from tiering.plan.document import Plan, PlannedSegment, PlanTotals
 from tiering.plan.estimate import (
     DEFAULT_SAMPLE_BYTES,
@@ -45,7 +45,7 @@ from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan_partiti
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import merge_priced_text, to_table, usd
 from tiering.run import engine
-from tiering.run.cleanup import DEFAULT_GRACE_DAYS, DEFAULT_STALE_HOURS, CleanupFigures, CleanupOptions, cleanup
+from tiering.run.cleanup import CleanupFigures, CleanupOptions, cleanup
 from tiering.run.documents import CompactOptions, RunResult, new_run_id, topic_of, worst
 from tiering.run.keycompact import KeyCompaction, KeyCompactOptions, KeyPartition
 from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
@@ -622,9 +622,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint-url", default=None,
                    help="S3 endpoint (default: AWS_ENDPOINT_URL, else AWS); credentials come from the AWS chain")
     p.add_argument("--region", default=None, help="region (default: AWS_REGION / AWS_DEFAULT_REGION)")
-    p.add_argument("--lease-ttl-seconds", type=int, default=DEFAULT_TTL_SECONDS,
-                   help="a partition lease not renewed for this long (by S3's clock) may be taken over "
-                        "(default %(default)s)")
+    LEASE_TTL.add_to(p)
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument("-v", "--verbose", action="store_true", help="progress lines on stderr even with --json")
 
@@ -837,8 +835,7 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "busy (another run's lease: run again once it expires) or an object cannot be "
                                    "restored, 1 if a backup is gone, 4 if S3 failed.")
     _common(p)
-    p.add_argument("--run-id", required=True, help="the run to undo (a compaction, merge, key-compaction or "
-                   "tiering run)")
+    add_arguments(p, ROLLBACK, but=(LEASE_TTL,))
     _add_workers_arg(p, "rolled back")
     p.set_defaults(func=_cmd_rollback)
 
@@ -849,9 +846,6 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "a partition at a time under its lease. Ages by S3's clock. Exit 3 if a partition "
                                    "was busy (its objects are left to a later cleanup), 4 if S3 failed.")
     _common(p)
-    p.add_argument("--grace-days", type=float, default=DEFAULT_GRACE_DAYS,
-                   help="keep originals this long after their replacement (default %(default)s)")
-    p.add_argument("--stale-hours", type=float, default=DEFAULT_STALE_HOURS,
-                   help="staging objects and uploads older than this are abandoned (default %(default)s)")
+    add_arguments(p, CLEANUP, but=(LEASE_TTL,))
     _add_workers_arg(p, "cleaned")
     p.set_defaults(func=_cmd_cleanup)

@@ -32,10 +32,11 @@ from datetime import datetime, timedelta
 from typing import ClassVar, Final, Protocol
 
 from tiering.errors import ConflictError, StorageError, TieringError
+from tiering.options import LEASE_TTL
 from tiering.storage.layout import clock_key, leases_dir
 from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed
 
-DEFAULT_TTL_SECONDS: Final = 600
+DEFAULT_TTL_SECONDS: Final[int] = LEASE_TTL.default
 ACQUIRE_ATTEMPTS: Final = 4
 
 

@@ -27,9 +27,9 @@ from typing import Any, ClassVar, Final
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, release_finished
 from tiering.commit.operation import Context, SegmentResult
 from tiering.commit.recover import pending_journals, recover_partition
-from tiering.documents import known_fields
 from tiering.errors import ConfigError
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
+from tiering.options import CLEANUP, option, read_options
 from tiering.run import engine
 from tiering.run.documents import RunResult
 from tiering.storage.layout import (
@@ -46,8 +46,8 @@ from tiering.storage.layout import (
 )
 from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore, delete_honours_etag
 
-DEFAULT_GRACE_DAYS: Final = 7
-DEFAULT_STALE_HOURS: Final = 24  # staging objects and multipart uploads older than this are abandoned
+DEFAULT_GRACE_DAYS: Final[float] = option(CLEANUP, "grace_days").default
+DEFAULT_STALE_HOURS: Final[float] = option(CLEANUP, "stale_hours").default
 FIGURES: Final = ("backups_deleted", "backup_bytes_deleted", "staging_deleted", "kept_referenced", "kept_changed",
                   "uploads_aborted", "probes_deleted", "leases_released")
 
@@ -72,28 +72,8 @@ class CleanupOptions:
 
     @classmethod
     def from_json(cls, doc: object, where: str | None = None) -> CleanupOptions:
-        """:meth:`to_json` read back; a field it does not write, or one of the wrong type, is an error naming it."""
-        d = known_fields(doc, ("grace_days", "stale_hours", "lease_ttl_seconds", "now", "deletes_checked"),
-                         what="cleanup options", where=where)
-
-        def number(name: str, default: float) -> float:
-            value = d.get(name, default)
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ConfigError(f"cleanup options: {name} must be a number of at least 0", path=where,
-                                  expected=f"{name} >= 0", found=value)
-            return float(value)
-
-        ttl = d.get("lease_ttl_seconds", DEFAULT_TTL_SECONDS)
-        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
-            raise ConfigError("a lease must last a second at least", path=where,
-                              expected="lease_ttl_seconds: whole seconds >= 1", found=ttl)
-        now, checked = d.get("now"), d.get("deletes_checked")
-        if (now is not None and not isinstance(now, str)) or (checked is not None and not isinstance(checked, bool)):
-            raise ConfigError("cleanup options of the wrong type", path=where,
-                              expected="now: an ISO 8601 time, deletes_checked: true or false",
-                              found=f"now={now!r}, deletes_checked={checked!r}")
-        return cls(number("grace_days", DEFAULT_GRACE_DAYS), number("stale_hours", DEFAULT_STALE_HOURS), ttl,
-                   now, checked)
+        """:meth:`to_json` read back, as :data:`tiering.options.CLEANUP` declares each field."""
+        return cls(**read_options(doc, CLEANUP, what="cleanup options", where=where))
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from tiering.errors import ConfigError, TieringError
 from tiering.lifecycle.journal import Journal
 from tiering.lifecycle.state import Pruning, SegmentState, StateBatch, load_state
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status
+from tiering.options import LEASE_TTL
 from tiering.plan.document import Plan, PlannedSegment
 from tiering.plan.planfile import ChunkedPlan, by_partition
 from tiering.run import engine
@@ -63,15 +64,11 @@ class CompactionOptions:
             raise ConfigError("compaction options name no plan", path=where,
                               expected="plan_run: the id of the run whose plan to carry out", found=plan_run)
         try:
-            ttl = opt_int(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS)
             budget = opt_int(d, "max_segments", None), opt_int(d, "max_bytes", None)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"compaction options of the wrong type: {e}", path=where,
                               expected="whole numbers (or null for no budget)", found=str(d)) from None
-        if ttl is None or ttl < 1:
-            raise ConfigError("a lease must last a second at least", path=where, expected="lease_ttl_seconds >= 1",
-                              found=ttl)
-        return cls(plan_run, ttl, *budget)
+        return cls(plan_run, LEASE_TTL.read(d, where), *budget)
 
 
 @dataclass(frozen=True, slots=True)

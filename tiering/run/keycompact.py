@@ -47,6 +47,7 @@ from tiering.kafka.keycompact import (
 from tiering.kafka.merge import Limits
 from tiering.lifecycle.state import load_state, record_keys_checkpoint, record_keys_run
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
+from tiering.options import LEASE_TTL
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy, policy_at, policy_ref
 from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions
@@ -118,7 +119,7 @@ class KeyCompactOptions:
             return cls(opt_int(d, "now_ms", None), int_field(d, "delete_retention_ms", DEFAULT_DELETE_RETENTION_MS),
                        int_field(d, "min_compaction_lag_ms", 0), opt_str(d, "codec"), opt_int(d, "level", None),
                        opt_str(d, "topics"), int_field(d, "min_age_minutes", DEFAULT_MIN_AGE_MINUTES),
-                       int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS), policy_at(opt_str(d, "policy")),
+                       LEASE_TTL.read(d, where), policy_at(opt_str(d, "policy")),
                        opt_int(d, "max_keys", DEFAULT_MAX_KEYS), None if merge is None else limits_of(merge))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"key-compaction options of the wrong type: {e}", path=where,

@@ -30,6 +30,7 @@ from tiering.errors import ConfigError, InvalidDataError, TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status, StorageClass
+from tiering.options import LEASE_TTL
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy, policy_at, policy_ref
@@ -71,7 +72,7 @@ class MergeOptions:
         try:  # a field left out takes the command line's default (segments of the last 15 minutes left)
             return cls(limits_of(d["limits"]) if "limits" in d else Limits(), opt_str(d, "topics"),
                        int_field(d, "min_age_minutes", DEFAULT_MIN_AGE_MINUTES),
-                       int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS),
+                       LEASE_TTL.read(d, where),
                        policy_at(opt_str(d, "policy")))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"merge options of the wrong type: {e}", path=where,

@@ -30,11 +30,12 @@ from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.operation import AUTO_SWAP, Context, SegmentResult, SwapChoice
 from tiering.cost.forecast import Range
 from tiering.cost.prices import PriceBook, load_prices
-from tiering.documents import int_field, known_fields, opt_int
+from tiering.documents import known_fields, opt_int
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import Action, Swap, Verify
+from tiering.options import LEASE_TTL
 from tiering.plan.auto import decide_auto, record_age, with_auto
 from tiering.plan.document import Plan, PlanCounts
 from tiering.plan.estimate import Sampling, StratifiedSample, WorkSample, estimate_work
@@ -131,7 +132,7 @@ class RunSettings:
             if codec is not None and not isinstance(codec, str):
                 raise TypeError(f"codec must be a codec's name or null, found {codec!r}")
             return cls(**text, codec=codec, level=opt_int(d, "level", None),
-                       lease_ttl_seconds=int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS), verify=verify,
+                       lease_ttl_seconds=LEASE_TTL.read(d, where), verify=verify,
                        swap=swap)
         except KeyError as e:
             raise ConfigError("a run's settings lack a field", path=where, expected=str(e), found=sorted(d)) from None

@@ -30,7 +30,6 @@ from tiering.commit.operation import Context, SegmentResult
 from tiering.commit.recover import recover_partition, stage_rollback
 from tiering.commit.regroup import finish_regroup, stage_unmerge
 from tiering.commit.swap import finish_one
-from tiering.documents import int_field, known_fields
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.files import parse_segment_name
 from tiering.lifecycle.state import (
@@ -43,6 +42,7 @@ from tiering.lifecycle.state import (
     load_state,
 )
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
+from tiering.options import ROLLBACK, read_options
 from tiering.run import engine
 from tiering.run.documents import RunResult
 from tiering.storage.layout import (
@@ -77,22 +77,8 @@ class RollbackOptions:
 
     @classmethod
     def from_json(cls, doc: object, where: str | None = None) -> RollbackOptions:
-        """:meth:`to_json` read back; a field it does not write, one missing or of the wrong type is an error
-        naming it (``where``: the document's origin)."""
-        d = known_fields(doc, ("target_run", "lease_ttl_seconds"), what="rollback options", where=where)
-        target = d.get("target_run")
-        if not isinstance(target, str) or not target:
-            raise ConfigError("rollback options name no run to roll back", path=where,
-                              expected="target_run: a run id", found=target)
-        try:
-            ttl = int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"rollback options of the wrong type: {e}", path=where,
-                              expected="lease_ttl_seconds: whole seconds", found=str(d)) from None
-        if ttl < 1:
-            raise ConfigError("a lease must last a second at least", path=where, expected="lease_ttl_seconds >= 1",
-                              found=ttl)
-        return cls(target, ttl)
+        """:meth:`to_json` read back, as :data:`tiering.options.ROLLBACK` declares each field."""
+        return cls(**read_options(doc, ROLLBACK, what="rollback options", where=where))
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
 from tiering.commit.moves import follow_etags, in_flight_groups, moved_objects, operation_pending
 from tiering.commit.operation import Context, SegmentResult
 from tiering.cost.prices import DEFAULT_REGION, GB, PriceBook, load_prices
-from tiering.documents import check_document, int_field, known_fields, opt_str
+from tiering.documents import check_document, known_fields, opt_str
 from tiering.errors import ConfigError, ConflictError, InvalidDataError, TieringError
 from tiering.lifecycle.state import (
     ClassMove,
@@ -42,6 +42,7 @@ from tiering.lifecycle.state import (
     record_segments,
 )
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status, StayCause, StorageClass, TierAction
+from tiering.options import LEASE_TTL
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy, policy_at, policy_ref
@@ -267,9 +268,7 @@ class TierOptions:
             include = d.get("include_internal", False)
             if not isinstance(include, bool):
                 raise TypeError(f"include_internal must be true or false, found {include!r}")
-            ttl = int_field(d, "lease_ttl_seconds", DEFAULT_TTL_SECONDS)
-            if ttl < 1:
-                raise ValueError(f"lease_ttl_seconds must be at least 1, found {ttl}")
+            ttl = LEASE_TTL.read(d, where)
             region = d.get("prices_region", DEFAULT_REGION)
             if not isinstance(region, str) or not region:
                 raise TypeError(f"prices_region must be a region's name, found {region!r}")
