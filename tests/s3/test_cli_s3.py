@@ -88,6 +88,15 @@ def test_scan_compact_rollback_cleanup_in_another_process(bucket: S3Store, tmp_p
     assert code == 0, err
     assert {s["status"] for s in json.loads(out)["segments"]} == {"rolled-back"}
 
+    code, out, err = _run("s3", "cleanup", *where, "--grace-days", "0", "--dry-run", "--json")
+    assert code == 0, err
+    assert json.loads(out)["totals"] == {"partitions": 1, "backups": 6, "backup_bytes": sum(
+        i.size for i in bucket.list(f"{PREFIX}/_tiering/backup/")), "staging": 0}
+    assert len(list(bucket.list(f"{PREFIX}/_tiering/backup/"))) == 6  # nothing deleted
+    code, out, err = _run("s3", "cleanup", *where, "--grace-days", "0", "--dry-run")
+    assert code == 0, err
+    assert "all partitions (1)" in out
+    assert "dry run: nothing was deleted" in out
     code, out, err = _run("s3", "cleanup", *where, "--grace-days", "0", "--json")
     assert code == 0, err
     assert json.loads(out)["usage"]["cleanup"]["backups_deleted"] == 6

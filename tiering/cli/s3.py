@@ -45,7 +45,7 @@ from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan_partiti
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import merge_priced_text, to_table, usd
 from tiering.run import engine
-from tiering.run.cleanup import CleanupFigures, CleanupOptions, cleanup
+from tiering.run.cleanup import Cleanup, CleanupFigures, CleanupOptions, CleanupPartition, cleanup
 from tiering.run.documents import CompactOptions, RunResult, new_run_id, topic_of, worst
 from tiering.run.keycompact import KeyCompaction, KeyCompactOptions, KeyPartition
 from tiering.run.merge import MergeOptions, Merging, PlannedMerges, plan_merges
@@ -541,7 +541,44 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     _log(args, f"cleanup: kept originals older than {args.grace_days:g} days, staging objects and uploads older "
                f"than {args.stale_hours:g} hours ...")
     options = CleanupOptions(args.grace_days, args.stale_hours, args.lease_ttl_seconds)
+    if args.dry_run:
+        return _cleanup_dry_run(args, store, options)
     return _finish_run(args, cleanup(store, ctx, options, _segment_progress(args), workers=args.workers))
+
+
+def _cleanup_dry_run(args: argparse.Namespace, store: ObjectStore, options: CleanupOptions) -> int:
+    """What a cleanup would delete, a partition at a time, as its planning finds it (nothing is deleted; no
+    probe of the store: its answer only matters to a deletion)."""
+    found: list[tuple[str, int, int, int]] = []  # partition, kept originals, their bytes, staging objects
+
+    def add(part: CleanupPartition) -> None:
+        found.append((part.directory, len(part.backups), sum(e.size for e in part.backups), len(part.staging)))
+
+    engine.preview(store, args.prefix, Cleanup(replace(options, deletes_checked=True)), add)
+    totals = (sum(f[1] for f in found), sum(f[2] for f in found), sum(f[3] for f in found))
+    if args.json:
+        _emit_json(args.stdout, {"dry_run": True, "settings": {"grace_days": options.grace_days,
+                                                               "stale_hours": options.stale_hours},
+                                 "partitions": [{"directory": d, "backups": n, "backup_bytes": b, "staging": st}
+                                                for d, n, b, st in found],
+                                 "totals": {"partitions": len(found), "backups": totals[0],
+                                            "backup_bytes": totals[1], "staging": totals[2]}})
+        return 0
+    t = Table(title=f"what a cleanup of s3://{args.bucket}/{args.prefix} would delete (originals kept over "
+                    f"{options.grace_days:g} days, staging objects over {options.stale_hours:g} hours)",
+              title_justify="left")
+    for col in ("partition", "kept originals", "their bytes", "staging objects"):
+        t.add_column(col, justify="left" if col == "partition" else "right")
+    for d, n, b, st in found[:200]:
+        t.add_row(d, f"{n:,}", _human(b), f"{st:,}")
+    if len(found) > 200:
+        t.add_row(f"... {len(found) - 200:,} more partitions (see --json)", "", "", "")
+    t.add_row(f"all partitions ({len(found):,})", f"{totals[0]:,}", _human(totals[1]), f"{totals[2]:,}", style="bold")
+    _console(args.stdout).print(t)
+    print("dry run: nothing was deleted (a cleanup keeps what an operation in flight still names, and what a busy "
+          "partition holds; incomplete uploads and the leases of finished runs are not counted here)",
+          file=args.stdout)
+    return 0
 
 
 def _tier_table(plan: TierPlan) -> Table:
@@ -848,4 +885,6 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     _common(p)
     add_arguments(p, CLEANUP, but=(LEASE_TTL,))
     _add_workers_arg(p, "cleaned")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted, a partition at a time; "
+                   "delete nothing")
     p.set_defaults(func=_cmd_cleanup)
