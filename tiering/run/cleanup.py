@@ -196,11 +196,14 @@ class Cleanup:
         """The partition's journals finished, then its expired objects deleted but those an operation still in
         flight names; one result a segment."""
         store = ctx.store
-        out += recover_partition(ctx, part.directory, lease)
+        pending = list(pending_journals(store, ctx.prefix, part.directory))
+        if pending:  # one a crashed run left since the planner finished the others: finished first too
+            out += recover_partition(ctx, part.directory, lease)
+            pending = list(pending_journals(store, ctx.prefix, part.directory))
         referenced: set[str] = set()
-        for journal, _ in pending_journals(store, ctx.prefix, part.directory):
+        for journal, _ in pending:
             referenced |= journal.referenced()
-        lease.check()
+        lease.keep_alive()  # renewed (and so checked still ours) if a third of its time has gone
         wanted = [e for e in (*part.backups, *part.staging) if e.key not in referenced]
         if not self.options.deletes_checked:  # the store would delete a key rewritten since the listing
             wanted = [e for e in wanted if _still(store, e)]
