@@ -182,6 +182,19 @@ def test_the_segment_walk_bench_follows_each_walk_through_the_commit_steps(tmp_p
     assert "module depth" in proc.stdout
 
 
+def test_the_cleanup_requests_bench_deletes_every_kept_object_a_partition_at_a_time(tmp_path: Path) -> None:
+    """Each partition costs its lease, one journal listing and one DeleteObjects for all its objects."""
+    out = tmp_path / "cleanup.json"
+    proc = subprocess.run([sys.executable, str(BENCH.parent / "cleanup_requests.py"), "--partitions", "20",
+                           "--runs", "2", "--json", str(out)], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["objects_deleted"] == 20 * 2 * 2 * 3
+    assert doc["requests"]["DeleteObject"] == 20  # the leases released: never one an object
+    assert 20 <= doc["requests"]["DeleteObjects"] <= 20 + 2  # one a partition (and the probe's)
+    assert "a partition" in proc.stdout
+
+
 @pytest.mark.slow
 def test_merge_bench_runs_and_counts_objects_before_and_after(tmp_path: Path) -> None:
     out = tmp_path / "bench_merge.json"
