@@ -202,7 +202,7 @@ def _fail(failure: str | None) -> None:
         "dry_run": Param(False, type="boolean", description="plan and estimate only"),
         "spark_master": Param(SPARK_MASTER, type="string", minLength=1, description="Spark master"),
         **{name: Param(**kw) for name, kw in params(CLEANUP, prefix="cleanup_", only=("grace_days",)).items()},
-        "lease_ttl_seconds": Param(**LEASE_TTL.param()),
+        "lease_ttl_seconds": Param(**LEASE_TTL.param(minimum=30)),  # a scheduled run's copies take time
         "verify": Param("checksum", type="string", enum=["checksum", "read-back"],
                         description="staged files accepted by S3's CRC-32C of what it stored, or read back"),
         "swap": Param("auto", type="string", enum=["auto", "copy", "put"],
@@ -302,8 +302,7 @@ def kafka_segment_compaction() -> None:
         from tiering.steps import compaction  # noqa: PLC0415
 
         run, store = _run()
-        result = compaction.clean(store, run, print)
-        return result.totals() if result is not None else {"dry_run": True}
+        return compaction.clean(store, run, print).to_json()
 
     scanned = scan()
     key_compaction() >> merge() >> scanned

@@ -29,18 +29,21 @@ def test_the_flag_the_param_and_the_json_take_the_same_default_and_bounds() -> N
         assert parsed[name] == read[name] == dag[f"cleanup_{name}"]["default"]
     assert dag["cleanup_lease_ttl_seconds"] | {"description": ""} == {
         "default": 600, "type": "integer", "minimum": 1, "maximum": 86_400, "description": ""}
+    assert LEASE_TTL.param(minimum=30)["minimum"] == 30  # a DAG's scheduled runs may ask a tighter bound
     assert read["now"] is None  # set by the run as it starts ...
     assert "now" not in parsed  # ... never asked
 
 
 @pytest.mark.parametrize(("argv", "doc"), [(["--grace-days", "-1"], {"grace_days": -1}),
+                                           (["--grace-days", "inf"], {"grace_days": float("inf")}),
+                                           (["--stale-hours", "1e12"], {"stale_hours": 1e12}),
                                            (["--lease-ttl-seconds", "0"], {"lease_ttl_seconds": 0}),
                                            (["--lease-ttl-seconds", "1.5"], {"lease_ttl_seconds": 1.5}),
                                            (["--stale-hours", "soon"], {"stale_hours": "soon"})])
 def test_a_value_out_of_its_declaration_is_refused_everywhere_naming_the_option(argv: list[str], doc: dict[str, Any]
                                                                                 ) -> None:
     name = next(iter(doc))
-    with pytest.raises(argparse.ArgumentError, match=f"expected {name}: "):
+    with pytest.raises(argparse.ArgumentError, match=f"argument {argv[0]}: expected a "):
         _parser(CLEANUP).parse_args(argv)
     with pytest.raises(ConfigError, match=f"option {name} is out of its range or of the wrong type") as e:
         read_options(doc, CLEANUP, what="cleanup options", where="--options")

@@ -10,6 +10,7 @@ the package's errors): a DAG file imports it when Airflow parses it.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -48,14 +49,14 @@ class Opt:
 
     def expected(self) -> str:
         """What a value must be, in words."""
-        what = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}[self.kind]
+        what = {int: "a whole number", float: "a finite number", str: "text", bool: "true or false"}[self.kind]
         if self.choices:
             what = "one of " + ", ".join(self.choices)
         size = "of a length " if self.kind is str else ""
         bounds = [f"{size}>= {self.minimum:g}" if self.minimum is not None else "",
                   f"{size}<= {self.maximum:g}" if self.maximum is not None else ""]
         said = " and ".join(b for b in bounds if b)
-        return f"{self.name}: {what}" + (f" {said}" if said else "") + (" (or null)" if self.optional else "")
+        return what + (f" {said}" if said else "") + (" (or null)" if self.optional else "")
 
     def check(self, value: object, where: str | None = None) -> Any:
         """``value`` as this option takes it; a :class:`ConfigError` naming the option otherwise."""
@@ -69,6 +70,8 @@ class Opt:
         if ok and isinstance(measure, int | float) and not isinstance(measure, bool):
             ok = ((self.minimum is None or measure >= self.minimum) and
                   (self.maximum is None or measure <= self.maximum))
+        if ok and isinstance(value, float) and not math.isfinite(value):
+            ok = False
         if ok and self.choices:
             ok = value in self.choices
         if not ok:
@@ -80,15 +83,16 @@ class Opt:
         """This option's value in ``doc`` (an options' JSON), checked; its default where ``doc`` has none."""
         return self.check(doc[self.name], where) if self.name in doc else self.default
 
-    def param(self, default: Any = None) -> dict[str, Any]:
+    def param(self, default: Any = None, *, minimum: float | None = None) -> dict[str, Any]:
         """The keyword arguments of the DAG's ``Param`` for this option (``default``: another than the
-        option's own, e.g. from the deployment's environment)."""
+        option's own, e.g. from the deployment's environment; ``minimum``: a tighter bound than the
+        option's, where a DAG's scheduled runs need one)."""
         kinds: Any = _JSON_TYPES[self.kind] if not self.optional else ["null", _JSON_TYPES[self.kind]]
         out: dict[str, Any] = {"default": self.default if default is None else default, "type": kinds,
                                "description": self.help}
         low, high = ("minLength", "maxLength") if self.kind is str else ("minimum", "maximum")
-        if self.minimum is not None:
-            out[low] = self.minimum
+        if minimum is not None or self.minimum is not None:
+            out[low] = max(m for m in (minimum, self.minimum) if m is not None)
         if self.maximum is not None:
             out[high] = self.maximum
         if self.choices:
@@ -129,7 +133,8 @@ def read_options(doc: object, declared: Iterable[Opt], *, what: str, where: str 
     d = known_fields(doc, opts, what=what, where=where)
     for name, o in opts.items():
         if o.required and name not in d:
-            raise ConfigError(f"{what} lack option {name}", path=where, expected=o.expected(), found="nothing")
+            raise ConfigError(f"{what} lack option {name}", path=where, expected=f"{name}: {o.expected()}",
+                              found="nothing")
     return {name: o.read(d, where) for name, o in opts.items()}
 
 
@@ -162,11 +167,12 @@ LEASE_TTL: Final = Opt("lease_ttl_seconds", int, 600, "a partition lease not ren
 
 CLEANUP: Final = (
     Opt("grace_days", float, 7.0, "days kept originals stay after their replacement (what a rollback restores)",
-        minimum=0),
+        minimum=0, maximum=36_500),
     Opt("stale_hours", float, 24.0, "hours after which staging objects and incomplete uploads are abandoned",
-        minimum=0),
+        minimum=0, maximum=876_000),
     LEASE_TTL,
-    Opt("now", str, None, "S3's clock as the cleanup started", optional=True, internal=True),
+    Opt("now", str, None, "S3's clock as the cleanup started (ISO 8601 with its offset)", optional=True,
+        internal=True),
     Opt("deletes_checked", bool, None, "whether the store's DeleteObjects honours an ETag", optional=True,
         internal=True),
 )

@@ -568,8 +568,7 @@ def unfinished(doc: dict[str, Any] | None) -> list[str]:
     if doc is None:
         return ["no JSON result"]
     out: list[str] = []
-    out += [f"left pending: {s}"[:160] for s in doc.get("left_pending", [])]
-    for s in doc.get("segments", []) + doc.get("recovered", []):
+    for s in doc.get("segments", []):
         reason = str(s.get("reason", ""))
         if s.get("status") == "failed" or s.get("pending") or reason.startswith(("partition busy", "stopped")):
             out.append(f"{s.get('directory')}/{s.get('base_offset')}: {s.get('status')} {reason[:120]}")

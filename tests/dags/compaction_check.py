@@ -69,9 +69,13 @@ def main() -> None:
 
         for lease in leases:
             lease.release()
+        conf["lease_ttl_seconds"] = 120  # the DAG's lease time reaches its cleanup too
         state, run_id = run_dag(conf, dag)
         doc = store.get_json(run_result_key(PREFIX, run_id, "compact"))[0]
-        facts["free"] = {"state": state, "totals": doc["totals"]}
+        cleaned = store.get_json(run_result_key(PREFIX, f"{run_id}-cleanup", "cleanup"))[0]
+        facts["free"] = {"state": state, "totals": doc["totals"], "cleanup": {
+            "exit_code": cleaned["exit_code"], "lease_ttl_seconds": cleaned["settings"].get("lease_ttl_seconds"),
+            "backups": sorted(i.key for i in store.list(f"{PREFIX}/_tiering/backup/{run_id}/"))}}
 
         seed_compacted(store)
         state, run_id = run_dag({**conf, "compact_keys": True, "topics": COMPACTED}, dag)

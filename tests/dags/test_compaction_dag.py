@@ -44,6 +44,10 @@ def test_a_run_whose_partitions_are_all_busy_fails_with_the_work_left(facts: dic
 def test_the_same_dag_compacts_everything_once_the_partitions_are_free(facts: dict[str, Any]) -> None:
     assert facts["free"]["state"] == "success"
     assert facts["free"]["totals"]["compacted"] == 4
+    # the DAG's cleanup ran as a run of its own, within the grace period: every original the run kept stays
+    cleanup = facts["free"]["cleanup"]
+    assert (cleanup["exit_code"], cleanup["lease_ttl_seconds"]) == (0, 120)
+    assert len(cleanup["backups"]) == 4 * 3
 
 
 def test_compact_keys_cleans_the_compacted_topic_first_then_the_recompression_runs(facts: dict[str, Any]) -> None:

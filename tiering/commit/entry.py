@@ -66,10 +66,11 @@ def back_up(ctx: Context, journal: Entry) -> None:
         try:
             attrs = c.attrs if c.attrs is not None else store.describe(c.final)[1]
             store.copy(c.final, c.target, source_etag=c.etag, attrs=attrs)
-            copied, after = store.head(c.target), store.head(c.final)
+            copied = store.head(c.target).size if c.size is not None else None
+            after = store.head(c.final)
         except (PreconditionFailed, ObjectNotFound):
             raise SourceChanged(f"{c.what} changed while it was backed up", path=uri(store, c.final)) from None
-        if after.etag != c.etag or (c.size is not None and copied.size != c.size):
+        if after.etag != c.etag or copied != c.size:
             raise SourceChanged(f"{c.what} changed while it was backed up", path=uri(store, c.final),
                                 expected=c.etag, found=after.etag)
 

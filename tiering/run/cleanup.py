@@ -7,9 +7,10 @@ older than the stale period aborted, and probes' scratch objects deleted. Then, 
 operations crashed runs left in flight are finished. The partitions are those holding kept objects past
 their age: originals in ``backup/<run>/`` past the grace period, staging objects in ``staging/<run>/`` past
 the stale period, every run's listing read at once, in key order, so that a partition's objects come
-together (nothing is held but one partition's). In each partition, under its lease: its journals finished
-again, the objects an operation still in flight names kept, the rest deleted (DeleteObjects, each only if
-its ETag is still the one listed). Ages are S3's (``LastModified`` against S3's clock read at the start).
+together (what is held: one partition's objects, and a listing page of each run that kept any). In each
+partition, under its lease: a journal left in flight there finished first, the objects an operation still
+in flight names kept, the rest deleted (DeleteObjects, each only if its ETag is still the one listed; the
+lease checked just before). Ages are S3's (``LastModified`` against S3's clock read at the start).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore, del
 
 DEFAULT_GRACE_DAYS: Final[float] = option(CLEANUP, "grace_days").default
 DEFAULT_STALE_HOURS: Final[float] = option(CLEANUP, "stale_hours").default
+DELETE_BATCH: Final = 1_000  # the keys of one DeleteObjects (S3's most)
 FIGURES: Final = ("backups_deleted", "backup_bytes_deleted", "staging_deleted", "kept_referenced", "kept_changed",
                   "uploads_aborted", "probes_deleted", "leases_released")
 
@@ -72,8 +74,18 @@ class CleanupOptions:
 
     @classmethod
     def from_json(cls, doc: object, where: str | None = None) -> CleanupOptions:
-        """:meth:`to_json` read back, as :data:`tiering.options.CLEANUP` declares each field."""
-        return cls(**read_options(doc, CLEANUP, what="cleanup options", where=where))
+        """:meth:`to_json` read back, as :data:`tiering.options.CLEANUP` declares each field (the clock an ISO
+        8601 time with its offset)."""
+        read = read_options(doc, CLEANUP, what="cleanup options", where=where)
+        if read["now"] is not None:
+            try:
+                aware = datetime.fromisoformat(read["now"]).tzinfo is not None
+            except ValueError:
+                aware = False
+            if not aware:
+                raise ConfigError("cleanup options: now is not S3's clock", path=where,
+                                  expected="now: an ISO 8601 time with its offset", found=read["now"])
+        return cls(**read)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +215,18 @@ class Cleanup:
         referenced: set[str] = set()
         for journal, _ in pending:
             referenced |= journal.referenced()
-        lease.keep_alive()  # renewed (and so checked still ours) if a third of its time has gone
         wanted = [e for e in (*part.backups, *part.staging) if e.key not in referenced]
         if not self.options.deletes_checked:  # the store would delete a key rewritten since the listing
-            wanted = [e for e in wanted if _still(store, e)]
-        deleted = store.delete_many([(e.key, e.etag) for e in wanted]) if wanted else set()
+            looked: list[Expired] = []
+            for e in wanted:
+                lease.keep_alive()  # a HEAD an object: renewed when due
+                if _still(store, e):
+                    looked.append(e)
+            wanted = looked
+        deleted: set[str] = set()
+        for at in range(0, len(wanted), DELETE_BATCH):
+            lease.check()  # still ours, just before the deletes (a stall the local clock did not see)
+            deleted |= store.delete_many([(e.key, e.etag) for e in wanted[at:at + DELETE_BATCH]])
         backups = {e.key for e in part.backups}
         by_base: dict[int, Counter[str]] = {}
         for e in (*part.backups, *part.staging):
@@ -229,7 +248,7 @@ class Cleanup:
 
     def settings_json(self) -> dict[str, Any]:
         return {"grace_days": self.options.grace_days, "stale_hours": self.options.stale_hours,
-                "now": self.options.now}
+                "lease_ttl_seconds": self.options.lease_ttl_seconds, "now": self.options.now}
 
     def options_json(self) -> dict[str, Any]:
         return self.options.to_json()
@@ -281,11 +300,12 @@ def _finished_at(store: ObjectStore, prefix: str, run_id: str) -> datetime | Non
 
 
 def _still(store: ObjectStore, e: Expired) -> bool:
-    """Whether ``e``'s object is still the version listed (a HEAD)."""
+    """Whether ``e``'s object is still the version listed, or gone already (a HEAD): either way no other
+    version is deleted with it."""
     try:
         return store.head(e.key).etag == e.etag
     except ObjectNotFound:
-        return False
+        return True
 
 
 def cleanup(store: ObjectStore, ctx: Context, options: CleanupOptions = CleanupOptions(),
@@ -314,6 +334,9 @@ class CleanupFigures:
             raise ConfigError("not a cleanup's run document", path=run.run_id, expected="usage.cleanup",
                               found=sorted(run.usage or {}))
         return cls(*(int(found.get(name, 0)) for name in FIGURES))
+
+    def counts(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in FIGURES}
 
     def summary(self) -> str:
         """One line for people."""

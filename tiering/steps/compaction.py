@@ -350,11 +350,27 @@ def report(store: ObjectStore, run: CompactionParams, log: Log) -> ReportStep:
                       t.payback_months, uris["json"], uris["html"], failure)
 
 
-def clean(store: ObjectStore, run: CompactionParams, log: Log) -> RunResult | None:
+@dataclass(frozen=True, slots=True)
+class CleanupStep:
+    """What the DAG's cleanup did: its run (None on a dry run, which cleans nothing)."""
+
+    run: RunResult | None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.run is None:
+            return {"dry_run": True}
+        return {"run_id": self.run.run_id, **self.run.totals(), "pending": self.run.pending,
+                **CleanupFigures.of(self.run).counts()}
+
+
+def clean(store: ObjectStore, run: CompactionParams, log: Log) -> CleanupStep:
     """Originals past their grace period, abandoned staging objects and multipart uploads (a cleanup run of the
-    engine, as the compaction's run id); None on a dry run."""
+    engine, run ``<run>-cleanup``); nothing on a dry run."""
     if run.dry_run:
-        return None
-    result = cleanup(store, run.settings.context(store), CleanupOptions(run.grace_days))
-    log(f"cleanup: {CleanupFigures.of(result).summary()} ({result.totals()['segments']:,} segments' objects)")
-    return result
+        return CleanupStep(None)
+    settings = replace(run.settings, run_id=f"{run.settings.run_id}-cleanup", codec=None, level=None)
+    result = cleanup(store, settings.context(store),
+                     CleanupOptions(run.grace_days, lease_ttl_seconds=settings.lease_ttl_seconds))
+    log(f"cleanup run {settings.run_id}: {CleanupFigures.of(result).summary()} "
+        f"({result.totals()['segments']:,} segments' objects)")
+    return CleanupStep(result)
