@@ -12,6 +12,7 @@ from moto.server import ThreadedMotoServer
 
 from tests.s3.conftest import PREFIX, check_consistent, seed
 from tiering.plan.scan import ScanOptions
+from tiering.run.cleanup import CleanupFigures, CleanupOptions
 from tiering.run.documents import CompactOptions, RunResult
 from tiering.run.pipeline import RunSettings, compaction_kind, plan_run, scan_run
 from tiering.spark.submit import SparkJobFailed, submit
@@ -68,3 +69,16 @@ def test_spark_compacts_and_swaps_in_every_planned_segment(server_store: S3Store
     check_consistent(store, {b: o for b, o in originals[0].items() if b != bad}, partition=0)
     check_consistent(store, originals[1], partition=1)
     assert store.get(f"{PREFIX}/orders.v1-0/{bad:020d}.log") == bytes(data)
+    # the cleanup, on Spark too: every original the run kept deleted (no grace left), a partition a task
+    kept = list(store.list(f"{PREFIX}/_tiering/backup/{settings.run_id}/"))
+    assert len(kept) == 2 * 3
+    sweep = RunSettings("spark", PREFIX, "spark-cleanup")
+    submit(JOB, ["--kind", "cleanup", "--settings", json.dumps(sweep.to_json()), "--options",
+                 json.dumps(CleanupOptions(grace_days=0).to_json())], master="local[2]", log=lines.append)
+    assert any("cleanup: 2 partitions in 2 tasks" in line for line in lines), lines[-20:]
+    key = run_result_key(PREFIX, sweep.run_id, "cleanup")
+    cleaned = RunResult.from_json(store.get_json(key)[0], key)
+    assert CleanupFigures.of(cleaned).backups_deleted == len(kept)
+    assert CleanupFigures.of(cleaned).backup_bytes_deleted == sum(i.size for i in kept)
+    assert not list(store.list(f"{PREFIX}/_tiering/backup/"))
+    assert not list(store.list(f"{PREFIX}/_tiering/leases/"))
