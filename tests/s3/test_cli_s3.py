@@ -100,6 +100,9 @@ def test_scan_compact_rollback_cleanup_in_another_process(bucket: S3Store, tmp_p
     code, out, err = _run("s3", "cleanup", *where, "--grace-days", "0", "--json")
     assert code == 0, err
     assert json.loads(out)["usage"]["cleanup"]["backups_deleted"] == 6
+    code, out, err = _run("s3", "cleanup", *where, "--grace-days", "0")
+    assert code == 0, err
+    assert "nothing past its age; 0 kept originals deleted (0 B)" in out
 
 
 def test_text_output_shows_the_plan_and_the_run(bucket: S3Store) -> None:

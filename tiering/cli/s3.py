@@ -316,7 +316,7 @@ def _run_table(run: RunResult) -> Table:
         t.caption = (f"{counts}; {objects['before']:,} segment objects merged into {objects['after']:,} "
                      f"({_human(before)} of .log bytes, unchanged)")
     elif run.kind is RunKind.CLEANUP:
-        t.caption = f"{counts}; {CleanupFigures.of(run).summary()}"
+        t.caption = f"{counts}; {CleanupFigures.of(run).summary(_human)}"
     elif run.kind is RunKind.ROLLBACK:  # what it put back is stored again: no saving to speak of
         t.caption = counts + (f"; .log bytes in place {_human(before)} → {_human(after)}, the originals' again"
                               if before != after else "")
@@ -328,6 +328,9 @@ def _run_table(run: RunResult) -> Table:
 def _finish_run(args: argparse.Namespace, run: RunResult) -> int:
     if args.json:
         _emit_json(args.stdout, run.to_json())
+    elif run.kind is RunKind.CLEANUP and not run.segments:  # nothing past its age: a line says so
+        print(f"cleanup run {run.run_id} on s3://{run.bucket}/{run.prefix}: nothing past its age; "
+              f"{CleanupFigures.of(run).summary(_human)}", file=args.stdout)
     else:
         _console(args.stdout).print(_run_table(run))
     code = run.exit_code()

@@ -338,9 +338,9 @@ class CleanupFigures:
     def counts(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in FIGURES}
 
-    def summary(self) -> str:
-        """One line for people."""
-        return (f"{self.backups_deleted:,} kept originals deleted ({self.backup_bytes_deleted:,} bytes), "
+    def summary(self, size: Callable[[int], str] = lambda n: f"{n:,} bytes") -> str:
+        """One line for people (``size``: how a number of bytes reads)."""
+        return (f"{self.backups_deleted:,} kept originals deleted ({size(self.backup_bytes_deleted)}), "
                 f"{self.staging_deleted:,} staging objects deleted, {self.uploads_aborted:,} incomplete uploads "
                 f"aborted" + (f", {self.kept_referenced:,} kept (an operation in flight needs them)"
                               if self.kept_referenced else "")
