@@ -144,7 +144,8 @@ def test_no_layer_imports_one_above_it() -> None:
 
 # The run engine's kinds (tiering/run/engine.py): each supplies only its own work and reaches what runs share
 # through the engine and the modules below it; no kind imports another, and the engine imports no kind.
-KINDS = ("run/compaction.py", "run/keycompact.py", "run/merge.py", "run/rollback.py", "run/tier.py")
+KINDS = ("run/compaction.py", "run/keycompact.py", "run/merge.py", "run/rollback.py", "run/tier.py",
+         "run/cleanup.py")
 SHARED_BY_KINDS = {"tiering.run.engine", "tiering.run.documents", "tiering.run.segment"}
 
 
@@ -175,7 +176,8 @@ def test_kinds_import_the_engine_never_each_other() -> None:
 KIND_EXPORTS = {"KeyCompaction", "KeyCompactOptions", "KeyPartition", "Merging", "MergeOptions", "PlannedMerges",
                 "plan_merges", "Tiering", "TierOptions", "TierPartition", "SegmentTiering", "TierTally", "TierPlan",
                 "plan_document", "run_results", "tier_report", "tier_table", "lifecycle_configuration",
-                "Rollback", "RollbackOptions", "rollback", "Compaction", "CompactionOptions"}
+                "Rollback", "RollbackOptions", "rollback", "Compaction", "CompactionOptions",
+                "Cleanup", "CleanupOptions", "CleanupPartition", "CleanupFigures", "cleanup", "DEFAULT_GRACE_DAYS"}
 
 
 def test_callers_reach_a_kinds_work_only_through_the_engine() -> None:
