@@ -83,12 +83,11 @@ class Opt:
         """This option's value in ``doc`` (an options' JSON), checked; its default where ``doc`` has none."""
         return self.check(doc[self.name], where) if self.name in doc else self.default
 
-    def param(self, default: Any = None, *, minimum: float | None = None) -> dict[str, Any]:
-        """The keyword arguments of the DAG's ``Param`` for this option (``default``: another than the
-        option's own, e.g. from the deployment's environment; ``minimum``: a tighter bound than the
+    def param(self, *, minimum: float | None = None) -> dict[str, Any]:
+        """The keyword arguments of the DAG's ``Param`` for this option (``minimum``: a tighter bound than the
         option's, where a DAG's scheduled runs need one)."""
         kinds: Any = _JSON_TYPES[self.kind] if not self.optional else ["null", _JSON_TYPES[self.kind]]
-        out: dict[str, Any] = {"default": self.default if default is None else default, "type": kinds,
+        out: dict[str, Any] = {"default": self.default, "type": kinds,
                                "description": self.help}
         low, high = ("minLength", "maxLength") if self.kind is str else ("minimum", "maximum")
         if minimum is not None or self.minimum is not None:
@@ -151,12 +150,12 @@ def add_arguments(parser: argparse.ArgumentParser, declared: Iterable[Opt], *, b
             o.add_to(parser)
 
 
-def params(declared: Iterable[Opt], *, prefix: str = "", only: Iterable[str] | None = None,
-           defaults: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+def params(declared: Iterable[Opt], *, prefix: str = "", only: Iterable[str] | None = None
+           ) -> dict[str, dict[str, Any]]:
     """The DAG params of the options a person gives (those named in ``only``, if given), by name (``prefix``
     before each: the kind's, in a DAG that runs several), as keyword arguments of ``Param``."""
     chosen = None if only is None else set(only)
-    return {prefix + o.name: o.param((defaults or {}).get(o.name)) for o in declared
+    return {prefix + o.name: o.param() for o in declared
             if not o.internal and (chosen is None or o.name in chosen)}
 
 
