@@ -92,7 +92,24 @@ from typing import Any, ParamSpec, TypeVar
 
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
-from tiering.options import CLEANUP, LEASE_TTL, params  # light: the options' declarations alone
+from tiering.options import (  # light: the options' declarations alone
+    CLEANUP,
+    CODEC,
+    KEY_COMPACTION,
+    LEASE_TTL,
+    LEVEL,
+    MAX_BYTES,
+    MAX_SEGMENTS,
+    MIN_AGE,
+    REBATCH,
+    REBATCH_MAX_BYTES,
+    SEGMENT_BYTES,
+    SWAP,
+    TOPICS,
+    VERIFY,
+    option,
+    params,
+)
 
 SCHEDULE = os.environ.get("TIERING_COMPACTION_SCHEDULE", "@daily")
 SPARK_MASTER = os.environ.get("TIERING_SPARK_MASTER", "local[*]")
@@ -102,7 +119,6 @@ SPARK_JOB = Path(os.environ.get("TIERING_SPARK_JOB", Path(__file__).resolve().pa
 # Published after every run (its extra names the bucket, prefix, run and the report's S3 URI), so that
 # other DAGs can be scheduled on it. Static: bucket and prefix are runtime params, the asset is not.
 REPORT_ASSET = Asset(name="kafka_segment_compaction_report", uri="tiering://kafka_segment_compaction/report")
-CODECS = ["zstd", "lz4", "gzip", "snappy", "none"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -193,31 +209,24 @@ def _fail(failure: str | None) -> None:
                         pattern=r"^[a-z0-9][a-z0-9.-]+[a-z0-9]$", description="the bucket"),
         "prefix": Param(os.environ.get("TIERING_PREFIX", "kafka/logs"), type="string",
                         description="PREFIX of the logdir tree"),
-        "topics": Param(None, type=["null", "string"], description="regex on the whole topic name"),
-        "codec": Param("zstd", type="string", enum=CODECS, description="target codec"),
-        "level": Param(None, type=["null", "integer"], minimum=-131072, maximum=22, description="codec level"),
-        "min_segment_age_minutes": Param(15, type="integer", minimum=0, description="upload grace period"),
-        "max_segments": Param(None, type=["null", "integer"], minimum=1, description="segment budget"),
-        "max_bytes": Param(None, type=["null", "integer"], minimum=1, description="byte budget"),
+        "topics": Param(**TOPICS.param()),
+        "codec": Param(**CODEC.param()),
+        "level": Param(**LEVEL.param()),
+        "min_segment_age_minutes": Param(**MIN_AGE.param()),
+        "max_segments": Param(**MAX_SEGMENTS.param()),
+        "max_bytes": Param(**MAX_BYTES.param()),
         "dry_run": Param(False, type="boolean", description="plan and estimate only"),
         "spark_master": Param(SPARK_MASTER, type="string", minLength=1, description="Spark master"),
         **{name: Param(**kw) for name, kw in params(CLEANUP, prefix="cleanup_", only=("grace_days",)).items()},
         "lease_ttl_seconds": Param(**LEASE_TTL.param(minimum=30)),  # a scheduled run's copies take time
-        "verify": Param("checksum", type="string", enum=["checksum", "read-back"],
-                        description="staged files accepted by S3's CRC-32C of what it stored, or read back"),
-        "swap": Param("auto", type="string", enum=["auto", "copy", "put"],
-                      description="the .log put in place by a server-side copy, by a PUT, or as a probe of the store "
-                      "finds"),
+        "verify": Param(**VERIFY.param()),
+        "swap": Param(**SWAP.param()),
         "inventory": Param("", type="string", pattern=r"^(s3://[^/]+/.+/manifest\.json)?$",
                            description="an S3 Inventory manifest.json to plan from; empty: list the prefix"),
         "policy": Param(os.environ.get("TIERING_POLICY_FILE", ""), type="string",
                         description="policy YAML file on the workers; empty: codec and level for every topic"),
-        "rebatch": Param(False, type="boolean",
-                         description="also merge runs of small batches (docs/rebatching.md) in every topic; with a "
-                         "policy, its rebatch.enable decides per topic instead"),
-        "rebatch_max_bytes": Param(1 << 20, type="integer", minimum=62, maximum=(1 << 31) - 1,
-                                   description="with rebatch: a merged batch's bound (Kafka's default "
-                                   "max.message.bytes)"),
+        "rebatch": Param(**REBATCH.param()),
+        "rebatch_max_bytes": Param(**REBATCH_MAX_BYTES.param()),
         "compact_keys": Param(False, type="boolean",
                               description="first key-compact the compacted topics (the policy's with "
                               "cleanup.policy compact and compact.enable, else those matching topics)"),
@@ -225,13 +234,8 @@ def _fail(failure: str | None) -> None:
                        description="first merge runs of small neighbouring sealed segments into segments up to "
                        "merge_target_bytes, in every chosen topic; with a policy, its merge.enable decides per "
                        "topic instead"),
-        "merge_target_bytes": Param(1 << 30, type="integer", minimum=1 << 20, maximum=(1 << 31) - 1,
-                                    description="with merge: a merged segment's bound (Kafka's default "
-                                    "segment.bytes)"),
-        "compact_keys_merge": Param(True, type="boolean",
-                                    description="with compact_keys: clean neighbours into one segment as the "
-                                    "broker's cleaner groups them (the policy's segment.bytes and "
-                                    "segment.index.bytes, else Kafka's defaults)"),
+        "merge_target_bytes": Param(**SEGMENT_BYTES.param(minimum=1 << 20)),  # with merge
+        "compact_keys_merge": Param(**option(KEY_COMPACTION, "merge").param()),  # with compact_keys
     },
 )
 def kafka_segment_compaction() -> None:

@@ -304,7 +304,8 @@ def _untyped_signatures() -> list[str]:
                 if not any("str, Any]" in ast.unparse(h) for h in hints):
                     continue
                 name = f"{path.relative_to(PACKAGE)}:{node.name}"
-                if node.name in ("to_json", "from_json") or node.name.endswith("_json") or name in JSON_BOUNDARIES:
+                if (node.name in ("to_json", "from_json", "values", "from_values") or node.name.endswith("_json")
+                        or name in JSON_BOUNDARIES):
                     continue
                 found.append(f"{name} (line {node.lineno})")
     return found

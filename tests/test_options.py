@@ -8,9 +8,39 @@ from typing import Any
 
 import pytest
 
+from tiering.cli.args import add_key_map_args, max_keys
+from tiering.commit.operation import AUTO_SWAP
 from tiering.errors import ConfigError
-from tiering.options import CLEANUP, LEASE_TTL, ROLLBACK, Opt, add_arguments, option, params, read_options
+from tiering.kafka.codecs import Codec
+from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS, DEFAULT_MAX_KEYS
+from tiering.kafka.merge import DEFAULT_INDEX_BYTES, DEFAULT_SEGMENT_BYTES, Limits
+from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
+from tiering.lifecycle.vocabulary import Swap, Verify
+from tiering.options import (
+    CLEANUP,
+    CODECS,
+    INDEX_BYTES,
+    KEY_COMPACTION,
+    LEASE_TTL,
+    MERGE,
+    MIN_AGE,
+    REBATCH_MAX_BYTES,
+    ROLLBACK,
+    SEGMENT_BYTES,
+    SWAP,
+    VERIFY,
+    Opt,
+    Options,
+    add_arguments,
+    option,
+    params,
+    read_options,
+)
+from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES
+from tiering.run.cleanup import CleanupOptions
+from tiering.run.keycompact import KeyCompactOptions
 from tiering.run.kinds import kind_from_json
+from tiering.run.merge import MergeOptions
 from tiering.run.pipeline import RunSettings
 
 
@@ -58,7 +88,7 @@ def test_a_required_option_is_required_and_a_field_not_declared_is_named() -> No
     with pytest.raises(ConfigError, match="fields this version does not know") as e:
         read_options({"target_run": "r", "target": "r"}, ROLLBACK, what="rollback options")
     assert e.value.found == "target"
-    assert vars(_parser(ROLLBACK).parse_args(["--run-id", "r"])) == {"run_id": "r", "lease_ttl_seconds": 600}
+    assert vars(_parser(ROLLBACK).parse_args(["--run-id", "r"])) == {"target_run": "r", "lease_ttl_seconds": 600}
     with pytest.raises(SystemExit):  # argparse exits (2) on a missing required flag whatever exit_on_error says
         _parser(ROLLBACK).parse_args([])
 
@@ -78,3 +108,61 @@ def test_the_run_settings_read_the_lease_time_as_declared() -> None:
     assert RunSettings.from_json(settings).lease_ttl_seconds == LEASE_TTL.default
     with pytest.raises(ConfigError, match="lease_ttl_seconds"):
         RunSettings.from_json({**settings, "lease_ttl_seconds": 0})
+
+
+def test_the_declared_defaults_are_the_formats_own() -> None:
+    # options.py stays light (a DAG imports it when Airflow parses it), so it states Kafka's defaults itself
+    assert (SEGMENT_BYTES.default, INDEX_BYTES.default) == (DEFAULT_SEGMENT_BYTES, DEFAULT_INDEX_BYTES)
+    assert option(KEY_COMPACTION, "max_keys").default == DEFAULT_MAX_KEYS
+    assert option(KEY_COMPACTION, "delete_retention_ms").default == DEFAULT_DELETE_RETENTION_MS
+    assert sorted(CODECS) == sorted(c.label for c in Codec)
+    assert MIN_AGE.default == DEFAULT_MIN_AGE_MINUTES
+    assert VERIFY.choices == tuple(v.value for v in Verify)
+    assert SWAP.choices == (AUTO_SWAP, *(s.value for s in Swap))
+    assert REBATCH_MAX_BYTES.default == DEFAULT_REBATCH_BYTES
+
+
+@pytest.mark.parametrize(("cls", "argv", "doc"), [
+    (MergeOptions, ["--segment-bytes", "16MiB", "--topics", "logs.*"], {"segment_bytes": 16 << 20, "topics": "logs.*"}),
+    (KeyCompactOptions, ["--topics", "t", "--no-merge", "--now-ms", "5", "--codec", "zstd"],
+     {"topics": "t", "merge": False, "now_ms": 5, "codec": "zstd"}),
+    (KeyCompactOptions, ["--topics", "t", "--index-bytes", "1KiB", "--max-keys", "9"],
+     {"topics": "t", "index_bytes": 1024, "max_keys": 9}),
+    (CleanupOptions, ["--grace-days", "0.5"], {"grace_days": 0.5}),
+])
+def test_the_options_a_command_line_gives_are_those_their_json_gives(cls: type[Options], argv: list[str],
+                                                                      doc: dict[str, Any]) -> None:
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(p, cls.DECLARED, but=[o for o in cls.DECLARED if o.name == "max_keys"])
+    given = {}
+    if cls is KeyCompactOptions:  # the key map's bound: in keys, or as the broker's buffer in bytes
+        add_key_map_args(p)
+        given = {"max_keys": max_keys(p.parse_args(argv))}
+    from_flags = cls.from_args(p.parse_args(argv), **given)
+    assert set(from_flags.values()) == {o.name for o in cls.DECLARED}
+    assert cls.from_json(from_flags.to_json()) == from_flags
+    assert cls.from_json(doc) == from_flags  # the rest: the same defaults both ways
+
+
+def test_a_size_takes_a_binary_unit_on_the_command_line_and_plain_bytes_in_json() -> None:
+    p = _parser(MERGE)
+    assert p.parse_args(["--segment-bytes", "16MiB"]).segment_bytes == 16 << 20
+    assert p.parse_args(["--index-bytes", "4096"]).index_bytes == 4096
+    for bad in ("16MB", "1.5GiB", "0", "2GiB"):  # not a binary unit, not whole, below 1, above 2^31 - 1
+        with pytest.raises(argparse.ArgumentError, match="expected a size in bytes"):
+            p.parse_args(["--segment-bytes", bad])
+    assert MergeOptions.from_json({"segment_bytes": 1 << 20}).limits == Limits(1 << 20)
+    with pytest.raises(ConfigError, match="option segment_bytes"):
+        MergeOptions.from_json({"segment_bytes": "16MiB"})
+    assert "(default 1GiB)" in p.format_help().replace("\n", " ")
+
+
+def test_key_compaction_merges_by_default_and_a_null_bound_is_no_bound() -> None:
+    keys = KeyCompactOptions.from_json({"topics": "t"})
+    assert (keys.merge, keys.max_keys, keys.min_age_minutes) == (Limits(), DEFAULT_MAX_KEYS, 15)
+    assert KeyCompactOptions.from_json({"topics": "t", "merge": False, "max_keys": None}).merge is None
+    assert KeyCompactOptions.from_json({"topics": "t", "max_keys": None}).max_keys is None
+    with pytest.raises(ConfigError, match="neither"):  # the options' own check: what to clean
+        KeyCompactOptions.from_json({})
+    with pytest.raises(ConfigError, match="option codec"):
+        KeyCompactOptions.from_json({"topics": "t", "codec": "brotli"})

@@ -55,11 +55,3 @@ def opt_str(doc: dict[str, Any], name: str) -> str | None:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"{name} must be a string or null, found {value!r}")
     return value
-
-
-def int_field(doc: dict[str, Any], name: str, default: int) -> int:
-    """Field ``name`` of ``doc``: an integer, or ``default`` where it is absent."""
-    value = opt_int(doc, name, default)
-    if value is None:
-        raise TypeError(f"{name} must be an integer, found null")
-    return value

@@ -13,12 +13,23 @@ import argparse
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Self, cast
 
 from tiering.documents import known_fields
 from tiering.errors import ConfigError
 
 _JSON_TYPES: Final = {int: "integer", float: "number", str: "string", bool: "boolean"}
+_BINARY_UNITS: Final = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """A number of bytes, plain or with a binary unit (``134217728``, ``128MiB``, ``1GiB``); a ValueError
+    naming what was found otherwise."""
+    number = text.rstrip("BKMGib")
+    unit = text[len(number):]
+    if unit not in _BINARY_UNITS or not number.strip().isdigit():
+        raise ValueError(f"expected a size in bytes such as 134217728 or 128MiB, found {text!r}")
+    return int(number) * _BINARY_UNITS[unit]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +37,8 @@ class Opt:
     """One option. ``kind``: its Python type (an int is accepted where a float is asked); ``minimum`` and
     ``maximum``: its bounds (a text's length, for text); ``optional``: None is a value too (no bound, no
     filter); a default of None for an option that is not optional makes it required; ``internal``: set by
-    the run itself as it starts (its clock), read back from JSON but never asked of a person."""
+    the run itself as it starts (its clock), read back from JSON but never asked of a person; ``size``: a
+    number of bytes, which the command line also takes with a binary unit (``16MiB``)."""
 
     name: str
     kind: type
@@ -38,6 +50,8 @@ class Opt:
     optional: bool = False
     internal: bool = False
     cli: str | None = None  # the command line's flag, where it is not --<name with dashes>
+    metavar: str | None = None  # what the flag's value is called in --help (default: the name's last word)
+    size: bool = False
 
     @property
     def flag(self) -> str:
@@ -50,6 +64,8 @@ class Opt:
     def expected(self) -> str:
         """What a value must be, in words."""
         what = {int: "a whole number", float: "a finite number", str: "text", bool: "true or false"}[self.kind]
+        if self.size:
+            what = "a size in bytes"
         if self.choices:
             what = "one of " + ", ".join(self.choices)
         size = "of a length " if self.kind is str else ""
@@ -101,13 +117,13 @@ class Opt:
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         """The option as a command-line flag, checked as :meth:`check` checks it."""
         if self.kind is bool:
-            parser.add_argument(self.flag, action=argparse.BooleanOptionalAction, default=self.default,
-                                help=f"{self.help} (default %(default)s)")
+            parser.add_argument(self.flag, dest=self.name, action=argparse.BooleanOptionalAction,
+                                default=self.default, help=f"{self.help} (default: {'on' if self.default else 'off'})")
             return
 
         def parse(text: str) -> Any:
             try:
-                value = self.kind(text)
+                value = parse_size(text) if self.size else self.kind(text)
             except ValueError:
                 raise argparse.ArgumentTypeError(f"expected {self.expected()}, found {text!r}") from None
             try:
@@ -115,13 +131,24 @@ class Opt:
             except ConfigError:
                 raise argparse.ArgumentTypeError(f"expected {self.expected()}, found {text!r}") from None
 
-        metavar = self.name.rpartition("_")[2].upper()  # what it counts: DAYS, SECONDS, RUN
+        metavar = (self.metavar or ("{" + ",".join(self.choices) + "}" if self.choices else None)
+                   or self.name.rpartition("_")[2].upper())  # what it counts: DAYS, SECONDS, RUN
         if self.required:
-            parser.add_argument(self.flag, type=parse, required=True, metavar=metavar, help=self.help)
+            parser.add_argument(self.flag, dest=self.name, type=parse, required=True, metavar=metavar,
+                                help=self.help)
         else:
-            shown = "%(default)g" if self.kind in (int, float) and self.default is not None else "%(default)s"
-            parser.add_argument(self.flag, type=parse, default=self.default, metavar=metavar,
-                                help=f"{self.help} (default {shown})")
+            shown = ("" if self.default is None else _bytes(self.default) if self.size else  # its help says
+                     "%(default)d" if self.kind is int else "%(default)g" if self.kind is float else "%(default)s")
+            parser.add_argument(self.flag, dest=self.name, type=parse, default=self.default, metavar=metavar,
+                                help=f"{self.help} (default {shown})" if shown else self.help)
+
+
+def _bytes(n: int) -> str:
+    """``n`` bytes as a person would write them: in the largest binary unit that divides them."""
+    for unit in ("GiB", "MiB", "KiB"):
+        if n % _BINARY_UNITS[unit] == 0:
+            return f"{n // _BINARY_UNITS[unit]}{unit}"
+    return str(n)
 
 
 def read_options(doc: object, declared: Iterable[Opt], *, what: str, where: str | None = None) -> dict[str, Any]:
@@ -159,6 +186,45 @@ def params(declared: Iterable[Opt], *, prefix: str = "", only: Iterable[str] | N
             if not o.internal and (chosen is None or o.name in chosen)}
 
 
+
+class Options:
+    """A kind's options: a frozen dataclass whose JSON, command-line flags and DAG params all come from one
+    tuple of declarations (``DECLARED``). A subclass whose fields are not the declared names one for one
+    (a bound made of two options, a policy read from the file an option names) converts in :meth:`from_values` and
+    :meth:`values`."""
+
+    __slots__ = ()
+    DECLARED: ClassVar[tuple[Opt, ...]]
+    WHAT: ClassVar[str]  # what the options are called in an error ("merge options")
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> Self:
+        """The options from their declared values, by name."""
+        made: Self = cast(Any, cls)(**values)
+        return made
+
+    def values(self) -> dict[str, Any]:
+        """The declared values by name (what :meth:`from_values` takes)."""
+        return {o.name: getattr(self, o.name) for o in self.DECLARED}
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as a Spark job receives them (an internal one not set yet is left out)."""
+        internal = {o.name for o in self.DECLARED if o.internal}
+        return {name: v for name, v in self.values().items() if v is not None or name not in internal}
+
+    @classmethod
+    def from_json(cls, doc: object, where: str | None = None) -> Self:
+        """:meth:`to_json` read back strictly (:func:`read_options`; ``where``: the document's origin)."""
+        return cls.from_values(read_options(doc, cls.DECLARED, what=cls.WHAT, where=where))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **given: Any) -> Self:
+        """The options a command line parsed (:func:`add_arguments`), with ``given`` over them (an option the
+        command asks for in its own way); an internal one takes its default."""
+        values = {o.name: o.default if o.internal else getattr(args, o.name) for o in cls.DECLARED}
+        return cls.from_values({**values, **given})
+
+
 # The options of every kind
 LEASE_TTL: Final = Opt("lease_ttl_seconds", int, 600, "a partition lease not renewed for this long (by S3's "
                        "clock) may be taken over: a crashed run's partitions are free again after it",
@@ -181,3 +247,94 @@ ROLLBACK: Final = (
         minimum=1, cli="--run-id"),
     LEASE_TTL,
 )
+
+# What a run chooses its partitions by, and how fresh a segment it leaves
+MIN_AGE: Final = Opt("min_age_minutes", int, 15, "leave segments uploaded less than this many minutes ago (S3's "
+                     "LastModified: a guard against racing the uploader, not the records' age)", minimum=0)
+# The bounds of a segment made of neighbours, as a topic's own (Kafka's defaults)
+SEGMENT_BYTES: Final = Opt("segment_bytes", int, 1 << 30, "the topic's segment.bytes: a segment made of neighbours "
+                           "holds at most this many bytes, and one this large is left as it is", minimum=1,
+                           maximum=(1 << 31) - 1, size=True, metavar="BYTES")
+INDEX_BYTES: Final = Opt("index_bytes", int, 10 << 20, "the topic's segment.index.bytes: the bound of a merged "
+                         "segment's .index and .timeindex", minimum=1, maximum=(1 << 31) - 1, size=True,
+                         metavar="BYTES")
+CODECS: Final = ("zstd", "lz4", "gzip", "snappy", "none")
+
+
+def _topics(what: str) -> Opt:
+    return Opt("topics", str, None, what, minimum=1, optional=True, metavar="REGEX")
+
+
+TOPICS: Final = _topics("only the topics whose whole names match this regular expression (default: every topic)")
+
+
+def _policy(what: str) -> Opt:
+    return Opt("policy", str, None, f"a policy file (see 'tiering policy'): {what}", minimum=1, optional=True,
+               metavar="FILE")
+
+
+MERGE: Final = (
+    SEGMENT_BYTES,
+    INDEX_BYTES,
+    TOPICS,
+    MIN_AGE,
+    _policy("only the topics whose merge.enable is true are merged, each up to its merge.target.bytes (else its "
+            "segment.bytes) and segment.index.bytes, leaving segments whose newest record is younger than its "
+            "min.segment.age.hours (the segment.bytes and segment.index.bytes given here are then not used)"),
+    LEASE_TTL,
+)
+
+KEY_COMPACTION: Final = (
+    _topics("the compacted topics to clean (their whole names must match); this or the policy is required, "
+            "since a pass drops every superseded value"),
+    _policy("the topics whose cleanup.policy has compact and compact.enable is true are cleaned, each with its "
+            "own delete.retention.ms and min.compaction.lag.ms (the two settings of that name given here are then "
+            "not used); with topics, only those of them that also match"),
+    Opt("now_ms", int, None, "the pass's clock in epoch milliseconds: horizons stamped now expire at it plus "
+        "delete.retention.ms, and horizons before it have passed (default: S3's clock)", minimum=0, optional=True,
+        metavar="MS"),
+    Opt("delete_retention_ms", int, 86_400_000, "how long tombstones and transaction markers stay after a pass "
+        "stamped them (Kafka's delete.retention.ms)", minimum=0, metavar="MS"),
+    Opt("min_compaction_lag_ms", int, 0, "leave segments holding records younger than this, relative to the "
+        "partition's newest record (Kafka's min.compaction.lag.ms)", minimum=0, metavar="MS"),
+    Opt("codec", str, None, "the codec of batches the pass rebuilds (default: each batch's own)", choices=CODECS,
+        optional=True),
+    Opt("level", int, None, "with a codec: its level (default: Kafka's)", minimum=-131_072, maximum=22,
+        optional=True),
+    MIN_AGE,
+    Opt("max_keys", int, 5_033_164, "the key map's bound in keys (by default a broker's default cleaner thread's, "
+        "128 MiB of dedupe buffer at 24 bytes a key filled to 0.9): a pass whose map fills up ends there, and the "
+        "next run goes on from that offset; null: no bound", minimum=1, optional=True, metavar="N"),
+    Opt("merge", bool, True, "clean neighbours into one segment while their sources fit it, as the broker's "
+        "cleaner groups them (within segment.bytes and segment.index.bytes; with a policy, each topic's), swapped "
+        "in like a merge (docs/merging.md); off: each segment cleaned into one of its own"),
+    SEGMENT_BYTES,
+    INDEX_BYTES,
+    LEASE_TTL,
+)
+
+# A compaction's: what segments become, how much of them a run takes, and how each is committed
+CODEC: Final = Opt("codec", str, "zstd", "the codec every batch is recompressed with", choices=CODECS)
+LEVEL: Final = Opt("level", int, None, "the codec's level (Kafka's compression.<codec>.level; default: Kafka's "
+                   "default for the codec)", minimum=-131_072, maximum=22, optional=True)
+MAX_SEGMENTS: Final = Opt("max_segments", int, None, "compact at most this many segments this run, largest first "
+                          "(default: no limit)", minimum=1, optional=True, metavar="N")
+MAX_BYTES: Final = Opt("max_bytes", int, None, "compact at most this many .log bytes this run, largest segments "
+                       "first (default: no limit)", minimum=1, optional=True, size=True, metavar="BYTES")
+REBATCH: Final = Opt("rebatch", bool, False, "also merge runs of small batches into larger ones, every record "
+                     "unchanged (docs/rebatching.md), in every topic; with a policy, its rebatch.enable decides per "
+                     "topic instead")
+REBATCH_MAX_BYTES: Final = Opt("rebatch_max_bytes", int, 1 << 20, "with rebatch: a merged batch's bound (Kafka's "
+                               "default max.message.bytes)", minimum=62, maximum=(1 << 31) - 1, size=True,
+                               metavar="BYTES")
+POLICY: Final = _policy("it decides each topic's codec (or producer: left alone, auto: chosen by net dollars), "
+                        "level, minimum savings ratio and minimum record age; codec and level are then not used")
+VERIFY: Final = Opt("verify", str, "checksum", "how each staged file is accepted before anything final changes: "
+                    "'checksum' (the CRC-32C S3 reports for what it stored must be the one of the bytes produced; "
+                    "nothing is downloaded) or 'read-back' (downloaded and decoded again); a store that reports no "
+                    "checksum is read back either way", choices=("checksum", "read-back"))
+SWAP: Final = Opt("swap", str, "auto", "how the new .log is put over the original, conditional on its ETag: "
+                  "'copy' (a server-side CopyObject from staging with If-Match: nothing is sent again), 'put' "
+                  "(downloaded and PUT with If-Match: for stores that ignore a copy's If-Match) or 'auto' ('copy' "
+                  "where a probe at the first swap shows the store refuses a copy whose If-Match fails)",
+                  choices=("auto", "copy", "put"))

@@ -161,7 +161,7 @@ def test_options_left_out_take_the_command_lines_defaults() -> None:
     assert merging.options == MergeOptions(min_age_minutes=15)  # type: ignore[attr-defined]
     keys = kind_from_json("compact-keys", {"topics": "t"}).options  # type: ignore[attr-defined]
     assert (keys.min_age_minutes, keys.merge) == (15, Limits())
-    assert kind_from_json("compact-keys", {"topics": "t", "merge": None}).options.merge is None  # type: ignore[attr-defined]
+    assert kind_from_json("compact-keys", {"topics": "t", "merge": False}).options.merge is None  # type: ignore[attr-defined]
 
 
 def test_a_policy_travels_by_its_files_path(tmp_path: Path) -> None:
@@ -178,8 +178,8 @@ def test_a_policy_travels_by_its_files_path(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("run_kind", "doc", "found"), [
-    ("merge", {"limits": [1, 2], "segment_bytes": 5}, "segment_bytes"),
-    ("merge", {"limits": "16MiB"}, "16MiB"),
+    ("merge", {"limits": [1, 2], "segment_bytes": 5}, "limits"),
+    ("merge", {"segment_bytes": "16MiB"}, "16MiB"),
     ("merge", {"min_age_minutes": "15"}, "min_age_minutes"),
     ("compact-keys", {"topics": "t", "max_keys": True}, "max_keys"),
     ("compact-keys", {"topics": "t", "codecs": "zstd"}, "codecs"),

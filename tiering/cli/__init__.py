@@ -26,7 +26,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from tiering import __version__
-from tiering.cli.args import add_key_map_args, add_merge_args, int_at_least, max_keys, merge_limits
+from tiering.cli.args import add_key_map_args, int_at_least, max_keys, merge_limits
 from tiering.errors import ConfigError, ExitCode, InvalidDataError, TieringError, exit_code
 from tiering.kafka.codecs import DEFAULT_DECOMPRESSION_LIMIT, Codec, check_level
 from tiering.kafka.index import DEFAULT_INDEX_INTERVAL_BYTES
@@ -37,6 +37,7 @@ from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions, RewriteResult
 from tiering.kafka.segment import DecodedBatch, SegmentSummary, iter_decoded
 from tiering.local import compact_keys_dir, merge_dir, open_segment, reindex_file, rewrite_file, verify_file
+from tiering.options import INDEX_BYTES, SEGMENT_BYTES, add_arguments
 
 if TYPE_CHECKING:
     from tiering.cost.forecast import Forecast
@@ -573,8 +574,7 @@ def build_parser(*, local_only: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--codec", default=None, choices=CODEC_CHOICES,
                    help="codec of the batches rebuilt (default: each batch's own)")
     p.add_argument("--level", type=int, default=None, help="with --codec: its level (default: Kafka's)")
-    add_merge_args(p, "neighbours are cleaned into one segment while their sources fit it, as the broker's "
-                      "cleaner groups them")
+    add_arguments(p, (SEGMENT_BYTES, INDEX_BYTES))
     p.add_argument("--no-merge", action="store_true", help="clean each segment into one of its own")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_compact_keys)
@@ -590,7 +590,7 @@ def build_parser(*, local_only: bool = False) -> argparse.ArgumentParser:
                                     "partition directory to DIR; a broker started on it serves every record.")
     p.add_argument("path", type=Path, metavar="PARTITION_DIR", help="the partition directory (only read)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory (new or empty)")
-    add_merge_args(p, "the largest merged segment")
+    add_arguments(p, (SEGMENT_BYTES, INDEX_BYTES))
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.set_defaults(func=_cmd_merge)
 

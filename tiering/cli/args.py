@@ -6,7 +6,8 @@ import argparse
 from collections.abc import Callable
 
 from tiering.kafka.keycompact import DEFAULT_KEY_MAP_BYTES, KEY_MAP_SLOT_BYTES, keys_in_map
-from tiering.kafka.merge import DEFAULT_INDEX_BYTES, DEFAULT_SEGMENT_BYTES, Limits
+from tiering.kafka.merge import Limits
+from tiering.options import parse_size
 
 
 def int_at_least(least: int) -> Callable[[str], int]:
@@ -24,19 +25,15 @@ def int_at_least(least: int) -> Callable[[str], int]:
     return parse
 
 
-_BINARY_UNITS: dict[str, int] = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-
-
 def byte_size(least: int) -> Callable[[str], int]:
     """An argparse type: a number of bytes, plain or with a binary unit (``134217728``, ``128MiB``, ``1GiB``),
     of at least ``least``."""
 
     def parse(text: str) -> int:
-        number = text.rstrip("BKMGib")
-        unit = text[len(number):]
-        if unit not in _BINARY_UNITS or not number.strip().isdigit():
-            raise argparse.ArgumentTypeError(f"expected a size in bytes such as 134217728 or 128MiB, found {text!r}")
-        value = int(number) * _BINARY_UNITS[unit]
+        try:
+            value = parse_size(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
         if value < least:
             raise argparse.ArgumentTypeError(f"expected at least {least} bytes, found {value}")
         return value
@@ -62,13 +59,7 @@ def max_keys(args: argparse.Namespace) -> int:
     return int(args.max_keys) if args.max_keys is not None else keys_in_map(args.key_map_bytes)
 
 
-def add_merge_args(p: argparse.ArgumentParser, what: str) -> None:
-    """``--segment-bytes`` and ``--index-bytes``: the topic's bounds of a merged segment (``what`` it means)."""
-    p.add_argument("--segment-bytes", type=byte_size(1), default=DEFAULT_SEGMENT_BYTES, metavar="N",
-                   help=f"the topic's segment.bytes: {what} (default %(default)s: Kafka's; units as 16MiB)")
-    p.add_argument("--index-bytes", type=byte_size(1), default=DEFAULT_INDEX_BYTES, metavar="N",
-                   help="the topic's segment.index.bytes (default %(default)s: Kafka's)")
-
-
 def merge_limits(args: argparse.Namespace) -> Limits:
+    """The bounds of a merged segment, from the options :data:`~tiering.options.SEGMENT_BYTES` and
+    :data:`~tiering.options.INDEX_BYTES` add."""
     return Limits(args.segment_bytes, args.index_bytes)

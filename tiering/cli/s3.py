@@ -19,18 +19,35 @@ from typing import TYPE_CHECKING, Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
-from tiering.cli.args import add_key_map_args, add_merge_args, int_at_least, max_keys, merge_limits
+from tiering.cli.args import add_key_map_args, int_at_least, max_keys
 from tiering.cli.report import add_cost_args, cost_from_args
 from tiering.commit.operation import AUTO_SWAP, Context, SegmentResult, SwapChoice
 from tiering.cost.document import MergeFigures
 from tiering.cost.forecast import Forecast
 from tiering.errors import ConfigError, ExitCode, StorageError
 from tiering.kafka.codecs import Codec, check_level
-from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS
-from tiering.kafka.rebatch import DEFAULT_MAX_BYTES as DEFAULT_REBATCH_BYTES
 from tiering.kafka.rewrite import RewriteOptions
 from tiering.lifecycle.vocabulary import Action, Cause, RunKind, Status, Swap, Verify
-from tiering.options import CLEANUP, LEASE_TTL, ROLLBACK, add_arguments
+from tiering.options import (
+    CLEANUP,
+    CODEC,
+    KEY_COMPACTION,
+    LEASE_TTL,
+    LEVEL,
+    MAX_BYTES,
+    MAX_SEGMENTS,
+    MERGE,
+    MIN_AGE,
+    POLICY,
+    REBATCH,
+    REBATCH_MAX_BYTES,
+    ROLLBACK,
+    SWAP,
+    TOPICS,
+    VERIFY,
+    add_arguments,
+    option,
+)
 from tiering.plan.document import Plan, PlannedSegment, PlanTotals
 from tiering.plan.estimate import (
     DEFAULT_SAMPLE_BYTES,
@@ -41,7 +58,7 @@ from tiering.plan.estimate import (
 )
 from tiering.plan.inventory import inventory_objects
 from tiering.plan.policy import load_policy
-from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions, scan_partitions
+from tiering.plan.scan import ScanOptions, scan_partitions
 from tiering.report.publish import cost_config, publish_report
 from tiering.report.render import merge_priced_text, to_table, usd
 from tiering.run import engine
@@ -57,7 +74,6 @@ from tiering.storage.objects import ObjectInfo, ObjectStore
 if TYPE_CHECKING:
     from tiering.run.tier import TierPlan
 
-CODEC_CHOICES = [c.label for c in Codec]
 
 
 def _store(args: argparse.Namespace) -> ObjectStore:
@@ -415,10 +431,7 @@ def _publish(args: argparse.Namespace, store: ObjectStore, prefix: str, run: Run
 
 def _cmd_compact_keys(args: argparse.Namespace) -> int:
     store = _store(args)
-    policy = load_policy(args.policy) if args.policy else None
-    options = KeyCompactOptions(args.now_ms, args.delete_retention_ms, args.min_compaction_lag_ms, args.codec,
-                                args.level, args.topics, args.min_age_minutes, args.lease_ttl_seconds, policy,
-                                max_keys(args), None if args.no_merge else merge_limits(args))
+    options = KeyCompactOptions.from_args(args, max_keys=max_keys(args))
     if args.dry_run:
         return _keys_dry_run(args, store, options)
     run_id = args.run_id or new_run_id()
@@ -427,7 +440,7 @@ def _cmd_compact_keys(args: argparse.Namespace) -> int:
                   verify=Verify(args.verify), swap=swap)
 
     chosen = " and ".join(([f"topics matching {args.topics!r}"] if args.topics else [])
-                          + ([f"the compacted topics of {args.policy}"] if policy else []))
+                          + ([f"the compacted topics of {args.policy}"] if options.policy else []))
     _log(args, f"run {run_id}: key compaction of {chosen} under s3://{args.bucket}/{args.prefix} ...")
     run = engine.run(store, ctx, KeyCompaction(options), _segment_progress(args), source=_source(args, store),
                      workers=args.workers)
@@ -471,8 +484,7 @@ def _keys_dry_run(args: argparse.Namespace, store: ObjectStore, options: KeyComp
 
 def _cmd_merge(args: argparse.Namespace) -> int:
     store = _store(args)
-    options = MergeOptions(merge_limits(args), args.topics, args.min_age_minutes, args.lease_ttl_seconds,
-                           load_policy(args.policy) if args.policy else None)
+    options = MergeOptions.from_args(args)
     where = f"s3://{args.bucket}/{args.prefix}"
     if args.dry_run:
         planned: list[PlannedMerges] = []
@@ -533,8 +545,9 @@ def _merge_plan_table(planned: list[PlannedMerges], figures: list[MergeFigures |
 def _cmd_rollback(args: argparse.Namespace) -> int:
     store = _store(args)
     ctx = Context(store, args.prefix, new_run_id())
-    _log(args, f"rolling back run {args.run_id}: the originals it replaced, or the classes it moved objects from ...")
-    return _finish_run(args, rollback(store, ctx, args.run_id, args.lease_ttl_seconds, _segment_progress(args),
+    _log(args, f"rolling back run {args.target_run}: the originals it replaced, or the classes it moved objects "
+               "from ...")
+    return _finish_run(args, rollback(store, ctx, args.target_run, args.lease_ttl_seconds, _segment_progress(args),
                                       workers=args.workers))
 
 
@@ -668,29 +681,16 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _scan_args(p: argparse.ArgumentParser, *, codec_required: bool) -> None:
-    p.add_argument("--codec", required=codec_required, default=None if codec_required else "zstd",
-                   choices=CODEC_CHOICES, help="target codec" + ("" if codec_required else " (default zstd)"))
-    p.add_argument("--level", type=int, default=None, help="codec level (default: Kafka's default for the codec)")
-    p.add_argument("--topics", default=None, metavar="REGEX",
-                   help="only topics whose whole name matches this regular expression")
-    p.add_argument("--min-age-minutes", type=int, default=DEFAULT_MIN_AGE_MINUTES,
-                   help="leave segments whose objects were uploaded less than this long ago, by S3's "
-                        "LastModified (a guard against racing the uploader; default %(default)s)")
+    (replace(CODEC, default=None) if codec_required else CODEC).add_to(p)
+    LEVEL.add_to(p)
+    TOPICS.add_to(p)
+    MIN_AGE.add_to(p)
     p.add_argument("--include-internal", action="store_true", help="include internal topics (names starting __)")
     p.add_argument("--include-special", action="store_true",
                    help="include Kafka's -delete, -future and -stray directories")
     p.add_argument("--scan-workers", type=int, default=8, help="partitions listed at once (default %(default)s)")
     _add_inventory_arg(p)
-    p.add_argument("--policy", default=None, metavar="FILE",
-                   help="a policy file (see 'tiering policy'): it decides each topic's codec (or producer: left "
-                        "alone, auto: chosen by net dollars), level, minimum savings and record age; --codec and "
-                        "--level are then not used")
-    p.add_argument("--rebatch", action="store_true",
-                   help="also merge runs of small batches into larger ones, every record unchanged (rules in "
-                        "docs/rebatching.md), for every topic; with --policy, set rebatch.enable per topic instead")
-    p.add_argument("--rebatch-max-bytes", type=int, default=DEFAULT_REBATCH_BYTES, metavar="N",
-                   help="with --rebatch: a merged batch's bound (default %(default)s: Kafka's default "
-                        "max.message.bytes)")
+    add_arguments(p, (POLICY, REBATCH, REBATCH_MAX_BYTES))
     p.add_argument("--sample-segments", type=int_at_least(1), default=DEFAULT_SAMPLE_SEGMENTS, metavar="N",
                    help="ranged GETs the forecast may make: every topic gets one (the largest first when there are "
                         "more topics than N), the rest go by bytes (default %(default)s)")
@@ -728,22 +728,12 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     _scan_args(p, codec_required=True)
     p.add_argument("--plan", default=None, metavar="PLAN.json", help="a plan from 'tiering s3 scan --out' "
                    "(a local path or an s3:// URI) instead of scanning now")
-    p.add_argument("--max-segments", type=int, default=None, help="compact at most this many (largest first)")
-    p.add_argument("--max-bytes", type=int, default=None, help="compact at most this many .log bytes")
+    add_arguments(p, (MAX_SEGMENTS, MAX_BYTES))
     p.add_argument("--dry-run", action="store_true", help="plan and estimate the savings; write nothing")
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
     _add_workers_arg(p, "compacted")
     p.add_argument("--work-dir", default=None, help="directory for spool files (default: the system's temp dir)")
-    p.add_argument("--verify", choices=[v.value for v in Verify], default=Verify.CHECKSUM.value,
-                   help="how each staged file is accepted before anything final changes: 'checksum' (default; the "
-                        "CRC-32C S3 reports for what it stored must be the one of the bytes produced, nothing is "
-                        "downloaded; a store that reports none is read back instead) or 'read-back' (download and "
-                        "decode it again)")
-    p.add_argument("--swap", choices=[AUTO_SWAP, *(m.value for m in Swap)], default=AUTO_SWAP,
-                   help="how the new .log is put over the original, conditional on its ETag: 'copy' (a server-side "
-                        "CopyObject from staging with If-Match: nothing is sent again), 'put' (downloaded and PUT "
-                        "with If-Match: for stores that ignore a copy's If-Match) or 'auto' (default: 'copy' where a "
-                        "probe at the first swap shows the store refuses a copy whose If-Match fails)")
+    add_arguments(p, (VERIFY, SWAP))
     p.add_argument("--no-report", action="store_true", help="do not publish the cost savings report")
     add_cost_args(p)
     p.set_defaults(func=_cmd_compact)
@@ -764,44 +754,15 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "name); 3 busy; 4 S3 failed (retry).")
     _common(p)
     _add_inventory_arg(p)
-    p.add_argument("--topics", default=None, metavar="REGEX",
-                   help="the compacted topics to clean (their whole names must match); this or --policy is "
-                        "required, since the pass drops every superseded value")
-    p.add_argument("--policy", default=None, metavar="FILE",
-                   help="a policy file (see 'tiering policy'): the topics whose cleanup.policy has compact and "
-                        "compact.enable is true are cleaned, each with its own delete.retention.ms and "
-                        "min.compaction.lag.ms (the two options below are then not used); with --topics, only "
-                        "those of them that also match")
-    p.add_argument("--now-ms", type=int, default=None,
-                   help="the pass's clock in epoch milliseconds: horizons stamped now expire at it plus "
-                        "--delete-retention-ms, and horizons before it have passed (default: S3's clock)")
-    p.add_argument("--delete-retention-ms", type=int, default=DEFAULT_DELETE_RETENTION_MS,
-                   help="how long tombstones and transaction markers stay after a pass stamped them "
-                        "(Kafka's delete.retention.ms, default %(default)s)")
-    p.add_argument("--min-compaction-lag-ms", type=int, default=0,
-                   help="leave segments holding records younger than this, relative to the partition's newest "
-                        "record (Kafka's min.compaction.lag.ms, default %(default)s)")
-    p.add_argument("--codec", default=None, choices=CODEC_CHOICES,
-                   help="the codec of batches the pass rebuilds (default: each batch's own)")
-    p.add_argument("--level", type=int, default=None, help="with --codec: its level")
-    p.add_argument("--min-age-minutes", type=int, default=DEFAULT_MIN_AGE_MINUTES,
-                   help="segments uploaded less than this long ago (S3's LastModified) end the cleaned range "
-                        "(default %(default)s)")
+    add_arguments(p, KEY_COMPACTION, but=(LEASE_TTL, option(KEY_COMPACTION, "max_keys")))
     add_key_map_args(p)  # a pass whose map fills up ends there; the partition remembers where, for the next run
-    add_merge_args(p, "neighbours are cleaned into one segment while their sources fit it, as the broker's "
-                      "cleaner groups them, and swapped in like a merge (docs/merging.md); with --policy, each "
-                      "topic's segment.bytes and segment.index.bytes")
-    p.add_argument("--no-merge", action="store_true", help="clean each segment into one of its own")
     p.add_argument("--dry-run", action="store_true",
                    help="list and plan only: per topic, the partitions a pass would clean, the segments it may "
                         "clean and their bytes, and the cleaner's settings resolved for each; nothing is written")
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
     p.add_argument("--work-dir", default=None,
                    help="directory for the cleaned segment being staged (default: the system's temp dir)")
-    p.add_argument("--verify", choices=[v.value for v in Verify], default=Verify.CHECKSUM.value,
-                   help="how each staged file is accepted (as for 'compact')")
-    p.add_argument("--swap", choices=[AUTO_SWAP, *(m.value for m in Swap)], default=AUTO_SWAP,
-                   help="how the new .log is put over the original (as for 'compact')")
+    add_arguments(p, (VERIFY, SWAP))
     p.add_argument("--no-report", action="store_true", help="do not publish the cost savings report")
     add_cost_args(p)
     _add_workers_arg(p, "key-compacted")
@@ -841,24 +802,13 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "for the grace period; 'tiering s3 rollback RUN' splits a merged segment again. "
                                    "Exit 0 done; 1 invalid data; 3 busy; 4 S3 failed (retry).")
     _common(p)
-    p.add_argument("--topics", default=None, metavar="REGEX",
-                   help="only the topics whose whole names match (default: every topic)")
-    add_merge_args(p, "the largest merged segment; a segment this large or larger is left as it is")
-    p.add_argument("--policy", default=None, metavar="FILE",
-                   help="a policy file (see 'tiering policy'): only the topics whose merge.enable is true are "
-                        "merged, each up to its merge.target.bytes (else its segment.bytes) and "
-                        "segment.index.bytes, leaving segments whose newest record is younger than its "
-                        "min.segment.age.hours (--segment-bytes and --index-bytes are then not used)")
-    p.add_argument("--min-age-minutes", type=int, default=DEFAULT_MIN_AGE_MINUTES,
-                   help="segments uploaded less than this long ago (S3's LastModified) are left as they are and end "
-                        "a run of neighbours (default %(default)s)")
+    add_arguments(p, MERGE, but=(LEASE_TTL,))
     p.add_argument("--dry-run", action="store_true",
                    help="list and plan only: the groups, and segments and objects before and after, per partition, "
                         "with their storage a month, GETs and lifecycle transitions priced by the object")
     _add_inventory_arg(p)
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
-    p.add_argument("--verify", choices=[v.value for v in Verify], default=Verify.CHECKSUM.value,
-                   help="how each staged file is accepted (as for 'compact')")
+    VERIFY.add_to(p)
     p.add_argument("--no-report", action="store_true", help="do not publish the cost report")
     add_cost_args(p)
     _add_workers_arg(p, "merged")

@@ -43,6 +43,7 @@ from tiering.kafka.files import (
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
 from tiering.lifecycle.state import Outcome, PartitionState, SegmentState, after_moves, load_state
 from tiering.lifecycle.vocabulary import Action, Cause, StorageClass
+from tiering.options import MIN_AGE
 from tiering.plan.document import MAX_IGNORED_LISTED, Committed, ObjectRef, Plan, PlannedSegment
 from tiering.plan.policy import AUTO, PRODUCER, Policy
 from tiering.storage.layout import (
@@ -58,7 +59,7 @@ from tiering.storage.layout import (
 )
 from tiering.storage.objects import ObjectInfo, ObjectStore
 
-DEFAULT_MIN_AGE_MINUTES: Final = 15
+DEFAULT_MIN_AGE_MINUTES: Final[int] = MIN_AGE.default
 DEFAULT_SCAN_WORKERS: Final = 8
 ARCHIVED_CLASSES: Final = frozenset({StorageClass.GLACIER, StorageClass.DEEP_ARCHIVE})  # GLACIER_IR is readable at once
 PARTITION_FILE: Final = "partition file: kept as it is"

@@ -30,7 +30,7 @@ from tiering.commit.operation import Context, SegmentResult
 from tiering.commit.recover import pending_journals, recover_partition
 from tiering.errors import ConfigError
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
-from tiering.options import CLEANUP, option, read_options
+from tiering.options import CLEANUP, Options, option, read_options
 from tiering.run import engine
 from tiering.run.documents import RunResult
 from tiering.storage.layout import (
@@ -55,10 +55,13 @@ FIGURES: Final = ("backups_deleted", "backup_bytes_deleted", "staging_deleted", 
 
 
 @dataclass(frozen=True, slots=True)
-class CleanupOptions:
+class CleanupOptions(Options):
     """How long kept originals and staging objects stay, the partitions' lease time; and, once the run has
     started, S3's clock then (ISO 8601) and whether the store's DeleteObjects honours an ETag (else each
-    object is looked at again before it is deleted)."""
+    object is looked at again before it is deleted). Declared in :data:`tiering.options.CLEANUP`."""
+
+    DECLARED: ClassVar = CLEANUP
+    WHAT: ClassVar = "cleanup options"
 
     grace_days: float = DEFAULT_GRACE_DAYS
     stale_hours: float = DEFAULT_STALE_HOURS
@@ -66,17 +69,11 @@ class CleanupOptions:
     now: str | None = None
     deletes_checked: bool | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"grace_days": self.grace_days, "stale_hours": self.stale_hours,
-                "lease_ttl_seconds": self.lease_ttl_seconds,
-                **({"now": self.now} if self.now is not None else {}),
-                **({"deletes_checked": self.deletes_checked} if self.deletes_checked is not None else {})}
-
     @classmethod
     def from_json(cls, doc: object, where: str | None = None) -> CleanupOptions:
         """:meth:`to_json` read back, as :data:`tiering.options.CLEANUP` declares each field (the clock an ISO
         8601 time with its offset)."""
-        read = read_options(doc, CLEANUP, what="cleanup options", where=where)
+        read = read_options(doc, cls.DECLARED, what=cls.WHAT, where=where)
         if read["now"] is not None:
             try:
                 aware = datetime.fromisoformat(read["now"]).tzinfo is not None
@@ -85,7 +82,7 @@ class CleanupOptions:
             if not aware:
                 raise ConfigError("cleanup options: now is not S3's clock", path=where,
                                   expected="now: an ISO 8601 time with its offset", found=read["now"])
-        return cls(**read)
+        return cls.from_values(read)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,6 @@ from tiering.commit.operation import Context, SegmentResult
 from tiering.commit.regroup import finish_regroup, stage_cleaned_group
 from tiering.commit.stage import stage_cleaned
 from tiering.commit.swap import finish_one
-from tiering.documents import int_field, known_fields, opt_int, opt_str
 from tiering.errors import ConfigError, InvalidDataError, ProofError, UnsupportedError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.index import AbortedTxn, parse_txn_index
@@ -47,10 +46,10 @@ from tiering.kafka.keycompact import (
 from tiering.kafka.merge import Limits
 from tiering.lifecycle.state import load_state, record_keys_checkpoint, record_keys_run
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
-from tiering.options import LEASE_TTL
+from tiering.options import KEY_COMPACTION, Options
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy, policy_at, policy_ref
-from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions
+from tiering.plan.scan import ScanOptions
 from tiering.run import engine
 from tiering.run.documents import limits_json, limits_of
 from tiering.run.segment import guarded, stale_after_recovery
@@ -65,8 +64,12 @@ _LAST: Final = frozenset({Cause.ACTIVE, Cause.TOO_YOUNG})
 
 
 @dataclass(frozen=True, slots=True)
-class KeyCompactOptions:
-    """One key-compaction run: the cleaner's settings and which partitions."""
+class KeyCompactOptions(Options):
+    """One key-compaction run: the cleaner's settings and which partitions (declared in
+    :data:`tiering.options.KEY_COMPACTION`)."""
+
+    DECLARED: ClassVar = KEY_COMPACTION
+    WHAT: ClassVar = "key-compaction options"
 
     now_ms: int | None = None  # the pass's clock (None: the store's, read once at the start)
     delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS
@@ -98,32 +101,21 @@ class KeyCompactOptions:
                               "compact.enable) or a regular expression of topic names", expected="--policy or --topics",
                               found="neither")
 
-    def to_json(self) -> dict[str, Any]:
-        """The options as a Spark job receives them (the policy by its file's path)."""
-        return {"now_ms": self.now_ms, "delete_retention_ms": self.delete_retention_ms,
-                "min_compaction_lag_ms": self.min_compaction_lag_ms, "codec": self.codec, "level": self.level,
-                "topics": self.topics, "min_age_minutes": self.min_age_minutes,
-                "lease_ttl_seconds": self.lease_ttl_seconds, "policy": policy_ref(self.policy),
-                "max_keys": self.max_keys,
-                "merge": None if self.merge is None else limits_json(self.merge)}
-
     @classmethod
-    def from_json(cls, doc: object, where: str | None = None) -> KeyCompactOptions:
-        """:meth:`to_json` read back; a field it does not write, or a value of the wrong type, is an error
-        naming it (``where``: the document's origin). A field left out takes the command line's default (a
-        person writing the options for the Spark job): segments of the last 15 minutes left, neighbours
-        cleaned into one as the broker's cleaner groups them."""
-        d = known_fields(doc, (f.name for f in dataclasses.fields(cls)), what="key-compaction options", where=where)
-        try:
-            merge = d.get("merge", limits_json(Limits()))  # left out: the cleaner's grouping, as the CLI's default
-            return cls(opt_int(d, "now_ms", None), int_field(d, "delete_retention_ms", DEFAULT_DELETE_RETENTION_MS),
-                       int_field(d, "min_compaction_lag_ms", 0), opt_str(d, "codec"), opt_int(d, "level", None),
-                       opt_str(d, "topics"), int_field(d, "min_age_minutes", DEFAULT_MIN_AGE_MINUTES),
-                       LEASE_TTL.read(d, where), policy_at(opt_str(d, "policy")),
-                       opt_int(d, "max_keys", DEFAULT_MAX_KEYS), None if merge is None else limits_of(merge))
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"key-compaction options of the wrong type: {e}", path=where,
-                              expected="the fields to_json writes", found=str(d)) from None
+    def from_values(cls, values: Mapping[str, Any]) -> KeyCompactOptions:
+        merge = Limits(values["segment_bytes"], values["index_bytes"]) if values["merge"] else None
+        return cls(values["now_ms"], values["delete_retention_ms"], values["min_compaction_lag_ms"], values["codec"],
+                   values["level"], values["topics"], values["min_age_minutes"], values["lease_ttl_seconds"],
+                   policy_at(values["policy"]), values["max_keys"], merge)
+
+    def values(self) -> dict[str, Any]:
+        """The declared values (the policy by its file's path)."""
+        bounds = self.merge or Limits()
+        return {"topics": self.topics, "policy": policy_ref(self.policy), "now_ms": self.now_ms,
+                "delete_retention_ms": self.delete_retention_ms, "min_compaction_lag_ms": self.min_compaction_lag_ms,
+                "codec": self.codec, "level": self.level, "min_age_minutes": self.min_age_minutes,
+                "max_keys": self.max_keys, "merge": self.merge is not None, "segment_bytes": bounds.segment_bytes,
+                "index_bytes": bounds.index_bytes, "lease_ttl_seconds": self.lease_ttl_seconds}
 
     def settings_json(self, now_ms: int) -> dict[str, Any]:
         """The run document's settings of a pass at ``now_ms``."""

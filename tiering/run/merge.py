@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar, Final
 
@@ -25,16 +25,15 @@ from tiering.commit.regroup import finish_regroup, stage_merge
 from tiering.cost.document import MergeFigures
 from tiering.cost.model import merge_figures
 from tiering.cost.prices import PriceBook
-from tiering.documents import int_field, known_fields, opt_str
 from tiering.errors import ConfigError, InvalidDataError, TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status, StorageClass
-from tiering.options import LEASE_TTL
+from tiering.options import MERGE, Options
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy, policy_at, policy_ref
-from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES, ScanOptions
+from tiering.plan.scan import ScanOptions
 from tiering.run import engine
 from tiering.run.documents import limits_json, limits_of
 from tiering.run.segment import guarded, stale_after_recovery
@@ -47,11 +46,14 @@ _KEPT: Final = frozenset({Cause.ACTIVE, Cause.TOO_YOUNG, Cause.ARCHIVED, Cause.I
 
 
 @dataclass(frozen=True, slots=True)
-class MergeOptions:
-    """One merge run: the merged segments' bounds and which partitions. With a policy, the topics whose
-    ``merge.enable`` is true, each with its own bounds (``merge.target.bytes``, else ``segment.bytes``, and
-    ``segment.index.bytes``) and ``min.segment.age.hours`` (by its newest record); ``limits`` is then not
-    used."""
+class MergeOptions(Options):
+    """One merge run: the merged segments' bounds and which partitions (declared in
+    :data:`tiering.options.MERGE`). With a policy, the topics whose ``merge.enable`` is true, each with its own
+    bounds (``merge.target.bytes``, else ``segment.bytes``, and ``segment.index.bytes``) and
+    ``min.segment.age.hours`` (by its newest record); ``limits`` is then not used."""
+
+    DECLARED: ClassVar = MERGE
+    WHAT: ClassVar = "merge options"
 
     limits: Limits = field(default_factory=Limits)
     topics: str | None = None  # a regular expression of topic names (None: every topic)
@@ -59,24 +61,16 @@ class MergeOptions:
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
     policy: Policy | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        """The options as a Spark job receives them (the policy by its file's path)."""
-        return {"limits": limits_json(self.limits), "topics": self.topics, "min_age_minutes": self.min_age_minutes,
-                "lease_ttl_seconds": self.lease_ttl_seconds, "policy": policy_ref(self.policy)}
-
     @classmethod
-    def from_json(cls, doc: object, where: str | None = None) -> MergeOptions:
-        """:meth:`to_json` read back; a field it does not write, or a value of the wrong type, is an error
-        naming it (``where``: the document's origin)."""
-        d = known_fields(doc, (f.name for f in fields(cls)), what="merge options", where=where)
-        try:  # a field left out takes the command line's default (segments of the last 15 minutes left)
-            return cls(limits_of(d["limits"]) if "limits" in d else Limits(), opt_str(d, "topics"),
-                       int_field(d, "min_age_minutes", DEFAULT_MIN_AGE_MINUTES),
-                       LEASE_TTL.read(d, where),
-                       policy_at(opt_str(d, "policy")))
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"merge options of the wrong type: {e}", path=where,
-                              expected="the fields to_json writes", found=str(d)) from None
+    def from_values(cls, values: Mapping[str, Any]) -> MergeOptions:
+        return cls(Limits(values["segment_bytes"], values["index_bytes"]), values["topics"],
+                   values["min_age_minutes"], values["lease_ttl_seconds"], policy_at(values["policy"]))
+
+    def values(self) -> dict[str, Any]:
+        """The declared values (the policy by its file's path)."""
+        return {"segment_bytes": self.limits.segment_bytes, "index_bytes": self.limits.index_bytes,
+                "topics": self.topics, "min_age_minutes": self.min_age_minutes, "policy": policy_ref(self.policy),
+                "lease_ttl_seconds": self.lease_ttl_seconds}
 
     def settings_json(self) -> dict[str, Any]:
         bounds: dict[str, Any] = ({"policy": self.policy.path} if self.policy is not None else

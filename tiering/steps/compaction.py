@@ -14,8 +14,8 @@ from typing import Any
 from tiering.cost.forecast import Range
 from tiering.cost.prices import PriceBook
 from tiering.errors import ConfigError
-from tiering.kafka.merge import DEFAULT_SEGMENT_BYTES, Limits
 from tiering.lifecycle.vocabulary import RunKind
+from tiering.options import SEGMENT_BYTES
 from tiering.plan.estimate import Sampling
 from tiering.plan.inventory import inventory_objects
 from tiering.plan.policy import Policy, load_policy
@@ -98,7 +98,7 @@ class CompactionParams:
                    (params["inventory"] or "").strip() or None, (params.get("policy") or "").strip() or None,
                    params["rebatch_max_bytes"] if params["rebatch"] else None, bool(params["compact_keys"]),
                    bool(params.get("compact_keys_merge", True)),
-                   params.get("merge_target_bytes", DEFAULT_SEGMENT_BYTES) if params.get("merge") else None)
+                   params.get("merge_target_bytes", SEGMENT_BYTES.default) if params.get("merge") else None)
 
     def policy(self) -> Policy | None:
         """The run's policy, read and checked (a bad file fails the first task, naming the key and problem)."""
@@ -200,10 +200,11 @@ def key_compaction(store: ObjectStore, run: CompactionParams, job: SparkJob, log
         return SideRunStep("key compaction", None)
     if not run.policy_file and not run.topics:
         raise ConfigError("compact_keys needs the compacted topics: a policy, or the topics param")
-    options = KeyCompactOptions(topics=run.topics, min_age_minutes=run.min_age_minutes,
-                                lease_ttl_seconds=run.settings.lease_ttl_seconds,
-                                policy=run.policy(),  # a bad file fails here, with the key and the problem
-                                merge=Limits() if run.keys_merge else None)
+    # the DAG's params read as the declarations read them (the rest their defaults); a bad policy file fails
+    # here, with the key and the problem
+    options = KeyCompactOptions.from_json({"topics": run.topics, "min_age_minutes": run.min_age_minutes,
+                                           "lease_ttl_seconds": run.settings.lease_ttl_seconds,
+                                           "policy": run.policy_file, "merge": run.keys_merge}, "the DAG's params")
     kind = KeyCompaction(options)
     if not run.dry_run:
         return _side_run(store, run, job, log, kind, "keys")
@@ -235,8 +236,10 @@ def merge(store: ObjectStore, run: CompactionParams, job: SparkJob, log: Log) ->
     wanted = policy.enables("merge.enable") if policy is not None else run.merge_target_bytes is not None
     if not wanted:
         return SideRunStep("merge", None)
-    options = MergeOptions(Limits(run.merge_target_bytes or DEFAULT_SEGMENT_BYTES), run.topics,
-                           run.min_age_minutes, run.settings.lease_ttl_seconds, policy)
+    options = MergeOptions.from_json({"topics": run.topics, "min_age_minutes": run.min_age_minutes,
+                                      "lease_ttl_seconds": run.settings.lease_ttl_seconds, "policy": run.policy_file,
+                                      **({"segment_bytes": run.merge_target_bytes} if run.merge_target_bytes else {})},
+                                     "the DAG's params")
     if run.dry_run:
         source = inventory_objects(store, run.inventory, run.settings.prefix)[1] if run.inventory else None
         prices, forecast = cost_config()[0], MergeForecast(0, 0, 0, 0, 0, 0.0, 0.0)
