@@ -354,17 +354,18 @@ class Running:
 # --- invariants -------------------------------------------------------------------------------------------
 
 
-def run_killed(endpoint: str, argv: list[str], label: str, kill: tuple[int, str] | None = None
-               ) -> tuple[Proc, int]:
+def run_killed(endpoint: str, argv: list[str], label: str, kill: tuple[int, str] | None = None,
+               at: Callable[[Request], bool] = lambda _: True) -> tuple[Proc, int]:
     """The CLI with ``argv`` in its own process, reaching S3 through a proxy; ``kill``: SIGKILL it before or
-    after its N-th request. The process and how many requests it made."""
+    after its N-th request (of those ``at`` accepts, e.g. one of :data:`STEPS`). The process and how many
+    requests it made."""
     victim: list[Running] = []
 
     def die(*_: object) -> None:
         victim[0].kill()
 
-    rules = [] if kill is None else [Rule(lambda _: True, Action(before=die) if kill[1] == "before" else
-                                          Action(after=die), skip=kill[0])]
+    rules = [] if kill is None else [Rule(at, Action(before=die) if kill[1] == "before" else Action(after=die),
+                                          skip=kill[0])]
     with Proxy(endpoint, rules) as proxy:
         victim.append(Running(label, argv, proxy.url))
         proc = victim[0].wait()
