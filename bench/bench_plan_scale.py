@@ -12,7 +12,9 @@ plan's chunks) and the run engine's plan of the compaction (the plan read a part
 written to the run's plan chunks, cut into units); for merging and key compaction the run engine's plan
 (``engine.plan`` with the report's objects as its source: crashed operations looked for, partitions read,
 each handed to the kind, written to the run's plan chunks, cut into units). Merging groups the segments up to 8 GiB (the
-synthetic segments are about 1 GiB each), key compaction takes every topic. The child reports per step
+synthetic segments are about 1 GiB each), key compaction takes every topic; a cleanup plans from a second
+report, of the originals a run kept a month ago of every segment (``kept_rows``: three objects a segment),
+all past the grace period. The child reports per step
 its wall time and CPU time (``getrusage``, all threads), and its peak resident size (VmHWM) against its
 size after imports. The claim checked, per kind: memory does not grow with the bucket (peak RSS at the
 largest size within 1.5x of the smallest, and at most 512 MiB).
@@ -36,7 +38,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bench_scan import _status_kib  # same directory: on sys.path as the script's
-from synth_inventory import kafka_layout_rows
+from synth_inventory import kafka_layout_rows, kept_rows
 
 from tiering.demo.inventory import write_inventory
 from tiering.storage.s3 import S3Store, make_client
@@ -59,7 +61,7 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-KINDS: Final = ("compact", "merge", "compact-keys")
+KINDS: Final = ("compact", "merge", "compact-keys", "cleanup")
 
 
 def child(endpoint: str, uri: str, run_id: str, kind: str) -> dict[str, Any]:
@@ -107,13 +109,15 @@ def _plan_engine(store: S3Store, uri: str, run_id: str, kind_name: str, step: St
     from tiering.kafka.merge import Limits  # noqa: PLC0415
     from tiering.plan.inventory import inventory_objects  # noqa: PLC0415
     from tiering.run import engine  # noqa: PLC0415
+    from tiering.run.cleanup import Cleanup, CleanupOptions  # noqa: PLC0415
     from tiering.run.keycompact import KeyCompaction, KeyCompactOptions  # noqa: PLC0415
     from tiering.run.merge import MergeOptions, Merging  # noqa: PLC0415
     from tiering.run.pipeline import RunSettings  # noqa: PLC0415
 
     ctx = RunSettings(BUCKET, PREFIX, run_id, "none", None).context(store)
-    kind: engine.Kind[Any] = (Merging(MergeOptions(Limits(8 << 30, 1 << 30))) if kind_name == "merge"
-                              else KeyCompaction(KeyCompactOptions(topics="events-.*")))
+    kind: engine.Kind[Any] = (Merging(MergeOptions(Limits(8 << 30, 1 << 30))) if kind_name == "merge" else
+                              KeyCompaction(KeyCompactOptions(topics="events-.*")) if kind_name == "compact-keys"
+                              else Cleanup(CleanupOptions()))
     kind = kind.started(store, PREFIX)
     listed = [0]
 
@@ -136,11 +140,15 @@ def run_size(endpoint: str, segments: int, kinds: list[str]) -> list[dict[str, A
     started = time.perf_counter()
     uri = write_inventory(store, BUCKET, f"inventory/{segments}", kafka_layout_rows(
         partitions, PER_PARTITION, prefix=PREFIX, now=now), created_at=now)
+    kept = None if "cleanup" not in kinds else write_inventory(
+        store, BUCKET, f"inventory/{segments}-kept", kept_rows(partitions, PER_PARTITION, prefix=PREFIX, now=now),
+        created_at=now)
     print(f"  {segments:,} segments: inventory written in {time.perf_counter() - started:.0f} s", file=sys.stderr,
           flush=True)
     rows = []
     for kind in kinds:
-        out = subprocess.run([sys.executable, __file__, "--child", "--endpoint", endpoint, "--uri", uri, "--run-id",
+        source = kept if kind == "cleanup" and kept is not None else uri
+        out = subprocess.run([sys.executable, __file__, "--child", "--endpoint", endpoint, "--uri", source, "--run-id",
                               f"bench-{kind}-{segments}", "--kind", kind], capture_output=True, text=True,
                              check=False)
         if out.returncode != 0:

@@ -3,7 +3,8 @@
 
     .venv/bin/python bench/synth_inventory.py --segments 1000000   # write and read back, in moto
 
-:func:`kafka_layout_rows` generates the objects of a Kafka ``logdir`` (seeded, as a generator).
+:func:`kafka_layout_rows` generates the objects of a Kafka ``logdir`` (seeded, as a generator);
+:func:`kept_rows` the originals a run kept of them.
 
 As a script: writes an inventory of ``--segments`` segments (four objects each) to moto in this process,
 reads it back with :func:`tiering.plan.inventory.iter_inventory`, and prints the time of each step and the
@@ -57,6 +58,19 @@ def kafka_layout_rows(partitions: int, segments_per_partition: int, *, prefix: s
                 yield ObjectInfo(f"{directory}/{base:020d}{suffix}", size, f'"{rng.getrandbits(128):032x}"',
                                  modified.replace(microsecond=0) + timedelta(seconds=rng.randrange(5)))
             base += records
+
+
+def kept_rows(partitions: int, segments_per_partition: int, *, prefix: str, now: datetime, run_id: str = "compacted",
+              seed: int = 0) -> Iterator[ObjectInfo]:
+    """The originals a run ``run_id`` kept a month before ``now`` of every segment :func:`kafka_layout_rows`
+    generates (with the same arguments): its ``.log``, ``.index`` and ``.timeindex`` under
+    ``PREFIX/_tiering/backup/<run>/<topic>-<p>/``, what a cleanup finds past its grace period."""
+    root = prefix.strip("/")
+    kept = f"{root}/_tiering/backup/{run_id}/" if root else f"_tiering/backup/{run_id}/"
+    for info in kafka_layout_rows(partitions, segments_per_partition, prefix=prefix, now=now, seed=seed):
+        if not info.key.endswith(".snapshot"):
+            below = info.key[len(root) + 1:] if root else info.key
+            yield ObjectInfo(kept + below, info.size, info.etag, now - timedelta(days=30))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,7 @@ rollback, cleanup), one Spark task per unit of whole partitions.
 
     spark-submit --master 'local[*]' spark_jobs/run_kind.py --kind merge \\
         --settings '{"bucket": "B", "prefix": "P", "run_id": "R", ...}' \\
-        --options '{"limits": [16777216, 10485760], "topics": "clicks\\\\..*", "min_age_minutes": 15}' \\
+        --options '{"segment_bytes": 16777216, "topics": "clicks\\\\..*", "min_age_minutes": 15}' \\
         [--inventory s3://.../manifest.json] [--exit-code run|job]
 
 ``--settings`` is the run's settings as ``RunSettings.to_json`` writes them (bucket, prefix, run id, lease

@@ -93,3 +93,28 @@ def test_nothing_young_is_touched_and_the_options_travel_as_json() -> None:
     assert kind_from_json("cleanup", started.options_json()) == started
     with pytest.raises(ConfigError, match="option grace_days is out of its range or of the wrong type"):
         kind_from_json("cleanup", {"grace_days": "soon"})
+
+
+@pytest.mark.parametrize("delete_etags", [True, False])
+def test_an_inventory_finds_what_it_lists_and_a_kept_object_rewritten_since_stays(delete_etags: bool) -> None:
+    from tiering.demo.inventory import write_inventory
+    from tiering.plan.inventory import inventory_objects
+
+    store = MemoryStore("b", delete_etags=delete_etags)
+    objects = _kept(store)
+    uri = write_inventory(store, "b", "inventory", list(store.list(f"{PREFIX}/")))
+    since = backup_key(PREFIX, "r4", "t-1", 300, ".log")  # kept after the inventory was taken
+    rewritten = backup_key(PREFIX, "r1", "t-1", 0, ".log")
+    store.put(since, b"kept later")
+    store.put(rewritten, b"written again")
+    run = cleanup(store, Context(store, PREFIX, "sweep"), NOW, source=inventory_objects(store, uri, PREFIX)[1])
+    assert _under(store, "backup", "staging") == {since, rewritten}  # the rest of what the inventory lists: gone
+    figures = CleanupFigures.of(run)
+    assert (figures.backups_deleted, figures.staging_deleted, figures.kept_changed) == (
+        sum("/backup/" in k for k in objects) - 1, 2, 1)
+    kept = next(r for r in run.segments if (r.directory, r.base_offset) == ("t-1", 0))
+    assert kept.reason == "3 kept originals deleted; 1 kept: rewritten since they were listed"
+    assert run.exit_code() is ExitCode.OK  # a rewritten object is another one, of its own age
+    # the listing finds the rest
+    assert cleanup(store, Context(store, PREFIX, "sweep-2"), NOW).exit_code() is ExitCode.OK
+    assert _under(store, "backup", "staging") == set()

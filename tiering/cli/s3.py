@@ -116,11 +116,11 @@ def _add_workers_arg(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"partitions {what} at once, each thread with its own S3 client (default %(default)s)")
 
 
-def _add_inventory_arg(p: argparse.ArgumentParser) -> None:
+def _add_inventory_arg(p: argparse.ArgumentParser, stale: str = "every segment's ETag is still checked before "
+                       "it is touched, and one that changed since is skipped") -> None:
     p.add_argument("--inventory", default=None, metavar="s3://BUCKET/.../manifest.json",
                    help="plan from this S3 Inventory report (CSV) of the bucket instead of listing it: for buckets "
-                        "too large to list. An inventory is stale: every segment's ETag is still checked before "
-                        "it is touched, and one that changed since is skipped")
+                        f"too large to list. An inventory is stale: {stale}")
 
 
 def _source(args: argparse.Namespace, store: ObjectStore) -> Iterator[ObjectInfo] | None:
@@ -556,10 +556,11 @@ def _cmd_cleanup(args: argparse.Namespace) -> int:
     ctx = Context(store, args.prefix, new_run_id())
     _log(args, f"cleanup: kept originals older than {args.grace_days:g} days, staging objects and uploads older "
                f"than {args.stale_hours:g} hours ...")
-    options = CleanupOptions(args.grace_days, args.stale_hours, args.lease_ttl_seconds)
+    options = CleanupOptions.from_args(args)
     if args.dry_run:
         return _cleanup_dry_run(args, store, options)
-    return _finish_run(args, cleanup(store, ctx, options, _segment_progress(args), workers=args.workers))
+    return _finish_run(args, cleanup(store, ctx, options, _segment_progress(args), workers=args.workers,
+                                     source=_source(args, store)))
 
 
 def _cleanup_dry_run(args: argparse.Namespace, store: ObjectStore, options: CleanupOptions) -> int:
@@ -570,7 +571,8 @@ def _cleanup_dry_run(args: argparse.Namespace, store: ObjectStore, options: Clea
     def add(part: CleanupPartition) -> None:
         found.append((part.directory, len(part.backups), sum(e.size for e in part.backups), len(part.staging)))
 
-    engine.preview(store, args.prefix, Cleanup(replace(options, deletes_checked=True)), add)
+    engine.preview(store, args.prefix, Cleanup(replace(options, deletes_checked=True)), add,
+                   source=_source(args, store))
     totals = (sum(f[1] for f in found), sum(f[2] for f in found), sum(f[3] for f in found))
     if args.json:
         _emit_json(args.stdout, {"dry_run": True, "settings": {"grace_days": options.grace_days,
@@ -837,6 +839,8 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "was busy (its objects are left to a later cleanup), 4 if S3 failed.")
     _common(p)
     add_arguments(p, CLEANUP, but=(LEASE_TTL,))
+    _add_inventory_arg(p, "an object kept since it was taken waits for a later cleanup, and one rewritten since "
+                          "is not deleted")
     _add_workers_arg(p, "cleaned")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted, a partition at a time; "
                    "delete nothing")

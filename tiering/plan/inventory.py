@@ -53,9 +53,11 @@ import gzip
 import hashlib
 import io
 import itertools
+import os
 import re
+import tempfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, Final
@@ -73,6 +75,7 @@ _ARN: Final = re.compile(r"arn:aws[a-z-]*:s3:::([^/:]+)")  # partitions: aws, aw
 _BUCKET_NAME: Final = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _MD5: Final = re.compile(r"[0-9a-f]{32}")
 _READ_BYTES: Final = 1 << 16
+SHARDS: Final = 256  # spill files of objects grouped from an inventory: memory holds one
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,3 +355,36 @@ def _digits(text: str) -> bool:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def spill_grouped(objects: Iterable[ObjectInfo], group: Callable[[ObjectInfo], str | None], *,
+                  shards: int = SHARDS) -> Iterator[tuple[str, list[ObjectInfo]]]:
+    """The objects of an inventory (which come in no promised order) by the group ``group`` names for each
+    (None: left out), each group's objects in key order. Every object is spilled to one of ``shards`` local
+    files by its group, then one shard at a time is read back and grouped: memory holds one shard. Every
+    object is read before the first group comes. ``group`` must leave out a key holding a tab or a line
+    break (an inventory may list one; no Kafka file is named so)."""
+    with tempfile.TemporaryDirectory(prefix="tiering-inventory-") as tmp:
+        files = [open(os.path.join(tmp, f"{i:04d}.tsv"), "w+", encoding="utf-8", newline="\n")  # noqa: SIM115
+                 for i in range(shards)]
+        try:
+            for info in objects:
+                name = group(info)
+                if name is None:
+                    continue
+                f = files[zlib.crc32(name.encode()) % shards]
+                f.write(f"{name}\t{info.key}\t{info.size}\t{info.etag}\t{info.last_modified.isoformat()}\t"
+                        f"{info.storage_class}\n")
+            for f in files:
+                f.seek(0)
+                groups: dict[str, list[ObjectInfo]] = {}
+                for line in f:
+                    name, key, size, etag, modified, storage_class = line.rstrip("\n").split("\t")
+                    groups.setdefault(name, []).append(
+                        ObjectInfo(key, int(size), etag, datetime.fromisoformat(modified), storage_class))
+                f.close()
+                for name in sorted(groups):
+                    yield name, sorted(groups.pop(name), key=lambda o: o.key)
+        finally:
+            for f in files:
+                f.close()

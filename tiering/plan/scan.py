@@ -18,10 +18,7 @@ and internal topics (``__*``) are skipped unless included. The result is a plan
 from __future__ import annotations
 
 import itertools
-import os
 import re
-import tempfile
-import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,6 +42,7 @@ from tiering.lifecycle.state import Outcome, PartitionState, SegmentState, after
 from tiering.lifecycle.vocabulary import Action, Cause, StorageClass
 from tiering.options import MIN_AGE
 from tiering.plan.document import MAX_IGNORED_LISTED, Committed, ObjectRef, Plan, PlannedSegment
+from tiering.plan.inventory import SHARDS, spill_grouped
 from tiering.plan.policy import AUTO, PRODUCER, Policy
 from tiering.storage.layout import (
     PARTITION_FILES,
@@ -67,7 +65,7 @@ SNAPSHOT: Final = "producer-state snapshot: kept as it is"
 NOT_KAFKA: Final = "not a Kafka file"
 PLACEHOLDER: Final = "directory placeholder (a zero-byte key ending in /)"
 CLOCK_ROUNDING: Final = timedelta(seconds=1)  # stores round LastModified to the second, some of them up
-INVENTORY_SHARDS: Final = 256  # spill files of an inventory scan: memory holds one
+INVENTORY_SHARDS: Final = SHARDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,51 +343,35 @@ def _listed_partitions(store: ObjectStore, root: str, options: ScanOptions,
 def inventory_partitions(store: ObjectStore, root: str, objects: Iterator[ObjectInfo],
                          wanted: Callable[[str], PartitionDir | None], ignored: Callable[[str, str], None],
                          *, shards: int = INVENTORY_SHARDS) -> Iterator[Listed]:
-    """Partitions from an inventory's objects, which come in no promised order: each object is spilled to
-    one of ``shards`` local files by its directory, then one shard at a time is grouped by directory. Memory
-    holds one shard. Our state documents are read only for partitions the inventory shows one for (an
-    inventory is stale: a segment compacted since is planned again, and its changed ETag stops it)."""
+    """Partitions from an inventory's objects, which come in no promised order (:func:`spill_grouped` by
+    their directory: memory holds one shard). Our state documents are read only for partitions the inventory
+    shows one for (an inventory is stale: a segment compacted since is planned again, and its changed ETag
+    stops it)."""
     base = root + "/" if root else ""
     state_dir = reserved_dir(root, STATE_DIR)
     with_state: set[str] = set()
     decided: dict[str, PartitionDir | None] = {}
-    with tempfile.TemporaryDirectory(prefix="tiering-inventory-") as tmp:
-        files = [open(os.path.join(tmp, f"{i:04d}.tsv"), "w+", encoding="utf-8", newline="\n")  # noqa: SIM115
-                 for i in range(shards)]
-        try:
-            for info in objects:
-                if not info.key.startswith(base):
-                    continue
-                if info.key.startswith(state_dir):
-                    with_state.add(info.key[len(state_dir):].removesuffix(".json"))
-                    continue
-                name, slash, _ = info.key[len(base):].partition("/")
-                if not slash:
-                    continue  # an object directly under PREFIX, not in a directory: not listed either
-                if name not in decided:
-                    decided[name] = wanted(name)
-                if decided[name] is None:
-                    continue
-                if any(c in info.key for c in "\t\n\r"):
-                    ignored(info.key, NOT_KAFKA)
-                    continue
-                f = files[zlib.crc32(name.encode()) % shards]
-                f.write(f"{info.key}\t{info.size}\t{info.etag}\t{info.last_modified.isoformat()}\t"
-                        f"{info.storage_class}\n")
-            for f in files:
-                f.seek(0)
-                groups: dict[str, list[ObjectInfo]] = {}
-                for line in f:
-                    key, size, etag, modified, storage_class = line.rstrip("\n").split("\t")
-                    name = key[len(base):].partition("/")[0]
-                    groups.setdefault(name, []).append(
-                        ObjectInfo(key, int(size), etag, datetime.fromisoformat(modified), storage_class))
-                f.close()
-                for name in sorted(groups):
-                    d = decided[name]
-                    assert d is not None
-                    state = load_state(store, root, name) if name in with_state else PartitionState()
-                    yield Listed(d, partition_prefix(root, name), sorted(groups.pop(name), key=lambda o: o.key), state)
-        finally:
-            for f in files:
-                f.close()
+
+    def directory(info: ObjectInfo) -> str | None:
+        if not info.key.startswith(base):
+            return None
+        if info.key.startswith(state_dir):
+            with_state.add(info.key[len(state_dir):].removesuffix(".json"))
+            return None
+        name, slash, _ = info.key[len(base):].partition("/")
+        if not slash:
+            return None  # an object directly under PREFIX, not in a directory: not listed either
+        if name not in decided:
+            decided[name] = wanted(name)
+        if decided[name] is None:
+            return None
+        if any(c in info.key for c in "\t\n\r"):
+            ignored(info.key, NOT_KAFKA)
+            return None
+        return name
+
+    for name, found in spill_grouped(objects, directory, shards=shards):
+        d = decided[name]
+        assert d is not None
+        state = load_state(store, root, name) if name in with_state else PartitionState()
+        yield Listed(d, partition_prefix(root, name), found, state)

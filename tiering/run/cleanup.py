@@ -31,6 +31,7 @@ from tiering.commit.recover import pending_journals, recover_partition
 from tiering.errors import ConfigError
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.options import CLEANUP, Options, option, read_options
+from tiering.plan.inventory import spill_grouped
 from tiering.run import engine
 from tiering.run.documents import RunResult
 from tiering.storage.layout import (
@@ -179,20 +180,26 @@ class Cleanup:
 
     def partitions(self, store: ObjectStore, prefix: str, emit: Callable[[CleanupPartition], None],
                    source: Iterator[ObjectInfo] | None) -> None:
-        """Each partition with kept objects past their age, from every run's backup and staging listings read
-        together in key order (a partition's objects come one after the other)."""
-        if source is not None:
-            raise ConfigError("a cleanup lists what runs kept", expected="no inventory", found="an inventory's objects")
+        """Each partition with kept objects past their age: from every run's backup and staging listings read
+        together in key order (a partition's objects come one after the other), or from an S3 Inventory's
+        objects (``source``, which hold no promised order: spilled by partition). An inventory is stale: an
+        object kept since it was taken waits for a later cleanup, and one rewritten since is not deleted
+        (its ETag no longer the one listed)."""
         prefix = normalize_prefix(prefix)
         ages = {BACKUP_DIR: timedelta(days=self.options.grace_days),
                 STAGING_DIR: timedelta(hours=self.options.stale_hours)}
         now = self.now
+        if source is None:
+            def runs(sub: str) -> list[Iterator[tuple[str, str, Expired]]]:
+                return [_kept(store.list(run), run, sub, ages[sub], now)
+                        for run in store.list_dirs(reserved_dir(prefix, sub))]
 
-        def runs(sub: str) -> list[Iterator[tuple[str, str, Expired]]]:
-            return [_kept(store, run, sub, ages[sub], now) for run in store.list_dirs(reserved_dir(prefix, sub))]
-
-        merged = heapq.merge(*runs(BACKUP_DIR), *runs(STAGING_DIR), key=lambda e: e[0])
-        for directory, found in itertools.groupby(merged, key=lambda e: e[0].partition("/")[0]):
+            merged = heapq.merge(*runs(BACKUP_DIR), *runs(STAGING_DIR), key=lambda e: e[0])
+            groups: Iterable[tuple[str, Iterable[tuple[str, str, Expired]]]] = itertools.groupby(
+                merged, key=lambda e: e[0].partition("/")[0])
+        else:
+            groups = _inventoried(source, prefix, ages, now)
+        for directory, found in groups:
             objects = list(found)
             emit(CleanupPartition(directory, tuple(e for _, sub, e in objects if sub == BACKUP_DIR),
                                   tuple(e for _, sub, e in objects if sub == STAGING_DIR)))
@@ -260,14 +267,40 @@ class Cleanup:
         return {"cleanup": counts}
 
 
-def _kept(store: ObjectStore, run_dir: str, sub: str, age: timedelta, now: datetime
+def _kept(objects: Iterable[ObjectInfo], run_dir: str, sub: str, age: timedelta, now: datetime
           ) -> Iterator[tuple[str, str, Expired]]:
-    """A run's kept objects under ``run_dir`` past ``age``, in key order, each with the key below the run's
+    """A run's kept objects (``objects``, under ``run_dir``) past ``age``, each with the key below the run's
     directory (``<partition>/<file>``: the order in which the runs' listings are merged)."""
-    for info in store.list(run_dir):
+    for info in objects:
         where = kept_segment(run_dir, info.key)
         if where is not None and now - info.last_modified >= age:
             yield info.key[len(run_dir):], sub, Expired(info.key, info.etag, info.size, where[1])
+
+
+def _inventoried(objects: Iterator[ObjectInfo], prefix: str, ages: Mapping[str, timedelta], now: datetime
+                 ) -> Iterator[tuple[str, list[tuple[str, str, Expired]]]]:
+    """The kept objects of an inventory past their age, by partition (:func:`spill_grouped`)."""
+    roots = {sub: reserved_dir(prefix, sub) for sub in ages}
+
+    def kept(info: ObjectInfo) -> tuple[str, str] | None:  # the run's directory and the kind of object kept
+        for sub, root in roots.items():
+            if info.key.startswith(root) and not any(c in info.key for c in "\t\n\r"):
+                run, slash, _ = info.key[len(root):].partition("/")
+                return (root + run + "/", sub) if slash else None
+        return None
+
+    def partition(info: ObjectInfo) -> str | None:
+        where = kept(info)
+        found = kept_segment(where[0], info.key) if where is not None else None
+        return found[0] if found is not None else None
+
+    for directory, found in spill_grouped(objects, partition):
+        out: list[tuple[str, str, Expired]] = []
+        for info in found:
+            where = kept(info)
+            assert where is not None
+            out += _kept((info,), where[0], where[1], ages[where[1]], now)
+        yield directory, out
 
 
 def _result(directory: str, base: int, counts: Counter[str]) -> SegmentResult:
@@ -306,9 +339,11 @@ def _still(store: ObjectStore, e: Expired) -> bool:
 
 
 def cleanup(store: ObjectStore, ctx: Context, options: CleanupOptions = CleanupOptions(),
-            progress: Callable[[SegmentResult], None] | None = None, *, workers: int = 1) -> RunResult:
-    """A cleanup in this process, as run ``ctx.run_id`` (:class:`Cleanup`, through the engine)."""
-    return engine.run(store, ctx, Cleanup(options), progress, workers=workers)
+            progress: Callable[[SegmentResult], None] | None = None, *, workers: int = 1,
+            source: Iterator[ObjectInfo] | None = None) -> RunResult:
+    """A cleanup in this process, as run ``ctx.run_id`` (:class:`Cleanup`, through the engine); ``source``: an
+    S3 Inventory's objects to find the kept ones in, instead of listing them."""
+    return engine.run(store, ctx, Cleanup(options), progress, workers=workers, source=source)
 
 
 @dataclass(frozen=True, slots=True)
