@@ -25,6 +25,7 @@ read without a restore, and the compaction leaves them alone. Re-runs find moved
 | `prefix` | `PREFIX` in `s3://BUCKET/PREFIX/<topic>-<partition>/<base>.log` |
 | `policy` | the policy YAML file on the workers (default `TIERING_POLICY_FILE`); a run without one fails in `plan` |
 | `dry_run` | plan and report only; move nothing |
+| `include_internal` | tier the internal topics (names starting `__`) too |
 | `inventory` | `s3://BUCKET/.../manifest.json` of an S3 Inventory report (CSV) of the bucket: plan from it instead |
 | | of listing (each object's ETag is still checked before it is moved); empty: list the prefix |
 
@@ -41,6 +42,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import Asset, Param, dag, get_current_context, task
+
+from tiering.options import TIERING, option  # light: the options' declarations alone
 
 POLICY_FILE = os.environ.get("TIERING_POLICY_FILE", "")
 # Scheduled only when a policy is configured: without one, a run has nothing to follow (manual runs pass it).
@@ -76,6 +79,7 @@ def _run() -> tuple[Any, Any]:
                         description="PREFIX of the logdir tree"),
         "policy": Param(POLICY_FILE, type="string", description="policy YAML file on the workers"),
         "dry_run": Param(False, type="boolean", description="plan and report only"),
+        "include_internal": Param(**option(TIERING, "include_internal").param()),
         "inventory": Param("", type="string", pattern=r"^(s3://[^/]+/.+/manifest\.json)?$",
                            description="an S3 Inventory manifest.json to plan from; empty: list the prefix"),
     },

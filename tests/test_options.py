@@ -10,6 +10,7 @@ import pytest
 
 from tiering.cli.args import add_key_map_args, max_keys
 from tiering.commit.operation import AUTO_SWAP
+from tiering.cost.prices import DEFAULT_REGION
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.keycompact import DEFAULT_DELETE_RETENTION_MS, DEFAULT_MAX_KEYS
@@ -28,6 +29,7 @@ from tiering.options import (
     ROLLBACK,
     SEGMENT_BYTES,
     SWAP,
+    TIERING,
     VERIFY,
     Opt,
     Options,
@@ -120,6 +122,7 @@ def test_the_declared_defaults_are_the_formats_own() -> None:
     assert VERIFY.choices == tuple(v.value for v in Verify)
     assert SWAP.choices == (AUTO_SWAP, *(s.value for s in Swap))
     assert REBATCH_MAX_BYTES.default == DEFAULT_REBATCH_BYTES
+    assert option(TIERING, "prices_region").default == DEFAULT_REGION
 
 
 @pytest.mark.parametrize(("cls", "argv", "doc"), [
@@ -166,3 +169,12 @@ def test_key_compaction_merges_by_default_and_a_null_bound_is_no_bound() -> None
         KeyCompactOptions.from_json({})
     with pytest.raises(ConfigError, match="option codec"):
         KeyCompactOptions.from_json({"topics": "t", "codec": "brotli"})
+
+
+def test_a_clock_is_an_iso_time_with_its_offset() -> None:
+    now = option(CLEANUP, "now")
+    assert now.check("2026-12-07T12:00:00+00:00") == "2026-12-07T12:00:00+00:00"
+    for bad in ("2026-12-07T12:00:00", "yesterday"):
+        with pytest.raises(ConfigError, match="option now") as e:
+            now.check(bad)
+        assert e.value.expected == "an ISO 8601 time with its offset (or null)"

@@ -13,6 +13,7 @@ import argparse
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, ClassVar, Final, Self, cast
 
 from tiering.documents import known_fields
@@ -52,6 +53,7 @@ class Opt:
     cli: str | None = None  # the command line's flag, where it is not --<name with dashes>
     metavar: str | None = None  # what the flag's value is called in --help (default: the name's last word)
     size: bool = False
+    clock: bool = False  # text: an ISO 8601 time with its offset (S3's clock as a run started)
 
     @property
     def flag(self) -> str:
@@ -66,6 +68,8 @@ class Opt:
         what = {int: "a whole number", float: "a finite number", str: "text", bool: "true or false"}[self.kind]
         if self.size:
             what = "a size in bytes"
+        if self.clock:
+            what = "an ISO 8601 time with its offset"
         if self.choices:
             what = "one of " + ", ".join(self.choices)
         size = "of a length " if self.kind is str else ""
@@ -90,6 +94,11 @@ class Opt:
             ok = False
         if ok and self.choices:
             ok = value in self.choices
+        if ok and self.clock:
+            try:
+                ok = datetime.fromisoformat(str(value)).tzinfo is not None
+            except ValueError:
+                ok = False
         if not ok:
             raise ConfigError(f"option {self.name} is out of its range or of the wrong type", path=where,
                               expected=self.expected(), found=repr(value))
@@ -236,8 +245,7 @@ CLEANUP: Final = (
     Opt("stale_hours", float, 24.0, "hours after which staging objects and incomplete uploads are abandoned",
         minimum=0, maximum=876_000),
     LEASE_TTL,
-    Opt("now", str, None, "S3's clock as the cleanup started (ISO 8601 with its offset)", optional=True,
-        internal=True),
+    Opt("now", str, None, "S3's clock as the cleanup started", optional=True, internal=True, clock=True),
     Opt("deletes_checked", bool, None, "whether the store's DeleteObjects honours an ETag", optional=True,
         internal=True),
 )
@@ -338,3 +346,15 @@ SWAP: Final = Opt("swap", str, "auto", "how the new .log is put over the origina
                   "(downloaded and PUT with If-Match: for stores that ignore a copy's If-Match) or 'auto' ('copy' "
                   "where a probe at the first swap shows the store refuses a copy whose If-Match fails)",
                   choices=("auto", "copy", "put"))
+
+TIERING: Final = (
+    Opt("policy", str, None, "the policy YAML file whose storage.tiers say where each topic's objects go by the age "
+        "of each segment's newest record (see 'tiering policy')", minimum=1, metavar="FILE"),
+    Opt("include_internal", bool, False, "tier the internal topics (names starting __) too"),
+    Opt("prices_region", str, "us-east-1", "the region whose prices say whether a move pays", minimum=1,
+        metavar="REGION"),
+    Opt("prices_file", str, None, "a JSON prices file merged over the built-in list prices", minimum=1,
+        optional=True, metavar="FILE"),
+    LEASE_TTL,
+    Opt("now", str, None, "S3's clock as the run started", optional=True, internal=True, clock=True),
+)

@@ -43,6 +43,7 @@ from tiering.options import (
     REBATCH_MAX_BYTES,
     ROLLBACK,
     SWAP,
+    TIERING,
     TOPICS,
     VERIFY,
     add_arguments,
@@ -779,14 +780,14 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                    "plan and a report are written beside the run's other documents; a dry run "
                                    "writes nothing.")
     _common(p)
-    p.add_argument("--policy", required=True, metavar="FILE", help="the policy YAML file (see 'tiering policy')")
+    add_arguments(p, [option(TIERING, "policy")])
     p.add_argument("--dry-run", action="store_true",
                    help="plan only: what would move, and why the rest stays; nothing is moved or written")
     p.add_argument("--emit-lifecycle", action="store_true",
                    help="print an approximate S3 Lifecycle configuration instead (S3 sees object age, not record "
                         "age: read its notes)")
     p.add_argument("--run-id", default=None, help="name the run (a retry with the same id takes its leases back)")
-    p.add_argument("--include-internal", action="store_true", help="include internal topics (names starting __)")
+    add_arguments(p, [option(TIERING, "include_internal")])
     _add_inventory_arg(p)
     add_cost_args(p)
     _add_workers_arg(p, "tiered")

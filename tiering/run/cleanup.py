@@ -30,7 +30,7 @@ from tiering.commit.operation import Context, SegmentResult
 from tiering.commit.recover import pending_journals, recover_partition
 from tiering.errors import ConfigError
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
-from tiering.options import CLEANUP, Options, option, read_options
+from tiering.options import CLEANUP, Options, option
 from tiering.plan.inventory import spill_grouped
 from tiering.run import engine
 from tiering.run.documents import RunResult
@@ -69,21 +69,6 @@ class CleanupOptions(Options):
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
     now: str | None = None
     deletes_checked: bool | None = None
-
-    @classmethod
-    def from_json(cls, doc: object, where: str | None = None) -> CleanupOptions:
-        """:meth:`to_json` read back, as :data:`tiering.options.CLEANUP` declares each field (the clock an ISO
-        8601 time with its offset)."""
-        read = read_options(doc, cls.DECLARED, what=cls.WHAT, where=where)
-        if read["now"] is not None:
-            try:
-                aware = datetime.fromisoformat(read["now"]).tzinfo is not None
-            except ValueError:
-                aware = False
-            if not aware:
-                raise ConfigError("cleanup options: now is not S3's clock", path=where,
-                                  expected="now: an ISO 8601 time with its offset", found=read["now"])
-        return cls.from_values(read)
 
 
 @dataclass(frozen=True, slots=True)

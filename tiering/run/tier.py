@@ -30,8 +30,8 @@ from typing import Any, ClassVar, Final
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
 from tiering.commit.moves import follow_etags, in_flight_groups, moved_objects, operation_pending
 from tiering.commit.operation import Context, SegmentResult
-from tiering.cost.prices import DEFAULT_REGION, GB, PriceBook, load_prices
-from tiering.documents import check_document, known_fields, opt_str
+from tiering.cost.prices import GB, PriceBook, load_prices
+from tiering.documents import check_document
 from tiering.errors import ConfigError, ConflictError, InvalidDataError, TieringError
 from tiering.lifecycle.state import (
     ClassMove,
@@ -42,7 +42,7 @@ from tiering.lifecycle.state import (
     record_segments,
 )
 from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status, StayCause, StorageClass, TierAction
-from tiering.options import LEASE_TTL
+from tiering.options import TIERING, Options
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import ARCHIVE_CLASSES, STORAGE_ORDER, Policy, policy_at, policy_ref
@@ -237,9 +237,14 @@ class TierPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class TierOptions:
+class TierOptions(Options):
     """One tiering run: the policy whose ``storage.tiers`` say where each topic's objects go, the prices that
-    say whether a move pays, the internal topics or not, and the clock read when the run starts."""
+    say whether a move pays, the internal topics or not, and the clock read when the run starts (declared
+    in :data:`tiering.options.TIERING`; the policy travels by its file's path, the prices by their region
+    and the file that overrides them)."""
+
+    DECLARED: ClassVar = TIERING
+    WHAT: ClassVar = "tiering options"
 
     policy: Policy
     prices: PriceBook
@@ -247,38 +252,17 @@ class TierOptions:
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
     now: str | None = None  # ISO 8601, S3's clock at the start (None: not started)
 
-    def to_json(self) -> dict[str, Any]:
-        """The options as a Spark job receives them (the policy by its file's path, the prices by their region
-        and the file that overrides them)."""
-        return {"policy": policy_ref(self.policy), "prices_region": self.prices.region,
-                "prices_file": self.prices.overridden_by, "include_internal": self.include_internal,
-                "lease_ttl_seconds": self.lease_ttl_seconds, "now": self.now}
-
     @classmethod
-    def from_json(cls, doc: object, where: str | None = None) -> TierOptions:
-        """:meth:`to_json` read back; a field it does not write, or a value of the wrong type, is an error
-        naming it (``where``: the document's origin)."""
-        d = known_fields(doc, ("policy", "prices_region", "prices_file", "include_internal", "lease_ttl_seconds",
-                               "now"), what="tiering options", where=where)
-        try:
-            policy = policy_at(opt_str(d, "policy"))
-            if policy is None:
-                raise ConfigError("storage tiering needs a policy", path=where, expected="policy: a policy file",
-                                  found=None)
-            include = d.get("include_internal", False)
-            if not isinstance(include, bool):
-                raise TypeError(f"include_internal must be true or false, found {include!r}")
-            ttl = LEASE_TTL.read(d, where)
-            region = d.get("prices_region", DEFAULT_REGION)
-            if not isinstance(region, str) or not region:
-                raise TypeError(f"prices_region must be a region's name, found {region!r}")
-            now = opt_str(d, "now")
-            if now is not None and datetime.fromisoformat(now).tzinfo is None:
-                raise ValueError(f"now must be an ISO 8601 time with its offset, found {now!r}")
-            return cls(policy, load_prices(region, opt_str(d, "prices_file")), include, ttl, now)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"tiering options of the wrong type: {e}", path=where,
-                              expected="the fields to_json writes", found=str(d)) from None
+    def from_values(cls, values: Mapping[str, Any]) -> TierOptions:
+        policy = policy_at(values["policy"])
+        assert policy is not None  # a required option: read_options refuses its absence
+        return cls(policy, load_prices(values["prices_region"], values["prices_file"]), values["include_internal"],
+                   values["lease_ttl_seconds"], values["now"])
+
+    def values(self) -> dict[str, Any]:
+        return {"policy": policy_ref(self.policy), "include_internal": self.include_internal,
+                "prices_region": self.prices.region, "prices_file": self.prices.overridden_by,
+                "lease_ttl_seconds": self.lease_ttl_seconds, "now": self.now}
 
     def settings_json(self) -> dict[str, Any]:
         return {"policy": self.policy.path, "include_internal": self.include_internal,

@@ -54,7 +54,7 @@ class TieringParams:
         # "-tier": the compaction DAG's run of the same schedule has the same Airflow run id, and a run id
         # owns leases (a run's end releases every lease its id holds).
         return cls(params["bucket"], params["prefix"].strip("/"), f"{safe_run_id(run_id)}-tier",
-                   params["policy"].strip(), bool(params["dry_run"]),
+                   params["policy"].strip(), bool(params["dry_run"]), bool(params.get("include_internal", False)),
                    inventory=(params.get("inventory") or "").strip() or None)
 
     def policy(self) -> Policy:
