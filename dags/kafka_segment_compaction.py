@@ -209,7 +209,7 @@ def _fail(failure: str | None) -> None:
                         pattern=r"^[a-z0-9][a-z0-9.-]+[a-z0-9]$", description="the bucket"),
         "prefix": Param(os.environ.get("TIERING_PREFIX", "kafka/logs"), type="string",
                         description="PREFIX of the logdir tree"),
-        "topics": Param(**TOPICS.param()),
+        "topics": Param(**{**TOPICS.param(), "minLength": 0}),  # empty, as a form sends it: every topic
         "codec": Param(**CODEC.param()),
         "level": Param(**LEVEL.param()),
         "min_segment_age_minutes": Param(**MIN_AGE.param()),

@@ -24,7 +24,6 @@ from tiering.options import (
     KEY_COMPACTION,
     LEASE_TTL,
     MERGE,
-    MIN_AGE,
     REBATCH_MAX_BYTES,
     ROLLBACK,
     SEGMENT_BYTES,
@@ -38,7 +37,6 @@ from tiering.options import (
     params,
     read_options,
 )
-from tiering.plan.scan import DEFAULT_MIN_AGE_MINUTES
 from tiering.run.cleanup import CleanupOptions
 from tiering.run.keycompact import KeyCompactOptions
 from tiering.run.kinds import kind_from_json
@@ -118,7 +116,6 @@ def test_the_declared_defaults_are_the_formats_own() -> None:
     assert option(KEY_COMPACTION, "max_keys").default == DEFAULT_MAX_KEYS
     assert option(KEY_COMPACTION, "delete_retention_ms").default == DEFAULT_DELETE_RETENTION_MS
     assert sorted(CODECS) == sorted(c.label for c in Codec)
-    assert MIN_AGE.default == DEFAULT_MIN_AGE_MINUTES
     assert VERIFY.choices == tuple(v.value for v in Verify)
     assert SWAP.choices == (AUTO_SWAP, *(s.value for s in Swap))
     assert REBATCH_MAX_BYTES.default == DEFAULT_REBATCH_BYTES
@@ -157,7 +154,7 @@ def test_a_size_takes_a_binary_unit_on_the_command_line_and_plain_bytes_in_json(
     assert MergeOptions.from_json({"segment_bytes": 1 << 20}).limits == Limits(1 << 20)
     with pytest.raises(ConfigError, match="option segment_bytes"):
         MergeOptions.from_json({"segment_bytes": "16MiB"})
-    assert "(default 1GiB)" in p.format_help().replace("\n", " ")
+    assert "(default 1GiB)" in " ".join(p.format_help().split())
 
 
 def test_key_compaction_merges_by_default_and_a_null_bound_is_no_bound() -> None:

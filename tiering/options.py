@@ -38,7 +38,8 @@ class Opt:
     """One option. ``kind``: its Python type (an int is accepted where a float is asked); ``minimum`` and
     ``maximum``: its bounds (a text's length, for text); ``optional``: None is a value too (no bound, no
     filter); a default of None for an option that is not optional makes it required; ``internal``: set by
-    the run itself as it starts (its clock), read back from JSON but never asked of a person; ``size``: a
+    the run itself as it starts (its clock) or by its caller (a price book's region), read back from JSON but
+    never asked of a person; ``size``: a
     number of bytes, which the command line also takes with a binary unit (``16MiB``)."""
 
     name: str
@@ -63,8 +64,8 @@ class Opt:
     def required(self) -> bool:
         return self.default is None and not self.optional
 
-    def expected(self) -> str:
-        """What a value must be, in words."""
+    def expected(self, *, flag: bool = False) -> str:
+        """What a value must be, in words (``flag``: as a command line gives it, where null is no value)."""
         what = {int: "a whole number", float: "a finite number", str: "text", bool: "true or false"}[self.kind]
         if self.size:
             what = "a size in bytes"
@@ -73,10 +74,10 @@ class Opt:
         if self.choices:
             what = "one of " + ", ".join(self.choices)
         size = "of a length " if self.kind is str else ""
-        bounds = [f"{size}>= {self.minimum:g}" if self.minimum is not None else "",
-                  f"{size}<= {self.maximum:g}" if self.maximum is not None else ""]
+        bounds = [f"{size}>= {_number(self.minimum)}" if self.minimum is not None else "",
+                  f"{size}<= {_number(self.maximum)}" if self.maximum is not None else ""]
         said = " and ".join(b for b in bounds if b)
-        return what + (f" {said}" if said else "") + (" (or null)" if self.optional else "")
+        return what + (f" {said}" if said else "") + (" (or null)" if self.optional and not flag else "")
 
     def check(self, value: object, where: str | None = None) -> Any:
         """``value`` as this option takes it; a :class:`ConfigError` naming the option otherwise."""
@@ -134,11 +135,11 @@ class Opt:
             try:
                 value = parse_size(text) if self.size else self.kind(text)
             except ValueError:
-                raise argparse.ArgumentTypeError(f"expected {self.expected()}, found {text!r}") from None
+                raise argparse.ArgumentTypeError(f"expected {self.expected(flag=True)}, found {text!r}") from None
             try:
                 return self.check(value)
             except ConfigError:
-                raise argparse.ArgumentTypeError(f"expected {self.expected()}, found {text!r}") from None
+                raise argparse.ArgumentTypeError(f"expected {self.expected(flag=True)}, found {text!r}") from None
 
         metavar = (self.metavar or ("{" + ",".join(self.choices) + "}" if self.choices else None)
                    or self.name.rpartition("_")[2].upper())  # what it counts: DAYS, SECONDS, RUN
@@ -150,6 +151,11 @@ class Opt:
                      "%(default)d" if self.kind is int else "%(default)g" if self.kind is float else "%(default)s")
             parser.add_argument(self.flag, dest=self.name, type=parse, default=self.default, metavar=metavar,
                                 help=f"{self.help} (default {shown})" if shown else self.help)
+
+
+def _number(x: float) -> str:
+    """A bound as a person writes it: whole numbers in full."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 def _bytes(n: int) -> str:
@@ -230,8 +236,9 @@ class Options:
     def from_args(cls, args: argparse.Namespace, **given: Any) -> Self:
         """The options a command line parsed (:func:`add_arguments`), with ``given`` over them (an option the
         command asks for in its own way); an internal one takes its default."""
-        values = {o.name: o.default if o.internal else getattr(args, o.name) for o in cls.DECLARED}
-        return cls.from_values({**values, **given})
+        values = {o.name: given[o.name] if o.name in given else o.default if o.internal else getattr(args, o.name)
+                  for o in cls.DECLARED}
+        return cls.from_values(values)
 
 
 # The options of every kind
@@ -258,10 +265,11 @@ ROLLBACK: Final = (
 
 # What a run chooses its partitions by, and how fresh a segment it leaves
 MIN_AGE: Final = Opt("min_age_minutes", int, 15, "leave segments uploaded less than this many minutes ago (S3's "
-                     "LastModified: a guard against racing the uploader, not the records' age)", minimum=0)
+                     "LastModified: a guard against racing the uploader, not the records' age); such a segment "
+                     "ends a run of neighbours a merge or a key-compaction pass takes", minimum=0)
 # The bounds of a segment made of neighbours, as a topic's own (Kafka's defaults)
 SEGMENT_BYTES: Final = Opt("segment_bytes", int, 1 << 30, "the topic's segment.bytes: a segment made of neighbours "
-                           "holds at most this many bytes, and one this large is left as it is", minimum=1,
+                           "holds at most this many bytes", minimum=1,
                            maximum=(1 << 31) - 1, size=True, metavar="BYTES")
 INDEX_BYTES: Final = Opt("index_bytes", int, 10 << 20, "the topic's segment.index.bytes: the bound of a merged "
                          "segment's .index and .timeindex", minimum=1, maximum=(1 << 31) - 1, size=True,
@@ -351,10 +359,12 @@ TIERING: Final = (
     Opt("policy", str, None, "the policy YAML file whose storage.tiers say where each topic's objects go by the age "
         "of each segment's newest record (see 'tiering policy')", minimum=1, metavar="FILE"),
     Opt("include_internal", bool, False, "tier the internal topics (names starting __) too"),
+    # the price book, as the caller configured it (the command line's --price-region and --prices, or the
+    # environment: see tiering.report.publish.cost_config); never a flag of its own
     Opt("prices_region", str, "us-east-1", "the region whose prices say whether a move pays", minimum=1,
-        metavar="REGION"),
+        internal=True),
     Opt("prices_file", str, None, "a JSON prices file merged over the built-in list prices", minimum=1,
-        optional=True, metavar="FILE"),
+        optional=True, internal=True),
     LEASE_TTL,
     Opt("now", str, None, "S3's clock as the run started", optional=True, internal=True, clock=True),
 )

@@ -118,3 +118,24 @@ def test_an_inventory_finds_what_it_lists_and_a_kept_object_rewritten_since_stay
     # the listing finds the rest
     assert cleanup(store, Context(store, PREFIX, "sweep-2"), NOW).exit_code() is ExitCode.OK
     assert _under(store, "backup", "staging") == set()
+
+
+def test_an_inventory_plans_the_partitions_a_listing_plans_and_none_with_nothing_past_its_age() -> None:
+    from tiering.demo.inventory import write_inventory
+    from tiering.plan.inventory import inventory_objects
+    from tiering.run import engine
+
+    store = MemoryStore("b")
+    _kept(store)
+    store.put(backup_key(PREFIX, "r1", "t-2", 0, ".log"), b"kept today")  # within the grace period
+    uri = write_inventory(store, "b", "inventory", list(store.list(f"{PREFIX}/")))
+    kind = Cleanup(CleanupOptions(grace_days=1, stale_hours=0, deletes_checked=True))
+
+    def planned(from_inventory: bool) -> list[tuple[str, int, int]]:
+        found: list[tuple[str, int, int]] = []
+        engine.preview(store, PREFIX, kind, lambda p: found.append((p.directory, len(p.backups), len(p.staging))),
+                       source=inventory_objects(store, uri, PREFIX)[1] if from_inventory else None)
+        return sorted(found)
+
+    assert planned(False) == [("t-1", 0, 1), ("t-1.x-0", 0, 1)]  # only the stale staging objects
+    assert planned(True) == planned(False)

@@ -217,7 +217,8 @@ def test_tiering_options_read_back_as_they_were_written_and_strictly(tmp_path: P
     kind = kind_from_json(RunKind.TIER.value, json.loads(json.dumps(options.to_json())))
     assert kind.options == options  # type: ignore[attr-defined]
     assert kind.options.prices.of("STANDARD_IA").put_per_1000 == 0.02  # type: ignore[attr-defined]
-    for doc, found in (({}, "lack option policy"), ({"policy": str(path), "include_internal": "yes"}, "include_internal"),
+    for doc, found in (({}, "lack option policy"),
+                       ({"policy": str(path), "include_internal": "yes"}, "include_internal"),
                        ({"policy": str(path), "polcy": "x"}, "polcy"),
                        ({"policy": str(path), "prices_region": "mars-1"}, "mars-1"),
                        ({"policy": str(path), "prices_region": ""}, "prices_region"),

@@ -17,7 +17,7 @@ from bench.synth_inventory import kafka_layout_rows
 from tests.s3.conftest import BUCKET
 from tiering.demo.inventory import COLUMNS, Version, write_inventory
 from tiering.errors import ConfigError, InvalidDataError
-from tiering.plan.inventory import InventoryManifest, iter_inventory, read_manifest
+from tiering.plan.inventory import InventoryManifest, inventory_objects, iter_inventory, read_manifest
 from tiering.storage.objects import ObjectInfo, ObjectNotFound
 from tiering.storage.s3 import S3Store
 
@@ -102,6 +102,13 @@ def test_prefix_keeps_only_the_keys_under_it(store: S3Store) -> None:
     assert len(_read(store, uri)) == 4
     with pytest.raises(ConfigError, match="ends with '/'"):
         iter_inventory(store, read_manifest(store, uri), "logs")  # at once, not at the first row
+
+
+def test_a_runs_prefix_selects_its_objects_and_the_root_every_object(store: S3Store) -> None:
+    rows = [_obj("logs/t-0/a.log"), _obj("other/c.log")]
+    uri = write_inventory(store, store.bucket, DEST, rows, created_at=NOW)
+    assert [o.key for o in inventory_objects(store, uri, "/logs/")[1]] == ["logs/t-0/a.log"]
+    assert [o.key for o in inventory_objects(store, uri, "")[1]] == ["logs/t-0/a.log", "other/c.log"]
 
 
 def test_etags_are_unquoted_in_the_report_and_quoted_as_listings_give_them(store: S3Store) -> None:

@@ -241,7 +241,8 @@ def inventory_objects(store: ObjectStore, uri: str, prefix: str) -> tuple[Invent
     if manifest.source_bucket != store.bucket:
         raise ConfigError("the inventory lists another bucket", path=uri, expected=store.bucket,
                           found=manifest.source_bucket)
-    return manifest, iter_inventory(store, manifest, prefix.strip("/") + "/")
+    root = prefix.strip("/")
+    return manifest, iter_inventory(store, manifest, root + "/" if root else "")
 
 
 class _Digest:

@@ -7,7 +7,8 @@ older than the stale period aborted, and probes' scratch objects deleted. Then, 
 operations crashed runs left in flight are finished. The partitions are those holding kept objects past
 their age: originals in ``backup/<run>/`` past the grace period, staging objects in ``staging/<run>/`` past
 the stale period, every run's listing read at once, in key order, so that a partition's objects come
-together (what is held: one partition's objects, and a listing page of each run that kept any). In each
+together (what is held: one partition's objects, and a listing page of each run that kept any); or an S3
+Inventory report's rows under ``backup/`` and ``staging/``, spilled to local files by partition. In each
 partition, under its lease: a journal left in flight there finished first, the objects an operation still
 in flight names kept, the rest deleted (DeleteObjects, each only if its ETag is still the one listed; the
 lease checked just before). Ages are S3's (``LastModified`` against S3's clock read at the start).
@@ -264,7 +265,8 @@ def _kept(objects: Iterable[ObjectInfo], run_dir: str, sub: str, age: timedelta,
 
 def _inventoried(objects: Iterator[ObjectInfo], prefix: str, ages: Mapping[str, timedelta], now: datetime
                  ) -> Iterator[tuple[str, list[tuple[str, str, Expired]]]]:
-    """The kept objects of an inventory past their age, by partition (:func:`spill_grouped`)."""
+    """The kept objects of an inventory past their age, by partition (:func:`spill_grouped`: only those are
+    spilled)."""
     roots = {sub: reserved_dir(prefix, sub) for sub in ages}
 
     def kept(info: ObjectInfo) -> tuple[str, str] | None:  # the run's directory and the kind of object kept
@@ -274,10 +276,11 @@ def _inventoried(objects: Iterator[ObjectInfo], prefix: str, ages: Mapping[str, 
                 return (root + run + "/", sub) if slash else None
         return None
 
-    def partition(info: ObjectInfo) -> str | None:
+    def partition(info: ObjectInfo) -> str | None:  # None: not a kept segment file past its age
         where = kept(info)
         found = kept_segment(where[0], info.key) if where is not None else None
-        return found[0] if found is not None else None
+        expired = where is not None and now - info.last_modified >= ages[where[1]]
+        return found[0] if found is not None and expired else None
 
     for directory, found in spill_grouped(objects, partition):
         out: list[tuple[str, str, Expired]] = []

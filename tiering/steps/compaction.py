@@ -368,14 +368,12 @@ class CleanupStep:
 
 def clean(store: ObjectStore, run: CompactionParams, log: Log) -> CleanupStep:
     """Originals past their grace period, abandoned staging objects and multipart uploads (a cleanup run of the
-    engine, run ``<run>-cleanup``, which finds them in the run's S3 Inventory report when it has one); nothing
-    on a dry run."""
+    engine, run ``<run>-cleanup``); nothing on a dry run."""
     if run.dry_run:
         return CleanupStep(None)
     settings = replace(run.settings, run_id=f"{run.settings.run_id}-cleanup", codec=None, level=None)
-    source = inventory_objects(store, run.inventory, run.settings.prefix)[1] if run.inventory else None
     result = cleanup(store, settings.context(store),
-                     CleanupOptions(run.grace_days, lease_ttl_seconds=settings.lease_ttl_seconds), source=source)
+                     CleanupOptions(run.grace_days, lease_ttl_seconds=settings.lease_ttl_seconds))
     log(f"cleanup run {settings.run_id}: {CleanupFigures.of(result).summary()} "
         f"({result.totals()['segments']:,} segments' objects)")
     return CleanupStep(result)
