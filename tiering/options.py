@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, ClassVar, Final, Self, cast
 
@@ -39,8 +39,8 @@ class Opt:
     ``maximum``: its bounds (a text's length, for text); ``optional``: None is a value too (no bound, no
     filter); a default of None for an option that is not optional makes it required; ``internal``: set by
     the run itself as it starts (its clock) or by its caller (a price book's region), read back from JSON but
-    never asked of a person; ``size``: a
-    number of bytes, which the command line also takes with a binary unit (``16MiB``)."""
+    never asked of a person; ``size``: a number of bytes, which the command line also takes with a binary
+    unit (``16MiB``)."""
 
     name: str
     kind: type
@@ -201,7 +201,6 @@ def params(declared: Iterable[Opt], *, prefix: str = "", only: Iterable[str] | N
             if not o.internal and (chosen is None or o.name in chosen)}
 
 
-
 class Options:
     """A kind's options: a frozen dataclass whose JSON, command-line flags and DAG params all come from one
     tuple of declarations (``DECLARED``). A subclass whose fields are not the declared names one for one
@@ -289,46 +288,6 @@ def _policy(what: str) -> Opt:
                metavar="FILE")
 
 
-MERGE: Final = (
-    SEGMENT_BYTES,
-    INDEX_BYTES,
-    TOPICS,
-    MIN_AGE,
-    _policy("only the topics whose merge.enable is true are merged, each up to its merge.target.bytes (else its "
-            "segment.bytes) and segment.index.bytes, leaving segments whose newest record is younger than its "
-            "min.segment.age.hours (the segment.bytes and segment.index.bytes given here are then not used)"),
-    LEASE_TTL,
-)
-
-KEY_COMPACTION: Final = (
-    _topics("the compacted topics to clean (their whole names must match); this or the policy is required, "
-            "since a pass drops every superseded value"),
-    _policy("the topics whose cleanup.policy has compact and compact.enable is true are cleaned, each with its "
-            "own delete.retention.ms and min.compaction.lag.ms (the two settings of that name given here are then "
-            "not used); with topics, only those of them that also match"),
-    Opt("now_ms", int, None, "the pass's clock in epoch milliseconds: horizons stamped now expire at it plus "
-        "delete.retention.ms, and horizons before it have passed (default: S3's clock)", minimum=0, optional=True,
-        metavar="MS"),
-    Opt("delete_retention_ms", int, 86_400_000, "how long tombstones and transaction markers stay after a pass "
-        "stamped them (Kafka's delete.retention.ms)", minimum=0, metavar="MS"),
-    Opt("min_compaction_lag_ms", int, 0, "leave segments holding records younger than this, relative to the "
-        "partition's newest record (Kafka's min.compaction.lag.ms)", minimum=0, metavar="MS"),
-    Opt("codec", str, None, "the codec of batches the pass rebuilds (default: each batch's own)", choices=CODECS,
-        optional=True),
-    Opt("level", int, None, "with a codec: its level (default: Kafka's)", minimum=-131_072, maximum=22,
-        optional=True),
-    MIN_AGE,
-    Opt("max_keys", int, 5_033_164, "the key map's bound in keys (by default a broker's default cleaner thread's, "
-        "128 MiB of dedupe buffer at 24 bytes a key filled to 0.9): a pass whose map fills up ends there, and the "
-        "next run goes on from that offset; null: no bound", minimum=1, optional=True, metavar="N"),
-    Opt("merge", bool, True, "clean neighbours into one segment while their sources fit it, as the broker's "
-        "cleaner groups them (within segment.bytes and segment.index.bytes; with a policy, each topic's), swapped "
-        "in like a merge (docs/merging.md); off: each segment cleaned into one of its own"),
-    SEGMENT_BYTES,
-    INDEX_BYTES,
-    LEASE_TTL,
-)
-
 # A compaction's: what segments become, how much of them a run takes, and how each is committed
 CODEC: Final = Opt("codec", str, "zstd", "the codec every batch is recompressed with", choices=CODECS)
 LEVEL: Final = Opt("level", int, None, "the codec's level (Kafka's compression.<codec>.level; default: Kafka's "
@@ -367,4 +326,44 @@ TIERING: Final = (
         optional=True, internal=True),
     LEASE_TTL,
     Opt("now", str, None, "S3's clock as the run started", optional=True, internal=True, clock=True),
+)
+
+
+MERGE: Final = (
+    SEGMENT_BYTES,
+    INDEX_BYTES,
+    TOPICS,
+    MIN_AGE,
+    _policy("only the topics whose merge.enable is true are merged, each up to its merge.target.bytes (else its "
+            "segment.bytes) and segment.index.bytes, leaving segments whose newest record is younger than its "
+            "min.segment.age.hours (the segment.bytes and segment.index.bytes given here are then not used)"),
+    LEASE_TTL,
+)
+
+KEY_COMPACTION: Final = (
+    _topics("the compacted topics to clean (their whole names must match); this or the policy is required, "
+            "since a pass drops every superseded value"),
+    _policy("the topics whose cleanup.policy has compact and compact.enable is true are cleaned, each with its "
+            "own delete.retention.ms and min.compaction.lag.ms (the two settings of that name given here are then "
+            "not used); with topics, only those of them that also match"),
+    Opt("now_ms", int, None, "the pass's clock in epoch milliseconds: horizons stamped now expire at it plus "
+        "delete.retention.ms, and horizons before it have passed (default: S3's clock)", minimum=0, optional=True,
+        metavar="MS"),
+    Opt("delete_retention_ms", int, 86_400_000, "how long tombstones and transaction markers stay after a pass "
+        "stamped them (Kafka's delete.retention.ms)", minimum=0, metavar="MS"),
+    Opt("min_compaction_lag_ms", int, 0, "leave segments holding records younger than this, relative to the "
+        "partition's newest record (Kafka's min.compaction.lag.ms)", minimum=0, metavar="MS"),
+    replace(CODEC, default=None, optional=True, help="the codec of batches the pass rebuilds (default: each batch's "
+            "own)"),
+    replace(LEVEL, help="with a codec: its level (default: Kafka's)"),
+    MIN_AGE,
+    Opt("max_keys", int, 5_033_164, "the key map's bound in keys (by default a broker's default cleaner thread's, "
+        "128 MiB of dedupe buffer at 24 bytes a key filled to 0.9): a pass whose map fills up ends there, and the "
+        "next run goes on from that offset; null: no bound", minimum=1, optional=True, metavar="N"),
+    Opt("merge", bool, True, "clean neighbours into one segment while their sources fit it, as the broker's "
+        "cleaner groups them (within segment.bytes and segment.index.bytes; with a policy, each topic's), swapped "
+        "in like a merge (docs/merging.md); off: each segment cleaned into one of its own"),
+    SEGMENT_BYTES,
+    INDEX_BYTES,
+    LEASE_TTL,
 )

@@ -76,7 +76,6 @@ if TYPE_CHECKING:
     from tiering.run.tier import TierPlan
 
 
-
 def _store(args: argparse.Namespace) -> ObjectStore:
     from tiering.storage.s3 import S3Store, make_client  # noqa: PLC0415 - boto3 loads only for S3 commands
 

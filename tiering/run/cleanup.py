@@ -266,29 +266,22 @@ def _kept(objects: Iterable[ObjectInfo], run_dir: str, sub: str, age: timedelta,
 def _inventoried(objects: Iterator[ObjectInfo], prefix: str, ages: Mapping[str, timedelta], now: datetime
                  ) -> Iterator[tuple[str, list[tuple[str, str, Expired]]]]:
     """The kept objects of an inventory past their age, by partition (:func:`spill_grouped`: only those are
-    spilled)."""
+    spilled), each as :func:`_kept` gives it."""
     roots = {sub: reserved_dir(prefix, sub) for sub in ages}
 
-    def kept(info: ObjectInfo) -> tuple[str, str] | None:  # the run's directory and the kind of object kept
+    def expired(info: ObjectInfo) -> tuple[str, str, Expired] | None:
         for sub, root in roots.items():
             if info.key.startswith(root) and not any(c in info.key for c in "\t\n\r"):
                 run, slash, _ = info.key[len(root):].partition("/")
-                return (root + run + "/", sub) if slash else None
+                return next(_kept((info,), root + run + "/", sub, ages[sub], now), None) if slash else None
         return None
 
-    def partition(info: ObjectInfo) -> str | None:  # None: not a kept segment file past its age
-        where = kept(info)
-        found = kept_segment(where[0], info.key) if where is not None else None
-        expired = where is not None and now - info.last_modified >= ages[where[1]]
-        return found[0] if found is not None and expired else None
+    def partition(info: ObjectInfo) -> str | None:
+        found = expired(info)
+        return found[0].partition("/")[0] if found is not None else None
 
-    for directory, found in spill_grouped(objects, partition):
-        out: list[tuple[str, str, Expired]] = []
-        for info in found:
-            where = kept(info)
-            assert where is not None
-            out += _kept((info,), where[0], where[1], ages[where[1]], now)
-        yield directory, out
+    for directory, infos in spill_grouped(objects, partition):
+        yield directory, [found for info in infos if (found := expired(info)) is not None]
 
 
 def _result(directory: str, base: int, counts: Counter[str]) -> SegmentResult:
