@@ -166,7 +166,7 @@ def test_compaction_journals_records_state_and_leaves_only_backups(mem: MemorySt
 
     def watch() -> None:
         for journal, _ in pending_journals(mem, PREFIX):
-            journals.append((journal.state.value, mem.head(journal.final["log"]).metadata.get(META_RUN, "")))
+            journals.append((journal.state.value, mem.head(journal.final("log")).metadata.get(META_RUN, "")))
 
     worker = Aimed(mem, "copy_over", _final(LOG_SUFFIX, "if_match", arg=1), watch)
     run = compact(worker, plan_for(mem), context(worker), CompactOptions())
@@ -387,7 +387,7 @@ def test_a_journal_without_the_staged_etag_is_swapped_after_decoding_the_staged_
         compact(dying, plan_for(mem), context(dying), CompactOptions(lease_ttl_seconds=TTL))
     [(journal, etag)] = list(pending_journals(mem, PREFIX))
     doc = journal.to_json()
-    assert doc["new"].pop("log_etag")
+    assert doc["targets"][0]["files"]["log"].pop("etag")
     mem.put_json(f"{PREFIX}/_tiering/journal/{DIR}/{first:020d}.json", doc, if_match=etag)
     gets = mem.requests["GetObject"]
     run = compact(mem, plan_for(mem), context(mem), CompactOptions(lease_ttl_seconds=TTL))

@@ -1,47 +1,25 @@
-"""The steps every operation takes on its journal entry, whatever it replaces (one segment by another,
-:mod:`tiering.commit.swap`; neighbours by others holding the same batches, :mod:`tiering.commit.regroup`):
+"""The steps every operation takes on its journal entry, whatever it replaces (one segment by another in
+place, :mod:`tiering.commit.swap`; neighbours by others holding the same batches, :mod:`tiering.commit.regroup`):
 written again over the version last written (``If-Match``, so that a run that took the operation over stops
 the one it took it from), the originals backed up, and the entry forgotten (then its staging objects).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeVar
-
 from tiering.commit.operation import Context, SourceChanged, TakenOver, uri
-from tiering.lifecycle.journal import BackupCopy
+from tiering.lifecycle.journal import Journal
 from tiering.lifecycle.vocabulary import JournalState
 from tiering.storage.layout import journal_key
 from tiering.storage.objects import ObjectNotFound, PreconditionFailed
 
 TAKEN_OVER = "another run took this operation over while it was stalled (its lease had expired): left to that run"
 
-E = TypeVar("E", bound="Entry")
 
-
-class Entry(Protocol):
-    """A journal entry of either shape."""
-
-    @property
-    def directory(self) -> str: ...
-
-    @property
-    def base_offset(self) -> int: ...
-
-    def advanced(self: E, state: JournalState) -> E: ...
-
-    def to_json(self) -> dict[str, Any]: ...
-
-    def backups(self) -> tuple[BackupCopy, ...]: ...
-
-    def staging(self) -> tuple[str, ...]: ...
-
-
-def _key(ctx: Context, journal: Entry) -> str:
+def _key(ctx: Context, journal: Journal) -> str:
     return journal_key(ctx.prefix, journal.directory, journal.base_offset)
 
 
-def rewrite(ctx: Context, journal: Entry, etag: str) -> str:
+def rewrite(ctx: Context, journal: Journal, etag: str) -> str:
     """``journal`` written over the version we last wrote (``etag``): its new ETag; :class:`TakenOver` when
     another run wrote it since (or forgot it)."""
     key = _key(ctx, journal)
@@ -51,14 +29,14 @@ def rewrite(ctx: Context, journal: Entry, etag: str) -> str:
         raise TakenOver(TAKEN_OVER, path=uri(ctx.store, key)) from None
 
 
-def advance(ctx: Context, journal: E, etag: str, state: JournalState) -> tuple[E, str]:
+def advance(ctx: Context, journal: Journal, etag: str, state: JournalState) -> tuple[Journal, str]:
     """The journal entry in its next state, written over the one we last wrote (:func:`rewrite`)."""
     advanced = journal.advanced(state)
     return advanced, rewrite(ctx, advanced, etag)
 
 
-def back_up(ctx: Context, journal: Entry) -> None:
-    """Server-side copies of the originals the operation replaces (:meth:`Entry.backups`). moto ignores a
+def back_up(ctx: Context, journal: Journal) -> None:
+    """Server-side copies of the originals the operation replaces (:meth:`Journal.backups`). moto ignores a
     copy's source condition, so each original is looked at again after its copy: one that changed meanwhile
     stops the operation (:class:`SourceChanged`) before anything final is replaced."""
     store = ctx.store
@@ -75,7 +53,7 @@ def back_up(ctx: Context, journal: Entry) -> None:
                                 expected=c.etag, found=after.etag)
 
 
-def forget(ctx: Context, journal: Entry, etag: str) -> None:
+def forget(ctx: Context, journal: Journal, etag: str) -> None:
     """Delete a finished (or given up) operation's journal entry, then its staging objects: a crash in between
     leaves only staging objects that no journal names (cleanup removes them), never a journal whose staged
     copy is gone. :class:`TakenOver` if the entry is no longer the one we wrote (nothing is deleted then)."""

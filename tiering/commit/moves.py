@@ -11,7 +11,7 @@ from typing import Any
 
 from tiering.commit.operation import SegmentResult
 from tiering.commit.recover import pending_journals
-from tiering.lifecycle.journal import REGROUPS, RegroupJournal
+from tiering.lifecycle.journal import REGROUPS
 from tiering.lifecycle.state import Marks, SegmentState, record_segments
 from tiering.storage.layout import journal_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore
@@ -23,8 +23,6 @@ def in_flight_groups(store: ObjectStore, prefix: str, directory: str) -> dict[in
     one-segment operation is found at its journal entry's key: :func:`operation_pending`.)"""
     out: dict[int, str] = {}
     for journal, _ in pending_journals(store, prefix, directory, kinds=REGROUPS):
-        if not isinstance(journal, RegroupJournal):
-            continue
         bases = sorted({g.base_offset for g in (*journal.sources, *journal.targets)})
         for base in bases:
             out[base] = f"{bases[0]}..{bases[-1]}"

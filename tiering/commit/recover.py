@@ -33,12 +33,12 @@ from tiering.commit.swap import abandon, finish_one
 from tiering.kafka.files import TXN_INDEX_SUFFIX
 from tiering.lifecycle.journal import (
     FILES,
+    GROUP_FILES,
     INDEX_FILES,
     Journal,
-    NewFiles,
+    OpFile,
+    OpSegment,
     Recorded,
-    RegroupJournal,
-    TxnIndexSwap,
     read_journal,
 )
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status
@@ -50,7 +50,6 @@ from tiering.storage.layout import (
     journal_key,
 )
 from tiering.storage.objects import (
-    ObjectAttrs,
     ObjectInfo,
     ObjectNotFound,
     ObjectStore,
@@ -59,7 +58,7 @@ from tiering.storage.objects import (
 
 
 def pending_journals(store: ObjectStore, prefix: str, directory: str | None = None, *,
-                     kinds: Collection[str] | None = None) -> Iterator[tuple[Journal | RegroupJournal, str]]:
+                     kinds: Collection[str] | None = None) -> Iterator[tuple[Journal, str]]:
     """Journal entries left in flight (by a crash); with ``kinds``,
     only the entries of those operation kinds (the others are not read as journals at all)."""
     under = journal_dir(prefix, directory)
@@ -97,7 +96,7 @@ def iter_recover(ctx: Context, directory: str, lease: LeaseGuard, *,
         if ctx.state is not None and ctx.state.full:
             ctx.state.flush(lease.check)
         theirs = journal.run_id != ctx.run_id
-        if isinstance(journal, RegroupJournal):
+        if not journal.in_place:
             if journal.state is JournalState.STAGED and theirs:
                 regrouped = abandon_regroup(ctx, journal, etag, f"interrupted before its backup (run "
                                             f"{journal.run_id}): abandoned; the segments are merged anew", pending=None)
@@ -128,10 +127,16 @@ def adopt(ctx: Context, journal: Journal, etag: str) -> tuple[Journal, str]:
     d, base = journal.directory, journal.base_offset
     op = ctx.new_op()
     marks = {META_RUN: ctx.run_id, META_OP: op}
-    taken = replace(journal, op=op, run_id=ctx.run_id,
-                    attrs={name: a.with_metadata(marks) for name, a in journal.attrs.items()},
-                    backup={name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if journal.source[name] else None
-                            for name, sfx in FILES},
+    suffix = dict(GROUP_FILES)
+
+    def marked(f: OpFile) -> OpFile:
+        return replace(f, attrs=f.attrs.with_metadata(marks)) if f.attrs is not None else f
+
+    sources = tuple(OpSegment(s.base_offset, {name: replace(marked(f), copy=backup_key(ctx.prefix, ctx.run_id, d,
+                                                                                      s.base_offset, suffix[name]))
+                                              for name, f in s.files.items()}) for s in journal.sources)
+    targets = tuple(OpSegment(t.base_offset, {name: marked(f) for name, f in t.files.items()}) for t in journal.targets)
+    taken = replace(journal, op=op, run_id=ctx.run_id, sources=sources, targets=targets,
                     entry=replace(journal.entry, run_id=ctx.run_id))
     try:
         return taken, ctx.store.put_json(journal_key(ctx.prefix, d, base), taken.to_json(), if_match=etag)
@@ -142,11 +147,12 @@ def adopt(ctx: Context, journal: Journal, etag: str) -> tuple[Journal, str]:
 
 def _adopted(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> SegmentResult:
     lease.check()
+    new = journal.targets[0].log
     try:
-        staged = ctx.store.head(journal.new.log)
+        staged = ctx.store.head(str(new.copy))
     except ObjectNotFound:
         staged = None
-    if staged is None or staged.size != journal.new.log_size:
+    if staged is None or staged.size != new.size:
         return abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}), its staged "
                         ".log gone or other: abandoned; the segment is compacted anew", pending=None)
     try:
@@ -172,20 +178,24 @@ def repair_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Segm
     return SegmentResult(seg.directory, seg.base_offset, Status.REPAIRED, seg.reason)
 
 
-def _txn_index_restore(ctx: Context, directory: str, base: int, target_run: str, op: str) -> TxnIndexSwap | None:
-    """The ``.txnindex`` a rollback puts back after the ``.log``: the one ``target_run`` backed up, if any."""
+def _txn_index_restore(ctx: Context, directory: str, base: int, target_run: str, op: str
+                       ) -> tuple[OpFile | None, OpFile] | None:
+    """The ``.txnindex`` a rollback puts back after the ``.log``: the one in place (None: there is none) and
+    the one ``target_run`` backed up; None where that run did not replace it."""
     store = ctx.store
     kept = backup_key(ctx.prefix, target_run, directory, base, TXN_INDEX_SUFFIX)
     try:
-        _, attrs = store.describe(kept)
+        info, attrs = store.describe(kept)
     except ObjectNotFound:
-        return None  # that run did not replace it
+        return None
     final = dir_segment_key(ctx.prefix, directory, base, TXN_INDEX_SUFFIX)
     try:
-        source: str | None = store.head(final).etag
+        there = store.head(final)
     except ObjectNotFound:
-        source = None
-    return TxnIndexSwap(final, source, kept, None, False, attrs.with_metadata({META_RESTORED: target_run, META_OP: op}))
+        there = None
+    return (None if there is None else OpFile(final, there.etag, there.size),
+            OpFile(final, size=info.size, copy=kept,
+                   attrs=attrs.with_metadata({META_RESTORED: target_run, META_OP: op})))
 
 
 def _not_to_restore(ctx: Context, directory: str, base: int, final: dict[str, str], backup: str,
@@ -245,38 +255,36 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
                                                            target_run)) is not None:
         return instead
     # the run's .log in place, or the original's bytes (put back by a mirror, say) beside the run's indexes
-    source: dict[str, str | None] = {"log": current.etag}
-    attrs: dict[str, ObjectAttrs] = {}
-    new: dict[str, str | None] = {}
-    log_size = 0
     op = ctx.new_op()
+    sources = {"log": OpFile(final["log"], current.etag, current.size)}
+    targets: dict[str, OpFile] = {}
     for name, _ in FILES:
         if name != "log":
-            try:
-                source[name] = store.head(final[name]).etag
-            except ObjectNotFound:
-                source[name] = None
+            with contextlib.suppress(ObjectNotFound):
+                there = store.head(final[name])
+                sources[name] = OpFile(final[name], there.etag, there.size)
         try:
             info, original = store.describe(backups[name])
         except ObjectNotFound:
             if name == "log":
                 return SegmentResult(directory, base, Status.FAILED, "the backup of the .log is missing",
                                      error={"path": uri(store, backups[name])}, cause=Cause.BACKUP_MISSING)
-            new[name] = None
             continue
-        new[name] = backups[name]
-        attrs[name] = original.with_metadata({META_RESTORED: target_run, META_OP: op})
-        if name == "log":
-            log_size = info.size
+        # The backup is decoded before it goes in (no ETag to hold it to): it must hold the records the
+        # state entry names.
+        targets[name] = OpFile(final[name], size=info.size, copy=backups[name],
+                               attrs=original.with_metadata({META_RESTORED: target_run, META_OP: op}))
+    if (txn := _txn_index_restore(ctx, directory, base, target_run, op)) is not None:
+        if txn[0] is not None:
+            sources["txnindex"] = txn[0]
+        targets["txnindex"] = txn[1]
     entry = state_entry(ctx, directory, base)
     # What goes back in the partition's state: the generation that run replaced (its entry's lineage).
     restores = (entry.replaced if entry is not None and entry.run_id == target_run
                 and entry.log_etag == current.etag else ())
-    journal = Journal(OpKind.ROLLBACK, op, ctx.run_id, JournalState.BACKED_UP, directory, base, final, source,
-                      NewFiles(backups["log"], log_size, new["index"], new["timeindex"]), attrs,
-                      payload_xxh3=entry.payload_xxh3 if entry else None, restores_run=target_run,
-                      entry=Recorded(current.size, log_size, replaced=restores),
-                      txn=_txn_index_restore(ctx, directory, base, target_run, op))
+    journal = Journal(OpKind.ROLLBACK, op, ctx.run_id, JournalState.BACKED_UP, directory, (OpSegment(base, sources),),
+                      (OpSegment(base, targets),), Recorded(current.size, targets["log"].bytes, replaced=restores),
+                      restores_run=target_run, payload_xxh3=entry.payload_xxh3 if entry else None)
     try:
         etag = store.put_json(journal_key(ctx.prefix, directory, base), journal.to_json(), if_none_match=True)
     except PreconditionFailed:

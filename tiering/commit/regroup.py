@@ -64,7 +64,7 @@ from tiering.kafka.index import Indexes, parse_txn_index
 from tiering.kafka.merge import Source as MergeSource
 from tiering.kafka.merge import merge
 from tiering.kafka.rewrite import read_back
-from tiering.lifecycle.journal import GROUP_FILES, GroupFile, GroupSegment, Recorded, RegroupJournal
+from tiering.lifecycle.journal import GROUP_FILES, Journal, OpFile, OpSegment, Recorded
 from tiering.lifecycle.state import SegmentState
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, StorageClass, Verify
 from tiering.plan.document import PlannedSegment
@@ -123,12 +123,12 @@ class _Seen:
     size: int = 0
 
 
-def _source_files(ctx: Context, seg: PlannedSegment, run_id: str) -> GroupSegment:
+def _source_files(ctx: Context, seg: PlannedSegment, run_id: str) -> OpSegment:
     """A planned segment's files as they are now, checked against the plan (:class:`SourceChanged`
     otherwise), with their attributes and backup keys."""
     store, d, base = ctx.store, seg.directory, seg.base_offset
     assert seg.log is not None
-    files: dict[str, GroupFile] = {}
+    files: dict[str, OpFile] = {}
     for name, suffix in GROUP_FILES:
         ref = getattr(seg, name)
         key = ref.key if ref is not None else sibling_key(seg.log.key, suffix)
@@ -142,13 +142,13 @@ def _source_files(ctx: Context, seg: PlannedSegment, run_id: str) -> GroupSegmen
         if ref is None or info.etag != ref.etag:
             raise SourceChanged(f"the {name} file changed after planning", path=uri(store, key),
                                 expected=ref.etag if ref else "no object", found=info.etag)
-        files[name] = GroupFile(key, info.etag, info.size, backup_key(ctx.prefix, run_id, d, base, suffix), attrs,
+        files[name] = OpFile(key, info.etag, info.size, backup_key(ctx.prefix, run_id, d, base, suffix), attrs,
                                 info.last_modified.isoformat())
-    return GroupSegment(base, files)
+    return OpSegment(base, files)
 
 
 def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGuard
-                ) -> tuple[RegroupJournal, str] | int:
+                ) -> tuple[Journal, str] | int:
     """Step 1 of a merge of ``segments`` (neighbours, in offset order, two or more): the journal entry and its
     ETag. When the second segment does not start where the first ends (a gap in offsets), nothing is staged
     and 1 comes back; a later gap makes the merge end before it (the journal names the sources merged)."""
@@ -158,7 +158,7 @@ def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGu
     sources = [_source_files(ctx, seg, ctx.run_id) for seg in segments]
     seen = _Seen()
 
-    def opener(group: GroupSegment) -> Callable[[], BinaryIO]:
+    def opener(group: OpSegment) -> Callable[[], BinaryIO]:
         def open_log() -> BinaryIO:
             lease.keep_alive()
             try:
@@ -179,7 +179,7 @@ def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGu
         if merged.sources < 2:  # leaving the block unfinished aborts the upload
             return merged.sources
         sources = sources[: merged.sources]
-        expected = sum(g.log.size for g in sources)
+        expected = sum(g.log.bytes for g in sources)
         if seen.size != expected or merged.log_bytes != expected:
             raise ProofError("the merged .log is not the sources' bytes one after the other",
                              path=uri(store, first.log.key if first.log else new["log"]),
@@ -193,7 +193,7 @@ def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGu
 
 
 def stage_cleaned_group(ctx: Context, segments: Sequence[PlannedSegment], log: BinaryIO, size: int,
-                        indexes: Indexes, txn_index: bytes, lease: LeaseGuard) -> tuple[RegroupJournal, str]:
+                        indexes: Indexes, txn_index: bytes, lease: LeaseGuard) -> tuple[Journal, str]:
     """Step 1 for neighbours a key-compaction pass cleaned into one segment (the broker's cleaner merges the
     groups it cleans): ``log`` holds its ``size`` bytes, ``indexes`` and ``txn_index`` were made with it. It
     is read back (CRCs, every record, offsets) and its indexes must equal a rebuild; then staged (its
@@ -225,14 +225,14 @@ def stage_cleaned_group(ctx: Context, segments: Sequence[PlannedSegment], log: B
             lease.keep_alive()
         lease.check()
         staged = _finish_staging(ctx, out, new, indexes, txn_index, size, crc, marks)
-    recorded = Recorded(sum(g.log.size for g in sources), size, ctx.run_id, sources[0].log.etag,
+    recorded = Recorded(sum(g.log.bytes for g in sources), size, ctx.run_id, sources[0].log.etag,
                         payload_xxh3=made.payload_xxh3, merged_from=tuple(g.base_offset for g in sources))
     return _journal_group(ctx, op, first.directory, sources, staged, new, marks, recorded)
 
 
-def _journal_group(ctx: Context, op: str, d: str, sources: list[GroupSegment],
+def _journal_group(ctx: Context, op: str, d: str, sources: list[OpSegment],
                    staged: dict[str, tuple[str, int]], new: dict[str, str], marks: dict[str, str],
-                   recorded: Recorded) -> tuple[RegroupJournal, str]:
+                   recorded: Recorded) -> tuple[Journal, str]:
     """The journal entry (state ``staged``) of one segment made from ``sources`` at the first one's base
     offset: its files take the first source's attributes (its ``.log``'s where it lacks the file), with our
     marks and the number of segments it holds."""
@@ -243,15 +243,15 @@ def _journal_group(ctx: Context, op: str, d: str, sources: list[GroupSegment],
         if name in staged:
             etag, size = staged[name]
             attrs = sources[0].files.get(name, sources[0].log).attrs or ObjectAttrs()
-            target_files[name] = GroupFile(dir_segment_key(ctx.prefix, d, base, suffix), etag, size, new[name],
+            target_files[name] = OpFile(dir_segment_key(ctx.prefix, d, base, suffix), etag, size, new[name],
                                            attrs.with_metadata(marks))
-    lineage = tuple(replaced(ctx, d, s.base_offset, s.log.size, s.log.etag) for s in sources)
-    journal = RegroupJournal(OpKind.MERGE, op, ctx.run_id, JournalState.STAGED, d, tuple(sources),
-                             (GroupSegment(base, target_files),), replace(recorded, replaced=lineage))
+    lineage = tuple(replaced(ctx, d, s.base_offset, s.log.bytes, str(s.log.etag)) for s in sources)
+    journal = Journal(OpKind.MERGE, op, ctx.run_id, JournalState.STAGED, d, tuple(sources),
+                             (OpSegment(base, target_files),), replace(recorded, replaced=lineage))
     return journal, _create(ctx, journal)
 
 
-def _aborted(ctx: Context, group: GroupSegment) -> tuple[Any, ...]:
+def _aborted(ctx: Context, group: OpSegment) -> tuple[Any, ...]:
     txn = group.files.get("txnindex")
     if txn is None:
         return ()
@@ -302,7 +302,7 @@ def _check_read_back(ctx: Context, new: dict[str, str], staged: dict[str, tuple[
             raise ProofError(f"the staged .{name} read back differs from the one written", path=uri(store, new[name]))
 
 
-def _create(ctx: Context, journal: RegroupJournal) -> str:
+def _create(ctx: Context, journal: Journal) -> str:
     key = journal_key(ctx.prefix, journal.directory, journal.base_offset)
     try:
         return ctx.store.put_json(key, journal.to_json(), if_none_match=True)
@@ -312,7 +312,7 @@ def _create(ctx: Context, journal: RegroupJournal) -> str:
 
 
 def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run: str
-                  ) -> tuple[RegroupJournal, str] | list[SegmentResult]:
+                  ) -> tuple[Journal, str] | list[SegmentResult]:
     """Journal the rollback of the merge ``entry`` records (run ``target_run``): the merged segment in place
     replaced by the segments it was made of, from that run's backup. Nothing to back up: the merged segment
     holds their bytes. Results instead when it cannot be done (said per segment)."""
@@ -330,17 +330,17 @@ def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run:
     if current.metadata.get(META_RUN) != target_run or current.etag != entry.log_etag:
         return refused(Status.SKIPPED, f"the .log in place is not the one run {target_run} merged",
                        Cause.NOT_RESTORABLE)
-    in_place: dict[str, GroupFile] = {}
+    in_place: dict[str, OpFile] = {}
     for name, suffix in GROUP_FILES:
         key = dir_segment_key(ctx.prefix, directory, base, suffix)
         with contextlib.suppress(ObjectNotFound):
             info = store.head(key)
-            in_place[name] = GroupFile(key, info.etag, info.size)
+            in_place[name] = OpFile(key, info.etag, info.size)
     op = ctx.new_op()
     marks = {META_RESTORED: target_run, META_OP: op}
-    targets: list[GroupSegment] = []
+    targets: list[OpSegment] = []
     for b in bases:
-        files: dict[str, GroupFile] = {}
+        files: dict[str, OpFile] = {}
         for name, suffix in GROUP_FILES:
             kept = backup_key(ctx.prefix, target_run, directory, b, suffix)
             try:
@@ -350,13 +350,13 @@ def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run:
                     return refused(Status.FAILED, f"the backup of segment {b}'s .log is missing",
                                    Cause.BACKUP_MISSING)
                 continue
-            files[name] = GroupFile(dir_segment_key(ctx.prefix, directory, b, suffix), info.etag, info.size, kept,
+            files[name] = OpFile(dir_segment_key(ctx.prefix, directory, b, suffix), info.etag, info.size, kept,
                                     attrs.with_metadata(marks))
-        targets.append(GroupSegment(b, files))
-    if sum(t.log.size for t in targets) != entry.bytes_before:  # a key-compaction merge made less of them
+        targets.append(OpSegment(b, files))
+    if sum(t.log.bytes for t in targets) != entry.bytes_before:  # a key-compaction merge made less of them
         return refused(Status.FAILED, "the backups do not add up to what the merge replaced", Cause.BACKUP_MISSING)
-    journal = RegroupJournal(OpKind.UNMERGE, op, ctx.run_id, JournalState.BACKED_UP, directory,
-                             (GroupSegment(base, in_place),), tuple(targets),
+    journal = Journal(OpKind.UNMERGE, op, ctx.run_id, JournalState.BACKED_UP, directory,
+                             (OpSegment(base, in_place),), tuple(targets),
                              Recorded(current.size, current.size, replaced=entry.replaced), restores_run=target_run)
     try:
         return journal, _create(ctx, journal)
@@ -364,7 +364,7 @@ def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run:
         return refused(Status.SKIPPED, "another operation's journal entry is pending for it", Cause.BUSY)
 
 
-def finish_regroup(ctx: Context, journal: RegroupJournal, etag: str, lease: LeaseGuard) -> list[SegmentResult]:
+def finish_regroup(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> list[SegmentResult]:
     """Steps 2-4 (or the rest of them, after a crash), from the journal's state; results for every segment
     the operation touches. Every problem but a lost lease is a result: before the swap a changed source or a
     staged copy gone abandons the operation; otherwise it is left in flight with its journal, and a later
@@ -398,7 +398,7 @@ def finish_regroup(ctx: Context, journal: RegroupJournal, etag: str, lease: Leas
                         pending=Pending.TRANSIENT if retry else None, cause=Cause.TRANSIENT if retry else Cause.REFUSED)
 
 
-def _no_other_swaps(ctx: Context, journal: RegroupJournal) -> None:
+def _no_other_swaps(ctx: Context, journal: Journal) -> None:
     """:class:`SourceChanged` when the partition holds ``.swap`` or ``.cleaned`` objects of another operation: a
     broker restoring the bucket would take their range and ours as one."""
     root = partition_prefix(ctx.prefix, journal.directory)
@@ -410,14 +410,14 @@ def _no_other_swaps(ctx: Context, journal: RegroupJournal) -> None:
             raise SourceChanged("another operation's swap files are in the partition", path=uri(ctx.store, info.key))
 
 
-def _results(journal: RegroupJournal, status: Status, reason: str, *, pending: Pending | None = None,
+def _results(journal: Journal, status: Status, reason: str, *, pending: Pending | None = None,
              cause: Cause | None = None) -> list[SegmentResult]:
     bases = sorted({s.base_offset for s in (*journal.sources, *journal.targets)})
     return [SegmentResult(journal.directory, b, status, reason, run_id=journal.run_id, pending=pending, cause=cause)
             for b in bases]
 
 
-def _ours(journal: RegroupJournal, info: ObjectInfo) -> bool:
+def _ours(journal: Journal, info: ObjectInfo) -> bool:
     return info.metadata.get(META_OP) == journal.op
 
 
@@ -428,7 +428,7 @@ def _head(ctx: Context, key: str) -> ObjectInfo | None:
         return None
 
 
-def _check_sources(ctx: Context, journal: RegroupJournal) -> None:
+def _check_sources(ctx: Context, journal: Journal) -> None:
     """Every source file still the planned object, and no other file of theirs appeared."""
     store = ctx.store
     for source in journal.sources:
@@ -447,7 +447,7 @@ def _check_sources(ctx: Context, journal: RegroupJournal) -> None:
                                     expected=planned.etag if planned else "no object", found=there.etag)
 
 
-def _place(ctx: Context, journal: RegroupJournal, f: GroupFile, key: str, fallback: str | None = None) -> str:
+def _place(ctx: Context, journal: Journal, f: OpFile, key: str, fallback: str | None = None) -> str:
     """A server-side copy of the target file ``f`` at ``key``, unless this operation's copy is there already:
     its ETag. :class:`SourceChanged` when an object that is not ours is in the way. When the copy ``f`` names
     is gone (staging cleaned up under a long stall), ``fallback``: this operation's swap object of it."""
@@ -460,17 +460,18 @@ def _place(ctx: Context, journal: RegroupJournal, f: GroupFile, key: str, fallba
                             path=uri(store, key), expected="no object", found=there.etag)
     assert f.copy is not None
     assert f.attrs is not None
+    assert f.etag is not None
     try:
-        return store.copy_over(f.copy, key, source_etag=f.etag, if_match=None, attrs=f.attrs, size=f.size).etag
+        return store.copy_over(f.copy, key, source_etag=f.etag, if_match=None, attrs=f.attrs, size=f.bytes).etag
     except (PreconditionFailed, ObjectNotFound):
         spare = _head(ctx, fallback) if fallback is not None else None
         if fallback is None or spare is None or not _ours(journal, spare) or spare.size != f.size:
             raise ProofError("the copy to put in place is gone or changed since it was verified",
                              path=uri(store, f.copy), expected=f.etag) from None
-    return store.copy_over(fallback, key, source_etag=spare.etag, if_match=None, attrs=f.attrs, size=f.size).etag
+    return store.copy_over(fallback, key, source_etag=spare.etag, if_match=None, attrs=f.attrs, size=f.bytes).etag
 
 
-def _swap_files(journal: RegroupJournal) -> Iterator[tuple[GroupFile, str]]:
+def _swap_files(journal: Journal) -> Iterator[tuple[OpFile, str]]:
     """Every target file with its ``.swap`` key, in the order they go in."""
     for target in journal.targets:
         for name in PUT_ORDER:
@@ -478,7 +479,7 @@ def _swap_files(journal: RegroupJournal) -> Iterator[tuple[GroupFile, str]]:
                 yield f, swap_key(f.final)
 
 
-def _put_swaps(ctx: Context, journal: RegroupJournal) -> None:
+def _put_swaps(ctx: Context, journal: Journal) -> None:
     """Step 3: each target at its ``.swap`` key; several targets behind a ``.cleaned`` marker that voids them
     until all are there."""
     marker = _marker(ctx, journal)
@@ -490,11 +491,11 @@ def _put_swaps(ctx: Context, journal: RegroupJournal) -> None:
         _delete_ours(ctx, journal, marker)
 
 
-def _marker(ctx: Context, journal: RegroupJournal) -> str | None:
+def _marker(ctx: Context, journal: Journal) -> str | None:
     return cleaned_key(ctx.prefix, journal.directory, journal.base_offset) if len(journal.targets) > 1 else None
 
 
-def _put_marker(ctx: Context, journal: RegroupJournal, key: str) -> None:
+def _put_marker(ctx: Context, journal: Journal, key: str) -> None:
     try:
         ctx.store.put(key, b"", if_none_match=True, metadata={META_RUN: journal.run_id, META_OP: journal.op})
     except PreconditionFailed:
@@ -504,7 +505,7 @@ def _put_marker(ctx: Context, journal: RegroupJournal, key: str) -> None:
                                 path=uri(ctx.store, key)) from None
 
 
-def _delete_ours(ctx: Context, journal: RegroupJournal, key: str) -> None:
+def _delete_ours(ctx: Context, journal: Journal, key: str) -> None:
     """Delete ``key`` if it is this operation's object (``If-Match`` the ETag seen)."""
     there = _head(ctx, key)
     if there is not None and _ours(journal, there):
@@ -512,7 +513,7 @@ def _delete_ours(ctx: Context, journal: RegroupJournal, key: str) -> None:
             ctx.store.delete(key, if_match=there.etag, missing_ok=True)
 
 
-def _remove_swaps(ctx: Context, journal: RegroupJournal) -> None:
+def _remove_swaps(ctx: Context, journal: Journal) -> None:
     """Take this operation's swap files away in an order in which none is read without its ``.log.swap``:
     behind the ``.cleaned`` marker when there are several targets, else the index swap files first."""
     marker = _marker(ctx, journal)
@@ -526,7 +527,7 @@ def _remove_swaps(ctx: Context, journal: RegroupJournal) -> None:
         _delete_ours(ctx, journal, marker)
 
 
-def _roll_forward(ctx: Context, journal: RegroupJournal, etag: str, lease: LeaseGuard) -> list[SegmentResult]:
+def _roll_forward(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> list[SegmentResult]:
     """Step 4, the targets in place as swap files: the sources' files deleted, the targets put at their
     final keys, the swap files deleted, the state recorded, the operation forgotten. Another writer's object
     in the way stops it with the journal kept (a later run goes on from there)."""
@@ -569,33 +570,33 @@ def _roll_forward(ctx: Context, journal: RegroupJournal, etag: str, lease: Lease
         return [SegmentResult(journal.directory, s.base_offset, Status.MERGED,
                               f"{n} segments merged into one" if i == 0 else
                               f"merged into segment {target.base_offset}",
-                              s.log.size, target.log.size if i == 0 else 0, run_id=journal.run_id,
+                              s.log.bytes, target.log.bytes if i == 0 else 0, run_id=journal.run_id,
                               stats={**({"merge": merge_stats(journal)} if i == 0 else {}), "log": _facts(s.log)})
                 for i, s in enumerate(journal.sources)]
-    merged_size = journal.sources[0].log.size
+    merged_size = journal.sources[0].log.bytes
     return [SegmentResult(journal.directory, t.base_offset, Status.ROLLED_BACK,
                           f"restored from run {journal.restores_run}'s backup (the merged segment split again)",
-                          merged_size if i == 0 else 0, t.log.size, run_id=journal.run_id)
+                          merged_size if i == 0 else 0, t.log.bytes, run_id=journal.run_id)
             for i, t in enumerate(journal.targets)]
 
 
-def _facts(f: GroupFile) -> dict[str, Any]:
+def _facts(f: OpFile) -> dict[str, Any]:
     """A source ``.log``'s storage class and age as the report prices its replacement (a plan entry's)."""
-    return {"storage_class": f.attrs.storage_class if f.attrs is not None else StorageClass.STANDARD, "size": f.size,
+    return {"storage_class": f.attrs.storage_class if f.attrs is not None else StorageClass.STANDARD, "size": f.bytes,
             **({"last_modified": f.last_modified} if f.last_modified else {})}
 
 
-def merge_stats(journal: RegroupJournal) -> dict[str, Any]:
+def merge_stats(journal: Journal) -> dict[str, Any]:
     """What a merge changed, for the report: the segments and the size of every object before and after,
     and their storage class (the merged segment takes the first one's)."""
     attrs = journal.targets[0].log.attrs
     return {"segments_before": len(journal.sources), "segments_after": len(journal.targets),
             "storage_class": attrs.storage_class if attrs is not None else StorageClass.STANDARD,
-            "objects_before": [f.size for s in journal.sources for f in s.files.values()],
-            "objects_after": [f.size for t in journal.targets for f in t.files.values()]}
+            "objects_before": [f.bytes for s in journal.sources for f in s.files.values()],
+            "objects_after": [f.bytes for t in journal.targets for f in t.files.values()]}
 
 
-def _delete_source(ctx: Context, journal: RegroupJournal, f: GroupFile) -> None:
+def _delete_source(ctx: Context, journal: Journal, f: OpFile) -> None:
     """Delete a source file (``If-Match`` the planned ETag) unless it is gone or already this operation's
     target at the same key."""
     there = _head(ctx, f.final)
@@ -611,7 +612,7 @@ def _delete_source(ctx: Context, journal: RegroupJournal, f: GroupFile) -> None:
                             expected=f.etag) from None
 
 
-def abandon_regroup(ctx: Context, journal: RegroupJournal, etag: str, reason: str,
+def abandon_regroup(ctx: Context, journal: Journal, etag: str, reason: str,
                     pending: Pending | None = Pending.BUSY) -> list[SegmentResult]:
     """Give up an operation before its swap: its swap files removed, staging and the journal dropped; backups
     stay. The segments are as they were."""

@@ -35,7 +35,7 @@ from tiering.kafka.files import TXN_INDEX_SUFFIX
 from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back, rewrite_segment
 from tiering.kafka.segment import verify_segment
-from tiering.lifecycle.journal import FILES, Journal, NewFiles, Recorded, TxnIndexSwap
+from tiering.lifecycle.journal import FILES, INDEX_FILES, Journal, OpFile, OpSegment, Recorded
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Status, Verify
 from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
@@ -104,7 +104,8 @@ def stage_cleaned(ctx: Context, seg: PlannedSegment, log: BinaryIO, size: int, i
     must equal a rebuild; the source is read once more for its records digest (a rollback checks the backup
     against it); then staged, verified and journalled as :func:`stage_segment` does (no codec or level
     recorded: the batches keep theirs). ``txn_index``: the segment's new ``.txnindex`` (empty: removed),
-    when it loses entries (:class:`TxnIndexSwap`); None: left as it is."""
+    when it loses entries (it goes in before the ``.log``: :attr:`Journal.txn_first` says why); None: left
+    as it is."""
     store, base, d = ctx.store, seg.base_offset, seg.directory
     assert seg.log is not None
     src = _sources(ctx, seg)
@@ -141,7 +142,15 @@ def stage_cleaned(ctx: Context, seg: PlannedSegment, log: BinaryIO, size: int, i
                   indexes)
 
 
-def _stage_txn_index(ctx: Context, seg: PlannedSegment, data: bytes) -> TxnIndexSwap:
+@dataclass(frozen=True, slots=True)
+class _TxnFiles:
+    """A ``.txnindex`` replaced: the one in place (None: there is none) and its replacement (None: removed)."""
+
+    source: OpFile | None
+    target: OpFile | None
+
+
+def _stage_txn_index(ctx: Context, seg: PlannedSegment, data: bytes) -> _TxnFiles:
     """Check the ``.txnindex`` is still the planned one and stage its replacement (none when empty)."""
     store, base, d = ctx.store, seg.base_offset, seg.directory
     assert seg.log is not None
@@ -158,8 +167,9 @@ def _stage_txn_index(ctx: Context, seg: PlannedSegment, data: bytes) -> TxnIndex
     new = staging_key(ctx.prefix, ctx.run_id, d, base, TXN_INDEX_SUFFIX) if data else None
     if new is not None:
         store.put(new, data)
-    return TxnIndexSwap(final, etag, new, backup_key(ctx.prefix, ctx.run_id, d, base, TXN_INDEX_SUFFIX) if etag
-                        else None, True, attrs)
+    source = None if etag is None else OpFile(final, etag, info.size,
+                                              backup_key(ctx.prefix, ctx.run_id, d, base, TXN_INDEX_SUFFIX))
+    return _TxnFiles(source, None if new is None else OpFile(final, size=len(data), copy=new, attrs=attrs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,22 +254,30 @@ def _finish_upload(ctx: Context, out: StreamUpload, base: int, new: dict[str, st
 
 
 def _journal(ctx: Context, seg: PlannedSegment, src: _Sources, new: dict[str, str], upload: _Upload,
-             recorded: Recorded, new_digest: str, codec_mark: str, txn: TxnIndexSwap | None = None
+             recorded: Recorded, new_digest: str, codec_mark: str, txn: _TxnFiles | None = None
              ) -> tuple[Journal, str]:
-    """Create the segment's journal entry in state ``staged`` (``If-None-Match``: one operation at a time)."""
+    """Create the segment's journal entry in state ``staged`` (``If-None-Match``: one operation at a time):
+    its files, each backed up, replaced by the staged ones, which take the originals' attributes with our
+    marks (the backups get those too)."""
     store, base, d = ctx.store, seg.base_offset, seg.directory
     assert seg.log is not None
     op = ctx.new_op()
     marks = {META_RUN: ctx.run_id, META_OP: op, META_CODEC: codec_mark, META_SOURCE_ETAG: seg.log.etag.strip('"')}
-    source = src.etags
-    journal = Journal(
-        OpKind.COMPACT, op, ctx.run_id, JournalState.STAGED, d, base, src.final, source,
-        NewFiles(new["log"], recorded.bytes_after, new["index"], new["timeindex"], upload.log_etag),
-        {name: src.attrs.get(name, src.attrs["log"]).with_metadata(marks) for name, _ in FILES}, src.sizes,
-        {name: backup_key(ctx.prefix, ctx.run_id, d, base, sfx) if source[name] else None for name, sfx in FILES},
-        new_digest, replace(recorded, replaced=(replaced(ctx, d, base, seg.log.size, seg.log.etag),)),
-        log_crc32c=upload.log_crc32c,
-        txn=None if txn is None else replace(txn, attrs=txn.attrs.with_metadata(marks)))
+    attrs = {name: src.attrs.get(name, src.attrs["log"]).with_metadata(marks) for name, _ in FILES}
+    sources = {name: OpFile(src.final[name], etag, src.sizes.get(name),
+                            backup_key(ctx.prefix, ctx.run_id, d, base, sfx), attrs[name])
+               for name, sfx in FILES if (etag := src.etags[name])}
+    targets = {"log": OpFile(src.final["log"], upload.log_etag, recorded.bytes_after, new["log"], attrs["log"],
+                             crc32c=upload.log_crc32c),
+               **{name: OpFile(src.final[name], copy=new[name], attrs=attrs[name]) for name in INDEX_FILES}}
+    if txn is not None and txn.source is not None:
+        sources["txnindex"] = txn.source
+    if txn is not None and txn.target is not None:
+        targets["txnindex"] = replace(txn.target, attrs=(txn.target.attrs or ObjectAttrs()).with_metadata(marks))
+    journal = Journal(OpKind.COMPACT, op, ctx.run_id, JournalState.STAGED, d, (OpSegment(base, sources),),
+                      (OpSegment(base, targets),),
+                      replace(recorded, replaced=(replaced(ctx, d, base, seg.log.size, seg.log.etag),)),
+                      payload_xxh3=new_digest, txn_first="txnindex" in sources or "txnindex" in targets)
     try:
         etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
     except PreconditionFailed:

@@ -31,13 +31,14 @@ from tiering.commit.verify import copy_source, download_verified
 from tiering.errors import InvalidDataError, ProofError, StorageError
 from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back
-from tiering.lifecycle.journal import INDEX_FILES, Journal
+from tiering.lifecycle.journal import INDEX_FILES, Journal, OpFile
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Swap
 from tiering.storage.layout import (
     journal_key,
     probe_key,
 )
 from tiering.storage.objects import (
+    ObjectAttrs,
     ObjectInfo,
     ObjectNotFound,
     PreconditionFailed,
@@ -84,13 +85,13 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, indexes
     already (a crash after the swap), the swap is done. Then the indexes, the state and the journal
     (:func:`_complete`)."""
     try:
-        current, _ = ctx.store.describe(journal.final["log"])
+        current, _ = ctx.store.describe(journal.final("log"))
     except ObjectNotFound:
         return abandon(ctx, journal, etag, "the .log disappeared (deleted by retention?): nothing to replace",
                        pending=None)
     if current.metadata.get(META_OP) == journal.op:
         return _complete(ctx, _Swapped(journal, etag, current.etag), indexes)
-    if current.etag != journal.source["log"]:
+    if current.etag != journal.source_etag("log"):
         return abandon(ctx, journal, etag, "the .log changed after planning: the new object is left untouched")
     swapped = _swap_log(ctx, journal, etag, lease)
     return swapped if isinstance(swapped, SegmentResult) else _complete(ctx, swapped, indexes)
@@ -104,11 +105,11 @@ def _swap_log(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> _
     spool: BinaryIO | None = None
     try:
         staged, spool = _copy_to_put(ctx, journal)
-        if journal.state is JournalState.STAGED and journal.backup:
+        if journal.state is JournalState.STAGED and journal.backups():
             back_up(ctx, journal)
             journal, etag = advance(ctx, journal, etag, JournalState.BACKED_UP)
         lease.check()
-        if journal.txn is not None and journal.txn.before_log:
+        if journal.txn_first:
             _swap_txn_index(ctx, journal)
         _delete_old_indexes(ctx, journal, etag)
         lease.check()
@@ -133,52 +134,63 @@ def _copy_to_put(ctx: Context, journal: Journal) -> tuple[str | None, BinaryIO |
         return None, download_verified(ctx, journal)
     except ObjectNotFound:
         raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
-                            path=uri(ctx.store, journal.new.log)) from None
+                            path=uri(ctx.store, str(_new_log(journal).copy))) from None
+
+
+def _new_log(journal: Journal) -> OpFile:
+    """The target ``.log`` of an operation in place: its final key, and the copy that goes there."""
+    return journal.targets[0].log
+
+
+def _attrs(journal: Journal, name: str) -> ObjectAttrs:
+    """What the target file ``name`` gets in place."""
+    f = journal.target(name)
+    return f.attrs if f is not None and f.attrs is not None else ObjectAttrs()
 
 
 def _delete_old_indexes(ctx: Context, journal: Journal, etag: str) -> None:
     """The original indexes go before the ``.log`` is replaced (``If-Match``: a changed one stops the swap), so
     that no index is ever beside a ``.log`` it was not made for."""
-    final, source = journal.final, journal.source
     for name in INDEX_FILES:
-        if source[name]:
+        if (source := journal.source(name)) is not None and source.etag:
             try:
-                ctx.store.delete(final[name], if_match=source[name], missing_ok=True)
+                ctx.store.delete(source.final, if_match=source.etag, missing_ok=True)
             except PreconditionFailed:
                 _still_ours(ctx, journal, etag)
-                raise SourceChanged(f"the .{name} changed after planning", path=uri(ctx.store, final[name]),
-                                    expected=source[name]) from None
+                raise SourceChanged(f"the .{name} changed after planning", path=uri(ctx.store, source.final),
+                                    expected=source.etag) from None
 
 
 def _put_log(ctx: Context, journal: Journal, staged: str | None, spool: BinaryIO | None) -> str:
     """Put the new ``.log`` over the original (``If-Match`` the planned ETag): a server-side copy of the
     staged version ``staged``, else a PUT of ``spool``. The ETag now in place; :class:`SourceChanged` when
     another writer's object is there."""
-    store, final, source = ctx.store, journal.final, journal.source
+    store, new, key, planned = ctx.store, _new_log(journal), journal.final("log"), journal.source_etag("log")
     try:
         if staged is not None:
-            return store.copy_over(journal.new.log, final["log"], source_etag=staged, if_match=str(source["log"]),
-                                   attrs=journal.attrs["log"], size=journal.new.log_size).etag
+            assert new.copy is not None
+            return store.copy_over(new.copy, key, source_etag=staged, if_match=str(planned),
+                                   attrs=_attrs(journal, "log"), size=new.bytes).etag
         assert spool is not None
         spool.seek(0)
-        return store.put_object(final["log"], spool, journal.attrs["log"], if_match=source["log"]).etag
+        return store.put_object(key, spool, _attrs(journal, "log"), if_match=planned).etag
     except ObjectNotFound:
-        if staged is not None and _exists(ctx, final["log"]):
+        if staged is not None and _exists(ctx, key):
             raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
-                                path=uri(store, journal.new.log)) from None
+                                path=uri(store, str(new.copy))) from None
         raise SourceGone("the .log disappeared (deleted by retention?) before the swap",
-                         path=uri(store, final["log"])) from None
+                         path=uri(store, key)) from None
     except PreconditionFailed:
         # Either someone replaced the .log (or the staged copy), or this write happened and only its answer
         # was lost (the retry then fails its own condition): our op id on the object tells.
         try:
-            current, _ = store.describe(final["log"])
+            current, _ = store.describe(key)
         except ObjectNotFound:
             raise SourceGone("the .log disappeared (deleted by retention?) before the swap",
-                             path=uri(store, final["log"])) from None
+                             path=uri(store, key)) from None
         if current.metadata.get(META_OP) != journal.op:
             raise SourceChanged("the .log changed after planning: the new object is left untouched",
-                                path=uri(store, final["log"])) from None
+                                path=uri(store, key)) from None
         return current.etag
 
 
@@ -190,13 +202,13 @@ def _complete(ctx: Context, swapped: _Swapped, indexes: Indexes | None) -> Segme
     journal, etag = swapped.journal, swapped.etag
     indexes_put: dict[str, str] = {}
     superseded = ""
-    if journal.txn is not None and not journal.txn.before_log:
+    if journal.txn_swapped and not journal.txn_first:
         try:
             _swap_txn_index(ctx, journal)
         except SourceChanged as e:
             superseded = e.message
     for name in INDEX_FILES:
-        if journal.new.key(name) and not superseded:
+        if journal.target(name) is not None and not superseded:
             put = _put_index_beside_ours(ctx, journal, name, indexes)
             if put is None and _log_is_ours(ctx, journal):  # still a foreign index beside our .log: the journal
                 # stays, so the next run that covers the partition tries again
@@ -224,7 +236,7 @@ def _complete(ctx: Context, swapped: _Swapped, indexes: Indexes | None) -> Segme
                  then=forgotten)
     return SegmentResult(journal.directory, journal.base_offset, Status.COMPACTED if compacted else
                          Status.ROLLED_BACK, "", journal.entry.bytes_before, journal.entry.bytes_after,
-                         run_id=journal.run_id, encryption=kms(journal.attrs["log"].headers))
+                         run_id=journal.run_id, encryption=kms(_attrs(journal, "log").headers))
 
 
 def _put_index_beside_ours(ctx: Context, journal: Journal, name: str, indexes: Indexes | None) -> str | None:
@@ -240,7 +252,7 @@ def _put_index_beside_ours(ctx: Context, journal: Journal, name: str, indexes: I
 
 def _log_is_ours(ctx: Context, journal: Journal) -> bool:
     try:
-        return ctx.store.head(journal.final["log"]).metadata.get(META_OP) == journal.op
+        return ctx.store.head(journal.final("log")).metadata.get(META_OP) == journal.op
     except ObjectNotFound:
         return False
 
@@ -250,7 +262,7 @@ def _replace_foreign_index(ctx: Context, journal: Journal, name: str, indexes: I
     its ``.log`` kept the planned ETag, so our swap went through, and its index arrived after our delete).
     It cannot be valid for our bytes, and a broker trusts a present index: delete it (``If-Match`` the ETag
     seen; the original is in the backup) and put ours. None if yet another index arrives meanwhile."""
-    key = journal.final[name]
+    key = journal.final(name)
     try:
         there = ctx.store.head(key)
         ctx.store.delete(key, if_match=there.etag, missing_ok=True)
@@ -308,7 +320,7 @@ def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str],
     operation. The originals stay in the backup for the grace period."""
     for name, put in ours.items():
         with contextlib.suppress(PreconditionFailed):  # replaced by the other writer already: theirs
-            ctx.store.delete(journal.final[name], if_match=put, missing_ok=True)
+            ctx.store.delete(journal.final(name), if_match=put, missing_ok=True)
     with contextlib.suppress(TakenOver):
         forget(ctx, journal, etag)
     return SegmentResult(journal.directory, journal.base_offset, Status.SUPERSEDED,
@@ -320,39 +332,59 @@ def _put_index(ctx: Context, journal: Journal, name: str, indexes: Indexes | Non
     """Put one new index in place where no index is (``If-None-Match``: the old one was deleted before the
     swap) unless a crashed run of this operation already did; its ETag. None when another writer's index
     is there: it is left alone."""
-    store, final, op = ctx.store, journal.final, journal.op
+    store, op, key = ctx.store, journal.op, journal.final(name)
     try:
-        there = store.head(final[name])
+        there = store.head(key)
         return there.etag if there.metadata.get(META_OP) == op else None
     except ObjectNotFound:
         pass
-    staged = journal.new.key(name)
-    assert staged is not None
+    target = journal.target(name)
+    assert target is not None
+    assert target.copy is not None
+    staged = target.copy
     try:
         if indexes is not None:
             data = indexes.offset_index if name == "index" else indexes.time_index
         else:
             data = store.get(staged)
     except ObjectNotFound:  # only if the staging copy went first: rebuild from the .log in place
-        with store.open(final["log"]) as body:
-            rebuilt = read_back(body, base_offset=journal.base_offset, path=uri(store, final["log"]),
+        with store.open(journal.final("log")) as body:
+            rebuilt = read_back(body, base_offset=journal.base_offset, path=uri(store, journal.final("log")),
                                 index_interval_bytes=ctx.index_interval_bytes,
                                 decompression_limit=ctx.decompression_limit).indexes
         data = rebuilt.offset_index if name == "index" else rebuilt.time_index
     try:
-        return store.put_object(final[name], data, journal.attrs[name], if_none_match=True).etag
+        return store.put_object(key, data, _attrs(journal, name), if_none_match=True).etag
     except PreconditionFailed:
         # Another writer's index, or this very PUT whose answer was lost (the retry then fails its own
         # condition): our op id tells them apart.
-        there = store.head(final[name])
+        there = store.head(key)
         return there.etag if there.metadata.get(META_OP) == op else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Txn:
+    """The ``.txnindex`` an operation in place replaces: its final key, the ETag replaced (None: there was
+    none), the object holding its replacement (None: it is removed), its backup, and the replacement's
+    attributes."""
+
+    final: str
+    source: str | None
+    new: str | None
+    backup: str | None
+    attrs: ObjectAttrs
+
+
+def _txn(journal: Journal) -> _Txn:
+    source, target = journal.source("txnindex"), journal.target("txnindex")
+    return _Txn(journal.final("txnindex"), source.etag if source else None, target.copy if target else None,
+                source.copy if source else None, _attrs(journal, "txnindex"))
 
 
 def _swap_txn_index(ctx: Context, journal: Journal) -> None:
     """Put the journal's ``.txnindex`` in place (or remove it), unless a crashed run of this operation did;
     :class:`SourceChanged` when another writer's is there."""
-    store, txn = ctx.store, journal.txn
-    assert txn is not None
+    store, txn = ctx.store, _txn(journal)
     try:
         there: ObjectInfo | None = store.head(txn.final)
     except ObjectNotFound:
@@ -390,8 +422,7 @@ def _put_back_txn_index(ctx: Context, journal: Journal) -> None:
     none, ours is removed). Beside a ``.log`` another writer put there, the ``.txnindex`` is that writer's
     business (either one could be wrong for its ``.log``): left as it is; with the ``.log`` gone, ours is
     removed."""
-    store, txn = ctx.store, journal.txn
-    assert txn is not None
+    store, txn = ctx.store, _txn(journal)
     try:
         there = store.head(txn.final)
     except ObjectNotFound:
@@ -401,7 +432,7 @@ def _put_back_txn_index(ctx: Context, journal: Journal) -> None:
     if not ours and not removed:
         return
     try:
-        log_etag: str | None = store.head(journal.final["log"]).etag
+        log_etag: str | None = store.head(journal.final("log")).etag
     except ObjectNotFound:
         log_etag = None
     if log_etag is None:  # deleted by retention: no .txnindex of ours stays behind
@@ -409,7 +440,7 @@ def _put_back_txn_index(ctx: Context, journal: Journal) -> None:
             with contextlib.suppress(PreconditionFailed):
                 store.delete(txn.final, if_match=there.etag, missing_ok=True)
         return
-    if log_etag != journal.source["log"]:
+    if log_etag != journal.source_etag("log"):
         return
     with contextlib.suppress(PreconditionFailed):
         if txn.backup is None:
@@ -433,14 +464,16 @@ def abandon(ctx: Context, journal: Journal, etag: str, reason: str,
     Indexes this operation had put beside a ``.log`` that has since been replaced are removed (only ours)."""
     store = ctx.store
     for name in INDEX_FILES:
+        if (target := journal.target(name)) is None:
+            continue
         try:
-            there = store.head(journal.final[name])
+            there = store.head(target.final)
         except ObjectNotFound:
             continue
         if there.metadata.get(META_OP) == journal.op:
             with contextlib.suppress(PreconditionFailed):
-                store.delete(journal.final[name], if_match=there.etag, missing_ok=True)
-    if journal.txn is not None and journal.txn.before_log:
+                store.delete(target.final, if_match=there.etag, missing_ok=True)
+    if journal.txn_first:
         _put_back_txn_index(ctx, journal)
     try:
         forget(ctx, journal, etag)

@@ -45,21 +45,23 @@ def download_verified(ctx: Context, journal: Journal) -> BinaryIO:
     """The new ``.log`` of a journal entry (staged, or a backup), copied to a spool file and checked again:
     against the CRC-32C it was staged with when S3 reported it (its records were proved as it was written,
     and S3 holds those very bytes), else by decoding it (every CRC and record, the records digest)."""
-    store, key = ctx.store, journal.new.log
+    store, new = ctx.store, journal.targets[0].log
+    assert new.copy is not None
+    key = new.copy
     spool = spool_file(ctx)
     try:
-        if journal.log_crc32c is not None and ctx.verify is Verify.CHECKSUM:
+        if new.crc32c is not None and ctx.verify is Verify.CHECKSUM:
             crc = 0
-            with store.open(key, if_match=journal.new.log_etag) as body:
+            with store.open(key, if_match=new.etag) as body:
                 while chunk := body.read(COPY_CHUNK):
                     spool.write(chunk)
                     crc = crc32c.crc32c(chunk, crc)
-            if crc != journal.log_crc32c:
+            if crc != new.crc32c:
                 raise ProofError("the staged .log downloaded is not the one staged", path=uri(store, key),
-                                 expected=f"CRC-32C {crc32c_b64(journal.log_crc32c)}", found=crc32c_b64(crc))
+                                 expected=f"CRC-32C {crc32c_b64(new.crc32c)}", found=crc32c_b64(crc))
             spool.seek(0)
             return spool
-        with store.open(key, if_match=journal.new.log_etag) as body:
+        with store.open(key, if_match=new.etag) as body:
             shutil.copyfileobj(body, spool, COPY_CHUNK)
         spool.seek(0)
         back = read_back(spool, base_offset=journal.base_offset, path=uri(store, key),
@@ -73,7 +75,7 @@ def download_verified(ctx: Context, journal: Journal) -> BinaryIO:
     except PreconditionFailed:  # the GET is pinned to the ETag verified at staging: another object is there
         spool.close()
         raise ProofError("the staged .log is not the one verified", path=uri(store, key),
-                         expected=f"ETag {journal.new.log_etag}") from None
+                         expected=f"ETag {new.etag}") from None
     except BaseException:
         spool.close()
         raise
@@ -83,12 +85,14 @@ def copy_source(ctx: Context, journal: Journal) -> str:
     """The ETag of the new ``.log`` to copy into place, checked first: a staged copy must be the very version
     verified when it was staged (its ETag and size); a backup (a rollback) is decoded here, every CRC and
     record, and must hold the records the state entry names. The copy is then held to that ETag."""
-    store, key = ctx.store, journal.new.log
+    store, new = ctx.store, journal.targets[0].log
+    assert new.copy is not None
+    key = new.copy
     info = store.head(key)
-    if journal.new.log_etag is not None:
-        if info.etag.strip('"') != journal.new.log_etag.strip('"') or info.size != journal.new.log_size:
+    if new.etag is not None:
+        if info.etag.strip('"') != new.etag.strip('"') or info.size != new.size:
             raise ProofError("the staged .log is not the one verified", path=uri(store, key),
-                             expected=f"ETag {journal.new.log_etag}, {journal.new.log_size} bytes",
+                             expected=f"ETag {new.etag}, {new.size} bytes",
                              found=f"ETag {info.etag}, {info.size} bytes")
         return info.etag
     with store.open(key, if_match=info.etag) as body:

@@ -1,10 +1,17 @@
-"""The journal entry of one in-flight operation on one segment (``PREFIX/_tiering/journal/<dir>/<base>.json``).
+"""The journal entry of one in-flight operation (``PREFIX/_tiering/journal/<dir>/<base>.json``).
 
-A journal entry is written before the first final key changes and deleted once the operation is
-finished (see ``docs/commit-protocol.md``); it says where the segment's one complete generation is. It is
-a frozen dataclass with a schema version; a transition makes a new entry (:meth:`Journal.advanced`).
-The JSON form is stable: an entry written by an earlier version of this module reads back the same.
-The words it uses (operation kinds, states) are in :mod:`tiering.lifecycle.vocabulary`.
+An operation replaces segments (its ``sources``) by others (its ``targets``): one by one at the same base
+offset (a compaction, a key-compaction pass, their rollback: swapped in place), or neighbours by others
+holding the same batches (a merge, a key-compaction pass that cleans a group into one segment, a merge's
+rollback: swapped through ``.swap`` files). Every kind has this one shape: each file named by its final key,
+with the ETag, size and checksum it is held to and the object holding its copy (a source's backup, a
+target's staged or backed-up bytes). The entry is written before the first final key changes and deleted
+once the operation is finished (see ``docs/commit-protocol.md``); it says where the segments' one complete
+generation is. A transition makes a new entry (:meth:`Journal.advanced`).
+
+:func:`read_journal` reads this version and the two shapes schema version 1 wrote (one for one, and a
+regroup), so that an operation left in flight by an earlier version is finished by this one. The words it
+uses (operation kinds, states) are in :mod:`tiering.lifecycle.vocabulary`.
 """
 
 from __future__ import annotations
@@ -20,9 +27,12 @@ from tiering.lifecycle.state import Replaced, SegmentState, stamped
 from tiering.lifecycle.vocabulary import JournalState, OpKind
 from tiering.storage.objects import ObjectAttrs
 
-# The three files an operation replaces, by name, with their suffixes.
+# The three files every operation replaces, by name, with their suffixes.
 FILES: Final = (("log", LOG_SUFFIX), ("index", INDEX_SUFFIX), ("timeindex", TIME_INDEX_SUFFIX))
 INDEX_FILES: Final = ("index", "timeindex")
+# A segment's files with its .txnindex (a merge always replaces it: its entries are offsets; a one-for-one
+# operation only where its entries change).
+GROUP_FILES: Final = (*FILES, ("txnindex", TXN_INDEX_SUFFIX))
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,50 +47,6 @@ class BackupCopy:
     what: str
     size: int | None
     attrs: ObjectAttrs | None
-
-
-@dataclass(frozen=True, slots=True)
-class NewFiles:
-    """Where the generation to put in place is (staging for a compaction, a backup for a rollback)."""
-
-    log: str
-    log_size: int
-    index: str | None
-    timeindex: str | None
-    log_etag: str | None = None  # the staged .log's ETag once verified: the only version the swap copies
-
-    def key(self, name: str) -> str | None:
-        key: str | None = getattr(self, name)
-        return key
-
-    def present(self) -> list[str]:
-        """The keys of the files this generation has."""
-        return [k for k in (self.log, self.index, self.timeindex) if k]
-
-
-@dataclass(frozen=True, slots=True)
-class TxnIndexSwap:
-    """The segment's ``.txnindex`` replaced too (a key-compaction pass that drops aborted transactions' entries,
-    or its rollback). A consumer reading ``read_committed`` skips a producer's batches from an entry's first
-    offset until it meets that transaction's ABORT marker: an entry beside a ``.log`` without its marker
-    would hide later data, an entry missing for data already gone hides nothing. So a ``.txnindex`` that
-    loses entries goes in before the ``.log`` (``before_log``), one that regains them after it."""
-
-    final: str
-    source: str | None  # the ETag replaced (None: there was no .txnindex)
-    new: str | None  # the object holding the replacement (staging, a backup); None: the .txnindex is removed
-    backup: str | None  # where the original is copied (None: nothing to keep)
-    before_log: bool
-    attrs: ObjectAttrs  # given to the replacement
-
-    def to_json(self) -> dict[str, Any]:
-        return {"final": self.final, "source": self.source, "new": self.new, "backup": self.backup,
-                "before_log": self.before_log, "attrs": self.attrs.to_json()}
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> TxnIndexSwap:
-        return cls(str(doc["final"]), doc.get("source"), doc.get("new"), doc.get("backup"), bool(doc["before_log"]),
-                   ObjectAttrs.from_json(doc["attrs"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,173 +110,136 @@ class Recorded:
                    tuple(Replaced.from_json(r) for r in doc.get("replaced") or ()))
 
 
-@dataclass(frozen=True, slots=True)
-class Journal:
-    """One in-flight operation on one segment. ``final``, ``source`` and ``backup`` map the file names of
-    :data:`FILES` to the final keys, the ETags being replaced (None: no such file) and the backup keys."""
-
-    SCHEMA_VERSION: ClassVar[int] = 1
-
-    kind: OpKind
-    op: str  # unique per operation: the tiering-op metadata of every object it puts in place
-    run_id: str
-    state: JournalState
-    directory: str
-    base_offset: int
-    final: Mapping[str, str]
-    source: Mapping[str, str | None]
-    new: NewFiles
-    attrs: Mapping[str, ObjectAttrs]  # given to each file's replacement
-    source_sizes: Mapping[str, int] = field(default_factory=dict)
-    backup: Mapping[str, str | None] | None = None  # None: nothing to back up (a rollback)
-    payload_xxh3: str | None = None  # the records digest the new .log must decode to
-    entry: Recorded = field(default_factory=Recorded)  # what the partition state records when done
-    restores_run: str | None = None
-    log_crc32c: int | None = None  # the new .log's CRC-32C, when S3 reported it for the staged object
-    txn: TxnIndexSwap | None = None  # the .txnindex replaced too (None: left as it is)
-
-    def advanced(self, state: JournalState) -> Journal:
-        return replace(self, state=state)
-
-    def backups(self) -> tuple[BackupCopy, ...]:
-        """The originals copied to the backup before the swap (none for a rollback: they are its backup)."""
-        backup = self.backup or {}
-        copies = [BackupCopy(self.final[name], etag, target, f"the {name} file", self.source_sizes.get(name),
-                             self.attrs[name])
-                  for name, _ in FILES if (etag := self.source[name]) and (target := backup.get(name))]
-        if self.txn is not None and self.txn.source and self.txn.backup:
-            copies.append(BackupCopy(self.txn.final, self.txn.source, self.txn.backup, "the .txnindex", None, None))
-        return tuple(copies)
-
-    def staging(self) -> tuple[str, ...]:
-        """The staging objects dropped once the operation is forgotten (a rollback's new files are backups)."""
-        if self.kind is not OpKind.COMPACT:
-            return ()
-        return (*self.new.present(), *([self.txn.new] if self.txn is not None and self.txn.new else []))
-
-    def referenced(self) -> set[str]:
-        """The keys outside the partition this operation still needs (cleanup keeps them)."""
-        keys = set(self.new.present()) | {v for v in (self.backup or {}).values() if v}
-        if self.txn is not None:
-            keys |= {k for k in (self.txn.new, self.txn.backup) if k}
-        return keys
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema_version": self.SCHEMA_VERSION, "kind": self.kind.value, "op": self.op,
-                "run_id": self.run_id, "state": self.state.value, "directory": self.directory,
-                "base_offset": self.base_offset, "final": dict(self.final), "source": dict(self.source),
-                "source_sizes": dict(self.source_sizes),
-                "new": {"log": self.new.log, "index": self.new.index, "timeindex": self.new.timeindex,
-                        "log_size": self.new.log_size,
-                        **({"log_etag": self.new.log_etag} if self.new.log_etag else {})},
-                "attrs": {name: a.to_json() for name, a in self.attrs.items()},
-                "backup": dict(self.backup) if self.backup is not None else None,
-                "payload_xxh3": self.payload_xxh3, "entry": self.entry.to_json(),
-                **({"restores_run": self.restores_run} if self.restores_run else {}),
-                **({"log_crc32c": self.log_crc32c} if self.log_crc32c is not None else {}),
-                **({"txn": self.txn.to_json()} if self.txn is not None else {})}
-
-    @classmethod
-    def from_json(cls, doc: object, *, where: str) -> Journal:
-        """Read an entry; a document of another version or shape is a :class:`ConfigError` naming it."""
-        doc = check_document(doc, kind=None, version=cls.SCHEMA_VERSION, what="a journal entry", where=where)
-        try:
-            new = doc["new"]
-            return cls(OpKind(doc["kind"]), str(doc["op"]), str(doc["run_id"]), JournalState(doc["state"]),
-                       str(doc["directory"]), int(doc["base_offset"]), dict(doc["final"]), dict(doc["source"]),
-                       NewFiles(str(new["log"]), int(new.get("log_size", 0)), new.get("index"), new.get("timeindex"),
-                                new.get("log_etag")),
-                       {name: ObjectAttrs.from_json(a) for name, a in doc["attrs"].items()},
-                       dict(doc.get("source_sizes") or {}), doc.get("backup"), doc.get("payload_xxh3"),
-                       Recorded.from_json(doc.get("entry") or {}), doc.get("restores_run"),
-                       None if doc.get("log_crc32c") is None else int(doc["log_crc32c"]),
-                       TxnIndexSwap.from_json(doc["txn"]) if doc.get("txn") else None)
-        except (AttributeError, KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"journal entry is malformed ({type(e).__name__}: {e})", path=where) from None
-
-
-# The four files a merge replaces, by name (a segment's .txnindex goes with it: its entries are offsets).
-GROUP_FILES: Final = (*FILES, ("txnindex", TXN_INDEX_SUFFIX))
 
 
 @dataclass(frozen=True, slots=True)
-class GroupFile:
-    """One file of a segment a regroup removes or puts in place. A source's ``etag`` and ``size`` are the
-    planned object's, ``copy`` where it is backed up (None: not backed up); a target's ``etag`` and ``size``
-    are those of ``copy``, the object holding it (staging or a backup), and ``attrs`` go with it in place."""
+class OpFile:
+    """One file of a segment an operation removes (a source) or puts in place (a target).
+
+    A source: ``etag`` and ``size`` are the planned object's; ``copy`` is where it is backed up (None: not
+    backed up) and ``attrs`` what its backup gets (None: the original's own, read at the copy). A target:
+    ``copy`` is the object holding its bytes (staging, or a backup for a rollback), ``etag``, ``size`` and
+    ``crc32c`` what that copy was verified as (an ETag of None: not verified yet, so it is decoded before it
+    goes in), and ``attrs`` go with it in place."""
 
     final: str
-    etag: str
-    size: int
+    etag: str | None = None
+    size: int | None = None
     copy: str | None = None
     attrs: ObjectAttrs | None = None
     last_modified: str | None = None  # a source's, ISO 8601 by S3's clock (prices its early deletion)
+    crc32c: int | None = None  # a target's: the CRC-32C S3 reported for the staged copy
+
+    @property
+    def bytes(self) -> int:
+        """Its size (0 where none was recorded)."""
+        return self.size or 0
 
     def to_json(self) -> dict[str, Any]:
         return {"final": self.final, "etag": self.etag, "size": self.size, "copy": self.copy,
                 **({"attrs": self.attrs.to_json()} if self.attrs is not None else {}),
-                **({"last_modified": self.last_modified} if self.last_modified is not None else {})}
+                **({"last_modified": self.last_modified} if self.last_modified is not None else {}),
+                **({"crc32c": self.crc32c} if self.crc32c is not None else {})}
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> GroupFile:
-        return cls(str(doc["final"]), str(doc["etag"]), int(doc["size"]), doc.get("copy"),
-                   ObjectAttrs.from_json(doc["attrs"]) if doc.get("attrs") else None, doc.get("last_modified"))
+    def from_json(cls, doc: Mapping[str, Any]) -> OpFile:
+        return cls(str(doc["final"]), _text(doc.get("etag")), _number(doc.get("size")), _text(doc.get("copy")),
+                   ObjectAttrs.from_json(doc["attrs"]) if doc.get("attrs") else None, _text(doc.get("last_modified")),
+                   _number(doc.get("crc32c")))
 
 
 @dataclass(frozen=True, slots=True)
-class GroupSegment:
-    """A segment of a regroup: its base offset and its files by name (:data:`GROUP_FILES`; absent: none)."""
+class OpSegment:
+    """A segment of an operation: its base offset and its files by name (:data:`GROUP_FILES`; absent: none)."""
 
     base_offset: int
-    files: Mapping[str, GroupFile]
+    files: Mapping[str, OpFile]
 
     @property
-    def log(self) -> GroupFile:
+    def log(self) -> OpFile:
         return self.files["log"]
 
     def to_json(self) -> dict[str, Any]:
         return {"base_offset": self.base_offset, "files": {n: f.to_json() for n, f in self.files.items()}}
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> GroupSegment:
-        return cls(int(doc["base_offset"]), {str(n): GroupFile.from_json(f) for n, f in doc["files"].items()})
+    def from_json(cls, doc: Mapping[str, Any]) -> OpSegment:
+        return cls(int(doc["base_offset"]), {str(n): OpFile.from_json(f) for n, f in doc["files"].items()})
+
+
+# The kinds that regroup segments (through .swap files); the others replace one segment in place.
+REGROUPS: Final = frozenset({OpKind.MERGE, OpKind.UNMERGE})
 
 
 @dataclass(frozen=True, slots=True)
-class RegroupJournal:
-    """One in-flight operation that replaces neighbouring segments (``sources``) by others holding the same
-    batches (``targets``): a merge (several into one) or its rollback (one into the several it was made
-    of). Kept at the journal key of the first base offset, which sources and targets share; the partition's
-    lease keeps every other operation off the segments in between."""
+class Journal:
+    """One in-flight operation: ``sources`` replaced by ``targets`` (see the module's docstring). Kept at the
+    journal key of the first base offset, which sources and targets share; the partition's lease keeps every
+    other operation off the segments in between."""
 
-    SCHEMA_VERSION: ClassVar[int] = 1
+    SCHEMA_VERSION: ClassVar[int] = 2
 
     kind: OpKind
-    op: str
+    op: str  # unique per operation: the tiering-op metadata of every object it puts in place
     run_id: str
     state: JournalState
     directory: str
-    sources: tuple[GroupSegment, ...]
-    targets: tuple[GroupSegment, ...]
-    entry: Recorded = field(default_factory=Recorded)  # what the partition state records for a merged segment
-    restores_run: str | None = None  # an unmerge: the run whose merge it undoes
+    sources: tuple[OpSegment, ...]
+    targets: tuple[OpSegment, ...]
+    entry: Recorded = field(default_factory=Recorded)  # what the partition's state records when done
+    restores_run: str | None = None  # a rollback: the run whose work it undoes
+    payload_xxh3: str | None = None  # the records digest the target .log must decode to (in place)
+    txn_first: bool = False  # in place: the target's .txnindex (or its removal) goes in before the .log
 
     @property
     def base_offset(self) -> int:
         return self.sources[0].base_offset
 
-    def advanced(self, state: JournalState) -> RegroupJournal:
+    @property
+    def in_place(self) -> bool:
+        """One segment replaced by one at the same keys (an overwrite), rather than through ``.swap`` files."""
+        return self.kind not in REGROUPS
+
+    def source(self, name: str) -> OpFile | None:
+        """The first source's file ``name`` (the one segment of an operation in place)."""
+        return self.sources[0].files.get(name)
+
+    def target(self, name: str) -> OpFile | None:
+        """The first target's file ``name``."""
+        return self.targets[0].files.get(name)
+
+    def source_etag(self, name: str) -> str | None:
+        """The planned ETag of the first source's file ``name`` (None: there is no such file)."""
+        f = self.source(name)
+        return f.etag if f is not None else None
+
+    def final(self, name: str) -> str:
+        """The final key of file ``name`` of the first segment."""
+        f = self.target(name) or self.source(name)
+        if f is None:
+            raise KeyError(name)
+        return f.final
+
+    @property
+    def txn_swapped(self) -> bool:
+        """Whether an operation in place replaces (or removes) the ``.txnindex`` too."""
+        return self.source("txnindex") is not None or self.target("txnindex") is not None
+
+    def advanced(self, state: JournalState) -> Journal:
         return replace(self, state=state)
 
     def backups(self) -> tuple[BackupCopy, ...]:
-        """Every source file copied to the backup before the swap files go in (none for an unmerge)."""
-        return tuple(BackupCopy(f.final, f.etag, f.copy, f"segment {s.base_offset}'s {name} file", f.size,
-                                f.attrs or ObjectAttrs())
-                     for s in self.sources for name, f in s.files.items() if f.copy is not None)
+        """Every source file copied to its backup before anything final changes (none for a rollback: the
+        objects in place hold what the rolled-back run wrote, and its backups are what goes back)."""
+        def what(base: int, name: str) -> str:
+            return f"the {name} file" if len(self.sources) == 1 else f"segment {base}'s {name} file"
+
+        return tuple(BackupCopy(f.final, f.etag, f.copy, what(s.base_offset, name), f.size, f.attrs)
+                     for s in self.sources for name, f in s.files.items() if f.copy is not None and f.etag)
 
     def staging(self) -> tuple[str, ...]:
-        """A merge's staged targets, dropped once the operation is forgotten (an unmerge's are backups)."""
-        if self.kind is not OpKind.MERGE:
+        """The staged targets, dropped once the operation is forgotten (a rollback's are backups, kept)."""
+        if self.kind not in (OpKind.COMPACT, OpKind.MERGE):
             return ()
         return tuple(f.copy for t in self.targets for f in t.files.values() if f.copy is not None)
 
@@ -323,26 +252,72 @@ class RegroupJournal:
                 "run_id": self.run_id, "state": self.state.value, "directory": self.directory,
                 "base_offset": self.base_offset, "sources": [s.to_json() for s in self.sources],
                 "targets": [t.to_json() for t in self.targets], "entry": self.entry.to_json(),
-                **({"restores_run": self.restores_run} if self.restores_run else {})}
+                **({"restores_run": self.restores_run} if self.restores_run else {}),
+                **({"payload_xxh3": self.payload_xxh3} if self.payload_xxh3 else {}),
+                **({"txn_first": True} if self.txn_first else {})}
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any], *, where: str) -> RegroupJournal:
+    def from_json(cls, doc: Mapping[str, Any], *, where: str) -> Journal:
         try:
             return cls(OpKind(doc["kind"]), str(doc["op"]), str(doc["run_id"]), JournalState(doc["state"]),
-                       str(doc["directory"]), tuple(GroupSegment.from_json(s) for s in doc["sources"]),
-                       tuple(GroupSegment.from_json(t) for t in doc["targets"]),
-                       Recorded.from_json(doc.get("entry") or {}), doc.get("restores_run"))
+                       str(doc["directory"]), tuple(OpSegment.from_json(s) for s in doc["sources"]),
+                       tuple(OpSegment.from_json(t) for t in doc["targets"]),
+                       Recorded.from_json(doc.get("entry") or {}), _text(doc.get("restores_run")),
+                       _text(doc.get("payload_xxh3")), bool(doc.get("txn_first", False)))
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"journal entry is malformed ({type(e).__name__}: {e})", path=where) from None
 
 
-REGROUPS: Final = frozenset({OpKind.MERGE, OpKind.UNMERGE})
+def read_journal(doc: object, *, where: str) -> Journal:
+    """A journal entry of this version, or of either shape schema version 1 wrote (read as this version's);
+    a document of another version or shape is a :class:`ConfigError` naming it."""
+    if isinstance(doc, Mapping) and doc.get("schema_version") == 1:
+        checked = check_document(doc, kind=None, version=1, what="a journal entry", where=where)
+        try:
+            return _v1_regroup(checked) if checked.get("kind") in REGROUPS else _v1_in_place(checked)
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"journal entry is malformed ({type(e).__name__}: {e})", path=where) from None
+    checked = check_document(doc, kind=None, version=Journal.SCHEMA_VERSION, what="a journal entry", where=where)
+    return Journal.from_json(checked, where=where)
 
 
-def read_journal(doc: object, *, where: str) -> Journal | RegroupJournal:
-    """A journal entry of either shape, by its kind."""
-    if isinstance(doc, Mapping) and doc.get("kind") in REGROUPS:
-        checked = check_document(doc, kind=None, version=RegroupJournal.SCHEMA_VERSION, what="a journal entry",
-                                 where=where)
-        return RegroupJournal.from_json(checked, where=where)
-    return Journal.from_json(doc, where=where)
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _number(value: object) -> int | None:
+    return None if value is None else int(str(value))
+
+
+def _v1_regroup(doc: Mapping[str, Any]) -> Journal:
+    """Version 1's regroup entry: its sources and targets were this version's, without checksums."""
+    return Journal(OpKind(doc["kind"]), str(doc["op"]), str(doc["run_id"]), JournalState(doc["state"]),
+                   str(doc["directory"]), tuple(OpSegment.from_json(s) for s in doc["sources"]),
+                   tuple(OpSegment.from_json(t) for t in doc["targets"]), Recorded.from_json(doc.get("entry") or {}),
+                   _text(doc.get("restores_run")))
+
+
+def _v1_in_place(doc: Mapping[str, Any]) -> Journal:
+    """Version 1's one-for-one entry: the final keys, the ETags replaced, their sizes and backups, and the new
+    files by name (plus a ``.txnindex`` swap), read as one source and one target."""
+    final, source, new = doc["final"], doc["source"], doc["new"]
+    backup, sizes = doc.get("backup") or {}, doc.get("source_sizes") or {}
+    attrs = {name: ObjectAttrs.from_json(a) for name, a in doc["attrs"].items()}
+    src = {name: OpFile(str(final[name]), str(source[name]), _number(sizes.get(name)), _text(backup.get(name)),
+                        attrs.get(name)) for name, _ in FILES if source.get(name)}
+    new_log = OpFile(str(final["log"]), _text(new.get("log_etag")), int(new.get("log_size", 0)), str(new["log"]),
+                     attrs.get("log"), crc32c=_number(doc.get("log_crc32c")))
+    tgt = {"log": new_log, **{name: OpFile(str(final[name]), copy=str(new[name]), attrs=attrs.get(name))
+                              for name in INDEX_FILES if new.get(name)}}
+    txn = doc.get("txn")
+    if txn:
+        if txn.get("source"):
+            src["txnindex"] = OpFile(str(txn["final"]), str(txn["source"]), copy=_text(txn.get("backup")))
+        if txn.get("new"):
+            tgt["txnindex"] = OpFile(str(txn["final"]), copy=str(txn["new"]),
+                                     attrs=ObjectAttrs.from_json(txn["attrs"]))
+    base = int(doc["base_offset"])
+    return Journal(OpKind(doc["kind"]), str(doc["op"]), str(doc["run_id"]), JournalState(doc["state"]),
+                   str(doc["directory"]), (OpSegment(base, src),), (OpSegment(base, tgt),),
+                   Recorded.from_json(doc.get("entry") or {}), _text(doc.get("restores_run")),
+                   _text(doc.get("payload_xxh3")), bool(txn and txn.get("before_log") and "txnindex" in {**src, **tgt}))

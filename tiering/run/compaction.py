@@ -240,7 +240,7 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
         """This run would stage the very same: the same source objects (each index present or absent as
         planned), codec, level and re-batching."""
         seg = planned.get(journal.base_offset)
-        if seg is None or any(journal.source.get(name) != (ref.etag if ref is not None else None)
+        if seg is None or any(journal.source_etag(name) != (ref.etag if ref is not None else None)
                               for name, ref in (("log", seg.log), ("index", seg.index),
                                                 ("timeindex", seg.timeindex))):
             return False

@@ -11,7 +11,7 @@ stops between two groups, which the next pass (a later run) cleans from.
 
 A segment whose cleaned ``.txnindex`` loses entries (a pass that lets an ABORT marker go, once its
 transaction's data is gone) has it replaced too, before its ``.log``
-(:class:`~tiering.lifecycle.journal.TxnIndexSwap` says why that order).
+(``docs/commit-protocol.md`` says why that order).
 """
 
 from __future__ import annotations
