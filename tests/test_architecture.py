@@ -169,6 +169,25 @@ def test_kinds_import_the_engine_never_each_other() -> None:
     assert not _run_modules(PACKAGE / "run" / "engine.py") & kinds
 
 
+# The commit state machine has one way in for every kind of operation: an entry is finished or abandoned through
+# tiering.commit.finish, which takes it in place (swap.py) or through .swap files (regroup.py) as its kind says.
+STRATEGY_STEPS = {"finish_one", "abandon_in_place", "finish_regroup", "abandon_regroup"}
+
+
+def test_journals_are_finished_only_through_the_one_entry_point() -> None:
+    taken = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if str(path.relative_to(PACKAGE)) in ("commit/finish.py", "commit/swap.py", "commit/regroup.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in ("tiering.commit.swap", "tiering.commit.regroup"):
+                if names := {a.name for a in node.names} & STRATEGY_STEPS:
+                    taken[str(path.relative_to(PACKAGE))] = sorted(names)
+    assert taken == {}
+    finish = (PACKAGE / "commit" / "finish.py").read_text()
+    assert all(name in finish for name in STRATEGY_STEPS)
+
+
 # What a caller (the CLI, the DAG's steps, the kinds' registry, compaction's scan and plan) may take from a
 # kind's module: the kind, its options, what a dry run gives (plan_merges folds engine.preview) and a run's
 # documents (tiering's plan and report, its results), and the undo of a kind whose runs keep no backup (tiering).

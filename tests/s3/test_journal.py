@@ -43,10 +43,10 @@ MARKED = ObjectAttrs({"tiering-op": "r1.0a1b2c3d"}, {}, {"t": "1"}, "STANDARD")
 REGROUP_WRITTEN_BEFORE: dict[str, Any] = {
     "schema_version": 1, "kind": "merge", "op": "r2.0a1b2c3d", "run_id": "r2", "state": "swapped",
     "directory": "orders-0", "base_offset": 0,
-    "sources": [{"base_offset": b, "files": {"log": {"final": f"p/orders-0/{b:020d}.log", "etag": f'"s{b}"',
-                                                      "size": 100, "copy": f"p/_tiering/backup/r2/orders-0/{b:020d}.log",
-                                                      "attrs": MARKED.to_json(), "last_modified": "2026-01-01T00:00:00+00:00"}}}
-                for b in (0, 7)],
+    "sources": [{"base_offset": b, "files": {"log": {
+        "final": f"p/orders-0/{b:020d}.log", "etag": f'"s{b}"', "size": 100,
+        "copy": f"p/_tiering/backup/r2/orders-0/{b:020d}.log", "attrs": MARKED.to_json(),
+        "last_modified": "2026-01-01T00:00:00+00:00"}}} for b in (0, 7)],
     "targets": [{"base_offset": 0, "files": {"log": {"final": "p/orders-0/00000000000000000000.log", "etag": '"t"',
                                                       "size": 200, "copy": "p/_tiering/staging/r2/orders-0/0.log"}}}],
     "entry": {"run_id": "r2", "bytes_before": 200, "bytes_after": 200, "merged_from": [0, 7]},

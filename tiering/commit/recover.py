@@ -1,7 +1,7 @@
 """Journal entries left in flight, rollback and repair: the commit protocol run again over what is there.
 
 A crash leaves journal entries; the next run that holds the partition's lease finishes each of them (or
-abandons one whose source changed) with :func:`tiering.commit.swap.finish`, or takes over a compaction
+abandons one whose source changed) with :func:`tiering.commit.finish.finish`, or takes over a compaction
 another run staged and left when this run would stage the same. A rollback journals the restore of a
 segment from a run's backups and swaps them in the same way; a repair removes the indexes we rebuilt
 beside a ``.log`` that has since been replaced.
@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import replace
 
+from tiering.commit.finish import abandon, finish
 from tiering.commit.lease import LeaseGuard
 from tiering.commit.operation import (
     META_CODEC,
@@ -28,8 +29,6 @@ from tiering.commit.operation import (
     state_entry,
     uri,
 )
-from tiering.commit.regroup import abandon_regroup, finish_regroup
-from tiering.commit.swap import abandon, finish_one
 from tiering.kafka.files import TXN_INDEX_SUFFIX
 from tiering.lifecycle.journal import (
     FILES,
@@ -95,27 +94,18 @@ def iter_recover(ctx: Context, directory: str, lease: LeaseGuard, *,
     for journal, etag in list(pending_journals(ctx.store, ctx.prefix, directory)):
         if ctx.state is not None and ctx.state.full:
             ctx.state.flush(lease.check)
-        theirs = journal.run_id != ctx.run_id
-        if not journal.in_place:
-            if journal.state is JournalState.STAGED and theirs:
-                regrouped = abandon_regroup(ctx, journal, etag, f"interrupted before its backup (run "
-                                            f"{journal.run_id}): abandoned; the segments are merged anew", pending=None)
-            else:
-                regrouped = finish_regroup(ctx, journal, etag, lease)
-            for r in regrouped:
-                yield replace(r, recovered=(r.run_id or journal.run_id) != ctx.run_id)
-            continue
-        if journal.kind is OpKind.COMPACT and journal.state is JournalState.STAGED and theirs:
-            if adoptable is not None and adoptable(journal):
-                result = _adopted(ctx, journal, etag, lease)
-            else:
-                result = abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}): "
-                                  "abandoned; the segment is compacted anew", pending=None)
+        if journal.state is not JournalState.STAGED or journal.run_id == ctx.run_id:
+            results = finish(ctx, journal, etag, lease)
+        elif journal.kind is OpKind.COMPACT and adoptable is not None and adoptable(journal):
+            results = [_adopted(ctx, journal, etag, lease)]
         else:
-            result = finish_one(ctx, journal, etag, lease)
+            anew = "the segment is compacted anew" if journal.in_place else "the segments are merged anew"
+            results = abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}): "
+                              f"abandoned; {anew}", pending=None)
         # A recovery: another run's operation finished or dropped here. Not one: this run's own (a retry) or one
         # it took over (its results are this run's, like those of what it stages).
-        yield replace(result, recovered=(result.run_id or journal.run_id) != ctx.run_id)
+        for result in results:
+            yield replace(result, recovered=(result.run_id or journal.run_id) != ctx.run_id)
 
 
 def adopt(ctx: Context, journal: Journal, etag: str) -> tuple[Journal, str]:
@@ -154,14 +144,14 @@ def _adopted(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> Se
         staged = None
     if staged is None or staged.size != new.size:
         return abandon(ctx, journal, etag, f"interrupted before its backup (run {journal.run_id}), its staged "
-                        ".log gone or other: abandoned; the segment is compacted anew", pending=None)
+                       ".log gone or other: abandoned; the segment is compacted anew", pending=None)[0]
     try:
         taken, etag = adopt(ctx, journal, etag)
     except TakenOver as e:
         return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, e.message, run_id=journal.run_id,
                              pending=Pending.BUSY, cause=Cause.BUSY)
     why = f"staged by run {journal.run_id}, which did not finish it: taken over"
-    result = finish_one(ctx, taken, etag, lease, taken_from=journal.run_id)
+    [result] = finish(ctx, taken, etag, lease, taken_from=journal.run_id)
     return replace(result, reason=why) if result.status is Status.COMPACTED else result
 
 

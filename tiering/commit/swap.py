@@ -3,7 +3,7 @@
 :func:`finish` takes a journal entry in any state and rolls it forward from wherever it is: it looks at the
 final ``.log`` first (the planned original, ours, gone, or someone else's), so the same code finishes a
 segment this run just staged, one a crashed run left behind and a rollback. A segment whose source
-changed is abandoned (:func:`abandon`): its staging objects and journal entry go, backups stay, and
+changed is abandoned (:func:`abandon_in_place`): its staging objects and journal entry go, backups stay, and
 whatever this operation had put beside a ``.log`` that is not ours is removed.
 """
 
@@ -87,12 +87,13 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, indexes
     try:
         current, _ = ctx.store.describe(journal.final("log"))
     except ObjectNotFound:
-        return abandon(ctx, journal, etag, "the .log disappeared (deleted by retention?): nothing to replace",
-                       pending=None)
+        return abandon_in_place(ctx, journal, etag, "the .log disappeared (deleted by retention?): nothing to "
+                                "replace", pending=None)
     if current.metadata.get(META_OP) == journal.op:
         return _complete(ctx, _Swapped(journal, etag, current.etag), indexes)
     if current.etag != journal.source_etag("log"):
-        return abandon(ctx, journal, etag, "the .log changed after planning: the new object is left untouched")
+        return abandon_in_place(ctx, journal, etag,
+                                "the .log changed after planning: the new object is left untouched")
     swapped = _swap_log(ctx, journal, etag, lease)
     return swapped if isinstance(swapped, SegmentResult) else _complete(ctx, swapped, indexes)
 
@@ -118,7 +119,8 @@ def _swap_log(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> _
         return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, e.message,
                              run_id=journal.run_id, pending=Pending.BUSY, cause=Cause.BUSY)
     except SourceChanged as e:
-        return abandon(ctx, journal, etag, e.message, pending=None if isinstance(e, SourceGone) else Pending.BUSY)
+        return abandon_in_place(ctx, journal, etag, e.message,
+                                pending=None if isinstance(e, SourceGone) else Pending.BUSY)
     finally:
         if spool is not None:
             spool.close()
@@ -287,7 +289,7 @@ def finish_one(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *,
             return failed
         # Nothing final changed: drop the staged copy and its journal, so that the segment is staged anew
         # instead of every later run meeting the same bad copy.
-        dropped = abandon(ctx, journal, etag, "", pending=None)
+        dropped = abandon_in_place(ctx, journal, etag, "", pending=None)
         if dropped.pending is not None:  # another run took the entry over in between: left to it
             return dropped
         if taken_from is not None:  # another run's copy: this run compacts the segment anew
@@ -458,8 +460,8 @@ def _put_back_txn_index(ctx: Context, journal: Journal) -> None:
             store.put_object(txn.final, data, attrs, if_none_match=True)
 
 
-def abandon(ctx: Context, journal: Journal, etag: str, reason: str,
-             pending: Pending | None = Pending.BUSY) -> SegmentResult:
+def abandon_in_place(ctx: Context, journal: Journal, etag: str, reason: str,
+                     pending: Pending | None = Pending.BUSY) -> SegmentResult:
     """Give up a segment whose ``.log`` is not (or no longer) ours: drop staging and the journal; backups stay.
     Indexes this operation had put beside a ``.log`` that has since been replaced are removed (only ours)."""
     store = ctx.store

@@ -4,7 +4,7 @@ partition's archived segments, each cleaned segment swapped in by the commit pro
 Per partition, under its lease: the journals a crashed run left are finished first; the segments are
 listed; the cleaner's first pass reads them (headers, and the cleaned range's records for the key map);
 its second pass makes each cleaned segment in offset order, and each one that changed is staged, backed
-up and swapped (:func:`~tiering.commit.stage.stage_cleaned`, :func:`~tiering.commit.swap.finish_one`)
+up and swapped (:func:`~tiering.commit.stage.stage_cleaned`, :func:`~tiering.commit.finish.finish`)
 before the next one is made. So whatever stops a pass (a crash, a changed source, S3 failing) leaves the
 segments below some offset cleaned and the rest as they were: the state a broker's cleaner leaves when it
 stops between two groups, which the next pass (a later run) cleans from.
@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, ClassVar, Final
 
+from tiering.commit.finish import finish
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
 from tiering.commit.operation import Context, SegmentResult
-from tiering.commit.regroup import finish_regroup, stage_cleaned_group
+from tiering.commit.regroup import stage_cleaned_group
 from tiering.commit.stage import stage_cleaned
-from tiering.commit.swap import finish_one
 from tiering.errors import ConfigError, InvalidDataError, ProofError, UnsupportedError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.index import AbortedTxn, parse_txn_index
@@ -327,7 +327,7 @@ def _swap_group(ctx: Context, group: list[PlannedSegment], cleaned: CleanedSegme
         with open(path, "rb") as log:
             journal, etag = stage_cleaned_group(ctx, group, log, cleaned.size, cleaned.indexes, cleaned.txn_index,
                                                 lease)
-        results.extend(finish_regroup(ctx, journal, etag, lease))
+        results.extend(finish(ctx, journal, etag, lease))
         return results[0]
 
     result = guarded(ctx, first, attempt)
@@ -352,7 +352,7 @@ def _swap_one(ctx: Context, seg: PlannedSegment, cleaned: CleanedSegment, path: 
         with open(path, "rb") as log:
             staged = stage_cleaned(ctx, seg, log, cleaned.size, cleaned.indexes, lease,
                                    txn_index=None if after == before else cleaned.txn_index)
-        result = finish_one(ctx, staged.journal, staged.etag, lease, indexes=staged.indexes)
+        [result] = finish(ctx, staged.journal, staged.etag, lease, indexes=staged.indexes)
         return staged.result if result.status == staged.result.status else result
 
     result = guarded(ctx, seg, attempt)

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, ClassVar, Final
 
+from tiering.commit.finish import finish
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease
 from tiering.commit.operation import Context, SegmentResult, uri
 from tiering.commit.recover import pending_journals
-from tiering.commit.regroup import finish_regroup, stage_merge
+from tiering.commit.regroup import stage_merge
 from tiering.cost.document import MergeFigures
 from tiering.cost.model import merge_figures
 from tiering.cost.prices import PriceBook
@@ -276,7 +277,7 @@ def _merge_one(ctx: Context, queue: list[PlannedSegment], lease: Lease) -> list[
             return SegmentResult(first.directory, first.base_offset, Status.SKIPPED,
                                  f"not merged: the next segment ({queue[1].base_offset}) does not start where this "
                                  "one ends (a gap in offsets)", first.size, first.size, cause=Cause.NOTHING_TO_MERGE)
-        results.extend(finish_regroup(ctx, *staged, lease))
+        results.extend(finish(ctx, *staged, lease))
         return results[0]
 
     result = guarded(ctx, first, attempt)

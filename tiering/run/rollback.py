@@ -24,12 +24,12 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, ClassVar
 
+from tiering.commit.finish import finish
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
 from tiering.commit.moves import follow_etags, in_flight_groups, moved_objects, operation_pending
 from tiering.commit.operation import Context, SegmentResult
 from tiering.commit.recover import recover_partition, stage_rollback
-from tiering.commit.regroup import finish_regroup, stage_unmerge
-from tiering.commit.swap import finish_one
+from tiering.commit.regroup import stage_unmerge
 from tiering.errors import ConfigError, TieringError
 from tiering.kafka.files import parse_segment_name
 from tiering.lifecycle.state import (
@@ -235,10 +235,10 @@ def _restore(ctx: Context, state: PartitionState, part: RollbackPartition, targe
     merged = {b for e in merges.values() for b in e.merged_from}
     for base in sorted(merges):
         unmerge = stage_unmerge(ctx, part.directory, merges[base], target_run)
-        restored += unmerge if isinstance(unmerge, list) else finish_regroup(ctx, *unmerge, lease)
+        restored += unmerge if isinstance(unmerge, list) else finish(ctx, *unmerge, lease)
     for base in sorted(bases - merged):
         staged = stage_rollback(ctx, part.directory, base, target_run)
-        restored.append(staged if isinstance(staged, SegmentResult) else finish_one(ctx, *staged, lease))
+        restored += [staged] if isinstance(staged, SegmentResult) else finish(ctx, *staged, lease)
     # Off the list once all of it is undone (a segment another run replaced since keeps this pass's output),
     # and the checkpoint cleared (records put back below it would be missed).
     if target_run in state.keys_runs and all(r.status is Status.ROLLED_BACK for r in restored):

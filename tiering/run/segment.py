@@ -11,6 +11,7 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
+from tiering.commit.finish import finish
 from tiering.commit.lease import Lease, LeaseGuard, LeaseHeld, LeaseLost
 from tiering.commit.operation import (
     Context,
@@ -23,7 +24,6 @@ from tiering.commit.operation import (
 )
 from tiering.commit.recover import recover_partition, repair_segment
 from tiering.commit.stage import recheck_source, stage_segment
-from tiering.commit.swap import finish_one
 from tiering.errors import ConfigError, InvalidDataError, ProofError, StorageError, TieringError
 from tiering.kafka.files import parse_segment_name
 from tiering.lifecycle.state import Outcome, SegmentState, stamped
@@ -56,7 +56,7 @@ def run_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Segment
             if staged.cause in NOTHING_TO_GAIN:
                 remember(own, seg, Outcome.NO_SAVINGS, staged.reason)
             return staged
-        result = finish_one(own, staged.journal, staged.etag, lease, indexes=staged.indexes)
+        [result] = finish(own, staged.journal, staged.etag, lease, indexes=staged.indexes)
         return staged.result if result.status == staged.result.status else result
 
     return guarded(own, seg, attempt)
