@@ -351,6 +351,53 @@ def test_a_crash_during_a_rollback_is_finished_by_the_next_one(step: str, mem: M
     assert {k: mem.get(k) for k in outside(mem)} == seeded
 
 
+# --- An operation left in flight by the previous version -------------------------------------------------------
+
+
+def as_version_1(doc: dict[str, Any]) -> dict[str, Any]:
+    """The one-for-one entry schema version 1 wrote for the same operation (final keys, the ETags replaced and
+    their sizes, the new files, the attributes and backups by file name)."""
+    [source], [target] = doc["sources"], doc["targets"]
+    src, tgt = source["files"], target["files"]
+    names = ("log", "index", "timeindex")
+    return {"schema_version": 1, **{k: doc[k] for k in ("kind", "op", "run_id", "state", "directory", "base_offset",
+                                                      "entry")},
+            "final": {n: tgt[n]["final"] for n in names},
+            "source": {n: src[n]["etag"] if n in src else None for n in names},
+            "source_sizes": {n: src[n]["size"] for n in names if n in src},
+            "new": {"log": tgt["log"]["copy"], "index": tgt["index"]["copy"], "timeindex": tgt["timeindex"]["copy"],
+                    "log_size": tgt["log"]["size"], "log_etag": tgt["log"]["etag"]},
+            "attrs": {n: tgt[n]["attrs"] for n in names},
+            "backup": {n: src[n]["copy"] if n in src else None for n in names},
+            "payload_xxh3": doc["payload_xxh3"], "log_crc32c": tgt["log"].get("crc32c")}
+
+
+@pytest.mark.parametrize("step", ["journal-create", "journal-backed-up", "index-delete", "log-swap", "index-put"])
+def test_an_entry_version_1_left_in_flight_is_finished_by_this_version(
+        step: str, mem: MemoryStore, clock: ManualClock, originals: dict[int, Original],
+        seeded: dict[str, bytes]) -> None:
+    """A run of the previous version died at the step; its journal entries are in that version's shape. This
+    version reads them, finishes them (or takes a staged one's segment anew) and loses nothing."""
+    method, match = STEPS[step]
+    dying = Aimed(mem, method, match, die, after=True)
+    with pytest.raises(Crash):
+        compact(dying, plan_for(mem), context(dying), CompactOptions(lease_ttl_seconds=TTL))
+    [(journal, etag)] = list(pending_journals(mem, PREFIX))
+    written = as_version_1(journal.to_json())
+    key = f"{PREFIX}/_tiering/journal/{DIR}/{journal.base_offset:020d}.json"
+    mem.put_json(key, written, if_match=etag)
+    [(read, _)] = list(pending_journals(mem, PREFIX))
+    assert read == journal  # nothing of the operation lost in the older shape
+    clock.advance(seconds=TTL + 1)
+    run = compact(mem, plan_for(mem), context(mem, "run-2"), CompactOptions(lease_ttl_seconds=TTL))
+    assert run.exit_code() == ExitCode.OK, [(r.status, r.reason) for r in run.segments]
+    assert no_pending(mem)
+    codecs = check_consistent(mem, originals)
+    assert [codecs[b] for b in sorted(originals)[:-1]] == ["zstd"] * (len(originals) - 1)
+    roll_everything_back(mem, seeded)
+    check_consistent(mem, originals)
+
+
 # --- The staged copy the swap takes ----------------------------------------------------------------------------
 
 
