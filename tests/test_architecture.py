@@ -180,9 +180,10 @@ def test_journals_are_finished_only_through_the_one_entry_point() -> None:
         if str(path.relative_to(PACKAGE)) in ("commit/finish.py", "commit/swap.py", "commit/regroup.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module in ("tiering.commit.swap", "tiering.commit.regroup"):
-                if names := {a.name for a in node.names} & STRATEGY_STEPS:
-                    taken[str(path.relative_to(PACKAGE))] = sorted(names)
+            strategy = isinstance(node, ast.ImportFrom) and node.module in ("tiering.commit.swap",
+                                                                            "tiering.commit.regroup")
+            if strategy and (names := {a.name for a in node.names} & STRATEGY_STEPS):
+                taken[str(path.relative_to(PACKAGE))] = sorted(names)
     assert taken == {}
     finish = (PACKAGE / "commit" / "finish.py").read_text()
     assert all(name in finish for name in STRATEGY_STEPS)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import time
 
+import crc32c
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
@@ -28,6 +29,7 @@ from tests.s3.conftest import (
 from tests.s3.hooks import Step, key_ends
 from tests.s3.test_faults import Crash, Faults, crash_points
 from tiering.commit.operation import META_MERGED, Context, SegmentResult
+from tiering.commit.recover import pending_journals
 from tiering.errors import ConfigError, ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.index import build_indexes
@@ -306,7 +308,11 @@ def test_s3_failing_after_the_swap_leaves_the_merge_in_flight_and_the_partition_
     assert first[bases[0]].pending is not None
     assert "left in flight" in first[bases[0]].reason
     assert first[bases[2]].cause is Cause.BUSY  # the next group waits for it
-    assert not no_pending(store)
+    [(journal, _)] = list(pending_journals(store, PREFIX))
+    merged = originals[bases[0]].log + originals[bases[1]].log
+    # the journal names both sources and the merged target, each with what it is held to
+    assert [(s.base_offset, s.log.size) for s in journal.sources] == [(bases[0], sizes[0]), (bases[1], sizes[1])]
+    assert (journal.targets[0].log.size, journal.targets[0].log.crc32c) == (len(merged), crc32c.crc32c(merged))
     check_loaded(store, ROOT, _batches(originals))
     second = _merge(fresh_store(), "merge-2", limits=limits)
     assert no_pending(store)

@@ -143,7 +143,7 @@ def _source_files(ctx: Context, seg: PlannedSegment, run_id: str) -> OpSegment:
             raise SourceChanged(f"the {name} file changed after planning", path=uri(store, key),
                                 expected=ref.etag if ref else "no object", found=info.etag)
         files[name] = OpFile(key, info.etag, info.size, backup_key(ctx.prefix, run_id, d, base, suffix), attrs,
-                                info.last_modified.isoformat())
+                             info.last_modified.isoformat())
     return OpSegment(base, files)
 
 
@@ -189,7 +189,7 @@ def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGu
         staged = _finish_staging(ctx, out, new, merged.indexes, merged.txn_index, merged.log_bytes, seen.crc, marks)
     recorded = Recorded(expected, merged.log_bytes, ctx.run_id, sources[0].log.etag,
                         merged_from=tuple(g.base_offset for g in sources))
-    return _journal_group(ctx, op, d, sources, staged, new, marks, recorded)
+    return _journal_group(ctx, op, d, sources, staged, new, marks, recorded, seen.crc)
 
 
 def stage_cleaned_group(ctx: Context, segments: Sequence[PlannedSegment], log: BinaryIO, size: int,
@@ -227,15 +227,15 @@ def stage_cleaned_group(ctx: Context, segments: Sequence[PlannedSegment], log: B
         staged = _finish_staging(ctx, out, new, indexes, txn_index, size, crc, marks)
     recorded = Recorded(sum(g.log.bytes for g in sources), size, ctx.run_id, sources[0].log.etag,
                         payload_xxh3=made.payload_xxh3, merged_from=tuple(g.base_offset for g in sources))
-    return _journal_group(ctx, op, first.directory, sources, staged, new, marks, recorded)
+    return _journal_group(ctx, op, first.directory, sources, staged, new, marks, recorded, crc)
 
 
 def _journal_group(ctx: Context, op: str, d: str, sources: list[OpSegment],
                    staged: dict[str, tuple[str, int]], new: dict[str, str], marks: dict[str, str],
-                   recorded: Recorded) -> tuple[Journal, str]:
+                   recorded: Recorded, crc: int) -> tuple[Journal, str]:
     """The journal entry (state ``staged``) of one segment made from ``sources`` at the first one's base
-    offset: its files take the first source's attributes (its ``.log``'s where it lacks the file), with our
-    marks and the number of segments it holds."""
+    offset (its ``.log``'s CRC-32C ``crc``): its files take the first source's attributes (its ``.log``'s
+    where it lacks the file), with our marks and the number of segments it holds."""
     base = sources[0].base_offset
     marks = {**marks, META_MERGED: str(len(sources))}
     target_files = {}
@@ -244,10 +244,10 @@ def _journal_group(ctx: Context, op: str, d: str, sources: list[OpSegment],
             etag, size = staged[name]
             attrs = sources[0].files.get(name, sources[0].log).attrs or ObjectAttrs()
             target_files[name] = OpFile(dir_segment_key(ctx.prefix, d, base, suffix), etag, size, new[name],
-                                           attrs.with_metadata(marks))
+                                        attrs.with_metadata(marks), crc32c=crc if name == "log" else None)
     lineage = tuple(replaced(ctx, d, s.base_offset, s.log.bytes, str(s.log.etag)) for s in sources)
     journal = Journal(OpKind.MERGE, op, ctx.run_id, JournalState.STAGED, d, tuple(sources),
-                             (OpSegment(base, target_files),), replace(recorded, replaced=lineage))
+                      (OpSegment(base, target_files),), replace(recorded, replaced=lineage))
     return journal, _create(ctx, journal)
 
 
@@ -351,13 +351,13 @@ def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run:
                                    Cause.BACKUP_MISSING)
                 continue
             files[name] = OpFile(dir_segment_key(ctx.prefix, directory, b, suffix), info.etag, info.size, kept,
-                                    attrs.with_metadata(marks))
+                                 attrs.with_metadata(marks))
         targets.append(OpSegment(b, files))
     if sum(t.log.bytes for t in targets) != entry.bytes_before:  # a key-compaction merge made less of them
         return refused(Status.FAILED, "the backups do not add up to what the merge replaced", Cause.BACKUP_MISSING)
     journal = Journal(OpKind.UNMERGE, op, ctx.run_id, JournalState.BACKED_UP, directory,
-                             (OpSegment(base, in_place),), tuple(targets),
-                             Recorded(current.size, current.size, replaced=entry.replaced), restores_run=target_run)
+                      (OpSegment(base, in_place),), tuple(targets),
+                      Recorded(current.size, current.size, replaced=entry.replaced), restores_run=target_run)
     try:
         return journal, _create(ctx, journal)
     except SourceChanged:
