@@ -34,7 +34,7 @@ from tiering.lifecycle.vocabulary import Cause, RunKind, Status
 from tiering.options import CLEANUP, Options, option
 from tiering.plan.inventory import spill_grouped
 from tiering.run import engine
-from tiering.run.documents import RunResult
+from tiering.run.documents import RunResult, finished_at
 from tiering.storage.layout import (
     BACKUP_DIR,
     STAGING_DIR,
@@ -45,7 +45,6 @@ from tiering.storage.layout import (
     probe_dir,
     probe_key,
     reserved_dir,
-    run_result_key,
 )
 from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore, delete_honours_etag
 
@@ -153,7 +152,7 @@ class Cleanup:
         store, prefix, now = ctx.store, ctx.prefix, self.now
         stale = timedelta(hours=self.options.stale_hours)
         done = Counter(leases_released=release_finished(
-            store, prefix, functools.cache(lambda run_id: _finished_at(store, prefix, run_id))))
+            store, prefix, functools.cache(lambda run_id: finished_at(store, prefix, run_id))))
         for key, upload_id, initiated in store.list_uploads(reserved_dir(prefix)):
             if now - initiated > stale:
                 store.abort_upload(key, upload_id)
@@ -298,16 +297,6 @@ def _result(directory: str, base: int, counts: Counter[str]) -> SegmentResult:
     stats: dict[str, object] = {"cleanup": {k: v for k, v in counts.items() if k in FIGURES and v}}
     return SegmentResult(directory, base, Status.EXPIRED if gone else Status.SKIPPED, reason, stats=stats,
                          cause=None if gone else Cause.BUSY)
-
-
-def _finished_at(store: ObjectStore, prefix: str, run_id: str) -> datetime | None:
-    """When run ``run_id``'s document was written (S3's clock), or None while it has none."""
-    for kind in RunKind:
-        try:
-            return store.head(run_result_key(prefix, run_id, kind)).last_modified
-        except ObjectNotFound:
-            continue
-    return None
 
 
 def _still(store: ObjectStore, e: Expired) -> bool:

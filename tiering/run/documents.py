@@ -21,7 +21,7 @@ from tiering.errors import ExitCode, TieringError
 from tiering.kafka.merge import Limits
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.storage.layout import run_result_key
-from tiering.storage.objects import ObjectStore
+from tiering.storage.objects import ObjectNotFound, ObjectStore
 
 MAX_LISTED_SEGMENTS: Final = 10_000  # segments a run document names one by one (the rest are counted)
 RUN_SCOPE: Final = "_run"  # requests of the run outside any partition's work (listing, plan, documents)
@@ -289,6 +289,16 @@ class StepUsage:
     def from_json(cls, doc: dict[str, Any], where: str) -> StepUsage:
         check_document(doc, kind=cls.KIND, version=cls.SCHEMA_VERSION, what="step usage", where=where)
         return cls({str(k): int(v) for k, v in doc["requests"].items()})
+
+
+def finished_at(store: ObjectStore, prefix: str, run_id: str) -> datetime | None:
+    """When run ``run_id``'s document was written (S3's clock), or None while it has none."""
+    for kind in RunKind:
+        try:
+            return store.head(run_result_key(prefix, run_id, kind)).last_modified
+        except ObjectNotFound:
+            continue
+    return None
 
 
 def exit_code_of(r: SegmentResult) -> ExitCode:
