@@ -14,8 +14,7 @@ written to the run's plan chunks, cut into units); for merging and key compactio
 each handed to the kind, written to the run's plan chunks, cut into units). Merging groups the segments up to 8 GiB (the
 synthetic segments are about 1 GiB each), key compaction takes every topic; a cleanup plans from a second
 report, of the originals a run kept a month ago of every segment (``kept_rows``: three objects a segment),
-all past the grace period; a rollback plans from a third, of the same originals, made after the run that kept them
-ended (its run document is in the bucket). The child reports per step
+all past the grace period. The child reports per step
 its wall time and CPU time (``getrusage``, all threads), and its peak resident size (VmHWM) against its
 size after imports. The claim checked, per kind: memory does not grow with the bucket (peak RSS at the
 largest size within 1.5x of the smallest, and at most 512 MiB).
@@ -62,8 +61,7 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-KINDS: Final = ("compact", "merge", "compact-keys", "cleanup", "rollback")
-KEPT_BY: Final = "compacted"  # the run whose kept originals a cleanup deletes and a rollback restores
+KINDS: Final = ("compact", "merge", "compact-keys", "cleanup")
 
 
 def child(endpoint: str, uri: str, run_id: str, kind: str) -> dict[str, Any]:
@@ -115,15 +113,11 @@ def _plan_engine(store: S3Store, uri: str, run_id: str, kind_name: str, step: St
     from tiering.run.keycompact import KeyCompaction, KeyCompactOptions  # noqa: PLC0415
     from tiering.run.merge import MergeOptions, Merging  # noqa: PLC0415
     from tiering.run.pipeline import RunSettings  # noqa: PLC0415
-    from tiering.run.rollback import Rollback, RollbackOptions  # noqa: PLC0415
 
     ctx = RunSettings(BUCKET, PREFIX, run_id, "none", None).context(store)
-    made = inventory_objects(store, uri, PREFIX)[0].created_at
-    kind: engine.Kind[Any] = (
-        Merging(MergeOptions(Limits(8 << 30, 1 << 30))) if kind_name == "merge" else
-        KeyCompaction(KeyCompactOptions(topics="events-.*")) if kind_name == "compact-keys" else
-        Rollback(RollbackOptions(KEPT_BY, inventory_made=made.isoformat() if made else None))
-        if kind_name == "rollback" else Cleanup(CleanupOptions()))
+    kind: engine.Kind[Any] = (Merging(MergeOptions(Limits(8 << 30, 1 << 30))) if kind_name == "merge" else
+                              KeyCompaction(KeyCompactOptions(topics="events-.*")) if kind_name == "compact-keys"
+                              else Cleanup(CleanupOptions()))
     kind = kind.started(store, PREFIX)
     listed = [0]
 
@@ -147,14 +141,13 @@ def run_size(endpoint: str, segments: int, kinds: list[str]) -> list[dict[str, A
     uri = write_inventory(store, BUCKET, f"inventory/{segments}", kafka_layout_rows(
         partitions, PER_PARTITION, prefix=PREFIX, now=now), created_at=now)
     kept = None if "cleanup" not in kinds else write_inventory(
-        store, BUCKET, f"inventory/{segments}-kept", kept_rows(partitions, PER_PARTITION, prefix=PREFIX, now=now,
-                                                               run_id=KEPT_BY), created_at=now)
-    restorable = None if "rollback" not in kinds else _rollback_inventory(store, segments, partitions, now)
+        store, BUCKET, f"inventory/{segments}-kept", kept_rows(partitions, PER_PARTITION, prefix=PREFIX, now=now),
+        created_at=now)
     print(f"  {segments:,} segments: inventory written in {time.perf_counter() - started:.0f} s", file=sys.stderr,
           flush=True)
     rows = []
     for kind in kinds:
-        source = {"cleanup": kept, "rollback": restorable}.get(kind) or uri
+        source = kept if kind == "cleanup" and kept is not None else uri
         out = subprocess.run([sys.executable, __file__, "--child", "--endpoint", endpoint, "--uri", source, "--run-id",
                               f"bench-{kind}-{segments}", "--kind", kind], capture_output=True, text=True,
                              check=False)
@@ -164,21 +157,6 @@ def run_size(endpoint: str, segments: int, kinds: list[str]) -> list[dict[str, A
         took = sum(s["wall_s"] for s in rows[-1]["steps"].values())
         print(f"  {segments:,} segments: {kind} planned in {took:.0f} s", file=sys.stderr, flush=True)
     return rows
-
-
-def _rollback_inventory(store: S3Store, segments: int, partitions: int, now: datetime) -> str:
-    """An inventory of run KEPT_BY's backups, made after that run ended: its run document and one of its backups
-    are put in the bucket first (a rollback starts only where a run left something to undo, and plans from an
-    inventory only if it was made after the run's document was written)."""
-    from tiering.lifecycle.vocabulary import RunKind  # noqa: PLC0415
-    from tiering.storage.layout import run_result_key  # noqa: PLC0415
-
-    store.put_json(run_result_key(PREFIX, KEPT_BY, RunKind.COMPACT), {"run_id": KEPT_BY})
-    first = next(kept_rows(1, 1, prefix=PREFIX, now=now, run_id=KEPT_BY))
-    store.put(first.key, b"")
-    return write_inventory(store, BUCKET, f"inventory/{segments}-rollback",
-                           kept_rows(partitions, PER_PARTITION, prefix=PREFIX, now=now, run_id=KEPT_BY),
-                           created_at=datetime.now(UTC) + timedelta(seconds=1))
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -175,3 +175,17 @@ def test_a_clock_is_an_iso_time_with_its_offset() -> None:
         with pytest.raises(ConfigError, match="option now") as e:
             now.check(bad)
         assert e.value.expected == "an ISO 8601 time with its offset (or null)"
+
+
+def test_a_kinds_options_built_directly_take_their_declared_defaults() -> None:
+    """Code that builds a kind's options (a test, a bench, a caller of the library) gets what the command line,
+    the DAG and the Spark job's JSON get when nothing is given: one set of defaults, the declarations'."""
+    from tiering.run.cleanup import CleanupOptions
+    from tiering.run.keycompact import KeyCompactOptions
+    from tiering.run.merge import MergeOptions
+    from tiering.run.rollback import RollbackOptions
+
+    required: list[tuple[Any, dict[str, Any]]] = [(MergeOptions, {}), (KeyCompactOptions, {"topics": "t"}),
+                                                  (CleanupOptions, {}), (RollbackOptions, {"target_run": "r"})]
+    for cls, given in required:
+        assert cls(**given) == cls.from_json(given), cls.__name__

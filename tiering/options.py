@@ -260,8 +260,6 @@ ROLLBACK: Final = (
     Opt("target_run", str, None, "the run to undo (a compaction, merge, key-compaction or tiering run)",
         minimum=1, cli="--run-id"),
     LEASE_TTL,
-    Opt("inventory_made", str, None, "when the S3 Inventory the rollback plans from was made (its manifest's "
-        "creationTimestamp)", optional=True, internal=True, clock=True),
 )
 
 # What a run chooses its partitions by, and how fresh a segment it leaves

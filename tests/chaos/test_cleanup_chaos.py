@@ -8,7 +8,11 @@ zero days), a stale staging object and an incomplete multipart upload, and one p
 flight (a compaction killed after its backup, its journal pending). However the cleanup was killed, once it
 converges every segment in place holds its original records beside indexes that fit it, nothing outside
 ``_tiering/`` changed but what finishing the pending operation swapped, and nothing is left: no backup, no
-staging object, no upload, no journal, no lease."""
+staging object, no upload, no journal, no lease.
+
+The same trials run a cleanup that plans from an S3 Inventory of the bucket taken before it (``--inventory``,
+every re-run with the same stale report), with the same outcome: the report lists every kept object (the
+pending operation, staged by another run, is abandoned, which keeps the one backup it made and makes none)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import pytest
 
 from tests.chaos.harness import LEASE_TTL, STEPS, Proc, records, run_killed
 from tests.s3.conftest import PREFIX, TOPIC, seed
+from tiering.demo.inventory import write_inventory
 from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.kafka.records import Record
@@ -104,8 +109,9 @@ def _prepare(store: S3Store, endpoint: str) -> dict[str, bytes]:
     return originals
 
 
+@pytest.mark.parametrize("planned_from", ["listing", "inventory"])
 def test_a_cleanup_killed_anywhere_converges_deletes_everything_past_its_age_and_loses_nothing(
-        moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        planned_from: str, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(name, "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -118,6 +124,8 @@ def test_a_cleanup_killed_anywhere_converges_deletes_everything_past_its_age_and
         originals = _prepare(store, moto_endpoint)
         argv = ["s3", "cleanup", "--bucket", name, "--prefix", PREFIX, "--grace-days", "0", "--stale-hours", "0",
                 "--lease-ttl-seconds", str(LEASE_TTL), "--json"]
+        if planned_from == "inventory":
+            argv += ["--inventory", write_inventory(store, name, "inventory", list(store.list(f"{PREFIX}/")))]
         first, requests = run_killed(moto_endpoint, argv, "cleanup", kill)
         procs = _until_done(moto_endpoint, argv, first)
         problems = [problem for p in procs for problem in p.problems()]
@@ -126,13 +134,13 @@ def test_a_cleanup_killed_anywhere_converges_deletes_everything_past_its_age_and
         assert _left(store) == [], kill
         return requests, procs
 
-    total, procs = trial("cleanup-chaos", None)
+    total, procs = trial(f"cleanup-chaos-{planned_from}", None)
     assert procs[0].code == 0
     killed = []
     for i in range(TRIALS):
         kill = (int(total * (i + rng.random()) / TRIALS), "before" if i % 2 else "after")
-        _, procs = trial(f"cleanup-chaos-{i}", kill)
+        _, procs = trial(f"cleanup-chaos-{planned_from}-{i}", kill)
         assert procs[0].killed, (kill, procs[0].summary())
         killed.append(f"{kill[1]} #{kill[0]}")
-    print(f"\ncleanup ({total} requests): SIGKILLed {', '.join(killed)}; every trial converged, nothing lost, "
-          "nothing left")
+    print(f"\ncleanup from a {planned_from} ({total} requests): SIGKILLed {', '.join(killed)}; every trial converged, "
+          "nothing lost, nothing left")

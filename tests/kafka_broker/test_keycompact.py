@@ -280,7 +280,7 @@ def _check_s3_path(passes: list[tuple[list[Path], dict[int, Path], int]]) -> Non
                 for path in files:
                     store.put(f"kafka/{TOPIC}-0/{path.name}", path.read_bytes())
                 options = KeyCompactOptions(now_ms=pass_time, delete_retention_ms=0, topics=re.escape(TOPIC),
-                                            merge=Limits(SEGMENT_BYTES))
+                                            merge=Limits(SEGMENT_BYTES), min_age_minutes=0)
                 run = engine.run(store, Context(store, "kafka", f"keys-{n}", RewriteOptions(Codec.NONE)),
                                  KeyCompaction(options))
                 assert run.exit_code() == 0, [r.to_json() for r in run.segments]

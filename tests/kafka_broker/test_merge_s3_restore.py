@@ -111,7 +111,7 @@ def test_a_bucket_stopped_mid_merge_and_mid_rollback_restores_every_record(
                 store.put(f"{PREFIX}/{name}/{f.name}", f.read_bytes())
     originals = {name: len(list((source.broker.data_dir / name).glob("*.log"))) for name in dirs}
     ctx = Context(store, PREFIX, "merge-1", RewriteOptions(Codec.NONE))
-    options = MergeOptions(Limits(1 << 20))
+    options = MergeOptions(Limits(1 << 20), min_age_minutes=0)
 
     with monkeypatch.context() as patch:
         _stop_after_swap(patch)

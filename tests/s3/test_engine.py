@@ -35,7 +35,7 @@ def _seeded(store: S3Store) -> dict[int, dict[int, Original]]:
 
 
 def _merging() -> Merging:
-    return Merging(MergeOptions(Limits(1 << 20)))
+    return Merging(MergeOptions(Limits(1 << 20), min_age_minutes=0))
 
 
 def _chunk_lines(store: S3Store, key: str) -> list[dict[str, object]]:
@@ -158,7 +158,8 @@ def test_options_left_out_take_the_command_lines_defaults() -> None:
     """A person writing the Spark job's options gets what the CLI does by default: segments of the last 15
     minutes left; key compaction groups neighbours as the broker's cleaner does (null: each its own)."""
     merging = kind_from_json("merge", {})
-    assert merging.options == MergeOptions(min_age_minutes=15)  # type: ignore[attr-defined]
+    assert merging.options == MergeOptions()  # type: ignore[attr-defined]
+    assert (merging.options.min_age_minutes, KeyCompactOptions(topics="t").merge) == (15, Limits())  # type: ignore[attr-defined]
     keys = kind_from_json("compact-keys", {"topics": "t"}).options  # type: ignore[attr-defined]
     assert (keys.min_age_minutes, keys.merge) == (15, Limits())
     assert kind_from_json("compact-keys", {"topics": "t", "merge": False}).options.merge is None  # type: ignore[attr-defined]

@@ -4,6 +4,8 @@ as it, and a bad one named, not crashed on."""
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +37,7 @@ WRITTEN_BEFORE: dict[str, Any] = {
 
 
 KEY = "p/orders-0/00000000000000000042"
+NAME = "orders-0/00000000000000000100"
 STAGING = "p/_tiering/staging/r1/orders-0/00000000000000000042"
 BACKUP = "p/_tiering/backup/r1/orders-0/00000000000000000042"
 MARKED = ObjectAttrs({"tiering-op": "r1.0a1b2c3d"}, {}, {"t": "1"}, "STANDARD")
@@ -128,8 +131,69 @@ def test_a_transition_is_a_new_entry() -> None:
     ({**WRITTEN_BEFORE, "state": "half-done"}, "malformed"),
     ({**REGROUP_WRITTEN_BEFORE, "sources": [{"files": {}}]}, "malformed"),
     ({**REGROUP_WRITTEN_BEFORE, "schema_version": 2, "targets": None}, "malformed"),
+    ({**REGROUP_WRITTEN_BEFORE, "schema_version": 2, "sources": []}, "malformed"),
+    ({**REGROUP_WRITTEN_BEFORE, "schema_version": 2, "kind": "compact"}, "malformed: a compact of 2 segment"),
+    ({**REGROUP_WRITTEN_BEFORE, "targets": [{"base_offset": 0, "files": {}}]}, "malformed"),
 ])
 def test_an_unknown_or_malformed_entry_is_named(doc: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as caught:
         read_journal(doc, where="s3://b/journal/x.json")
     assert caught.value.path == "s3://b/journal/x.json"
+
+
+# Entries written by version 1's own classes (tiering at b3291ba), one of each shape it wrote, kept as its JSON.
+WRITTEN_BY_V1 = Path(__file__).parents[1] / "data" / "journals"
+
+
+def _v1(name: str) -> Journal:
+    doc = json.loads((WRITTEN_BY_V1 / f"v1-{name}.json").read_text())
+    assert doc["schema_version"] == 1
+    journal = read_journal(doc, where=name)
+    assert read_journal(json.loads(json.dumps(journal.to_json())), where=name) == journal  # v2 round trip
+    return journal
+
+
+def test_version_1s_key_compaction_with_a_txnindex_removed_first() -> None:
+    journal = _v1("in-place-key-compaction-txnindex")
+    assert (journal.kind, journal.state, journal.in_place, journal.txn_first, journal.txn_swapped) == (
+        OpKind.COMPACT, JournalState.BACKED_UP, True, True, True)
+    log = journal.target("log")
+    assert log is not None
+    assert (log.etag, log.size, log.crc32c, log.copy) == ('"n1"', 700, 987654321, f"p/_tiering/staging/k1/{NAME}.log")
+    assert journal.target("txnindex") is None  # removed, not replaced
+    txn = journal.source("txnindex")
+    assert txn is not None
+    assert (txn.etag, txn.copy, txn.attrs) == ('"x1"', f"p/_tiering/backup/k1/{NAME}.txnindex", None)
+    # four originals backed up: three with the marked attributes version 1 gave them, the .txnindex with its own
+    backups = {c.target.rsplit(".", 1)[1]: c for c in journal.backups()}
+    assert sorted(backups) == ["index", "log", "timeindex", "txnindex"]
+    assert backups["txnindex"].attrs is None
+    assert backups["log"].attrs is not None
+    assert backups["log"].attrs.metadata["tiering-op"] == journal.op
+    assert (backups["log"].size, backups["index"].size) == (1500, 24)
+    assert journal.payload_xxh3 == "cd" * 16
+
+
+def test_version_1s_rollback_with_a_txnindex_put_back_after_the_log() -> None:
+    journal = _v1("in-place-rollback-txnindex")
+    assert (journal.kind, journal.restores_run, journal.txn_first, journal.txn_swapped) == (
+        OpKind.ROLLBACK, "k1", False, True)
+    assert sorted(journal.sources[0].files) == ["index", "log"]  # no .timeindex and no .txnindex in place
+    log = journal.target("log")
+    assert log is not None
+    # no ETag to hold the backup to: it is decoded before it goes in
+    assert (log.etag, log.size, log.copy) == (None, 1500, f"p/_tiering/backup/k1/{NAME}.log")
+    assert sorted(journal.targets[0].files) == ["index", "log", "txnindex"]
+    assert (journal.backups(), journal.staging()) == ((), ())  # its copies are the rolled-back run's backups
+    assert journal.referenced() == {f"p/_tiering/backup/k1/{NAME}{s}" for s in (".log", ".index", ".txnindex")}
+
+
+def test_version_1s_merge_and_unmerge() -> None:
+    merge, unmerge = _v1("regroup-merge"), _v1("regroup-unmerge")
+    assert (merge.in_place, merge.state, [s.base_offset for s in merge.sources]) == (False, JournalState.SWAPPED,
+                                                                                      [0, 10])
+    assert sorted(merge.staging()) == ["p/_tiering/staging/m1/orders-0/00000000000000000000.index",
+                                       "p/_tiering/staging/m1/orders-0/00000000000000000000.log"]
+    assert len(merge.backups()) == 4
+    assert (unmerge.in_place, unmerge.restores_run, unmerge.backups(), unmerge.staging()) == (False, "m1", (), ())
+    assert [t.base_offset for t in unmerge.targets] == [0, 10]

@@ -137,7 +137,7 @@ def exists(store: S3Store, key: str) -> bool:
 
 def at(now: int) -> KeyCompactOptions:
     """This partition's topic, cleaned at ``now``."""
-    return KeyCompactOptions(topics=re.escape(TOPIC), now_ms=now)
+    return KeyCompactOptions(topics=re.escape(TOPIC), now_ms=now, min_age_minutes=0, merge=None)
 
 
 def keys_context(store: S3Store, run_id: str = "keys-1", swap: Swap | None = None) -> Context:
@@ -334,7 +334,8 @@ def test_a_policy_chooses_the_compacted_topics_and_their_delete_retention(store:
     policy = parse_policy({"cluster": {"compact.enable": True}, "topics": [
         {"regex": r"profiles\..*", "cleanup.policy": "compact", "delete.retention.ms": 60_000},
         {"topic": "profiles.off", "compact.enable": False}]}, "policy.yaml")
-    run = engine.run(store, keys_context(store), KeyCompaction(KeyCompactOptions(now_ms=NOW, policy=policy)))
+    run = engine.run(store, keys_context(store), KeyCompaction(KeyCompactOptions(now_ms=NOW, policy=policy,
+                                                                                    min_age_minutes=0, merge=None)))
     assert {r.directory for r in run.segments} == {DIRECTORY}
     assert run.settings["policy"] == "policy.yaml"
     stamped = [b.header.delete_horizon_ms for b in iter_decoded(io.BytesIO(final(store, 20, LOG_SUFFIX)))
@@ -371,7 +372,8 @@ def test_a_bounded_key_map_ends_passes_early_and_later_runs_go_on_to_the_same_re
     checkpoints = []
     for i in range(12):
         run = engine.run(store, keys_context(store, f"bounded-{i}"),
-                         KeyCompaction(KeyCompactOptions(topics=re.escape(TOPIC), now_ms=NOW, max_keys=4)))
+                         KeyCompaction(KeyCompactOptions(topics=re.escape(TOPIC), now_ms=NOW, max_keys=4,
+                                                         min_age_minutes=0, merge=None)))
         assert run.exit_code() is ExitCode.OK
         checkpoints.append(load_state(store, PREFIX, DIRECTORY).keys_checkpoint)
         if checkpoints[-1] is None:
@@ -388,7 +390,8 @@ def test_a_retry_with_the_same_run_id_keeps_the_originals_in_the_backups(store: 
     them."""
     parts = partition(aborts=True)
     upload(store, parts)
-    options = KeyCompactOptions(topics=re.escape(TOPIC), now_ms=NOW, delete_retention_ms=60_000)
+    options = KeyCompactOptions(topics=re.escape(TOPIC), now_ms=NOW, delete_retention_ms=60_000, min_age_minutes=0,
+                                merge=None)
     engine.run(store, keys_context(store), KeyCompaction(options))
     run = engine.run(store, keys_context(store), KeyCompaction(replace(options, now_ms=NOW + 120_000)))
     again = {r.base_offset: r for r in run.segments}

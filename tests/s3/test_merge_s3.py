@@ -66,7 +66,7 @@ def _get(store: S3Store, base: int, suffix: str) -> bytes:
 
 
 def _merge(store: S3Store, run_id: str = "merge-1", limits: Limits | None = None) -> list[SegmentResult]:
-    run = engine.run(store, context(store, run_id), Merging(MergeOptions(limits or Limits(1 << 20))))
+    run = engine.run(store, context(store, run_id), Merging(MergeOptions(limits or Limits(1 << 20), min_age_minutes=0)))
     return list(run.segments)
 
 
@@ -277,7 +277,7 @@ def test_a_policy_merges_the_topics_it_enables_each_to_its_bound(store: S3Store)
     policy = parse_policy({"cluster": {"merge.enable": True, "min.segment.age.hours": 1},
                            "topics": [{"topic": TOPIC, "merge.target.bytes": bound},
                                       {"topic": "audit", "merge.enable": False}]})
-    run = engine.run(store, context(store, "merge-p"), Merging(MergeOptions(policy=policy)))
+    run = engine.run(store, context(store, "merge-p"), Merging(MergeOptions(policy=policy, min_age_minutes=0)))
     by = {(r.directory, r.base_offset): r for r in run.segments}
     assert [by[(DIRECTORY, b)].status for b in bases[:4]] == [Status.MERGED] * 4
     assert _get(store, bases[2], LOG_SUFFIX) == merged[bases[2]].log + merged[bases[3]].log
@@ -469,7 +469,8 @@ def test_rollbacks_in_reverse_order_undo_a_merge_then_a_compaction_of_it(store: 
 
 def test_a_merge_with_nothing_to_merge_says_so_in_its_figures(store: S3Store) -> None:
     seed(store, segments=3, segment_bytes=20_000)
-    run = engine.run(store, context(store, "merge-none"), Merging(MergeOptions(Limits(1 << 20), topics="other")))
+    run = engine.run(store, context(store, "merge-none"), Merging(MergeOptions(Limits(1 << 20), topics="other",
+                                                                                        min_age_minutes=0)))
     assert run.usage["objects"] == {"before": 0, "after": 0}
     assert run.totals() == {"segments": 0, "bytes_before": 0, "bytes_after": 0}
 
@@ -488,7 +489,7 @@ def test_a_merge_rewrites_nothing_and_judges_an_invalid_source_by_reading_it_aga
     ctx = Context(store, PREFIX, "merge-x")
     with pytest.raises(ConfigError, match="rewrites no segment"):
         ctx.rewrite  # noqa: B018 - the property raises
-    run = engine.run(store, ctx, Merging(MergeOptions(Limits(1 << 20))))
+    run = engine.run(store, ctx, Merging(MergeOptions(Limits(1 << 20), min_age_minutes=0)))
     by_base = {r.base_offset: r for r in run.segments}
     assert (by_base[bases[1]].status, by_base[bases[1]].cause) == (Status.FAILED, Cause.INVALID)
     assert "CRC mismatch" in by_base[bases[1]].reason
@@ -514,7 +515,8 @@ def test_the_sources_before_an_invalid_last_source_still_merge(store: S3Store) -
     damaged = bytearray(store.get(key))
     damaged[200] ^= 1
     store.put(key, bytes(damaged))
-    run = engine.run(store, Context(store, PREFIX, "merge-y"), Merging(MergeOptions(Limits(1 << 20))))
+    run = engine.run(store, Context(store, PREFIX, "merge-y"), Merging(MergeOptions(Limits(1 << 20),
+                                                                                      min_age_minutes=0)))
     by_base = {r.base_offset: r for r in run.segments}
     assert [by_base[b].status for b in bases[:3]] == [Status.MERGED] * 3
     assert (by_base[bases[3]].status, by_base[bases[3]].cause) == (Status.FAILED, Cause.INVALID)

@@ -8,7 +8,6 @@ The product code is annotated with S3Store; it is handed a MemoryStore here (tes
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from tests.s3.conftest import BUCKET, PREFIX, TOPIC, Original, check_consistent,
 from tiering.commit.lease import Lease
 from tiering.commit.operation import META_OP, META_RUN, META_SOURCE_ETAG
 from tiering.commit.recover import pending_journals
-from tiering.errors import ConfigError, ExitCode
+from tiering.errors import ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Action, Cause, JournalState, Pending
@@ -348,48 +347,6 @@ def test_a_crash_during_a_rollback_is_finished_by_the_next_one(step: str, mem: M
     clock.advance(seconds=TTL + 1)
     again = rollback(mem, context(mem, "undo-2"), "run-1", lease_ttl=TTL)
     assert again.exit_code() == ExitCode.OK
-    assert no_pending(mem)
-    assert {k: mem.get(k) for k in outside(mem)} == seeded
-
-
-def test_a_rollback_plans_from_an_inventory_made_after_the_run_as_from_its_listing(
-        mem: MemoryStore, clock: ManualClock, seeded: dict[str, bytes]) -> None:
-    """The partitions and segments of a run's backups, found in an S3 Inventory made after it ended, are the
-    ones its listing finds, and the rollback from them restores every byte; one made before is refused before
-    anything changes."""
-    from tiering.demo.inventory import write_inventory
-    from tiering.plan.inventory import inventory_objects
-    from tiering.run import engine
-    from tiering.run.documents import finished_at
-    from tiering.run.rollback import Rollback, RollbackOptions
-
-    compact(mem, plan_for(mem), context(mem), CompactOptions())
-    ended = finished_at(mem, PREFIX, "run-1")
-    assert ended is not None
-    clock.advance(minutes=5)
-    uri = write_inventory(mem, BUCKET, "inventory", list(mem.list(f"{PREFIX}/")), created_at=clock())
-
-    def planned(made: str | None) -> list[tuple[str, tuple[int, ...], int]]:
-        found: list[tuple[str, tuple[int, ...], int]] = []
-        engine.preview(mem, PREFIX, Rollback(RollbackOptions("run-1", inventory_made=made)),
-                       lambda p: found.append((p.directory, p.todo, p.bytes)),
-                       source=inventory_objects(mem, uri, PREFIX)[1] if made else None)
-        return found
-
-    listed = planned(None)
-    assert [(d, len(todo)) for d, todo, _ in listed] == [(DIR, len(load_state(mem, PREFIX, DIR).segments))]
-    assert planned(clock().isoformat()) == listed
-    for made in (ended - timedelta(seconds=1), ended):  # before the run's document, or as it was written
-        with pytest.raises(ConfigError, match="only if it was made after that run ended"):
-            planned(made.isoformat())
-    compacted = {i.key: i.etag for i in mem.list(f"{PREFIX}/")}
-    with pytest.raises(ConfigError):
-        rollback(mem, context(mem, "undo-early"), "run-1", source=inventory_objects(mem, uri, PREFIX)[1],
-                 inventory_made=(ended - timedelta(seconds=1)).isoformat())
-    assert {i.key: i.etag for i in mem.list(f"{PREFIX}/")} == compacted
-    run = rollback(mem, context(mem, "undo"), "run-1", source=inventory_objects(mem, uri, PREFIX)[1],
-                   inventory_made=clock().isoformat())
-    assert run.exit_code() == ExitCode.OK
     assert no_pending(mem)
     assert {k: mem.get(k) for k in outside(mem)} == seeded
 

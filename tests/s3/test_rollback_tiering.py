@@ -117,7 +117,7 @@ def test_a_merge_and_a_tiering_run_roll_back_in_either_order_they_ran(store: S3S
     limits = Limits(400_000)
 
     def merge(run_id: str) -> None:
-        results = engine.run(store, context(store, run_id), Merging(MergeOptions(limits))).segments
+        results = engine.run(store, context(store, run_id), Merging(MergeOptions(limits, min_age_minutes=0))).segments
         assert any(r.status is Status.MERGED for r in results)
 
     # a merge, then a tiering run of the merged segments

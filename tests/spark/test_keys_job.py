@@ -34,7 +34,7 @@ def test_spark_cleans_each_partition_in_a_task_as_the_in_process_run_does(server
         store.put(segment_key(K.PREFIX, "orders.delete", 0, base, LOG_SUFFIX), log)
     lines: list[str] = []
     settings = RunSettings(store.bucket, K.PREFIX, "spark-keys")
-    options = KeyCompactOptions(NOW, topics=r"profiles\..*", merge=Limits())  # the cleaner's default bounds
+    options = KeyCompactOptions(NOW, topics=r"profiles\..*", min_age_minutes=0)  # merged: the cleaner's bounds
     submit(JOB, ["--kind", "compact-keys", "--settings", json.dumps(settings.to_json()), "--options",
                  json.dumps(options.to_json())], master="local[2]", log=lines.append)
     assert any("key compaction: 2 partitions in 2 tasks" in line for line in lines), lines[-20:]

@@ -125,18 +125,12 @@ def _add_inventory_arg(p: argparse.ArgumentParser, stale: str = "every segment's
 
 def _source(args: argparse.Namespace, store: ObjectStore) -> Iterator[ObjectInfo] | None:
     """The objects of ``--inventory``'s report, or None: list the prefix."""
-    return _inventory(args, store)[0]
-
-
-def _inventory(args: argparse.Namespace, store: ObjectStore) -> tuple[Iterator[ObjectInfo] | None, str | None]:
-    """The objects of ``--inventory``'s report and when it was made (ISO 8601, None: not said), or Nones."""
     if not getattr(args, "inventory", None):
-        return None, None
+        return None
     manifest, objects = inventory_objects(store, args.inventory, args.prefix)
-    made = manifest.created_at.isoformat() if manifest.created_at else None
     _log(args, f"reading the inventory {args.inventory} ({len(manifest.files)} files, made "
-               f"{made or 'at an unknown time'}) ...")
-    return objects, made
+               f"{manifest.created_at.isoformat() if manifest.created_at else 'at an unknown time'}) ...")
+    return objects
 
 
 def _progress(args: argparse.Namespace) -> Callable[[int], None]:
@@ -553,9 +547,8 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
     ctx = Context(store, args.prefix, new_run_id())
     _log(args, f"rolling back run {args.target_run}: the originals it replaced, or the classes it moved objects "
                "from ...")
-    source, made = _inventory(args, store)
     return _finish_run(args, rollback(store, ctx, args.target_run, args.lease_ttl_seconds, _segment_progress(args),
-                                      workers=args.workers, source=source, inventory_made=made))
+                                      workers=args.workers))
 
 
 def _cmd_cleanup(args: argparse.Namespace) -> int:
@@ -836,8 +829,6 @@ def add_s3_commands(verbs: Any, parser_class: type[argparse.ArgumentParser]) -> 
     _common(p)
     add_arguments(p, ROLLBACK, but=(LEASE_TTL,))
     _add_workers_arg(p, "rolled back")
-    _add_inventory_arg(p, "it must have been made after RUN_ID ended (else the rollback refuses it: it would miss "
-                          "what was backed up since)")
     p.set_defaults(func=_cmd_rollback)
 
     p = sub.add_parser("cleanup", help="delete kept originals past the grace period and abandoned leftovers",

@@ -274,11 +274,31 @@ def read_journal(doc: object, *, where: str) -> Journal:
     if isinstance(doc, Mapping) and doc.get("schema_version") == 1:
         checked = check_document(doc, kind=None, version=1, what="a journal entry", where=where)
         try:
-            return _v1_regroup(checked) if checked.get("kind") in REGROUPS else _v1_in_place(checked)
+            journal = _v1_regroup(checked) if checked.get("kind") in REGROUPS else _v1_in_place(checked)
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"journal entry is malformed ({type(e).__name__}: {e})", path=where) from None
-    checked = check_document(doc, kind=None, version=Journal.SCHEMA_VERSION, what="a journal entry", where=where)
-    return Journal.from_json(checked, where=where)
+    else:
+        checked = check_document(doc, kind=None, version=Journal.SCHEMA_VERSION, what="a journal entry",
+                                 where=where)
+        journal = Journal.from_json(checked, where=where)
+    _check_shape(journal, where)
+    return journal
+
+
+def _check_shape(journal: Journal, where: str) -> None:
+    """An entry names a ``.log`` for every segment it replaces and puts in place; in place, one segment by one
+    at the same base offset; else all at the first source's base offset and no other."""
+    segments = (*journal.sources, *journal.targets)
+    bases = {s.base_offset for s in segments}
+    if journal.in_place:
+        fits = len(journal.sources) == len(journal.targets) == 1 and len(bases) == 1
+    else:
+        fits = bool(journal.sources) and bool(journal.targets) and journal.targets[0].base_offset == min(bases)
+    if not fits or any("log" not in s.files for s in segments):
+        raise ConfigError(f"journal entry is malformed: a {journal.kind} of {len(journal.sources)} segment(s) into "
+                          f"{len(journal.targets)}", path=where,
+                          expected="each segment with its .log; in place, one by one at the same base offset",
+                          found=sorted(bases))
 
 
 def _text(value: object) -> str | None:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, ClassVar, Final
 
 from tiering.commit.finish import finish
@@ -46,7 +46,7 @@ from tiering.kafka.keycompact import (
 from tiering.kafka.merge import Limits
 from tiering.lifecycle.state import load_state, record_keys_checkpoint, record_keys_run
 from tiering.lifecycle.vocabulary import Cause, RunKind, Status
-from tiering.options import KEY_COMPACTION, Options
+from tiering.options import KEY_COMPACTION, MIN_AGE, Options
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy, policy_at, policy_ref
 from tiering.plan.scan import ScanOptions
@@ -77,7 +77,7 @@ class KeyCompactOptions(Options):
     codec: str | None = None  # a rebuilt batch's codec (None: its own)
     level: int | None = None
     topics: str | None = None
-    min_age_minutes: int = 0  # segments uploaded more recently end the cleaned range
+    min_age_minutes: int = MIN_AGE.default  # segments uploaded more recently end the cleaned range
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
     # Which topics, and their delete.retention.ms and min.compaction.lag.ms: those whose cleanup.policy has
     # compact and compact.enable is true (the two values above are then not used).
@@ -87,7 +87,7 @@ class KeyCompactOptions(Options):
     max_keys: int | None = DEFAULT_MAX_KEYS
     # Clean neighbours into one segment as the broker's cleaner groups them, within these bounds (with a policy:
     # each topic's segment.bytes and segment.index.bytes); None: each segment into one of its own.
-    merge: Limits | None = None
+    merge: Limits | None = field(default_factory=Limits)
 
     def __post_init__(self) -> None:
         if self.max_keys is not None and self.max_keys < 1:

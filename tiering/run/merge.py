@@ -30,7 +30,7 @@ from tiering.errors import ConfigError, InvalidDataError, TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
 from tiering.lifecycle.state import load_state
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status, StorageClass
-from tiering.options import MERGE, Options
+from tiering.options import MERGE, MIN_AGE, Options
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
 from tiering.plan.policy import Policy, policy_at, policy_ref
@@ -58,7 +58,7 @@ class MergeOptions(Options):
 
     limits: Limits = field(default_factory=Limits)
     topics: str | None = None  # a regular expression of topic names (None: every topic)
-    min_age_minutes: int = 0  # segments uploaded more recently are left, and end a run of neighbours
+    min_age_minutes: int = MIN_AGE.default  # segments uploaded more recently are left, and end a run of neighbours
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
     policy: Policy | None = None
 

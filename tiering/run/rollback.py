@@ -21,7 +21,6 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -44,9 +43,8 @@ from tiering.lifecycle.state import (
 )
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
 from tiering.options import ROLLBACK, Options
-from tiering.plan.inventory import spill_grouped
 from tiering.run import engine
-from tiering.run.documents import RunResult, finished_at
+from tiering.run.documents import RunResult
 from tiering.storage.layout import (
     BACKUP_DIR,
     StepDir,
@@ -69,15 +67,13 @@ class Undo(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RollbackOptions(Options):
-    """The run to roll back, the partitions' lease time and, when it plans from an S3 Inventory, when that
-    was made (ISO 8601). Declared in :data:`tiering.options.ROLLBACK`."""
+    """The run to roll back, and the partitions' lease time (declared in :data:`tiering.options.ROLLBACK`)."""
 
     DECLARED: ClassVar = ROLLBACK
     WHAT: ClassVar = "rollback options"
 
     target_run: str
     lease_ttl_seconds: int = DEFAULT_TTL_SECONDS
-    inventory_made: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,19 +129,14 @@ class Rollback(engine.PartitionsOnly):
 
     def partitions(self, store: ObjectStore, prefix: str, emit: Callable[[RollbackPartition], None],
                    source: Iterator[ObjectInfo] | None) -> None:
-        """The partitions the run kept originals in (its backups listed, or found in an S3 Inventory's
-        objects, ``source``), or else those whose state marks its moves (every state document read), or else,
-        for a tiering run that left its document and no mark, its moves still in place, refused (none: every
-        move is undone already, and the rollback does nothing)."""
+        """The partitions the run kept originals in (its backups listed), or else those whose state marks its
+        moves (every state document read), or else, for a tiering run that left its document and no mark, its
+        moves still in place, refused (none: every move is undone already, and the rollback does nothing)."""
+        if source is not None:
+            raise ConfigError("a rollback finds its partitions from the run's backups and the partitions' states",
+                              expected="no inventory", found="an inventory's objects")
         target = self.options.target_run
-        root = reserved_dir(prefix, BACKUP_DIR, target)
-        if source is None:
-            backups: Iterable[tuple[str, Iterable[ObjectInfo]]] = itertools.groupby(
-                store.list(root), lambda i: i.key[len(root):].partition("/")[0])
-        else:
-            _check_inventory_covers(store, prefix, target, self.options.inventory_made)
-            backups = spill_grouped(source, lambda i: _backup_directory(i.key, root))
-        if _backed_up(store, prefix, target, root, backups, emit) or _marked(store, prefix, target, emit):
+        if _backed_up(store, prefix, target, emit) or _marked(store, prefix, target, emit):
             return
         try:
             doc = store.get_json(run_result_key(prefix, target, RunKind.TIER))[0]
@@ -182,42 +173,19 @@ class Rollback(engine.PartitionsOnly):
 
 
 def rollback(store: ObjectStore, ctx: Context, target_run: str, lease_ttl: int = DEFAULT_TTL_SECONDS,
-             progress: Callable[[SegmentResult], None] | None = None, *, workers: int = 1,
-             source: Iterator[ObjectInfo] | None = None, inventory_made: str | None = None) -> RunResult:
+             progress: Callable[[SegmentResult], None] | None = None, *, workers: int = 1) -> RunResult:
     """Roll back run ``target_run`` in this process, as run ``ctx.run_id`` (:class:`Rollback`, through the
-    engine; ``workers`` partitions at once). ``source``: the objects of an S3 Inventory made at
-    ``inventory_made`` (ISO 8601), found the run's backups in instead of listing them."""
-    options = RollbackOptions(target_run, lease_ttl, inventory_made)
-    return engine.run(store, ctx, Rollback(options), progress, source=source, workers=workers)
+    engine; ``workers`` partitions at once)."""
+    return engine.run(store, ctx, Rollback(RollbackOptions(target_run, lease_ttl)), progress, workers=workers)
 
 
-def _check_inventory_covers(store: ObjectStore, prefix: str, target_run: str, made: str | None) -> None:
-    """An inventory lists every backup of ``target_run`` only if it was made after the run ended (its document
-    written): else a :class:`ConfigError` (the rollback would miss what was backed up since)."""
-    ended = finished_at(store, prefix, target_run)
-    if made is None or ended is None or datetime.fromisoformat(made) <= ended:
-        raise ConfigError(f"an S3 Inventory can plan the rollback of run {target_run} only if it was made after "
-                          "that run ended: roll back without --inventory (the run's backups are listed)",
-                          expected=f"an inventory made after {ended.isoformat() if ended else 'the run ends'}",
-                          found=f"one made {made or 'at an unknown time'}"
-                          + ("" if ended else f" (run {target_run} has no run document: still running, or killed)"))
-
-
-def _backup_directory(key: str, root: str) -> str | None:
-    """The partition directory of a backup key under ``root`` (one run's backups); None for any other key."""
-    if not key.startswith(root) or any(c in key for c in "\t\n\r"):
-        return None
-    directory, slash, _ = key[len(root):].partition("/")
-    return directory if slash and directory else None
-
-
-def _backed_up(store: ObjectStore, prefix: str, target_run: str, root: str,
-               backups: Iterable[tuple[str, Iterable[ObjectInfo]]], emit: Callable[[RollbackPartition], None]
+def _backed_up(store: ObjectStore, prefix: str, target_run: str, emit: Callable[[RollbackPartition], None]
                ) -> bool:
-    """Each partition run ``target_run`` keeps originals of (``backups``: its backups under ``root``, a
-    partition at a time), handed to ``emit``; whether there was any."""
+    """Each partition run ``target_run`` keeps originals of (its backups listed, a partition at a time: the
+    listing holds each partition's keys together), handed to ``emit``; whether there was any."""
+    root = reserved_dir(prefix, BACKUP_DIR, target_run)
     found = False
-    for directory, infos in backups:
+    for directory, infos in itertools.groupby(store.list(root), lambda i: i.key[len(root):].partition("/")[0]):
         sizes: dict[int, int] = {}
         for info in infos:
             parsed = parse_segment_name(info.key[len(root):].partition("/")[2])
