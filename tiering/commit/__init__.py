@@ -1,1 +1,2 @@
-"""The commit protocol, per segment, under partition leases."""
+"""The commit protocol under partition leases: every operation staged into one journal shape and finished
+through one entry point (:mod:`tiering.commit.finish`)."""

@@ -53,6 +53,15 @@ def back_up(ctx: Context, journal: Journal) -> None:
                                 expected=c.etag, found=after.etag)
 
 
+def backed_up(ctx: Context, journal: Journal, etag: str) -> tuple[Journal, str]:
+    """Step 2 for an entry still ``staged``: its sources copied to their backups (:func:`back_up`), then the
+    entry advanced to ``backed-up``; an entry past it is returned as it is."""
+    if journal.state is not JournalState.STAGED:
+        return journal, etag
+    back_up(ctx, journal)
+    return advance(ctx, journal, etag, JournalState.BACKED_UP)
+
+
 def forget(ctx: Context, journal: Journal, etag: str) -> None:
     """Delete a finished (or given up) operation's journal entry, then its staging objects: a crash in between
     leaves only staging objects that no journal names (cleanup removes them), never a journal whose staged

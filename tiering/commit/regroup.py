@@ -41,7 +41,7 @@ from typing import Any, BinaryIO, Final, cast
 
 import crc32c
 
-from tiering.commit.entry import advance, back_up, forget, rewrite
+from tiering.commit.entry import advance, backed_up, forget, rewrite
 from tiering.commit.lease import LeaseGuard, LeaseLost
 from tiering.commit.operation import (
     COPY_CHUNK,
@@ -374,8 +374,7 @@ def finish_regroup(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard)
             try:
                 if journal.state is JournalState.STAGED:
                     _check_sources(ctx, journal)
-                    back_up(ctx, journal)
-                    journal, etag = advance(ctx, journal, etag, JournalState.BACKED_UP)
+                    journal, etag = backed_up(ctx, journal, etag)
                 _check_sources(ctx, journal)
                 _no_other_swaps(ctx, journal)
                 lease.check()

@@ -1,4 +1,5 @@
-"""Steps 2-4 of the commit protocol: back up, swap, put the indexes, record, forget.
+"""Steps 2-4 of the commit protocol for an operation in place (one segment replaced by one at the same keys):
+back up, swap, put the indexes, record, forget.
 
 :func:`finish` takes a journal entry in any state and rolls it forward from wherever it is: it looks at the
 final ``.log`` first (the planned original, ours, gone, or someone else's), so the same code finishes a
@@ -14,7 +15,7 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import BinaryIO, Final
 
-from tiering.commit.entry import TAKEN_OVER, advance, back_up, forget
+from tiering.commit.entry import TAKEN_OVER, backed_up, forget
 from tiering.commit.lease import LeaseGuard, LeaseLost
 from tiering.commit.operation import (
     META_OP,
@@ -106,9 +107,7 @@ def _swap_log(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> _
     spool: BinaryIO | None = None
     try:
         staged, spool = _copy_to_put(ctx, journal)
-        if journal.state is JournalState.STAGED and journal.backups():
-            back_up(ctx, journal)
-            journal, etag = advance(ctx, journal, etag, JournalState.BACKED_UP)
+        journal, etag = backed_up(ctx, journal, etag)
         lease.check()
         if journal.txn_first:
             _swap_txn_index(ctx, journal)
