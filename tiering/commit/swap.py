@@ -32,7 +32,7 @@ from tiering.commit.verify import copy_source, download_verified
 from tiering.errors import InvalidDataError, ProofError, StorageError
 from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back
-from tiering.lifecycle.journal import INDEX_FILES, Journal, OpFile
+from tiering.lifecycle.journal import INDEX_FILES, Journal
 from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Swap
 from tiering.storage.layout import (
     journal_key,
@@ -135,12 +135,7 @@ def _copy_to_put(ctx: Context, journal: Journal) -> tuple[str | None, BinaryIO |
         return None, download_verified(ctx, journal)
     except ObjectNotFound:
         raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
-                            path=uri(ctx.store, str(_new_log(journal).copy))) from None
-
-
-def _new_log(journal: Journal) -> OpFile:
-    """The target ``.log`` of an operation in place: its final key, and the copy that goes there."""
-    return journal.targets[0].log
+                            path=uri(ctx.store, str(journal.targets[0].log.copy))) from None
 
 
 def _attrs(journal: Journal, name: str) -> ObjectAttrs:
@@ -166,7 +161,7 @@ def _put_log(ctx: Context, journal: Journal, staged: str | None, spool: BinaryIO
     """Put the new ``.log`` over the original (``If-Match`` the planned ETag): a server-side copy of the
     staged version ``staged``, else a PUT of ``spool``. The ETag now in place; :class:`SourceChanged` when
     another writer's object is there."""
-    store, new, key, planned = ctx.store, _new_log(journal), journal.final("log"), journal.source_etag("log")
+    store, new, key, planned = ctx.store, journal.targets[0].log, journal.final("log"), journal.source_etag("log")
     try:
         if staged is not None:
             assert new.copy is not None
