@@ -4,6 +4,7 @@ of the options' JSON all come from the declaration, and every kind reads the sha
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -177,15 +178,24 @@ def test_a_clock_is_an_iso_time_with_its_offset() -> None:
         assert e.value.expected == "an ISO 8601 time with its offset (or null)"
 
 
-def test_a_kinds_options_built_directly_take_their_declared_defaults() -> None:
+def test_a_kinds_options_built_directly_take_their_declared_defaults(tmp_path: Path) -> None:
     """Code that builds a kind's options (a test, a bench, a caller of the library) gets what the command line,
     the DAG and the Spark job's JSON get when nothing is given: one set of defaults, the declarations'."""
+    from tiering.cost.prices import load_prices
+    from tiering.plan.policy import load_policy
     from tiering.run.cleanup import CleanupOptions
     from tiering.run.keycompact import KeyCompactOptions
     from tiering.run.merge import MergeOptions
     from tiering.run.rollback import RollbackOptions
+    from tiering.run.tier import TierOptions
 
     required: list[tuple[Any, dict[str, Any]]] = [(MergeOptions, {}), (KeyCompactOptions, {"topics": "t"}),
                                                   (CleanupOptions, {}), (RollbackOptions, {"target_run": "r"})]
     for cls, given in required:
         assert cls(**given) == cls.from_json(given), cls.__name__
+    # Tiering's required option is a policy file; its prices are the default region's list prices.
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("cluster:\n  storage.tiers:\n    - {after.days: 30, storage.class: GLACIER_IR}\n")
+    built = TierOptions(load_policy(str(policy)), load_prices())
+    assert built == TierOptions.from_json({"policy": str(policy)})
+    assert (built.prices.region, built.include_internal, built.now) == (DEFAULT_REGION, False, None)

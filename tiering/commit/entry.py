@@ -6,6 +6,8 @@ the one it took it from), the originals backed up, and the entry forgotten (then
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tiering.commit.operation import Context, SourceChanged, TakenOver, uri
 from tiering.lifecycle.journal import Journal
 from tiering.lifecycle.vocabulary import JournalState
@@ -13,6 +15,16 @@ from tiering.storage.layout import journal_key
 from tiering.storage.objects import ObjectNotFound, PreconditionFailed
 
 TAKEN_OVER = "another run took this operation over while it was stalled (its lease had expired): left to that run"
+
+
+@dataclass(slots=True)
+class Standing:
+    """Where an operation stands while the state machine moves it on: its journal entry as last written and
+    the ETag it was written with. Each step that writes the entry replaces both, so that whatever stops the
+    operation is judged on the state it really reached."""
+
+    journal: Journal
+    etag: str
 
 
 def _key(ctx: Context, journal: Journal) -> str:

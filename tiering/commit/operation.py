@@ -160,6 +160,15 @@ class SegmentResult:
                    float(doc["seconds"]) if doc.get("seconds") is not None else None)
 
 
+def operation_results(journal: Journal, status: Status, reason: str, *, error: dict[str, object] | None = None,
+                      run_id: str | None = None, pending: Pending | None = None,
+                      cause: Cause | None = None) -> list[SegmentResult]:
+    """One result for every segment ``journal``'s operation touches (its sources' and targets' base offsets)."""
+    bases = sorted({s.base_offset for s in (*journal.sources, *journal.targets)})
+    return [SegmentResult(journal.directory, b, status, reason, error=error, run_id=run_id or journal.run_id,
+                          pending=pending, cause=cause) for b in bases]
+
+
 def uri(store: ObjectStore, key: str) -> str:
     return f"s3://{store.bucket}/{key}"
 

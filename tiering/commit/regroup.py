@@ -26,9 +26,9 @@ The steps, each idempotent, the journal's state saying where a crash left the op
    first), the swap files deleted (the ``.log.swap`` last), the partition's state recorded, the journal and
    staging forgotten.
 
-A source that changed or vanished before step 3 ends the operation (:func:`abandon_regroup`: the swap files
-removed, the backups kept); after it, the object of another writer found in the way leaves the operation in
-flight and says so (nothing of that writer's is deleted or overwritten).
+A source that changed or vanished before step 3 ends the operation (abandoned by :mod:`tiering.commit.finish`:
+the swap files removed by :func:`take_out`, the backups kept); after it, the object of another writer found in
+the way leaves the operation in flight and says so (nothing of that writer's is deleted or overwritten).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from typing import Any, BinaryIO, Final, cast
 
 import crc32c
 
-from tiering.commit.entry import advance, backed_up, forget, rewrite
-from tiering.commit.lease import LeaseGuard, LeaseLost
+from tiering.commit.entry import Standing, advance, backed_up, forget, rewrite
+from tiering.commit.lease import LeaseGuard
 from tiering.commit.operation import (
     COPY_CHUNK,
     META_MERGED,
@@ -54,11 +54,12 @@ from tiering.commit.operation import (
     SourceChanged,
     SourceGone,
     TakenOver,
+    operation_results,
     record_state,
     replaced,
     uri,
 )
-from tiering.errors import InvalidDataError, ProofError, StorageError, TieringError
+from tiering.errors import InvalidDataError, ProofError
 from tiering.kafka.files import CLEANED_SUFFIX, SWAP_SUFFIX
 from tiering.kafka.index import Indexes, parse_txn_index
 from tiering.kafka.merge import Source as MergeSource
@@ -364,37 +365,23 @@ def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run:
         return refused(Status.SKIPPED, "another operation's journal entry is pending for it", Cause.BUSY)
 
 
-def finish_regroup(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> list[SegmentResult]:
-    """Steps 2-4 (or the rest of them, after a crash), from the journal's state; results for every segment
-    the operation touches. Every problem but a lost lease is a result: before the swap a changed source or a
-    staged copy gone abandons the operation; otherwise it is left in flight with its journal, and a later
-    run that holds the partition goes on from there."""
-    try:
-        if journal.state is not JournalState.SWAPPED:
-            try:
-                if journal.state is JournalState.STAGED:
-                    _check_sources(ctx, journal)
-                    journal, etag = backed_up(ctx, journal, etag)
-                _check_sources(ctx, journal)
-                _no_other_swaps(ctx, journal)
-                lease.check()
-                etag = rewrite(ctx, journal, etag)  # another run that took it over stops us here
-                _put_swaps(ctx, journal)
-                journal, etag = advance(ctx, journal, etag, JournalState.SWAPPED)
-            except SourceChanged as e:
-                return abandon_regroup(ctx, journal, etag, e.message,
-                                       pending=None if isinstance(e, SourceGone) else Pending.BUSY)
-            except ProofError as e:  # a copy to put in place gone or changed: nothing final changed yet
-                return abandon_regroup(ctx, journal, etag, f"abandoned: {e.message}", pending=None)
-        return _roll_forward(ctx, journal, etag, lease)
-    except TakenOver as e:
-        return _results(journal, Status.ABORTED, e.message, pending=Pending.BUSY, cause=Cause.BUSY)
-    except LeaseLost:
-        raise
-    except TieringError as e:  # S3 failing, a refusal: left in flight for a later run (its journal says where)
-        retry = isinstance(e, StorageError) and e.retryable
-        return _results(journal, Status.FAILED, f"left in flight ({journal.state}): {e}",
-                        pending=Pending.TRANSIENT if retry else None, cause=Cause.TRANSIENT if retry else Cause.REFUSED)
+def roll_forward(ctx: Context, at: Standing, lease: LeaseGuard) -> list[SegmentResult]:
+    """Steps 2-4 (or the rest of them, after a crash), from the state of the entry ``at`` stands at; results
+    for every segment the operation touches. Before the swap a changed source or a copy gone is raised for
+    :func:`tiering.commit.finish.finish`, which abandons the operation; after it, another writer's object in
+    the way leaves the operation in flight with its journal, and a later run that holds the partition goes
+    on from there."""
+    if at.journal.state is not JournalState.SWAPPED:
+        if at.journal.state is JournalState.STAGED:
+            _check_sources(ctx, at.journal)
+            at.journal, at.etag = backed_up(ctx, at.journal, at.etag)
+        _check_sources(ctx, at.journal)
+        _no_other_swaps(ctx, at.journal)
+        lease.check()
+        at.etag = rewrite(ctx, at.journal, at.etag)  # another run that took it over stops us here
+        _put_swaps(ctx, at.journal)
+        at.journal, at.etag = advance(ctx, at.journal, at.etag, JournalState.SWAPPED)
+    return _roll_forward(ctx, at.journal, at.etag, lease)
 
 
 def _no_other_swaps(ctx: Context, journal: Journal) -> None:
@@ -407,13 +394,6 @@ def _no_other_swaps(ctx: Context, journal: Journal) -> None:
         there = _head(ctx, info.key)
         if there is not None and not _ours(journal, there):
             raise SourceChanged("another operation's swap files are in the partition", path=uri(ctx.store, info.key))
-
-
-def _results(journal: Journal, status: Status, reason: str, *, pending: Pending | None = None,
-             cause: Cause | None = None) -> list[SegmentResult]:
-    bases = sorted({s.base_offset for s in (*journal.sources, *journal.targets)})
-    return [SegmentResult(journal.directory, b, status, reason, run_id=journal.run_id, pending=pending, cause=cause)
-            for b in bases]
 
 
 def _ours(journal: Journal, info: ObjectInfo) -> bool:
@@ -546,8 +526,8 @@ def _roll_forward(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) 
                 if (f := target.files.get(name)) is not None:
                     _delete_ours(ctx, journal, swap_key(f.final))
     except SourceChanged as e:
-        return _results(journal, Status.FAILED, f"stopped after its swap, left in flight: {e}",
-                        pending=Pending.BUSY, cause=Cause.BUSY)
+        return operation_results(journal, Status.FAILED, f"stopped after its swap, left in flight: {e}",
+                                 pending=Pending.BUSY, cause=Cause.BUSY)
 
     def forgotten() -> None:
         with contextlib.suppress(TakenOver):
@@ -611,15 +591,6 @@ def _delete_source(ctx: Context, journal: Journal, f: OpFile) -> None:
                             expected=f.etag) from None
 
 
-def abandon_regroup(ctx: Context, journal: Journal, etag: str, reason: str,
-                    pending: Pending | None = Pending.BUSY) -> list[SegmentResult]:
-    """Give up an operation before its swap: its swap files removed, staging and the journal dropped; backups
-    stay. The segments are as they were."""
-    try:
-        etag = rewrite(ctx, journal, etag)  # another run that took it over stops us here
-        _remove_swaps(ctx, journal)
-        forget(ctx, journal, etag)
-    except TakenOver as e:
-        return _results(journal, Status.ABORTED, e.message, pending=Pending.BUSY, cause=Cause.BUSY)
-    return _results(journal, Status.ABORTED, reason, pending=pending,
-                    cause=Cause.BUSY if pending is Pending.BUSY else Cause.ABANDONED)
+def take_out(ctx: Context, journal: Journal) -> None:
+    """What an operation given up before its swap had put in place, removed: its swap files (only its own)."""
+    _remove_swaps(ctx, journal)

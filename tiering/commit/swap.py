@@ -1,22 +1,23 @@
 """Steps 2-4 of the commit protocol for an operation in place (one segment replaced by one at the same keys):
 back up, swap, put the indexes, record, forget.
 
-:func:`finish` takes a journal entry in any state and rolls it forward from wherever it is: it looks at the
-final ``.log`` first (the planned original, ours, gone, or someone else's), so the same code finishes a
-segment this run just staged, one a crashed run left behind and a rollback. A segment whose source
-changed is abandoned (:func:`abandon_in_place`): its staging objects and journal entry go, backups stay, and
-whatever this operation had put beside a ``.log`` that is not ours is removed.
+The machine's strategy for one segment over another (:mod:`tiering.commit.finish` is the way in):
+:func:`roll_forward` takes a journal entry in any state and rolls it forward from wherever it is: it looks at
+the final ``.log`` first (the planned original, ours, gone, or someone else's), so the same code finishes a
+segment this run just staged, one a crashed run left behind and a rollback. A source that changed is raised,
+and the operation abandoned by the entry point; :func:`take_out` is what abandoning it removes here: the
+indexes this operation had put beside a ``.log`` that is not ours, and a ``.txnindex`` it swapped first.
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import BinaryIO, Final
 
-from tiering.commit.entry import TAKEN_OVER, backed_up, forget
-from tiering.commit.lease import LeaseGuard, LeaseLost
+from tiering.commit.entry import TAKEN_OVER, Standing, backed_up, forget
+from tiering.commit.lease import LeaseGuard
 from tiering.commit.operation import (
     META_OP,
     Context,
@@ -29,11 +30,10 @@ from tiering.commit.operation import (
     uri,
 )
 from tiering.commit.verify import copy_source, download_verified
-from tiering.errors import InvalidDataError, ProofError, StorageError
 from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.journal import INDEX_FILES, Journal
-from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, Swap
+from tiering.lifecycle.vocabulary import Cause, OpKind, Pending, Status, Swap
 from tiering.storage.layout import (
     journal_key,
     probe_key,
@@ -66,64 +66,49 @@ def _exists(ctx: Context, key: str) -> bool:
     return True
 
 
-@dataclass(frozen=True, slots=True)
-class _Swapped:
-    """The journal entry as it stands after the ``.log`` swap (advanced to ``backed-up``, maybe rewritten)
-    and the ETag of the ``.log`` now in place."""
-
-    journal: Journal
-    etag: str
-    log_etag: str
-
-
-def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, indexes: Indexes | None = None
-           ) -> SegmentResult:
-    """Steps 2-4 (or the rest of them, after a crash): idempotent, and safe to call with any journal entry.
-    ``indexes``: the staged indexes' bytes, when the caller staged them (else they are read from staging).
+def roll_forward(ctx: Context, at: Standing, lease: LeaseGuard, indexes: Indexes | None = None
+                 ) -> list[SegmentResult]:
+    """Steps 2-4 (or the rest of them, after a crash) for the entry ``at`` stands at: idempotent, and safe to
+    call with any entry. ``indexes``: the staged indexes' bytes, when the caller staged them (else they are
+    read from staging). What stops the operation is raised for :func:`tiering.commit.finish.finish`.
 
     The final ``.log`` decides where the operation stands: gone (retention) or another writer's, the
-    operation is abandoned; the planned original, the new ``.log`` is swapped in (:func:`_swap_log`); ours
-    already (a crash after the swap), the swap is done. Then the indexes, the state and the journal
-    (:func:`_complete`)."""
+    sources changed (:class:`SourceGone`, :class:`SourceChanged`); the planned original, the new ``.log``
+    is swapped in (:func:`_swap_log`); ours already (a crash after the swap), the swap is done. Then the
+    indexes, the state and the journal (:func:`_complete`)."""
+    journal = at.journal
     try:
         current, _ = ctx.store.describe(journal.final("log"))
     except ObjectNotFound:
-        return abandon_in_place(ctx, journal, etag, "the .log disappeared (deleted by retention?): nothing to "
-                                "replace", pending=None)
+        raise SourceGone("the .log disappeared (deleted by retention?): nothing to replace",
+                         path=uri(ctx.store, journal.final("log"))) from None
     if current.metadata.get(META_OP) == journal.op:
-        return _complete(ctx, _Swapped(journal, etag, current.etag), indexes)
+        return [_complete(ctx, at, current.etag, indexes)]
     if current.etag != journal.source_etag("log"):
-        return abandon_in_place(ctx, journal, etag,
-                                "the .log changed after planning: the new object is left untouched")
-    swapped = _swap_log(ctx, journal, etag, lease)
-    return swapped if isinstance(swapped, SegmentResult) else _complete(ctx, swapped, indexes)
+        raise SourceChanged("the .log changed after planning: the new object is left untouched",
+                            path=uri(ctx.store, journal.final("log")), expected=journal.source_etag("log"),
+                            found=current.etag)
+    return [_complete(ctx, at, _swap_log(ctx, at, lease), indexes)]
 
 
-def _swap_log(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) -> _Swapped | SegmentResult:
+def _swap_log(ctx: Context, at: Standing, lease: LeaseGuard) -> str:
     """Steps 2 and 3, with the original ``.log`` still in place: the copy to put in place verified, the
     originals backed up (state ``backed-up``), a ``.txnindex`` that goes first swapped, the old indexes
-    deleted (``If-Match``), the new ``.log`` put over the original (``If-Match`` its ETag). A source that
-    changed on the way abandons the operation; another run that took it over ends it here."""
+    deleted (``If-Match``), the new ``.log`` put over the original (``If-Match`` its ETag): the ETag of the
+    ``.log`` now in place."""
     spool: BinaryIO | None = None
     try:
-        staged, spool = _copy_to_put(ctx, journal)
-        journal, etag = backed_up(ctx, journal, etag)
+        staged, spool = _copy_to_put(ctx, at.journal)
+        at.journal, at.etag = backed_up(ctx, at.journal, at.etag)
         lease.check()
-        if journal.txn_first:
-            _swap_txn_index(ctx, journal)
-        _delete_old_indexes(ctx, journal, etag)
+        if at.journal.txn_first:
+            _swap_txn_index(ctx, at.journal)
+        _delete_old_indexes(ctx, at.journal, at.etag)
         lease.check()
-        log_etag = _put_log(ctx, journal, staged, spool)
-    except TakenOver as e:
-        return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, e.message,
-                             run_id=journal.run_id, pending=Pending.BUSY, cause=Cause.BUSY)
-    except SourceChanged as e:
-        return abandon_in_place(ctx, journal, etag, e.message,
-                                pending=None if isinstance(e, SourceGone) else Pending.BUSY)
+        return _put_log(ctx, at.journal, staged, spool)
     finally:
         if spool is not None:
             spool.close()
-    return _Swapped(journal, etag, log_etag)
 
 
 def _copy_to_put(ctx: Context, journal: Journal) -> tuple[str | None, BinaryIO | None]:
@@ -190,12 +175,12 @@ def _put_log(ctx: Context, journal: Journal, staged: str | None, spool: BinaryIO
         return current.etag
 
 
-def _complete(ctx: Context, swapped: _Swapped, indexes: Indexes | None) -> SegmentResult:
+def _complete(ctx: Context, at: Standing, log_etag: str, indexes: Indexes | None) -> SegmentResult:
     """Step 4, with the new ``.log`` in place (maybe by a run that crashed): a ``.txnindex`` that goes after
     it, the new indexes where none is (another writer's index is never overwritten), a check that the
     ``.log`` is still ours, then the segment recorded in the partition's state and the journal forgotten.
     Another writer's objects found on the way leave the segment to them (:func:`_superseded`)."""
-    journal, etag = swapped.journal, swapped.etag
+    journal, etag = at.journal, at.etag
     indexes_put: dict[str, str] = {}
     superseded = ""
     if journal.txn_swapped and not journal.txn_first:
@@ -226,7 +211,7 @@ def _complete(ctx: Context, swapped: _Swapped, indexes: Indexes | None) -> Segme
             forget(ctx, journal, etag)
 
     compacted = journal.kind is OpKind.COMPACT
-    etags = (swapped.log_etag, indexes_put.get("index"), indexes_put.get("timeindex"))
+    etags = (log_etag, indexes_put.get("index"), indexes_put.get("timeindex"))
     record_state(ctx, journal.directory, journal.base_offset,
                  journal.entry.done(*etags) if compacted else journal.entry.restored(journal.base_offset, *etags),
                  then=forgotten)
@@ -265,37 +250,6 @@ def _replace_foreign_index(ctx: Context, journal: Journal, name: str, indexes: I
     except (ObjectNotFound, PreconditionFailed):
         pass  # gone already, or replaced again: the put below decides
     return _put_index(ctx, journal, name, indexes)
-
-
-def finish_one(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *,
-               taken_from: str | None = None, indexes: Indexes | None = None) -> SegmentResult:
-    """:func:`finish` with every per-segment problem as a result (the partition's other entries go on); a lost
-    lease still stops the partition. ``taken_from``: the run whose staged operation this run took over."""
-    try:
-        return finish(ctx, journal, etag, lease, indexes)
-    except LeaseLost:
-        raise
-    except (ProofError, InvalidDataError) as e:  # a staged or backup copy that does not verify: nothing swapped
-        failed = SegmentResult(journal.directory, journal.base_offset, Status.FAILED,
-                               f"proof failed, left in flight: {e}", error=e.to_dict(), run_id=journal.run_id,
-                               cause=Cause.PROOF_FAILED)
-        if journal.kind is not OpKind.COMPACT or journal.state is not JournalState.STAGED:
-            return failed
-        # Nothing final changed: drop the staged copy and its journal, so that the segment is staged anew
-        # instead of every later run meeting the same bad copy.
-        dropped = abandon_in_place(ctx, journal, etag, "", pending=None)
-        if dropped.pending is not None:  # another run took the entry over in between: left to it
-            return dropped
-        if taken_from is not None:  # another run's copy: this run compacts the segment anew
-            return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, f"the copy run {taken_from} "
-                                 f"staged does not verify, dropped; the segment is compacted anew: {e}",
-                                 error=e.to_dict(), run_id=taken_from, cause=Cause.ABANDONED)
-        return replace(failed, reason=f"proof failed, the staged copy dropped (nothing final changed): {e}")
-    except StorageError as e:
-        return SegmentResult(journal.directory, journal.base_offset, Status.FAILED, f"S3 error, left in flight: {e}",
-                             error=e.to_dict(), run_id=journal.run_id,
-                             pending=Pending.TRANSIENT if e.retryable else None,
-                             cause=Cause.TRANSIENT if e.retryable else Cause.REFUSED)
 
 
 def _still_ours(ctx: Context, journal: Journal, etag: str) -> None:
@@ -454,10 +408,10 @@ def _put_back_txn_index(ctx: Context, journal: Journal) -> None:
             store.put_object(txn.final, data, attrs, if_none_match=True)
 
 
-def abandon_in_place(ctx: Context, journal: Journal, etag: str, reason: str,
-                     pending: Pending | None = Pending.BUSY) -> SegmentResult:
-    """Give up a segment whose ``.log`` is not (or no longer) ours: drop staging and the journal; backups stay.
-    Indexes this operation had put beside a ``.log`` that has since been replaced are removed (only ours)."""
+def take_out(ctx: Context, journal: Journal) -> None:
+    """What an operation given up before its swap had put in place, removed (only its own objects): indexes
+    it put beside a ``.log`` that has since been replaced, and a ``.txnindex`` it swapped first (the
+    original put back)."""
     store = ctx.store
     for name in INDEX_FILES:
         if (target := journal.target(name)) is None:
@@ -471,10 +425,3 @@ def abandon_in_place(ctx: Context, journal: Journal, etag: str, reason: str,
                 store.delete(target.final, if_match=there.etag, missing_ok=True)
     if journal.txn_first:
         _put_back_txn_index(ctx, journal)
-    try:
-        forget(ctx, journal, etag)
-    except TakenOver as e:
-        return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, e.message, run_id=journal.run_id,
-                             pending=Pending.BUSY, cause=Cause.BUSY)
-    return SegmentResult(journal.directory, journal.base_offset, Status.ABORTED, reason, run_id=journal.run_id,
-                         pending=pending, cause=Cause.BUSY if pending is Pending.BUSY else Cause.ABANDONED)
