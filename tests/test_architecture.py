@@ -171,9 +171,20 @@ def test_kinds_import_the_engine_never_each_other() -> None:
 
 # The commit state machine has one way in for every kind of operation: an entry is finished or abandoned through
 # tiering.commit.finish, which takes it in place (swap.py) or through .swap files (regroup.py) as its kind says,
-# and folds what stops either the same way. Nothing else calls a strategy's steps, imported by name or through
-# the module.
-STRATEGY_STEPS = {"roll_forward", "take_out"}
+# and folds what stops either the same way. Outside those three modules nothing reaches the two strategies but
+# by the names below (each kind stages its own operation; the run learns its swap mode): no module import of
+# them, no other name, whatever the spelling of the import.
+STRATEGIES = {"tiering.commit.swap", "tiering.commit.regroup"}
+STRATEGY_NAMES_OUTSIDE = {"stage_merge", "stage_cleaned_group", "stage_unmerge", "swap_mode"}
+
+
+def _absolute(module: str | None, level: int, path: Path) -> str:
+    """An ImportFrom's module as an absolute name (a relative import resolved against ``path``'s package)."""
+    if not level:
+        return module or ""
+    package = ["tiering", *path.relative_to(PACKAGE).parent.parts]
+    base = package[:len(package) - level + 1]
+    return ".".join([*base, *([module] if module else [])])
 
 
 def test_journals_are_finished_only_through_the_one_entry_point() -> None:
@@ -181,18 +192,22 @@ def test_journals_are_finished_only_through_the_one_entry_point() -> None:
     for path in sorted(PACKAGE.rglob("*.py")):
         if str(path.relative_to(PACKAGE)) in ("commit/finish.py", "commit/swap.py", "commit/regroup.py"):
             continue
-        tree = ast.parse(path.read_text())
-        named = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                 and node.module in ("tiering.commit.swap", "tiering.commit.regroup") for a in node.names}
-        through = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-                   and isinstance(node.value, ast.Name) and node.value.id in ("swap", "regroup")}
-        if steps := (named | through) & STRATEGY_STEPS:
-            taken[str(path.relative_to(PACKAGE))] = sorted(steps)
+        reached = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                reached |= {a.name for a in node.names if a.name in STRATEGIES}
+            elif isinstance(node, ast.ImportFrom):
+                module = _absolute(node.module, node.level, path)
+                if module in STRATEGIES:
+                    reached |= {f"{module}.{a.name}" for a in node.names if a.name not in STRATEGY_NAMES_OUTSIDE}
+                reached |= {f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in STRATEGIES}
+        if reached:
+            taken[str(path.relative_to(PACKAGE))] = sorted(reached)
     assert taken == {}
     finish = ast.parse((PACKAGE / "commit" / "finish.py").read_text())
-    called = {f"{node.value.id}.{node.attr}" for node in ast.walk(finish) if isinstance(node, ast.Attribute)
-              and isinstance(node.value, ast.Name)}
-    assert {f"{m}.{step}" for m in ("swap", "regroup") for step in STRATEGY_STEPS} <= called
+    called = {f"{node.func.value.id}.{node.func.attr}" for node in ast.walk(finish) if isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)}
+    assert {f"{m}.{step}" for m in ("swap", "regroup") for step in ("roll_forward", "take_out")} <= called
 
 
 # What a caller (the CLI, the DAG's steps, the kinds' registry, compaction's scan and plan) may take from a

@@ -161,6 +161,53 @@ def test_a_source_changed_before_the_swap_leaves_every_segment_as_it_was(store: 
     assert no_pending(store)
 
 
+def _drop_copies(store: S3Store, under: str) -> None:
+    """Delete every ``.log`` under ``_tiering/<under>/`` (staging cleaned up, or backups past their grace)."""
+    for info in store.list(f"{PREFIX}/_tiering/{under}/"):
+        if info.key.endswith(LOG_SUFFIX):
+            store.delete(info.key)
+
+
+def test_a_merge_whose_staged_copy_is_gone_before_its_swap_is_given_up_and_made_anew(store: S3Store) -> None:
+    """Its staged .log vanishes after it was verified and before its swap files go in: the merge is given up
+    (busy: a later run merges anew), every segment stays as it was, and the next run merges them."""
+    originals = seed(store, segments=4, segment_bytes=20_000)
+    bases = sorted(originals)
+    before = {b: _get(store, b, LOG_SUFFIX) for b in bases}
+    Step(store, "CopyObject", key_ends(".log.swap"), lambda **_: _drop_copies(store, "staging/merge-1"))
+    results = {r.base_offset: r for r in _merge(store)}
+    assert {(results[b].status, results[b].cause) for b in bases[:3]} == {(Status.ABORTED, Cause.BUSY)}
+    assert "the copy to put in place is gone" in results[bases[0]].reason
+    assert {b: _get(store, b, LOG_SUFFIX) for b in bases} == before
+    assert not [n for n in _names(store) if n.endswith((".swap", ".cleaned"))]
+    assert no_pending(store)
+    again = {r.base_offset: r.status for r in _merge(fresh_store(), "merge-2")}
+    assert again[bases[0]] is Status.MERGED
+    check_loaded(store, ROOT, _batches(originals))
+
+
+def test_a_rollback_of_a_merge_whose_backup_is_gone_before_its_swap_says_so_and_changes_nothing(
+        store: S3Store) -> None:
+    """The merge's backups vanish after the rollback staged its operation: nothing is restored, the merged
+    segment stays in place, and the rollback exits 1 naming the missing backup (never 0)."""
+    originals = seed(store, segments=4, segment_bytes=20_000)
+    bases = sorted(originals)
+    _merge(store)
+    merged = _get(store, bases[0], LOG_SUFFIX)
+    worker = fresh_store()
+    Step(worker, "CopyObject", key_ends(".log.swap"), lambda **_: _drop_copies(store, f"{BACKUP_DIR}/merge-1"))
+    run = rollback(worker, context(worker, "rollback-1"), "merge-1")
+    assert run.exit_code() == ExitCode.INVALID, [r.to_json() for r in run.segments]
+    missing = [r for r in run.segments if r.cause is Cause.BACKUP_MISSING]
+    assert missing
+    assert {r.status for r in missing} == {Status.FAILED}
+    assert "its backup is gone" in missing[0].reason
+    assert _get(store, bases[0], LOG_SUFFIX) == merged
+    assert not [n for n in _names(store) if n.endswith((".swap", ".cleaned"))]
+    assert no_pending(store)
+    check_loaded(store, ROOT, _batches(originals))
+
+
 def test_rollback_splits_the_merged_segment_again(store: S3Store) -> None:
     originals = seed(store, segments=5, segment_bytes=20_000)
     bases = sorted(originals)

@@ -351,6 +351,26 @@ def test_a_crash_during_a_rollback_is_finished_by_the_next_one(step: str, mem: M
     assert {k: mem.get(k) for k in outside(mem)} == seeded
 
 
+def test_a_rollback_whose_backup_goes_after_it_was_staged_restores_nothing_and_exits_1(
+        mem: MemoryStore, originals: dict[int, Original]) -> None:
+    """The backup a rollback would put back vanishes between its journal entry and its swap (its grace period
+    ran out): the compacted segment stays in place, the entry is dropped, and the run says the backup is
+    missing (exit 1, never 0)."""
+    first = sorted(originals)[0]
+    compact(mem, plan_for(mem), context(mem), CompactOptions())
+    compacted = mem.get(key(first))
+    backup = f"{PREFIX}/_tiering/backup/run-1/{DIR}/{first:020d}.log"
+    worker = Aimed(mem, "put_json", lambda a, k: a[0].endswith(f"/journal/{DIR}/{first:020d}.json"),
+                   lambda: mem.delete(backup), after=True)
+    run = rollback(worker, context(worker, "undo-1"), "run-1")
+    assert worker.fired
+    got = {r.base_offset: r for r in run.segments}[first]
+    assert (got.status, got.cause) == ("failed", Cause.BACKUP_MISSING), got.reason
+    assert run.exit_code() == ExitCode.INVALID
+    assert mem.get(key(first)) == compacted
+    assert no_pending(mem)
+
+
 # --- An operation left in flight by the previous version -------------------------------------------------------
 
 

@@ -7,14 +7,16 @@ entry's kind says how its targets go in: one segment over another at the same ke
 (:mod:`tiering.commit.swap`: the ``.log`` overwritten ``If-Match``, its indexes beside it), or neighbours
 replaced by others through ``.swap`` files that a broker restoring the bucket reads as one range
 (:mod:`tiering.commit.regroup`). Both write the entry with the same steps (:mod:`tiering.commit.entry`:
-advance, back up, forget), raise what stops them, and leave the rest to this module, the same for both:
+advance, back up, forget), raise what stops them, and leave the rest to this module, the same for both
+(docs/commit-protocol.md, "The journal entry", has the table):
 
-- a source that changed or vanished (raised only while nothing final has changed): the operation is
-  abandoned (:func:`abandon`);
+- a source that changed or vanished before the targets went in: the operation is abandoned
+  (:func:`abandon`); so is one whose copy to put in place is gone, which for a rollback (its copies are
+  the backups) is a backup missing;
 - a copy to put in place that does not verify: dropped with the operation while nothing final has changed,
   else the operation is left in flight; either way the run reports the failed proof;
 - another run took the operation over: this one stops, touching nothing more;
-- S3 failing, or any other refusal: left in flight, its journal saying where, for a later run;
+- S3 failing, or any other error: left in flight, its journal saying where, for a later run;
 - a lost lease stops the partition (raised).
 
 Results come back for every segment the operation touches.
@@ -27,13 +29,14 @@ from tiering.commit.entry import Standing, forget, rewrite
 from tiering.commit.lease import LeaseGuard, LeaseLost
 from tiering.commit.operation import (
     Context,
+    CopyGone,
     SegmentResult,
     SourceChanged,
     SourceGone,
     TakenOver,
     operation_results,
 )
-from tiering.errors import InvalidDataError, ProofError, StorageError, TieringError
+from tiering.errors import InvalidDataError, ProofError, TieringError
 from tiering.kafka.index import Indexes
 from tiering.lifecycle.journal import Journal
 from tiering.lifecycle.vocabulary import Cause, JournalState, Pending, Status
@@ -51,6 +54,8 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *, inde
             if at.journal.in_place:
                 return swap.roll_forward(ctx, at, lease, indexes)
             return regroup.roll_forward(ctx, at, lease)
+        except CopyGone as e:
+            return _copy_gone(ctx, at, e)
         except SourceChanged as e:
             return abandon(ctx, at.journal, at.etag, e.message,
                            pending=None if isinstance(e, SourceGone) else Pending.BUSY)
@@ -61,10 +66,11 @@ def finish(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard, *, inde
     except TakenOver as e:
         return operation_results(at.journal, Status.ABORTED, e.message, pending=Pending.BUSY, cause=Cause.BUSY)
     except TieringError as e:
-        retry = isinstance(e, StorageError) and e.retryable
-        return operation_results(at.journal, Status.FAILED, f"left in flight ({at.journal.state}): {e}",
-                                 error=e.to_dict(), pending=Pending.TRANSIENT if retry else None,
-                                 cause=Cause.TRANSIENT if retry else Cause.REFUSED)
+        # An error while giving the operation up after another one: both are said.
+        after = f" (while giving it up after: {e.__context__})" if isinstance(e.__context__, TieringError) else ""
+        return operation_results(at.journal, Status.FAILED, f"left in flight ({at.journal.state}): {e}{after}",
+                                 error=e.to_dict(), pending=Pending.TRANSIENT if e.retryable else None,
+                                 cause=Cause.TRANSIENT if e.retryable else Cause.REFUSED)
 
 
 def abandon(ctx: Context, journal: Journal, etag: str, reason: str,
@@ -92,6 +98,20 @@ def _nothing_final(journal: Journal) -> bool:
     if journal.in_place:
         return journal.state is JournalState.STAGED
     return journal.state is not JournalState.SWAPPED
+
+
+def _copy_gone(ctx: Context, at: Standing, e: CopyGone) -> list[SegmentResult]:
+    """The copy to put in place is gone before anything final changed: the operation is abandoned. A staged
+    copy is made anew by a later run; a rollback's copies are the run's backups, so what it would restore is
+    missing."""
+    journal = at.journal
+    if journal.staging():
+        return abandon(ctx, journal, at.etag, f"{e.message}: abandoned, made anew by a later run")
+    dropped = abandon(ctx, journal, at.etag, "", pending=None)
+    if any(r.pending is not None for r in dropped):  # another run took the entry over in between: left to it
+        return dropped
+    return operation_results(journal, Status.FAILED, f"not restored, its backup is gone: {e}", error=e.to_dict(),
+                             cause=Cause.BACKUP_MISSING)
 
 
 def _unverified(ctx: Context, at: Standing, e: TieringError, taken_from: str | None) -> list[SegmentResult]:

@@ -61,6 +61,11 @@ class SourceGone(SourceChanged):
     """The planned ``.log`` no longer exists (deleted by retention): nothing is left to do for it."""
 
 
+class CopyGone(SourceChanged):
+    """The copy an operation puts in place (its staged copy, or a rollback's backup) is gone before anything
+    final changed with it: the operation is given up."""
+
+
 class TakenOver(ConflictError):
     """Another run took this very operation over (our lease had expired while we were stalled) and changed
     its journal entry: we stop and touch nothing more; the other run finishes or abandons it."""

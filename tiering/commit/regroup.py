@@ -50,6 +50,7 @@ from tiering.commit.operation import (
     META_RESTORED,
     META_RUN,
     Context,
+    CopyGone,
     SegmentResult,
     SourceChanged,
     SourceGone,
@@ -429,7 +430,8 @@ def _check_sources(ctx: Context, journal: Journal) -> None:
 def _place(ctx: Context, journal: Journal, f: OpFile, key: str, fallback: str | None = None) -> str:
     """A server-side copy of the target file ``f`` at ``key``, unless this operation's copy is there already:
     its ETag. :class:`SourceChanged` when an object that is not ours is in the way. When the copy ``f`` names
-    is gone (staging cleaned up under a long stall), ``fallback``: this operation's swap object of it."""
+    is gone (staging cleaned up under a long stall), ``fallback``: this operation's swap object of it; with
+    neither, :class:`CopyGone`, or :class:`ProofError` when the copy is there but not the one verified."""
     store = ctx.store
     there = _head(ctx, key)
     if there is not None:
@@ -445,8 +447,10 @@ def _place(ctx: Context, journal: Journal, f: OpFile, key: str, fallback: str | 
     except (PreconditionFailed, ObjectNotFound):
         spare = _head(ctx, fallback) if fallback is not None else None
         if fallback is None or spare is None or not _ours(journal, spare) or spare.size != f.size:
-            raise ProofError("the copy to put in place is gone or changed since it was verified",
-                             path=uri(store, f.copy), expected=f.etag) from None
+            if _head(ctx, f.copy) is None:
+                raise CopyGone("the copy to put in place is gone", path=uri(store, f.copy)) from None
+            raise ProofError("the copy to put in place changed since it was verified", path=uri(store, f.copy),
+                             expected=f.etag) from None
     return store.copy_over(fallback, key, source_etag=spare.etag, if_match=None, attrs=f.attrs, size=f.bytes).etag
 
 

@@ -21,6 +21,7 @@ from tiering.commit.lease import LeaseGuard
 from tiering.commit.operation import (
     META_OP,
     Context,
+    CopyGone,
     SegmentResult,
     SourceChanged,
     SourceGone,
@@ -119,8 +120,8 @@ def _copy_to_put(ctx: Context, journal: Journal) -> tuple[str | None, BinaryIO |
             return copy_source(ctx, journal), None
         return None, download_verified(ctx, journal)
     except ObjectNotFound:
-        raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
-                            path=uri(ctx.store, str(journal.targets[0].log.copy))) from None
+        raise CopyGone("the copy to put in place is gone", path=uri(ctx.store, str(journal.targets[0].log.copy))
+                       ) from None
 
 
 def _attrs(journal: Journal, name: str) -> ObjectAttrs:
@@ -157,8 +158,7 @@ def _put_log(ctx: Context, journal: Journal, staged: str | None, spool: BinaryIO
         return store.put_object(key, spool, _attrs(journal, "log"), if_match=planned).etag
     except ObjectNotFound:
         if staged is not None and _exists(ctx, key):
-            raise SourceChanged("the staged copy is gone (an interrupted cleanup of this operation)",
-                                path=uri(store, str(new.copy))) from None
+            raise CopyGone("the copy to put in place is gone", path=uri(store, str(new.copy))) from None
         raise SourceGone("the .log disappeared (deleted by retention?) before the swap",
                          path=uri(store, key)) from None
     except PreconditionFailed:
