@@ -10,11 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.kafka.passes import compact_partition
 from tiering.errors import CorruptBatchError, UnsupportedError
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.index import AbortedTxn, BatchPosition, build_indexes, encode_txn_index, parse_txn_index
-from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment, compact_partition
+from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment
 from tiering.kafka.merge import Limits
 from tiering.kafka.records import Record
 from tiering.kafka.segment import iter_decoded

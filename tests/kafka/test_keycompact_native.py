@@ -18,13 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.kafka.passes import compact_partition
 from tests.kafka.test_records_native import INT64, blob, field
 from tiering.errors import TieringError
 from tiering.kafka import _keymap
 from tiering.kafka.batch import CRC_OFFSET, LOG_OVERHEAD, V2_HEADER, V2_HEADER_SIZE, Attr, crc_v2
 from tiering.kafka.codecs import Codec
 from tiering.kafka.index import parse_txn_index
-from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment, compact_partition, new_key_map
+from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment, new_key_map
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.records import Engine
 

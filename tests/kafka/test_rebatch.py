@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch
 
 from tests.golden import SEGMENTS, log_path, segment_id
+from tests.kafka.passes import digest_of, rebatch_segment
 from tiering.errors import CorruptBatchError, ProofError
 from tiering.kafka._walker import crc32c as _crc32c
 from tiering.kafka.batch import Attr, TimestampType
@@ -26,8 +27,6 @@ from tiering.kafka.rebatch import (
     MEASURE_EVERY,
     RebatchOptions,
     Refusal,
-    digest_of,
-    rebatch_segment,
 )
 from tiering.kafka.records import Engine, Record
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment

@@ -13,12 +13,13 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.kafka.passes import rebatch_segment
 from tiering.errors import TieringError
 from tiering.kafka import _records
 from tiering.kafka.batch import CRC_OFFSET, LOG_OVERHEAD, V2_HEADER, V2_HEADER_SIZE, Attr, crc_v2
 from tiering.kafka.codecs import Codec
 from tiering.kafka.reader import iter_batches
-from tiering.kafka.rebatch import RebatchOptions, rebatch_segment
+from tiering.kafka.rebatch import RebatchOptions
 from tiering.kafka.records import Engine, decode_v2
 from tiering.kafka.segment import DecodedBatch, Digests
 

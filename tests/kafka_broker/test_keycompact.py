@@ -26,12 +26,13 @@ from typing import Any
 
 import pytest
 
+from tests.kafka.passes import compact_partition
 from tests.kafka_broker import producers as P
 from tests.kafka_broker.broker import Broker
 from tests.kafka_broker.conftest import note
 from tiering.kafka.batch import V2_HEADER_SIZE
 from tiering.kafka.index import parse_txn_index
-from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment, compact_partition, keys_in_map
+from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment, keys_in_map
 from tiering.kafka.merge import Limits
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.segment import iter_decoded

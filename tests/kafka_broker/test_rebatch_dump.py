@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.kafka.passes import digest_of
 from tests.kafka_broker.dumplog import dump
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.index import build_indexes
-from tiering.kafka.rebatch import digest_of
 from tiering.kafka.records import Record
 from tiering.kafka.segment import verify_segment
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.kafka.passes import compact_partition
 from tests.kafka.test_keycompact import DAY, NOW, batch, marker, rec
 from tests.s3.conftest import PREFIX, context, fresh_store, no_pending
 from tests.s3.test_faults import Crash, Faults, crash_points
@@ -24,7 +25,7 @@ from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
 from tiering.kafka.index import AbortedTxn, encode_txn_index
-from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment, compact_partition
+from tiering.kafka.keycompact import CleanOptions, CleanStats, Segment
 from tiering.kafka.merge import Limits
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import read_back

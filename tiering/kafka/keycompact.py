@@ -600,11 +600,3 @@ def _count_dropped(batch: DecodedBatch, stats: CleanStats, *, aborted: bool) -> 
         stats.aborted_records_dropped += len(batch.records)
     else:
         stats.markers_dropped += 1
-
-
-def compact_partition(segments: Sequence[Segment], options: CleanOptions,
-                      stats: CleanStats | None = None) -> tuple[PartitionFacts, list[CleanedSegment]]:
-    """Both passes over a partition's segments (the last one active); the cleaned segments in offset order."""
-    facts = survey(segments, options)
-    return facts, list(clean(segments, facts, options, stats))
-

@@ -94,7 +94,6 @@ from tiering.kafka.segment import (
     Digests,
     decode_located,
     encoded_records,
-    iter_decoded,
     payload_of,
 )
 
@@ -629,21 +628,3 @@ def rebatched(src: BinaryIO, options: RebatchOptions, stats: RebatchStats, *, pa
 
 def _section_of(batch: _Source) -> bytes | memoryview | None:
     return batch.section if isinstance(batch, _Section) else None
-
-
-def rebatch_segment(src: BinaryIO, dst: BinaryIO, options: RebatchOptions, *, path: str | None = None,
-                    lookahead_bytes: int = DEFAULT_LOOKAHEAD_BYTES) -> RebatchStats:
-    """Write ``src``'s batches to ``dst`` re-batched (:func:`rebatched`); returns what it did."""
-    stats = RebatchStats()
-    for part in rebatched(src, options, stats, path=path, lookahead_bytes=lookahead_bytes):
-        dst.write(part)
-    return stats
-
-
-def digest_of(stream: BinaryIO, *, path: str | None = None) -> tuple[str, str]:
-    """``(records_sha256, batches_sha256)`` of a segment stream."""
-    digests = Digests()
-    for batch in iter_decoded(stream, path=path):
-        digests.update(batch)
-    return digests.records_sha256, digests.batches_sha256
-

@@ -315,39 +315,3 @@ def ledger_key(prefix: str) -> str:
 def reserved_key(prefix: str, *parts: str) -> str:
     """A key under our one reserved prefix (leases, staging, journal, kept originals, results, reports)."""
     return _join(normalize_prefix(prefix), RESERVED_DIR, *parts)
-
-
-@dataclass(frozen=True, slots=True)
-class KeyInfo:
-    """What a key under PREFIX is: a segment file, a partition file, ours, or something else."""
-
-    directory: PartitionDir
-    file: str
-    base_offset: int | None = None
-    suffix: str | None = None
-
-    @property
-    def is_segment_file(self) -> bool:
-        return self.base_offset is not None
-
-    @property
-    def is_partition_file(self) -> bool:
-        return self.file in PARTITION_FILES
-
-
-def parse_key(prefix: str, key: str) -> KeyInfo | None:
-    """Classify ``key``; None when it is not under PREFIX or not of the form ``PREFIX/<dir>/<file>``."""
-    root = normalize_prefix(prefix)
-    rest = key[len(root) + 1 :] if root else key
-    if root and not key.startswith(root + "/"):
-        return None
-    directory, sep, file = rest.partition("/")
-    if not sep or not directory:
-        return None
-    info = parse_dir(directory)
-    if info.kind is not DirKind.RESERVED and "/" in file:
-        return None  # Kafka's partition directories are flat
-    parsed = parse_segment_name(file) if info.kind is not DirKind.RESERVED else None
-    if parsed is None:
-        return KeyInfo(info, file)
-    return KeyInfo(info, file, parsed[0], parsed[1])
