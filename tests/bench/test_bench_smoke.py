@@ -208,3 +208,21 @@ def test_merge_bench_runs_and_counts_objects_before_and_after(tmp_path: Path) ->
     assert 2 < small["segments_after"] < 31
     assert small["files_after"] < small["files_before"]
     assert "segment.bytes" in proc.stdout
+
+
+@pytest.mark.slow
+def test_plan_scale_bench_plans_a_rollback_and_a_tiering_run_from_a_bucket_of_its_own(tmp_path: Path) -> None:
+    """Each kind's plan holds every partition and segment seeded (a rollback all of them, tiering the sealed
+    ones), and tiering really reads each sealed segment's newest timestamp (three GETs a segment, one state
+    document a partition)."""
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, str(BENCH.parent / "bench_plan_scale.py"), "--segments", "1000",
+                           "--kinds", "rollback,tier", "--json", str(out)], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rows = {row["kind"]: row for row in json.loads(out.read_text())["rows"]}
+    assert (rows["rollback"]["planned"], rows["rollback"]["segments"]) == (10, 1000)
+    assert (rows["tier"]["planned"], rows["tier"]["segments"]) == (10, 990)
+    assert rows["tier"]["requests"]["GetObject"] == 3 * 990 + 10
+    assert rows["rollback"]["requests"]["GetObject"] == 10  # the state documents: the backups are listed only
+    assert "largest over smallest" in proc.stdout
