@@ -100,6 +100,13 @@ def _nothing_final(journal: Journal) -> bool:
     return journal.state is not JournalState.SWAPPED
 
 
+def _dropped(ctx: Context, at: Standing) -> list[SegmentResult] | None:
+    """The operation abandoned for good (nothing pending), the caller then saying why; None once dropped, or
+    the results that say another run took the entry over in between (left to it)."""
+    dropped = abandon(ctx, at.journal, at.etag, "", pending=None)
+    return dropped if any(r.pending is not None for r in dropped) else None
+
+
 def _copy_gone(ctx: Context, at: Standing, e: CopyGone) -> list[SegmentResult]:
     """The copy to put in place is gone before anything final changed: the operation is abandoned. A staged
     copy is made anew by a later run; a rollback's copies are the run's backups, so what it would restore is
@@ -107,9 +114,8 @@ def _copy_gone(ctx: Context, at: Standing, e: CopyGone) -> list[SegmentResult]:
     journal = at.journal
     if journal.staging():
         return abandon(ctx, journal, at.etag, f"{e.message}: abandoned, made anew by a later run")
-    dropped = abandon(ctx, journal, at.etag, "", pending=None)
-    if any(r.pending is not None for r in dropped):  # another run took the entry over in between: left to it
-        return dropped
+    if (taken := _dropped(ctx, at)) is not None:
+        return taken
     return operation_results(journal, Status.FAILED, f"not restored, its backup is gone: {e}", error=e.to_dict(),
                              cause=Cause.BACKUP_MISSING)
 
@@ -122,9 +128,8 @@ def _unverified(ctx: Context, at: Standing, e: TieringError, taken_from: str | N
     if not _nothing_final(journal):
         return operation_results(journal, Status.FAILED, f"proof failed, left in flight: {e}",
                                  error=e.to_dict(), cause=Cause.PROOF_FAILED)
-    dropped = abandon(ctx, journal, at.etag, "", pending=None)
-    if any(r.pending is not None for r in dropped):  # another run took the entry over in between: left to it
-        return dropped
+    if (taken := _dropped(ctx, at)) is not None:
+        return taken
     if taken_from is not None:  # another run's copy: this run makes it anew
         return operation_results(journal, Status.ABORTED, f"the copy run {taken_from} staged does not verify, "
                                  f"dropped; the segment is compacted anew: {e}", error=e.to_dict(),

@@ -496,9 +496,10 @@ def _delete_ours(ctx: Context, journal: Journal, key: str) -> None:
             ctx.store.delete(key, if_match=there.etag, missing_ok=True)
 
 
-def _remove_swaps(ctx: Context, journal: Journal) -> None:
-    """Take this operation's swap files away in an order in which none is read without its ``.log.swap``:
-    behind the ``.cleaned`` marker when there are several targets, else the index swap files first."""
+def take_out(ctx: Context, journal: Journal) -> None:
+    """What an operation given up before its swap had put in place, removed: its swap files (only its own),
+    in an order in which none is read without its ``.log.swap``: behind the ``.cleaned`` marker when there
+    are several targets, else the index swap files first."""
     marker = _marker(ctx, journal)
     if marker is not None:
         _put_marker(ctx, journal, marker)
@@ -594,7 +595,3 @@ def _delete_source(ctx: Context, journal: Journal, f: OpFile) -> None:
         raise SourceChanged("a source file changed after the swap files went in", path=uri(ctx.store, f.final),
                             expected=f.etag) from None
 
-
-def take_out(ctx: Context, journal: Journal) -> None:
-    """What an operation given up before its swap had put in place, removed: its swap files (only its own)."""
-    _remove_swaps(ctx, journal)
