@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from tests import needs
 from tests.cluster.hosts import Hosts, available, hosts, wait_for_port
 from tiering.demo.seed import seed_partition
 from tiering.kafka.codecs import Codec
@@ -147,7 +148,7 @@ def _segments(store: S3Store, prefix: str) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if why := available():
-        pytest.skip(f"separate hosts: {why}")
+        needs.missing(needs.ROOT, f"separate hosts: {why}")
     work = tmp_path_factory.mktemp("multi-host")
     artifact = Path(str(build(work / "dist", source=ROOT, lock=ROOT / "requirements.lock")["archive"]))
     with pytest.MonkeyPatch.context() as env, hosts(["master", "worker", "s3"]) as net:

@@ -7,11 +7,11 @@ anew each time). CI sets TIERING_REQUIRE_FUZZ=1: a missing clang or atheris fail
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.fuzz import run
 from tests.fuzz.targets import TARGETS
 
@@ -22,19 +22,16 @@ RUNS = {"digest": 150_000, "keymap": 100_000, "merge": 100_000, "proof": 18_000,
 
 
 def _unavailable(targets: list[str]) -> list[str]:
-    """Of ``targets``, those whose compiled code did not load here: a failure under TIERING_REQUIRE_FUZZ=1."""
+    """Of ``targets``, those whose compiled code did not load here (no libzstd to load at run time)."""
     from tests.fuzz.targets import NEEDS_LIBZSTD, _proof
 
-    missing = [t for t in targets if t in NEEDS_LIBZSTD and not _proof.available()]
-    if missing and os.environ.get("TIERING_REQUIRE_FUZZ") == "1":
-        pytest.fail(f"the compiled zstd proof did not load: the {', '.join(missing)} targets cannot run")
-    return missing
+    return [t for t in targets if t in NEEDS_LIBZSTD and not _proof.available()]
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_seeds_and_regressions_pass_the_target(target: str) -> None:
     if _unavailable([target]):
-        pytest.skip("no libzstd: the compiled zstd proof does not run here")
+        needs.missing(needs.LIBZSTD, "no libzstd: the compiled zstd proof does not run here")
     inputs = [*run.seeds(target), *(p.read_bytes() for p in run.regressions(target))]
     assert len(inputs) >= 5, f"{target}: too few seeds to start from"
     for data in inputs:
@@ -68,12 +65,10 @@ def test_every_target_runs_clean_under_the_sanitizers(tmp_path: Path) -> None:
         run.atheris_runtime()
         run.clang()
     except run.Missing as e:
-        if os.environ.get("TIERING_REQUIRE_FUZZ") == "1":
-            pytest.fail(str(e))
-        pytest.skip(str(e))
+        needs.missing(needs.FUZZ, str(e))
     out = tmp_path / "fuzz.json"
     assert sorted(RUNS) == sorted(TARGETS), "a run count for every target"
-    missing = _unavailable(sorted(TARGETS))  # skipped here, a failure under TIERING_REQUIRE_FUZZ=1
+    missing = _unavailable(sorted(TARGETS))  # the others are fuzzed; then the test says these were not
     names = [t for t in sorted(TARGETS) if t not in missing]
     code = run.main(["--targets", *names, "--runs", *(str(RUNS[t]) for t in names),
                      "--seed", str(SEED),
@@ -85,6 +80,8 @@ def test_every_target_runs_clean_under_the_sanitizers(tmp_path: Path) -> None:
     for r in results["targets"]:
         assert r["executions"] > 1000, r  # it really ran, instrumented: coverage grew past the seeds
         assert r["coverage"] > 20, r
+    if missing:
+        needs.missing(needs.LIBZSTD, f"the {', '.join(missing)} targets did not run: no libzstd to load here")
 
 
 def test_the_proof_target_names_a_prover_that_vouches_for_a_wrong_frame(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,7 +90,7 @@ def test_the_proof_target_names_a_prover_that_vouches_for_a_wrong_frame(monkeypa
     from tests.fuzz import targets
 
     if not targets._proof.available():
-        pytest.skip("no libzstd: the compiled proof does not run here")
+        needs.missing(needs.LIBZSTD, "no libzstd: the compiled proof does not run here")
     mismatched = [s for s in run.seeds("proof") if targets._first_unproven(
         targets.Codec.ZSTD, *targets._pairs(s)) > 0]
     assert mismatched, "no seed with a wrong frame"
@@ -119,7 +116,7 @@ def test_the_zstd_target_catches_a_decode_the_reference_refuses_or_reads_otherwi
     from tests.fuzz import targets
 
     if not targets._proof.available():
-        pytest.skip("no libzstd: the compiled decode does not run here")
+        needs.missing(needs.LIBZSTD, "no libzstd: the compiled decode does not run here")
     seed = run.seeds("zstd")[0]
     truncated = seed[:-4]
     targets.zstd(seed)

@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from tests import needs
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "infra" / "docker" / "Dockerfile"
@@ -384,10 +386,10 @@ def test_docker_compose_config_accepts_the_file_when_a_compose_v2_client_is_here
     """`docker compose config` needs no engine; skipped where the compose plugin is missing (as here)."""
     docker = shutil.which("docker")
     if docker is None:
-        pytest.skip("no docker client")
+        needs.missing(needs.DOCKER_COMPOSE, "no docker client")
     probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, check=False, timeout=30)
     if probe.returncode != 0:
-        pytest.skip("the docker client has no compose plugin")
+        needs.missing(needs.DOCKER_COMPOSE, "the docker client has no compose plugin")
     done = subprocess.run([docker, "compose", "-f", str(COMPOSE_FILE), "config", "--format", "json"],
                           capture_output=True, text=True, check=False, timeout=60, cwd=ROOT,
                           env={**os.environ, "COMPOSE_PROJECT_NAME": "kafka-s3-tiering"})

@@ -8,7 +8,6 @@ fail when either file says something the stand-in would not act on.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import needs
 from tests.cluster.hosts import available
 from tests.infra.standin import (
     COMPOSE_FILE,
@@ -71,11 +71,10 @@ def test_the_image_environment_and_the_services_environment_both_reach_a_service
 def test_the_stack_runs_the_dag_triggered_through_the_rest_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                ) -> None:
     if why := available():
-        pytest.skip(f"separate hosts: {why}")
+        needs.missing(needs.ROOT, f"separate hosts: {why}")
     if not (POSTGRES_BIN / "postgres").exists():
-        if os.environ.get("TIERING_REQUIRE_POSTGRES") == "1":
-            pytest.fail(f"PostgreSQL is not installed at {POSTGRES_BIN} (scripts/ensure-postgres.sh installs it)")
-        pytest.skip(f"PostgreSQL is not installed at {POSTGRES_BIN}")
+        needs.missing(needs.POSTGRES, f"PostgreSQL is not installed at {POSTGRES_BIN} (scripts/ensure-postgres.sh "
+                                      "installs it)")
     with standin(tmp_path, log=lambda line: None, timeout=300) as stack:
         api_env = stack.services["airflow-apiserver"].env
         api = Api(f"http://{stack.address('airflow-apiserver')}:8080", api_env["AIRFLOW_ADMIN_USER"],

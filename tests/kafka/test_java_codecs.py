@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests import needs
 from tests.golden import by_topic, log_path
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec, compress, decompress
@@ -75,18 +76,18 @@ def run_java(tmp_path_factory: pytest.TempPathFactory) -> RunJava:
     """Compile CodecCheck.java once per module; returns a runner of it (stdout lines)."""
     java, javac = shutil.which("java"), shutil.which("javac")
     if java is None or javac is None:
-        pytest.skip(f"needs a JDK 17+: java={java}, javac={javac} (not on PATH)")
+        needs.missing(needs.JAVA, f"needs a JDK 17+: java={java}, javac={javac} (not on PATH)")
     major = _java_major(java)
     if major is None or major < 17:
-        pytest.skip(f"needs Java 17+, `java -version` reports {major}")
+        needs.missing(needs.JAVA, f"needs Java 17+, `java -version` reports {major}")
     jars_dir = _pyspark_jars()
     if jars_dir is None or not jars_dir.is_dir():
-        pytest.skip(f"pyspark's jars directory not found ({jars_dir})")
+        needs.missing(needs.JAVA, f"pyspark's jars directory not found ({jars_dir})")
     jars: list[Path] = []
     for pattern in JAR_PATTERNS:
         found = sorted(jars_dir.glob(pattern))
         if not found:
-            pytest.skip(f"no {pattern} in {jars_dir}")
+            needs.missing(needs.JAVA, f"no {pattern} in {jars_dir}")
         jars.append(found[-1])
     classes = tmp_path_factory.mktemp("java-classes")
     native = tmp_path_factory.mktemp("java-native")  # snappy-java, lz4-java and zstd-jni unpack their .so here

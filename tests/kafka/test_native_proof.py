@@ -17,11 +17,17 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests import needs
 from tiering.errors import DecompressionError
 from tiering.kafka import _proof, rewrite
 from tiering.kafka.codecs import Codec, decompress, zstd_reference
 
-pytestmark = pytest.mark.skipif(not _proof.available(), reason="no libzstd 1.5.6 or later to load here")
+
+@pytest.fixture(autouse=True)
+def _needs_the_compiled_proof() -> None:
+    if not _proof.available():
+        needs.missing(needs.LIBZSTD, "no libzstd 1.5.6 or later to load here")
+
 
 _COMPRESS = zstandard.ZstdCompressor(level=3)
 
@@ -203,7 +209,6 @@ def test_a_second_caller_gets_an_error_not_a_crash() -> None:
     prover.close()  # closing twice is fine
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 def test_a_forked_child_can_close_but_not_use_its_copy() -> None:
     news, originals = _group(40)
     prover = _proof.ProofThread()

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import crc32c
 import pytest
 
+from tests import needs
 from tiering.demo.sample import write_segment
 from tiering.errors import ConfigError, CorruptBatchError, InvalidDataError, ProofError
 from tiering.kafka import _proof, reader, rewrite
@@ -24,7 +25,7 @@ from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
 def _prover(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     native = request.param == "compiled prover"
     if native and not _proof.available():
-        pytest.skip("no libzstd shared library here")
+        needs.missing(needs.LIBZSTD, "no libzstd 1.5.6 or later to load here")
     monkeypatch.setattr(rewrite, "NATIVE_ZSTD_PROOF", native)
 
 

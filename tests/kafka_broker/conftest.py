@@ -8,7 +8,6 @@ the broker restarted on our rewritten segments with it.
 from __future__ import annotations
 
 import importlib.util
-import os
 import random
 import shutil
 import sys
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests import needs
 from tests.kafka_broker import producers as P
 from tests.kafka_broker.broker import Broker, jars_present
 
@@ -37,13 +37,11 @@ def _missing() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    reason = _missing()
-    if reason and os.environ.get("TIERING_REQUIRE_KAFKA") != "1":  # CI: the broker tests must run (see source)
-        skip = pytest.mark.skip(reason=reason)
-        for item in items:  # the items of the whole session: only those marked as needing a broker
-            if item.get_closest_marker("kafka") is not None:
-                item.add_marker(skip)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked as needing a broker (the marker, never a folder's name) is skipped here without one, or
+    fails where CI requires the broker."""
+    if item.get_closest_marker("kafka") is not None and (reason := _missing()):
+        needs.missing(needs.KAFKA, reason)
 
 
 @dataclass
@@ -89,11 +87,8 @@ def _seeks(rnd: random.Random, view: dict[TP, list[P.Consumed]]) -> list[tuple[s
 
 @pytest.fixture(scope="session")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
-    reason = _missing()
-    if reason and os.environ.get("TIERING_REQUIRE_KAFKA") == "1":
-        pytest.fail(f"{reason} (TIERING_REQUIRE_KAFKA=1: the broker tests must run here)")
-    if reason:
-        pytest.skip(reason)
+    if reason := _missing():
+        needs.missing(needs.KAFKA, reason)
     root = tmp_path_factory.mktemp("kafka-source")
     broker = Broker(root / "data", root / "logs")
     broker.start()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.fuzz import run
 from tests.fuzz.targets import _pairs
 from tests.kafka_broker.broker import CLASSPATH
@@ -23,8 +24,13 @@ from tiering.kafka.rewrite import _first_unproven
 
 HERE = Path(__file__).parent
 REGRESSIONS = Path(run.__file__).parent / "regressions" / "proof"
+pytestmark = pytest.mark.kafka  # Kafka's own decoder, run with java from its jars
 
-pytestmark = pytest.mark.skipif(not _proof.available(), reason="no libzstd 1.5.6 or later to load here")
+
+@pytest.fixture(autouse=True)
+def _needs_the_compiled_proof() -> None:
+    if not _proof.available():
+        needs.missing(needs.LIBZSTD, "no libzstd 1.5.6 or later to load here")
 
 
 def _kafka_decodes(frames: list[bytes], tmp_path: Path) -> list[bytes | None]:

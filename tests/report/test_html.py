@@ -6,7 +6,6 @@ TIERING_REQUIRE_CHROMIUM=1 so that a missing browser fails instead of skipping.
 
 from __future__ import annotations
 
-import os
 import shutil
 import struct
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tiering.cost.document import LedgerEntry, Report
 from tiering.cost.model import CostOptions, build_report
 from tiering.cost.prices import GB, load_prices
@@ -30,9 +30,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 def _need_chromium() -> str:
     if CHROMIUM is None:
-        if os.environ.get("TIERING_REQUIRE_CHROMIUM") == "1":
-            pytest.fail("chromium is not installed (apt-get install chromium)")
-        pytest.skip("chromium is not installed (apt-get install chromium)")
+        needs.missing(needs.CHROMIUM, "chromium is not installed (apt-get install chromium)")
     return CHROMIUM
 
 

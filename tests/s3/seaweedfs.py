@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-import pytest
+from tests import needs
 
 if TYPE_CHECKING:
     from tiering.storage.s3 import S3Store
@@ -55,9 +55,7 @@ def require() -> Path:
     weed = binary()
     if not os.access(weed, os.X_OK):
         why = f"needs SeaweedFS at {weed}: run scripts/fetch-seaweedfs.sh (make test does)"
-        if os.environ.get("TIERING_REQUIRE_SEAWEEDFS") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
+        needs.missing(needs.SEAWEEDFS, why)
     return weed
 
 

@@ -114,6 +114,27 @@ def _segment_keys(store: S3Store) -> set[str]:
     return {o.key for o in store.list(f"{PREFIX}/") if "/_tiering/" not in o.key}
 
 
+def plant_a_lost_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planted defect: the swap, after deleting the old indexes, never puts the new ``.timeindex`` (yet says
+    it did). A run that converges this way must fail every crash check."""
+    from tiering.commit import swap
+
+    honest = swap._put_index_beside_ours
+
+    def loses_the_timeindex(ctx: Context, journal: Any, name: str, indexes: Any) -> str | None:
+        return '"never-put"' if name == "timeindex" else honest(ctx, journal, name, indexes)
+
+    monkeypatch.setattr(swap, "_put_index_beside_ours", loses_the_timeindex)
+
+
+@pytest.mark.parametrize(("at", "mode"), [(None, "none"), (0, "before")], ids=["clean", "crashed"])
+def test_a_run_that_loses_an_index_fails_the_crash_check(store: S3Store, monkeypatch: pytest.MonkeyPatch,
+                                                         at: int | None, mode: str) -> None:
+    plant_a_lost_index(monkeypatch)
+    with pytest.raises(AssertionError, match=r"its \.timeindex is gone"):
+        _scenario(store, at, mode)
+
+
 def test_clean_run_compacts_every_sealed_segment(store: S3Store) -> None:
     calls, originals, crashed = _scenario(store, None, "none")
     assert not crashed

@@ -108,6 +108,25 @@ def check_cleaned(store: S3Store, want: dict[int, Any], where: object = None) ->
                 assert not exists(store, segment_key(PREFIX, TOPIC, 0, gone, suffix)), (where, gone, suffix)
 
 
+def names(store: S3Store) -> set[str]:
+    """The partition's file names (its segments' files; the run's own objects are elsewhere)."""
+    root = segment_key(PREFIX, TOPIC, 0, 0, LOG_SUFFIX).rsplit("/", 1)[0] + "/"
+    return {info.key[len(root):] for info in store.list(root)}
+
+
+def check_names(store: S3Store, before: set[str], want: dict[int, Any], where: object = None) -> None:
+    """The partition holds exactly the files it held ``before`` the pass, less those of every segment the pass
+    cleaned or merged away, plus the cleaned segments' files: a lost or a stray file fails."""
+    touched = {*want, *(gone for c in want.values() for gone in c.sources[1:])}
+    expect = {n for n in before if not n.startswith(tuple(f"{b:020d}." for b in touched))}
+    for base, c in want.items():
+        expect |= {f"{base:020d}{suffix}" for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)}
+        if c.txn_index:
+            expect.add(f"{base:020d}{TXN_INDEX_SUFFIX}")
+    now = names(store)
+    assert now == expect, (where, sorted(now - expect), sorted(expect - now))
+
+
 def final(store: S3Store, base: int, suffix: str) -> bytes:
     return store.get(segment_key(PREFIX, TOPIC, 0, base, suffix))
 
@@ -268,6 +287,7 @@ def _crash_scenario(store: S3Store, crash_at: int | None, mode: str, second: boo
         engine.run(store, keys_context(store, "keys-0"), KeyCompaction(at(NOW)))
         parts = {b: (final(store, b, LOG_SUFFIX), parts[b][1]) for b in parts}
         now = NOW + DAY
+    before = names(store)
     worker = fresh_store()
     faults = Faults(worker, crash_at, mode)
     crashed = False
@@ -290,8 +310,27 @@ def _crash_scenario(store: S3Store, crash_at: int | None, mode: str, second: boo
         assert store.get(kept[name]) == parts[base][0 if name.endswith(LOG_SUFFIX) else 1], (crash_at, mode, name)
     want = expected(parts, now, merge)
     assert merge is None or len(want[0].sources) == 4
+    check_names(store, before, want, (crash_at, mode))
     check_cleaned(store, want, (crash_at, mode))
     return faults.calls, crashed
+
+
+@pytest.mark.parametrize("merge", [None, MERGE_LIMITS], ids=["swapped-in-place", "merged"])
+def test_a_pass_that_loses_an_index_fails_the_crash_check(merge: Limits | None, aws_env: None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from moto import mock_aws
+
+    from tests.s3.conftest import BUCKET
+    from tests.s3.test_faults import plant_a_lost_index as in_place
+    from tests.s3.test_merge_s3 import plant_a_lost_index as regrouped
+    from tiering.storage.s3 import make_client
+
+    (in_place if merge is None else regrouped)(monkeypatch)
+    with mock_aws():
+        client = make_client()
+        client.create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        with pytest.raises(AssertionError, match=r"\[\], \['[0-9]{20}\.timeindex'"):  # none stray, one lost
+            _crash_scenario(S3Store(client, BUCKET), None, "none", False, merge)
 
 
 @pytest.mark.slow

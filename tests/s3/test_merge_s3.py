@@ -36,6 +36,7 @@ from tiering.kafka.index import build_indexes
 from tiering.kafka.merge import Limits
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.segment import verify_segment
+from tiering.lifecycle.journal import Journal, OpFile
 from tiering.lifecycle.state import Outcome, load_state
 from tiering.lifecycle.vocabulary import Cause, Status
 from tiering.plan.policy import parse_policy
@@ -246,6 +247,7 @@ def _crash_scenario(at: int | None, mode: str, *, undo: bool) -> tuple[list[str]
     bases = sorted(originals)
     batches = _batches(originals)
     before = {(b, s): _get(store, b, s) for b in bases for s in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)}
+    seeded = _names(store)
     if undo:
         _merge(store)
     worker = fresh_store()
@@ -267,7 +269,11 @@ def _crash_scenario(at: int | None, mode: str, *, undo: bool) -> tuple[list[str]
         assert not [r for r in results if r.status is Status.FAILED], [r.to_json() for r in results]
     assert no_pending(store)
     check_loaded(store, ROOT, batches)
-    assert not [n for n in _names(store) if n.endswith((".swap", ".cleaned"))]
+    # Every file, and nothing else: the rollback's are the seeded ones; the merge's, the merged segment's under
+    # the first one's name (the merged-away segments' files gone).
+    gone = () if undo else tuple(f"{b:020d}." for b in bases[1:-1])
+    names, expect = set(_names(store)), {n for n in seeded if not n.startswith(gone)}
+    assert names == expect, f"lost or stray files: {sorted(names ^ expect)}"
     if undo:
         assert {k: _get(store, *k) for k in before} == before
     else:
@@ -276,6 +282,36 @@ def _crash_scenario(at: int | None, mode: str, *, undo: bool) -> tuple[list[str]
             with pytest.raises(ObjectNotFound):
                 store.head(segment_key(PREFIX, TOPIC, 0, b, LOG_SUFFIX))
     return faults.calls, crashed
+
+
+def plant_a_lost_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planted defect: the regroup's step 4 says it put each target's ``.timeindex`` at its final name, and
+    does not (its swap file is then removed as usual). A run that converges this way must fail the checks."""
+    from tiering.commit import regroup
+
+    honest = regroup._place
+
+    def loses_the_timeindex(ctx: Context, journal: Journal, f: OpFile, key: str, fallback: str | None = None) -> str:
+        if key == f.final and key.endswith(TIME_INDEX_SUFFIX):
+            return str(f.etag)
+        return honest(ctx, journal, f, key, fallback)
+
+    monkeypatch.setattr(regroup, "_place", loses_the_timeindex)
+
+
+@pytest.mark.parametrize("undo", [False, True], ids=["merge", "rollback"])
+def test_a_merge_that_loses_an_index_fails_the_crash_check(undo: bool, aws_env: None,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from moto import mock_aws
+
+    from tests.s3.conftest import BUCKET
+    from tiering.storage.s3 import make_client
+
+    plant_a_lost_index(monkeypatch)  # in the merge, and in its rollback
+    with mock_aws():
+        make_client().create_bucket(Bucket=BUCKET, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+        with pytest.raises(AssertionError, match=r"lost or stray files: \['[0-9]{20}\.timeindex'"):
+            _crash_scenario(None, "none", undo=undo)
 
 
 @pytest.mark.slow

@@ -197,6 +197,16 @@ def test_crash_at_every_call_then_rerun_converges(store: S3Store, monkeypatch: p
                         f"the first write and after each ({len(points)} states), every one converged on re-run")
 
 
+def test_a_run_that_loses_an_index_fails_the_crash_check(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.s3 import conftest
+    from tests.s3.test_faults import _scenario, plant_a_lost_index
+
+    monkeypatch.setattr(conftest, "BUCKET", store.bucket)
+    plant_a_lost_index(monkeypatch)
+    with pytest.raises(AssertionError, match=r"its \.timeindex is gone"):
+        _scenario(store, None, "none")
+
+
 # The suites below were written against moto; each runs here unchanged on SeaweedFS, where the swap is a
 # server-side copy whose conditions the store enforces. (Imported inside each test, so that pytest does not
 # collect them twice.)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tiering.spark.artifact import ARCHIVE, build
 
 pytestmark = pytest.mark.slow
@@ -49,7 +50,7 @@ def _bare(command: list[str]) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     if shutil.which("unshare") is None or subprocess.run(["unshare", "--mount", "true"], check=False).returncode:
-        pytest.skip("needs unshare --mount (root in a Linux host or container)")
+        needs.missing(needs.ROOT, "needs unshare --mount (root in a Linux host or container)")
     return build(tmp_path_factory.mktemp("artifact"), source=ROOT, lock=ROOT / "requirements.lock")
 
 
