@@ -1,12 +1,116 @@
-"""The check every versioned document's reader makes first: that it is the kind of document expected, of the
-schema version this code writes."""
+"""Documents, declared once: a :class:`Document` is a frozen struct whose fields are its JSON (its kind and
+schema version among them), read by :func:`read`, which checks both and then every field, and written by
+:func:`write`. A :class:`Part` is a struct inside a document. Reading is strict: an unknown field or a wrong
+type is an error naming the document and where in it.
+
+(The documents not declared this way yet check themselves with :func:`check_document` and
+:func:`known_fields`.)"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+import msgspec
 
 from tiering.errors import ConfigError
+
+
+class Part(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """A struct inside a document: a field at its default is left out when written, and read as its default
+    where it is absent. (Each subclass says ``frozen=True`` again: mypy reads a subclass without it as
+    mutable.)"""
+
+
+class Document(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="kind"):
+    """A document stored on its own. A subclass names its kind (``tag=``, written as the ``kind`` field; a
+    document of an earlier version written without one is read as the kind asked for) and declares
+    ``schema_version: Literal[N] = N``: each of its fields is written, defaults too, so that a reader of
+    another version sees every field it would have to understand."""
+
+
+
+def kinds() -> dict[str, type[Document]]:
+    """The registry: every kind of document declared (in the modules imported so far), by its kind; a
+    :class:`TypeError` for a declaration without its kind or schema version, or a kind declared twice."""
+    out: dict[str, type[Document]] = {}
+    todo = list(Document.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        kind = cls.__struct_config__.tag
+        if not isinstance(kind, str) or "schema_version" not in cls.__struct_fields__:
+            raise TypeError(f"{cls.__module__}.{cls.__name__}: a document declares its kind (tag=...) and its "
+                            "schema_version")
+        if out.setdefault(kind, cls) is not cls:
+            raise TypeError(f"{cls.__name__}: kind {kind} is {out[kind].__name__}'s already")
+    return out
+
+
+D = TypeVar("D", bound=Document)
+P = TypeVar("P", bound=Part)
+
+
+class _Head(msgspec.Struct):
+    """What a reader looks at first (every other field ignored)."""
+
+    kind: object = None
+    schema_version: object = None
+
+
+def kind_of(cls: type[Document]) -> str:
+    return str(cls.__struct_config__.tag)
+
+
+def version_of(cls: type[Document]) -> int:
+    return int(next(f.default for f in msgspec.structs.fields(cls) if f.name == "schema_version"))
+
+
+def read(data: bytes | Mapping[str, Any], cls: type[D], *, what: str, where: str | None = None) -> D:
+    """The document ``data`` holds (its JSON bytes, or that JSON already parsed) as a ``cls``: a
+    :class:`ConfigError` naming ``where`` it is, ``what`` it should be and what it is instead when its kind or
+    schema version is another, a field is unknown, or a value of the wrong type."""
+    kind, version = kind_of(cls), version_of(cls)
+    try:
+        head = msgspec.json.decode(data, type=_Head) if isinstance(data, bytes) else _Head(
+            data.get("kind"), data.get("schema_version")) if isinstance(data, Mapping) else None
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"not {what}", path=where, expected="a JSON object", found=str(e)) from None
+    except msgspec.DecodeError as e:
+        raise ConfigError(f"not {what}: not JSON", path=where, expected="a JSON object", found=str(e)) from None
+    if head is None:
+        raise ConfigError(f"not {what}", path=where, expected="a JSON object", found=type(data).__name__)
+    if head.kind not in (None, kind) or head.schema_version != version:
+        found = f"{head.kind} v{head.schema_version}" if head.kind else f"v{head.schema_version} (no kind)"
+        raise ConfigError(f"not {what} this version can read", path=where, expected=f"{kind} v{version}",
+                          found=found)
+    try:
+        if isinstance(data, bytes):
+            return msgspec.json.decode(data, type=cls)
+        return msgspec.convert(data, cls, str_keys=True)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{what} unreadable", path=where, expected=f"{kind} v{version}", found=str(e)) from None
+
+
+def read_part(data: Mapping[str, Any], cls: type[P], *, what: str, where: str | None = None) -> P:
+    """A part of a document not declared as one yet (its JSON, parsed), strictly: see :func:`read`."""
+    try:
+        return msgspec.convert(data, cls, str_keys=True)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{what} unreadable", path=where, expected=cls.__name__, found=str(e)) from None
+
+
+def write(doc: Document | Part) -> bytes:
+    """The JSON of ``doc``, one field a line with its keys in order (as people read documents in a console)."""
+    return json.dumps(to_builtins(doc), indent=1, sort_keys=True).encode()
+
+
+def to_builtins(doc: Document | Part) -> dict[str, Any]:
+    """``doc`` as the JSON object :func:`write` writes, parsed (for a document not declared yet holding it)."""
+    out: dict[str, Any] = msgspec.to_builtins(doc, str_keys=True)
+    return out
+
 
 
 def check_document(doc: object, *, kind: str | None, version: int, what: str, where: str | None = None,

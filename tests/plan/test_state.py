@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC, check_consistent, context, plan_for, seed
+from tiering.documents import read, to_builtins, write
 from tiering.errors import ConfigError
 from tiering.kafka.files import SEGMENT_SUFFIXES
 from tiering.lifecycle.state import (
@@ -51,19 +52,25 @@ def test_a_document_of_the_earlier_untyped_writer_reads_back_the_same() -> None:
               "payload_xxh3": "ab"},
         "7": {"outcome": "no-savings", "codec": "lz4", "level": 3, "log_etag": '"m"', "run_id": "r2",
               "reason": "no savings"}}}
-    state = PartitionState.from_json(doc, "here")
+    state = read(doc, PartitionState, what="a partition state document", where="here")
     assert state.segments[0].compacted
     assert state.segments[0].bytes_after == 4
+    assert state.segments[0].level is None
     assert state.segments[7].outcome is Outcome.NO_SAVINGS
+    assert state.segments[7].level == 3
     assert not state.segments[7].compacted
-    assert state.to_json() == doc
+    again = to_builtins(state)
+    assert again["kind"] == "tiering.partition-state"
+    assert "level" not in again["segments"]["0"]  # a field at its default is left out
+    assert read(again, PartitionState, what="a partition state document") == state
+    assert read(write(state), PartitionState, what="a partition state document") == state
 
 
 @pytest.mark.parametrize("doc", [{"schema_version": 2, "segments": {}}, [], {"schema_version": 1, "segments": {
     "x": {"log_etag": "a", "run_id": "r"}}}, {"schema_version": 1, "segments": {"0": {"run_id": "r"}}}])
 def test_an_unreadable_document_is_named(doc: Any) -> None:
     with pytest.raises(ConfigError) as e:
-        PartitionState.from_json(doc, "s3://b/state.json")
+        read(doc, PartitionState, what="a partition state document", where="s3://b/state.json")
     assert e.value.path == "s3://b/state.json"
 
 

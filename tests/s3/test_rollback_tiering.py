@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import EndpointConnectionError
+from msgspec import structs
 
 from tests.plan.test_tier import moved_by, planned_tiers, run_tiers
 from tests.s3.conftest import BUCKET, PREFIX, TOPIC, context, plan_for, seed
@@ -282,7 +283,7 @@ def test_a_compacted_segment_moved_by_a_run_killed_before_its_state_write_stays_
     key = segment_key(PREFIX, TOPIC, 0, 0, ".log")
     entry = load_state(store, PREFIX, DIRECTORY).get(0)
     assert entry is not None
-    record_segment(store, PREFIX, DIRECTORY, 0, replace(entry, log_etag=_multipart(store, key)))
+    record_segment(store, PREFIX, DIRECTORY, 0, structs.replace(entry, log_etag=_multipart(store, key)))
     compacted = _objects(store)
     assert store.head(key).size >= 131072, "the compacted .log must pass Glacier IR's minimum to be moved"
     written = [0]  # the run's state writes: its mark, then (refused here) the ETags its copy made

@@ -10,6 +10,7 @@ import pytest
 
 from tests.s3.conftest import PREFIX, TOPIC, plan_for, seed
 from tiering.commit.operation import Context
+from tiering.documents import read
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
@@ -36,7 +37,7 @@ def _obj(name: str, size: int = 1000, age_minutes: int = 60, storage_class: str 
 def _classify(objects: list[ObjectInfo], state: dict[str, object] | None = None,
               **options: object) -> dict[int, tuple[str, str]]:
     ignored: list[tuple[str, str]] = []
-    known = PartitionState.from_json({"schema_version": 1, "segments": state or {}}, "state")
+    known = read({"schema_version": 1, "segments": state or {}}, PartitionState, what="a partition state")
     segs = classify_partition(parse_dir("t-0"), "p/t-0/", objects, known, NOW,
                               ScanOptions("zstd", **options),  # type: ignore[arg-type]
                               lambda k, r: ignored.append((k, r)))

@@ -6,8 +6,9 @@ else")."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
+
+from msgspec import structs
 
 from tiering.commit.operation import SegmentResult
 from tiering.commit.recover import pending_journals
@@ -51,7 +52,7 @@ def follow_etags(store: ObjectStore, prefix: str, directory: str, base: int, ent
 
     changes: dict[int, SegmentState | None] = {}
     if entry is not None:
-        updated = replace(entry, log_etag=follow("log", entry.log_etag) or entry.log_etag,
+        updated = structs.replace(entry, log_etag=follow("log", entry.log_etag) or entry.log_etag,
                           index_etag=follow("index", entry.index_etag),
                           timeindex_etag=follow("timeindex", entry.timeindex_etag))
         if updated != entry:

@@ -20,7 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Final
 
-from tiering.documents import check_document
+from msgspec import structs
+
+from tiering.documents import check_document, read_part, to_builtins
 from tiering.errors import ConfigError
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
 from tiering.lifecycle.state import Replaced, SegmentState, stamped
@@ -85,7 +87,7 @@ class Recorded:
         entry = next((r.entry for r in self.replaced if r.base_offset == base), None)
         if entry is None:
             return None
-        return stamped(replace(entry, log_etag=log_etag, index_etag=index_etag, timeindex_etag=timeindex_etag))
+        return stamped(structs.replace(entry, log_etag=log_etag, index_etag=index_etag, timeindex_etag=timeindex_etag))
 
     def to_json(self) -> dict[str, Any]:
         doc = {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None
@@ -93,7 +95,7 @@ class Recorded:
         if self.merged_from:
             doc["merged_from"] = list(self.merged_from)
         if self.replaced:
-            doc["replaced"] = [r.to_json() for r in self.replaced]
+            doc["replaced"] = [to_builtins(r) for r in self.replaced]
         return doc
 
     @classmethod
@@ -107,7 +109,7 @@ class Recorded:
         return cls(int(doc.get("bytes_before") or 0), int(doc.get("bytes_after") or 0), text("run_id"),
                    text("source_log_etag"), text("codec"), number("level"), text("payload_xxh3"),
                    number("rebatch_max_bytes"), tuple(int(b) for b in doc.get("merged_from") or ()),
-                   tuple(Replaced.from_json(r) for r in doc.get("replaced") or ()))
+                   tuple(read_part(r, Replaced, what="a replaced segment's entry") for r in doc.get("replaced") or ()))
 
 
 

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, Final
+from typing import Final, Literal
 
-from tiering.documents import check_document
-from tiering.errors import ConfigError, TieringError
+import msgspec
+from msgspec.structs import replace
+
+from tiering.documents import Document, Part, read, to_builtins
+from tiering.errors import TieringError
 from tiering.storage.layout import state_key
 from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed
 
@@ -36,8 +39,7 @@ class Outcome(enum.StrEnum):
     UNREADABLE = "unreadable"  # S3 will not give us the bytes (SSE-C, an archived object)
 
 
-@dataclass(frozen=True, slots=True)
-class Replaced:
+class Replaced(Part, frozen=True):
     """One segment a generation replaced (its lineage, one step down): its base offset, its ``.log``'s size
     and ETag then, and our entry for that object (None: an object we did not write, such as the original as
     Kafka wrote it). Its files are in the replacing run's backup; rolling that run back puts them in place
@@ -48,19 +50,8 @@ class Replaced:
     log_etag: str
     entry: SegmentState | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"base_offset": self.base_offset, "log_size": self.log_size, "log_etag": self.log_etag,
-                **({"entry": self.entry.to_json()} if self.entry is not None else {})}
 
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> Replaced:
-        entry = doc.get("entry")
-        return cls(int(doc["base_offset"]), int(doc["log_size"]), str(doc["log_etag"]),
-                   None if entry is None else SegmentState.from_json(entry))
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentState:
+class SegmentState(Part, frozen=True):
     """One segment's entry: compacted by ``run_id`` (``outcome`` None), or remembered with its outcome. A
     compacted entry is one generation: ``replaced`` names the segments its run replaced and, for each, the
     generation that was in place (the lineage a rollback walks back)."""
@@ -108,40 +99,6 @@ class SegmentState:
                 yield entry
             todo += [r.entry for r in entry.replaced if r.entry is not None]
 
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"log_etag": self.log_etag, "run_id": self.run_id, "codec": self.codec,
-                               "level": self.level}
-        for name in ("reason", "index_etag", "timeindex_etag", "source_log_etag", "payload_xxh3", "recorded_at"):
-            if (value := getattr(self, name)) is not None:
-                doc[name] = value
-        if self.rebatch_max_bytes is not None:
-            doc["rebatch_max_bytes"] = self.rebatch_max_bytes
-        if self.merged_from:
-            doc["merged_from"] = list(self.merged_from)
-        if self.replaced:
-            doc["replaced"] = [r.to_json() for r in self.replaced]
-        if self.outcome is not None:
-            doc["outcome"] = self.outcome.value
-        else:
-            doc.update(bytes_before=self.bytes_before, bytes_after=self.bytes_after)
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> SegmentState:
-        def text(name: str) -> str | None:
-            value = doc.get(name)
-            return None if value is None else str(value)
-
-        level = doc.get("level")
-        return cls(str(doc["log_etag"]), str(doc["run_id"]), text("codec"), None if level is None else int(level),
-                   Outcome(doc["outcome"]) if doc.get("outcome") is not None else None, text("reason"),
-                   text("index_etag"), text("timeindex_etag"), text("source_log_etag"),
-                   int(doc.get("bytes_before") or 0), int(doc.get("bytes_after") or 0), text("payload_xxh3"),
-                   text("recorded_at"),
-                   None if doc.get("rebatch_max_bytes") is None else int(doc["rebatch_max_bytes"]),
-                   tuple(int(b) for b in doc.get("merged_from") or ()),
-                   tuple(Replaced.from_json(r) for r in doc.get("replaced") or ()))
-
 
 @dataclass(frozen=True, slots=True)
 class Generation:
@@ -158,32 +115,20 @@ class Generation:
         return self.entry.merged_from or (self.base_offset,)
 
 
-@dataclass(frozen=True, slots=True)
-class ClassMove:
+class ClassMove(Part, frozen=True):
     """One object a tiering run moved to another storage class: its file (``log``, ``index``, ...), its size,
     the classes, and its ETag before the move and after it (None: noted before the copy, which a crash may or
     may not have made; a copy may change an ETag)."""
 
     file: str
     size: int
-    from_class: str
-    to_class: str
+    from_class: str = msgspec.field(name="from")
+    to_class: str = msgspec.field(name="to")
     etag_before: str
     etag_after: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "size": self.size, "from": self.from_class, "to": self.to_class,
-                "etag_before": self.etag_before, **({} if self.etag_after is None else {"etag_after": self.etag_after})}
 
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> ClassMove:
-        after = doc.get("etag_after")
-        return cls(str(doc["file"]), int(doc["size"]), str(doc["from"]), str(doc["to"]), str(doc["etag_before"]),
-                   None if after is None else str(after))
-
-
-@dataclass(frozen=True, slots=True)
-class TierMark:
+class TierMark(Part, frozen=True):
     """What tiering run ``run_id`` moved of one segment's objects, and which generation of the segment they
     were (``generation``: the run of the segment's compacted entry then; None: the objects as Kafka wrote
     them). A segment's marks are kept oldest first: a tiering run is rolled back only where its mark is the
@@ -192,15 +137,6 @@ class TierMark:
     run_id: str
     generation: str | None
     moves: tuple[ClassMove, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "generation": self.generation, "moves": [m.to_json() for m in self.moves]}
-
-    @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> TierMark:
-        generation = doc.get("generation")
-        return cls(str(doc["run_id"]), None if generation is None else str(generation),
-                   tuple(ClassMove.from_json(m) for m in doc["moves"]))
 
 
 Marks = Mapping[int, tuple[TierMark, ...]]
@@ -232,13 +168,10 @@ def after_moves(entry: SegmentState | None, marks: Sequence[TierMark], in_place:
                    timeindex_etag=now.get("timeindex", entry.timeindex_etag))
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionState:
+class PartitionState(Document, frozen=True, tag="tiering.partition-state"):
     """The document: every entry of one partition, by base offset."""
 
-    SCHEMA_VERSION: ClassVar[int] = 1
-
-    segments: Mapping[int, SegmentState] = field(default_factory=dict)
+    segments: Mapping[int, SegmentState] = msgspec.field(default_factory=dict)
     # Where the next key-compaction pass's key map starts (the end of the last whole pass: Kafka's
     # cleaner-offset-checkpoint); None: from the first segment.
     keys_checkpoint: int | None = None
@@ -246,7 +179,8 @@ class PartitionState:
     # (an earlier pass's originals could bring back what a later pass let go).
     keys_runs: tuple[str, ...] = ()
     # The storage-class moves of tiering runs, by segment, oldest first (what rolling them back undoes).
-    tiered: Marks = field(default_factory=dict)
+    tiered: Marks = msgspec.field(default_factory=dict)
+    schema_version: Literal[1] = 1
 
     def get(self, base: int) -> SegmentState | None:
         return self.segments.get(base)
@@ -267,33 +201,6 @@ class PartitionState:
                     if r.entry is not None:
                         todo.append((chain, r.entry))
         return ()
-
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"schema_version": self.SCHEMA_VERSION,
-                               "segments": {str(b): e.to_json() for b, e in sorted(self.segments.items())}}
-        if self.keys_checkpoint is not None:
-            doc["keys_checkpoint"] = self.keys_checkpoint
-        if self.keys_runs:
-            doc["keys_runs"] = list(self.keys_runs)
-        if self.tiered:
-            doc["tiered"] = {str(b): [m.to_json() for m in marks] for b, marks in sorted(self.tiered.items())}
-        return doc
-
-    @classmethod
-    def from_json(cls, doc: Any, where: str) -> PartitionState:
-        doc = check_document(doc, kind=None, version=cls.SCHEMA_VERSION, what="a partition state document",
-                             where=where)
-        try:
-            checkpoint = doc.get("keys_checkpoint")
-            return cls({int(b): SegmentState.from_json(e) for b, e in doc["segments"].items()},
-                       None if checkpoint is None else int(checkpoint),
-                       tuple(str(r) for r in doc.get("keys_runs") or ()),
-                       {int(b): tuple(TierMark.from_json(m) for m in marks)
-                        for b, marks in (doc.get("tiered") or {}).items()})
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError("partition state document unreadable", path=where,
-                              expected="segments of {log_etag, run_id, ...} by base offset",
-                              found=f"{type(e).__name__}: {e}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +235,7 @@ def _read(store: ObjectStore, key: str) -> tuple[PartitionState, str | None]:
         doc, etag = store.get_json(key)
     except ObjectNotFound:
         return PartitionState(), None
-    return PartitionState.from_json(doc, f"s3://{store.bucket}/{key}"), etag
+    return read(doc, PartitionState, what="a partition state document", where=f"s3://{store.bucket}/{key}"), etag
 
 
 def load_state(store: ObjectStore, prefix: str, directory: str) -> PartitionState:
@@ -367,7 +274,7 @@ def record_segments(store: ObjectStore, prefix: str, directory: str,
         if (segments == state.segments and checkpoint == state.keys_checkpoint and runs == state.keys_runs
                 and marks == state.tiered):
             return
-        doc = PartitionState(segments, checkpoint, runs, marks).to_json()
+        doc = to_builtins(PartitionState(segments, checkpoint, runs, marks))
         try:
             if etag is None:
                 store.put_json(key, doc, if_none_match=True)

@@ -20,9 +20,11 @@ import contextlib
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
+
+from msgspec import structs
 
 from tiering.commit.finish import finish
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
@@ -413,13 +415,13 @@ def _unmarked(base: int, run_id: str, settled: set[str], etags: Mapping[str, tup
         generation = stack[at].generation
         left = tuple(m for m in stack[at].moves if m.file not in settled)
         if left:
-            stack[at] = replace(stack[at], moves=left)
+            stack[at] = structs.replace(stack[at], moves=left)
         else:
             del stack[at]
         if at > 0 and stack[at - 1].generation == generation:  # the same objects, moved before
             below = stack[at - 1]
-            stack[at - 1] = replace(below, moves=tuple(
-                replace(m, etag_after=etags[m.file][1]) if m.file in etags and undone.get(m.file) == m.to_class else m
-                for m in below.moves))
+            stack[at - 1] = structs.replace(below, moves=tuple(
+                structs.replace(m, etag_after=etags[m.file][1])
+                if m.file in etags and undone.get(m.file) == m.to_class else m for m in below.moves))
         return {**marks, base: tuple(stack)}
     return change

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Final
 
+from msgspec import structs
+
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, Lease, LeaseLost
 from tiering.commit.moves import follow_etags, in_flight_groups, moved_objects, operation_pending
 from tiering.commit.operation import Context, SegmentResult
@@ -506,7 +508,8 @@ def _with_mark(base: int, mark: TierMark) -> Callable[[Marks], Marks]:
 def _moved_to(base: int, run_id: str, etags: Mapping[str, tuple[str, str]]) -> Callable[[Marks], Marks]:
     """Run ``run_id``'s mark of segment ``base`` with the ETags its copies made."""
     def change(marks: Marks) -> Marks:
-        stack = tuple(replace(mark, moves=tuple(replace(m, etag_after=etags[m.file][1]) if m.file in etags else m
+        stack = tuple(structs.replace(mark, moves=tuple(structs.replace(m, etag_after=etags[m.file][1])
+                                                        if m.file in etags else m
                                                 for m in mark.moves)) if mark.run_id == run_id else mark
                       for mark in marks.get(base, ()))
         return {**marks, base: stack}
