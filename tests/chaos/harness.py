@@ -45,11 +45,11 @@ import boto3
 from botocore.config import Config
 
 from tests.chaos.proxy import Action, Decider, Flaky, Proxy, Request, Response, Rule
+from tests.reference_index import rebuild
 from tests.s3.conftest import PREFIX
 from tiering.demo.seed import GeneratedSegment, generate_partition, upload_partition
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.kafka.index import build_indexes
 from tiering.kafka.segment import verify_segment
 from tiering.storage.layout import segment_key
 from tiering.storage.s3 import S3Store
@@ -177,8 +177,7 @@ def records(log: bytes, base: int) -> tuple[str | None, bytes, bytes]:
         if key in _RECORDS:
             return _RECORDS[key]
     summary = verify_segment(io.BytesIO(log), segment_base=base)
-    rebuilt = build_indexes(base, summary.batches)
-    value = (summary.records_sha256, rebuilt.offset_index, rebuilt.time_index)
+    value = (summary.records_sha256, *rebuild(log, base))
     with _RECORDS_LOCK:
         _RECORDS[key] = value
     return value

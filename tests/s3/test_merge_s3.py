@@ -14,6 +14,7 @@ import crc32c
 import pytest
 from botocore.exceptions import EndpointConnectionError
 
+from tests.reference_index import rebuild
 from tests.s3.broker_view import check_loaded
 from tests.s3.conftest import (
     FAULT_REPORT,
@@ -32,10 +33,8 @@ from tiering.commit.operation import META_MERGED, Context, SegmentResult
 from tiering.commit.recover import pending_journals
 from tiering.errors import ConfigError, ExitCode
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.kafka.index import build_indexes
 from tiering.kafka.merge import Limits
 from tiering.kafka.reader import iter_batches
-from tiering.kafka.segment import verify_segment
 from tiering.lifecycle.journal import Journal, OpFile
 from tiering.lifecycle.state import Outcome, load_state
 from tiering.lifecycle.vocabulary import Cause, Status
@@ -79,10 +78,9 @@ def test_small_neighbours_become_one_segment(store: S3Store) -> None:
     assert results[bases[-1]].cause is Cause.ACTIVE
     merged = b"".join(originals[b].log for b in bases[:-1])
     assert _get(store, bases[0], LOG_SUFFIX) == merged  # every batch byte for byte, one after the other
-    summary = verify_segment(io.BytesIO(merged), segment_base=bases[0])
-    rebuilt = build_indexes(bases[0], summary.batches)
-    assert _get(store, bases[0], INDEX_SUFFIX) == rebuilt.offset_index
-    assert _get(store, bases[0], TIME_INDEX_SUFFIX) == rebuilt.time_index
+    offsets, times = rebuild(merged, bases[0])
+    assert _get(store, bases[0], INDEX_SUFFIX) == offsets
+    assert _get(store, bases[0], TIME_INDEX_SUFFIX) == times
     assert store.head(segment_key(PREFIX, TOPIC, 0, bases[0], LOG_SUFFIX)).metadata[META_MERGED] == "4"
     names = _names(store)
     assert not [n for n in names if n.endswith((".swap", ".cleaned"))], names

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.reference_index import rebuild
 from tests.s3.conftest import PREFIX, context
 from tiering.cost.model import CostOptions, build_report
 from tiering.cost.prices import load_prices
@@ -20,7 +21,6 @@ from tiering.errors import ConfigError
 from tiering.kafka.builder import BatchSpec, build_batch
 from tiering.kafka.codecs import Codec
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX
-from tiering.kafka.index import build_indexes
 from tiering.kafka.reader import iter_batches
 from tiering.kafka.records import Record
 from tiering.kafka.rewrite import RewriteOptions, rewrite_segment
@@ -81,9 +81,9 @@ def test_a_policy_re_batches_one_topic_and_the_report_splits_the_savings(store: 
         source = verify_segment(io.BytesIO(logs[topic, base]), segment_base=base)
         after = verify_segment(io.BytesIO(final), segment_base=base)
         assert after.records_sha256 == source.records_sha256
-        rebuilt = build_indexes(base, after.batches)
-        assert store.get(segment_key(PREFIX, topic, 0, base, INDEX_SUFFIX)) == rebuilt.offset_index
-        assert store.get(segment_key(PREFIX, topic, 0, base, TIME_INDEX_SUFFIX)) == rebuilt.time_index
+        offsets, times = rebuild(final, base)
+        assert store.get(segment_key(PREFIX, topic, 0, base, INDEX_SUFFIX)) == offsets
+        assert store.get(segment_key(PREFIX, topic, 0, base, TIME_INDEX_SUFFIX)) == times
         assert r.stats is not None
         alone = rewrite_segment(io.BytesIO(logs[topic, base]), io.BytesIO(), base_offset=base,
                                 options=RewriteOptions(Codec.ZSTD)).stats.bytes_out
