@@ -316,6 +316,20 @@ def test_no_module_spells_out_a_storage_class() -> None:
     assert len(_literals(vocabulary, names.__contains__)) == len(names)  # the rule sees them where they are
 
 
+def test_the_commit_plan_run_and_lifecycle_layers_name_a_segments_files_by_their_role() -> None:
+    """A segment's files (``log``, ``index``, ``timeindex``, ``txnindex``) are
+    :class:`~tiering.lifecycle.vocabulary.FileRole` members in the layers that plan, commit and run work on
+    them; their names appear as literals in lifecycle/vocabulary.py only there."""
+    from tiering.lifecycle.vocabulary import FileRole
+
+    names = {r.value for r in FileRole}
+    vocabulary = PACKAGE / "lifecycle" / "vocabulary.py"
+    sources = [p for layer in ("commit", "lifecycle", "plan", "run") for p in sorted((PACKAGE / layer).rglob("*.py"))]
+    found = [hit for p in sources if p != vocabulary for hit in _literals(p, names.__contains__)]
+    assert found == []
+    assert len(_literals(vocabulary, names.__contains__)) == len(names)
+
+
 # Where a JSON document is read or written, an untyped mapping is what there is: these functions (besides every
 # to_json / from_json / *_json) take or give one, each for the reason given.
 JSON_BOUNDARIES: dict[str, str] = {

@@ -14,6 +14,7 @@ from tiering.commit.operation import SegmentResult
 from tiering.commit.recover import pending_journals
 from tiering.lifecycle.journal import REGROUPS
 from tiering.lifecycle.state import Marks, SegmentState, record_segments
+from tiering.lifecycle.vocabulary import FileRole
 from tiering.storage.layout import journal_key
 from tiering.storage.objects import ObjectNotFound, ObjectStore
 
@@ -40,21 +41,21 @@ def operation_pending(store: ObjectStore, prefix: str, directory: str, base: int
 
 
 def follow_etags(store: ObjectStore, prefix: str, directory: str, base: int, entry: SegmentState | None,
-                  etags: Mapping[str, tuple[str, str]], marks: Callable[[Marks], Marks]) -> None:
+                  etags: Mapping[FileRole, tuple[str, str]], marks: Callable[[Marks], Marks]) -> None:
     """After copies in place (``etags``: each copied file's ETag before and after), keep our state naming the
     objects, in one write: the compacted entry of the segment (a copy of a multipart object gets a new ETag,
     and a stale one would read as "replaced by someone else") and the tiering marks, changed by ``marks``.
     ``entry``: the segment's entry as the caller, holding the partition's lease, read it."""
 
-    def follow(file: str, etag: str | None) -> str | None:
+    def follow(file: FileRole, etag: str | None) -> str | None:
         old, new = etags.get(file, (None, None))
         return new if etag is not None and etag == old else etag
 
     changes: dict[int, SegmentState | None] = {}
     if entry is not None:
-        updated = structs.replace(entry, log_etag=follow("log", entry.log_etag) or entry.log_etag,
-                          index_etag=follow("index", entry.index_etag),
-                          timeindex_etag=follow("timeindex", entry.timeindex_etag))
+        updated = structs.replace(entry, log_etag=follow(FileRole.LOG, entry.log_etag) or entry.log_etag,
+                          index_etag=follow(FileRole.INDEX, entry.index_etag),
+                          timeindex_etag=follow(FileRole.TIMEINDEX, entry.timeindex_etag))
         if updated != entry:
             changes[base] = updated
     record_segments(store, prefix, directory, changes, tiered=marks)

@@ -40,7 +40,7 @@ from tiering.lifecycle.journal import (
     Recorded,
     read_journal,
 )
-from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status
+from tiering.lifecycle.vocabulary import Cause, FileRole, JournalState, OpKind, Pending, Status
 from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
     backup_key,
@@ -188,7 +188,7 @@ def _txn_index_restore(ctx: Context, directory: str, base: int, target_run: str,
                    attrs=attrs.with_metadata({META_RESTORED: target_run, META_OP: op})))
 
 
-def _not_to_restore(ctx: Context, directory: str, base: int, final: dict[str, str], backup: str,
+def _not_to_restore(ctx: Context, directory: str, base: int, final: dict[FileRole, str], backup: str,
                     current: ObjectInfo, target_run: str) -> SegmentResult | None:
     """Where the ``.log`` in place is not the rolled-back run's, what to report instead of restoring, judged
     by content against that run's backup of the original; None where it is the original's bytes beside an
@@ -226,7 +226,7 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
     final = {name: dir_segment_key(ctx.prefix, directory, base, sfx) for name, sfx in FILES}
     backups = {name: backup_key(ctx.prefix, target_run, directory, base, sfx) for name, sfx in FILES}
     try:
-        current, _ = store.describe(final["log"])
+        current, _ = store.describe(final[FileRole.LOG])
     except ObjectNotFound:
         return SegmentResult(directory, base, Status.SKIPPED, "the .log is gone: nothing to restore over",
                              cause=Cause.NOT_RESTORABLE)
@@ -241,22 +241,22 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
                              f"{current.metadata[META_MERGED]} segments and the partition's state no longer says "
                              "which: not restored one for one",
                              cause=Cause.NOT_RESTORABLE)
-    if owner != target_run and (instead := _not_to_restore(ctx, directory, base, final, backups["log"], current,
+    if owner != target_run and (instead := _not_to_restore(ctx, directory, base, final, backups[FileRole.LOG], current,
                                                            target_run)) is not None:
         return instead
     # the run's .log in place, or the original's bytes (put back by a mirror, say) beside the run's indexes
     op = ctx.new_op()
-    sources = {"log": OpFile(final["log"], current.etag, current.size)}
-    targets: dict[str, OpFile] = {}
+    sources = {FileRole.LOG: OpFile(final[FileRole.LOG], current.etag, current.size)}
+    targets: dict[FileRole, OpFile] = {}
     for name, _ in FILES:
-        if name != "log":
+        if name != FileRole.LOG:
             with contextlib.suppress(ObjectNotFound):
                 there = store.head(final[name])
                 sources[name] = OpFile(final[name], there.etag, there.size)
         try:
             info, original = store.describe(backups[name])
         except ObjectNotFound:
-            if name == "log":
+            if name == FileRole.LOG:
                 return SegmentResult(directory, base, Status.FAILED, "the backup of the .log is missing",
                                      error={"path": uri(store, backups[name])}, cause=Cause.BACKUP_MISSING)
             continue
@@ -266,14 +266,15 @@ def stage_rollback(ctx: Context, directory: str, base: int, target_run: str) -> 
                                attrs=original.with_metadata({META_RESTORED: target_run, META_OP: op}))
     if (txn := _txn_index_restore(ctx, directory, base, target_run, op)) is not None:
         if txn[0] is not None:
-            sources["txnindex"] = txn[0]
-        targets["txnindex"] = txn[1]
+            sources[FileRole.TXNINDEX] = txn[0]
+        targets[FileRole.TXNINDEX] = txn[1]
     entry = state_entry(ctx, directory, base)
     # What goes back in the partition's state: the generation that run replaced (its entry's lineage).
     restores = (entry.replaced if entry is not None and entry.run_id == target_run
                 and entry.log_etag == current.etag else ())
+    recorded = Recorded(current.size, targets[FileRole.LOG].bytes, replaced=restores)
     journal = Journal(OpKind.ROLLBACK, op, ctx.run_id, JournalState.BACKED_UP, directory, (OpSegment(base, sources),),
-                      (OpSegment(base, targets),), Recorded(current.size, targets["log"].bytes, replaced=restores),
+                      (OpSegment(base, targets),), recorded,
                       restores_run=target_run, payload_xxh3=entry.payload_xxh3 if entry else None)
     try:
         etag = store.put_json(journal_key(ctx.prefix, directory, base), journal.to_json(), if_none_match=True)

@@ -68,7 +68,7 @@ from tiering.kafka.merge import merge
 from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.journal import GROUP_FILES, Journal, OpFile, OpSegment, Recorded
 from tiering.lifecycle.state import SegmentState
-from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Pending, Status, StorageClass, Verify
+from tiering.lifecycle.vocabulary import Cause, FileRole, JournalState, OpKind, Pending, Status, StorageClass, Verify
 from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
     backup_key,
@@ -90,12 +90,12 @@ from tiering.storage.objects import (
 
 # The order a segment's files go in place (and out of the way): the .log first, so that no index of a target
 # is ever read beside a .log it was not made for.
-PUT_ORDER: Final = ("log", "txnindex", "index", "timeindex")
+PUT_ORDER: Final = (FileRole.LOG, FileRole.TXNINDEX, FileRole.INDEX, FileRole.TIMEINDEX)
 # Swap files come out in the reverse order: while an .index.swap is there (which spares a broker the recovery
 # that would rebuild the .txnindex), so is the .txnindex.swap.
 REMOVE_ORDER: Final = tuple(reversed(PUT_ORDER))
 # A source's files: its indexes before its .log (a broker never finds an index without the .log it fits).
-SOURCE_ORDER: Final = ("txnindex", "index", "timeindex", "log")
+SOURCE_ORDER: Final = (FileRole.TXNINDEX, FileRole.INDEX, FileRole.TIMEINDEX, FileRole.LOG)
 
 
 class _Reading(io.RawIOBase):
@@ -130,7 +130,7 @@ def _source_files(ctx: Context, seg: PlannedSegment, run_id: str) -> OpSegment:
     otherwise), with their attributes and backup keys."""
     store, d, base = ctx.store, seg.directory, seg.base_offset
     assert seg.log is not None
-    files: dict[str, OpFile] = {}
+    files: dict[FileRole, OpFile] = {}
     for name, suffix in GROUP_FILES:
         ref = getattr(seg, name)
         key = ref.key if ref is not None else sibling_key(seg.log.key, suffix)
@@ -139,7 +139,7 @@ def _source_files(ctx: Context, seg: PlannedSegment, run_id: str) -> OpSegment:
         except ObjectNotFound:
             if ref is None:
                 continue
-            gone = SourceGone if name == "log" else SourceChanged
+            gone = SourceGone if name == FileRole.LOG else SourceChanged
             raise gone(f"the {name} file disappeared after planning", path=uri(store, key)) from None
         if ref is None or info.etag != ref.etag:
             raise SourceChanged(f"the {name} file changed after planning", path=uri(store, key),
@@ -175,7 +175,7 @@ def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGu
     new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in GROUP_FILES}
     marks = {META_RUN: ctx.run_id, META_OP: op}
     checksum = ctx.verify is Verify.CHECKSUM
-    with store.writer(new["log"], part_bytes=ctx.part_bytes, checksum=checksum, metadata=marks) as out:
+    with store.writer(new[FileRole.LOG], part_bytes=ctx.part_bytes, checksum=checksum, metadata=marks) as out:
         merged = merge(merge_sources, cast(BinaryIO, out), index_interval_bytes=ctx.index_interval_bytes,
                        contiguous=True)
         if merged.sources < 2:  # leaving the block unfinished aborts the upload
@@ -184,7 +184,7 @@ def stage_merge(ctx: Context, segments: Sequence[PlannedSegment], lease: LeaseGu
         expected = sum(g.log.bytes for g in sources)
         if seen.size != expected or merged.log_bytes != expected:
             raise ProofError("the merged .log is not the sources' bytes one after the other",
-                             path=uri(store, first.log.key if first.log else new["log"]),
+                             path=uri(store, first.log.key if first.log else new[FileRole.LOG]),
                              expected=f"{expected} bytes read and written",
                              found=f"{seen.size} read, {merged.log_bytes} written")
         lease.check()
@@ -219,7 +219,7 @@ def stage_cleaned_group(ctx: Context, segments: Sequence[PlannedSegment], log: B
     marks = {META_RUN: ctx.run_id, META_OP: op}
     log.seek(0)
     crc = 0
-    with store.writer(new["log"], part_bytes=ctx.part_bytes, checksum=ctx.verify is Verify.CHECKSUM,
+    with store.writer(new[FileRole.LOG], part_bytes=ctx.part_bytes, checksum=ctx.verify is Verify.CHECKSUM,
                       metadata=marks) as out:
         while chunk := log.read(COPY_CHUNK):
             crc = crc32c.crc32c(chunk, crc)
@@ -233,7 +233,7 @@ def stage_cleaned_group(ctx: Context, segments: Sequence[PlannedSegment], log: B
 
 
 def _journal_group(ctx: Context, op: str, d: str, sources: list[OpSegment],
-                   staged: dict[str, tuple[str, int]], new: dict[str, str], marks: dict[str, str],
+                   staged: dict[FileRole, tuple[str, int]], new: dict[FileRole, str], marks: dict[str, str],
                    recorded: Recorded, crc: int) -> tuple[Journal, str]:
     """The journal entry (state ``staged``) of one segment made from ``sources`` at the first one's base
     offset (its ``.log``'s CRC-32C ``crc``): its files take the first source's attributes (its ``.log``'s
@@ -246,7 +246,7 @@ def _journal_group(ctx: Context, op: str, d: str, sources: list[OpSegment],
             etag, size = staged[name]
             attrs = sources[0].files.get(name, sources[0].log).attrs or ObjectAttrs()
             target_files[name] = OpFile(dir_segment_key(ctx.prefix, d, base, suffix), etag, size, new[name],
-                                        attrs.with_metadata(marks), crc32c=crc if name == "log" else None)
+                                        attrs.with_metadata(marks), crc32c=crc if name == FileRole.LOG else None)
     lineage = tuple(replaced(ctx, d, s.base_offset, s.log.bytes, str(s.log.etag)) for s in sources)
     journal = Journal(OpKind.MERGE, op, ctx.run_id, JournalState.STAGED, d, tuple(sources),
                       (OpSegment(base, target_files),), replace(recorded, replaced=lineage))
@@ -254,7 +254,7 @@ def _journal_group(ctx: Context, op: str, d: str, sources: list[OpSegment],
 
 
 def _aborted(ctx: Context, group: OpSegment) -> tuple[Any, ...]:
-    txn = group.files.get("txnindex")
+    txn = group.files.get(FileRole.TXNINDEX)
     if txn is None:
         return ()
     try:
@@ -266,21 +266,21 @@ def _aborted(ctx: Context, group: OpSegment) -> tuple[Any, ...]:
     return tuple(parse_txn_index(data, path=uri(ctx.store, txn.final)))
 
 
-def _finish_staging(ctx: Context, out: Any, new: dict[str, str], indexes: Indexes, txn_index: bytes,
-                    log_bytes: int, crc: int, marks: dict[str, str]) -> dict[str, tuple[str, int]]:
+def _finish_staging(ctx: Context, out: Any, new: dict[FileRole, str], indexes: Indexes, txn_index: bytes,
+                    log_bytes: int, crc: int, marks: dict[str, str]) -> dict[FileRole, tuple[str, int]]:
     """Complete the staged ``.log`` (its bytes must have the CRC-32C ``crc`` of what it was made from, and so
     must what S3 stored), put its indexes and ``.txnindex`` beside it: their ETags and sizes by file name. A
     store that reports no checksums (or ``--verify read-back``) has each object read back instead."""
     store = ctx.store
-    files = {"index": indexes.offset_index, "timeindex": indexes.time_index, "txnindex": txn_index}
-    files = {name: data for name, data in files.items() if data or name != "txnindex"}
-    staged: dict[str, tuple[str, int]] = {}
+    files = {FileRole.INDEX: indexes.offset_index, FileRole.TIMEINDEX: indexes.time_index, FileRole.TXNINDEX: txn_index}
+    files = {name: data for name, data in files.items() if data or name != FileRole.TXNINDEX}
+    staged: dict[FileRole, tuple[str, int]] = {}
     read_back = ctx.verify is Verify.READ_BACK
     try:
-        staged["log"] = (out.finish(expect_crc=crc).etag, log_bytes)
+        staged[FileRole.LOG] = (out.finish(expect_crc=crc).etag, log_bytes)
     except ChecksumUnsupported:  # completed, and the store does not say what it holds
         read_back = True
-        staged["log"] = (store.head(new["log"]).etag, log_bytes)
+        staged[FileRole.LOG] = (store.head(new[FileRole.LOG]).etag, log_bytes)
     for name, data in files.items():
         staged[name] = (store.put(new[name], data, metadata=marks, checksum=not read_back), len(data))
     if read_back:
@@ -288,17 +288,18 @@ def _finish_staging(ctx: Context, out: Any, new: dict[str, str], indexes: Indexe
     return staged
 
 
-def _check_read_back(ctx: Context, new: dict[str, str], staged: dict[str, tuple[str, int]],
-                     files: dict[str, bytes], crc: int) -> None:
+def _check_read_back(ctx: Context, new: dict[FileRole, str], staged: dict[FileRole, tuple[str, int]],
+                     files: dict[FileRole, bytes], crc: int) -> None:
     store = ctx.store
     got, size = 0, 0
-    with store.open(new["log"], if_match=staged["log"][0]) as body:
+    with store.open(new[FileRole.LOG], if_match=staged[FileRole.LOG][0]) as body:
         while chunk := body.read(COPY_CHUNK):
             got = crc32c.crc32c(chunk, got)
             size += len(chunk)
-    if got != crc or size != staged["log"][1]:
-        raise ProofError("the staged merged .log read back is not the sources' bytes", path=uri(store, new["log"]),
-                         expected=f"{staged['log'][1]} bytes, CRC-32C {crc:#010x}", found=f"{size} bytes, {got:#010x}")
+    if got != crc or size != (want := staged[FileRole.LOG][1]):
+        raise ProofError("the staged merged .log read back is not the sources' bytes",
+                         path=uri(store, new[FileRole.LOG]), expected=f"{want} bytes, CRC-32C {crc:#010x}",
+                         found=f"{size} bytes, {got:#010x}")
     for name, data in files.items():
         if store.get(new[name]) != data:
             raise ProofError(f"the staged .{name} read back differs from the one written", path=uri(store, new[name]))
@@ -332,7 +333,7 @@ def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run:
     if current.metadata.get(META_RUN) != target_run or current.etag != entry.log_etag:
         return refused(Status.SKIPPED, f"the .log in place is not the one run {target_run} merged",
                        Cause.NOT_RESTORABLE)
-    in_place: dict[str, OpFile] = {}
+    in_place: dict[FileRole, OpFile] = {}
     for name, suffix in GROUP_FILES:
         key = dir_segment_key(ctx.prefix, directory, base, suffix)
         with contextlib.suppress(ObjectNotFound):
@@ -342,13 +343,13 @@ def stage_unmerge(ctx: Context, directory: str, entry: SegmentState, target_run:
     marks = {META_RESTORED: target_run, META_OP: op}
     targets: list[OpSegment] = []
     for b in bases:
-        files: dict[str, OpFile] = {}
+        files: dict[FileRole, OpFile] = {}
         for name, suffix in GROUP_FILES:
             kept = backup_key(ctx.prefix, target_run, directory, b, suffix)
             try:
                 info, attrs = store.describe(kept)
             except ObjectNotFound:
-                if name == "log":
+                if name == FileRole.LOG:
                     return refused(Status.FAILED, f"the backup of segment {b}'s .log is missing",
                                    Cause.BACKUP_MISSING)
                 continue
@@ -419,7 +420,7 @@ def _check_sources(ctx: Context, journal: Journal) -> None:
             if planned is None and there is None:
                 continue
             if planned is not None and there is None:
-                gone = SourceGone if name == "log" else SourceChanged
+                gone = SourceGone if name == FileRole.LOG else SourceChanged
                 raise gone(f"segment {source.base_offset}'s {name} file disappeared", path=uri(store, planned.final))
             assert there is not None
             if planned is None or there.etag != planned.etag:
@@ -544,7 +545,7 @@ def _roll_forward(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) 
             record_state(ctx, journal.directory, source.base_offset, None)
     for i, target in enumerate(journal.targets):
         etags = put[target.base_offset]
-        made = (etags["log"], etags.get("index"), etags.get("timeindex"))
+        made = (etags[FileRole.LOG], etags.get(FileRole.INDEX), etags.get(FileRole.TIMEINDEX))
         record_state(ctx, journal.directory, target.base_offset,
                      journal.entry.done(*made) if merged else journal.entry.restored(target.base_offset, *made),
                      then=forgotten if i == len(journal.targets) - 1 else None)
@@ -555,7 +556,8 @@ def _roll_forward(ctx: Context, journal: Journal, etag: str, lease: LeaseGuard) 
                               f"{n} segments merged into one" if i == 0 else
                               f"merged into segment {target.base_offset}",
                               s.log.bytes, target.log.bytes if i == 0 else 0, run_id=journal.run_id,
-                              stats={**({"merge": merge_stats(journal)} if i == 0 else {}), "log": _facts(s.log)})
+                              stats={**({"merge": merge_stats(journal)} if i == 0 else {}),
+                                     FileRole.LOG: _facts(s.log)})
                 for i, s in enumerate(journal.sources)]
     merged_size = journal.sources[0].log.bytes
     return [SegmentResult(journal.directory, t.base_offset, Status.ROLLED_BACK,

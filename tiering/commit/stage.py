@@ -36,7 +36,7 @@ from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back, rewrite_segment
 from tiering.kafka.segment import verify_segment
 from tiering.lifecycle.journal import FILES, INDEX_FILES, Journal, OpFile, OpSegment, Recorded
-from tiering.lifecycle.vocabulary import Cause, JournalState, OpKind, Status, Verify
+from tiering.lifecycle.vocabulary import Cause, FileRole, JournalState, OpKind, Status, Verify
 from tiering.plan.document import PlannedSegment
 from tiering.storage.layout import (
     backup_key,
@@ -66,7 +66,7 @@ def stage_segment(ctx: Context, seg: PlannedSegment, lease: LeaseGuard) -> Stage
     verified = ctx.verify
     # The new .log goes to staging while it is written (a multipart upload, aborted on leaving the block
     # unfinished: an error, or a rewrite not worth keeping).
-    with store.writer(new["log"], part_bytes=ctx.part_bytes, checksum=verified is Verify.CHECKSUM) as out:
+    with store.writer(new[FileRole.LOG], part_bytes=ctx.part_bytes, checksum=verified is Verify.CHECKSUM) as out:
         try:
             with store.open(seg.log.key, if_match=seg.log.etag) as body:
                 result = rewrite_segment(body, cast(BinaryIO, out), base_offset=base, options=ctx.rewrite,
@@ -129,7 +129,7 @@ def stage_cleaned(ctx: Context, seg: PlannedSegment, log: BinaryIO, size: int, i
                             expected=seg.log.etag) from None
     new = {name: staging_key(ctx.prefix, ctx.run_id, d, base, suffix) for name, suffix in FILES}
     log.seek(0)
-    with store.writer(new["log"], part_bytes=ctx.part_bytes, checksum=ctx.verify is Verify.CHECKSUM) as out:
+    with store.writer(new[FileRole.LOG], part_bytes=ctx.part_bytes, checksum=ctx.verify is Verify.CHECKSUM) as out:
         while chunk := log.read(COPY_CHUNK):
             out.write(chunk)
             lease.keep_alive()
@@ -176,19 +176,19 @@ def _stage_txn_index(ctx: Context, seg: PlannedSegment, data: bytes) -> _TxnFile
 class _Sources:
     """The segment's final keys, the ETags and sizes they had when checked, and their attributes."""
 
-    final: dict[str, str]
-    etags: dict[str, str | None]
-    sizes: dict[str, int]
-    attrs: dict[str, ObjectAttrs]
+    final: dict[FileRole, str]
+    etags: dict[FileRole, str | None]
+    sizes: dict[FileRole, int]
+    attrs: dict[FileRole, ObjectAttrs]
 
 
 def _sources(ctx: Context, seg: PlannedSegment) -> _Sources:
     """The segment's files as they are now, each checked against the plan (:class:`SourceChanged` else)."""
     store = ctx.store
     assert seg.log is not None
-    attrs: dict[str, ObjectAttrs] = {}
-    source: dict[str, str | None] = {}
-    sizes: dict[str, int] = {}
+    attrs: dict[FileRole, ObjectAttrs] = {}
+    source: dict[FileRole, str | None] = {}
+    sizes: dict[FileRole, int] = {}
     # The keys as listed (never rebuilt from a parsed topic and number); an index the plan did not see is
     # looked for too: one that appeared since (a restore or a mirror in progress) would be overwritten
     # without a backup, so it stops the segment like any other change.
@@ -202,7 +202,7 @@ def _sources(ctx: Context, seg: PlannedSegment) -> _Sources:
             if ref is None:
                 source[name] = None
                 continue
-            gone = SourceGone if name == "log" else SourceChanged
+            gone = SourceGone if name == FileRole.LOG else SourceChanged
             raise gone(f"the {name} file disappeared after planning", path=uri(store, ref.key)) from None
         if ref is None:
             raise SourceChanged(f"the {name} file appeared after planning", path=uri(store, final[name]),
@@ -221,7 +221,7 @@ class _Upload:
     verified: Verify
 
 
-def _finish_upload(ctx: Context, out: StreamUpload, base: int, new: dict[str, str], indexes: Indexes, size: int,
+def _finish_upload(ctx: Context, out: StreamUpload, base: int, new: dict[FileRole, str], indexes: Indexes, size: int,
                    digest: str) -> _Upload:
     """Complete the staged ``.log``'s upload, put the staged indexes, and accept them: by the checksum S3
     reports, or (where it reports none) by reading the ``.log`` back against its ``size`` and records
@@ -230,30 +230,30 @@ def _finish_upload(ctx: Context, out: StreamUpload, base: int, new: dict[str, st
     log_etag: str | None = None
     try:
         log_etag = out.finish().etag
-        store.put(new["index"], indexes.offset_index, checksum=verified is Verify.CHECKSUM)
-        store.put(new["timeindex"], indexes.time_index, checksum=verified is Verify.CHECKSUM)
+        store.put(new[FileRole.INDEX], indexes.offset_index, checksum=verified is Verify.CHECKSUM)
+        store.put(new[FileRole.TIMEINDEX], indexes.time_index, checksum=verified is Verify.CHECKSUM)
     except ChecksumUnsupported:  # this store does not say what it holds: read it back
         verified = Verify.READ_BACK
-        store.put(new["index"], indexes.offset_index)
-        store.put(new["timeindex"], indexes.time_index)
+        store.put(new[FileRole.INDEX], indexes.offset_index)
+        store.put(new[FileRole.TIMEINDEX], indexes.time_index)
     if out.size != size:
         raise ProofError("the staged .log was sent with another size than the rewrite wrote",
-                         path=uri(store, new["log"]), expected=size, found=out.size)
+                         path=uri(store, new[FileRole.LOG]), expected=size, found=out.size)
     if verified is Verify.READ_BACK:  # what S3 now holds, checked against what the source held
-        log_etag = log_etag or store.head(new["log"]).etag
-        with store.open(new["log"], if_match=log_etag) as body:
-            back = read_back(body, base_offset=base, path=uri(store, new["log"]), size=size,
+        log_etag = log_etag or store.head(new[FileRole.LOG]).etag
+        with store.open(new[FileRole.LOG], if_match=log_etag) as body:
+            back = read_back(body, base_offset=base, path=uri(store, new[FileRole.LOG]), size=size,
                              index_interval_bytes=ctx.index_interval_bytes,
                              decompression_limit=ctx.decompression_limit)
         check_read_back(store, new, back.size, back.payload_xxh3, back.indexes.offset_index,
                          back.indexes.time_index, size, digest)
         if back.indexes != indexes:
             raise ProofError("the staged indexes differ from a rebuild of the staged .log",
-                             path=uri(store, new["log"]))
+                             path=uri(store, new[FileRole.LOG]))
     return _Upload(log_etag, out.crc if verified is Verify.CHECKSUM else None, verified)
 
 
-def _journal(ctx: Context, seg: PlannedSegment, src: _Sources, new: dict[str, str], upload: _Upload,
+def _journal(ctx: Context, seg: PlannedSegment, src: _Sources, new: dict[FileRole, str], upload: _Upload,
              recorded: Recorded, new_digest: str, codec_mark: str, txn: _TxnFiles | None = None
              ) -> tuple[Journal, str]:
     """Create the segment's journal entry in state ``staged`` (``If-None-Match``: one operation at a time):
@@ -263,21 +263,21 @@ def _journal(ctx: Context, seg: PlannedSegment, src: _Sources, new: dict[str, st
     assert seg.log is not None
     op = ctx.new_op()
     marks = {META_RUN: ctx.run_id, META_OP: op, META_CODEC: codec_mark, META_SOURCE_ETAG: seg.log.etag.strip('"')}
-    attrs = {name: src.attrs.get(name, src.attrs["log"]).with_metadata(marks) for name, _ in FILES}
+    attrs = {name: src.attrs.get(name, src.attrs[FileRole.LOG]).with_metadata(marks) for name, _ in FILES}
     sources = {name: OpFile(src.final[name], etag, src.sizes.get(name),
                             backup_key(ctx.prefix, ctx.run_id, d, base, sfx), attrs[name])
                for name, sfx in FILES if (etag := src.etags[name])}
-    targets = {"log": OpFile(src.final["log"], upload.log_etag, recorded.bytes_after, new["log"], attrs["log"],
-                             crc32c=upload.log_crc32c),
+    targets = {FileRole.LOG: OpFile(src.final[FileRole.LOG], upload.log_etag, recorded.bytes_after, new[FileRole.LOG],
+                                    attrs[FileRole.LOG], crc32c=upload.log_crc32c),
                **{name: OpFile(src.final[name], copy=new[name], attrs=attrs[name]) for name in INDEX_FILES}}
     if txn is not None and txn.source is not None:
-        sources["txnindex"] = txn.source
+        sources[FileRole.TXNINDEX] = txn.source
     if txn is not None and txn.target is not None:
-        targets["txnindex"] = replace(txn.target, attrs=(txn.target.attrs or ObjectAttrs()).with_metadata(marks))
+        targets[FileRole.TXNINDEX] = replace(txn.target, attrs=(txn.target.attrs or ObjectAttrs()).with_metadata(marks))
     journal = Journal(OpKind.COMPACT, op, ctx.run_id, JournalState.STAGED, d, (OpSegment(base, sources),),
                       (OpSegment(base, targets),),
                       replace(recorded, replaced=(replaced(ctx, d, base, seg.log.size, seg.log.etag),)),
-                      payload_xxh3=new_digest, txn_first="txnindex" in sources or "txnindex" in targets)
+                      payload_xxh3=new_digest, txn_first=FileRole.TXNINDEX in sources or FileRole.TXNINDEX in targets)
     try:
         etag = store.put_json(journal_key(ctx.prefix, d, base), journal.to_json(), if_none_match=True)
     except PreconditionFailed:

@@ -34,7 +34,7 @@ from tiering.commit.verify import copy_source, download_verified
 from tiering.kafka.index import Indexes
 from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.journal import INDEX_FILES, Journal
-from tiering.lifecycle.vocabulary import Cause, OpKind, Pending, Status, Swap
+from tiering.lifecycle.vocabulary import Cause, FileRole, OpKind, Pending, Status, Swap
 from tiering.storage.layout import (
     journal_key,
     probe_key,
@@ -79,16 +79,16 @@ def roll_forward(ctx: Context, at: Standing, lease: LeaseGuard, indexes: Indexes
     indexes, the state and the journal (:func:`_complete`)."""
     journal = at.journal
     try:
-        current, _ = ctx.store.describe(journal.final("log"))
+        current, _ = ctx.store.describe(journal.final(FileRole.LOG))
     except ObjectNotFound:
         raise SourceGone("the .log disappeared (deleted by retention?): nothing to replace",
-                         path=uri(ctx.store, journal.final("log"))) from None
+                         path=uri(ctx.store, journal.final(FileRole.LOG))) from None
     if current.metadata.get(META_OP) == journal.op:
         return [_complete(ctx, at, current.etag, indexes)]
-    if current.etag != journal.source_etag("log"):
+    if current.etag != journal.source_etag(FileRole.LOG):
         raise SourceChanged("the .log changed after planning: the new object is left untouched",
-                            path=uri(ctx.store, journal.final("log")), expected=journal.source_etag("log"),
-                            found=current.etag)
+                            path=uri(ctx.store, journal.final(FileRole.LOG)),
+                            expected=journal.source_etag(FileRole.LOG), found=current.etag)
     return [_complete(ctx, at, _swap_log(ctx, at, lease), indexes)]
 
 
@@ -124,7 +124,7 @@ def _copy_to_put(ctx: Context, journal: Journal) -> tuple[str | None, BinaryIO |
                        ) from None
 
 
-def _attrs(journal: Journal, name: str) -> ObjectAttrs:
+def _attrs(journal: Journal, name: FileRole) -> ObjectAttrs:
     """What the target file ``name`` gets in place."""
     f = journal.target(name)
     return f.attrs if f is not None and f.attrs is not None else ObjectAttrs()
@@ -147,15 +147,16 @@ def _put_log(ctx: Context, journal: Journal, staged: str | None, spool: BinaryIO
     """Put the new ``.log`` over the original (``If-Match`` the planned ETag): a server-side copy of the
     staged version ``staged``, else a PUT of ``spool``. The ETag now in place; :class:`SourceChanged` when
     another writer's object is there."""
-    store, new, key, planned = ctx.store, journal.targets[0].log, journal.final("log"), journal.source_etag("log")
+    store, new = ctx.store, journal.targets[0].log
+    key, planned = journal.final(FileRole.LOG), journal.source_etag(FileRole.LOG)
     try:
         if staged is not None:
             assert new.copy is not None
             return store.copy_over(new.copy, key, source_etag=staged, if_match=str(planned),
-                                   attrs=_attrs(journal, "log"), size=new.bytes).etag
+                                   attrs=_attrs(journal, FileRole.LOG), size=new.bytes).etag
         assert spool is not None
         spool.seek(0)
-        return store.put_object(key, spool, _attrs(journal, "log"), if_match=planned).etag
+        return store.put_object(key, spool, _attrs(journal, FileRole.LOG), if_match=planned).etag
     except ObjectNotFound:
         if staged is not None and _exists(ctx, key):
             raise CopyGone("the copy to put in place is gone", path=uri(store, str(new.copy))) from None
@@ -181,7 +182,7 @@ def _complete(ctx: Context, at: Standing, log_etag: str, indexes: Indexes | None
     ``.log`` is still ours, then the segment recorded in the partition's state and the journal forgotten.
     Another writer's objects found on the way leave the segment to them (:func:`_superseded`)."""
     journal, etag = at.journal, at.etag
-    indexes_put: dict[str, str] = {}
+    indexes_put: dict[FileRole, str] = {}
     superseded = ""
     if journal.txn_swapped and not journal.txn_first:
         try:
@@ -211,16 +212,16 @@ def _complete(ctx: Context, at: Standing, log_etag: str, indexes: Indexes | None
             forget(ctx, journal, etag)
 
     compacted = journal.kind is OpKind.COMPACT
-    etags = (log_etag, indexes_put.get("index"), indexes_put.get("timeindex"))
+    etags = (log_etag, indexes_put.get(FileRole.INDEX), indexes_put.get(FileRole.TIMEINDEX))
     record_state(ctx, journal.directory, journal.base_offset,
                  journal.entry.done(*etags) if compacted else journal.entry.restored(journal.base_offset, *etags),
                  then=forgotten)
     return SegmentResult(journal.directory, journal.base_offset, Status.COMPACTED if compacted else
                          Status.ROLLED_BACK, "", journal.entry.bytes_before, journal.entry.bytes_after,
-                         run_id=journal.run_id, encryption=kms(_attrs(journal, "log").headers))
+                         run_id=journal.run_id, encryption=kms(_attrs(journal, FileRole.LOG).headers))
 
 
-def _put_index_beside_ours(ctx: Context, journal: Journal, name: str, indexes: Indexes | None) -> str | None:
+def _put_index_beside_ours(ctx: Context, journal: Journal, name: FileRole, indexes: Indexes | None) -> str | None:
     """:func:`_put_index`, and while another writer's index sits beside our ``.log``, that one replaced by ours
     (:func:`_replace_foreign_index`, at most :data:`REPLACE_ATTEMPTS` times). The ETag put, or None."""
     put = _put_index(ctx, journal, name, indexes)
@@ -233,12 +234,12 @@ def _put_index_beside_ours(ctx: Context, journal: Journal, name: str, indexes: I
 
 def _log_is_ours(ctx: Context, journal: Journal) -> bool:
     try:
-        return ctx.store.head(journal.final("log")).metadata.get(META_OP) == journal.op
+        return ctx.store.head(journal.final(FileRole.LOG)).metadata.get(META_OP) == journal.op
     except ObjectNotFound:
         return False
 
 
-def _replace_foreign_index(ctx: Context, journal: Journal, name: str, indexes: Indexes | None) -> str | None:
+def _replace_foreign_index(ctx: Context, journal: Journal, name: FileRole, indexes: Indexes | None) -> str | None:
     """Another writer's index sits beside OUR ``.log`` (e.g. a mirror re-uploading a byte-identical original:
     its ``.log`` kept the planned ETag, so our swap went through, and its index arrived after our delete).
     It cannot be valid for our bytes, and a broker trusts a present index: delete it (``If-Match`` the ETag
@@ -263,7 +264,7 @@ def _still_ours(ctx: Context, journal: Journal, etag: str) -> None:
         raise TakenOver(TAKEN_OVER, path=uri(ctx.store, key))
 
 
-def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str], why: str) -> SegmentResult:
+def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[FileRole, str], why: str) -> SegmentResult:
     """Another writer replaced the segment after our ``.log`` swap: remove the indexes we put (``ours``: their
     ETags by file name; ``If-Match``: only ours; a broker rebuilds a missing index, but would trust ours
     beside a ``.log`` they do not belong to), leave every object of the other writer as it is, and forget the
@@ -278,7 +279,7 @@ def _superseded(ctx: Context, journal: Journal, etag: str, ours: dict[str, str],
                          cause=Cause.REPLACED)
 
 
-def _put_index(ctx: Context, journal: Journal, name: str, indexes: Indexes | None = None) -> str | None:
+def _put_index(ctx: Context, journal: Journal, name: FileRole, indexes: Indexes | None = None) -> str | None:
     """Put one new index in place where no index is (``If-None-Match``: the old one was deleted before the
     swap) unless a crashed run of this operation already did; its ETag. None when another writer's index
     is there: it is left alone."""
@@ -294,15 +295,15 @@ def _put_index(ctx: Context, journal: Journal, name: str, indexes: Indexes | Non
     staged = target.copy
     try:
         if indexes is not None:
-            data = indexes.offset_index if name == "index" else indexes.time_index
+            data = indexes.offset_index if name == FileRole.INDEX else indexes.time_index
         else:
             data = store.get(staged)
     except ObjectNotFound:  # only if the staging copy went first: rebuild from the .log in place
-        with store.open(journal.final("log")) as body:
-            rebuilt = read_back(body, base_offset=journal.base_offset, path=uri(store, journal.final("log")),
+        with store.open(journal.final(FileRole.LOG)) as body:
+            rebuilt = read_back(body, base_offset=journal.base_offset, path=uri(store, journal.final(FileRole.LOG)),
                                 index_interval_bytes=ctx.index_interval_bytes,
                                 decompression_limit=ctx.decompression_limit).indexes
-        data = rebuilt.offset_index if name == "index" else rebuilt.time_index
+        data = rebuilt.offset_index if name == FileRole.INDEX else rebuilt.time_index
     try:
         return store.put_object(key, data, _attrs(journal, name), if_none_match=True).etag
     except PreconditionFailed:
@@ -326,9 +327,9 @@ class _Txn:
 
 
 def _txn(journal: Journal) -> _Txn:
-    source, target = journal.source("txnindex"), journal.target("txnindex")
-    return _Txn(journal.final("txnindex"), source.etag if source else None, target.copy if target else None,
-                source.copy if source else None, _attrs(journal, "txnindex"))
+    source, target = journal.source(FileRole.TXNINDEX), journal.target(FileRole.TXNINDEX)
+    return _Txn(journal.final(FileRole.TXNINDEX), source.etag if source else None, target.copy if target else None,
+                source.copy if source else None, _attrs(journal, FileRole.TXNINDEX))
 
 
 def _swap_txn_index(ctx: Context, journal: Journal) -> None:
@@ -382,7 +383,7 @@ def _put_back_txn_index(ctx: Context, journal: Journal) -> None:
     if not ours and not removed:
         return
     try:
-        log_etag: str | None = store.head(journal.final("log")).etag
+        log_etag: str | None = store.head(journal.final(FileRole.LOG)).etag
     except ObjectNotFound:
         log_etag = None
     if log_etag is None:  # deleted by retention: no .txnindex of ours stays behind
@@ -390,7 +391,7 @@ def _put_back_txn_index(ctx: Context, journal: Journal) -> None:
             with contextlib.suppress(PreconditionFailed):
                 store.delete(txn.final, if_match=there.etag, missing_ok=True)
         return
-    if log_etag != journal.source_etag("log"):
+    if log_etag != journal.source_etag(FileRole.LOG):
         return
     with contextlib.suppress(PreconditionFailed):
         if txn.backup is None:

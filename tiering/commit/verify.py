@@ -17,7 +17,7 @@ from tiering.commit.operation import COPY_CHUNK, Context, spool_file, uri
 from tiering.errors import ProofError
 from tiering.kafka.rewrite import read_back
 from tiering.lifecycle.journal import Journal
-from tiering.lifecycle.vocabulary import Verify
+from tiering.lifecycle.vocabulary import FileRole, Verify
 from tiering.storage.objects import (
     ObjectStore,
     PreconditionFailed,
@@ -25,16 +25,16 @@ from tiering.storage.objects import (
 )
 
 
-def check_read_back(store: ObjectStore, new: dict[str, str], size: int, digest: str, offset_index: bytes,
+def check_read_back(store: ObjectStore, new: dict[FileRole, str], size: int, digest: str, offset_index: bytes,
                      time_index: bytes, expected_size: int, expected_digest: str) -> None:
-    where = uri(store, new["log"])
+    where = uri(store, new[FileRole.LOG])
     if size != expected_size:
         raise ProofError("the staged .log read back has another size", path=where, expected=expected_size,
                          found=size)
     if digest != expected_digest:
         raise ProofError("the staged .log does not hold the source's records", path=where,
                          expected=f"records xxh3 {expected_digest}", found=digest)
-    for name, want in (("index", offset_index), ("timeindex", time_index)):
+    for name, want in ((FileRole.INDEX, offset_index), (FileRole.TIMEINDEX, time_index)):
         got = store.get(new[name])
         if got != want:
             raise ProofError(f"the staged .{name} is not the rebuild of the staged .log", path=uri(store, new[name]),

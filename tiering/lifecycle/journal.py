@@ -26,15 +26,15 @@ from tiering.documents import check_document, read_part, to_builtins
 from tiering.errors import ConfigError
 from tiering.kafka.files import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX
 from tiering.lifecycle.state import Replaced, SegmentState, stamped
-from tiering.lifecycle.vocabulary import JournalState, OpKind
+from tiering.lifecycle.vocabulary import FileRole, JournalState, OpKind
 from tiering.storage.objects import ObjectAttrs
 
 # The three files every operation replaces, by name, with their suffixes.
-FILES: Final = (("log", LOG_SUFFIX), ("index", INDEX_SUFFIX), ("timeindex", TIME_INDEX_SUFFIX))
-INDEX_FILES: Final = ("index", "timeindex")
+FILES: Final = ((FileRole.LOG, LOG_SUFFIX), (FileRole.INDEX, INDEX_SUFFIX), (FileRole.TIMEINDEX, TIME_INDEX_SUFFIX))
+INDEX_FILES: Final = (FileRole.INDEX, FileRole.TIMEINDEX)
 # A segment's files with its .txnindex (a merge always replaces it: its entries are offsets; a one-for-one
 # operation only where its entries change).
-GROUP_FILES: Final = (*FILES, ("txnindex", TXN_INDEX_SUFFIX))
+GROUP_FILES: Final = (*FILES, (FileRole.TXNINDEX, TXN_INDEX_SUFFIX))
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,18 +155,18 @@ class OpSegment:
     """A segment of an operation: its base offset and its files by name (:data:`GROUP_FILES`; absent: none)."""
 
     base_offset: int
-    files: Mapping[str, OpFile]
+    files: Mapping[FileRole, OpFile]
 
     @property
     def log(self) -> OpFile:
-        return self.files["log"]
+        return self.files[FileRole.LOG]
 
     def to_json(self) -> dict[str, Any]:
         return {"base_offset": self.base_offset, "files": {n: f.to_json() for n, f in self.files.items()}}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> OpSegment:
-        return cls(int(doc["base_offset"]), {str(n): OpFile.from_json(f) for n, f in doc["files"].items()})
+        return cls(int(doc["base_offset"]), {FileRole(n): OpFile.from_json(f) for n, f in doc["files"].items()})
 
 
 # The kinds that regroup segments (through .swap files); the others replace one segment in place.
@@ -202,20 +202,20 @@ class Journal:
         """One segment replaced by one at the same keys (an overwrite), rather than through ``.swap`` files."""
         return self.kind not in REGROUPS
 
-    def source(self, name: str) -> OpFile | None:
+    def source(self, name: FileRole) -> OpFile | None:
         """The first source's file ``name`` (the one segment of an operation in place)."""
         return self.sources[0].files.get(name)
 
-    def target(self, name: str) -> OpFile | None:
+    def target(self, name: FileRole) -> OpFile | None:
         """The first target's file ``name``."""
         return self.targets[0].files.get(name)
 
-    def source_etag(self, name: str) -> str | None:
+    def source_etag(self, name: FileRole) -> str | None:
         """The planned ETag of the first source's file ``name`` (None: there is no such file)."""
         f = self.source(name)
         return f.etag if f is not None else None
 
-    def final(self, name: str) -> str:
+    def final(self, name: FileRole) -> str:
         """The final key of file ``name`` of the first segment."""
         f = self.target(name) or self.source(name)
         if f is None:
@@ -225,7 +225,7 @@ class Journal:
     @property
     def txn_swapped(self) -> bool:
         """Whether an operation in place replaces (or removes) the ``.txnindex`` too."""
-        return self.source("txnindex") is not None or self.target("txnindex") is not None
+        return self.source(FileRole.TXNINDEX) is not None or self.target(FileRole.TXNINDEX) is not None
 
     def advanced(self, state: JournalState) -> Journal:
         return replace(self, state=state)
@@ -296,7 +296,7 @@ def _check_shape(journal: Journal, where: str) -> None:
         fits = len(journal.sources) == len(journal.targets) == 1 and len(bases) == 1
     else:
         fits = bool(journal.sources) and bool(journal.targets) and journal.targets[0].base_offset == min(bases)
-    if not fits or any("log" not in s.files for s in segments):
+    if not fits or any(FileRole.LOG not in s.files for s in segments):
         raise ConfigError(f"journal entry is malformed: a {journal.kind} of {len(journal.sources)} segment(s) into "
                           f"{len(journal.targets)}", path=where,
                           expected="each segment with its .log; in place, one by one at the same base offset",
@@ -327,19 +327,20 @@ def _v1_in_place(doc: Mapping[str, Any]) -> Journal:
     attrs = {name: ObjectAttrs.from_json(a) for name, a in doc["attrs"].items()}
     src = {name: OpFile(str(final[name]), str(source[name]), _number(sizes.get(name)), _text(backup.get(name)),
                         attrs.get(name)) for name, _ in FILES if source.get(name)}
-    new_log = OpFile(str(final["log"]), _text(new.get("log_etag")), int(new.get("log_size", 0)), str(new["log"]),
-                     attrs.get("log"), crc32c=_number(doc.get("log_crc32c")))
-    tgt = {"log": new_log, **{name: OpFile(str(final[name]), copy=str(new[name]), attrs=attrs.get(name))
+    new_log = OpFile(str(final[FileRole.LOG]), _text(new.get("log_etag")), int(new.get("log_size", 0)),
+                     str(new[FileRole.LOG]), attrs.get(FileRole.LOG), crc32c=_number(doc.get("log_crc32c")))
+    tgt = {FileRole.LOG: new_log, **{name: OpFile(str(final[name]), copy=str(new[name]), attrs=attrs.get(name))
                               for name in INDEX_FILES if new.get(name)}}
     txn = doc.get("txn")
     if txn:
         if txn.get("source"):
-            src["txnindex"] = OpFile(str(txn["final"]), str(txn["source"]), copy=_text(txn.get("backup")))
+            src[FileRole.TXNINDEX] = OpFile(str(txn["final"]), str(txn["source"]), copy=_text(txn.get("backup")))
         if txn.get("new"):
-            tgt["txnindex"] = OpFile(str(txn["final"]), copy=str(txn["new"]),
+            tgt[FileRole.TXNINDEX] = OpFile(str(txn["final"]), copy=str(txn["new"]),
                                      attrs=ObjectAttrs.from_json(txn["attrs"]))
     base = int(doc["base_offset"])
     return Journal(OpKind(doc["kind"]), str(doc["op"]), str(doc["run_id"]), JournalState(doc["state"]),
                    str(doc["directory"]), (OpSegment(base, src),), (OpSegment(base, tgt),),
                    Recorded.from_json(doc.get("entry") or {}), _text(doc.get("restores_run")),
-                   _text(doc.get("payload_xxh3")), bool(txn and txn.get("before_log") and "txnindex" in {**src, **tgt}))
+                   _text(doc.get("payload_xxh3")),
+                   bool(txn and txn.get("before_log") and FileRole.TXNINDEX in {**src, **tgt}))

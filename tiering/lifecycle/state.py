@@ -23,6 +23,7 @@ from msgspec.structs import replace
 
 from tiering.documents import Document, Part, read, to_builtins
 from tiering.errors import TieringError
+from tiering.lifecycle.vocabulary import FileRole
 from tiering.storage.layout import state_key
 from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed
 
@@ -120,7 +121,7 @@ class ClassMove(Part, frozen=True):
     the classes, and its ETag before the move and after it (None: noted before the copy, which a crash may or
     may not have made; a copy may change an ETag)."""
 
-    file: str
+    file: FileRole
     size: int
     from_class: str = msgspec.field(name="from")
     to_class: str = msgspec.field(name="to")
@@ -148,14 +149,14 @@ def generation_in_place(entry: SegmentState | None) -> str | None:
     return entry.run_id if entry is not None and entry.compacted else None
 
 
-def after_moves(entry: SegmentState | None, marks: Sequence[TierMark], in_place: Mapping[str, ObjectInfo | None]
+def after_moves(entry: SegmentState | None, marks: Sequence[TierMark], in_place: Mapping[FileRole, ObjectInfo | None]
                 ) -> SegmentState | None:
     """``entry`` naming the objects ``in_place`` (by file) that the newest tiering run of its generation moved
     where it still names them by their ETags before the move: a run killed between its copy (which may change
     an ETag) and its state write leaves it so. Otherwise ``entry`` as it is."""
     if entry is None or not entry.compacted or not marks or marks[-1].generation != entry.run_id:
         return entry
-    named = {"log": entry.log_etag, "index": entry.index_etag, "timeindex": entry.timeindex_etag}
+    named = {FileRole.LOG: entry.log_etag, FileRole.INDEX: entry.index_etag, FileRole.TIMEINDEX: entry.timeindex_etag}
     now: dict[str, str] = {}
     for m in marks[-1].moves:
         info = in_place.get(m.file)
@@ -164,8 +165,9 @@ def after_moves(entry: SegmentState | None, marks: Sequence[TierMark], in_place:
             now[m.file] = info.etag
     if not now:
         return entry
-    return replace(entry, log_etag=now.get("log", entry.log_etag), index_etag=now.get("index", entry.index_etag),
-                   timeindex_etag=now.get("timeindex", entry.timeindex_etag))
+    return replace(entry, log_etag=now.get(FileRole.LOG, entry.log_etag),
+                   index_etag=now.get(FileRole.INDEX, entry.index_etag),
+                   timeindex_etag=now.get(FileRole.TIMEINDEX, entry.timeindex_etag))
 
 
 class PartitionState(Document, frozen=True, tag="tiering.partition-state"):

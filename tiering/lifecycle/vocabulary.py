@@ -160,6 +160,16 @@ class Pending(Enum):
     TRANSIENT = "transient"  # S3 or the network failed (throttling, 5xx, a connection cut): retry
 
 
+class FileRole(StrEnum):
+    """A segment's files, by the part each plays (its suffix names it: ``<base>.log``, ``<base>.index``, ...).
+    An operation, a plan and a tiering move name the files they touch by these."""
+
+    LOG = "log"  # the record batches
+    INDEX = "index"  # the offset index
+    TIMEINDEX = "timeindex"  # the time index
+    TXNINDEX = "txnindex"  # the aborted transactions (only where the segment has some)
+
+
 class TierAction(StrEnum):
     """What storage tiering does with an object: move it to another storage class, or leave it."""
 

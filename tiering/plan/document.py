@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from tiering.cost.forecast import Forecast
 from tiering.documents import check_document
-from tiering.lifecycle.vocabulary import Action, Cause
+from tiering.lifecycle.vocabulary import Action, Cause, FileRole
 from tiering.storage.objects import ObjectInfo
 
 PLAN_SCHEMA_VERSION: Final = 1
@@ -75,14 +75,15 @@ class PlannedSegment:
         """As ``dataclasses.asdict`` makes it, field by field (asdict's deep copy is most of a plan's CPU)."""
         return {"directory": self.directory, "topic": self.topic, "partition": self.partition,
                 "base_offset": self.base_offset, "action": self.action, "reason": self.reason,
-                "log": _ref_json(self.log), "index": _ref_json(self.index), "timeindex": _ref_json(self.timeindex),
-                "txnindex": _ref_json(self.txnindex), "codec": self.codec, "level": self.level,
+                FileRole.LOG: _ref_json(self.log), FileRole.INDEX: _ref_json(self.index),
+                FileRole.TIMEINDEX: _ref_json(self.timeindex), FileRole.TXNINDEX: _ref_json(self.txnindex),
+                "codec": self.codec, "level": self.level,
                 "min_savings_ratio": self.min_savings_ratio, "rebatch_max_bytes": self.rebatch_max_bytes,
                 "compacted_by": self.compacted_by, "cause": self.cause}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> PlannedSegment:
-        refs = {k: ObjectRef(**doc[k]) if doc.get(k) else None for k in ("log", "index", "timeindex", "txnindex")}
+        refs = {k: ObjectRef(**doc[k]) if doc.get(k) else None for k in FileRole}
         return cls(doc["directory"], doc["topic"], int(doc["partition"]), int(doc["base_offset"]),
                    Action(doc["action"]), doc["reason"], **refs, codec=doc.get("codec"), level=doc.get("level"),
                    min_savings_ratio=float(doc.get("min_savings_ratio", 0.0)),

@@ -39,7 +39,7 @@ from tiering.kafka.files import (
 )
 from tiering.kafka.rewrite import MAX_SEGMENT_BYTES
 from tiering.lifecycle.state import Outcome, PartitionState, SegmentState, after_moves, load_state
-from tiering.lifecycle.vocabulary import Action, Cause, StorageClass
+from tiering.lifecycle.vocabulary import Action, Cause, FileRole, StorageClass
 from tiering.options import MIN_AGE
 from tiering.plan.document import MAX_IGNORED_LISTED, Committed, ObjectRef, Plan, PlannedSegment
 from tiering.plan.inventory import SHARDS, spill_grouped
@@ -153,8 +153,8 @@ def classify_partition(d: PartitionDir, dir_key: str, objects: Iterable[ObjectIn
         if set(g) <= {SNAPSHOT_SUFFIX}:
             continue
         log = g.get(LOG_SUFFIX)
-        refs = {"log": log, "index": g.get(INDEX_SUFFIX), "timeindex": g.get(TIME_INDEX_SUFFIX),
-                "txnindex": g.get(TXN_INDEX_SUFFIX)}
+        refs = {FileRole.LOG: log, FileRole.INDEX: g.get(INDEX_SUFFIX), FileRole.TIMEINDEX: g.get(TIME_INDEX_SUFFIX),
+                FileRole.TXNINDEX: g.get(TXN_INDEX_SUFFIX)}
         ours = after_moves(state.get(base), state.tiered.get(base, ()), refs)  # a tiering run's copy not followed
         action, reason, cause = _classify(base, log, refs, active, ours, now, grace, target)
         if action == Action.COMPACT and target.codec == PRODUCER:
@@ -188,7 +188,7 @@ def object_reason(seg: PlannedSegment) -> str:
     return objects.get(seg.cause, seg.skip_label) if seg.cause is not None else seg.skip_label
 
 
-def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | None], active: int | None,
+def _classify(base: int, log: ObjectInfo | None, refs: dict[FileRole, ObjectInfo | None], active: int | None,
               ours: SegmentState | None, now: datetime, grace: timedelta,
               o: ScanOptions) -> tuple[Action, str, Cause | None]:
     if log is None:
@@ -203,8 +203,8 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
                           "again until the .log or the target codec changes"), Cause.REMEMBERED
         ours = None
     if ours is not None and ours.log_etag != log.etag:
-        etags = {"index": ours.index_etag, "timeindex": ours.timeindex_etag}
-        stale = [k for k in ("index", "timeindex") if (r := refs[k]) and etags[k] == r.etag]
+        etags = {FileRole.INDEX: ours.index_etag, FileRole.TIMEINDEX: ours.timeindex_etag}
+        stale = [k for k in (FileRole.INDEX, FileRole.TIMEINDEX) if (r := refs[k]) and etags[k] == r.etag]
         if stale:
             return Action.REPAIR, (f"the .log was replaced after run {ours.run_id} compacted it (a mirroring tool?); "
                             f"our rebuilt {' and '.join(stale)} no longer match it and are removed"), None
@@ -212,7 +212,7 @@ def _classify(base: int, log: ObjectInfo | None, refs: dict[str, ObjectInfo | No
     if base == active:
         return (Action.SKIP, "active: the highest base offset of its partition (a broker may still append to it)",
                 Cause.ACTIVE)
-    archived = [f"the .{name} is {r.storage_class}" for name in ("log", "index", "timeindex")
+    archived = [f"the .{name} is {r.storage_class}" for name in (FileRole.LOG, FileRole.INDEX, FileRole.TIMEINDEX)
                 if (r := refs[name]) is not None and r.storage_class in ARCHIVED_CLASSES]
     if archived:  # the .txnindex is never read or replaced
         return (Action.SKIP, f"archived: {' and '.join(archived)} (cannot be read or replaced without a restore)",

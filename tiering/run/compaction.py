@@ -26,7 +26,7 @@ from tiering.documents import known_fields, opt_int
 from tiering.errors import ConfigError, TieringError
 from tiering.lifecycle.journal import Journal
 from tiering.lifecycle.state import Pruning, SegmentState, StateBatch, load_state
-from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status
+from tiering.lifecycle.vocabulary import Action, Cause, FileRole, Pending, RunKind, Status
 from tiering.options import LEASE_TTL
 from tiering.plan.document import Plan, PlannedSegment
 from tiering.plan.planfile import ChunkedPlan, by_partition
@@ -195,7 +195,7 @@ def _with_source(result: SegmentResult, seg: PlannedSegment) -> SegmentResult:
     if seg.log is None:
         return result
     log = {"size": seg.log.size, "storage_class": seg.log.storage_class, "last_modified": seg.log.last_modified}
-    return replace(result, stats={**(result.stats or {}), "log": log})
+    return replace(result, stats={**(result.stats or {}), FileRole.LOG: log})
 
 
 def _earlier_attempts(store: ObjectStore, prefix: str, run_id: str, segments: list[PlannedSegment]
@@ -241,8 +241,8 @@ def partition_work(ctx: Context, directory: str, segments: list[PlannedSegment],
         planned), codec, level and re-batching."""
         seg = planned.get(journal.base_offset)
         if seg is None or any(journal.source_etag(name) != (ref.etag if ref is not None else None)
-                              for name, ref in (("log", seg.log), ("index", seg.index),
-                                                ("timeindex", seg.timeindex))):
+                              for name, ref in ((FileRole.LOG, seg.log), (FileRole.INDEX, seg.index),
+                                                (FileRole.TIMEINDEX, seg.timeindex))):
             return False
         own = ctx.for_segment(seg)
         rebatch = own.rebatch.max_bytes if own.rebatch is not None else None

@@ -29,7 +29,7 @@ from tiering.cost.prices import PriceBook
 from tiering.errors import ConfigError, InvalidDataError, TieringError
 from tiering.kafka.merge import Limits, Sizes, merge_runs
 from tiering.lifecycle.state import load_state
-from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status, StorageClass
+from tiering.lifecycle.vocabulary import Cause, FileRole, Pending, RunKind, Status, StorageClass
 from tiering.options import MERGE, MIN_AGE, Options
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
@@ -195,7 +195,7 @@ def _merge_stats_json(group: Sequence[PlannedSegment]) -> dict[str, Any]:
     """A planned group's objects as :func:`~tiering.commit.regroup.merge_stats` names a merged one's, each
     merged file's size the sum of its sources' files."""
     kinds = [[ref.size for s in group if (ref := getattr(s, name)) is not None]
-             for name in ("log", "index", "timeindex", "txnindex")]
+             for name in (FileRole.LOG, FileRole.INDEX, FileRole.TIMEINDEX, FileRole.TXNINDEX)]
     first = group[0].log
     return {"segments_before": len(group), "segments_after": 1,
             "storage_class": first.storage_class if first is not None else StorageClass.STANDARD,

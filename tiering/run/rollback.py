@@ -43,7 +43,7 @@ from tiering.lifecycle.state import (
     generation_in_place,
     load_state,
 )
-from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
+from tiering.lifecycle.vocabulary import Cause, FileRole, Pending, RunKind, Status
 from tiering.options import ROLLBACK, Options
 from tiering.run import engine
 from tiering.run.documents import RunResult
@@ -341,8 +341,8 @@ def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, 
     in_place = generation_in_place(entry)
     restored: list[dict[str, Any]] = []
     problems: list[str] = []
-    settled: set[str] = set()  # the files whose moves leave the mark
-    etags: dict[str, tuple[str, str]] = {}
+    settled: set[FileRole] = set()  # the files whose moves leave the mark
+    etags: dict[FileRole, tuple[str, str]] = {}
     failed: TieringError | None = None
     for m in mark.moves:
         key = dir_segment_key(prefix, directory, base, f".{m.file}")
@@ -394,14 +394,15 @@ def _unmove_segment(store: ObjectStore, prefix: str, directory: str, base: int, 
     return SegmentResult(directory, base, Status.ROLLED_BACK, "", moved, moved, stats={"moved": restored})
 
 
-def _named_etag(entry: SegmentState | None, file: str) -> str | None:
+def _named_etag(entry: SegmentState | None, file: FileRole) -> str | None:
     """The ETag our compacted entry names for one of the segment's files (None: no entry names it)."""
     if entry is None or not entry.compacted:
         return None
-    return {"log": entry.log_etag, "index": entry.index_etag, "timeindex": entry.timeindex_etag}.get(file)
+    named = {FileRole.LOG: entry.log_etag, FileRole.INDEX: entry.index_etag, FileRole.TIMEINDEX: entry.timeindex_etag}
+    return named.get(file)
 
 
-def _unmarked(base: int, run_id: str, settled: set[str], etags: Mapping[str, tuple[str, str]]
+def _unmarked(base: int, run_id: str, settled: set[FileRole], etags: Mapping[FileRole, tuple[str, str]]
               ) -> Callable[[Marks], Marks]:
     """Run ``run_id``'s mark of segment ``base`` without the moves of the files ``settled`` (gone when none is
     left); the mark below it, now the newest, naming the ETags the rollback's copies made where it moved the

@@ -43,7 +43,17 @@ from tiering.lifecycle.state import (
     load_state,
     record_segments,
 )
-from tiering.lifecycle.vocabulary import Action, Cause, Pending, RunKind, Status, StayCause, StorageClass, TierAction
+from tiering.lifecycle.vocabulary import (
+    Action,
+    Cause,
+    FileRole,
+    Pending,
+    RunKind,
+    Status,
+    StayCause,
+    StorageClass,
+    TierAction,
+)
 from tiering.options import TIERING, Options
 from tiering.plan.ages import max_timestamp
 from tiering.plan.document import PlannedSegment
@@ -64,7 +74,7 @@ TIER_SCHEMA_VERSION: Final = 2  # 2: each object that stays, and each segment, s
 MOVE: Final = TierAction.MOVE
 STAY: Final = TierAction.STAY
 MOVED: Final = Status.MOVED
-FILES: Final = ("log", "index", "timeindex", "txnindex")
+FILES: Final = (FileRole.LOG, FileRole.INDEX, FileRole.TIMEINDEX, FileRole.TXNINDEX)
 IA_CLASSES: Final = frozenset({StorageClass.STANDARD_IA, StorageClass.ONEZONE_IA})
 S3_IA_MIN_DAYS: Final = 30  # S3 Lifecycle refuses transitions to the IA classes before 30 days
 
@@ -72,7 +82,7 @@ S3_IA_MIN_DAYS: Final = 30  # S3 Lifecycle refuses transitions to the IA classes
 @dataclass(frozen=True, slots=True)
 class ObjectMove:
     key: str
-    file: str
+    file: FileRole
     size: int
     etag: str
     storage_class: str
@@ -85,7 +95,7 @@ class ObjectMove:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ObjectMove:
-        return cls(str(d["key"]), str(d["file"]), int(d["size"]), str(d["etag"]), str(d["storage_class"]),
+        return cls(str(d["key"]), FileRole(d["file"]), int(d["size"]), str(d["etag"]), str(d["storage_class"]),
                    d.get("target"), TierAction(d["action"]), str(d["reason"]), float(d.get("monthly_savings_usd", 0)),
                    float(d.get("one_off_usd", 0)), StayCause(d["cause"]) if d.get("cause") else None)
 
@@ -438,7 +448,7 @@ def _apply_segment(store: ObjectStore, prefix: str, s: SegmentTiering, lease: Le
     the objects in their target class and leaves it."""
     moved: list[dict[str, Any]] = []
     notes: list[str] = []
-    etags: dict[str, tuple[str, str]] = {}
+    etags: dict[FileRole, tuple[str, str]] = {}
     if operation_pending(store, prefix, s.directory, s.base_offset):
         return SegmentResult(s.directory, s.base_offset, Status.SKIPPED, "a compaction of this segment is in progress "
                              "(its journal entry exists): left for a later run", cause=Cause.BUSY)
@@ -505,7 +515,7 @@ def _with_mark(base: int, mark: TierMark) -> Callable[[Marks], Marks]:
     return change
 
 
-def _moved_to(base: int, run_id: str, etags: Mapping[str, tuple[str, str]]) -> Callable[[Marks], Marks]:
+def _moved_to(base: int, run_id: str, etags: Mapping[FileRole, tuple[str, str]]) -> Callable[[Marks], Marks]:
     """Run ``run_id``'s mark of segment ``base`` with the ETags its copies made."""
     def change(marks: Marks) -> Marks:
         stack = tuple(structs.replace(mark, moves=tuple(structs.replace(m, etag_after=etags[m.file][1])
@@ -519,7 +529,7 @@ def _moved_to(base: int, run_id: str, etags: Mapping[str, tuple[str, str]]) -> C
 @dataclass(frozen=True, slots=True)
 class TierReport:
     """What a tiering run moved (or, dry, would move), what it saves and costs, and why the rest stays
-    (``reports/<run>/tier.json``). ``achieved`` sums what the run moved; ``planned`` is the plan's."""
+    (``reports/<run>/tiering.json``). ``achieved`` sums what the run moved; ``planned`` is the plan's."""
 
     KIND: ClassVar[str] = "tier-report"
 
