@@ -9,8 +9,9 @@ type is an error naming the document and where in it.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import msgspec
 
@@ -48,6 +49,7 @@ def kinds() -> dict[str, type[Document]]:
     return out
 
 
+T = TypeVar("T")
 D = TypeVar("D", bound=Document)
 P = TypeVar("P", bound=Part)
 
@@ -57,6 +59,24 @@ class _Head(msgspec.Struct):
 
     kind: object = None
     schema_version: object = None
+
+
+_DECODERS: dict[type, Any] = {}
+_PREPARING = threading.Lock()
+
+
+def _decoder(cls: type[T]) -> msgspec.json.Decoder[T]:
+    """``cls``'s JSON decoder, made once. msgspec learns a struct type on its first decode or conversion and
+    does not guard that against threads: two threads learning types that refer to each other at once can
+    crash the process (msgspec 0.22: ``tests/test_documents.py`` reproduces it). Making the decoder under a
+    lock teaches msgspec the type before any read; every later decode and conversion only looks it up."""
+    decoder = _DECODERS.get(cls)
+    if decoder is None:
+        with _PREPARING:
+            decoder = _DECODERS.get(cls)
+            if decoder is None:
+                decoder = _DECODERS[cls] = msgspec.json.Decoder(cls)
+    return cast("msgspec.json.Decoder[T]", decoder)
 
 
 def kind_of(cls: type[Document]) -> str:
@@ -73,7 +93,7 @@ def read(data: bytes | Mapping[str, Any], cls: type[D], *, what: str, where: str
     schema version is another, a field is unknown, or a value of the wrong type."""
     kind, version = kind_of(cls), version_of(cls)
     try:
-        head = msgspec.json.decode(data, type=_Head) if isinstance(data, bytes) else _Head(
+        head = _decoder(_Head).decode(data) if isinstance(data, bytes) else _Head(
             data.get("kind"), data.get("schema_version")) if isinstance(data, Mapping) else None
     except msgspec.ValidationError as e:
         raise ConfigError(f"not {what}", path=where, expected="a JSON object", found=str(e)) from None
@@ -85,9 +105,10 @@ def read(data: bytes | Mapping[str, Any], cls: type[D], *, what: str, where: str
         found = f"{head.kind} v{head.schema_version}" if head.kind else f"v{head.schema_version} (no kind)"
         raise ConfigError(f"not {what} this version can read", path=where, expected=f"{kind} v{version}",
                           found=found)
+    decoder = _decoder(cls)
     try:
         if isinstance(data, bytes):
-            return msgspec.json.decode(data, type=cls)
+            return decoder.decode(data)
         return msgspec.convert(data, cls, str_keys=True)
     except msgspec.ValidationError as e:
         raise ConfigError(f"{what} unreadable", path=where, expected=f"{kind} v{version}", found=str(e)) from None
@@ -95,6 +116,7 @@ def read(data: bytes | Mapping[str, Any], cls: type[D], *, what: str, where: str
 
 def read_part(data: Mapping[str, Any], cls: type[P], *, what: str, where: str | None = None) -> P:
     """A part of a document not declared as one yet (its JSON, parsed), strictly: see :func:`read`."""
+    _decoder(cls)
     try:
         return msgspec.convert(data, cls, str_keys=True)
     except msgspec.ValidationError as e:
