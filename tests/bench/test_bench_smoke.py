@@ -226,3 +226,16 @@ def test_plan_scale_bench_plans_a_rollback_and_a_tiering_run_from_a_bucket_of_it
     assert rows["tier"]["requests"]["GetObject"] == 3 * 990 + 10
     assert rows["rollback"]["requests"]["GetObject"] == 10  # the state documents: the backups are listed only
     assert "largest over smallest" in proc.stdout
+
+
+def test_the_documents_bench_measures_each_way_on_one_document(tmp_path: Path) -> None:
+    out = tmp_path / "documents.json"
+    proc = subprocess.run([sys.executable, str(BENCH.parent / "bench_documents.py"), "--segments", "300",
+                           "--repeat", "1", "--json", str(out)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["segments"] == 300
+    assert [row["way"] for row in doc["rows"]] == ["baseline", "pydantic", "msgspec"]
+    assert all(row["decode_ms"] > 0 and row["encode_ms"] > 0 for row in doc["rows"])
+    assert "unknown field `colour`" in proc.stdout

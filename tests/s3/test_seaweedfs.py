@@ -197,6 +197,51 @@ def test_crash_at_every_call_then_rerun_converges(store: S3Store, monkeypatch: p
                         f"the first write and after each ({len(points)} states), every one converged on re-run")
 
 
+@pytest.mark.parametrize("undo", [False, True], ids=["merge", "rollback"])
+def test_a_merge_crashed_in_every_state_converges(undo: bool, store: S3Store, monkeypatch: pytest.MonkeyPatch
+                                                  ) -> None:
+    """test_merge_s3.py's crash trial on SeaweedFS: a merge of three segments through .swap files (or its
+    rollback), crashed once before its first write and after each, the bucket as a broker would load it checked
+    at the crash, then re-run: every file in place, nothing else."""
+    from tests.s3 import conftest
+    from tests.s3.test_faults import crash_points
+    from tests.s3.test_merge_s3 import _crash_scenario
+
+    monkeypatch.setattr(conftest, "BUCKET", store.bucket)
+    calls, _ = _crash_scenario(None, "none", undo=undo)
+    points = crash_points(calls)
+    for at, mode in points:
+        empty(store)
+        _, crashed = _crash_scenario(at, mode, undo=undo)
+        assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
+    conftest.FAULT_REPORT.append(f"fault injection on SeaweedFS, {'rollback of a merge' if undo else 'merge'}: "
+                                 f"{len(calls)} S3 calls, {len(points)} states, every one converged on re-run")
+
+
+@pytest.mark.parametrize(("second", "merged"), [(False, False), (True, False), (False, True)],
+                         ids=["first-pass", "second-pass-txnindex", "first-pass-merged"])
+def test_a_key_compaction_crashed_in_every_state_converges(second: bool, merged: bool, store: S3Store,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """test_keycompact_s3.py's crash trial on SeaweedFS: a pass swapping three segments in place (a second
+    pass also removing a .txnindex), or cleaning four into one through .swap files, crashed once before its
+    first write and after each, then re-run: the files one uninterrupted pass makes, nothing else."""
+    from tests.s3 import conftest
+    from tests.s3.test_faults import crash_points
+    from tests.s3.test_keycompact_s3 import MERGE_LIMITS, _crash_scenario
+
+    monkeypatch.setattr(conftest, "BUCKET", store.bucket)
+    merge = MERGE_LIMITS if merged else None
+    calls, _ = _crash_scenario(store, None, "none", second, merge)
+    points = crash_points(calls)
+    for at, mode in points:
+        empty(store)
+        _, crashed = _crash_scenario(store, at, mode, second, merge)
+        assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
+    which = "a second pass" if second else "cleaned into one" if merged else "a first pass"
+    conftest.FAULT_REPORT.append(f"fault injection on SeaweedFS, key compaction ({which}): {len(calls)} S3 calls, "
+                                 f"{len(points)} states, every one converged on re-run")
+
+
 def test_a_run_that_loses_an_index_fails_the_crash_check(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.s3 import conftest
     from tests.s3.test_faults import _scenario, plant_a_lost_index
