@@ -117,11 +117,7 @@ def _declared(cls: type[Document], what: str) -> Callable[[Path], None]:
 _state = _declared(PartitionState, "a partition state document")
 
 
-def _lease(path: Path) -> None:
-    doc = _doc(path)
-    record = LeaseRecord.from_json(doc)
-    assert record is not None, "read as a lease nobody holds"
-    assert record.to_json() == doc
+_lease = _declared(LeaseRecord, "a lease")
 
 
 def _step_results(path: Path) -> None:

@@ -123,13 +123,16 @@ def test_a_run_planned_again_under_its_id_counts_each_segment_once(store: S3Stor
 
 def test_the_lease_and_the_ledger_are_typed_and_versioned() -> None:
     from tiering.commit.lease import LeaseRecord
+    from tiering.documents import write
     from tiering.report.publish import Ledger, LedgerEntry
 
     record = LeaseRecord("run-1", 600, "host-a", 3, "ab12")
-    assert LeaseRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+    assert LeaseRecord.held(json.loads(write(record))) == record
+    assert LeaseRecord.held({"schema_version": 1, "owner": "x"}) == LeaseRecord("x")  # version 1's defaults
     for other in ({"schema_version": 2, "owner": "x"}, {"schema_version": 1}, ["owner"],
-                  {"schema_version": 1, "owner": "x", "ttl_seconds": "soon"}):
-        assert LeaseRecord.from_json(other) is None  # nobody we can name: it expires by the default TTL
+                  {"schema_version": 1, "owner": "x", "ttl_seconds": "soon"},
+                  {"schema_version": 1, "owner": "x", "kind": "tiering.ledger"}):
+        assert LeaseRecord.held(other) is None  # nobody we can name: it expires by the default TTL
     entry = LedgerEntry("r1", "2026-11-24T00:00:00+00:00", False, 3, 300, 100, 1.25, 0.5)
     ledger = Ledger((entry,))
     assert Ledger.from_json(json.loads(json.dumps(ledger.to_json())), "ledger") == ledger

@@ -26,12 +26,13 @@ import contextlib
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import ClassVar, Final, Protocol
+from typing import Final, Literal, Protocol
 
-from tiering.errors import ConflictError, StorageError, TieringError
+from tiering.documents import Document, read, to_builtins
+from tiering.errors import ConfigError, ConflictError, StorageError, TieringError
 from tiering.options import LEASE_TTL
 from tiering.storage.layout import clock_key, leases_dir
 from tiering.storage.objects import ObjectInfo, ObjectNotFound, ObjectStore, PreconditionFailed
@@ -48,34 +49,27 @@ class LeaseLost(ConflictError):
     """Our lease was taken over (it expired while we were stalled): stop touching the partition."""
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseRecord:
+class LeaseRecord(Document, frozen=True, tag="tiering.lease"):
     """The lease document (``leases/<topic>-<partition>.json``): who holds the partition and for how long
     after the object's ``LastModified`` (S3's clock: every renewal rewrites it). ``token`` makes each
     write's bytes, and so its ETag, unique."""
 
-    SCHEMA_VERSION: ClassVar[int] = 1
-
     owner: str
-    ttl_seconds: int
+    ttl_seconds: int = DEFAULT_TTL_SECONDS
     host: str = ""
     renewals: int = 0
     token: str = ""
-
-    def to_json(self) -> dict[str, object]:
-        return {"schema_version": self.SCHEMA_VERSION, "owner": self.owner, "host": self.host,
-                "ttl_seconds": self.ttl_seconds, "renewals": self.renewals, "token": self.token}
+    schema_version: Literal[1] = 1
 
     @classmethod
-    def from_json(cls, doc: object) -> LeaseRecord | None:
-        """The record, or None for a document that is not one (held by nobody we can name: it expires by
-        the default TTL)."""
-        if not isinstance(doc, dict) or doc.get("schema_version") != cls.SCHEMA_VERSION or "owner" not in doc:
+    def held(cls, doc: object) -> LeaseRecord | None:
+        """The record ``doc`` is, or None for a document that is not one (held by nobody we can name: it
+        expires by the default TTL)."""
+        if not isinstance(doc, Mapping):
             return None
         try:
-            return cls(str(doc["owner"]), int(doc.get("ttl_seconds", DEFAULT_TTL_SECONDS)), str(doc.get("host", "")),
-                       int(doc.get("renewals", 0)), str(doc.get("token", "")))
-        except (TypeError, ValueError):
+            return read(doc, cls, what="a lease")
+        except ConfigError:
             return None
 
 
@@ -90,8 +84,8 @@ class Lease:
     _renewed_at: float = field(default=0.0, repr=False)
 
     def _body(self) -> dict[str, object]:
-        return LeaseRecord(self.owner, self.ttl_seconds, socket.gethostname(), self.renewals,
-                           secrets.token_hex(8)).to_json()
+        return to_builtins(LeaseRecord(self.owner, self.ttl_seconds, socket.gethostname(), self.renewals,
+                                       secrets.token_hex(8)))
 
     def acquire(self, prefix: str) -> None:
         """Create the lease, take back our own, or take over an expired one; :class:`LeaseHeld` otherwise.
@@ -118,7 +112,7 @@ class Lease:
             return False
         if info.etag != etag:
             return False
-        record = LeaseRecord.from_json(doc)
+        record = LeaseRecord.held(doc)
         owner = record.owner if record is not None else "?"
         if owner != self.owner:
             ttl = record.ttl_seconds if record is not None else DEFAULT_TTL_SECONDS
@@ -183,7 +177,7 @@ def held_leases(store: ObjectStore, prefix: str) -> Iterator[tuple[ObjectInfo, L
             yield info, None  # holder we can name, nothing to release
             continue
         if etag == info.etag:
-            yield info, LeaseRecord.from_json(doc)
+            yield info, LeaseRecord.held(doc)
 
 
 def _delete_if_unchanged(store: ObjectStore, info: ObjectInfo) -> bool:
