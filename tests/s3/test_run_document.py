@@ -123,7 +123,7 @@ def test_a_run_planned_again_under_its_id_counts_each_segment_once(store: S3Stor
 
 def test_the_lease_and_the_ledger_are_typed_and_versioned() -> None:
     from tiering.commit.lease import LeaseRecord
-    from tiering.documents import write
+    from tiering.documents import read, write
     from tiering.report.publish import Ledger, LedgerEntry
 
     record = LeaseRecord("run-1", 600, "host-a", 3, "ab12")
@@ -135,11 +135,11 @@ def test_the_lease_and_the_ledger_are_typed_and_versioned() -> None:
         assert LeaseRecord.held(other) is None  # nobody we can name: it expires by the default TTL
     entry = LedgerEntry("r1", "2026-11-24T00:00:00+00:00", False, 3, 300, 100, 1.25, 0.5)
     ledger = Ledger((entry,))
-    assert Ledger.from_json(json.loads(json.dumps(ledger.to_json())), "ledger") == ledger
+    assert read(write(ledger), Ledger, what="a ledger") == ledger
     with pytest.raises(ConfigError, match="not a ledger"):
-        Ledger.from_json({"schema_version": 2, "runs": []}, "ledger")
-    with pytest.raises(ConfigError, match="ledger unreadable"):
-        Ledger.from_json({"schema_version": 1, "runs": [{"run_id": "r"}]}, "ledger")
+        read({"schema_version": 2, "runs": []}, Ledger, what="a ledger", where="ledger")
+    with pytest.raises(ConfigError, match="a ledger unreadable"):
+        read({"schema_version": 1, "runs": [{"run_id": "r"}]}, Ledger, what="a ledger", where="ledger")
 
 
 def test_a_retried_run_on_the_same_plan_counts_what_its_first_attempt_compacted(store: S3Store) -> None:

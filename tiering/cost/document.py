@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Final, TypeAlias
+from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 from tiering.cost.forecast import Forecast
-from tiering.documents import check_document
+from tiering.documents import Document, Part, check_document, read_part, to_builtins
 from tiering.errors import ConfigError
 from tiering.lifecycle.vocabulary import Cause, Counted, Status, Unrun
 
@@ -365,9 +365,9 @@ class EstimateDetail:
                    float(d["monthly_savings_usd_low"]), float(d["monthly_savings_usd_high"]))
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    """One run in the ledger (``reports/ledger.json``): what it saved and cost."""
+class LedgerEntry(Part, frozen=True, omit_defaults=False):
+    """One run in the ledger (``reports/ledger.json``): what it saved and cost (every field written: a report's
+    ledger rows show each)."""
 
     run_id: str
     finished_at: str
@@ -379,35 +379,12 @@ class LedgerEntry:
     one_off_usd: float
     counted_from: Counted = Counted.REPORT  # STATE: its requests and other one-off costs are not known (0)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> LedgerEntry:
-        return cls(str(d["run_id"]), str(d["finished_at"]), bool(d["estimate"]), int(d["segments_rewritten"]),
-                   int(d["bytes_before"]), int(d["bytes_after"]), float(d["monthly_savings_usd"]),
-                   float(d["one_off_usd"]), Counted(d.get("counted_from", Counted.REPORT)))
-
-
-@dataclass(frozen=True, slots=True)
-class Ledger:
+class Ledger(Document, frozen=True, tag="tiering.ledger"):
     """The ledger document: every run once, in the order they finished."""
 
-    SCHEMA_VERSION: ClassVar[int] = 1
-
     runs: tuple[LedgerEntry, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema_version": self.SCHEMA_VERSION, "runs": [r.to_json() for r in self.runs]}
-
-    @classmethod
-    def from_json(cls, doc: Any, where: str) -> Ledger:
-        doc = check_document(doc, kind=None, version=cls.SCHEMA_VERSION, what="a ledger", where=where)
-        try:
-            return cls(tuple(LedgerEntry.from_json(r) for r in doc["runs"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError("ledger unreadable", path=where, expected="runs of {run_id, finished_at, ...}",
-                              found=f"{type(e).__name__}: {e}") from None
+    schema_version: Literal[1] = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,12 +396,14 @@ class LedgerRow:
     cumulative_one_off_usd: float
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.entry.to_json(), "cumulative_monthly_usd": self.cumulative_monthly_usd,
+        return {**to_builtins(self.entry), "cumulative_monthly_usd": self.cumulative_monthly_usd,
                 "cumulative_one_off_usd": self.cumulative_one_off_usd}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> LedgerRow:
-        return cls(LedgerEntry.from_json(d), float(d["cumulative_monthly_usd"]), float(d["cumulative_one_off_usd"]))
+        entry = {k: v for k, v in d.items() if k not in ("cumulative_monthly_usd", "cumulative_one_off_usd")}
+        return cls(read_part(entry, LedgerEntry, what="a ledger row"), float(d["cumulative_monthly_usd"]),
+                   float(d["cumulative_one_off_usd"]))
 
 
 @dataclass(frozen=True, slots=True)

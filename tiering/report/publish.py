@@ -21,6 +21,7 @@ from tiering.commit.operation import SegmentResult
 from tiering.cost.document import Ledger, LedgerEntry, Report
 from tiering.cost.model import CostOptions, build_report, ledger_entry_from_state, with_ledger
 from tiering.cost.prices import DEFAULT_REGION, PriceBook, load_prices
+from tiering.documents import read, to_builtins
 from tiering.errors import ConfigError, StorageError
 from tiering.lifecycle.vocabulary import Action, Cause, Counted, RunKind, StorageClass
 from tiering.plan.document import Committed, Plan, PlannedSegment
@@ -44,7 +45,8 @@ def read_ledger(store: ObjectStore, prefix: str) -> tuple[list[LedgerEntry], str
         doc, etag = store.get_json(ledger_key(prefix))
     except ObjectNotFound:
         return [], None
-    return list(Ledger.from_json(doc, f"s3://{store.bucket}/{ledger_key(prefix)}").runs), etag
+    where = f"s3://{store.bucket}/{ledger_key(prefix)}"
+    return list(read(doc, Ledger, what="a ledger", where=where).runs), etag
 
 
 def record_in_ledger(store: ObjectStore, prefix: str, entry: LedgerEntry,
@@ -63,7 +65,7 @@ def record_in_ledger(store: ObjectStore, prefix: str, entry: LedgerEntry,
                 by_run[f.run_id] = f
         by_run[entry.run_id] = entry
         runs = sorted(by_run.values(), key=lambda r: (r.finished_at, r.run_id))
-        doc = Ledger(tuple(runs)).to_json()
+        doc = to_builtins(Ledger(tuple(runs)))
         try:
             if etag is None:
                 store.put_json(ledger_key(prefix), doc, if_none_match=True)
