@@ -127,9 +127,7 @@ def _step_results(path: Path) -> None:
     assert StepResults.from_json(doc, _where(path)).to_json() == doc
 
 
-def _step_usage(path: Path) -> None:
-    doc = _doc(path)
-    assert StepUsage.from_json(doc, _where(path)).to_json() == doc
+_step_usage = _declared(StepUsage, "a step's usage")
 
 
 def _run(path: Path) -> None:

@@ -291,6 +291,7 @@ def test_an_operation_in_flight_in_a_partition_without_work_is_finished_by_the_r
 
 def test_step_documents_are_typed_and_versioned() -> None:
     from tiering.commit.operation import SegmentResult
+    from tiering.documents import read, write
     from tiering.errors import ConfigError
     from tiering.lifecycle.vocabulary import Pending, Status
     from tiering.run.documents import StepResults, StepUsage
@@ -303,7 +304,7 @@ def test_step_documents_are_typed_and_versioned() -> None:
     again = StepResults.from_json(json.loads(json.dumps(step.to_json())), "s3://b/k")
     assert again == step
     assert step.counts() == {"staged": 1, "skipped": 1, "aborted": 1}
-    assert StepUsage.from_json(StepUsage({"GetObject": 2}).to_json(), "k") == StepUsage({"GetObject": 2})
+    assert read(write(StepUsage({"GetObject": 2})), StepUsage, what="usage") == StepUsage({"GetObject": 2})
     with pytest.raises(ConfigError, match="not step results"):
         StepResults.from_json({**step.to_json(), "schema_version": 2}, "s3://b/k")
 

@@ -10,13 +10,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Final, Protocol
+from typing import Any, ClassVar, Final, Literal, Protocol
 
 from tiering.commit.lease import DEFAULT_TTL_SECONDS, release_leases_of
 from tiering.commit.operation import (
     SegmentResult,
 )
-from tiering.documents import check_document
+from tiering.documents import Document, check_document
 from tiering.errors import ExitCode, TieringError
 from tiering.kafka.merge import Limits
 from tiering.lifecycle.vocabulary import Cause, Pending, RunKind, Status
@@ -273,22 +273,11 @@ class StepResults:
                    {k: dict(v) for k, v in doc.get("usage", {}).items()})
 
 
-@dataclass(frozen=True, slots=True)
-class StepUsage:
+class StepUsage(Document, frozen=True, tag="tiering.step-usage"):
     """The S3 requests a step made for the run outside any partition's work (``runs/<run>/usage/<step>.json``)."""
 
-    KIND: ClassVar[str] = "tiering.step-usage"
-    SCHEMA_VERSION: ClassVar[int] = 1
-
     requests: dict[str, int]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema_version": self.SCHEMA_VERSION, "kind": self.KIND, "requests": self.requests}
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any], where: str) -> StepUsage:
-        check_document(doc, kind=cls.KIND, version=cls.SCHEMA_VERSION, what="step usage", where=where)
-        return cls({str(k): int(v) for k, v in doc["requests"].items()})
+    schema_version: Literal[1] = 1
 
 
 def finished_at(store: ObjectStore, prefix: str, run_id: str) -> datetime | None:

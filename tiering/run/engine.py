@@ -35,6 +35,7 @@ from typing import Any, ClassVar, Final, Protocol, TypeVar
 
 from tiering.commit.lease import Lease
 from tiering.commit.operation import Context, SegmentResult
+from tiering.documents import read
 from tiering.errors import InvalidDataError, TieringError
 from tiering.lifecycle.vocabulary import RunKind
 from tiering.plan.document import PlannedSegment
@@ -421,7 +422,7 @@ def collect(store: ObjectStore, ctx: Context, kind: Kind[W], planned: RunPlan, s
     tally = RunTally()
     tally.add_usage({RUN_SCOPE: driver_requests})
     for info in store.list(step_dir(ctx.prefix, ctx.run_id, StepDir.USAGE)):
-        used = StepUsage.from_json(store.get_json(info.key)[0], f"s3://{store.bucket}/{info.key}")
+        used = read(store.get_json(info.key)[0], StepUsage, what="a step's usage", where=f"s3://{store.bucket}/{info.key}")
         tally.add_usage({RUN_SCOPE: used.requests})
     for name, results in (("recovered", planned.recovered), ("refused", planned.refused)):
         if results:  # a step document like the units' (the report reads them all, whatever the run's size)

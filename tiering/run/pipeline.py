@@ -30,7 +30,7 @@ from tiering.commit.lease import DEFAULT_TTL_SECONDS
 from tiering.commit.operation import AUTO_SWAP, Context, SegmentResult, SwapChoice
 from tiering.cost.forecast import Range
 from tiering.cost.prices import PriceBook, load_prices
-from tiering.documents import known_fields, opt_int
+from tiering.documents import known_fields, opt_int, to_builtins
 from tiering.errors import ConfigError
 from tiering.kafka.codecs import Codec
 from tiering.kafka.rewrite import RewriteOptions
@@ -350,7 +350,7 @@ def dry_run(store: ObjectStore, settings: RunSettings, source: ScanOptions | Pla
 
 def put_usage(store: ObjectStore, settings: RunSettings, step: str) -> None:
     """Record the S3 requests ``store`` made for this run outside any partition's work (``usage/<step>``)."""
-    store.put_json(settings.step_key(StepDir.USAGE, step), StepUsage(dict(store.requests)).to_json())
+    store.put_json(settings.step_key(StepDir.USAGE, step), to_builtins(StepUsage(dict(store.requests))))
 
 
 def write_scan(store: ObjectStore, settings: RunSettings, plan: Plan) -> str:
