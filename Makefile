@@ -1,12 +1,13 @@
 # The README's commands. `make demo` runs the main job on the embedded default, `make test` runs the
-# whole check (install if needed, Kafka's jars for the broker tests, ruff, mypy, pytest). Both install into
-# .venv/ from requirements.lock; only `make test` needs Maven (scripts/fetch-kafka.sh).
+# whole check (install if needed, Kafka's jars for the broker tests, ruff, mypy, pytest), `make check` the inner
+# loop (ruff, mypy and the tests that start no real component). All install into .venv/ from requirements.lock;
+# only `make test` needs Maven (scripts/fetch-kafka.sh).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-rebatch bench-keycompact bench-keycompact-kafka bench-merge bench-spark bench-scan bench-plan-scale chaos fuzz kafka-jars seaweedfs spark-artifact \
+.PHONY: install test check lint typecheck pytest demo demo-kafka airflow-ui bench bench-s3 bench-rebatch bench-keycompact bench-keycompact-kafka bench-merge bench-spark bench-scan bench-plan-scale chaos fuzz kafka-jars seaweedfs spark-artifact \
 	test-kafka kafka-fixtures lock clean
 
 install: $(STAMP)
@@ -38,7 +39,24 @@ pytest: $(STAMP) kafka-jars seaweedfs
 	@bash scripts/ensure-chromium.sh
 	@bash scripts/ensure-clang.sh
 	@bash scripts/ensure-postgres.sh
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --no-loadscope-reorder --durations=40 $(PYTEST_ARGS)
+	@mkdir -p build && rm -f build/junit.xml
+	@# Each suite's tests and seconds at the end (tests/suite_times.py), whether pytest passed or not.
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --no-loadscope-reorder --durations=40 --junitxml=build/junit.xml \
+		$(PYTEST_ARGS); status=$$?; \
+		if [ -f build/junit.xml ]; then $(BIN)/python -m tests.suite_times build/junit.xml; fi; exit $$status
+
+# The inner loop: ruff, mypy, and the tests that are not `slow` and start no real component (each has its marker in
+# pyproject.toml: no broker, Java, Spark, SeaweedFS, Airflow, Chromium, PostgreSQL, root's namespaces, Docker or
+# clang), in two workers; nothing to fetch or install beyond the venv. Every TIERING_REQUIRE_* is 1 here, so a test
+# of this selection that would go without something fails instead of skipping: it needs that thing's marker.
+CHECK_MARKERS := not slow and not kafka and not java and not seaweedfs and not spark and not airflow and not chromium \
+	and not root and not postgres and not docker and not clang
+CHECK_REQUIRE := TIERING_REQUIRE_KAFKA=1 TIERING_REQUIRE_SEAWEEDFS=1 TIERING_REQUIRE_CHROMIUM=1 \
+	TIERING_REQUIRE_POSTGRES=1 TIERING_REQUIRE_FUZZ=1 TIERING_REQUIRE_LIBZSTD=1 TIERING_REQUIRE_JAVA=1 \
+	TIERING_REQUIRE_ROOT=1 TIERING_REQUIRE_DOCKER_COMPOSE=1
+check: lint typecheck
+	$(CHECK_REQUIRE) $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --no-loadscope-reorder --durations=20 \
+		-m "$(CHECK_MARKERS)" $(PYTEST_ARGS)
 
 # Apache Kafka's jars (pinned in tools/kafka/pom.xml) into the git-ignored tools/kafka/lib/, for the tests that
 # run a real broker; cached: a no-op once fetched.

@@ -49,6 +49,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # handed out first, so that no worker is left with a long one at the end.
 _FIRST: Final = ("tests/kafka_broker/", "tests/chaos/", "tests/s3/test_faults.py", "tests/cluster/",
                  "tests/s3/test_seaweedfs.py", "tests/s3/test_keycompact_s3.py", "tests/s3/test_merge_s3.py",
+                 "tests/s3/test_protocol_memory.py",
                  "tests/dags/", "tests/infra/")
 
 

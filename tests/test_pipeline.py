@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.airflow, pytest.mark.spark]
 CHECK = Path(__file__).parent / "pipeline_check.py"
 
 

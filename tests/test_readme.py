@@ -37,6 +37,8 @@ def human(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.Co
     return cwd, _demo(cwd)
 
 
+@pytest.mark.airflow  # the demo: the compaction DAG with dag.test(), its Spark job local[*]
+@pytest.mark.spark
 def test_the_demo_ends_clean_and_prints_what_a_user_reads(human: tuple[Path, subprocess.CompletedProcess[str]]
                                                           ) -> None:
     cwd, done = human
@@ -78,6 +80,8 @@ def machine(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedPro
     return _demo(tmp_path_factory.mktemp("fresh-json"), "--json")
 
 
+@pytest.mark.airflow
+@pytest.mark.spark
 def test_with_json_stdout_is_one_document(machine: subprocess.CompletedProcess[str]) -> None:
     assert machine.returncode == 0, machine.stderr[-3000:]
     assert "Traceback" not in machine.stderr
@@ -94,6 +98,8 @@ def _real_ratios(run: dict[str, Any]) -> dict[str, float]:
     return {topic: compacted.get(topic, 1.0) for topic in TOPICS}
 
 
+@pytest.mark.airflow
+@pytest.mark.spark
 def test_the_forecast_of_every_topic_is_within_a_tenth_of_the_real_run(machine: subprocess.CompletedProcess[str]
                                                                        ) -> None:
     doc = json.loads(machine.stdout)

@@ -75,6 +75,7 @@ def test_s3_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.seaweedfs
 def test_s3_bench_on_seaweedfs_swaps_by_copy_and_uploads_the_new_log_once(tmp_path: Path) -> None:
     from tests.s3 import seaweedfs
 
@@ -107,6 +108,7 @@ def test_s3_bench_on_seaweedfs_swaps_by_copy_and_uploads_the_new_log_once(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.spark  # local[1] and local[2] sessions
 def test_spark_bench_runs_and_writes_its_json(tmp_path: Path) -> None:
     out = tmp_path / "bench_spark.json"
     script = BENCH.parent / "bench_spark.py"

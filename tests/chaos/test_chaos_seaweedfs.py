@@ -14,7 +14,7 @@ from tests.chaos.harness import ACCESS_KEY, CANARY, Lab, TrialResult, TrialSpec,
 from tests.chaos.test_chaos import SPECS
 from tests.s3.seaweedfs import weed_mini
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.seaweedfs]
 
 ON_SEAWEEDFS = ("random-kill-at-1.1s", "aimed-kill-after-backup-copy#2", "aimed-kill-before-log-swap",
                 "aimed-kill-after-log-swap", "aimed-kill-rollback-after-log-swap#2", "flaky-12pct",

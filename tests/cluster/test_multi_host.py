@@ -40,7 +40,7 @@ from tiering.storage.layout import lease_key, reserved_dir, run_result_key
 from tiering.storage.objects import ObjectNotFound
 from tiering.storage.s3 import S3Store, make_client
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.spark]  # hosts; a master and a worker
 ROOT = Path(__file__).parents[2]
 BUCKET, TOPIC, PARTITIONS = "multi-host", "orders", (0, 1)
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "cluster", "AWS_SECRET_ACCESS_KEY": "cluster", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -183,6 +183,7 @@ def test_the_worker_host_sees_neither_the_checkout_nor_a_python_of_ours(cluster:
     assert "spark-core" in spark.stdout
 
 
+@pytest.mark.airflow
 def test_the_dag_on_the_cluster_writes_what_local_mode_writes(cluster: Cluster) -> None:
     store = _store(cluster.endpoint)
     _seed(store, "local/logs")
@@ -205,6 +206,7 @@ def test_the_dag_on_the_cluster_writes_what_local_mode_writes(cluster: Cluster) 
     cluster.stop_workers()
 
 
+@pytest.mark.airflow
 def test_an_executor_without_credentials_fails_the_run_at_once_and_holds_no_lease(cluster: Cluster) -> None:
     store = _store(cluster.endpoint)
     _seed(store, "nocreds/logs")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.airflow, pytest.mark.spark]  # dag.test(), its Spark job local[1]
 CHECK = Path(__file__).parent / "compaction_check.py"
 
 

@@ -50,6 +50,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.airflow
 def test_dag_folder_loads_without_errors_or_heavy_imports(tmp_path: Path) -> None:
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT / "dags")], capture_output=True, text=True,
@@ -90,6 +91,7 @@ print(json.dumps([spark_master(v) for v in ("conn:spark_cluster", "conn:bare_hos
 """
 
 
+@pytest.mark.airflow
 def test_the_spark_master_can_come_from_an_airflow_connection(tmp_path: Path) -> None:
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
            "AIRFLOW_CONN_SPARK_CLUSTER": json.dumps({"conn_type": "spark", "host": "spark://spark-master",
@@ -102,6 +104,7 @@ def test_the_spark_master_can_come_from_an_airflow_connection(tmp_path: Path) ->
         "spark://spark-master:7077", "spark://10.1.2.3:7078", "local[2]", "yarn"]
 
 
+@pytest.mark.airflow
 def test_a_task_fails_at_once_on_what_another_attempt_would_meet_again() -> None:
     from airflow.sdk.exceptions import AirflowFailException
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.airflow]  # dag.test() of the rollback DAG; the runs it undoes
+# are made in-process, without Spark
 CHECK = Path(__file__).parent / "rollback_check.py"
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.airflow]  # dag.test(); the DAG submits no Spark job
 CHECK = Path(__file__).parent / "tiering_check.py"
 
 

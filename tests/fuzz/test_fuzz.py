@@ -60,6 +60,7 @@ def test_a_finding_is_a_finding(monkeypatch: pytest.MonkeyPatch) -> None:
         targets.merge(seed)
 
 
+@pytest.mark.clang
 def test_every_target_runs_clean_under_the_sanitizers(tmp_path: Path) -> None:
     try:
         run.atheris_runtime()

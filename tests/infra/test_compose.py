@@ -382,6 +382,7 @@ def test_the_api_server_script_writes_the_admin_login_then_starts_airflow(tmp_pa
     assert passwords.stat().st_mode & 0o077 == 0
 
 
+@pytest.mark.docker
 def test_docker_compose_config_accepts_the_file_when_a_compose_v2_client_is_here() -> None:
     """`docker compose config` needs no engine; skipped where the compose plugin is missing (as here)."""
     docker = shutil.which("docker")

@@ -68,6 +68,10 @@ def test_the_image_environment_and_the_services_environment_both_reach_a_service
 
 
 @pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.postgres
+@pytest.mark.airflow  # its api-server, scheduler and dag-processor
+@pytest.mark.spark  # the stand-in's master and worker
 def test_the_stack_runs_the_dag_triggered_through_the_rest_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                ) -> None:
     if why := available():

@@ -38,7 +38,8 @@ from tiering.kafka.reader import iter_batches
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per S3 request in failure reports
 
-pytestmark = pytest.mark.kafka
+# The DAG's paths run Airflow (dag.test()) and Spark local[2]: the module's parametrized fixture takes all three.
+pytestmark = [pytest.mark.kafka, pytest.mark.airflow, pytest.mark.spark]
 
 BUCKET, PREFIX = "kafka-restore", "cluster-a/logs"  # one bucket per run: moto's backend outlives its server
 SEGMENT_FILES = (".log", ".index", ".timeindex")

@@ -29,7 +29,7 @@ from tiering.errors import ExitCode
 from tiering.lifecycle.vocabulary import RunKind, Status
 from tiering.storage.layout import run_result_key
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.airflow, pytest.mark.spark]  # the compaction DAG, dag.test()
 
 BUCKET = "rollback-chain"
 ROOT = Path(__file__).resolve().parents[2]

@@ -103,6 +103,7 @@ def test_the_page_is_self_contained() -> None:
     assert page.count('<svg class="chart"') == 3
 
 
+@pytest.mark.chromium
 def test_chromium_renders_the_charts(tmp_path: Path) -> None:
     browser = _need_chromium()
     page = tmp_path / "report.html"

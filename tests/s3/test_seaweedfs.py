@@ -34,7 +34,7 @@ from tiering.storage.objects import (
 )
 from tiering.storage.s3 import S3Store, make_client, translate
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.seaweedfs]
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,7 @@ def server_store(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Store]:
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_spark_compacts_and_swaps_in_every_planned_segment(server_store: S3Store) -> None:
     store = server_store
     originals = {0: seed(store, partition=0), 1: seed(store, partition=1, kind="logs", segments=2)}

@@ -23,6 +23,7 @@ JOB = Path(__file__).parents[2] / "spark_jobs" / "run_kind.py"
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_spark_cleans_each_partition_in_a_task_as_the_in_process_run_does(server_store: S3Store) -> None:  # noqa: F811
     store = server_store
     parts = K.partition(aborts=True)

@@ -25,6 +25,7 @@ JOB = Path(__file__).parents[2] / "spark_jobs" / "run_kind.py"
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 @pytest.mark.parametrize("source", ["listing", "inventory"])
 def test_spark_merges_each_partition_in_a_task_as_the_in_process_run_does(server_store: S3Store,  # noqa: F811
                                                                           source: str) -> None:

@@ -27,6 +27,7 @@ JOB = Path(__file__).parents[2] / "spark_jobs" / "run_kind.py"
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 def test_spark_tiers_each_partition_in_a_task_and_the_run_rolls_back(server_store: S3Store,  # noqa: F811
                                                                     tmp_path: Path) -> None:
     server_store.client.create_bucket(Bucket="tier-job")
