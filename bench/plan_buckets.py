@@ -32,9 +32,10 @@ import contextlib
 import ctypes
 import gc
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
+
+from msgspec.structs import replace
 
 from tiering.commit.operation import Context
 from tiering.demo.seed import generate_partition, upload_partition

@@ -62,6 +62,17 @@ def _rank(nodeid: str) -> int:
     return next((i for i, p in enumerate(_FIRST) if nodeid.startswith(p)), len(_FIRST))
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked as needing a broker (the marker, wherever the test is, never a folder's name) is skipped
+    here without one, or fails where CI requires the broker."""
+    if item.get_closest_marker("kafka") is not None:
+        from tests import needs
+        from tests.kafka_broker.broker import missing
+
+        if reason := missing():
+            needs.missing(needs.KAFKA, reason)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: _rank(item.nodeid))  # stable: the order within a rank is kept
 

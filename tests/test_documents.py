@@ -11,7 +11,6 @@ from typing import Literal
 
 import pytest
 
-from tiering import documents
 from tiering.documents import Document, Part, kind_of, kinds, read, read_part, to_builtins, version_of, write
 from tiering.errors import ConfigError
 
@@ -66,10 +65,20 @@ def test_a_part_is_read_strictly_and_written_without_its_defaults() -> None:
 
 
 def test_every_kind_is_declared_once_with_its_version() -> None:
-    import tiering.lifecycle.state  # noqa: F401 (its documents join the registry)
+    """Every module of the package imported, the registry holds each declared kind once (a kind declared twice,
+    or a declaration without its kind or version, raises)."""
+    import importlib
+    import pkgutil
 
+    import tiering
+
+    for module in pkgutil.walk_packages(tiering.__path__, "tiering."):
+        if not module.name.startswith(("tiering.spark", "tiering.demo", "tiering.cli", "tiering.__main__")):
+            importlib.import_module(module.name)
     registry = kinds()
-    assert registry["tiering.partition-state"].__name__ == "PartitionState"
+    assert {k: c.__name__ for k, c in registry.items() if k.startswith("tiering.")} == {
+        "tiering.partition-state": "PartitionState", "tiering.lease": "LeaseRecord", "tiering.ledger": "Ledger",
+        "tiering.step-usage": "StepUsage"}
     assert registry["tests.sample"] is _Sample
     assert all(version_of(cls) >= 1 for cls in registry.values())
 
@@ -109,6 +118,7 @@ for i in range(300):
     threads = [threading.Thread(target=read, args=(k,)) for k in range(4)]
     [t.start() for t in threads]
     [t.join() for t in threads]
+print(len(documents._DECODERS))
 '''
 
 
@@ -116,10 +126,12 @@ def test_threads_reading_types_that_refer_to_each_other_at_once_do_not_crash_the
     script = tmp_path / "race.py"
     script.write_text(RACE)
 
-    def run(how: str) -> int:
-        return subprocess.run([sys.executable, str(script), how], cwd=ROOT, capture_output=True,
-                              timeout=120, check=False).returncode
+    def run(how: str) -> tuple[int, str]:
+        done = subprocess.run([sys.executable, str(script), how], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, check=False)
+        return done.returncode, done.stdout.strip()
 
-    assert run("msgspec") < 0  # the race is real: msgspec alone crashes (SIGSEGV)
-    assert [run("reader") for _ in range(3)] == [0, 0, 0]
-    assert documents._DECODERS  # the reader keeps what it taught msgspec
+    assert run("msgspec")[0] < 0, ("msgspec alone no longer crashes here: if a release fixed its race, the lock "
+                                   "in tiering/documents.py._decoder may go")
+    # Each of the 300 rounds' two types taught once (the reader's own _Head too, where a round read bytes: none).
+    assert [run("reader") for _ in range(3)] == [(0, "600")] * 3

@@ -8,6 +8,7 @@ type is an error naming the document and where in it.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections.abc import Iterable, Mapping
@@ -79,10 +80,12 @@ def _decoder(cls: type[T]) -> msgspec.json.Decoder[T]:
     return cast("msgspec.json.Decoder[T]", decoder)
 
 
+@functools.cache
 def kind_of(cls: type[Document]) -> str:
     return str(cls.__struct_config__.tag)
 
 
+@functools.cache
 def version_of(cls: type[Document]) -> int:
     return int(next(f.default for f in msgspec.structs.fields(cls) if f.name == "schema_version"))
 

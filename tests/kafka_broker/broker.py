@@ -9,6 +9,7 @@ the cluster id and node id live in ``meta.properties`` and the controller quorum
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -57,6 +58,15 @@ RECOVERY_MARKERS = (
 
 def jars_present() -> bool:
     return any(LIB.glob("kafka_2.13-*.jar")) and any(LIB.glob("kafka-tools-*.jar"))
+
+
+def missing() -> str | None:
+    """What a test marked ``kafka`` needs and this machine lacks (None: nothing)."""
+    if shutil.which("java") is None or not jars_present():
+        return "needs java and Kafka's jars: run scripts/fetch-kafka.sh"
+    if importlib.util.find_spec("confluent_kafka") is None:
+        return "needs confluent-kafka (librdkafka) in the venv"
+    return None
 
 
 def free_port() -> int:

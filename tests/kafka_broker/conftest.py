@@ -7,9 +7,7 @@ the broker restarted on our rewritten segments with it.
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -18,7 +16,7 @@ import pytest
 
 from tests import needs
 from tests.kafka_broker import producers as P
-from tests.kafka_broker.broker import Broker, jars_present
+from tests.kafka_broker.broker import Broker, missing
 
 TP = tuple[str, int]
 _T0 = time.monotonic()
@@ -27,21 +25,6 @@ _T0 = time.monotonic()
 def note(msg: str) -> None:
     """A progress line with the seconds since the session started (shown with -s)."""
     print(f"[kafka-broker {time.monotonic() - _T0:6.1f}s] {msg}", file=sys.stderr)
-
-
-def _missing() -> str | None:
-    if shutil.which("java") is None or not jars_present():
-        return "needs java and Kafka's jars: run scripts/fetch-kafka.sh"
-    if importlib.util.find_spec("confluent_kafka") is None:
-        return "needs confluent-kafka (librdkafka) in the venv"
-    return None
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test marked as needing a broker (the marker, never a folder's name) is skipped here without one, or
-    fails where CI requires the broker."""
-    if item.get_closest_marker("kafka") is not None and (reason := _missing()):
-        needs.missing(needs.KAFKA, reason)
 
 
 @dataclass
@@ -87,7 +70,7 @@ def _seeks(rnd: random.Random, view: dict[TP, list[P.Consumed]]) -> list[tuple[s
 
 @pytest.fixture(scope="session")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Source:
-    if reason := _missing():
+    if reason := missing():
         needs.missing(needs.KAFKA, reason)
     root = tmp_path_factory.mktemp("kafka-source")
     broker = Broker(root / "data", root / "logs")

@@ -24,7 +24,6 @@ from tiering.kafka.rewrite import _first_unproven
 
 HERE = Path(__file__).parent
 REGRESSIONS = Path(run.__file__).parent / "regressions" / "proof"
-pytestmark = pytest.mark.kafka  # Kafka's own decoder, run with java from its jars
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +49,7 @@ def _first_refused(news: list[bytes], originals: list[bytes], decoded: dict[byte
     return next((i for i, (n, o) in enumerate(zip(news, originals, strict=True)) if decoded[n] != o), -1)
 
 
+@pytest.mark.kafka  # Kafka's own decoder, run with java from its jars
 def test_the_compiled_proof_names_the_frame_kafka_refuses(tmp_path: Path) -> None:
     groups = {p.name: _pairs(p.read_bytes()) for p in sorted(REGRESSIONS.iterdir())}
     groups |= {f"seed {i}": _pairs(s) for i, s in enumerate(run.seeds("proof"))}
@@ -76,6 +76,7 @@ def test_the_decoder_loaded_is_at_least_kafka_s() -> None:
     assert version >= (1, 5, 6), library  # zstd-jni 1.5.6, tools/kafka/pom.xml's Kafka
 
 
+@pytest.mark.kafka
 def test_the_compiled_decode_answers_only_what_kafka_reads_the_same(tmp_path: Path) -> None:
     """Each input of the fuzz target ``zstd`` (Kafka's zstd records sections from tests/data, frames of other
     shapes, the regressions): where ``_proof.decompress`` answers bytes, Kafka's decoder reads the same bytes;

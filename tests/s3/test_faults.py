@@ -31,7 +31,7 @@ from tests.s3.conftest import (
     seed,
 )
 from tiering.commit.operation import Context, SwapChoice
-from tiering.lifecycle.vocabulary import Swap
+from tiering.lifecycle.vocabulary import FileRole, Swap
 from tiering.run.documents import CompactOptions
 from tiering.run.pipeline import compact
 from tiering.storage.s3 import S3Store
@@ -121,8 +121,8 @@ def plant_a_lost_index(monkeypatch: pytest.MonkeyPatch) -> None:
 
     honest = swap._put_index_beside_ours
 
-    def loses_the_timeindex(ctx: Context, journal: Any, name: str, indexes: Any) -> str | None:
-        return '"never-put"' if name == "timeindex" else honest(ctx, journal, name, indexes)
+    def loses_the_timeindex(ctx: Context, journal: Any, name: FileRole, indexes: Any) -> str | None:
+        return '"never-put"' if name is FileRole.TIMEINDEX else honest(ctx, journal, name, indexes)
 
     monkeypatch.setattr(swap, "_put_index_beside_ours", loses_the_timeindex)
 

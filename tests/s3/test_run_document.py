@@ -122,7 +122,7 @@ def test_a_run_planned_again_under_its_id_counts_each_segment_once(store: S3Stor
 
 
 def test_the_lease_and_the_ledger_are_typed_and_versioned() -> None:
-    from tiering.commit.lease import LeaseRecord
+    from tiering.commit.lease import DEFAULT_TTL_SECONDS, LeaseRecord, lease_ttl
     from tiering.documents import read, write
     from tiering.report.publish import Ledger, LedgerEntry
 
@@ -133,6 +133,13 @@ def test_the_lease_and_the_ledger_are_typed_and_versioned() -> None:
                   {"schema_version": 1, "owner": "x", "ttl_seconds": "soon"},
                   {"schema_version": 1, "owner": "x", "kind": "tiering.ledger"}):
         assert LeaseRecord.held(other) is None  # nobody we can name: it expires by the default TTL
+    # One this version cannot read, but whose holder said how long it lives: never taken over before that.
+    newer = {"schema_version": 1, "owner": "x", "ttl_seconds": 7200, "lane": "fast"}
+    assert LeaseRecord.held(newer) is None
+    assert lease_ttl(newer, None) == 7200
+    assert lease_ttl({"schema_version": 1, "ttl_seconds": 5}, None) == DEFAULT_TTL_SECONDS  # never shorter
+    assert lease_ttl({"ttl_seconds": True}, None) == DEFAULT_TTL_SECONDS
+    assert lease_ttl(newer, record) == 600
     entry = LedgerEntry("r1", "2026-11-24T00:00:00+00:00", False, 3, 300, 100, 1.25, 0.5)
     ledger = Ledger((entry,))
     assert read(write(ledger), Ledger, what="a ledger") == ledger

@@ -73,6 +73,17 @@ class LeaseRecord(Document, frozen=True, tag="tiering.lease"):
             return None
 
 
+def lease_ttl(doc: object, record: LeaseRecord | None) -> int:
+    """How long a lease lives after its last renewal: its record's TTL; for a document that does not read as
+    one (another version's, with a field this one does not know), the longer of the default and a TTL it
+    states, so that a live holder running a longer TTL is never taken over early."""
+    if record is not None:
+        return record.ttl_seconds
+    stated = doc.get("ttl_seconds") if isinstance(doc, Mapping) else None
+    return max(DEFAULT_TTL_SECONDS, stated) if isinstance(stated, int) and not isinstance(stated, bool) else \
+        DEFAULT_TTL_SECONDS
+
+
 @dataclass
 class Lease:
     store: ObjectStore
@@ -115,7 +126,7 @@ class Lease:
         record = LeaseRecord.held(doc)
         owner = record.owner if record is not None else "?"
         if owner != self.owner:
-            ttl = record.ttl_seconds if record is not None else DEFAULT_TTL_SECONDS
+            ttl = lease_ttl(doc, record)
             age = self.store.now(clock_key(prefix)) - info.last_modified
             if age <= timedelta(seconds=ttl):
                 left = ttl - age.total_seconds()

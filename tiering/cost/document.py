@@ -540,6 +540,6 @@ class Report:
                 float(keys["monthly_savings_usd"]) if keys is not None else 0.0,
                 {str(k): int(v) for k, v in (doc.get("objects_not_planned") or {}).items()},
                 MergeFigures.from_json(doc["merging"]) if doc.get("merging") else None)
-        except (KeyError, TypeError, ValueError) as e:
+        except (ConfigError, KeyError, TypeError, ValueError) as e:
             raise ConfigError("report unreadable", path=where, expected="a compaction report's fields",
                               found=f"{type(e).__name__}: {e}") from None

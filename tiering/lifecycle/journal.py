@@ -233,7 +233,7 @@ class Journal:
     def backups(self) -> tuple[BackupCopy, ...]:
         """Every source file copied to its backup before anything final changes (none for a rollback: the
         objects in place hold what the rolled-back run wrote, and its backups are what goes back)."""
-        def what(base: int, name: str) -> str:
+        def what(base: int, name: FileRole) -> str:
             return f"the {name} file" if len(self.sources) == 1 else f"segment {base}'s {name} file"
 
         return tuple(BackupCopy(f.final, f.etag, f.copy, what(s.base_offset, name), f.size, f.attrs)
@@ -266,7 +266,7 @@ class Journal:
                        tuple(OpSegment.from_json(t) for t in doc["targets"]),
                        Recorded.from_json(doc.get("entry") or {}), _text(doc.get("restores_run")),
                        _text(doc.get("payload_xxh3")), bool(doc.get("txn_first", False)))
-        except (AttributeError, KeyError, TypeError, ValueError) as e:
+        except (AttributeError, ConfigError, KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"journal entry is malformed ({type(e).__name__}: {e})", path=where) from None
 
 
@@ -277,7 +277,7 @@ def read_journal(doc: object, *, where: str) -> Journal:
         checked = check_document(doc, kind=None, version=1, what="a journal entry", where=where)
         try:
             journal = _v1_regroup(checked) if checked.get("kind") in REGROUPS else _v1_in_place(checked)
-        except (AttributeError, KeyError, TypeError, ValueError) as e:
+        except (AttributeError, ConfigError, KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"journal entry is malformed ({type(e).__name__}: {e})", path=where) from None
     else:
         checked = check_document(doc, kind=None, version=Journal.SCHEMA_VERSION, what="a journal entry",

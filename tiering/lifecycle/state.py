@@ -157,7 +157,7 @@ def after_moves(entry: SegmentState | None, marks: Sequence[TierMark], in_place:
     if entry is None or not entry.compacted or not marks or marks[-1].generation != entry.run_id:
         return entry
     named = {FileRole.LOG: entry.log_etag, FileRole.INDEX: entry.index_etag, FileRole.TIMEINDEX: entry.timeindex_etag}
-    now: dict[str, str] = {}
+    now: dict[FileRole, str] = {}
     for m in marks[-1].moves:
         info = in_place.get(m.file)
         if (info is not None and named.get(m.file) == m.etag_before != info.etag and info.storage_class == m.to_class
