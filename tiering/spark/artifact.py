@@ -37,7 +37,7 @@ from tiering.errors import ConfigError
 ARCHIVE: Final = "tiering-job-env.tar.gz"
 # What the executors import, pinned by requirements.lock (boto3's own dependencies included).
 RUNTIME: Final = ("boto3", "botocore", "s3transfer", "jmespath", "urllib3", "python-dateutil", "six",
-                  "python-snappy", "cramjam", "lz4", "zstandard", "crc32c", "zlib-ng", "xxhash", "PyYAML")
+                  "python-snappy", "cramjam", "lz4", "zstandard", "crc32c", "zlib-ng", "xxhash", "PyYAML", "msgspec")
 STDLIB_LEFT_OUT: Final = frozenset({"site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip",
                                     "lib2to3", "__pycache__", "pydoc_data", "venv"})
 EPOCH: Final = 315532800  # 1980-01-01, the earliest time a zip (a wheel) can hold: every entry's mtime
