@@ -96,14 +96,16 @@ def read(data: bytes | Mapping[str, Any], cls: type[D], *, what: str, where: str
     schema version is another, a field is unknown, or a value of the wrong type."""
     kind, version = kind_of(cls), version_of(cls)
     try:
-        head = _decoder(_Head).decode(data) if isinstance(data, bytes) else _Head(
-            data.get("kind"), data.get("schema_version")) if isinstance(data, Mapping) else None
+        if isinstance(data, bytes):
+            head = _decoder(_Head).decode(data)
+        elif isinstance(data, Mapping):
+            head = _Head(data.get("kind"), data.get("schema_version"))
+        else:
+            raise ConfigError(f"not {what}", path=where, expected="a JSON object", found=type(data).__name__)
     except msgspec.ValidationError as e:
         raise ConfigError(f"not {what}", path=where, expected="a JSON object", found=str(e)) from None
     except msgspec.DecodeError as e:
         raise ConfigError(f"not {what}: not JSON", path=where, expected="a JSON object", found=str(e)) from None
-    if head is None:
-        raise ConfigError(f"not {what}", path=where, expected="a JSON object", found=type(data).__name__)
     if head.kind not in (None, kind) or head.schema_version != version:
         found = f"{head.kind} v{head.schema_version}" if head.kind else f"v{head.schema_version} (no kind)"
         raise ConfigError(f"not {what} this version can read", path=where, expected=f"{kind} v{version}",

@@ -9,7 +9,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +197,20 @@ def test_crash_at_every_call_then_rerun_converges(store: S3Store, monkeypatch: p
                         f"the first write and after each ({len(points)} states), every one converged on re-run")
 
 
+def _every_state(store: S3Store, trial: Callable[[int | None, str], tuple[list[str], bool]]) -> tuple[list[str], int]:
+    """``trial`` run clean, then crashed in every state it can leave (before its first write and after each), the
+    bucket emptied before each crashed trial: its calls and the count of states."""
+    from tests.s3.test_faults import crash_points
+
+    calls, _ = trial(None, "none")
+    points = crash_points(calls)
+    for at, mode in points:
+        empty(store)
+        _, crashed = trial(at, mode)
+        assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
+    return calls, len(points)
+
+
 @pytest.mark.parametrize("undo", [False, True], ids=["merge", "rollback"])
 def test_a_merge_crashed_in_every_state_converges(undo: bool, store: S3Store, monkeypatch: pytest.MonkeyPatch
                                                   ) -> None:
@@ -204,18 +218,12 @@ def test_a_merge_crashed_in_every_state_converges(undo: bool, store: S3Store, mo
     rollback), crashed once before its first write and after each, the bucket as a broker would load it checked
     at the crash, then re-run: every file in place, nothing else."""
     from tests.s3 import conftest
-    from tests.s3.test_faults import crash_points
     from tests.s3.test_merge_s3 import _crash_scenario
 
     monkeypatch.setattr(conftest, "BUCKET", store.bucket)
-    calls, _ = _crash_scenario(None, "none", undo=undo)
-    points = crash_points(calls)
-    for at, mode in points:
-        empty(store)
-        _, crashed = _crash_scenario(at, mode, undo=undo)
-        assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
+    calls, states = _every_state(store, lambda at, mode: _crash_scenario(at, mode, undo=undo))
     conftest.FAULT_REPORT.append(f"fault injection on SeaweedFS, {'rollback of a merge' if undo else 'merge'}: "
-                                 f"{len(calls)} S3 calls, {len(points)} states, every one converged on re-run")
+                                 f"{len(calls)} S3 calls, {states} states, every one converged on re-run")
 
 
 @pytest.mark.parametrize(("second", "merged"), [(False, False), (True, False), (False, True)],
@@ -226,20 +234,14 @@ def test_a_key_compaction_crashed_in_every_state_converges(second: bool, merged:
     pass also removing a .txnindex), or cleaning four into one through .swap files, crashed once before its
     first write and after each, then re-run: the files one uninterrupted pass makes, nothing else."""
     from tests.s3 import conftest
-    from tests.s3.test_faults import crash_points
     from tests.s3.test_keycompact_s3 import MERGE_LIMITS, _crash_scenario
 
     monkeypatch.setattr(conftest, "BUCKET", store.bucket)
     merge = MERGE_LIMITS if merged else None
-    calls, _ = _crash_scenario(store, None, "none", second, merge)
-    points = crash_points(calls)
-    for at, mode in points:
-        empty(store)
-        _, crashed = _crash_scenario(store, at, mode, second, merge)
-        assert crashed, f"no crash at {mode} call {at} ({calls[at]})"
+    calls, states = _every_state(store, lambda at, mode: _crash_scenario(store, at, mode, second, merge))
     which = "a second pass" if second else "cleaned into one" if merged else "a first pass"
     conftest.FAULT_REPORT.append(f"fault injection on SeaweedFS, key compaction ({which}): {len(calls)} S3 calls, "
-                                 f"{len(points)} states, every one converged on re-run")
+                                 f"{states} states, every one converged on re-run")
 
 
 def test_a_run_that_loses_an_index_fails_the_crash_check(store: S3Store, monkeypatch: pytest.MonkeyPatch) -> None:
